@@ -1,0 +1,2 @@
+//! Placeholder until the binary lands.
+fn main() {}

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Installs what toolrelay needs and is missing, then returns. Safe to run again: it only
+# installs what is not there yet.
+#
+#   scripts/setup.sh          what the server needs
+#   scripts/setup.sh --test   what the test suite needs as well
+set -euo pipefail
+
+mode=${1:-run}
+cd "$(dirname "$0")/.."
+
+say() { printf '\033[1msetup:\033[0m %s\n' "$*" >&2; }
+
+# --- system packages (Debian/Ubuntu) -----------------------------------------------------
+apt_packages=(ca-certificates gcc pkg-config)
+if [[ $mode == --test ]]; then
+  apt_packages+=(redis-server)
+fi
+
+missing=()
+for pkg in "${apt_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  sudo=""
+  [[ $(id -u) -eq 0 ]] || sudo="sudo"
+  say "installing ${missing[*]} with apt-get"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# --- Rust ---------------------------------------------------------------------------------
+if ! command -v cargo >/dev/null; then
+  say "cargo is missing: install Rust 1.88 or newer (https://rustup.rs) and run this again"
+  exit 1
+fi
+
+# --- services the tests use ------------------------------------------------------------------
+if [[ $mode == --test ]]; then
+  if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
+    say "starting redis-server on 127.0.0.1:6379"
+    redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no
+    for _ in $(seq 50); do
+      redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 && break
+      sleep 0.1
+    done
+  fi
+fi

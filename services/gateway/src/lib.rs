@@ -1,0 +1,1 @@
+//! The toolrelay gateway.

@@ -1,0 +1,131 @@
+//! Session codes, provider tokens and random ids, all from the operating system's CSPRNG.
+
+use std::fmt;
+
+use data_encoding::{BASE32_NOPAD, BASE64URL_NOPAD, HEXLOWER};
+use sha2::{Digest, Sha256};
+
+use crate::error::RelayError;
+
+/// A pairing code: 8 characters of RFC 4648 Base32 (`A–Z`, `2–7`), 40 random bits.
+///
+/// People see it as `ABCD-EFGH`; [`SessionCode::parse`] accepts any case, with or without the
+/// hyphen, and normalises to the 8 characters.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SessionCode(String);
+
+impl SessionCode {
+    /// A fresh random code.
+    pub fn generate() -> Self {
+        Self(BASE32_NOPAD.encode(&random_bytes::<5>()))
+    }
+
+    /// Normalises what a person or an LLM typed: trims, drops one hyphen, upper-cases.
+    pub fn parse(input: &str) -> Result<Self, RelayError> {
+        let trimmed = input.trim();
+        let compact: String = match trimmed.split_once('-') {
+            Some((head, tail)) if head.len() == 4 => format!("{head}{tail}"),
+            _ => trimmed.to_owned(),
+        };
+        let upper = compact.to_ascii_uppercase();
+        let valid = upper.len() == 8
+            && upper
+                .bytes()
+                .all(|b| b.is_ascii_uppercase() || (b'2'..=b'7').contains(&b));
+        if valid {
+            Ok(Self(upper))
+        } else {
+            Err(RelayError::InvalidCode)
+        }
+    }
+
+    /// The 8 normalised characters.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The form shown to people: `ABCD-EFGH`.
+    pub fn display(&self) -> String {
+        format!("{}-{}", &self.0[..4], &self.0[4..])
+    }
+}
+
+impl fmt::Display for SessionCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A new provider token: 256 random bits, URL-safe (it travels in `?token=`).
+pub fn generate_token() -> String {
+    BASE64URL_NOPAD.encode(&random_bytes::<32>())
+}
+
+/// What the store keeps of a token: its SHA-256, so a store dump reveals no usable token.
+pub fn hash_token(token: &str) -> String {
+    HEXLOWER.encode(&Sha256::digest(token.as_bytes()))
+}
+
+/// A random id of 128 bits, as 32 hex characters.
+pub fn random_id() -> String {
+    HEXLOWER.encode(&random_bytes::<16>())
+}
+
+fn random_bytes<const N: usize>() -> [u8; N] {
+    let mut bytes = [0u8; N];
+    getrandom::fill(&mut bytes).expect("the operating system's random number generator failed");
+    bytes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_codes_are_eight_base32_characters() {
+        for _ in 0..100 {
+            let code = SessionCode::generate();
+            assert_eq!(SessionCode::parse(code.as_str()).unwrap(), code);
+        }
+    }
+
+    #[test]
+    fn parsing_accepts_what_people_type() {
+        let expected = SessionCode("ABCD2345".into());
+        for input in [
+            "ABCD2345",
+            "abcd2345",
+            "ABCD-2345",
+            " abcd-2345 ",
+            "AbCd-2345",
+        ] {
+            assert_eq!(SessionCode::parse(input).unwrap(), expected, "{input:?}");
+        }
+        assert_eq!(expected.display(), "ABCD-2345");
+    }
+
+    #[test]
+    fn parsing_refuses_what_is_not_a_code() {
+        for input in [
+            "",
+            "ABCD234",
+            "ABCD23456",
+            "ABCD2341",
+            "ABCD-23-45",
+            "AB-CD2345",
+            "ABCD 2345",
+            "ÄBCD2345",
+        ] {
+            assert!(SessionCode::parse(input).is_err(), "{input:?}");
+        }
+    }
+
+    #[test]
+    fn tokens_are_long_and_hashed() {
+        let token = generate_token();
+        assert_eq!(token.len(), 43);
+        assert_ne!(generate_token(), token);
+        assert_eq!(hash_token(&token), hash_token(&token));
+        assert_ne!(hash_token(&token), token);
+    }
+}

@@ -1,0 +1,189 @@
+//! The relay's settings: one typed struct with defaults and validation, and the command-line
+//! flags (each mirroring an environment variable) that fill it.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::Args;
+
+/// `SESSION_TTL_SECONDS`: idle time after which a session expires.
+pub const ENV_SESSION_TTL: &str = "SESSION_TTL_SECONDS";
+/// `SESSION_MAX_LIFETIME_SECONDS`: a session ends this long after creation, however active.
+pub const ENV_SESSION_MAX_LIFETIME: &str = "SESSION_MAX_LIFETIME_SECONDS";
+/// `REQUEST_TIMEOUT_SECONDS`: a call not answered in this time expires.
+pub const ENV_REQUEST_TIMEOUT: &str = "REQUEST_TIMEOUT_SECONDS";
+/// `MAX_PENDING_PER_SESSION`: unanswered calls a session may hold.
+pub const ENV_MAX_PENDING: &str = "MAX_PENDING_PER_SESSION";
+/// `HEARTBEAT_SECONDS`: interval of heartbeats to connected providers.
+pub const ENV_HEARTBEAT: &str = "HEARTBEAT_SECONDS";
+/// `GRPC_LISTEN_ADDR`: where the gRPC service listens.
+pub const ENV_GRPC_LISTEN: &str = "GRPC_LISTEN_ADDR";
+/// `WS_LISTEN_ADDR`: where the standalone relay serves the browser WebSocket.
+pub const ENV_WS_LISTEN: &str = "WS_LISTEN_ADDR";
+/// `LOG_FORMAT`: `text` (default) or `json`.
+pub const ENV_LOG_FORMAT: &str = "LOG_FORMAT";
+
+/// The domain's settings.
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    /// Idle time after which a session expires (sliding).
+    pub session_ttl: Duration,
+    /// Longest life of a session, however active.
+    pub session_max_lifetime: Duration,
+    /// A call not answered in this time becomes `expired`.
+    pub request_timeout: Duration,
+    /// Unanswered calls a session may hold; more are refused.
+    pub max_pending_per_session: usize,
+    /// Interval of heartbeats to connected providers; each also slides the session.
+    pub heartbeat_interval: Duration,
+    /// How long a polled request stays with the poller before it is handed out again.
+    pub poll_lease: Duration,
+    /// How long finished calls and their responses are kept.
+    pub response_retention: Duration,
+    /// Largest manifest, in bytes of JSON.
+    pub max_manifest_bytes: usize,
+    /// Most functions in a manifest.
+    pub max_functions: usize,
+    /// Largest response a provider may send, in bytes of JSON.
+    pub max_response_bytes: usize,
+    /// How long `Call` waits when the caller gives no timeout.
+    pub default_call_wait: Duration,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        Self {
+            session_ttl: Duration::from_secs(600),
+            session_max_lifetime: Duration::from_secs(24 * 3600),
+            request_timeout: Duration::from_secs(60),
+            max_pending_per_session: 100,
+            heartbeat_interval: Duration::from_secs(25),
+            poll_lease: Duration::from_secs(30),
+            response_retention: Duration::from_secs(3600),
+            max_manifest_bytes: 256 * 1024,
+            max_functions: 256,
+            max_response_bytes: 1024 * 1024,
+            default_call_wait: Duration::from_secs(25),
+        }
+    }
+}
+
+impl RelayConfig {
+    /// Checks that the settings make sense together; the message names the variable to fix.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.session_ttl.is_zero() {
+            return Err(format!("{ENV_SESSION_TTL} must be at least 1"));
+        }
+        if self.session_max_lifetime < self.session_ttl {
+            return Err(format!(
+                "{ENV_SESSION_MAX_LIFETIME} ({}) must not be shorter than {ENV_SESSION_TTL} ({})",
+                self.session_max_lifetime.as_secs(),
+                self.session_ttl.as_secs()
+            ));
+        }
+        if self.heartbeat_interval.is_zero() || self.heartbeat_interval >= self.session_ttl {
+            return Err(format!(
+                "{ENV_HEARTBEAT} ({}) must be at least 1 and shorter than {ENV_SESSION_TTL} ({}), or a connected tab's session would expire",
+                self.heartbeat_interval.as_secs(),
+                self.session_ttl.as_secs()
+            ));
+        }
+        if self.request_timeout.is_zero() {
+            return Err(format!("{ENV_REQUEST_TIMEOUT} must be at least 1"));
+        }
+        if self.max_pending_per_session == 0 {
+            return Err(format!("{ENV_MAX_PENDING} must be at least 1"));
+        }
+        Ok(())
+    }
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// The relay's command-line flags; each has an environment variable of the same meaning.
+#[derive(Debug, Clone, Args)]
+pub struct RelayArgs {
+    /// Address of the gRPC service (consumers and backend providers).
+    #[arg(long, env = ENV_GRPC_LISTEN, default_value = "127.0.0.1:50051")]
+    pub grpc_listen: SocketAddr,
+    /// Idle seconds after which a session expires.
+    #[arg(long, env = ENV_SESSION_TTL, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
+    pub session_ttl_seconds: u64,
+    /// Longest life of a session in seconds, however active.
+    #[arg(long, env = ENV_SESSION_MAX_LIFETIME, default_value_t = 86_400, value_parser = clap::value_parser!(u64).range(1..))]
+    pub session_max_lifetime_seconds: u64,
+    /// Seconds after which an unanswered call expires.
+    #[arg(long, env = ENV_REQUEST_TIMEOUT, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub request_timeout_seconds: u64,
+    /// Unanswered calls a session may hold.
+    #[arg(long, env = ENV_MAX_PENDING, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub max_pending_per_session: u64,
+    /// Seconds between heartbeats to connected providers.
+    #[arg(long, env = ENV_HEARTBEAT, default_value_t = 25, value_parser = clap::value_parser!(u64).range(1..))]
+    pub heartbeat_seconds: u64,
+    /// Log format.
+    #[arg(long, env = ENV_LOG_FORMAT, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+impl RelayArgs {
+    /// The domain settings these flags describe, validated.
+    pub fn relay_config(&self) -> Result<RelayConfig, String> {
+        let config = RelayConfig {
+            session_ttl: Duration::from_secs(self.session_ttl_seconds),
+            session_max_lifetime: Duration::from_secs(self.session_max_lifetime_seconds),
+            request_timeout: Duration::from_secs(self.request_timeout_seconds),
+            max_pending_per_session: usize::try_from(self.max_pending_per_session)
+                .unwrap_or(usize::MAX),
+            heartbeat_interval: Duration::from_secs(self.heartbeat_seconds),
+            ..RelayConfig::default()
+        };
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        relay: RelayArgs,
+    }
+
+    #[test]
+    fn defaults_are_the_documented_ones() {
+        let cli = Cli::try_parse_from(["relay"]).unwrap();
+        let config = cli.relay.relay_config().unwrap();
+        assert_eq!(config.session_ttl, Duration::from_secs(600));
+        assert_eq!(config.request_timeout, Duration::from_secs(60));
+        assert_eq!(config.max_pending_per_session, 100);
+        assert_eq!(cli.relay.grpc_listen.to_string(), "127.0.0.1:50051");
+    }
+
+    #[test]
+    fn bad_combinations_name_the_variable() {
+        let cli = Cli::try_parse_from(["relay", "--session-ttl-seconds", "20"]).unwrap();
+        let message = cli.relay.relay_config().unwrap_err();
+        assert!(
+            message.contains(ENV_HEARTBEAT) && message.contains(ENV_SESSION_TTL),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        assert!(Cli::try_parse_from(["relay", "--session-ttl-seconds", "0"]).is_err());
+        assert!(Cli::try_parse_from(["relay", "--session-ttl-seconds", "ten"]).is_err());
+    }
+}

@@ -1,0 +1,199 @@
+//! The relay's one error type, mapped once per transport (gRPC status, WebSocket `error`
+//! frame, HTTP error body).
+//!
+//! Every message tells the caller what to do next; internal causes (a store failure) stay in
+//! the logs.
+
+use std::time::Duration;
+
+use thiserror::Error;
+
+/// A store operation failed (connection lost, timeout, corrupt data).
+#[derive(Debug, Error)]
+#[error("store error: {0}")]
+pub struct StoreError(pub String);
+
+/// What went wrong, in the terms a transport needs to answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The input is malformed (HTTP 400).
+    BadRequest,
+    /// A provider token is needed and missing (HTTP 401).
+    Unauthenticated,
+    /// The provider token is wrong (HTTP 403).
+    Forbidden,
+    /// The session, request or function does not exist (HTTP 404).
+    NotFound,
+    /// The input contradicts earlier input (HTTP 409).
+    Conflict,
+    /// The input is too large (HTTP 413).
+    TooLarge,
+    /// Too much at once; retry later (HTTP 429).
+    TooManyRequests,
+    /// The relay cannot serve right now; retry later (HTTP 503).
+    Unavailable,
+}
+
+/// Why the relay refused or could not complete an operation.
+#[derive(Debug, Error)]
+pub enum RelayError {
+    /// The session code is not 8 Base32 characters.
+    #[error(
+        "A session code is 8 characters of A-Z and 2-7, like ABCD-EFGH. Ask the user to copy the code from the plugin again."
+    )]
+    InvalidCode,
+    /// No live session has this code.
+    #[error(
+        "No active session {code}: it has expired or never existed. Ask the user for the current code shown in the plugin."
+    )]
+    SessionNotFound {
+        /// The code, as people see it.
+        code: String,
+    },
+    /// A provider operation came without the provider token.
+    #[error(
+        "This needs the session's provider token (Authorization: Bearer <token>, or ?token=). The pairing code alone only lets you call tools."
+    )]
+    TokenRequired,
+    /// The provider token does not match the session.
+    #[error("The provider token does not belong to session {code}.")]
+    InvalidToken {
+        /// The code, as people see it.
+        code: String,
+    },
+    /// The session's manifest has no such function.
+    #[error(
+        "Session {code} has no function {name}{in_tool}. Available functions: {available}. GET the session's metadata for their parameters."
+    )]
+    UnknownFunction {
+        /// The code, as people see it.
+        code: String,
+        /// The function asked for.
+        name: String,
+        /// ` in tool X` when the caller named a tool id.
+        in_tool: String,
+        /// Comma-separated names of the functions there are.
+        available: String,
+    },
+    /// The arguments break the function's JSON Schema.
+    #[error(
+        "The arguments for {function} do not match its schema: {problems}. Correct them and call again."
+    )]
+    InvalidArguments {
+        /// The function called.
+        function: String,
+        /// Each problem with where it is, e.g. `/age: "x" is not of type "integer"`.
+        problems: String,
+    },
+    /// A client-chosen request id is malformed.
+    #[error("requestId must be 1 to 128 characters: letters, digits, '.', '_', ':' or '-'.")]
+    InvalidRequestId,
+    /// The request id was used before with a different body.
+    #[error(
+        "requestId {request_id} was already used for a different call in this session. Use a new requestId, or repeat the original call exactly."
+    )]
+    RequestIdConflict {
+        /// The id.
+        request_id: String,
+    },
+    /// No request with this id in the session.
+    #[error("Session {code} has no request {request_id}; responses are kept for one hour.")]
+    RequestNotFound {
+        /// The code, as people see it.
+        code: String,
+        /// The id.
+        request_id: String,
+    },
+    /// The session already has the maximum of unanswered calls.
+    #[error(
+        "Session {code} already has {limit} calls waiting for the tab. Wait for some to finish, then try again."
+    )]
+    QueueFull {
+        /// The code, as people see it.
+        code: String,
+        /// `MAX_PENDING_PER_SESSION`.
+        limit: usize,
+        /// When trying again makes sense.
+        retry_after: Duration,
+    },
+    /// The manifest is malformed; the previous one stays.
+    #[error("The manifest was refused: {reason}. The previous manifest stays in use.")]
+    InvalidManifest {
+        /// What is wrong, and where.
+        reason: String,
+    },
+    /// The manifest is over the size limit; the previous one stays.
+    #[error(
+        "The manifest is {size} bytes, over the limit of {limit}. Shorten descriptions or register fewer functions; the previous manifest stays in use."
+    )]
+    ManifestTooLarge {
+        /// Its size in bytes.
+        size: usize,
+        /// The limit in bytes.
+        limit: usize,
+    },
+    /// A provider's response is malformed.
+    #[error("The response was refused: {reason}.")]
+    InvalidResponse {
+        /// What is wrong.
+        reason: String,
+    },
+    /// The store cannot be reached.
+    #[error("The relay cannot reach its store right now. Try again in a few seconds.")]
+    StoreUnavailable(#[from] StoreError),
+    /// The relay is stopping.
+    #[error("The relay is restarting. Reconnect in a moment.")]
+    ShuttingDown,
+}
+
+impl RelayError {
+    /// Stable snake_case name, for error bodies, frames and the gRPC `x-error` trailer.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::InvalidCode => "invalid_code",
+            Self::SessionNotFound { .. } => "session_not_found",
+            Self::TokenRequired => "token_required",
+            Self::InvalidToken { .. } => "invalid_token",
+            Self::UnknownFunction { .. } => "unknown_function",
+            Self::InvalidArguments { .. } => "invalid_arguments",
+            Self::InvalidRequestId => "invalid_request_id",
+            Self::RequestIdConflict { .. } => "request_id_conflict",
+            Self::RequestNotFound { .. } => "request_not_found",
+            Self::QueueFull { .. } => "queue_full",
+            Self::InvalidManifest { .. } => "invalid_manifest",
+            Self::ManifestTooLarge { .. } => "manifest_too_large",
+            Self::InvalidResponse { .. } => "invalid_response",
+            Self::StoreUnavailable(_) => "store_unavailable",
+            Self::ShuttingDown => "shutting_down",
+        }
+    }
+
+    /// The class of error, for transports to pick a status.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Self::InvalidCode
+            | Self::InvalidArguments { .. }
+            | Self::InvalidRequestId
+            | Self::InvalidManifest { .. }
+            | Self::InvalidResponse { .. } => ErrorKind::BadRequest,
+            Self::TokenRequired => ErrorKind::Unauthenticated,
+            Self::InvalidToken { .. } => ErrorKind::Forbidden,
+            Self::SessionNotFound { .. }
+            | Self::UnknownFunction { .. }
+            | Self::RequestNotFound { .. } => ErrorKind::NotFound,
+            Self::RequestIdConflict { .. } => ErrorKind::Conflict,
+            Self::ManifestTooLarge { .. } => ErrorKind::TooLarge,
+            Self::QueueFull { .. } => ErrorKind::TooManyRequests,
+            Self::StoreUnavailable(_) | Self::ShuttingDown => ErrorKind::Unavailable,
+        }
+    }
+
+    /// When a retry makes sense, for errors that have one.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::QueueFull { retry_after, .. } => Some(*retry_after),
+            Self::StoreUnavailable(_) | Self::ShuttingDown => Some(Duration::from_secs(2)),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,415 @@
+//! The provider side of a session: attaching a connection, delivering calls to it, heartbeats,
+//! replacement, and the polling fallback.
+//!
+//! [`Relay::attach`] returns a [`ProviderLink`]: a transport forwards what arrives from the
+//! provider into `uplink` and writes what comes out of `downlink` to the provider, and that is
+//! all it does. A driver task per connection owns the rest: it delivers queued calls (and,
+//! after a reconnect, calls delivered to an earlier connection and never answered), handles
+//! registrations, responses and pings, sends heartbeats that keep the session alive, and ends
+//! the connection when the session ends, another connection replaces it, or the relay stops.
+//! When `downlink` ends, the transport closes the connection.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::sync::mpsc;
+use toolrelay::PROTOCOL_VERSION;
+use toolrelay::wire::{ProviderFrame, RelayFrame, ToolRequest};
+
+use crate::clock::Timestamp;
+use crate::code::{self, SessionCode};
+use crate::error::RelayError;
+use crate::relay::Relay;
+use crate::store::{Claim, EventStream, ProviderInfo, SessionEvent, Transport};
+
+/// Frames a slow provider may fall behind by before the driver waits for it.
+const DOWNLINK_BUFFER: usize = 128;
+/// Frames from the provider waiting to be handled.
+const UPLINK_BUFFER: usize = 64;
+/// Calls claimed at a time.
+const CLAIM_BATCH: usize = 32;
+/// The connection id shared by every poll of a session.
+const POLLING_CONNECTION: &str = "polling";
+
+/// What the relay sends to a provider.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Downlink {
+    /// First message of a connection.
+    Welcome {
+        /// The session.
+        code: SessionCode,
+        /// When it expires unless there is activity.
+        expires_at: Timestamp,
+    },
+    /// A call to run.
+    ToolRequest {
+        /// The call.
+        request: ToolRequest,
+        /// Its position in the session's queue.
+        seq: u64,
+    },
+    /// Periodic, and the answer to a ping.
+    Heartbeat {
+        /// When the session expires unless there is activity.
+        expires_at: Timestamp,
+    },
+    /// A manifest was accepted.
+    Registered {
+        /// Its number of functions.
+        tools: usize,
+    },
+    /// Something the provider sent was refused; the connection stays.
+    Error {
+        /// Stable snake_case name.
+        error: &'static str,
+        /// What to do about it.
+        message: String,
+    },
+    /// Another connection took over the session; this one ends.
+    Replaced,
+    /// The relay is stopping; this connection ends and should be made again.
+    Restarting,
+    /// The session ended; this connection ends.
+    Expired {
+        /// Why, and what to do.
+        message: String,
+    },
+}
+
+impl Downlink {
+    /// Whether the connection ends after this message.
+    pub fn is_final(&self) -> bool {
+        matches!(
+            self,
+            Self::Replaced | Self::Restarting | Self::Expired { .. }
+        )
+    }
+
+    /// The JSON frame of the browser protocol.
+    pub fn to_frame(&self) -> RelayFrame {
+        match self {
+            Self::Welcome { code, expires_at } => RelayFrame::Welcome {
+                code: code.as_str().to_owned(),
+                expires_at: expires_at.rfc3339(),
+                protocol_version: PROTOCOL_VERSION.to_owned(),
+            },
+            Self::ToolRequest { request, .. } => RelayFrame::ToolRequest(request.clone()),
+            Self::Heartbeat { expires_at } => RelayFrame::Heartbeat {
+                expires_at: expires_at.rfc3339(),
+            },
+            Self::Registered { tools } => RelayFrame::Registered { tools: *tools },
+            Self::Error { error, message } => RelayFrame::Error {
+                error: (*error).to_owned(),
+                message: message.clone(),
+            },
+            Self::Replaced => RelayFrame::Error {
+                error: "replaced".into(),
+                message:
+                    "Another connection with this session's token took over; this one is closed."
+                        .into(),
+            },
+            Self::Restarting => RelayFrame::Error {
+                error: RelayError::ShuttingDown.name().into(),
+                message: RelayError::ShuttingDown.to_string(),
+            },
+            Self::Expired { message } => RelayFrame::Expired {
+                message: message.clone(),
+            },
+        }
+    }
+}
+
+/// One attached provider connection, as its transport sees it.
+#[derive(Debug)]
+pub struct ProviderLink {
+    /// The session.
+    pub code: SessionCode,
+    /// This connection's id.
+    pub connection_id: String,
+    /// Messages for the provider, in order; ends when the connection should close.
+    pub downlink: mpsc::Receiver<Downlink>,
+    /// Messages from the provider. Dropping it means the provider went away.
+    pub uplink: mpsc::Sender<ProviderFrame>,
+}
+
+/// How a driver's connection ended.
+enum Ending {
+    /// The provider went away.
+    Disconnected,
+    /// The relay ended it and told the provider why.
+    Closed,
+}
+
+impl Relay {
+    /// Attaches a provider connection to a session (the provider token is required),
+    /// replacing any other connection of that session.
+    pub async fn attach(
+        &self,
+        code: &str,
+        token: Option<&str>,
+        transport: Transport,
+    ) -> Result<ProviderLink, RelayError> {
+        let (code, _) = self.authorized(code, token).await?;
+        // Subscribe before anything can be queued for this connection, so nothing is missed.
+        let events = self.subscribe(&code).await?;
+        let connection_id = code::random_id();
+        let now = self.now();
+        let provider = ProviderInfo {
+            connection_id: connection_id.clone(),
+            transport,
+            connected_at: now,
+            last_seen: now,
+        };
+        self.inner
+            .store
+            .set_provider(&code, provider)
+            .await?
+            .ok_or_else(|| crate::relay::not_found(&code))?;
+        let session = self.touch(&code, Some(&connection_id)).await?;
+        tracing::info!(code = %code, transport = transport.as_str(), "provider attached");
+
+        let (down_tx, downlink) = mpsc::channel(DOWNLINK_BUFFER);
+        let (uplink, up_rx) = mpsc::channel(UPLINK_BUFFER);
+        let driver = Driver {
+            relay: self.clone(),
+            code: code.clone(),
+            connection_id: connection_id.clone(),
+            down: down_tx,
+        };
+        tokio::spawn(driver.run(session.expires_at, session.max_expires_at, events, up_rx));
+        Ok(ProviderLink {
+            code,
+            connection_id,
+            downlink,
+            uplink,
+        })
+    }
+
+    /// The polling fallback: hands out the session's waiting calls (at most `max`, all when
+    /// `None`) under a lease; a call not answered within the lease is handed out again.
+    /// Needs the provider token; polling makes the poller the session's provider.
+    pub async fn poll(
+        &self,
+        code: &str,
+        token: Option<&str>,
+        max: Option<usize>,
+    ) -> Result<Vec<ToolRequest>, RelayError> {
+        let (code, session) = self.authorized(code, token).await?;
+        let now = self.now();
+        let is_current = session
+            .provider
+            .as_ref()
+            .is_some_and(|provider| provider.connection_id == POLLING_CONNECTION);
+        if !is_current {
+            let provider = ProviderInfo {
+                connection_id: POLLING_CONNECTION.to_owned(),
+                transport: Transport::Polling,
+                connected_at: now,
+                last_seen: now,
+            };
+            self.inner.store.set_provider(&code, provider).await?;
+        }
+        self.touch(&code, Some(POLLING_CONNECTION)).await?;
+        let claim = Claim {
+            connection_id: POLLING_CONNECTION.to_owned(),
+            now,
+            lease_until: now.plus(self.inner.config.poll_lease),
+            limit: max.unwrap_or(usize::MAX),
+        };
+        let claimed = self.inner.store.claim(&code, &claim).await?;
+        Ok(claimed.iter().map(|record| record.tool_request()).collect())
+    }
+}
+
+struct Driver {
+    relay: Relay,
+    code: SessionCode,
+    connection_id: String,
+    down: mpsc::Sender<Downlink>,
+}
+
+/// The provider went away while the driver was sending.
+struct Gone;
+
+impl Driver {
+    async fn run(
+        self,
+        expires_at: Timestamp,
+        max_expires_at: Timestamp,
+        events: EventStream,
+        uplink: mpsc::Receiver<ProviderFrame>,
+    ) {
+        let ending = self.serve(expires_at, max_expires_at, events, uplink).await;
+        if let Ok(Ending::Closed) = ending {
+            tracing::info!(code = %self.code, "provider connection closed by the relay");
+        } else {
+            tracing::info!(code = %self.code, "provider disconnected");
+        }
+        // Requests delivered to this connection stay delivered to it: the next connection
+        // claims them again, because they are not delivered to *it*.
+        if let Err(error) = self
+            .relay
+            .inner
+            .store
+            .clear_provider(&self.code, &self.connection_id)
+            .await
+        {
+            tracing::warn!(code = %self.code, %error, "could not record the provider's departure");
+        }
+    }
+
+    async fn serve(
+        &self,
+        expires_at: Timestamp,
+        max_expires_at: Timestamp,
+        mut events: EventStream,
+        mut uplink: mpsc::Receiver<ProviderFrame>,
+    ) -> Result<Ending, Gone> {
+        let config = self.relay.config();
+        let clock = self.relay.clock();
+        self.send(Downlink::Welcome {
+            code: self.code.clone(),
+            expires_at,
+        })
+        .await?;
+        self.deliver().await?;
+
+        let period = config.heartbeat_interval;
+        let mut heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let end_of_life = clock.instant(max_expires_at);
+        let shutdown = self.relay.inner.shutdown.clone();
+
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => {
+                    self.send(Downlink::Restarting).await?;
+                    return Ok(Ending::Closed);
+                }
+                () = self.down.closed() => return Ok(Ending::Disconnected),
+                frame = uplink.recv() => match frame {
+                    Some(frame) => {
+                        if self.handle(frame).await? {
+                            return Ok(Ending::Closed);
+                        }
+                    }
+                    None => return Ok(Ending::Disconnected),
+                },
+                event = events.next() => match event {
+                    Some(SessionEvent::RequestQueued | SessionEvent::Missed) => self.deliver().await?,
+                    Some(SessionEvent::ProviderChanged(id)) if id != self.connection_id => {
+                        self.send(Downlink::Replaced).await?;
+                        return Ok(Ending::Closed);
+                    }
+                    Some(SessionEvent::SessionEnded) | None => {
+                        self.expire("The session has ended. Start a new session to pair again.").await?;
+                        return Ok(Ending::Closed);
+                    }
+                    Some(_) => {}
+                },
+                _ = heartbeat.tick() => {
+                    match self.relay.touch(&self.code, Some(&self.connection_id)).await {
+                        Ok(session) => self.send(Downlink::Heartbeat { expires_at: session.expires_at }).await?,
+                        Err(RelayError::SessionNotFound { .. }) => {
+                            self.expire("The session has expired. Start a new session to pair again.").await?;
+                            return Ok(Ending::Closed);
+                        }
+                        Err(error) => tracing::warn!(code = %self.code, %error, "heartbeat could not slide the session"),
+                    }
+                }
+                () = tokio::time::sleep_until(end_of_life) => {
+                    self.expire("The session reached its maximum lifetime. Start a new session to pair again.").await?;
+                    return Ok(Ending::Closed);
+                }
+            }
+        }
+    }
+
+    /// Handles one frame from the provider; true when the session turned out to be gone.
+    async fn handle(&self, frame: ProviderFrame) -> Result<bool, Gone> {
+        let connection = Some(self.connection_id.as_str());
+        let reply = match frame {
+            ProviderFrame::Register { tools } => self
+                .relay
+                .install_manifest(&self.code, &tools, connection)
+                .await
+                .map(|tools| Some(Downlink::Registered { tools })),
+            ProviderFrame::Response(response) => self
+                .relay
+                .accept_response(&self.code, response, connection)
+                .await
+                .map(|_| None),
+            ProviderFrame::Ping => self
+                .relay
+                .touch(&self.code, connection)
+                .await
+                .map(|session| {
+                    Some(Downlink::Heartbeat {
+                        expires_at: session.expires_at,
+                    })
+                }),
+        };
+        match reply {
+            Ok(Some(reply)) => self.send(reply).await.map(|()| false),
+            Ok(None) => Ok(false),
+            Err(RelayError::SessionNotFound { .. }) => {
+                self.expire("The session has expired. Start a new session to pair again.")
+                    .await?;
+                Ok(true)
+            }
+            Err(error) => {
+                self.send(Downlink::Error {
+                    error: error.name(),
+                    message: error.to_string(),
+                })
+                .await?;
+                Ok(false)
+            }
+        }
+    }
+
+    /// Sends every call this connection may claim: new ones, and ones delivered to an earlier
+    /// connection and never answered.
+    async fn deliver(&self) -> Result<(), Gone> {
+        loop {
+            let now = self.relay.now();
+            let claim = Claim {
+                connection_id: self.connection_id.clone(),
+                now,
+                // A pushed call stays with this connection for as long as it lives.
+                lease_until: now.plus(self.relay.config().request_timeout + Duration::from_secs(1)),
+                limit: CLAIM_BATCH,
+            };
+            let claimed = match self.relay.inner.store.claim(&self.code, &claim).await {
+                Ok(claimed) => claimed,
+                Err(error) => {
+                    // The next event or heartbeat tries again.
+                    tracing::warn!(code = %self.code, %error, "could not claim calls for the provider");
+                    return Ok(());
+                }
+            };
+            let count = claimed.len();
+            for record in claimed {
+                self.send(Downlink::ToolRequest {
+                    request: record.tool_request(),
+                    seq: record.seq,
+                })
+                .await?;
+            }
+            if count < CLAIM_BATCH {
+                return Ok(());
+            }
+        }
+    }
+
+    async fn expire(&self, message: &str) -> Result<(), Gone> {
+        self.send(Downlink::Expired {
+            message: message.to_owned(),
+        })
+        .await
+    }
+
+    async fn send(&self, message: Downlink) -> Result<(), Gone> {
+        self.down.send(message).await.map_err(|_| Gone)
+    }
+}

@@ -1,0 +1,661 @@
+//! The relay's domain operations, shared by every transport: sessions, manifests, calls and
+//! their responses. Provider attachment lives in [`crate::provider`].
+//!
+//! Each operation takes the session code as the caller typed it, normalises it, and returns a
+//! [`RelayError`] whose message tells the caller what to do next.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+use toolrelay::wire::{ProviderResponse, RequestStatus, ToolError, ToolResponse};
+
+use crate::clock::{Clock, Timestamp};
+use crate::code::{self, SessionCode};
+use crate::config::RelayConfig;
+use crate::error::RelayError;
+use crate::manifest::{Manifest, ManifestLimits};
+use crate::store::{
+    Enqueued, EventStream, Finished, NewRequest, RequestRecord, SessionEvent, SessionRecord, Store,
+    Transport,
+};
+
+/// How many times creation tries a fresh code when the random one is taken.
+const CODE_ATTEMPTS: usize = 8;
+/// A polling provider counts as connected this long after its last poll.
+const POLLING_PRESENCE: Duration = Duration::from_secs(10);
+
+/// The relay: cheap to clone, all clones share one state.
+#[derive(Clone)]
+pub struct Relay {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) config: RelayConfig,
+    pub(crate) clock: Clock,
+    pub(crate) shutdown: CancellationToken,
+}
+
+/// A session just created: the only time its provider token is revealed.
+#[derive(Debug, Clone)]
+pub struct NewSession {
+    /// The pairing code.
+    pub code: SessionCode,
+    /// The provider's secret.
+    pub provider_token: String,
+    /// The idle timeout.
+    pub ttl: Duration,
+    /// When it expires unless there is activity.
+    pub expires_at: Timestamp,
+}
+
+/// Where a session stands.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionStatus {
+    /// The pairing code.
+    pub code: SessionCode,
+    /// When it was created.
+    pub created_at: Timestamp,
+    /// When it expires unless there is activity.
+    pub expires_at: Timestamp,
+    /// How the provider is attached, when one is.
+    pub transport: Option<Transport>,
+    /// Number of functions in the manifest.
+    pub tool_count: usize,
+    /// Calls waiting for an answer.
+    pub pending_requests: usize,
+}
+
+/// A call as a consumer makes it.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct CallInput {
+    /// Idempotency key; generated when absent.
+    pub request_id: Option<String>,
+    /// The group of the function, if the caller names one.
+    pub tool_id: Option<String>,
+    /// The function.
+    pub function_name: String,
+    /// Its arguments (`null` counts as `{}`).
+    pub args: Value,
+}
+
+/// Where a call stands, with its response once it has one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestView {
+    /// The call's id.
+    pub request_id: String,
+    /// Its status.
+    pub status: RequestStatus,
+    /// Its final answer (completed, failed or expired).
+    pub response: Option<ToolResponse>,
+}
+
+impl From<RequestRecord> for RequestView {
+    fn from(record: RequestRecord) -> Self {
+        Self {
+            request_id: record.id,
+            status: record.status,
+            response: record.response,
+        }
+    }
+}
+
+/// What happened to a provider's response.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResponseOutcome {
+    /// The call's id.
+    pub request_id: String,
+    /// The call's status now.
+    pub status: RequestStatus,
+    /// False when the call had its answer already (a redelivered call answered twice) or had
+    /// expired: the first answer wins.
+    pub accepted: bool,
+}
+
+impl Relay {
+    /// A relay over `store`. `config` must be valid ([`RelayConfig::validate`]).
+    pub fn new(store: Arc<dyn Store>, config: RelayConfig, clock: Clock) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                config,
+                clock,
+                shutdown: CancellationToken::new(),
+            }),
+        }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &RelayConfig {
+        &self.inner.config
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &Clock {
+        &self.inner.clock
+    }
+
+    /// Tells every connected provider to reconnect and ends their connections.
+    pub fn shutdown(&self) {
+        self.inner.shutdown.cancel();
+    }
+
+    /// Creates a session.
+    pub async fn create_session(&self) -> Result<NewSession, RelayError> {
+        let config = &self.inner.config;
+        let now = self.now();
+        let provider_token = code::generate_token();
+        for _ in 0..CODE_ATTEMPTS {
+            let record = SessionRecord {
+                code: SessionCode::generate(),
+                token_hash: code::hash_token(&provider_token),
+                created_at: now,
+                expires_at: now.plus(config.session_ttl),
+                max_expires_at: now.plus(config.session_max_lifetime),
+                provider: None,
+                manifest_revision: 0,
+            };
+            let session = NewSession {
+                code: record.code.clone(),
+                provider_token: provider_token.clone(),
+                ttl: config.session_ttl,
+                expires_at: record.expires_at,
+            };
+            if self.inner.store.insert_session(record).await? {
+                tracing::info!(code = %session.code, "session created");
+                return Ok(session);
+            }
+        }
+        // 8 collisions in a row among 2^40 codes means the store is not behaving.
+        Err(RelayError::StoreUnavailable(crate::error::StoreError(
+            "no free session code after repeated attempts".into(),
+        )))
+    }
+
+    /// Where a session stands. Reading the status is not activity: it does not slide expiry.
+    pub async fn session_status(&self, code: &str) -> Result<SessionStatus, RelayError> {
+        let (code, session) = self.live_session(code).await?;
+        let now = self.now();
+        let manifest = self.manifest_of(&code).await?;
+        let requests = self.inner.store.requests(&code).await?.unwrap_or_default();
+        let transport = session.provider.as_ref().and_then(|provider| {
+            let presence = match provider.transport {
+                Transport::Polling => POLLING_PRESENCE,
+                _ => self.inner.config.heartbeat_interval * 2 + Duration::from_secs(5),
+            };
+            (now.since(provider.last_seen) <= presence).then_some(provider.transport)
+        });
+        Ok(SessionStatus {
+            created_at: session.created_at,
+            expires_at: session.expires_at,
+            transport,
+            tool_count: manifest.functions().len(),
+            pending_requests: requests.iter().filter(|r| r.is_pending(now)).count(),
+            code,
+        })
+    }
+
+    /// Ends a session at once; its provider receives `expired`. Needs the provider token.
+    pub async fn end_session(&self, code: &str, token: Option<&str>) -> Result<(), RelayError> {
+        let (code, _) = self.authorized(code, token).await?;
+        self.inner.store.delete_session(&code).await?;
+        tracing::info!(code = %code, "session ended by its provider");
+        Ok(())
+    }
+
+    /// The session's manifest. Fetching it counts as activity.
+    pub async fn manifest(&self, code: &str) -> Result<Arc<Manifest>, RelayError> {
+        let (code, _) = self.live_session(code).await?;
+        self.touch(&code, None).await?;
+        self.manifest_of(&code).await
+    }
+
+    /// Replaces the manifest; returns the number of functions. Needs the provider token. A
+    /// refused manifest leaves the previous one in place.
+    pub async fn register_manifest(
+        &self,
+        code: &str,
+        token: Option<&str>,
+        tools: &Value,
+    ) -> Result<usize, RelayError> {
+        let (code, _) = self.authorized(code, token).await?;
+        self.install_manifest(&code, tools, None).await
+    }
+
+    pub(crate) async fn install_manifest(
+        &self,
+        code: &SessionCode,
+        tools: &Value,
+        connection: Option<&str>,
+    ) -> Result<usize, RelayError> {
+        let limits = ManifestLimits {
+            max_bytes: self.inner.config.max_manifest_bytes,
+            max_functions: self.inner.config.max_functions,
+        };
+        let manifest = Manifest::parse(tools, limits)?;
+        let count = manifest.functions().len();
+        self.inner
+            .store
+            .set_manifest(code, Arc::new(manifest))
+            .await?
+            .ok_or_else(|| not_found(code))?;
+        self.touch(code, connection).await?;
+        tracing::info!(code = %code, functions = count, "manifest registered");
+        Ok(count)
+    }
+
+    /// Queues a call after checking it against the manifest; returns at once. Repeating a
+    /// request id with the same call returns that call's state and runs nothing.
+    pub async fn submit(&self, code: &str, call: CallInput) -> Result<RequestView, RelayError> {
+        let (code, _) = self.live_session(code).await?;
+        let request_id = match call.request_id {
+            Some(id) if is_valid_request_id(&id) => id,
+            Some(_) => return Err(RelayError::InvalidRequestId),
+            None => code::random_id(),
+        };
+        let args = match call.args {
+            Value::Null => Value::Object(Default::default()),
+            args => args,
+        };
+        let manifest = self.manifest_of(&code).await?;
+        let function = manifest
+            .function(call.tool_id.as_deref(), &call.function_name)
+            .ok_or_else(|| {
+                unknown_function(
+                    &code,
+                    &manifest,
+                    &call.function_name,
+                    call.tool_id.as_deref(),
+                )
+            })?;
+        function.check_arguments(&args)?;
+
+        let now = self.now();
+        let request = NewRequest {
+            id: request_id.clone(),
+            tool_id: call.tool_id,
+            function_name: call.function_name,
+            args,
+            created_at: now,
+            deadline: now.plus(self.inner.config.request_timeout),
+        };
+        let limit = self.inner.config.max_pending_per_session;
+        match self.inner.store.enqueue(&code, request, limit).await? {
+            Enqueued::Queued(record) => {
+                tracing::debug!(code = %code, request_id = %record.id, function = %record.function_name, "call queued");
+                self.touch(&code, None).await?;
+                Ok(record.into())
+            }
+            Enqueued::Existing(record) => Ok(self.settle(&code, record).await?.into()),
+            Enqueued::Conflict => Err(RelayError::RequestIdConflict { request_id }),
+            Enqueued::Full => Err(RelayError::QueueFull {
+                code: code.display(),
+                limit,
+                retry_after: Duration::from_secs(5),
+            }),
+            Enqueued::NoSession => Err(not_found(&code)),
+        }
+    }
+
+    /// Waits up to `wait` for a call's final answer; returns its state either way.
+    pub async fn await_response(
+        &self,
+        code: &str,
+        request_id: &str,
+        wait: Duration,
+    ) -> Result<RequestView, RelayError> {
+        let code = SessionCode::parse(code)?;
+        let mut events = self.subscribe(&code).await?;
+        let wait_until = self.now().plus(wait);
+        loop {
+            let record = self.request_record(&code, request_id).await?;
+            if record.status.is_terminal() || self.now() >= wait_until {
+                return Ok(record.into());
+            }
+            let wake = self.inner.clock.instant(wait_until.min(record.deadline));
+            loop {
+                tokio::select! {
+                    event = events.next() => match event {
+                        Some(SessionEvent::ResponseReady(id)) if id == request_id => break,
+                        Some(SessionEvent::Missed) => break,
+                        Some(SessionEvent::SessionEnded) | None => return Err(not_found(&code)),
+                        Some(_) => continue,
+                    },
+                    () = tokio::time::sleep_until(wake) => break,
+                }
+            }
+        }
+    }
+
+    /// Queues a call and waits up to `wait` (the configured default when `None`) for its
+    /// answer.
+    pub async fn call(
+        &self,
+        code: &str,
+        call: CallInput,
+        wait: Option<Duration>,
+    ) -> Result<RequestView, RelayError> {
+        let submitted = self.submit(code, call).await?;
+        if submitted.status.is_terminal() {
+            return Ok(submitted);
+        }
+        let wait = wait.unwrap_or(self.inner.config.default_call_wait);
+        self.await_response(code, &submitted.request_id, wait).await
+    }
+
+    /// Final answers of the session's calls, oldest first (or only `request_id`'s). Reading
+    /// does not consume them.
+    pub async fn responses(
+        &self,
+        code: &str,
+        request_id: Option<&str>,
+    ) -> Result<Vec<ToolResponse>, RelayError> {
+        let (code, _) = self.live_session(code).await?;
+        let records = match request_id {
+            Some(id) => self
+                .inner
+                .store
+                .request(&code, id)
+                .await?
+                .into_iter()
+                .collect(),
+            None => self.inner.store.requests(&code).await?.unwrap_or_default(),
+        };
+        let mut responses = Vec::new();
+        for record in records {
+            if let Some(response) = self.settle(&code, record).await?.response {
+                responses.push(response);
+            }
+        }
+        Ok(responses)
+    }
+
+    /// Where one call stands.
+    pub async fn request_status(
+        &self,
+        code: &str,
+        request_id: &str,
+    ) -> Result<RequestView, RelayError> {
+        let code = SessionCode::parse(code)?;
+        Ok(self.request_record(&code, request_id).await?.into())
+    }
+
+    /// A provider's answer to a call, over any transport. Needs the provider token.
+    pub async fn post_response(
+        &self,
+        code: &str,
+        token: Option<&str>,
+        response: ProviderResponse,
+    ) -> Result<ResponseOutcome, RelayError> {
+        let (code, _) = self.authorized(code, token).await?;
+        self.accept_response(&code, response, None).await
+    }
+
+    pub(crate) async fn accept_response(
+        &self,
+        code: &SessionCode,
+        response: ProviderResponse,
+        connection: Option<&str>,
+    ) -> Result<ResponseOutcome, RelayError> {
+        let (status, response) = normalise_response(response)?;
+        let size = serde_json::to_vec(&response).map_or(usize::MAX, |bytes| bytes.len());
+        let limit = self.inner.config.max_response_bytes;
+        if size > limit {
+            return Err(RelayError::InvalidResponse {
+                reason: format!("it is {size} bytes, over the limit of {limit}; return less data"),
+            });
+        }
+        let request_id = response.request_id.clone();
+        let finished = self
+            .inner
+            .store
+            .finish(code, &request_id, status, response, self.now())
+            .await?;
+        let outcome = match finished {
+            Finished::Finished(record) => {
+                tracing::debug!(code = %code, request_id = %record.id, status = record.status.as_str(), "call answered");
+                self.touch(code, connection).await?;
+                ResponseOutcome {
+                    request_id,
+                    status: record.status,
+                    accepted: true,
+                }
+            }
+            Finished::AlreadyFinished(record) => ResponseOutcome {
+                request_id,
+                status: record.status,
+                accepted: false,
+            },
+            Finished::NoRequest => {
+                return Err(RelayError::RequestNotFound {
+                    code: code.display(),
+                    request_id,
+                });
+            }
+            Finished::NoSession => return Err(not_found(code)),
+        };
+        Ok(outcome)
+    }
+
+    // ---- helpers shared with the provider side ----
+
+    pub(crate) fn now(&self) -> Timestamp {
+        self.inner.clock.now()
+    }
+
+    pub(crate) async fn live_session(
+        &self,
+        code: &str,
+    ) -> Result<(SessionCode, SessionRecord), RelayError> {
+        let code = SessionCode::parse(code)?;
+        match self.inner.store.session(&code).await? {
+            Some(session) => Ok((code, session)),
+            None => Err(not_found(&code)),
+        }
+    }
+
+    /// The live session, if `token` is its provider token.
+    pub(crate) async fn authorized(
+        &self,
+        code: &str,
+        token: Option<&str>,
+    ) -> Result<(SessionCode, SessionRecord), RelayError> {
+        let (code, session) = self.live_session(code).await?;
+        match token {
+            None | Some("") => Err(RelayError::TokenRequired),
+            Some(token) if code::hash_token(token) == session.token_hash => Ok((code, session)),
+            Some(_) => Err(RelayError::InvalidToken {
+                code: code.display(),
+            }),
+        }
+    }
+
+    /// Slides the session's expiry; `connection` marks that provider connection as seen.
+    pub(crate) async fn touch(
+        &self,
+        code: &SessionCode,
+        connection: Option<&str>,
+    ) -> Result<SessionRecord, RelayError> {
+        let now = self.now();
+        let until = now.plus(self.inner.config.session_ttl);
+        self.inner
+            .store
+            .touch_session(code, now, until, connection)
+            .await?
+            .ok_or_else(|| not_found(code))
+    }
+
+    pub(crate) async fn subscribe(&self, code: &SessionCode) -> Result<EventStream, RelayError> {
+        self.inner
+            .store
+            .subscribe(code)
+            .await?
+            .ok_or_else(|| not_found(code))
+    }
+
+    async fn manifest_of(&self, code: &SessionCode) -> Result<Arc<Manifest>, RelayError> {
+        self.inner
+            .store
+            .manifest(code)
+            .await?
+            .ok_or_else(|| not_found(code))
+    }
+
+    async fn request_record(
+        &self,
+        code: &SessionCode,
+        request_id: &str,
+    ) -> Result<RequestRecord, RelayError> {
+        match self.inner.store.request(code, request_id).await? {
+            Some(record) => self.settle(code, record).await,
+            None if self.inner.store.session(code).await?.is_none() => Err(not_found(code)),
+            None => Err(RelayError::RequestNotFound {
+                code: code.display(),
+                request_id: request_id.to_owned(),
+            }),
+        }
+    }
+
+    /// A call past its deadline without an answer becomes `expired`, with a response saying
+    /// so. Expiry happens here, when someone looks, rather than in a background task.
+    async fn settle(
+        &self,
+        code: &SessionCode,
+        record: RequestRecord,
+    ) -> Result<RequestRecord, RelayError> {
+        if record.status.is_terminal() || record.deadline > self.now() {
+            return Ok(record);
+        }
+        let timeout = self.inner.config.request_timeout.as_secs();
+        let response = ToolResponse {
+            request_id: record.id.clone(),
+            success: false,
+            result: None,
+            error: Some(ToolError {
+                code: "request_expired".into(),
+                message: format!(
+                    "The tool did not answer within {timeout} s. Check that the plugin tab is open and connected (its status dot is green), then call again with a new requestId."
+                ),
+            }),
+        };
+        let finished = self
+            .inner
+            .store
+            .finish(
+                code,
+                &record.id,
+                RequestStatus::Expired,
+                response,
+                self.now(),
+            )
+            .await?;
+        match finished {
+            Finished::Finished(record) | Finished::AlreadyFinished(record) => Ok(record),
+            Finished::NoRequest | Finished::NoSession => Ok(record),
+        }
+    }
+}
+
+/// Request ids chosen by callers: 1 to 128 of `[A-Za-z0-9._:-]`.
+fn is_valid_request_id(id: &str) -> bool {
+    (1..=128).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+}
+
+/// A provider's response in the one shape the relay keeps: `success` defaults to "no error
+/// given"; an error may be a string, an object with `message` (and `code`), or anything else.
+fn normalise_response(
+    response: ProviderResponse,
+) -> Result<(RequestStatus, ToolResponse), RelayError> {
+    if !is_valid_request_id(&response.request_id) {
+        return Err(RelayError::InvalidResponse {
+            reason: "requestId is missing or malformed; echo the requestId of the tool-request"
+                .into(),
+        });
+    }
+    let success = response.success.unwrap_or(response.error.is_none());
+    let error = if success {
+        None
+    } else {
+        Some(match response.error {
+            None | Some(Value::Null) => ToolError {
+                code: "tool_error".into(),
+                message: "The tool reported a failure without a message.".into(),
+            },
+            Some(Value::String(message)) => ToolError {
+                code: "tool_error".into(),
+                message,
+            },
+            Some(Value::Object(object)) => ToolError {
+                code: object
+                    .get("code")
+                    .and_then(Value::as_str)
+                    .unwrap_or("tool_error")
+                    .to_owned(),
+                message: object
+                    .get("message")
+                    .and_then(Value::as_str)
+                    .map_or_else(|| Value::Object(object.clone()).to_string(), str::to_owned),
+            },
+            Some(other) => ToolError {
+                code: "tool_error".into(),
+                message: other.to_string(),
+            },
+        })
+    };
+    let status = if success {
+        RequestStatus::Completed
+    } else {
+        RequestStatus::Failed
+    };
+    let result = match (success, response.result) {
+        (true, None) => Some(Value::Null),
+        (_, result) => result,
+    };
+    Ok((
+        status,
+        ToolResponse {
+            request_id: response.request_id,
+            success,
+            result,
+            error,
+        },
+    ))
+}
+
+pub(crate) fn not_found(code: &SessionCode) -> RelayError {
+    RelayError::SessionNotFound {
+        code: code.display(),
+    }
+}
+
+fn unknown_function(
+    code: &SessionCode,
+    manifest: &Manifest,
+    name: &str,
+    tool_id: Option<&str>,
+) -> RelayError {
+    let names: Vec<&str> = manifest
+        .functions()
+        .iter()
+        .map(|f| f.name.as_str())
+        .collect();
+    RelayError::UnknownFunction {
+        code: code.display(),
+        name: name.to_owned(),
+        in_tool: tool_id
+            .map(|id| format!(" in tool {id}"))
+            .unwrap_or_default(),
+        available: if names.is_empty() {
+            "none yet (the tab has not registered its tools; is it open?)".to_owned()
+        } else {
+            names.join(", ")
+        },
+    }
+}

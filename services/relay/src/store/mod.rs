@@ -1,0 +1,349 @@
+//! Where sessions, manifests and calls live: the [`Store`] trait and its records.
+//!
+//! The trait is shaped for a shared store such as Redis as much as for memory:
+//! * every session has a TTL the store enforces (`expires_at`; a lookup never returns an
+//!   expired session), capped by a maximum lifetime;
+//! * every state change that must not race is one operation: enqueue (idempotency check,
+//!   pending limit and insert), claim (hand out requests to exactly one provider connection),
+//!   finish (first answer wins);
+//! * changes are announced on a per-session event stream ([`SessionEvent`]): a new request for
+//!   the provider, a response for waiters, a provider replaced, the session ended. Events are
+//!   hints: after one (or after [`SessionEvent::Missed`]) readers look at the state again.
+//!
+//! [`memory::MemoryStore`] is the default implementation.
+
+pub mod memory;
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use futures::Stream;
+use serde_json::Value;
+use toolrelay::wire::{RequestStatus, ToolRequest, ToolResponse};
+
+use crate::clock::Timestamp;
+use crate::code::SessionCode;
+use crate::error::StoreError;
+use crate::manifest::Manifest;
+
+/// A stored session.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionRecord {
+    /// Its pairing code.
+    pub code: SessionCode,
+    /// SHA-256 of the provider token, hex.
+    pub token_hash: String,
+    /// When it was created.
+    pub created_at: Timestamp,
+    /// When it expires unless there is activity.
+    pub expires_at: Timestamp,
+    /// When it expires however active it is.
+    pub max_expires_at: Timestamp,
+    /// The provider connection that currently serves it.
+    pub provider: Option<ProviderInfo>,
+    /// Increases with every manifest registration.
+    pub manifest_revision: u64,
+}
+
+/// How a provider is attached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Transport {
+    /// The browser WebSocket.
+    WebSocket,
+    /// Server-sent events with responses by POST.
+    Sse,
+    /// HTTP polling.
+    Polling,
+    /// A gRPC `Connect` stream.
+    Grpc,
+}
+
+impl Transport {
+    /// The lowercase name used on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::WebSocket => "websocket",
+            Self::Sse => "sse",
+            Self::Polling => "polling",
+            Self::Grpc => "grpc",
+        }
+    }
+
+    /// Parses a wire name.
+    pub fn parse(name: &str) -> Option<Self> {
+        [Self::WebSocket, Self::Sse, Self::Polling, Self::Grpc]
+            .into_iter()
+            .find(|transport| transport.as_str() == name)
+    }
+}
+
+/// The provider connection serving a session.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProviderInfo {
+    /// Random id of the connection; requests delivered to it carry it.
+    pub connection_id: String,
+    /// How it is attached.
+    pub transport: Transport,
+    /// When it attached.
+    pub connected_at: Timestamp,
+    /// When it was last heard from (or a heartbeat reached it).
+    pub last_seen: Timestamp,
+}
+
+/// A call to queue.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewRequest {
+    /// Its id, unique in the session.
+    pub id: String,
+    /// The group named by the caller.
+    pub tool_id: Option<String>,
+    /// The function to run.
+    pub function_name: String,
+    /// Validated arguments.
+    pub args: Value,
+    /// When it was made.
+    pub created_at: Timestamp,
+    /// When it expires unanswered.
+    pub deadline: Timestamp,
+}
+
+/// A stored call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestRecord {
+    /// Its id.
+    pub id: String,
+    /// Position in the session's queue.
+    pub seq: u64,
+    /// The group named by the caller.
+    pub tool_id: Option<String>,
+    /// The function to run.
+    pub function_name: String,
+    /// The arguments.
+    pub args: Value,
+    /// Where it stands.
+    pub status: RequestStatus,
+    /// When it was made.
+    pub created_at: Timestamp,
+    /// When it expires unanswered.
+    pub deadline: Timestamp,
+    /// The connection it was last handed to.
+    pub delivered_to: Option<String>,
+    /// Until when that connection holds it.
+    pub lease_until: Option<Timestamp>,
+    /// How often it was handed out.
+    pub deliveries: u32,
+    /// The final answer.
+    pub response: Option<ToolResponse>,
+    /// When it got its final answer.
+    pub finished_at: Option<Timestamp>,
+}
+
+impl RequestRecord {
+    /// A record for a newly queued call.
+    pub fn queued(request: NewRequest, seq: u64) -> Self {
+        Self {
+            id: request.id,
+            seq,
+            tool_id: request.tool_id,
+            function_name: request.function_name,
+            args: request.args,
+            status: RequestStatus::Queued,
+            created_at: request.created_at,
+            deadline: request.deadline,
+            delivered_to: None,
+            lease_until: None,
+            deliveries: 0,
+            response: None,
+            finished_at: None,
+        }
+    }
+
+    /// Whether `request` asks for exactly this call (same function, tool and arguments).
+    pub fn same_call(&self, request: &NewRequest) -> bool {
+        self.function_name == request.function_name
+            && self.tool_id == request.tool_id
+            && self.args == request.args
+    }
+
+    /// Whether the call still waits for an answer and is counted against the pending limit.
+    pub fn is_pending(&self, now: Timestamp) -> bool {
+        !self.status.is_terminal() && self.deadline > now
+    }
+
+    /// Whether `claim` may hand this call out: queued, or delivered to another connection, or
+    /// delivered under a lease that has run out; never after its deadline.
+    pub fn is_claimable(&self, claim: &Claim) -> bool {
+        if self.deadline <= claim.now {
+            return false;
+        }
+        match self.status {
+            RequestStatus::Queued => true,
+            RequestStatus::Delivered => {
+                self.delivered_to.as_deref() != Some(claim.connection_id.as_str())
+                    || self.lease_until.is_none_or(|lease| lease <= claim.now)
+            }
+            _ => false,
+        }
+    }
+
+    /// The call as the provider receives it.
+    pub fn tool_request(&self) -> ToolRequest {
+        ToolRequest {
+            request_id: self.id.clone(),
+            tool_id: self.tool_id.clone(),
+            function_name: self.function_name.clone(),
+            args: self.args.clone(),
+        }
+    }
+}
+
+/// What [`Store::enqueue`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Enqueued {
+    /// The call is queued.
+    Queued(RequestRecord),
+    /// A call with this id and the same body exists; nothing changed.
+    Existing(RequestRecord),
+    /// A call with this id and another body exists; nothing changed.
+    Conflict,
+    /// The session holds `max_pending` unanswered calls; nothing changed.
+    Full,
+    /// The session does not exist (or expired).
+    NoSession,
+}
+
+/// A provider connection asking for calls.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claim {
+    /// The connection; it must be the session's current provider.
+    pub connection_id: String,
+    /// The current time.
+    pub now: Timestamp,
+    /// Until when the connection holds what it claims.
+    pub lease_until: Timestamp,
+    /// Most calls to hand out.
+    pub limit: usize,
+}
+
+/// What [`Store::finish`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Finished {
+    /// The call now has this final answer.
+    Finished(RequestRecord),
+    /// The call had its final answer already; nothing changed.
+    AlreadyFinished(RequestRecord),
+    /// The session has no such call.
+    NoRequest,
+    /// The session does not exist (or expired).
+    NoSession,
+}
+
+/// A change in a session, announced to its subscribers.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SessionEvent {
+    /// A call was queued.
+    RequestQueued,
+    /// The call with this id has its final answer.
+    ResponseReady(String),
+    /// The connection with this id is now the provider.
+    ProviderChanged(String),
+    /// A new manifest was registered.
+    ManifestChanged,
+    /// The session was deleted or expired; no more events follow.
+    SessionEnded,
+    /// Events were lost (a slow subscriber): look at the state again.
+    Missed,
+}
+
+/// A session's events; the stream ends when the session does.
+pub type EventStream = Pin<Box<dyn Stream<Item = SessionEvent> + Send>>;
+
+/// Storage of sessions, manifests and calls. Operations on a session that does not exist (or
+/// has expired) return `None`, `false` or a `No…` variant, never an error: errors mean the
+/// store itself failed.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Inserts a new session with an empty manifest; false when the code is taken.
+    async fn insert_session(&self, session: SessionRecord) -> Result<bool, StoreError>;
+
+    /// The live session.
+    async fn session(&self, code: &SessionCode) -> Result<Option<SessionRecord>, StoreError>;
+
+    /// Slides the expiry to `until` (never backwards, never past the maximum lifetime) and,
+    /// when `seen` is the current provider connection, records that it was heard from at `now`.
+    async fn touch_session(
+        &self,
+        code: &SessionCode,
+        now: Timestamp,
+        until: Timestamp,
+        seen: Option<&str>,
+    ) -> Result<Option<SessionRecord>, StoreError>;
+
+    /// Deletes a session and everything in it; false when there was none.
+    async fn delete_session(&self, code: &SessionCode) -> Result<bool, StoreError>;
+
+    /// Makes `provider` the session's provider (replacing any other) and announces it.
+    async fn set_provider(
+        &self,
+        code: &SessionCode,
+        provider: ProviderInfo,
+    ) -> Result<Option<SessionRecord>, StoreError>;
+
+    /// Removes the provider, if it is still the connection `connection_id`.
+    async fn clear_provider(
+        &self,
+        code: &SessionCode,
+        connection_id: &str,
+    ) -> Result<(), StoreError>;
+
+    /// Replaces the manifest; returns the new revision.
+    async fn set_manifest(
+        &self,
+        code: &SessionCode,
+        manifest: Arc<Manifest>,
+    ) -> Result<Option<u64>, StoreError>;
+
+    /// The session's manifest (empty until a provider registers one).
+    async fn manifest(&self, code: &SessionCode) -> Result<Option<Arc<Manifest>>, StoreError>;
+
+    /// Queues a call unless its id is taken or `max_pending` calls are pending at
+    /// `request.created_at`; announces it.
+    async fn enqueue(
+        &self,
+        code: &SessionCode,
+        request: NewRequest,
+        max_pending: usize,
+    ) -> Result<Enqueued, StoreError>;
+
+    /// One call.
+    async fn request(
+        &self,
+        code: &SessionCode,
+        id: &str,
+    ) -> Result<Option<RequestRecord>, StoreError>;
+
+    /// All kept calls, in queue order.
+    async fn requests(&self, code: &SessionCode) -> Result<Option<Vec<RequestRecord>>, StoreError>;
+
+    /// Hands claimable calls (see [`RequestRecord::is_claimable`]), oldest first, to the
+    /// connection, if it is the session's provider; marks them delivered to it.
+    async fn claim(
+        &self,
+        code: &SessionCode,
+        claim: &Claim,
+    ) -> Result<Vec<RequestRecord>, StoreError>;
+
+    /// Gives a call its final answer, unless it has one; announces it.
+    async fn finish(
+        &self,
+        code: &SessionCode,
+        id: &str,
+        status: RequestStatus,
+        response: ToolResponse,
+        now: Timestamp,
+    ) -> Result<Finished, StoreError>;
+
+    /// The session's events from now on.
+    async fn subscribe(&self, code: &SessionCode) -> Result<Option<EventStream>, StoreError>;
+}

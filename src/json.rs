@@ -1,0 +1,118 @@
+//! Conversions between JSON (`serde_json::Value`) and the protobuf well-known types that carry
+//! JSON over gRPC (`google.protobuf.Struct` and `Value`).
+//!
+//! Protobuf numbers are doubles. Integral doubles that fit in JavaScript's safe range come
+//! back as JSON integers, so `{"age": 36}` survives a round trip as `36`, not `36.0`.
+
+use prost_types::{ListValue, Struct, Value as PbValue, value::Kind};
+use serde_json::{Map, Number, Value};
+
+/// Largest integer a double holds exactly (2^53 - 1), as JavaScript's `Number.MAX_SAFE_INTEGER`.
+const MAX_SAFE_INTEGER: f64 = 9_007_199_254_740_991.0;
+
+/// A JSON object as a protobuf `Struct`; a value that is not an object gives an empty struct.
+pub fn to_struct(value: &Value) -> Struct {
+    match value {
+        Value::Object(map) => object_to_struct(map),
+        _ => Struct::default(),
+    }
+}
+
+/// A protobuf `Struct` as a JSON object.
+pub fn from_struct(value: &Struct) -> Value {
+    Value::Object(
+        value
+            .fields
+            .iter()
+            .map(|(key, field)| (key.clone(), from_value(field)))
+            .collect(),
+    )
+}
+
+/// Any JSON value as a protobuf `Value`.
+pub fn to_value(value: &Value) -> PbValue {
+    let kind = match value {
+        Value::Null => Kind::NullValue(0),
+        Value::Bool(b) => Kind::BoolValue(*b),
+        Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or(f64::NAN)),
+        Value::String(s) => Kind::StringValue(s.clone()),
+        Value::Array(items) => Kind::ListValue(ListValue {
+            values: items.iter().map(to_value).collect(),
+        }),
+        Value::Object(map) => Kind::StructValue(object_to_struct(map)),
+    };
+    PbValue { kind: Some(kind) }
+}
+
+/// A protobuf `Value` as JSON; a `Value` with no kind set, or a non-finite number, is `null`.
+pub fn from_value(value: &PbValue) -> Value {
+    match &value.kind {
+        None | Some(Kind::NullValue(_)) => Value::Null,
+        Some(Kind::BoolValue(b)) => Value::Bool(*b),
+        Some(Kind::NumberValue(n)) => number(*n),
+        Some(Kind::StringValue(s)) => Value::String(s.clone()),
+        Some(Kind::ListValue(list)) => Value::Array(list.values.iter().map(from_value).collect()),
+        Some(Kind::StructValue(s)) => from_struct(s),
+    }
+}
+
+fn object_to_struct(map: &Map<String, Value>) -> Struct {
+    Struct {
+        fields: map
+            .iter()
+            .map(|(key, field)| (key.clone(), to_value(field)))
+            .collect(),
+    }
+}
+
+fn number(n: f64) -> Value {
+    if n.fract() == 0.0 && n.abs() <= MAX_SAFE_INTEGER {
+        // The range check above makes the cast exact.
+        Value::Number(Number::from(n as i64))
+    } else {
+        Number::from_f64(n).map_or(Value::Null, Value::Number)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn objects_round_trip_through_struct() {
+        let original = json!({
+            "name": "Ada", "age": 36, "height": 1.62, "negative": -4,
+            "tags": ["a", "b"], "nested": {"ok": true, "none": null}
+        });
+        assert_eq!(from_struct(&to_struct(&original)), original);
+    }
+
+    #[test]
+    fn any_value_round_trips_through_value() {
+        for original in [
+            json!(null),
+            json!(1.5),
+            json!("text"),
+            json!([1, "two", {"three": 3}]),
+        ] {
+            assert_eq!(from_value(&to_value(&original)), original);
+        }
+    }
+
+    #[test]
+    fn non_objects_become_empty_structs() {
+        assert_eq!(from_struct(&to_struct(&json!([1, 2]))), json!({}));
+    }
+
+    #[test]
+    fn integers_beyond_the_safe_range_stay_doubles() {
+        assert_eq!(from_value(&to_value(&json!(1e300))), json!(1e300));
+        assert_eq!(
+            from_value(&PbValue {
+                kind: Some(Kind::NumberValue(f64::NAN))
+            }),
+            json!(null)
+        );
+    }
+}

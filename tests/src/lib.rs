@@ -1,0 +1,1 @@
+//! Builders for end-to-end tests.
