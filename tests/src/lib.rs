@@ -1,1 +1,276 @@
-//! Builders for end-to-end tests.
+//! Builders for end-to-end tests, so a test reads like its scenario:
+//!
+//! ```ignore
+//! let relay = TestRelay::start().await;
+//! let session = relay.create_session().await;
+//! let mut tab = WsTab::attach(&relay, &session).await;
+//! tab.register(json!([...])).await;
+//! ```
+//!
+//! Servers listen on `127.0.0.1:0`; dropping a [`TestRelay`] stops it.
+#![allow(clippy::unwrap_used, clippy::missing_panics_doc)] // test support fails loudly
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use futures::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+use tonic::transport::{Channel, Endpoint};
+use toolrelay::proto::v1::relay_client::RelayClient;
+use toolrelay::proto::v1::{CreateSessionRequest, CreateSessionResponse};
+use toolrelay_relay::server::{self, Listeners};
+use toolrelay_relay::store::memory::MemoryStore;
+use toolrelay_relay::{Clock, Relay, RelayConfig};
+
+/// How long a test waits for something that should happen promptly.
+pub const PATIENCE: Duration = Duration::from_secs(10);
+
+/// A relay serving gRPC and the browser WebSocket on ephemeral loopback ports.
+pub struct TestRelay {
+    /// The gRPC address.
+    pub grpc: SocketAddr,
+    /// The WebSocket address.
+    pub websocket: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl TestRelay {
+    /// A relay with the default settings.
+    pub async fn start() -> Self {
+        Self::with_config(RelayConfig::default()).await
+    }
+
+    /// A relay with these settings.
+    pub async fn with_config(config: RelayConfig) -> Self {
+        config.validate().unwrap();
+        let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let websocket = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addresses = (grpc.local_addr().unwrap(), websocket.local_addr().unwrap());
+        let clock = Clock::new();
+        let relay = Relay::new(
+            MemoryStore::new(clock.clone(), config.response_retention),
+            config,
+            clock,
+        );
+        let (stop, stopped) = oneshot::channel::<()>();
+        let listeners = Listeners {
+            grpc,
+            websocket: Some(websocket),
+        };
+        let task = tokio::spawn(async move {
+            let shutdown = async {
+                let _ = stopped.await;
+            };
+            server::run(relay, listeners, shutdown).await.unwrap();
+        });
+        Self {
+            grpc: addresses.0,
+            websocket: addresses.1,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    /// A gRPC client of the relay.
+    pub async fn client(&self) -> RelayClient<Channel> {
+        let channel = Endpoint::from_shared(format!("http://{}", self.grpc))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        RelayClient::new(channel)
+    }
+
+    /// A new session, created over gRPC.
+    pub async fn create_session(&self) -> CreateSessionResponse {
+        self.client()
+            .await
+            .create_session(CreateSessionRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+    }
+
+    /// The provider WebSocket URL of a session.
+    pub fn ws_url(&self, code: &str, token: Option<&str>) -> String {
+        let base = format!("ws://{}/api/sessions/{code}/ws", self.websocket);
+        match token {
+            Some(token) => format!("{base}?token={token}"),
+            None => base,
+        }
+    }
+
+    /// Stops the relay and waits until it has stopped.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            tokio::time::timeout(Duration::from_secs(15), task)
+                .await
+                .expect("the relay stops within its drain timeout")
+                .unwrap();
+        }
+    }
+}
+
+impl Drop for TestRelay {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// A gRPC request carrying the provider token as `authorization: Bearer …`.
+pub fn with_token<T>(message: T, token: &str) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request
+        .metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    request
+}
+
+/// The stable error name a relay status carries in its `x-error` trailer.
+pub fn error_name(status: &tonic::Status) -> String {
+    status
+        .metadata()
+        .get("x-error")
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// A browser tab attached to a session over the provider WebSocket.
+pub struct WsTab {
+    socket: WebSocketStream<MaybeTlsStream<TcpStream>>,
+    /// The `welcome` frame.
+    pub welcome: Value,
+}
+
+impl WsTab {
+    /// Connects with the session's token and reads the `welcome` frame.
+    pub async fn attach(relay: &TestRelay, session: &CreateSessionResponse) -> Self {
+        let url = relay.ws_url(&session.code, Some(&session.provider_token));
+        let mut socket = Self::connect(&url).await;
+        let welcome = socket.recv().await;
+        assert_eq!(welcome["type"], "welcome", "{welcome}");
+        socket.welcome = welcome;
+        socket
+    }
+
+    /// Connects to `url` without reading anything.
+    pub async fn connect(url: &str) -> Self {
+        let (socket, _) = tokio_tungstenite::connect_async(url).await.unwrap();
+        Self {
+            socket,
+            welcome: Value::Null,
+        }
+    }
+
+    /// Sends a JSON frame.
+    pub async fn send(&mut self, frame: Value) {
+        self.socket
+            .send(Message::text(frame.to_string()))
+            .await
+            .unwrap();
+    }
+
+    /// Sends a raw text frame.
+    pub async fn send_text(&mut self, text: &str) {
+        self.socket
+            .send(Message::text(text.to_owned()))
+            .await
+            .unwrap();
+    }
+
+    /// The next JSON frame, skipping heartbeats; panics if the socket closes first.
+    pub async fn recv(&mut self) -> Value {
+        loop {
+            let frame = self
+                .next_frame()
+                .await
+                .expect("the relay closed the WebSocket");
+            if frame["type"] != "heartbeat" {
+                return frame;
+            }
+        }
+    }
+
+    /// The next JSON frame (heartbeats included), or `None` once the socket is closed.
+    pub async fn next_frame(&mut self) -> Option<Value> {
+        loop {
+            let message = tokio::time::timeout(PATIENCE, self.socket.next())
+                .await
+                .expect("no frame from the relay in time");
+            match message {
+                Some(Ok(Message::Text(text))) => return Some(serde_json::from_str(&text).unwrap()),
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return None,
+                Some(Ok(_)) => {}
+            }
+        }
+    }
+
+    /// Reads until the relay closes the socket; returns the close frame.
+    pub async fn closed(&mut self) -> Option<CloseFrame> {
+        loop {
+            let message = tokio::time::timeout(PATIENCE, self.socket.next())
+                .await
+                .expect("the relay did not close the WebSocket in time");
+            match message {
+                Some(Ok(Message::Close(frame))) => return frame,
+                None | Some(Err(_)) => return None,
+                Some(Ok(_)) => {}
+            }
+        }
+    }
+
+    /// Registers tools and waits for `registered`.
+    pub async fn register(&mut self, tools: Value) -> Value {
+        self.send(json!({"type": "register", "tools": tools})).await;
+        let reply = self.recv().await;
+        assert_eq!(reply["type"], "registered", "{reply}");
+        reply
+    }
+
+    /// Waits for the next `tool-request`.
+    pub async fn next_request(&mut self) -> Value {
+        let frame = self.recv().await;
+        assert_eq!(frame["type"], "tool-request", "{frame}");
+        frame
+    }
+
+    /// Answers a call successfully.
+    pub async fn answer(&mut self, request_id: &str, result: Value) {
+        self.send(
+            json!({"type": "response", "requestId": request_id, "success": true, "result": result}),
+        )
+        .await;
+    }
+
+    /// Closes the socket as a tab would when its page goes away.
+    pub async fn close(mut self) {
+        let _ = self.socket.close(None).await;
+    }
+}
+
+/// The tools of the test tab: `echo {text}` and `add {a, b}` in a group `demo`.
+pub fn demo_tools() -> Value {
+    json!([{
+        "id": "demo",
+        "description": "Demo tools",
+        "functions": [
+            {"name": "echo", "description": "Echoes text", "parameters": {
+                "type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}},
+            {"name": "add", "description": "Adds", "parameters": {
+                "type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"]}}
+        ]
+    }])
+}

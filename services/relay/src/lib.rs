@@ -17,10 +17,14 @@ pub mod clock;
 pub mod code;
 pub mod config;
 pub mod error;
+pub mod grpc;
 pub mod manifest;
 pub mod provider;
 pub mod relay;
+pub mod server;
 pub mod store;
+pub mod telemetry;
+pub mod ws;
 
 pub use clock::{Clock, Timestamp};
 pub use code::SessionCode;

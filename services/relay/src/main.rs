@@ -1,2 +1,59 @@
-//! Placeholder until the binary lands.
-fn main() {}
+//! `toolrelay-relay`: the relay on its own, for split deployments. Serves gRPC (consumers,
+//! the gateway, backend providers) and the browser WebSocket.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+
+use clap::Parser;
+use tokio::net::TcpListener;
+use toolrelay_relay::config::{ENV_GRPC_LISTEN, ENV_WS_LISTEN, RelayArgs};
+use toolrelay_relay::server::{self, Listeners};
+use toolrelay_relay::store::memory::MemoryStore;
+use toolrelay_relay::{Clock, Relay, telemetry};
+
+/// The toolrelay relay: sessions, tool routing and provider streams over gRPC and WebSocket.
+#[derive(Debug, Parser)]
+#[command(name = "toolrelay-relay", version, about)]
+struct Cli {
+    #[command(flatten)]
+    relay: RelayArgs,
+    /// Address of the browser WebSocket (`/api/sessions/{code}/ws?token=…`).
+    #[arg(long, env = ENV_WS_LISTEN, default_value = "127.0.0.1:8081")]
+    ws_listen: SocketAddr,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    telemetry::init(cli.relay.log_format);
+    match serve(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("toolrelay-relay: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(cli: Cli) -> Result<(), String> {
+    let config = cli.relay.relay_config()?;
+    let grpc = bind(cli.relay.grpc_listen, ENV_GRPC_LISTEN).await?;
+    let websocket = bind(cli.ws_listen, ENV_WS_LISTEN).await?;
+    let clock = Clock::new();
+    let store = MemoryStore::new(clock.clone(), config.response_retention);
+    let relay = Relay::new(store, config, clock);
+    tracing::info!(grpc = %cli.relay.grpc_listen, websocket = %cli.ws_listen, "toolrelay-relay listening");
+    let listeners = Listeners {
+        grpc,
+        websocket: Some(websocket),
+    };
+    server::run(relay, listeners, server::shutdown_signal())
+        .await
+        .map_err(|error| error.to_string())
+}
+
+async fn bind(address: SocketAddr, variable: &str) -> Result<TcpListener, String> {
+    TcpListener::bind(address).await.map_err(|error| {
+        format!("cannot listen on {address} (set by {variable} or its flag): {error}")
+    })
+}

@@ -85,6 +85,23 @@ impl Downlink {
         )
     }
 
+    /// The error name and message of the messages sent as `error` frames.
+    pub fn error(&self) -> Option<(String, String)> {
+        match self {
+            Self::Error { error, message } => Some(((*error).to_owned(), message.clone())),
+            Self::Replaced => Some((
+                "replaced".to_owned(),
+                "Another connection with this session's token took over; this one is closed."
+                    .to_owned(),
+            )),
+            Self::Restarting => Some((
+                RelayError::ShuttingDown.name().to_owned(),
+                RelayError::ShuttingDown.to_string(),
+            )),
+            _ => None,
+        }
+    }
+
     /// The JSON frame of the browser protocol.
     pub fn to_frame(&self) -> RelayFrame {
         match self {
@@ -98,20 +115,10 @@ impl Downlink {
                 expires_at: expires_at.rfc3339(),
             },
             Self::Registered { tools } => RelayFrame::Registered { tools: *tools },
-            Self::Error { error, message } => RelayFrame::Error {
-                error: (*error).to_owned(),
-                message: message.clone(),
-            },
-            Self::Replaced => RelayFrame::Error {
-                error: "replaced".into(),
-                message:
-                    "Another connection with this session's token took over; this one is closed."
-                        .into(),
-            },
-            Self::Restarting => RelayFrame::Error {
-                error: RelayError::ShuttingDown.name().into(),
-                message: RelayError::ShuttingDown.to_string(),
-            },
+            Self::Error { .. } | Self::Replaced | Self::Restarting => {
+                let (error, message) = self.error().unwrap_or_default();
+                RelayFrame::Error { error, message }
+            }
             Self::Expired { message } => RelayFrame::Expired {
                 message: message.clone(),
             },

@@ -1,0 +1,497 @@
+//! The gRPC transport (tonic): the `toolrelay.v1.Relay` service over the domain, plus the
+//! standard health and reflection services.
+//!
+//! Conversions between protobuf and domain types, and the one mapping from [`RelayError`] to
+//! a gRPC status, live here and nowhere else.
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use serde_json::{Map, Value, json};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::{MetadataMap, MetadataValue};
+use tonic::{Code, Request, Response, Status, Streaming};
+use toolrelay::json::{from_struct, from_value, to_struct, to_value};
+use toolrelay::proto::v1 as pb;
+use toolrelay::proto::v1::relay_server::{Relay as RelayRpc, RelayServer};
+use toolrelay::wire::{ProviderFrame, ProviderResponse, RequestStatus, ToolResponse};
+
+use crate::clock::Timestamp;
+use crate::error::{ErrorKind, RelayError};
+use crate::manifest::Manifest;
+use crate::provider::{Downlink, ProviderLink};
+use crate::relay::{CallInput, Relay, RequestView};
+use crate::store::Transport;
+
+/// Metadata entry with the session code on `Connect`.
+pub const SESSION_CODE_METADATA: &str = "x-session-code";
+/// Metadata entry naming the transport a `Connect` stands for (`grpc` by default).
+pub const TRANSPORT_METADATA: &str = "x-provider-transport";
+/// Trailer with the stable snake_case error name.
+pub const ERROR_METADATA: &str = "x-error";
+/// Trailer with the seconds after which a retry makes sense.
+pub const RETRY_AFTER_METADATA: &str = "retry-after";
+/// Largest message the service accepts (a provider's response may be up to 1 MiB of JSON).
+const MAX_MESSAGE_BYTES: usize = 2 * 1024 * 1024;
+
+/// The `Relay` gRPC service over a [`Relay`].
+#[derive(Clone)]
+pub struct RelayService {
+    relay: Relay,
+}
+
+impl RelayService {
+    /// The service, ready to add to a tonic server.
+    pub fn server(relay: Relay) -> RelayServer<Self> {
+        RelayServer::new(Self { relay })
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES)
+    }
+}
+
+/// The gRPC status for a relay error: its message, the `x-error` name and `retry-after`.
+pub fn status(error: RelayError) -> Status {
+    let code = match error.kind() {
+        ErrorKind::BadRequest => Code::InvalidArgument,
+        ErrorKind::Unauthenticated => Code::Unauthenticated,
+        ErrorKind::Forbidden => Code::PermissionDenied,
+        ErrorKind::NotFound => Code::NotFound,
+        ErrorKind::Conflict => Code::AlreadyExists,
+        ErrorKind::TooLarge | ErrorKind::TooManyRequests => Code::ResourceExhausted,
+        ErrorKind::Unavailable => Code::Unavailable,
+    };
+    if let RelayError::StoreUnavailable(cause) = &error {
+        tracing::error!(%cause, "store unavailable");
+    }
+    let mut metadata = MetadataMap::new();
+    metadata.insert(ERROR_METADATA, MetadataValue::from_static(error.name()));
+    if let Some(retry_after) = error.retry_after()
+        && let Ok(value) = retry_after.as_secs().max(1).to_string().parse()
+    {
+        metadata.insert(RETRY_AFTER_METADATA, value);
+    }
+    Status::with_metadata(code, error.to_string(), metadata)
+}
+
+type Reply<T> = Result<Response<T>, Status>;
+
+#[tonic::async_trait]
+impl RelayRpc for RelayService {
+    async fn create_session(
+        &self,
+        _: Request<pb::CreateSessionRequest>,
+    ) -> Reply<pb::CreateSessionResponse> {
+        let session = self.relay.create_session().await.map_err(status)?;
+        Ok(Response::new(pb::CreateSessionResponse {
+            code: session.code.as_str().to_owned(),
+            provider_token: session.provider_token,
+            ttl_seconds: u32::try_from(session.ttl.as_secs()).unwrap_or(u32::MAX),
+            expires_at: Some(timestamp(session.expires_at)),
+        }))
+    }
+
+    async fn get_session(&self, request: Request<pb::GetSessionRequest>) -> Reply<pb::SessionInfo> {
+        let status_of = self
+            .relay
+            .session_status(&request.get_ref().code)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(pb::SessionInfo {
+            code: status_of.code.as_str().to_owned(),
+            created_at: Some(timestamp(status_of.created_at)),
+            expires_at: Some(timestamp(status_of.expires_at)),
+            provider_connected: status_of.transport.is_some(),
+            transport: status_of
+                .transport
+                .map(Transport::as_str)
+                .unwrap_or_default()
+                .to_owned(),
+            tool_count: count(status_of.tool_count),
+            pending_requests: count(status_of.pending_requests),
+        }))
+    }
+
+    async fn delete_session(
+        &self,
+        request: Request<pb::DeleteSessionRequest>,
+    ) -> Reply<pb::DeleteSessionResponse> {
+        let token = bearer(request.metadata());
+        self.relay
+            .end_session(&request.get_ref().code, token.as_deref())
+            .await
+            .map_err(status)?;
+        Ok(Response::new(pb::DeleteSessionResponse {}))
+    }
+
+    async fn get_manifest(&self, request: Request<pb::GetManifestRequest>) -> Reply<pb::Manifest> {
+        let manifest = self
+            .relay
+            .manifest(&request.get_ref().code)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(manifest_message(&manifest)))
+    }
+
+    async fn submit(&self, request: Request<pb::SubmitRequest>) -> Reply<pb::RequestState> {
+        let request = request.into_inner();
+        let call = call_input(
+            request.request_id,
+            request.tool_id,
+            request.function_name,
+            request.args,
+        );
+        let view = self
+            .relay
+            .submit(&request.code, call)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(request_state(view)))
+    }
+
+    async fn await_response(
+        &self,
+        request: Request<pb::AwaitResponseRequest>,
+    ) -> Reply<pb::RequestState> {
+        let request = request.into_inner();
+        let wait = Duration::from_millis(u64::from(request.wait_ms));
+        let view = self
+            .relay
+            .await_response(&request.code, &request.request_id, wait)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(request_state(view)))
+    }
+
+    async fn call(&self, request: Request<pb::CallRequest>) -> Reply<pb::RequestState> {
+        let request = request.into_inner();
+        let wait =
+            (request.timeout_ms > 0).then(|| Duration::from_millis(u64::from(request.timeout_ms)));
+        let call = call_input(
+            request.request_id,
+            request.tool_id,
+            request.function_name,
+            request.args,
+        );
+        let view = self
+            .relay
+            .call(&request.code, call, wait)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(request_state(view)))
+    }
+
+    async fn list_responses(
+        &self,
+        request: Request<pb::ListResponsesRequest>,
+    ) -> Reply<pb::ListResponsesResponse> {
+        let request = request.into_inner();
+        let filter = non_empty(request.request_id);
+        let responses = self
+            .relay
+            .responses(&request.code, filter.as_deref())
+            .await
+            .map_err(status)?;
+        Ok(Response::new(pb::ListResponsesResponse {
+            responses: responses.into_iter().map(response_message).collect(),
+        }))
+    }
+
+    async fn get_request_status(
+        &self,
+        request: Request<pb::GetRequestStatusRequest>,
+    ) -> Reply<pb::RequestState> {
+        let request = request.into_inner();
+        let view = self
+            .relay
+            .request_status(&request.code, &request.request_id)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(request_state(view)))
+    }
+
+    type ConnectStream = Pin<Box<dyn Stream<Item = Result<pb::RelayMessage, Status>> + Send>>;
+
+    async fn connect(
+        &self,
+        request: Request<Streaming<pb::ProviderMessage>>,
+    ) -> Reply<Self::ConnectStream> {
+        let metadata = request.metadata();
+        let code = metadata_str(metadata, SESSION_CODE_METADATA).ok_or_else(|| {
+            Status::invalid_argument(format!(
+                "Connect needs the session code in the {SESSION_CODE_METADATA} metadata entry"
+            ))
+        })?;
+        let transport = match metadata_str(metadata, TRANSPORT_METADATA) {
+            None => Transport::Grpc,
+            Some(name) => Transport::parse(&name).ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "{TRANSPORT_METADATA} must be one of grpc, websocket, sse or polling"
+                ))
+            })?,
+        };
+        let token = bearer(metadata);
+        let ProviderLink {
+            downlink, uplink, ..
+        } = self
+            .relay
+            .attach(&code, token.as_deref(), transport)
+            .await
+            .map_err(status)?;
+
+        let mut inbound = request.into_inner();
+        tokio::spawn(async move {
+            // Ends when the provider closes its side or the stream breaks (dropping `uplink`
+            // then tells the driver the provider went away), or when the driver has ended the
+            // connection (dropping `inbound` then releases the HTTP/2 stream).
+            loop {
+                let message = tokio::select! {
+                    message = inbound.message() => message,
+                    () = uplink.closed() => break,
+                };
+                let Ok(Some(message)) = message else { break };
+                let Some(frame) = provider_frame(message) else {
+                    continue;
+                };
+                if uplink.send(frame).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let outbound = ReceiverStream::new(downlink).map(|message| Ok(relay_message(message)));
+        Ok(Response::new(Box::pin(outbound)))
+    }
+
+    async fn poll_requests(
+        &self,
+        request: Request<pb::PollRequestsRequest>,
+    ) -> Reply<pb::PollRequestsResponse> {
+        let token = bearer(request.metadata());
+        let request = request.into_inner();
+        let max = (request.max > 0).then(|| usize::try_from(request.max).unwrap_or(usize::MAX));
+        let requests = self
+            .relay
+            .poll(&request.code, token.as_deref(), max)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(pb::PollRequestsResponse {
+            requests: requests
+                .into_iter()
+                .map(|request| pb::ToolRequest {
+                    request_id: request.request_id,
+                    tool_id: request.tool_id.unwrap_or_default(),
+                    function_name: request.function_name,
+                    args: Some(to_struct(&request.args)),
+                    seq: 0,
+                })
+                .collect(),
+        }))
+    }
+
+    async fn post_response(
+        &self,
+        request: Request<pb::PostResponseRequest>,
+    ) -> Reply<pb::PostResponseResponse> {
+        let token = bearer(request.metadata());
+        let request = request.into_inner();
+        let response = request
+            .response
+            .ok_or_else(|| Status::invalid_argument("PostResponse needs a response"))?;
+        let outcome = self
+            .relay
+            .post_response(&request.code, token.as_deref(), provider_response(response))
+            .await
+            .map_err(status)?;
+        Ok(Response::new(pb::PostResponseResponse {
+            request_id: outcome.request_id,
+            status: status_enum(outcome.status).into(),
+            accepted: outcome.accepted,
+        }))
+    }
+
+    async fn register_manifest(
+        &self,
+        request: Request<pb::RegisterManifestRequest>,
+    ) -> Reply<pb::RegisterManifestResponse> {
+        let token = bearer(request.metadata());
+        let request = request.into_inner();
+        let count = self
+            .relay
+            .register_manifest(&request.code, token.as_deref(), &tools_json(&request.tools))
+            .await
+            .map_err(status)?;
+        Ok(Response::new(pb::RegisterManifestResponse {
+            tool_count: self::count(count),
+        }))
+    }
+}
+
+// ---- conversions ----
+
+fn count(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+fn timestamp(at: Timestamp) -> prost_types::Timestamp {
+    let (seconds, nanos) = at.seconds_and_nanos();
+    prost_types::Timestamp { seconds, nanos }
+}
+
+fn non_empty(text: String) -> Option<String> {
+    (!text.is_empty()).then_some(text)
+}
+
+fn metadata_str(metadata: &MetadataMap, key: &str) -> Option<String> {
+    metadata
+        .get(key)
+        .and_then(|value| value.to_str().ok())
+        .map(|value| value.trim().to_owned())
+        .filter(|value| !value.is_empty())
+}
+
+/// The provider token from `authorization: Bearer <token>`.
+fn bearer(metadata: &MetadataMap) -> Option<String> {
+    let value = metadata_str(metadata, "authorization")?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim().to_owned())
+}
+
+fn call_input(
+    request_id: String,
+    tool_id: String,
+    function_name: String,
+    args: Option<prost_types::Struct>,
+) -> CallInput {
+    CallInput {
+        request_id: non_empty(request_id),
+        tool_id: non_empty(tool_id),
+        function_name,
+        args: args.map_or(Value::Null, |args| from_struct(&args)),
+    }
+}
+
+fn status_enum(status: RequestStatus) -> pb::RequestStatus {
+    match status {
+        RequestStatus::Queued => pb::RequestStatus::Queued,
+        RequestStatus::Delivered => pb::RequestStatus::Delivered,
+        RequestStatus::Completed => pb::RequestStatus::Completed,
+        RequestStatus::Failed => pb::RequestStatus::Failed,
+        RequestStatus::Expired => pb::RequestStatus::Expired,
+    }
+}
+
+fn request_state(view: RequestView) -> pb::RequestState {
+    pb::RequestState {
+        request_id: view.request_id,
+        status: status_enum(view.status).into(),
+        response: view.response.map(response_message),
+    }
+}
+
+fn response_message(response: ToolResponse) -> pb::ToolResponse {
+    pb::ToolResponse {
+        request_id: response.request_id,
+        success: response.success,
+        result: response.result.as_ref().map(to_value),
+        error: response.error.map(|error| pb::ToolError {
+            code: error.code,
+            message: error.message,
+        }),
+    }
+}
+
+fn provider_response(response: pb::ToolResponse) -> ProviderResponse {
+    ProviderResponse {
+        request_id: response.request_id,
+        success: Some(response.success),
+        result: response.result.as_ref().map(from_value),
+        error: response.error.map(|error| {
+            let mut object = Map::new();
+            if !error.code.is_empty() {
+                object.insert("code".into(), Value::String(error.code));
+            }
+            object.insert("message".into(), Value::String(error.message));
+            Value::Object(object)
+        }),
+    }
+}
+
+/// Tools in protobuf form as the flat JSON the manifest parser reads.
+fn tools_json(tools: &[pb::Tool]) -> Value {
+    Value::Array(
+        tools
+            .iter()
+            .map(|tool| {
+                let mut entry = json!({"name": tool.name, "description": tool.description});
+                if let Some(schema) = &tool.input_schema {
+                    entry["inputSchema"] = from_struct(schema);
+                }
+                if !tool.tool_id.is_empty() {
+                    entry["toolId"] = Value::String(tool.tool_id.clone());
+                }
+                entry
+            })
+            .collect(),
+    )
+}
+
+fn manifest_message(manifest: &Manifest) -> pb::Manifest {
+    let flat = manifest.flat();
+    pb::Manifest {
+        version: flat.version,
+        tools: flat
+            .tools
+            .into_iter()
+            .map(|tool| pb::Tool {
+                name: tool.name,
+                description: tool.description,
+                input_schema: Some(to_struct(&tool.input_schema)),
+                tool_id: tool.tool_id.unwrap_or_default(),
+            })
+            .collect(),
+    }
+}
+
+fn provider_frame(message: pb::ProviderMessage) -> Option<ProviderFrame> {
+    Some(match message.kind? {
+        pb::provider_message::Kind::Register(register) => ProviderFrame::Register {
+            tools: tools_json(&register.tools),
+        },
+        pb::provider_message::Kind::Response(response) => {
+            ProviderFrame::Response(provider_response(response))
+        }
+        pb::provider_message::Kind::Ping(_) => ProviderFrame::Ping,
+    })
+}
+
+fn relay_message(message: Downlink) -> pb::RelayMessage {
+    use pb::relay_message::Kind;
+    let kind = match message {
+        Downlink::Welcome { code, expires_at } => Kind::Welcome(pb::Welcome {
+            code: code.as_str().to_owned(),
+            expires_at: Some(timestamp(expires_at)),
+            protocol_version: toolrelay::PROTOCOL_VERSION.to_owned(),
+        }),
+        Downlink::ToolRequest { request, seq } => Kind::ToolRequest(pb::ToolRequest {
+            request_id: request.request_id,
+            tool_id: request.tool_id.unwrap_or_default(),
+            function_name: request.function_name,
+            args: Some(to_struct(&request.args)),
+            seq,
+        }),
+        Downlink::Heartbeat { expires_at } => Kind::Heartbeat(pb::Heartbeat {
+            expires_at: Some(timestamp(expires_at)),
+        }),
+        Downlink::Registered { tools } => Kind::Registered(pb::Registered {
+            tool_count: count(tools),
+        }),
+        Downlink::Expired { message } => Kind::Expired(pb::Expired { message }),
+        other @ (Downlink::Error { .. } | Downlink::Replaced | Downlink::Restarting) => {
+            let (error, message) = other.error().unwrap_or_default();
+            Kind::Error(pb::RelayError { error, message })
+        }
+    };
+    pb::RelayMessage { kind: Some(kind) }
+}

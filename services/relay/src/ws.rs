@@ -1,0 +1,247 @@
+//! The browser WebSocket (tokio-tungstenite): `GET /api/sessions/{code}/ws?token=…`.
+//!
+//! JSON text frames with a `type` field ([`ProviderFrame`] up, [`RelayFrame`] down). The
+//! upgrade always succeeds for a well-formed path, because a browser cannot read the status of
+//! a refused upgrade: a refused attach is an `error` frame followed by a close with a 44xx code
+//! (4400 bad input, 4401 token missing, 4403 token wrong, 4404 no such session).
+//!
+//! [`serve_listener`] runs the standalone relay's listener; [`serve_upgraded`] serves a
+//! connection another HTTP server (the gateway in one-process mode) has already upgraded.
+
+use futures::{SinkExt, StreamExt};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
+use tokio_tungstenite::tungstenite::http::{StatusCode, Uri};
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
+use tokio_tungstenite::tungstenite::{Message, Utf8Bytes};
+use tokio_util::sync::CancellationToken;
+use toolrelay::wire::{ProviderFrame, RelayFrame};
+
+use crate::error::{ErrorKind, RelayError};
+use crate::provider::Downlink;
+use crate::relay::Relay;
+use crate::store::Transport;
+
+/// Room for a frame's envelope around the largest response a provider may send.
+const FRAME_OVERHEAD: usize = 64 * 1024;
+
+/// The session code and token of a WebSocket URL `/api/sessions/{code}/ws?token=…`, or `None`
+/// when the path is not that.
+pub fn parse_target(uri: &Uri) -> Option<(String, Option<String>)> {
+    let code = uri
+        .path()
+        .strip_prefix("/api/sessions/")?
+        .strip_suffix("/ws")
+        .filter(|code| !code.is_empty() && !code.contains('/'))?;
+    let token = uri.query().and_then(|query| {
+        form_urlencoded::parse(query.as_bytes())
+            .find(|(key, _)| key == "token")
+            .map(|(_, value)| value.into_owned())
+    });
+    Some((code.to_owned(), token))
+}
+
+/// Accepts WebSocket connections on `listener` until `stop` is cancelled.
+pub async fn serve_listener(relay: Relay, listener: TcpListener, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    tokio::spawn(serve_tcp(relay.clone(), stream));
+                }
+                Err(error) => {
+                    // Out of file descriptors or similar: pause instead of spinning.
+                    tracing::warn!(%error, "could not accept a WebSocket connection");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+            },
+        }
+    }
+}
+
+async fn serve_tcp(relay: Relay, stream: TcpStream) {
+    let mut target = None;
+    // The callback's signature is tungstenite's; its error type is an HTTP response.
+    #[allow(clippy::result_large_err)]
+    let route = |request: &Request, response: Response| -> Result<Response, ErrorResponse> {
+        match parse_target(request.uri()) {
+            Some(found) => {
+                target = Some(found);
+                Ok(response)
+            }
+            None => {
+                let mut refusal = ErrorResponse::new(Some(
+                    "Not found: the provider WebSocket is /api/sessions/{code}/ws?token=…".into(),
+                ));
+                *refusal.status_mut() = StatusCode::NOT_FOUND;
+                Err(refusal)
+            }
+        }
+    };
+    let config = websocket_config(&relay);
+    let socket = tokio_tungstenite::accept_hdr_async_with_config(stream, route, Some(config)).await;
+    match (socket, target) {
+        (Ok(socket), Some((code, token))) => {
+            serve_socket(relay, socket, &code, token.as_deref()).await
+        }
+        (Err(error), _) => tracing::debug!(%error, "WebSocket handshake failed"),
+        (Ok(_), None) => {}
+    }
+}
+
+/// Serves a connection whose HTTP upgrade another server has completed.
+pub async fn serve_upgraded<S>(relay: Relay, io: S, code: &str, token: Option<&str>)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let config = websocket_config(&relay);
+    let socket = WebSocketStream::from_raw_socket(io, Role::Server, Some(config)).await;
+    serve_socket(relay, socket, code, token).await;
+}
+
+fn websocket_config(relay: &Relay) -> WebSocketConfig {
+    let limit = relay.config().max_response_bytes + FRAME_OVERHEAD;
+    WebSocketConfig::default()
+        .max_message_size(Some(limit))
+        .max_frame_size(Some(limit))
+}
+
+/// Attaches the socket as the session's provider and relays frames until either side ends.
+pub async fn serve_socket<S>(
+    relay: Relay,
+    mut socket: WebSocketStream<S>,
+    code: &str,
+    token: Option<&str>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut link = match relay.attach(code, token, Transport::WebSocket).await {
+        Ok(link) => link,
+        Err(error) => {
+            let close = refusal_close_code(&error);
+            let frame = RelayFrame::Error {
+                error: error.name().to_owned(),
+                message: error.to_string(),
+            };
+            let _ = socket.send(text(&frame)).await;
+            let _ = socket.close(Some(close_frame(close, error.name()))).await;
+            return;
+        }
+    };
+
+    // A frame read from the socket and not yet taken by the driver. While one waits, the loop
+    // stops reading but keeps writing, so a full uplink can never block the downlink.
+    let mut pending: Option<ProviderFrame> = None;
+    loop {
+        tokio::select! {
+            message = link.downlink.recv() => {
+                let Some(message) = message else {
+                    let _ = socket.close(Some(close_frame(CloseCode::Normal, "closed"))).await;
+                    return;
+                };
+                let last = message.is_final();
+                if socket.send(text(&message.to_frame())).await.is_err() {
+                    return;
+                }
+                if last {
+                    let (code, reason) = match message {
+                        Downlink::Restarting => (CloseCode::Restart, "relay restarting"),
+                        Downlink::Replaced => (CloseCode::Normal, "replaced"),
+                        _ => (CloseCode::Normal, "session ended"),
+                    };
+                    let _ = socket.close(Some(close_frame(code, reason))).await;
+                    return;
+                }
+            }
+            permit = link.uplink.reserve(), if pending.is_some() => {
+                match (permit, pending.take()) {
+                    (Ok(permit), Some(frame)) => permit.send(frame),
+                    _ => return,
+                }
+            }
+            incoming = socket.next(), if pending.is_none() => match incoming {
+                Some(Ok(Message::Text(body))) => match serde_json::from_str::<ProviderFrame>(&body) {
+                    Ok(frame) => pending = Some(frame),
+                    Err(error) => {
+                        let refusal = RelayFrame::Error {
+                            error: "invalid_frame".into(),
+                            message: format!(
+                                "Frames are JSON objects whose type is register, response or ping ({error})."
+                            ),
+                        };
+                        if socket.send(text(&refusal)).await.is_err() {
+                            return;
+                        }
+                    }
+                },
+                Some(Ok(Message::Binary(_))) => {
+                    let refusal = RelayFrame::Error {
+                        error: "invalid_frame".into(),
+                        message: "Binary frames are not understood; send JSON as text frames.".into(),
+                    };
+                    if socket.send(text(&refusal)).await.is_err() {
+                        return;
+                    }
+                }
+                // tungstenite answers pings itself.
+                Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => {}
+                Some(Ok(Message::Close(_)) | Err(_)) | None => return,
+            },
+        }
+    }
+}
+
+fn refusal_close_code(error: &RelayError) -> CloseCode {
+    CloseCode::from(match error.kind() {
+        ErrorKind::Unauthenticated => 4401,
+        ErrorKind::Forbidden => 4403,
+        ErrorKind::NotFound => 4404,
+        ErrorKind::Unavailable => 1013,
+        _ => 4400,
+    })
+}
+
+fn close_frame(code: CloseCode, reason: &'static str) -> CloseFrame {
+    CloseFrame {
+        code,
+        reason: Utf8Bytes::from_static(reason),
+    }
+}
+
+fn text(frame: &RelayFrame) -> Message {
+    // Serialising these plain structs cannot fail; an empty object is the harmless fallback.
+    Message::text(serde_json::to_string(frame).unwrap_or_else(|_| "{}".to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_websocket_path() {
+        let uri: Uri = "/api/sessions/ABCD-EFGH/ws?token=abc%2Bdef&x=1"
+            .parse()
+            .unwrap();
+        assert_eq!(
+            parse_target(&uri),
+            Some(("ABCD-EFGH".to_owned(), Some("abc+def".to_owned())))
+        );
+        let without_token: Uri = "/api/sessions/ABCDEFGH/ws".parse().unwrap();
+        assert_eq!(
+            parse_target(&without_token),
+            Some(("ABCDEFGH".to_owned(), None))
+        );
+        for other in [
+            "/api/sessions//ws",
+            "/api/sessions/A/B/ws",
+            "/ws",
+            "/api/sessions/ABCDEFGH",
+        ] {
+            assert_eq!(parse_target(&other.parse().unwrap()), None, "{other}");
+        }
+    }
+}
