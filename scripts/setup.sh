@@ -14,7 +14,7 @@ say() { printf '\033[1msetup:\033[0m %s\n' "$*" >&2; }
 # --- system packages (Debian/Ubuntu) -----------------------------------------------------
 apt_packages=(ca-certificates gcc pkg-config)
 if [[ $mode == --test ]]; then
-  apt_packages+=(redis-server)
+  apt_packages+=(redis-server python3 python3-venv)
 fi
 
 missing=()
@@ -33,6 +33,21 @@ fi
 if ! command -v cargo >/dev/null; then
   say "cargo is missing: install Rust 1.88 or newer (https://rustup.rs) and run this again"
   exit 1
+fi
+
+# --- Python packages the tests use, in a venv of their own ---------------------------------
+test_venv=${TOOLRELAY_TEST_VENV:-$HOME/.cache/toolrelay/test-venv}
+if [[ $mode == --test ]]; then
+  requirements=scripts/requirements-test.txt
+  stamp="$test_venv/.requirements.sha256"
+  wanted=$(sha256sum "$requirements" | cut -d' ' -f1)
+  if [[ ! -x $test_venv/bin/python || $(cat "$stamp" 2>/dev/null) != "$wanted" ]]; then
+    say "creating the test venv in $test_venv"
+    rm -rf "$test_venv"
+    /usr/bin/python3 -m venv "$test_venv"
+    "$test_venv/bin/pip" install --quiet --disable-pip-version-check -r "$requirements"
+    echo "$wanted" >"$stamp"
+  fi
 fi
 
 # --- services the tests use ------------------------------------------------------------------

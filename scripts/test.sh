@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --test
+export TOOLRELAY_TEST_PYTHON=${TOOLRELAY_TEST_VENV:-$HOME/.cache/toolrelay/test-venv}/bin/python
 
 step() { printf '\n\033[1m== %s\033[0m\n' "$*" >&2; }
 

@@ -148,6 +148,31 @@ pub fn error_name(status: &tonic::Status) -> String {
         .to_owned()
 }
 
+/// The Python of the test venv that `scripts/setup.sh --test` builds (`TOOLRELAY_TEST_PYTHON`
+/// names it; `scripts/test.sh` sets it).
+pub fn test_python() -> std::path::PathBuf {
+    let python = std::env::var_os("TOOLRELAY_TEST_PYTHON").map_or_else(
+        || {
+            let home = std::env::var_os("HOME").unwrap_or_default();
+            std::path::Path::new(&home).join(".cache/toolrelay/test-venv/bin/python")
+        },
+        std::path::PathBuf::from,
+    );
+    assert!(
+        python.exists(),
+        "{} is missing: run scripts/setup.sh --test (scripts/test.sh does) to create the test venv",
+        python.display()
+    );
+    python
+}
+
+/// A file of the repository, from the tests crate.
+pub fn repo_file(path: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(path)
+}
+
 /// A browser tab attached to a session over the provider WebSocket.
 pub struct WsTab {
     socket: WebSocketStream<MaybeTlsStream<TcpStream>>,

@@ -971,3 +971,44 @@ async fn health_and_reflection_list_the_services() {
     );
     relay.stop().await;
 }
+
+#[tokio::test]
+async fn python_grpcio_reflection_lists_and_calls_the_relay() {
+    let relay = TestRelay::start().await;
+    let output = tokio::process::Command::new(toolrelay_tests::test_python())
+        .arg(toolrelay_tests::repo_file(
+            "tests/python/reflection_client.py",
+        ))
+        .arg(relay.grpc.to_string())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let found: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let services = found["services"].as_array().unwrap();
+    assert!(services.contains(&json!("toolrelay.v1.Relay")), "{found}");
+    assert!(
+        services.contains(&json!("grpc.health.v1.Health")),
+        "{found}"
+    );
+    let methods = found["methods"].as_array().unwrap();
+    for method in [
+        "CreateSession",
+        "Call",
+        "Connect",
+        "PollRequests",
+        "PostResponse",
+        "RegisterManifest",
+    ] {
+        assert!(methods.contains(&json!(method)), "{method} in {found}");
+    }
+    let code = found["created"]["code"].as_str().unwrap();
+    assert_eq!(found["info"]["code"], code, "{found}");
+    assert!(found["created"]["providerToken"].as_str().unwrap().len() >= 22);
+    relay.stop().await;
+}
