@@ -1,6 +1,6 @@
 //! Builders for end-to-end tests, so a test reads like its scenario:
 //!
-//! ```ignore
+//! ```text
 //! let relay = TestRelay::start().await;
 //! let session = relay.create_session().await;
 //! let mut tab = WsTab::attach(&relay, &session).await;
@@ -23,10 +23,11 @@ use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 use tonic::transport::{Channel, Endpoint};
 use toolrelay::proto::v1::relay_client::RelayClient;
-use toolrelay::proto::v1::{CreateSessionRequest, CreateSessionResponse};
+use toolrelay::proto::v1::{
+    CallRequest, CreateSessionRequest, CreateSessionResponse, RequestState,
+};
+use toolrelay_relay::RelayConfig;
 use toolrelay_relay::server::{self, Listeners};
-use toolrelay_relay::store::memory::MemoryStore;
-use toolrelay_relay::{Clock, Relay, RelayConfig};
 
 /// How long a test waits for something that should happen promptly.
 pub const PATIENCE: Duration = Duration::from_secs(10);
@@ -53,12 +54,7 @@ impl TestRelay {
         let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let websocket = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addresses = (grpc.local_addr().unwrap(), websocket.local_addr().unwrap());
-        let clock = Clock::new();
-        let relay = Relay::new(
-            MemoryStore::new(clock.clone(), config.response_retention),
-            config,
-            clock,
-        );
+        let relay = server::memory_relay(config);
         let (stop, stopped) = oneshot::channel::<()>();
         let listeners = Listeners {
             grpc,
@@ -96,6 +92,23 @@ impl TestRelay {
             .await
             .unwrap()
             .into_inner()
+    }
+
+    /// A session whose tab is attached over WebSocket and has registered [`demo_tools`].
+    pub async fn paired(&self) -> (CreateSessionResponse, WsTab) {
+        let session = self.create_session().await;
+        let mut tab = WsTab::attach(self, &session).await;
+        tab.register(demo_tools()).await;
+        (session, tab)
+    }
+
+    /// Starts a gRPC `Call` in the background; await the handle for its outcome.
+    pub async fn spawn_call(
+        &self,
+        request: CallRequest,
+    ) -> JoinHandle<Result<RequestState, tonic::Status>> {
+        let mut client = self.client().await;
+        tokio::spawn(async move { client.call(request).await.map(tonic::Response::into_inner) })
     }
 
     /// The provider WebSocket URL of a session.

@@ -74,11 +74,9 @@ async fn a_websocket_tab_answers_a_grpc_call() {
 
     // The code is accepted as people type it.
     let typed = format!("{}-{}", &session.code[..4], &session.code[4..]).to_lowercase();
-    let caller = tokio::spawn(async move {
-        client
-            .call(call(&typed, "echo", json!({"text": "hi"})))
-            .await
-    });
+    let caller = relay
+        .spawn_call(call(&typed, "echo", json!({"text": "hi"})))
+        .await;
 
     let request = tab.next_request().await;
     assert_eq!(request["functionName"], "echo");
@@ -86,12 +84,11 @@ async fn a_websocket_tab_answers_a_grpc_call() {
     let request_id = request["requestId"].as_str().unwrap().to_owned();
     tab.answer(&request_id, json!({"echoed": "hi"})).await;
 
-    let state = caller.await.unwrap().unwrap().into_inner();
+    let state = caller.await.unwrap().unwrap();
     assert_eq!(state.status(), RequestStatus::Completed);
     assert_eq!(state.request_id, request_id);
     assert_eq!(result_of(&state), json!({"echoed": "hi"}));
 
-    let mut client = relay.client().await;
     let info = client
         .get_session(GetSessionRequest {
             code: session.code.clone(),
@@ -185,9 +182,7 @@ async fn a_grpc_connect_provider_answers_calls() {
 #[tokio::test]
 async fn submit_then_await_response_works_in_two_steps() {
     let relay = TestRelay::start().await;
-    let session = relay.create_session().await;
-    let mut tab = WsTab::attach(&relay, &session).await;
-    tab.register(demo_tools()).await;
+    let (session, mut tab) = relay.paired().await;
     let mut client = relay.client().await;
 
     let queued = client
@@ -231,11 +226,9 @@ async fn submit_then_await_response_works_in_two_steps() {
 #[tokio::test]
 async fn the_provider_token_is_required_and_the_code_alone_is_refused() {
     let relay = TestRelay::start().await;
-    let session = relay.create_session().await;
+    let (session, tab) = relay.paired().await;
     let mut client = relay.client().await;
     // A call waits in the queue while no tab is attached; no refused attempt may take it.
-    let mut tab = WsTab::attach(&relay, &session).await;
-    tab.register(demo_tools()).await;
     tab.close().await;
     let waiting = client
         .submit(submit(
@@ -361,30 +354,22 @@ async fn the_provider_token_is_required_and_the_code_alone_is_refused() {
 #[tokio::test]
 async fn bad_input_gets_a_clear_error_and_changes_nothing() {
     let relay = TestRelay::start().await;
-    let session = relay.create_session().await;
+    let (session, mut tab) = relay.paired().await;
     let code = session.code.clone();
-    let mut tab = WsTab::attach(&relay, &session).await;
-    tab.register(demo_tools()).await;
     let mut client = relay.client().await;
 
     // One completed call, to compare against later.
-    let caller = {
-        let mut client = relay.client().await;
-        let code = code.clone();
-        tokio::spawn(async move {
-            client
-                .call(CallRequest {
-                    request_id: "r1".into(),
-                    ..call(&code, "echo", json!({"text": "one"}))
-                })
-                .await
+    let caller = relay
+        .spawn_call(CallRequest {
+            request_id: "r1".into(),
+            ..call(&code, "echo", json!({"text": "one"}))
         })
-    };
+        .await;
     let request = tab.next_request().await;
     tab.answer(request["requestId"].as_str().unwrap(), json!("one"))
         .await;
     assert_eq!(
-        caller.await.unwrap().unwrap().into_inner().status(),
+        caller.await.unwrap().unwrap().status(),
         RequestStatus::Completed
     );
 
@@ -541,18 +526,12 @@ async fn a_tab_that_reconnects_gets_its_unanswered_call_again_and_nothing_runs_t
     let mut first = WsTab::attach(&relay, &session).await;
     first.register(demo_tools()).await;
 
-    let caller = {
-        let mut client = relay.client().await;
-        let code = code.clone();
-        tokio::spawn(async move {
-            client
-                .call(CallRequest {
-                    request_id: "job-1".into(),
-                    ..call(&code, "echo", json!({"text": "one"}))
-                })
-                .await
+    let caller = relay
+        .spawn_call(CallRequest {
+            request_id: "job-1".into(),
+            ..call(&code, "echo", json!({"text": "one"}))
         })
-    };
+        .await;
     assert_eq!(first.next_request().await["requestId"], "job-1");
     first.close().await; // gone without answering
 
@@ -576,7 +555,7 @@ async fn a_tab_that_reconnects_gets_its_unanswered_call_again_and_nothing_runs_t
         "the queued call follows"
     );
     second.answer("job-1", json!("one")).await;
-    let state = caller.await.unwrap().unwrap().into_inner();
+    let state = caller.await.unwrap().unwrap();
     assert_eq!(result_of(&state), json!("one"));
 
     // Calling again with the same id returns the stored answer and sends nothing to the tab.

@@ -5,11 +5,9 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use clap::Parser;
-use tokio::net::TcpListener;
 use toolrelay_relay::config::{ENV_GRPC_LISTEN, ENV_WS_LISTEN, RelayArgs};
-use toolrelay_relay::server::{self, Listeners};
-use toolrelay_relay::store::memory::MemoryStore;
-use toolrelay_relay::{Clock, Relay, telemetry};
+use toolrelay_relay::server::{self, Listeners, bind};
+use toolrelay_relay::telemetry;
 
 /// The toolrelay relay: sessions, tool routing and provider streams over gRPC and WebSocket.
 #[derive(Debug, Parser)]
@@ -39,9 +37,7 @@ async fn serve(cli: Cli) -> Result<(), String> {
     let config = cli.relay.relay_config()?;
     let grpc = bind(cli.relay.grpc_listen, ENV_GRPC_LISTEN).await?;
     let websocket = bind(cli.ws_listen, ENV_WS_LISTEN).await?;
-    let clock = Clock::new();
-    let store = MemoryStore::new(clock.clone(), config.response_retention);
-    let relay = Relay::new(store, config, clock);
+    let relay = server::memory_relay(config);
     tracing::info!(grpc = %cli.relay.grpc_listen, websocket = %cli.ws_listen, "toolrelay-relay listening");
     let listeners = Listeners {
         grpc,
@@ -50,10 +46,4 @@ async fn serve(cli: Cli) -> Result<(), String> {
     server::run(relay, listeners, server::shutdown_signal())
         .await
         .map_err(|error| error.to_string())
-}
-
-async fn bind(address: SocketAddr, variable: &str) -> Result<TcpListener, String> {
-    TcpListener::bind(address).await.map_err(|error| {
-        format!("cannot listen on {address} (set by {variable} or its flag): {error}")
-    })
 }

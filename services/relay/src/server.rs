@@ -13,8 +13,11 @@ use tokio_util::sync::CancellationToken;
 use toolrelay::proto::FILE_DESCRIPTOR_SET;
 use toolrelay::proto::v1::relay_server::RelayServer;
 
+use crate::clock::Clock;
+use crate::config::RelayConfig;
 use crate::grpc::RelayService;
 use crate::relay::Relay;
+use crate::store::memory::MemoryStore;
 use crate::ws;
 
 /// How long in-flight calls may take to finish after a shutdown signal.
@@ -38,6 +41,20 @@ pub enum ServeError {
     /// The gRPC server failed.
     #[error("the gRPC server failed: {0}")]
     Grpc(#[from] tonic::transport::Error),
+}
+
+/// A relay over a fresh in-memory store (one process, nothing shared).
+pub fn memory_relay(config: RelayConfig) -> Relay {
+    let clock = Clock::new();
+    let store = MemoryStore::new(clock.clone(), config.response_retention);
+    Relay::new(store, config, clock)
+}
+
+/// Binds a listener; the error names the setting (`variable`) that chose the address.
+pub async fn bind(address: std::net::SocketAddr, variable: &str) -> Result<TcpListener, String> {
+    TcpListener::bind(address).await.map_err(|error| {
+        format!("cannot listen on {address} (set by {variable} or its flag): {error}")
+    })
 }
 
 /// Serves until `shutdown` completes, then tells connected providers to reconnect, stops

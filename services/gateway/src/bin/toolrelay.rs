@@ -6,11 +6,9 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use clap::Parser;
-use tokio::net::TcpListener;
 use toolrelay_relay::config::{ENV_GRPC_LISTEN, RelayArgs};
-use toolrelay_relay::server::{self, Listeners};
-use toolrelay_relay::store::memory::MemoryStore;
-use toolrelay_relay::{Clock, Relay, telemetry};
+use toolrelay_relay::server::{self, Listeners, bind};
+use toolrelay_relay::telemetry;
 
 /// `LISTEN_ADDR`: the public HTTP/WebSocket address.
 const ENV_LISTEN: &str = "LISTEN_ADDR";
@@ -43,12 +41,7 @@ async fn serve(cli: Cli) -> Result<(), String> {
     let config = cli.relay.relay_config()?;
     let public = bind(cli.listen, ENV_LISTEN).await?;
     let grpc = bind(cli.relay.grpc_listen, ENV_GRPC_LISTEN).await?;
-    let clock = Clock::new();
-    let relay = Relay::new(
-        MemoryStore::new(clock.clone(), config.response_retention),
-        config,
-        clock,
-    );
+    let relay = server::memory_relay(config);
     tracing::info!(listen = %cli.listen, grpc = %cli.relay.grpc_listen, "toolrelay listening");
     let listeners = Listeners {
         grpc,
@@ -57,10 +50,4 @@ async fn serve(cli: Cli) -> Result<(), String> {
     server::run(relay, listeners, server::shutdown_signal())
         .await
         .map_err(|error| error.to_string())
-}
-
-async fn bind(address: SocketAddr, variable: &str) -> Result<TcpListener, String> {
-    TcpListener::bind(address).await.map_err(|error| {
-        format!("cannot listen on {address} (set by {variable} or its flag): {error}")
-    })
 }
