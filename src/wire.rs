@@ -131,6 +131,27 @@ pub struct GroupedManifest {
     pub tools: Vec<ToolGroup>,
 }
 
+impl GroupedManifest {
+    /// The flat form: each function with its group's id as `toolId`.
+    pub fn flat(&self) -> FlatManifest {
+        FlatManifest {
+            version: self.version.clone(),
+            tools: self
+                .tools
+                .iter()
+                .flat_map(|group| {
+                    group.functions.iter().map(|function| FlatTool {
+                        name: function.name.clone(),
+                        description: function.description.clone(),
+                        input_schema: function.parameters.clone(),
+                        tool_id: Some(group.id.clone()),
+                    })
+                })
+                .collect(),
+        }
+    }
+}
+
 /// A function of the flat manifest.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

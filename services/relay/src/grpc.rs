@@ -438,7 +438,16 @@ fn tools_json(tools: &[pb::Tool]) -> Value {
 }
 
 fn manifest_message(manifest: &Manifest) -> pb::Manifest {
-    let flat = manifest.flat();
+    let grouped = manifest.grouped();
+    let groups = grouped
+        .tools
+        .iter()
+        .map(|group| pb::ToolGroup {
+            id: group.id.clone(),
+            description: group.description.clone(),
+        })
+        .collect();
+    let flat = grouped.flat();
     pb::Manifest {
         version: flat.version,
         tools: flat
@@ -451,6 +460,7 @@ fn manifest_message(manifest: &Manifest) -> pb::Manifest {
                 tool_id: tool.tool_id.unwrap_or_default(),
             })
             .collect(),
+        groups,
     }
 }
 

@@ -11,7 +11,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use serde_json::{Map, Value, json};
-use toolrelay::wire::{FlatManifest, FlatTool, FunctionSpec, GroupedManifest, ToolGroup};
+use toolrelay::wire::{FlatManifest, FunctionSpec, GroupedManifest, ToolGroup};
 
 use crate::error::RelayError;
 
@@ -192,10 +192,11 @@ impl Manifest {
     pub fn function(&self, tool_id: Option<&str>, name: &str) -> Option<&Function> {
         self.functions
             .iter()
-            .find(|f| f.name == name && tool_id.is_none_or(|id| f.tool_id.as_deref() == Some(id)))
+            .find(|f| f.name == name && tool_id.is_none_or(|id| f.group_id() == id))
     }
 
-    /// The grouped form. Functions registered without a group appear as a group of their own.
+    /// The grouped form. A function registered without a group is a group of its own, named
+    /// after it, and callers may name that group as its tool id.
     pub fn grouped(&self) -> GroupedManifest {
         let mut tools: Vec<ToolGroup> = self
             .groups
@@ -212,17 +213,13 @@ impl Manifest {
                 description: function.description.clone(),
                 parameters: function.schema.clone(),
             };
-            let group = function
-                .tool_id
-                .as_ref()
-                .and_then(|id| tools.iter_mut().find(|group| &group.id == id));
-            match group {
+            match tools
+                .iter_mut()
+                .find(|group| group.id == function.group_id())
+            {
                 Some(group) => group.functions.push(spec),
                 None => tools.push(ToolGroup {
-                    id: function
-                        .tool_id
-                        .clone()
-                        .unwrap_or_else(|| function.name.clone()),
+                    id: function.group_id().to_owned(),
                     description: function.description.clone(),
                     functions: vec![spec],
                 }),
@@ -234,25 +231,18 @@ impl Manifest {
         }
     }
 
-    /// The flat form: one entry per function.
+    /// The flat form: one entry per function, each with its group as `toolId`.
     pub fn flat(&self) -> FlatManifest {
-        FlatManifest {
-            version: self.version.clone(),
-            tools: self
-                .functions
-                .iter()
-                .map(|function| FlatTool {
-                    name: function.name.clone(),
-                    description: function.description.clone(),
-                    input_schema: function.schema.clone(),
-                    tool_id: function.tool_id.clone(),
-                })
-                .collect(),
-        }
+        self.grouped().flat()
     }
 }
 
 impl Function {
+    /// The group the function belongs to: its tool id, or its own name when it has none.
+    pub fn group_id(&self) -> &str {
+        self.tool_id.as_deref().unwrap_or(&self.name)
+    }
+
     /// Checks arguments against the function's schema; the error lists what is wrong, where.
     pub fn check_arguments(&self, args: &Value) -> Result<(), RelayError> {
         let problems: Vec<String> = self
@@ -424,6 +414,10 @@ mod tests {
         .unwrap();
         let grouped = manifest.grouped();
         assert_eq!(grouped.tools[0].id, "ping");
+        assert!(
+            manifest.function(Some("ping"), "ping").is_some(),
+            "its group is its name"
+        );
         assert_eq!(
             grouped.tools[0].functions[0].parameters,
             json!({"type": "object", "properties": {}})
