@@ -301,7 +301,7 @@ async fn the_provider_token_is_required_and_the_code_alone_is_refused() {
     );
     let register = RegisterManifestRequest {
         code: session.code.clone(),
-        tools: vec![],
+        ..Default::default()
     };
     let refused = client
         .register_manifest(with_token(register, "nope"))
@@ -489,6 +489,7 @@ async fn bad_input_gets_a_clear_error_and_changes_nothing() {
     let register = RegisterManifestRequest {
         code: code.clone(),
         tools: vec![big_tool],
+        ..Default::default()
     };
     let status = client
         .register_manifest(with_token(register, &session.provider_token))
@@ -628,6 +629,7 @@ async fn a_grpc_provider_that_reconnects_gets_its_unanswered_call_again() {
                     name: "job".into(),
                     ..Default::default()
                 }],
+                ..Default::default()
             });
             outbound
                 .send(pb::ProviderMessage {
@@ -734,6 +736,7 @@ async fn the_fallback_rpcs_serve_a_polling_provider() {
             RegisterManifestRequest {
                 code: session.code.clone(),
                 tools,
+                ..Default::default()
             },
             token,
         ))

@@ -80,7 +80,10 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> Result<Ended, tonic::Status> {
     let (outbound, to_relay) = mpsc::channel(16);
-    let register = provider_message::Kind::Register(Register { tools: tools() });
+    let register = provider_message::Kind::Register(Register {
+        tools: tools(),
+        ..Register::default()
+    });
     // The channel is fresh and has room: this cannot fail.
     let _ = outbound.try_send(ProviderMessage {
         kind: Some(register),

@@ -197,3 +197,49 @@ impl RelayError {
         }
     }
 }
+
+/// An error as data, the same whether it arose in this process or came back over gRPC: what
+/// the gateway and the browser WebSocket need to answer a caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ErrorInfo {
+    /// The class of error.
+    pub kind: ErrorKind,
+    /// Stable snake_case name.
+    pub name: String,
+    /// What the caller should do.
+    pub message: String,
+    /// When a retry makes sense.
+    pub retry_after: Option<Duration>,
+}
+
+impl ErrorInfo {
+    /// An error of `kind` called `name`.
+    pub fn new(kind: ErrorKind, name: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            name: name.into(),
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+}
+
+impl From<RelayError> for ErrorInfo {
+    fn from(error: RelayError) -> Self {
+        if let RelayError::StoreUnavailable(cause) = &error {
+            tracing::error!(%cause, "store unavailable");
+        }
+        Self {
+            kind: error.kind(),
+            name: error.name().to_owned(),
+            message: error.to_string(),
+            retry_after: error.retry_after(),
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.name, self.message)
+    }
+}

@@ -317,7 +317,11 @@ impl RelayRpc for RelayService {
         let request = request.into_inner();
         let count = self
             .relay
-            .register_manifest(&request.code, token.as_deref(), &tools_json(&request.tools))
+            .register_manifest(
+                &request.code,
+                token.as_deref(),
+                &registered_tools(&request.tools, &request.tools_json),
+            )
             .await
             .map_err(status)?;
         Ok(Response::new(pb::RegisterManifestResponse {
@@ -328,16 +332,16 @@ impl RelayRpc for RelayService {
 
 // ---- conversions ----
 
-fn count(n: usize) -> u32 {
+pub(crate) fn count(n: usize) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
 }
 
-fn timestamp(at: Timestamp) -> prost_types::Timestamp {
+pub(crate) fn timestamp(at: Timestamp) -> prost_types::Timestamp {
     let (seconds, nanos) = at.seconds_and_nanos();
     prost_types::Timestamp { seconds, nanos }
 }
 
-fn non_empty(text: String) -> Option<String> {
+pub(crate) fn non_empty(text: String) -> Option<String> {
     (!text.is_empty()).then_some(text)
 }
 
@@ -350,7 +354,7 @@ fn metadata_str(metadata: &MetadataMap, key: &str) -> Option<String> {
 }
 
 /// The provider token from `authorization: Bearer <token>`.
-fn bearer(metadata: &MetadataMap) -> Option<String> {
+pub(crate) fn bearer(metadata: &MetadataMap) -> Option<String> {
     let value = metadata_str(metadata, "authorization")?;
     let (scheme, token) = value.split_once(' ')?;
     scheme
@@ -372,7 +376,7 @@ fn call_input(
     }
 }
 
-fn status_enum(status: RequestStatus) -> pb::RequestStatus {
+pub(crate) fn status_enum(status: RequestStatus) -> pb::RequestStatus {
     match status {
         RequestStatus::Queued => pb::RequestStatus::Queued,
         RequestStatus::Delivered => pb::RequestStatus::Delivered,
@@ -390,7 +394,7 @@ fn request_state(view: RequestView) -> pb::RequestState {
     }
 }
 
-fn response_message(response: ToolResponse) -> pb::ToolResponse {
+pub(crate) fn response_message(response: ToolResponse) -> pb::ToolResponse {
     pb::ToolResponse {
         request_id: response.request_id,
         success: response.success,
@@ -402,7 +406,7 @@ fn response_message(response: ToolResponse) -> pb::ToolResponse {
     }
 }
 
-fn provider_response(response: pb::ToolResponse) -> ProviderResponse {
+pub(crate) fn provider_response(response: pb::ToolResponse) -> ProviderResponse {
     ProviderResponse {
         request_id: response.request_id,
         success: Some(response.success),
@@ -418,8 +422,18 @@ fn provider_response(response: pb::ToolResponse) -> ProviderResponse {
     }
 }
 
+/// What a provider registered: `tools_json` when set (malformed JSON becomes a value the
+/// manifest parser refuses with a clear message), otherwise the protobuf tools.
+fn registered_tools(tools: &[pb::Tool], tools_json: &str) -> Value {
+    if tools_json.is_empty() {
+        return tools_value(tools);
+    }
+    serde_json::from_str(tools_json)
+        .unwrap_or_else(|error| Value::String(format!("tools_json is not valid JSON: {error}")))
+}
+
 /// Tools in protobuf form as the flat JSON the manifest parser reads.
-fn tools_json(tools: &[pb::Tool]) -> Value {
+fn tools_value(tools: &[pb::Tool]) -> Value {
     Value::Array(
         tools
             .iter()
@@ -467,7 +481,7 @@ fn manifest_message(manifest: &Manifest) -> pb::Manifest {
 fn provider_frame(message: pb::ProviderMessage) -> Option<ProviderFrame> {
     Some(match message.kind? {
         pb::provider_message::Kind::Register(register) => ProviderFrame::Register {
-            tools: tools_json(&register.tools),
+            tools: registered_tools(&register.tools, &register.tools_json),
         },
         pb::provider_message::Kind::Response(response) => {
             ProviderFrame::Response(provider_response(response))

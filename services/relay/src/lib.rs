@@ -9,7 +9,8 @@
 //!   tokens; [`clock`] — time that tests can pause; [`error`] — the one error type.
 //! * Transports, each a thin adapter over the domain: [`grpc`] (tonic: consumers and backend
 //!   providers, plus health and reflection) and [`ws`] (the browser WebSocket,
-//!   tokio-tungstenite).
+//!   tokio-tungstenite); [`remote`] — the same operations reached over gRPC from another
+//!   process (the gateway in a split deployment).
 //! * [`server`] — `run(listeners, shutdown)`, used by the binaries and by tests;
 //!   [`config`] — settings and command-line flags.
 
@@ -21,6 +22,7 @@ pub mod grpc;
 pub mod manifest;
 pub mod provider;
 pub mod relay;
+pub mod remote;
 pub mod server;
 pub mod store;
 pub mod telemetry;
@@ -29,7 +31,7 @@ pub mod ws;
 pub use clock::{Clock, Timestamp};
 pub use code::SessionCode;
 pub use config::RelayConfig;
-pub use error::{ErrorKind, RelayError};
+pub use error::{ErrorInfo, ErrorKind, RelayError};
 pub use provider::{Downlink, ProviderLink};
 pub use relay::{CallInput, NewSession, Relay, RequestView, ResponseOutcome, SessionStatus};
 pub use store::Transport;

@@ -61,7 +61,7 @@ pub enum Downlink {
     /// Something the provider sent was refused; the connection stays.
     Error {
         /// Stable snake_case name.
-        error: &'static str,
+        error: String,
         /// What to do about it.
         message: String,
     },
@@ -88,7 +88,7 @@ impl Downlink {
     /// The error name and message of the messages sent as `error` frames.
     pub fn error(&self) -> Option<(String, String)> {
         match self {
-            Self::Error { error, message } => Some(((*error).to_owned(), message.clone())),
+            Self::Error { error, message } => Some((error.clone(), message.clone())),
             Self::Replaced => Some((
                 "replaced".to_owned(),
                 "Another connection with this session's token took over; this one is closed."
@@ -366,7 +366,7 @@ impl Driver {
             }
             Err(error) => {
                 self.send(Downlink::Error {
-                    error: error.name(),
+                    error: error.name().to_owned(),
                     message: error.to_string(),
                 })
                 .await?;

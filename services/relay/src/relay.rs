@@ -144,6 +144,11 @@ impl Relay {
         self.inner.shutdown.cancel();
     }
 
+    /// Whether the relay can serve: its store answers.
+    pub async fn ready(&self) -> Result<(), RelayError> {
+        Ok(self.inner.store.ping().await?)
+    }
+
     /// Creates a session.
     pub async fn create_session(&self) -> Result<NewSession, RelayError> {
         let config = &self.inner.config;

@@ -20,8 +20,8 @@ use tokio_tungstenite::tungstenite::{Message, Utf8Bytes};
 use tokio_util::sync::CancellationToken;
 use toolrelay::wire::{ProviderFrame, RelayFrame};
 
-use crate::error::{ErrorKind, RelayError};
-use crate::provider::Downlink;
+use crate::error::{ErrorInfo, ErrorKind};
+use crate::provider::{Downlink, ProviderLink};
 use crate::relay::Relay;
 use crate::store::Transport;
 
@@ -82,7 +82,7 @@ async fn serve_tcp(relay: Relay, stream: TcpStream) {
             }
         }
     };
-    let config = websocket_config(&relay);
+    let config = websocket_config(relay.config().max_response_bytes);
     let socket = tokio_tungstenite::accept_hdr_async_with_config(stream, route, Some(config)).await;
     match (socket, target) {
         (Ok(socket), Some((code, token))) => {
@@ -93,18 +93,22 @@ async fn serve_tcp(relay: Relay, stream: TcpStream) {
     }
 }
 
-/// Serves a connection whose HTTP upgrade another server has completed.
-pub async fn serve_upgraded<S>(relay: Relay, io: S, code: &str, token: Option<&str>)
-where
+/// Serves a connection whose HTTP upgrade another server has completed (the gateway), with
+/// the provider link it attached (or the reason it could not).
+pub async fn serve_upgraded<S>(
+    io: S,
+    config: WebSocketConfig,
+    link: Result<ProviderLink, ErrorInfo>,
+) where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let config = websocket_config(&relay);
     let socket = WebSocketStream::from_raw_socket(io, Role::Server, Some(config)).await;
-    serve_socket(relay, socket, code, token).await;
+    serve_link(socket, link).await;
 }
 
-fn websocket_config(relay: &Relay) -> WebSocketConfig {
-    let limit = relay.config().max_response_bytes + FRAME_OVERHEAD;
+/// Limits for provider sockets: a frame may carry the largest response a provider may send.
+pub fn websocket_config(max_response_bytes: usize) -> WebSocketConfig {
+    let limit = max_response_bytes + FRAME_OVERHEAD;
     WebSocketConfig::default()
         .max_message_size(Some(limit))
         .max_frame_size(Some(limit))
@@ -113,22 +117,35 @@ fn websocket_config(relay: &Relay) -> WebSocketConfig {
 /// Attaches the socket as the session's provider and relays frames until either side ends.
 pub async fn serve_socket<S>(
     relay: Relay,
-    mut socket: WebSocketStream<S>,
+    socket: WebSocketStream<S>,
     code: &str,
     token: Option<&str>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let mut link = match relay.attach(code, token, Transport::WebSocket).await {
+    let link = relay
+        .attach(code, token, Transport::WebSocket)
+        .await
+        .map_err(ErrorInfo::from);
+    serve_link(socket, link).await;
+}
+
+/// Relays frames between a socket and an attached provider link until either side ends; a
+/// refused attach becomes an `error` frame and a close.
+pub async fn serve_link<S>(mut socket: WebSocketStream<S>, link: Result<ProviderLink, ErrorInfo>)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut link = match link {
         Ok(link) => link,
         Err(error) => {
             let close = refusal_close_code(&error);
             let frame = RelayFrame::Error {
-                error: error.name().to_owned(),
-                message: error.to_string(),
+                error: error.name.clone(),
+                message: error.message.clone(),
             };
             let _ = socket.send(text(&frame)).await;
-            let _ = socket.close(Some(close_frame(close, error.name()))).await;
+            let _ = socket.close(Some(close_frame(close, "refused"))).await;
             return;
         }
     };
@@ -195,8 +212,8 @@ pub async fn serve_socket<S>(
     }
 }
 
-fn refusal_close_code(error: &RelayError) -> CloseCode {
-    CloseCode::from(match error.kind() {
+fn refusal_close_code(error: &ErrorInfo) -> CloseCode {
+    CloseCode::from(match error.kind {
         ErrorKind::Unauthenticated => 4401,
         ErrorKind::Forbidden => 4403,
         ErrorKind::NotFound => 4404,

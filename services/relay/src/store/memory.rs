@@ -345,4 +345,8 @@ impl Store for MemoryStore {
             Box::pin(events) as EventStream
         }))
     }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 }

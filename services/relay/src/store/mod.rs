@@ -346,4 +346,7 @@ pub trait Store: Send + Sync + 'static {
 
     /// The session's events from now on.
     async fn subscribe(&self, code: &SessionCode) -> Result<Option<EventStream>, StoreError>;
+
+    /// Whether the store answers (for readiness checks).
+    async fn ping(&self) -> Result<(), StoreError>;
 }

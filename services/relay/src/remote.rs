@@ -1,0 +1,559 @@
+//! The relay reached over gRPC: [`RemoteRelay`] offers the operations of [`Relay`] to a
+//! process that does not hold the relay itself (the gateway in a split deployment).
+//!
+//! Results come back as the same domain types; errors as [`ErrorInfo`], rebuilt from the gRPC
+//! status, its `x-error` name and `retry-after`. Provider connections become a `Connect`
+//! stream whose messages are translated to and from [`Downlink`] and [`ProviderFrame`], so a
+//! transport serving a tab cannot tell a remote relay from a local one.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::MetadataValue;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Request, Status};
+use toolrelay::json::{from_struct, from_value, to_struct, to_value};
+use toolrelay::proto::v1 as pb;
+use toolrelay::proto::v1::relay_client::RelayClient;
+use toolrelay::wire::{
+    FunctionSpec, GroupedManifest, ProviderFrame, ProviderResponse, RequestStatus, ToolError,
+    ToolGroup, ToolRequest, ToolResponse,
+};
+
+use crate::clock::Timestamp;
+use crate::code::SessionCode;
+use crate::error::{ErrorInfo, ErrorKind};
+use crate::grpc::{
+    ERROR_METADATA, RETRY_AFTER_METADATA, SESSION_CODE_METADATA, TRANSPORT_METADATA,
+};
+use crate::provider::{Downlink, ProviderLink};
+use crate::relay::{CallInput, NewSession, RequestView, ResponseOutcome, SessionStatus};
+use crate::store::Transport;
+
+/// Messages buffered between a remote `Connect` stream and its transport.
+const LINK_BUFFER: usize = 64;
+
+/// A relay in another process, reached over gRPC. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct RemoteRelay {
+    client: RelayClient<Channel>,
+    channel: Channel,
+}
+
+type Outcome<T> = Result<T, ErrorInfo>;
+
+impl RemoteRelay {
+    /// A client of the relay at `url` (`http://host:port`). Connects lazily, so the gateway
+    /// starts even while the relay is still coming up.
+    pub fn connect_lazy(url: &str) -> Result<Self, String> {
+        let endpoint = Endpoint::from_shared(url.to_owned())
+            .map_err(|error| format!("{url} is not a usable relay URL: {error}"))?
+            .connect_timeout(Duration::from_secs(5))
+            .tcp_nodelay(true);
+        let channel = endpoint.connect_lazy();
+        Ok(Self {
+            client: RelayClient::new(channel.clone()),
+            channel,
+        })
+    }
+
+    fn client(&self) -> RelayClient<Channel> {
+        self.client.clone()
+    }
+
+    /// Whether the relay answers its health check.
+    pub async fn ready(&self) -> Outcome<()> {
+        use tonic_health::pb::health_check_response::ServingStatus;
+        use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+        let reply = HealthClient::new(self.channel.clone())
+            .check(HealthCheckRequest {
+                service: "toolrelay.v1.Relay".into(),
+            })
+            .await
+            .map_err(error_info)?;
+        if reply.into_inner().status() == ServingStatus::Serving {
+            Ok(())
+        } else {
+            Err(unavailable("the relay is not serving"))
+        }
+    }
+
+    /// See [`Relay::create_session`](crate::Relay::create_session).
+    pub async fn create_session(&self) -> Outcome<NewSession> {
+        let created = self
+            .client()
+            .create_session(pb::CreateSessionRequest {})
+            .await
+            .map_err(error_info)?
+            .into_inner();
+        Ok(NewSession {
+            code: SessionCode::parse(&created.code)
+                .map_err(|_| unavailable("the relay sent a malformed code"))?,
+            provider_token: created.provider_token,
+            ttl: Duration::from_secs(u64::from(created.ttl_seconds)),
+            expires_at: timestamp(created.expires_at),
+        })
+    }
+
+    /// See [`Relay::session_status`](crate::Relay::session_status).
+    pub async fn session_status(&self, code: &str) -> Outcome<SessionStatus> {
+        let info = self
+            .client()
+            .get_session(pb::GetSessionRequest { code: code.into() })
+            .await
+            .map_err(error_info)?
+            .into_inner();
+        Ok(SessionStatus {
+            code: SessionCode::parse(&info.code)
+                .map_err(|_| unavailable("the relay sent a malformed code"))?,
+            created_at: timestamp(info.created_at),
+            expires_at: timestamp(info.expires_at),
+            transport: Transport::parse(&info.transport),
+            tool_count: info.tool_count as usize,
+            pending_requests: info.pending_requests as usize,
+        })
+    }
+
+    /// See [`Relay::end_session`](crate::Relay::end_session).
+    pub async fn end_session(&self, code: &str, token: Option<&str>) -> Outcome<()> {
+        let request = authorized(pb::DeleteSessionRequest { code: code.into() }, token);
+        self.client()
+            .delete_session(request)
+            .await
+            .map_err(error_info)?;
+        Ok(())
+    }
+
+    /// The session's manifest, grouped.
+    pub async fn manifest(&self, code: &str) -> Outcome<GroupedManifest> {
+        let manifest = self
+            .client()
+            .get_manifest(pb::GetManifestRequest { code: code.into() })
+            .await
+            .map_err(error_info)?
+            .into_inner();
+        let mut tools: Vec<ToolGroup> = manifest
+            .groups
+            .into_iter()
+            .map(|group| ToolGroup {
+                id: group.id,
+                description: group.description,
+                functions: Vec::new(),
+            })
+            .collect();
+        for tool in manifest.tools {
+            let spec = FunctionSpec {
+                name: tool.name,
+                description: tool.description,
+                parameters: tool.input_schema.as_ref().map_or(Value::Null, from_struct),
+            };
+            match tools.iter_mut().find(|group| group.id == tool.tool_id) {
+                Some(group) => group.functions.push(spec),
+                None => tools.push(ToolGroup {
+                    id: tool.tool_id,
+                    description: spec.description.clone(),
+                    functions: vec![spec],
+                }),
+            }
+        }
+        Ok(GroupedManifest {
+            version: manifest.version,
+            tools,
+        })
+    }
+
+    /// See [`Relay::register_manifest`](crate::Relay::register_manifest).
+    pub async fn register_manifest(
+        &self,
+        code: &str,
+        token: Option<&str>,
+        tools: &Value,
+    ) -> Outcome<usize> {
+        let request = pb::RegisterManifestRequest {
+            code: code.into(),
+            tools: Vec::new(),
+            tools_json: tools.to_string(),
+        };
+        let reply = self
+            .client()
+            .register_manifest(authorized(request, token))
+            .await
+            .map_err(error_info)?
+            .into_inner();
+        Ok(reply.tool_count as usize)
+    }
+
+    /// See [`Relay::submit`](crate::Relay::submit).
+    pub async fn submit(&self, code: &str, call: CallInput) -> Outcome<RequestView> {
+        let request = pb::SubmitRequest {
+            code: code.into(),
+            request_id: call.request_id.unwrap_or_default(),
+            tool_id: call.tool_id.unwrap_or_default(),
+            function_name: call.function_name,
+            args: Some(to_struct(&call.args)),
+        };
+        let state = self.client().submit(request).await.map_err(error_info)?;
+        Ok(request_view(state.into_inner()))
+    }
+
+    /// See [`Relay::await_response`](crate::Relay::await_response).
+    pub async fn await_response(
+        &self,
+        code: &str,
+        request_id: &str,
+        wait: Duration,
+    ) -> Outcome<RequestView> {
+        let request = pb::AwaitResponseRequest {
+            code: code.into(),
+            request_id: request_id.into(),
+            wait_ms: millis(wait),
+        };
+        let state = self
+            .client()
+            .await_response(request)
+            .await
+            .map_err(error_info)?;
+        Ok(request_view(state.into_inner()))
+    }
+
+    /// See [`Relay::call`](crate::Relay::call).
+    pub async fn call(
+        &self,
+        code: &str,
+        call: CallInput,
+        wait: Option<Duration>,
+    ) -> Outcome<RequestView> {
+        let request = pb::CallRequest {
+            code: code.into(),
+            request_id: call.request_id.unwrap_or_default(),
+            tool_id: call.tool_id.unwrap_or_default(),
+            function_name: call.function_name,
+            args: Some(to_struct(&call.args)),
+            timeout_ms: wait.map_or(0, millis),
+        };
+        let state = self.client().call(request).await.map_err(error_info)?;
+        Ok(request_view(state.into_inner()))
+    }
+
+    /// See [`Relay::responses`](crate::Relay::responses).
+    pub async fn responses(
+        &self,
+        code: &str,
+        request_id: Option<&str>,
+    ) -> Outcome<Vec<ToolResponse>> {
+        let request = pb::ListResponsesRequest {
+            code: code.into(),
+            request_id: request_id.unwrap_or_default().into(),
+        };
+        let reply = self
+            .client()
+            .list_responses(request)
+            .await
+            .map_err(error_info)?;
+        Ok(reply
+            .into_inner()
+            .responses
+            .into_iter()
+            .map(tool_response)
+            .collect())
+    }
+
+    /// See [`Relay::request_status`](crate::Relay::request_status).
+    pub async fn request_status(&self, code: &str, request_id: &str) -> Outcome<RequestView> {
+        let request = pb::GetRequestStatusRequest {
+            code: code.into(),
+            request_id: request_id.into(),
+        };
+        let state = self
+            .client()
+            .get_request_status(request)
+            .await
+            .map_err(error_info)?;
+        Ok(request_view(state.into_inner()))
+    }
+
+    /// See [`Relay::poll`](crate::Relay::poll).
+    pub async fn poll(
+        &self,
+        code: &str,
+        token: Option<&str>,
+        max: Option<usize>,
+    ) -> Outcome<Vec<ToolRequest>> {
+        let request = pb::PollRequestsRequest {
+            code: code.into(),
+            max: max.map_or(0, |max| u32::try_from(max).unwrap_or(u32::MAX)),
+        };
+        let reply = self
+            .client()
+            .poll_requests(authorized(request, token))
+            .await
+            .map_err(error_info)?;
+        Ok(reply
+            .into_inner()
+            .requests
+            .into_iter()
+            .map(tool_request)
+            .collect())
+    }
+
+    /// See [`Relay::post_response`](crate::Relay::post_response).
+    pub async fn post_response(
+        &self,
+        code: &str,
+        token: Option<&str>,
+        response: ProviderResponse,
+    ) -> Outcome<ResponseOutcome> {
+        let request = pb::PostResponseRequest {
+            code: code.into(),
+            response: Some(provider_message_response(response)),
+        };
+        let reply = self
+            .client()
+            .post_response(authorized(request, token))
+            .await
+            .map_err(error_info)?
+            .into_inner();
+        Ok(ResponseOutcome {
+            status: status_of(reply.status()),
+            request_id: reply.request_id,
+            accepted: reply.accepted,
+        })
+    }
+
+    /// See [`Relay::attach`](crate::Relay::attach): a `Connect` stream standing for
+    /// `transport`.
+    pub async fn attach(
+        &self,
+        code: &str,
+        token: Option<&str>,
+        transport: Transport,
+    ) -> Outcome<ProviderLink> {
+        let (uplink, from_provider) = mpsc::channel::<ProviderFrame>(LINK_BUFFER);
+        let outbound = ReceiverStream::new(from_provider).map(provider_message);
+        let mut request = authorized(outbound, token);
+        let metadata = request.metadata_mut();
+        metadata.insert(
+            SESSION_CODE_METADATA,
+            MetadataValue::try_from(code)
+                .map_err(|_| ErrorInfo::from(crate::RelayError::InvalidCode))?,
+        );
+        metadata.insert(
+            TRANSPORT_METADATA,
+            MetadataValue::from_static(transport.as_str()),
+        );
+        let mut inbound = self
+            .client()
+            .connect(request)
+            .await
+            .map_err(error_info)?
+            .into_inner();
+        let code = SessionCode::parse(code).map_err(ErrorInfo::from)?;
+
+        let (to_transport, downlink) = mpsc::channel(LINK_BUFFER);
+        tokio::spawn(async move {
+            loop {
+                let message = tokio::select! {
+                    message = inbound.next() => message,
+                    // The transport went away: dropping `inbound` ends the stream.
+                    () = to_transport.closed() => return,
+                };
+                let Some(Ok(message)) = message else { return };
+                let Some(message) = downlink_message(message) else {
+                    continue;
+                };
+                if to_transport.send(message).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(ProviderLink {
+            code,
+            connection_id: String::new(),
+            downlink,
+            uplink,
+        })
+    }
+}
+
+/// A request carrying the provider token as `authorization: Bearer …`, when there is one.
+fn authorized<T>(message: T, token: Option<&str>) -> Request<T> {
+    let mut request = Request::new(message);
+    if let Some(value) =
+        token.and_then(|token| MetadataValue::try_from(format!("Bearer {token}")).ok())
+    {
+        request.metadata_mut().insert("authorization", value);
+    }
+    request
+}
+
+/// The relay's answer as an error: its `x-error` name and message when the relay gave them,
+/// otherwise a transport failure.
+fn error_info(status: Status) -> ErrorInfo {
+    let metadata = status.metadata();
+    let name = metadata
+        .get(ERROR_METADATA)
+        .and_then(|value| value.to_str().ok());
+    let Some(name) = name else {
+        tracing::error!(code = ?status.code(), message = status.message(), "relay call failed");
+        return unavailable("the relay did not answer");
+    };
+    let kind = match status.code() {
+        Code::InvalidArgument => ErrorKind::BadRequest,
+        Code::Unauthenticated => ErrorKind::Unauthenticated,
+        Code::PermissionDenied => ErrorKind::Forbidden,
+        Code::NotFound => ErrorKind::NotFound,
+        Code::AlreadyExists => ErrorKind::Conflict,
+        Code::ResourceExhausted if name == "manifest_too_large" => ErrorKind::TooLarge,
+        Code::ResourceExhausted => ErrorKind::TooManyRequests,
+        _ => ErrorKind::Unavailable,
+    };
+    let retry_after = metadata
+        .get(RETRY_AFTER_METADATA)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse().ok())
+        .map(Duration::from_secs);
+    ErrorInfo {
+        kind,
+        name: name.to_owned(),
+        message: status.message().to_owned(),
+        retry_after,
+    }
+}
+
+fn unavailable(cause: &str) -> ErrorInfo {
+    tracing::warn!(cause, "relay unavailable");
+    ErrorInfo {
+        kind: ErrorKind::Unavailable,
+        name: "relay_unavailable".into(),
+        message: "The relay cannot be reached right now. Try again in a few seconds.".into(),
+        retry_after: Some(Duration::from_secs(2)),
+    }
+}
+
+fn millis(duration: Duration) -> u32 {
+    u32::try_from(duration.as_millis()).unwrap_or(u32::MAX)
+}
+
+fn timestamp(at: Option<prost_types::Timestamp>) -> Timestamp {
+    at.map_or(Timestamp(0), |at| {
+        Timestamp(at.seconds.saturating_mul(1000) + i64::from(at.nanos / 1_000_000))
+    })
+}
+
+fn status_of(status: pb::RequestStatus) -> RequestStatus {
+    match status {
+        pb::RequestStatus::Queued | pb::RequestStatus::Unspecified => RequestStatus::Queued,
+        pb::RequestStatus::Delivered => RequestStatus::Delivered,
+        pb::RequestStatus::Completed => RequestStatus::Completed,
+        pb::RequestStatus::Failed => RequestStatus::Failed,
+        pb::RequestStatus::Expired => RequestStatus::Expired,
+    }
+}
+
+fn request_view(state: pb::RequestState) -> RequestView {
+    RequestView {
+        status: status_of(state.status()),
+        request_id: state.request_id,
+        response: state.response.map(tool_response),
+    }
+}
+
+fn tool_response(response: pb::ToolResponse) -> ToolResponse {
+    ToolResponse {
+        request_id: response.request_id,
+        success: response.success,
+        result: response.result.as_ref().map(from_value),
+        error: response.error.map(|error| ToolError {
+            code: error.code,
+            message: error.message,
+        }),
+    }
+}
+
+fn tool_request(request: pb::ToolRequest) -> ToolRequest {
+    ToolRequest {
+        request_id: request.request_id,
+        tool_id: crate::grpc::non_empty(request.tool_id),
+        function_name: request.function_name,
+        args: request.args.as_ref().map_or(Value::Null, from_struct),
+    }
+}
+
+/// A provider's response as the protobuf message (the inverse of the server's conversion).
+fn provider_message_response(response: ProviderResponse) -> pb::ToolResponse {
+    let success = response.success.unwrap_or(response.error.is_none());
+    let error = response.error.map(|error| match error {
+        Value::String(message) => pb::ToolError {
+            code: String::new(),
+            message,
+        },
+        Value::Object(object) => pb::ToolError {
+            code: object
+                .get("code")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
+            message: object
+                .get("message")
+                .and_then(Value::as_str)
+                .map_or_else(|| Value::Object(object.clone()).to_string(), str::to_owned),
+        },
+        other => pb::ToolError {
+            code: String::new(),
+            message: other.to_string(),
+        },
+    });
+    pb::ToolResponse {
+        request_id: response.request_id,
+        success,
+        result: response.result.as_ref().map(to_value),
+        error: if success { None } else { error },
+    }
+}
+
+fn provider_message(frame: ProviderFrame) -> pb::ProviderMessage {
+    use pb::provider_message::Kind;
+    let kind = match frame {
+        ProviderFrame::Register { tools } => Kind::Register(pb::Register {
+            tools: Vec::new(),
+            tools_json: tools.to_string(),
+        }),
+        ProviderFrame::Response(response) => Kind::Response(provider_message_response(response)),
+        ProviderFrame::Ping => Kind::Ping(pb::Ping {}),
+    };
+    pb::ProviderMessage { kind: Some(kind) }
+}
+
+fn downlink_message(message: pb::RelayMessage) -> Option<Downlink> {
+    use pb::relay_message::Kind;
+    Some(match message.kind? {
+        Kind::Welcome(welcome) => Downlink::Welcome {
+            code: SessionCode::parse(&welcome.code).ok()?,
+            expires_at: timestamp(welcome.expires_at),
+        },
+        Kind::ToolRequest(request) => Downlink::ToolRequest {
+            seq: request.seq,
+            request: tool_request(request),
+        },
+        Kind::Heartbeat(heartbeat) => Downlink::Heartbeat {
+            expires_at: timestamp(heartbeat.expires_at),
+        },
+        Kind::Registered(registered) => Downlink::Registered {
+            tools: registered.tool_count as usize,
+        },
+        Kind::Error(error) => match error.error.as_str() {
+            "replaced" => Downlink::Replaced,
+            "shutting_down" => Downlink::Restarting,
+            _ => Downlink::Error {
+                error: error.error,
+                message: error.message,
+            },
+        },
+        Kind::Expired(expired) => Downlink::Expired {
+            message: expired.message,
+        },
+    })
+}
