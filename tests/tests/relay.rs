@@ -994,3 +994,49 @@ async fn python_grpcio_reflection_lists_and_calls_the_relay() {
     assert!(found["created"]["providerToken"].as_str().unwrap().len() >= 22);
     relay.stop().await;
 }
+
+#[tokio::test]
+async fn a_tab_that_stops_answering_pings_is_dropped_and_its_call_goes_to_the_next_tab() {
+    let relay = TestRelay::with_config(RelayConfig {
+        session_ttl: Duration::from_secs(30),
+        heartbeat_interval: Duration::from_millis(300),
+        ..RelayConfig::default()
+    })
+    .await;
+    let (session, mut silent) = relay.paired().await;
+    let mut client = relay.client().await;
+    let call = client
+        .submit(submit(&session.code, "stuck", "echo", json!({"text": "x"})))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(silent.next_request().await["requestId"], "stuck");
+
+    // The tab stops reading (a sleeping laptop): it answers no ping, and no TCP close comes.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let info = client
+            .get_session(GetSessionRequest {
+                code: session.code.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        if !info.provider_connected {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the silent tab was never dropped"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let mut next = WsTab::attach(&relay, &session).await;
+    assert_eq!(
+        next.next_request().await["requestId"],
+        call.request_id.as_str()
+    );
+    drop(silent);
+    relay.stop().await;
+}

@@ -14,6 +14,7 @@
 //! * [`server`] — `run(listeners, shutdown)`, used by the binaries and by tests;
 //!   [`config`] — settings and command-line flags.
 
+pub mod api;
 pub mod clock;
 pub mod code;
 pub mod config;
@@ -28,6 +29,7 @@ pub mod store;
 pub mod telemetry;
 pub mod ws;
 
+pub use api::{Outcome, RelayApi};
 pub use clock::{Clock, Timestamp};
 pub use code::SessionCode;
 pub use config::RelayConfig;

@@ -29,6 +29,8 @@ const KNOWN_DRAFTS: [&str; 5] = [
 ];
 /// Most schema violations listed in one error message.
 const MAX_REPORTED_PROBLEMS: usize = 5;
+/// Longest description of one violation, in characters.
+const MAX_PROBLEM_CHARS: usize = 200;
 
 /// Limits a manifest must respect.
 #[derive(Debug, Clone, Copy)]
@@ -256,7 +258,11 @@ impl Function {
                 } else {
                     path
                 };
-                format!("at {at}: {error}")
+                // The validator quotes the offending value, which may be huge.
+                format!(
+                    "at {at}: {}",
+                    shortened(&error.to_string(), MAX_PROBLEM_CHARS)
+                )
             })
             .collect();
         if problems.is_empty() {
@@ -361,6 +367,14 @@ fn description(object: &Map<String, Value>, at: &str) -> Result<String, RelayErr
     }
 }
 
+/// `text` cut to at most `limit` characters, with an ellipsis when cut.
+fn shortened(text: &str, limit: usize) -> String {
+    match text.char_indices().nth(limit) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_owned(),
+    }
+}
+
 fn invalid(reason: impl Into<String>) -> RelayError {
     RelayError::InvalidManifest {
         reason: reason.into(),
@@ -442,6 +456,15 @@ mod tests {
         assert!(message.contains("name"), "{message}");
         assert!(manifest.function(Some("other"), "addPerson").is_none());
         assert!(manifest.function(None, "addPerson").is_some());
+    }
+
+    #[test]
+    fn argument_problems_do_not_echo_huge_values() {
+        let manifest = Manifest::parse(&grouped(), LIMITS).unwrap();
+        let function = manifest.function(None, "addPerson").unwrap();
+        let huge = json!({"name": "Ada", "age": "x".repeat(5000)});
+        let error = function.check_arguments(&huge).unwrap_err();
+        assert!(error.to_string().len() < 600, "{}", error.to_string().len());
     }
 
     #[test]

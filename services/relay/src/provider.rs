@@ -244,9 +244,20 @@ impl Driver {
         expires_at: Timestamp,
         max_expires_at: Timestamp,
         events: EventStream,
-        uplink: mpsc::Receiver<ProviderFrame>,
+        mut uplink: mpsc::Receiver<ProviderFrame>,
     ) {
-        let ending = self.serve(expires_at, max_expires_at, events, uplink).await;
+        let ending = self
+            .serve(expires_at, max_expires_at, events, &mut uplink)
+            .await;
+        // Answers the provider sent just before the connection ended still count.
+        uplink.close();
+        while let Ok(frame) = uplink.try_recv() {
+            if let ProviderFrame::Response(response) = frame
+                && let Err(error) = self.relay.accept_response(&self.code, response).await
+            {
+                tracing::debug!(code = %self.code, %error, "a last answer was refused");
+            }
+        }
         if let Ok(Ending::Closed) = ending {
             tracing::info!(code = %self.code, "provider connection closed by the relay");
         } else {
@@ -270,7 +281,7 @@ impl Driver {
         expires_at: Timestamp,
         max_expires_at: Timestamp,
         mut events: EventStream,
-        mut uplink: mpsc::Receiver<ProviderFrame>,
+        uplink: &mut mpsc::Receiver<ProviderFrame>,
     ) -> Result<Ending, Gone> {
         let config = self.relay.config();
         let clock = self.relay.clock();
@@ -288,52 +299,60 @@ impl Driver {
         let shutdown = self.relay.inner.shutdown.clone();
 
         loop {
+            // Biased: frames the provider already sent (answers above all) are handled before
+            // anything that could end the connection.
             tokio::select! {
-                () = shutdown.cancelled() => {
-                    self.send(Downlink::Restarting).await?;
-                    return Ok(Ending::Closed);
-                }
-                () = self.down.closed() => return Ok(Ending::Disconnected),
+                biased;
                 frame = uplink.recv() => match frame {
                     Some(frame) => {
-                        if self.handle(frame).await? {
-                            return Ok(Ending::Closed);
+                        if let Some(ending) = self.handle(frame).await? {
+                            return Ok(ending);
                         }
                     }
                     None => return Ok(Ending::Disconnected),
                 },
+                () = shutdown.cancelled() => {
+                    self.send(Downlink::Restarting).await?;
+                    return Ok(Ending::Closed);
+                }
                 event = events.next() => match event {
-                    Some(SessionEvent::RequestQueued | SessionEvent::Missed) => self.deliver().await?,
-                    Some(SessionEvent::ProviderChanged(id)) if id != self.connection_id => {
-                        self.send(Downlink::Replaced).await?;
-                        return Ok(Ending::Closed);
+                    Some(SessionEvent::RequestQueued) => self.deliver().await?,
+                    // A lost event may have been the one that replaced this connection.
+                    Some(SessionEvent::Missed | SessionEvent::ProviderChanged(_)) => {
+                        if let Some(ending) = self.check_still_provider().await? {
+                            return Ok(ending);
+                        }
+                        self.deliver().await?;
                     }
                     Some(SessionEvent::SessionEnded) | None => {
-                        self.expire("The session has ended. Start a new session to pair again.").await?;
-                        return Ok(Ending::Closed);
+                        return self.expire("The session has ended. Start a new session to pair again.").await;
                     }
-                    Some(_) => {}
+                    Some(SessionEvent::ResponseReady(_) | SessionEvent::ManifestChanged) => {}
                 },
                 _ = heartbeat.tick() => {
                     match self.relay.touch(&self.code, Some(&self.connection_id)).await {
-                        Ok(session) => self.send(Downlink::Heartbeat { expires_at: session.expires_at }).await?,
+                        Ok(session) if self.is_provider_of(&session) => {
+                            self.send(Downlink::Heartbeat { expires_at: session.expires_at }).await?;
+                            // Also retries a claim that failed on a store error.
+                            self.deliver().await?;
+                        }
+                        Ok(_) => return self.replaced().await,
                         Err(RelayError::SessionNotFound { .. }) => {
-                            self.expire("The session has expired. Start a new session to pair again.").await?;
-                            return Ok(Ending::Closed);
+                            return self.expire("The session has expired. Start a new session to pair again.").await;
                         }
                         Err(error) => tracing::warn!(code = %self.code, %error, "heartbeat could not slide the session"),
                     }
                 }
                 () = tokio::time::sleep_until(end_of_life) => {
-                    self.expire("The session reached its maximum lifetime. Start a new session to pair again.").await?;
-                    return Ok(Ending::Closed);
+                    return self.expire("The session reached its maximum lifetime. Start a new session to pair again.").await;
                 }
+                () = self.down.closed() => return Ok(Ending::Disconnected),
             }
         }
     }
 
-    /// Handles one frame from the provider; true when the session turned out to be gone.
-    async fn handle(&self, frame: ProviderFrame) -> Result<bool, Gone> {
+    /// Handles one frame from the provider; `Some` when the connection must end.
+    async fn handle(&self, frame: ProviderFrame) -> Result<Option<Ending>, Gone> {
         let connection = Some(self.connection_id.as_str());
         let reply = match frame {
             ProviderFrame::Register { tools } => self
@@ -343,34 +362,55 @@ impl Driver {
                 .map(|tools| Some(Downlink::Registered { tools })),
             ProviderFrame::Response(response) => self
                 .relay
-                .accept_response(&self.code, response, connection)
+                .accept_response(&self.code, response)
                 .await
                 .map(|_| None),
-            ProviderFrame::Ping => self
-                .relay
-                .touch(&self.code, connection)
-                .await
-                .map(|session| {
-                    Some(Downlink::Heartbeat {
-                        expires_at: session.expires_at,
-                    })
-                }),
+            ProviderFrame::Ping => match self.relay.touch(&self.code, connection).await {
+                Ok(session) if self.is_provider_of(&session) => Ok(Some(Downlink::Heartbeat {
+                    expires_at: session.expires_at,
+                })),
+                Ok(_) => return self.replaced().await.map(Some),
+                Err(error) => Err(error),
+            },
         };
         match reply {
-            Ok(Some(reply)) => self.send(reply).await.map(|()| false),
-            Ok(None) => Ok(false),
-            Err(RelayError::SessionNotFound { .. }) => {
-                self.expire("The session has expired. Start a new session to pair again.")
-                    .await?;
-                Ok(true)
-            }
+            Ok(Some(reply)) => self.send(reply).await.map(|()| None),
+            Ok(None) => Ok(None),
+            Err(RelayError::SessionNotFound { .. }) => self
+                .expire("The session has expired. Start a new session to pair again.")
+                .await
+                .map(Some),
             Err(error) => {
                 self.send(Downlink::Error {
                     error: error.name().to_owned(),
                     message: error.to_string(),
                 })
                 .await?;
-                Ok(false)
+                Ok(None)
+            }
+        }
+    }
+
+    fn is_provider_of(&self, session: &crate::store::SessionRecord) -> bool {
+        session
+            .provider
+            .as_ref()
+            .is_some_and(|provider| provider.connection_id == self.connection_id)
+    }
+
+    /// Looks up who serves the session; `Some` when it is no longer this connection. Events
+    /// are only hints: a `ProviderChanged` may be older than this connection's own attach.
+    async fn check_still_provider(&self) -> Result<Option<Ending>, Gone> {
+        match self.relay.inner.store.session(&self.code).await {
+            Ok(Some(session)) if self.is_provider_of(&session) => Ok(None),
+            Ok(Some(_)) => self.replaced().await.map(Some),
+            Ok(None) => self
+                .expire("The session has ended. Start a new session to pair again.")
+                .await
+                .map(Some),
+            Err(error) => {
+                tracing::warn!(code = %self.code, %error, "could not check the session's provider");
+                Ok(None)
             }
         }
     }
@@ -409,11 +449,17 @@ impl Driver {
         }
     }
 
-    async fn expire(&self, message: &str) -> Result<(), Gone> {
+    async fn replaced(&self) -> Result<Ending, Gone> {
+        self.send(Downlink::Replaced).await?;
+        Ok(Ending::Closed)
+    }
+
+    async fn expire(&self, message: &str) -> Result<Ending, Gone> {
         self.send(Downlink::Expired {
             message: message.to_owned(),
         })
-        .await
+        .await?;
+        Ok(Ending::Closed)
     }
 
     async fn send(&self, message: Downlink) -> Result<(), Gone> {

@@ -186,7 +186,12 @@ impl Relay {
         let (code, session) = self.live_session(code).await?;
         let now = self.now();
         let manifest = self.manifest_of(&code).await?;
-        let requests = self.inner.store.requests(&code).await?.unwrap_or_default();
+        let pending_requests = self
+            .inner
+            .store
+            .pending_count(&code)
+            .await?
+            .ok_or_else(|| not_found(&code))?;
         let transport = session.provider.as_ref().and_then(|provider| {
             let presence = match provider.transport {
                 Transport::Polling => POLLING_PRESENCE,
@@ -199,7 +204,7 @@ impl Relay {
             expires_at: session.expires_at,
             transport,
             tool_count: manifest.functions().len(),
-            pending_requests: requests.iter().filter(|r| r.is_pending(now)).count(),
+            pending_requests,
             code,
         })
     }
@@ -282,7 +287,9 @@ impl Relay {
         let now = self.now();
         let request = NewRequest {
             id: request_id.clone(),
-            tool_id: call.tool_id,
+            // The provider dispatches on (tool, function): name the tool even when the caller
+            // did not, so a call with and without `toolId` is the same call.
+            tool_id: Some(function.group_id().to_owned()),
             function_name: call.function_name,
             args,
             created_at: now,
@@ -295,7 +302,7 @@ impl Relay {
                 self.touch(&code, None).await?;
                 Ok(record.into())
             }
-            Enqueued::Existing(record) => Ok(self.settle(&code, record).await?.into()),
+            Enqueued::Existing(record) => Ok(record.into()),
             Enqueued::Conflict => Err(RelayError::RequestIdConflict { request_id }),
             Enqueued::Full => Err(RelayError::QueueFull {
                 code: code.display(),
@@ -360,22 +367,17 @@ impl Relay {
         request_id: Option<&str>,
     ) -> Result<Vec<ToolResponse>, RelayError> {
         let (code, _) = self.live_session(code).await?;
-        let records = match request_id {
+        let responses = match request_id {
             Some(id) => self
                 .inner
                 .store
                 .request(&code, id)
                 .await?
+                .and_then(|record| record.response)
                 .into_iter()
                 .collect(),
-            None => self.inner.store.requests(&code).await?.unwrap_or_default(),
+            None => self.inner.store.responses(&code).await?.unwrap_or_default(),
         };
-        let mut responses = Vec::new();
-        for record in records {
-            if let Some(response) = self.settle(&code, record).await?.response {
-                responses.push(response);
-            }
-        }
         Ok(responses)
     }
 
@@ -397,14 +399,13 @@ impl Relay {
         response: ProviderResponse,
     ) -> Result<ResponseOutcome, RelayError> {
         let (code, _) = self.authorized(code, token).await?;
-        self.accept_response(&code, response, None).await
+        self.accept_response(&code, response).await
     }
 
     pub(crate) async fn accept_response(
         &self,
         code: &SessionCode,
         response: ProviderResponse,
-        connection: Option<&str>,
     ) -> Result<ResponseOutcome, RelayError> {
         let (status, response) = normalise_response(response)?;
         let size = serde_json::to_vec(&response).map_or(usize::MAX, |bytes| bytes.len());
@@ -423,7 +424,8 @@ impl Relay {
         let outcome = match finished {
             Finished::Finished(record) => {
                 tracing::debug!(code = %code, request_id = %record.id, status = record.status.as_str(), "call answered");
-                self.touch(code, connection).await?;
+                // An answer is activity whichever connection sends it.
+                self.touch(code, None).await?;
                 ResponseOutcome {
                     request_id,
                     status: record.status,
@@ -516,51 +518,12 @@ impl Relay {
         request_id: &str,
     ) -> Result<RequestRecord, RelayError> {
         match self.inner.store.request(code, request_id).await? {
-            Some(record) => self.settle(code, record).await,
+            Some(record) => Ok(record),
             None if self.inner.store.session(code).await?.is_none() => Err(not_found(code)),
             None => Err(RelayError::RequestNotFound {
                 code: code.display(),
                 request_id: request_id.to_owned(),
             }),
-        }
-    }
-
-    /// A call past its deadline without an answer becomes `expired`, with a response saying
-    /// so. Expiry happens here, when someone looks, rather than in a background task.
-    async fn settle(
-        &self,
-        code: &SessionCode,
-        record: RequestRecord,
-    ) -> Result<RequestRecord, RelayError> {
-        if record.status.is_terminal() || record.deadline > self.now() {
-            return Ok(record);
-        }
-        let timeout = self.inner.config.request_timeout.as_secs();
-        let response = ToolResponse {
-            request_id: record.id.clone(),
-            success: false,
-            result: None,
-            error: Some(ToolError {
-                code: "request_expired".into(),
-                message: format!(
-                    "The tool did not answer within {timeout} s. Check that the plugin tab is open and connected (its status dot is green), then call again with a new requestId."
-                ),
-            }),
-        };
-        let finished = self
-            .inner
-            .store
-            .finish(
-                code,
-                &record.id,
-                RequestStatus::Expired,
-                response,
-                self.now(),
-            )
-            .await?;
-        match finished {
-            Finished::Finished(record) | Finished::AlreadyFinished(record) => Ok(record),
-            Finished::NoRequest | Finished::NoSession => Ok(record),
         }
     }
 }

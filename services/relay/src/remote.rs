@@ -23,6 +23,9 @@ use toolrelay::wire::{
     ToolGroup, ToolRequest, ToolResponse,
 };
 
+use async_trait::async_trait;
+
+use crate::api::{Outcome, RelayApi};
 use crate::clock::Timestamp;
 use crate::code::SessionCode;
 use crate::error::{ErrorInfo, ErrorKind};
@@ -35,6 +38,8 @@ use crate::store::Transport;
 
 /// Messages buffered between a remote `Connect` stream and its transport.
 const LINK_BUFFER: usize = 64;
+/// How long a closed link waits for the relay to take its last frames.
+const LINGER: Duration = Duration::from_secs(5);
 
 /// A relay in another process, reached over gRPC. Cheap to clone.
 #[derive(Clone, Debug)]
@@ -42,8 +47,6 @@ pub struct RemoteRelay {
     client: RelayClient<Channel>,
     channel: Channel,
 }
-
-type Outcome<T> = Result<T, ErrorInfo>;
 
 impl RemoteRelay {
     /// A client of the relay at `url` (`http://host:port`). Connects lazily, so the gateway
@@ -63,9 +66,11 @@ impl RemoteRelay {
     fn client(&self) -> RelayClient<Channel> {
         self.client.clone()
     }
+}
 
-    /// Whether the relay answers its health check.
-    pub async fn ready(&self) -> Outcome<()> {
+#[async_trait]
+impl RelayApi for RemoteRelay {
+    async fn ready(&self) -> Outcome<()> {
         use tonic_health::pb::health_check_response::ServingStatus;
         use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
         let reply = HealthClient::new(self.channel.clone())
@@ -81,8 +86,7 @@ impl RemoteRelay {
         }
     }
 
-    /// See [`Relay::create_session`](crate::Relay::create_session).
-    pub async fn create_session(&self) -> Outcome<NewSession> {
+    async fn create_session(&self) -> Outcome<NewSession> {
         let created = self
             .client()
             .create_session(pb::CreateSessionRequest {})
@@ -98,8 +102,7 @@ impl RemoteRelay {
         })
     }
 
-    /// See [`Relay::session_status`](crate::Relay::session_status).
-    pub async fn session_status(&self, code: &str) -> Outcome<SessionStatus> {
+    async fn session_status(&self, code: &str) -> Outcome<SessionStatus> {
         let info = self
             .client()
             .get_session(pb::GetSessionRequest { code: code.into() })
@@ -117,8 +120,7 @@ impl RemoteRelay {
         })
     }
 
-    /// See [`Relay::end_session`](crate::Relay::end_session).
-    pub async fn end_session(&self, code: &str, token: Option<&str>) -> Outcome<()> {
+    async fn end_session(&self, code: &str, token: Option<&str>) -> Outcome<()> {
         let request = authorized(pb::DeleteSessionRequest { code: code.into() }, token);
         self.client()
             .delete_session(request)
@@ -127,8 +129,7 @@ impl RemoteRelay {
         Ok(())
     }
 
-    /// The session's manifest, grouped.
-    pub async fn manifest(&self, code: &str) -> Outcome<GroupedManifest> {
+    async fn manifest(&self, code: &str) -> Outcome<GroupedManifest> {
         let manifest = self
             .client()
             .get_manifest(pb::GetManifestRequest { code: code.into() })
@@ -165,8 +166,7 @@ impl RemoteRelay {
         })
     }
 
-    /// See [`Relay::register_manifest`](crate::Relay::register_manifest).
-    pub async fn register_manifest(
+    async fn register_manifest(
         &self,
         code: &str,
         token: Option<&str>,
@@ -186,8 +186,7 @@ impl RemoteRelay {
         Ok(reply.tool_count as usize)
     }
 
-    /// See [`Relay::submit`](crate::Relay::submit).
-    pub async fn submit(&self, code: &str, call: CallInput) -> Outcome<RequestView> {
+    async fn submit(&self, code: &str, call: CallInput) -> Outcome<RequestView> {
         let request = pb::SubmitRequest {
             code: code.into(),
             request_id: call.request_id.unwrap_or_default(),
@@ -199,8 +198,7 @@ impl RemoteRelay {
         Ok(request_view(state.into_inner()))
     }
 
-    /// See [`Relay::await_response`](crate::Relay::await_response).
-    pub async fn await_response(
+    async fn await_response(
         &self,
         code: &str,
         request_id: &str,
@@ -219,8 +217,7 @@ impl RemoteRelay {
         Ok(request_view(state.into_inner()))
     }
 
-    /// See [`Relay::call`](crate::Relay::call).
-    pub async fn call(
+    async fn call(
         &self,
         code: &str,
         call: CallInput,
@@ -238,12 +235,7 @@ impl RemoteRelay {
         Ok(request_view(state.into_inner()))
     }
 
-    /// See [`Relay::responses`](crate::Relay::responses).
-    pub async fn responses(
-        &self,
-        code: &str,
-        request_id: Option<&str>,
-    ) -> Outcome<Vec<ToolResponse>> {
+    async fn responses(&self, code: &str, request_id: Option<&str>) -> Outcome<Vec<ToolResponse>> {
         let request = pb::ListResponsesRequest {
             code: code.into(),
             request_id: request_id.unwrap_or_default().into(),
@@ -261,8 +253,7 @@ impl RemoteRelay {
             .collect())
     }
 
-    /// See [`Relay::request_status`](crate::Relay::request_status).
-    pub async fn request_status(&self, code: &str, request_id: &str) -> Outcome<RequestView> {
+    async fn request_status(&self, code: &str, request_id: &str) -> Outcome<RequestView> {
         let request = pb::GetRequestStatusRequest {
             code: code.into(),
             request_id: request_id.into(),
@@ -275,8 +266,7 @@ impl RemoteRelay {
         Ok(request_view(state.into_inner()))
     }
 
-    /// See [`Relay::poll`](crate::Relay::poll).
-    pub async fn poll(
+    async fn poll(
         &self,
         code: &str,
         token: Option<&str>,
@@ -299,8 +289,7 @@ impl RemoteRelay {
             .collect())
     }
 
-    /// See [`Relay::post_response`](crate::Relay::post_response).
-    pub async fn post_response(
+    async fn post_response(
         &self,
         code: &str,
         token: Option<&str>,
@@ -323,9 +312,7 @@ impl RemoteRelay {
         })
     }
 
-    /// See [`Relay::attach`](crate::Relay::attach): a `Connect` stream standing for
-    /// `transport`.
-    pub async fn attach(
+    async fn attach(
         &self,
         code: &str,
         token: Option<&str>,
@@ -357,17 +344,21 @@ impl RemoteRelay {
             loop {
                 let message = tokio::select! {
                     message = inbound.next() => message,
-                    // The transport went away: dropping `inbound` ends the stream.
-                    () = to_transport.closed() => return,
+                    () = to_transport.closed() => break,
                 };
                 let Some(Ok(message)) = message else { return };
                 let Some(message) = downlink_message(message) else {
                     continue;
                 };
                 if to_transport.send(message).await.is_err() {
-                    return;
+                    break;
                 }
             }
+            // The transport went away, and with it the sender of `from_provider`: the request
+            // stream ends once what it holds is sent. Reading on until the relay ends its side
+            // lets those last frames (answers above all) arrive instead of cancelling the call.
+            let drained = async { while inbound.next().await.is_some() {} };
+            let _ = tokio::time::timeout(LINGER, drained).await;
         });
         Ok(ProviderLink {
             code,

@@ -71,7 +71,11 @@ pub async fn run(
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;
 
+    // HTTP/2 keepalive finds `Connect` streams whose peer vanished without closing them.
+    let keepalive = relay.config().heartbeat_interval;
     let grpc = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(keepalive))
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

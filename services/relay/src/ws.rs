@@ -8,9 +8,13 @@
 //! [`serve_listener`] runs the standalone relay's listener; [`serve_upgraded`] serves a
 //! connection another HTTP server (the gateway in one-process mode) has already upgraded.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use futures::{SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
 use tokio_tungstenite::tungstenite::http::{StatusCode, Uri};
@@ -27,6 +31,14 @@ use crate::store::Transport;
 
 /// Room for a frame's envelope around the largest response a provider may send.
 const FRAME_OVERHEAD: usize = 64 * 1024;
+/// How long a write to a provider may take before the connection counts as dead.
+const SEND_TIMEOUT: Duration = Duration::from_secs(10);
+/// Heartbeats in a row a provider may leave unanswered before its connection counts as dead.
+const SILENT_HEARTBEATS: u32 = 2;
+/// How long a client may take to complete the WebSocket handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most provider sockets the standalone listener serves at once.
+const MAX_CONNECTIONS: usize = 20_000;
 
 /// The session code and token of a WebSocket URL `/api/sessions/{code}/ws?token=…`, or `None`
 /// when the path is not that.
@@ -44,19 +56,28 @@ pub fn parse_target(uri: &Uri) -> Option<(String, Option<String>)> {
     Some((code.to_owned(), token))
 }
 
-/// Accepts WebSocket connections on `listener` until `stop` is cancelled.
+/// Accepts WebSocket connections on `listener` until `stop` is cancelled, at most
+/// [`MAX_CONNECTIONS`] at once.
 pub async fn serve_listener(relay: Relay, listener: TcpListener, stop: CancellationToken) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    tokio::spawn(serve_tcp(relay.clone(), stream));
-                }
+                Ok((stream, peer)) => match Arc::clone(&slots).try_acquire_owned() {
+                    Ok(slot) => {
+                        let relay = relay.clone();
+                        tokio::spawn(async move {
+                            serve_tcp(relay, stream).await;
+                            drop(slot);
+                        });
+                    }
+                    Err(_) => tracing::warn!(%peer, "refused a WebSocket connection: {MAX_CONNECTIONS} are open"),
+                },
                 Err(error) => {
                     // Out of file descriptors or similar: pause instead of spinning.
                     tracing::warn!(%error, "could not accept a WebSocket connection");
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             },
         }
@@ -83,13 +104,20 @@ async fn serve_tcp(relay: Relay, stream: TcpStream) {
         }
     };
     let config = websocket_config(relay.config().max_response_bytes);
-    let socket = tokio_tungstenite::accept_hdr_async_with_config(stream, route, Some(config)).await;
-    match (socket, target) {
-        (Ok(socket), Some((code, token))) => {
-            serve_socket(relay, socket, &code, token.as_deref()).await
+    let handshake = tokio_tungstenite::accept_hdr_async_with_config(stream, route, Some(config));
+    let socket = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
+        Ok(Ok(socket)) => socket,
+        Ok(Err(error)) => {
+            tracing::debug!(%error, "WebSocket handshake failed");
+            return;
         }
-        (Err(error), _) => tracing::debug!(%error, "WebSocket handshake failed"),
-        (Ok(_), None) => {}
+        Err(_) => {
+            tracing::debug!("WebSocket handshake timed out");
+            return;
+        }
+    };
+    if let Some((code, token)) = target {
+        serve_socket(relay, socket, &code, token.as_deref()).await;
     }
 }
 
@@ -139,13 +167,14 @@ where
     let mut link = match link {
         Ok(link) => link,
         Err(error) => {
-            let close = refusal_close_code(&error);
+            let code = refusal_close_code(&error);
             let frame = RelayFrame::Error {
                 error: error.name.clone(),
                 message: error.message.clone(),
             };
-            let _ = socket.send(text(&frame)).await;
-            let _ = socket.close(Some(close_frame(close, "refused"))).await;
+            if send(&mut socket, text(&frame)).await {
+                close(&mut socket, code, "refused").await;
+            }
             return;
         }
     };
@@ -153,24 +182,39 @@ where
     // A frame read from the socket and not yet taken by the driver. While one waits, the loop
     // stops reading but keeps writing, so a full uplink can never block the downlink.
     let mut pending: Option<ProviderFrame> = None;
+    // Liveness: every heartbeat also carries a WebSocket ping, which browsers answer by
+    // themselves; a peer silent for SILENT_HEARTBEATS heartbeats in a row is gone (a sleeping
+    // laptop, a dropped network) even though no TCP close arrived.
+    let mut heard = true;
+    let mut silent = 0;
     loop {
         tokio::select! {
             message = link.downlink.recv() => {
                 let Some(message) = message else {
-                    let _ = socket.close(Some(close_frame(CloseCode::Normal, "closed"))).await;
+                    close(&mut socket, CloseCode::Normal, "closed").await;
                     return;
                 };
-                let last = message.is_final();
-                if socket.send(text(&message.to_frame())).await.is_err() {
+                if let Downlink::Heartbeat { .. } = message {
+                    silent = if heard { 0 } else { silent + 1 };
+                    heard = false;
+                    if silent >= SILENT_HEARTBEATS {
+                        close(&mut socket, CloseCode::Away, "no answer to pings").await;
+                        return;
+                    }
+                    if !send(&mut socket, Message::Ping(Default::default())).await {
+                        return;
+                    }
+                }
+                if !send(&mut socket, text(&message.to_frame())).await {
                     return;
                 }
-                if last {
+                if message.is_final() {
                     let (code, reason) = match message {
                         Downlink::Restarting => (CloseCode::Restart, "relay restarting"),
                         Downlink::Replaced => (CloseCode::Normal, "replaced"),
                         _ => (CloseCode::Normal, "session ended"),
                     };
-                    let _ = socket.close(Some(close_frame(code, reason))).await;
+                    close(&mut socket, code, reason).await;
                     return;
                 }
             }
@@ -180,36 +224,52 @@ where
                     _ => return,
                 }
             }
-            incoming = socket.next(), if pending.is_none() => match incoming {
-                Some(Ok(Message::Text(body))) => match serde_json::from_str::<ProviderFrame>(&body) {
-                    Ok(frame) => pending = Some(frame),
-                    Err(error) => {
-                        let refusal = RelayFrame::Error {
-                            error: "invalid_frame".into(),
-                            message: format!(
-                                "Frames are JSON objects whose type is register, response or ping ({error})."
-                            ),
-                        };
-                        if socket.send(text(&refusal)).await.is_err() {
-                            return;
+            incoming = socket.next(), if pending.is_none() => {
+                heard = true;
+                let refusal = match incoming {
+                    Some(Ok(Message::Text(body))) => match serde_json::from_str::<ProviderFrame>(&body) {
+                        Ok(frame) => {
+                            pending = Some(frame);
+                            None
                         }
+                        Err(error) => Some(format!(
+                            "Frames are JSON objects whose type is register, response or ping ({error})."
+                        )),
+                    },
+                    Some(Ok(Message::Binary(_))) => {
+                        Some("Binary frames are not understood; send JSON as text frames.".to_owned())
                     }
-                },
-                Some(Ok(Message::Binary(_))) => {
-                    let refusal = RelayFrame::Error {
-                        error: "invalid_frame".into(),
-                        message: "Binary frames are not understood; send JSON as text frames.".into(),
-                    };
-                    if socket.send(text(&refusal)).await.is_err() {
+                    // tungstenite answers pings itself; a pong is the answer to ours.
+                    Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => None,
+                    Some(Ok(Message::Close(_)) | Err(_)) | None => return,
+                };
+                if let Some(message) = refusal {
+                    let frame = RelayFrame::Error { error: "invalid_frame".into(), message };
+                    if !send(&mut socket, text(&frame)).await {
                         return;
                     }
                 }
-                // tungstenite answers pings itself.
-                Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => {}
-                Some(Ok(Message::Close(_)) | Err(_)) | None => return,
-            },
+            }
         }
     }
+}
+
+/// Sends one message; false when the peer is gone or stopped reading for [`SEND_TIMEOUT`].
+async fn send<S>(socket: &mut WebSocketStream<S>, message: Message) -> bool
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    matches!(
+        tokio::time::timeout(SEND_TIMEOUT, socket.send(message)).await,
+        Ok(Ok(()))
+    )
+}
+
+async fn close<S>(socket: &mut WebSocketStream<S>, code: CloseCode, reason: &'static str)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let _ = tokio::time::timeout(SEND_TIMEOUT, socket.close(Some(close_frame(code, reason)))).await;
 }
 
 fn refusal_close_code(error: &ErrorInfo) -> CloseCode {

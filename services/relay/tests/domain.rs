@@ -2,12 +2,14 @@
 //! leases, idempotency and delivery, without sockets.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap should fail loudly
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use tokio::time::advance;
 use toolrelay::wire::{ProviderFrame, ProviderResponse, RequestStatus};
 use toolrelay_relay::store::memory::MemoryStore;
+use toolrelay_relay::store::memory::MemoryStore as Mem;
 use toolrelay_relay::{
     CallInput, Clock, Downlink, NewSession, ProviderLink, Relay, RelayConfig, Transport,
 };
@@ -385,5 +387,299 @@ async fn request_ids_are_idempotent_and_the_queue_is_bounded() {
     assert_eq!(
         relay.session_status(code).await.unwrap().pending_requests,
         2
+    );
+}
+
+// ---- regressions found in review ----
+
+/// A tab answers a call and closes its socket at once (the WS task forwards the frame into
+/// `uplink`, then drops the link). The answer must not be lost.
+#[tokio::test(start_paused = true)]
+async fn an_answer_sent_just_before_disconnecting_is_not_lost() {
+    let relay = relay(RelayConfig::default());
+    let mut lost = 0;
+    for _ in 0..20 {
+        let session = session_with_tools(&relay).await;
+        let code = session.code.as_str();
+        let mut link = attach(&relay, &session).await;
+        let call = relay.submit(code, echo("x")).await.unwrap();
+        let id = request_id(next(&mut link).await);
+        link.uplink
+            .send(ProviderFrame::Response(answer(&id, json!("done"))))
+            .await
+            .unwrap();
+        drop(link); // socket closed right after the answer
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        let status = relay
+            .request_status(code, &call.request_id)
+            .await
+            .unwrap()
+            .status;
+        if status != RequestStatus::Completed {
+            lost += 1;
+        }
+    }
+    assert_eq!(lost, 0, "{lost} of 20 answers were dropped by the driver");
+}
+
+/// The LLM may omit toolId (§4: optional when calling), but the tab dispatches on
+/// `(toolId, functionName)` (§6 tool-request `{requestId, toolId, functionName, args}`).
+#[tokio::test(start_paused = true)]
+async fn a_tool_request_names_the_tool_even_when_the_caller_did_not() {
+    let relay = relay(RelayConfig::default());
+    let session = relay.create_session().await.unwrap();
+    let code = session.code.as_str();
+    relay
+        .register_manifest(
+            code,
+            Some(&session.provider_token),
+            &json!({"tools": [{"id": "people", "description": "", "functions": [
+                {"name": "addPerson", "description": "", "parameters": {"type": "object"}}]}]}),
+        )
+        .await
+        .unwrap();
+    let mut link = attach(&relay, &session).await;
+    relay
+        .submit(
+            code,
+            CallInput {
+                function_name: "addPerson".into(),
+                args: json!({}),
+                ..CallInput::default()
+            },
+        )
+        .await
+        .unwrap();
+    match next(&mut link).await {
+        Downlink::ToolRequest { request, .. } => {
+            assert_eq!(request.tool_id.as_deref(), Some("people"))
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Calls that time out while nobody looks are never settled, so the sweeper never drops
+/// them: a session kept busy accumulates every unobserved call for its whole life.
+#[tokio::test(start_paused = true)]
+async fn calls_that_expire_unobserved_are_eventually_dropped() {
+    let config = RelayConfig {
+        max_pending_per_session: 10,
+        ..RelayConfig::default()
+    };
+    config.validate().unwrap();
+    let clock = Clock::new();
+    let store = Mem::new(clock.clone(), config.response_retention);
+    let relay = Relay::new(store.clone(), config, clock);
+    let session = session_with_tools(&relay).await;
+    let code = session.code.as_str();
+    // 10 calls a minute for 3 hours, never answered, never looked at.
+    for _ in 0..180 {
+        for _ in 0..10 {
+            relay.submit(code, echo("x")).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_secs(61)).await;
+    }
+    use toolrelay_relay::store::Store;
+    let kept = store.responses(&session.code).await.unwrap().unwrap().len();
+    assert_eq!(store.pending_count(&session.code).await.unwrap(), Some(0));
+    // Retention is 1 h after the answer (here: the expiry at +60 s): at most ~70 minutes' worth.
+    assert!(kept <= 10 * 71, "{kept} call records kept after 3 hours");
+}
+
+/// Two attaches that overlap (a quick reconnect, or two provider processes) can each see the
+/// other's ProviderChanged and both close, leaving the session without a provider.
+#[tokio::test(start_paused = true)]
+async fn overlapping_attaches_leave_one_connection_standing() {
+    use toolrelay::wire::ToolResponse;
+    use toolrelay_relay::error::StoreError;
+    use toolrelay_relay::manifest::Manifest;
+    use toolrelay_relay::store::{
+        Claim, Enqueued, EventStream, Finished, NewRequest, ProviderInfo, RequestRecord,
+        SessionRecord, Store,
+    };
+    use toolrelay_relay::{SessionCode, Timestamp};
+    struct Slow(Arc<Mem>);
+    #[async_trait::async_trait]
+    impl Store for Slow {
+        async fn insert_session(&self, s: SessionRecord) -> Result<bool, StoreError> {
+            self.0.insert_session(s).await
+        }
+        async fn session(&self, c: &SessionCode) -> Result<Option<SessionRecord>, StoreError> {
+            self.0.session(c).await
+        }
+        async fn touch_session(
+            &self,
+            c: &SessionCode,
+            n: Timestamp,
+            u: Timestamp,
+            s: Option<&str>,
+        ) -> Result<Option<SessionRecord>, StoreError> {
+            self.0.touch_session(c, n, u, s).await
+        }
+        async fn delete_session(&self, c: &SessionCode) -> Result<bool, StoreError> {
+            self.0.delete_session(c).await
+        }
+        async fn set_provider(
+            &self,
+            c: &SessionCode,
+            p: ProviderInfo,
+        ) -> Result<Option<SessionRecord>, StoreError> {
+            // a store round trip (Redis) is a suspension point
+            tokio::task::yield_now().await;
+            self.0.set_provider(c, p).await
+        }
+        async fn clear_provider(&self, c: &SessionCode, id: &str) -> Result<(), StoreError> {
+            self.0.clear_provider(c, id).await
+        }
+        async fn set_manifest(
+            &self,
+            c: &SessionCode,
+            m: Arc<Manifest>,
+        ) -> Result<Option<u64>, StoreError> {
+            self.0.set_manifest(c, m).await
+        }
+        async fn manifest(&self, c: &SessionCode) -> Result<Option<Arc<Manifest>>, StoreError> {
+            self.0.manifest(c).await
+        }
+        async fn enqueue(
+            &self,
+            c: &SessionCode,
+            r: NewRequest,
+            m: usize,
+        ) -> Result<Enqueued, StoreError> {
+            self.0.enqueue(c, r, m).await
+        }
+        async fn request(
+            &self,
+            c: &SessionCode,
+            id: &str,
+        ) -> Result<Option<RequestRecord>, StoreError> {
+            self.0.request(c, id).await
+        }
+        async fn responses(
+            &self,
+            c: &SessionCode,
+        ) -> Result<Option<Vec<ToolResponse>>, StoreError> {
+            self.0.responses(c).await
+        }
+        async fn pending_count(&self, c: &SessionCode) -> Result<Option<usize>, StoreError> {
+            self.0.pending_count(c).await
+        }
+        async fn claim(
+            &self,
+            c: &SessionCode,
+            cl: &Claim,
+        ) -> Result<Vec<RequestRecord>, StoreError> {
+            self.0.claim(c, cl).await
+        }
+        async fn finish(
+            &self,
+            c: &SessionCode,
+            id: &str,
+            s: RequestStatus,
+            r: toolrelay::wire::ToolResponse,
+            n: Timestamp,
+        ) -> Result<Finished, StoreError> {
+            self.0.finish(c, id, s, r, n).await
+        }
+        async fn subscribe(&self, c: &SessionCode) -> Result<Option<EventStream>, StoreError> {
+            self.0.subscribe(c).await
+        }
+        async fn ping(&self) -> Result<(), StoreError> {
+            self.0.ping().await
+        }
+    }
+    let config = RelayConfig::default();
+    let clock = Clock::new();
+    let relay = Relay::new(
+        Arc::new(Slow(Mem::new(clock.clone(), config.response_retention))),
+        config,
+        clock,
+    );
+    let session = relay.create_session().await.unwrap();
+    let (code, token) = (session.code.as_str(), Some(session.provider_token.as_str()));
+    let (a, b) = tokio::join!(
+        relay.attach(code, token, Transport::WebSocket),
+        relay.attach(code, token, Transport::WebSocket),
+    );
+    let (mut a, mut b) = (a.unwrap(), b.unwrap());
+    let mut replaced = 0;
+    for link in [&mut a, &mut b] {
+        while let Ok(Some(message)) =
+            tokio::time::timeout(Duration::from_secs(1), link.downlink.recv()).await
+        {
+            if message == Downlink::Replaced {
+                replaced += 1;
+            }
+        }
+    }
+    assert_eq!(replaced, 1, "both connections were told they were replaced");
+}
+
+/// A driver that falls more than 256 events behind (its provider reads slowly) can miss the
+/// ProviderChanged that replaced it; `Missed` only triggers a claim, so the old connection is
+/// never told and never closed.
+#[tokio::test(start_paused = true)]
+async fn a_lagging_connection_still_learns_it_was_replaced() {
+    let relay = relay(RelayConfig {
+        max_pending_per_session: 10_000,
+        ..RelayConfig::default()
+    });
+    let session = session_with_tools(&relay).await;
+    let code = session.code.as_str();
+    let mut first = attach(&relay, &session).await; // reads nothing for a while
+    for _ in 0..200 {
+        relay.submit(code, echo("x")).await.unwrap();
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        first.downlink.len(),
+        128,
+        "the first connection's driver is blocked sending"
+    );
+    let mut second = attach(&relay, &session).await;
+    for _ in 0..300 {
+        relay.submit(code, echo("y")).await.unwrap();
+        while second.downlink.try_recv().is_ok() {}
+        tokio::task::yield_now().await;
+    }
+    let mut replaced = false;
+    while let Ok(Some(message)) =
+        tokio::time::timeout(Duration::from_secs(5), first.downlink.recv()).await
+    {
+        if message == Downlink::Replaced {
+            replaced = true;
+        }
+    }
+    assert!(
+        replaced,
+        "the first connection was never told it was replaced"
+    );
+}
+
+/// An answer that arrives after the deadline is accepted as `completed` when nobody happened
+/// to look at the call before it, and refused (expired) when someone did.
+#[tokio::test(start_paused = true)]
+async fn an_answer_after_the_deadline_does_not_complete_the_call() {
+    let relay = relay(RelayConfig::default());
+    let session = session_with_tools(&relay).await;
+    let code = session.code.as_str();
+    let call = relay.submit(code, echo("slow")).await.unwrap();
+    advance(Duration::from_secs(61)).await;
+    let late = relay
+        .post_response(
+            code,
+            Some(&session.provider_token),
+            answer(&call.request_id, json!("late")),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        late.status,
+        RequestStatus::Expired,
+        "accepted={}",
+        late.accepted
     );
 }

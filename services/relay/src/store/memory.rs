@@ -28,6 +28,8 @@ use crate::manifest::Manifest;
 const EVENT_BUFFER: usize = 256;
 /// How often the sweeper runs.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+/// Finished calls kept per session at most (the oldest go first).
+const MAX_FINISHED_PER_SESSION: usize = 1000;
 
 /// Sessions and calls in this process's memory.
 pub struct MemoryStore {
@@ -50,6 +52,44 @@ impl Entry {
     fn announce(&self, event: SessionEvent) {
         // No subscribers is normal: nobody is waiting.
         let _ = self.events.send(event);
+    }
+
+    /// Expires unanswered calls past their deadline, waking their waiters.
+    fn expire_overdue(&mut self, now: Timestamp) {
+        let mut expired = Vec::new();
+        for (seq, id) in &self.pending {
+            if let Some(request) = self.requests.get_mut(id)
+                && request.expire_if_overdue(now)
+            {
+                expired.push((*seq, id.clone()));
+            }
+        }
+        for (seq, id) in expired {
+            self.pending.remove(&seq);
+            self.announce(SessionEvent::ResponseReady(id));
+        }
+    }
+
+    /// Drops finished calls older than `retention`, and the oldest beyond
+    /// [`MAX_FINISHED_PER_SESSION`].
+    fn forget_finished(&mut self, now: Timestamp, retention: Duration) {
+        self.requests.retain(|_, request| {
+            request
+                .finished_at
+                .is_none_or(|finished| now.since(finished) < retention)
+        });
+        let finished = self.requests.len() - self.pending.len();
+        if finished > MAX_FINISHED_PER_SESSION {
+            let mut by_age: Vec<(Timestamp, String)> = self
+                .requests
+                .values()
+                .filter_map(|request| request.finished_at.map(|at| (at, request.id.clone())))
+                .collect();
+            by_age.sort();
+            for (_, id) in by_age.into_iter().take(finished - MAX_FINISHED_PER_SESSION) {
+                self.requests.remove(&id);
+            }
+        }
     }
 }
 
@@ -74,7 +114,8 @@ impl MemoryStore {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Runs `f` on the live entry of `code`, dropping the entry if it has expired.
+    /// Runs `f` on the live entry of `code` after expiring its overdue calls, dropping the
+    /// entry if the session has expired.
     fn with_live<R>(&self, code: &SessionCode, f: impl FnOnce(&mut Entry) -> R) -> Option<R> {
         let now = self.clock.now();
         let mut sessions = self.lock();
@@ -85,7 +126,9 @@ impl MemoryStore {
             }
             return None;
         }
-        sessions.get_mut(code).map(f)
+        let entry = sessions.get_mut(code)?;
+        entry.expire_overdue(now);
+        Some(f(entry))
     }
 
     fn sweep_once(&self) {
@@ -96,12 +139,8 @@ impl MemoryStore {
                 entry.announce(SessionEvent::SessionEnded);
                 return false;
             }
-            let retention = self.retention;
-            entry.requests.retain(|_, request| {
-                request
-                    .finished_at
-                    .is_none_or(|finished| now.since(finished) < retention)
-            });
+            entry.expire_overdue(now);
+            entry.forget_finished(now, self.retention);
             true
         });
     }
@@ -158,13 +197,14 @@ impl Store for MemoryStore {
     ) -> Result<Option<SessionRecord>, StoreError> {
         Ok(self.with_live(code, |entry| {
             let session = &mut entry.session;
+            if let Some(seen) = seen {
+                match session.provider.as_mut() {
+                    Some(provider) if provider.connection_id == seen => provider.last_seen = now,
+                    _ => return session.clone(),
+                }
+            }
             let until = until.min(session.max_expires_at);
             session.expires_at = session.expires_at.max(until);
-            if let (Some(provider), Some(seen)) = (session.provider.as_mut(), seen)
-                && provider.connection_id == seen
-            {
-                provider.last_seen = now;
-            }
             session.clone()
         }))
     }
@@ -238,13 +278,8 @@ impl Store for MemoryStore {
                     Enqueued::Conflict
                 };
             }
-            let now = request.created_at;
-            let pending = entry
-                .pending
-                .values()
-                .filter(|id| entry.requests.get(*id).is_some_and(|r| r.is_pending(now)))
-                .count();
-            if pending >= max_pending {
+            // Overdue calls were expired on entry, so every pending call still counts.
+            if entry.pending.len() >= max_pending {
                 return Enqueued::Full;
             }
             let seq = entry.next_seq;
@@ -268,12 +303,23 @@ impl Store for MemoryStore {
             .flatten())
     }
 
-    async fn requests(&self, code: &SessionCode) -> Result<Option<Vec<RequestRecord>>, StoreError> {
+    async fn responses(&self, code: &SessionCode) -> Result<Option<Vec<ToolResponse>>, StoreError> {
         Ok(self.with_live(code, |entry| {
-            let mut requests: Vec<RequestRecord> = entry.requests.values().cloned().collect();
-            requests.sort_by_key(|request| request.seq);
-            requests
+            let mut finished: Vec<&RequestRecord> = entry
+                .requests
+                .values()
+                .filter(|request| request.response.is_some())
+                .collect();
+            finished.sort_by_key(|request| request.seq);
+            finished
+                .into_iter()
+                .filter_map(|request| request.response.clone())
+                .collect()
         }))
+    }
+
+    async fn pending_count(&self, code: &SessionCode) -> Result<Option<usize>, StoreError> {
+        Ok(self.with_live(code, |entry| entry.pending.len()))
     }
 
     async fn claim(

@@ -2,7 +2,9 @@
 //!
 //! The trait is shaped for a shared store such as Redis as much as for memory:
 //! * every session has a TTL the store enforces (`expires_at`; a lookup never returns an
-//!   expired session), capped by a maximum lifetime;
+//!   expired session), capped by a maximum lifetime; every call has a deadline the store
+//!   enforces the same way (a call past its deadline without an answer is `expired`, with
+//!   [`RequestRecord::expired_response`], whenever the store next looks at the session);
 //! * every state change that must not race is one operation: enqueue (idempotency check,
 //!   pending limit and insert), claim (hand out requests to exactly one provider connection),
 //!   finish (first answer wins);
@@ -20,7 +22,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use futures::Stream;
 use serde_json::Value;
-use toolrelay::wire::{RequestStatus, ToolRequest, ToolResponse};
+use toolrelay::wire::{RequestStatus, ToolError, ToolRequest, ToolResponse};
 
 use crate::clock::Timestamp;
 use crate::code::SessionCode;
@@ -166,11 +168,6 @@ impl RequestRecord {
             && self.args == request.args
     }
 
-    /// Whether the call still waits for an answer and is counted against the pending limit.
-    pub fn is_pending(&self, now: Timestamp) -> bool {
-        !self.status.is_terminal() && self.deadline > now
-    }
-
     /// Whether `claim` may hand this call out: queued, or delivered to another connection, or
     /// delivered under a lease that has run out; never after its deadline.
     pub fn is_claimable(&self, claim: &Claim) -> bool {
@@ -185,6 +182,34 @@ impl RequestRecord {
             }
             _ => false,
         }
+    }
+
+    /// The answer a call gets when its deadline passes unanswered.
+    pub fn expired_response(&self) -> ToolResponse {
+        let waited = self.deadline.since(self.created_at).as_secs();
+        ToolResponse {
+            request_id: self.id.clone(),
+            success: false,
+            result: None,
+            error: Some(ToolError {
+                code: "request_expired".into(),
+                message: format!(
+                    "The tool did not answer within {waited} s. Check that the plugin tab is open and connected (its status dot is green), then call again with a new requestId."
+                ),
+            }),
+        }
+    }
+
+    /// Makes an unanswered call past its deadline `expired`; true when it did.
+    pub fn expire_if_overdue(&mut self, now: Timestamp) -> bool {
+        if self.status.is_terminal() || self.deadline > now {
+            return false;
+        }
+        self.response = Some(self.expired_response());
+        self.status = RequestStatus::Expired;
+        self.finished_at = Some(now);
+        self.lease_until = None;
+        true
     }
 
     /// The call as the provider receives it.
@@ -270,8 +295,10 @@ pub trait Store: Send + Sync + 'static {
     /// The live session.
     async fn session(&self, code: &SessionCode) -> Result<Option<SessionRecord>, StoreError>;
 
-    /// Slides the expiry to `until` (never backwards, never past the maximum lifetime) and,
-    /// when `seen` is the current provider connection, records that it was heard from at `now`.
+    /// Slides the expiry to `until` (never backwards, never past the maximum lifetime). With
+    /// `seen`, only if that connection is the session's provider, and then it is recorded as
+    /// heard from at `now`; a replaced connection keeps nothing alive. Returns the session
+    /// either way, so the caller can see who the provider is.
     async fn touch_session(
         &self,
         code: &SessionCode,
@@ -323,8 +350,11 @@ pub trait Store: Send + Sync + 'static {
         id: &str,
     ) -> Result<Option<RequestRecord>, StoreError>;
 
-    /// All kept calls, in queue order.
-    async fn requests(&self, code: &SessionCode) -> Result<Option<Vec<RequestRecord>>, StoreError>;
+    /// The final answers kept for the session, in queue order.
+    async fn responses(&self, code: &SessionCode) -> Result<Option<Vec<ToolResponse>>, StoreError>;
+
+    /// How many calls wait for an answer.
+    async fn pending_count(&self, code: &SessionCode) -> Result<Option<usize>, StoreError>;
 
     /// Hands claimable calls (see [`RequestRecord::is_claimable`]), oldest first, to the
     /// connection, if it is the session's provider; marks them delivered to it.
@@ -334,7 +364,9 @@ pub trait Store: Send + Sync + 'static {
         claim: &Claim,
     ) -> Result<Vec<RequestRecord>, StoreError>;
 
-    /// Gives a call its final answer, unless it has one; announces it.
+    /// Gives a call its final answer, unless it has one; announces it. A call whose deadline
+    /// has passed becomes `expired` instead, and an answer other than that is refused
+    /// ([`Finished::AlreadyFinished`]).
     async fn finish(
         &self,
         code: &SessionCode,
