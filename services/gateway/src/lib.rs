@@ -1,5 +1,22 @@
-//! The toolrelay gateway: the documented REST API, SSE and polling fallbacks, the OpenAPI spec,
-//! MCP and the CODAP plugin's files.
+//! The toolrelay gateway: the documented REST API, SSE and polling fallbacks, the browser
+//! WebSocket on the public port, the OpenAPI spec, discovery and health.
 //!
-//! Until the gateway lands, this crate only hosts the one-process `toolrelay` binary, which
-//! runs the relay's gRPC service and its browser WebSocket on the public port.
+//! # Layout
+//! * [`server`] — the route table and middleware ([`server::app`]), the OpenAPI documents,
+//!   `run` (the gateway alone) and `run_all` (gateway and relay in one process);
+//! * [`api`] — the operations, one `#[OpenApi]` struct per audience (LLM, tab, legacy,
+//!   discovery), all over [`api::Gateway`], which reaches the relay through
+//!   [`toolrelay_relay::RelayApi`] — in-process or over gRPC, the handlers cannot tell;
+//! * [`websocket`] — the provider WebSocket upgrade;
+//! * [`types`] — the JSON shapes of the API; [`error`] — error bodies and correlation ids;
+//! * [`limits`] — rate limits and client addresses; [`config`] — settings and flags.
+//!
+//! The gateway keeps no session state: sessions, calls and answers live in the relay.
+
+pub mod api;
+pub mod config;
+pub mod error;
+pub mod limits;
+pub mod server;
+pub mod types;
+pub mod websocket;

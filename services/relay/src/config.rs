@@ -128,7 +128,12 @@ pub struct RelayArgs {
     /// Seconds between heartbeats to connected providers.
     #[arg(long, env = ENV_HEARTBEAT, default_value_t = 25, value_parser = clap::value_parser!(u64).range(1..))]
     pub heartbeat_seconds: u64,
-    /// Log format.
+}
+
+/// The logging flag every binary has.
+#[derive(Debug, Clone, Args)]
+pub struct LogArgs {
+    /// Log format (`RUST_LOG` filters what is logged).
     #[arg(long, env = ENV_LOG_FORMAT, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 }

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use clap::Parser;
-use toolrelay_relay::config::{ENV_GRPC_LISTEN, ENV_WS_LISTEN, RelayArgs};
+use toolrelay_relay::config::{ENV_GRPC_LISTEN, ENV_WS_LISTEN, LogArgs, RelayArgs};
 use toolrelay_relay::server::{self, Listeners, bind};
 use toolrelay_relay::telemetry;
 
@@ -15,6 +15,8 @@ use toolrelay_relay::telemetry;
 struct Cli {
     #[command(flatten)]
     relay: RelayArgs,
+    #[command(flatten)]
+    log: LogArgs,
     /// Address of the browser WebSocket (`/api/sessions/{code}/ws?token=…`).
     #[arg(long, env = ENV_WS_LISTEN, default_value = "127.0.0.1:8081")]
     ws_listen: SocketAddr,
@@ -23,7 +25,7 @@ struct Cli {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    telemetry::init(cli.relay.log_format);
+    telemetry::init(cli.log.log_format);
     match serve(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {

@@ -1,33 +1,35 @@
-//! `toolrelay`: the whole system in one process, with the in-memory store. The browser
-//! WebSocket is served on `--listen` (default 127.0.0.1:8080) and gRPC on `--grpc-listen`
-//! (default 127.0.0.1:50051), so backend services can attach too.
+//! `toolrelay`: the whole system in one process with the in-memory store — the gateway (REST
+//! API, SSE, polling, the browser WebSocket) on `--listen` (default 127.0.0.1:8080) and the
+//! relay's gRPC service on `--grpc-listen` (default 127.0.0.1:50051), so backend services can
+//! attach too. With `--relay-url` it is the gateway alone, in front of a `toolrelay-relay`.
 
-use std::net::SocketAddr;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use clap::Parser;
-use toolrelay_relay::config::{ENV_GRPC_LISTEN, RelayArgs};
-use toolrelay_relay::server::{self, Listeners, bind};
+use toolrelay_gateway::config::{ENV_LISTEN, GatewayArgs};
+use toolrelay_gateway::server;
+use toolrelay_relay::config::{ENV_GRPC_LISTEN, LogArgs, RelayArgs};
+use toolrelay_relay::remote::RemoteRelay;
+use toolrelay_relay::server::{bind, memory_relay, shutdown_signal};
 use toolrelay_relay::telemetry;
-
-/// `LISTEN_ADDR`: the public HTTP/WebSocket address.
-const ENV_LISTEN: &str = "LISTEN_ADDR";
 
 /// toolrelay: lets an LLM call tools that live in a browser tab, a backend service or the relay.
 #[derive(Debug, Parser)]
 #[command(name = "toolrelay", version, about)]
 struct Cli {
-    /// Public address (the browser WebSocket `/api/sessions/{code}/ws`).
-    #[arg(long, env = ENV_LISTEN, default_value = "127.0.0.1:8080")]
-    listen: SocketAddr,
+    #[command(flatten)]
+    gateway: GatewayArgs,
     #[command(flatten)]
     relay: RelayArgs,
+    #[command(flatten)]
+    log: LogArgs,
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    telemetry::init(cli.relay.log_format);
+    telemetry::init(cli.log.log_format);
     match serve(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
@@ -38,16 +40,30 @@ async fn main() -> ExitCode {
 }
 
 async fn serve(cli: Cli) -> Result<(), String> {
-    let config = cli.relay.relay_config()?;
-    let public = bind(cli.listen, ENV_LISTEN).await?;
+    let config = cli.gateway.gateway_config()?;
+    let public = bind(cli.gateway.listen, ENV_LISTEN).await?;
+    if let Some(url) = &cli.gateway.relay_url {
+        let relay = RemoteRelay::connect_lazy(url)?;
+        tracing::info!(listen = %cli.gateway.listen, relay = %url, "toolrelay gateway listening");
+        let state = server::gateway(Arc::new(relay), config);
+        return server::run(state, public, shutdown_signal())
+            .await
+            .map_err(|error| error.to_string());
+    }
+    let relay_config = cli.relay.relay_config()?;
     let grpc = bind(cli.relay.grpc_listen, ENV_GRPC_LISTEN).await?;
-    let relay = server::memory_relay(config);
-    tracing::info!(listen = %cli.listen, grpc = %cli.relay.grpc_listen, "toolrelay listening");
-    let listeners = Listeners {
+    tracing::info!(
+        listen = %cli.gateway.listen,
+        grpc = %cli.relay.grpc_listen,
+        public_base_url = %config.public_base_url,
+        "toolrelay listening"
+    );
+    server::run_all(
+        memory_relay(relay_config),
+        config,
+        public,
         grpc,
-        websocket: Some(public),
-    };
-    server::run(relay, listeners, server::shutdown_signal())
-        .await
-        .map_err(|error| error.to_string())
+        shutdown_signal(),
+    )
+    .await
 }

@@ -1,0 +1,71 @@
+//! Discovery, health and readiness.
+
+use poem_openapi::payload::{Json, PlainText};
+use poem_openapi::{ApiResponse, OpenApi};
+
+use super::{State, Tag};
+use crate::error::ApiError;
+use crate::types::Discovery;
+
+/// The discovery operations.
+pub struct DiscoveryApi {
+    /// Shared state.
+    pub state: State,
+}
+
+/// The relay is ready.
+#[derive(ApiResponse)]
+pub enum Ready {
+    /// The relay and its store answer.
+    #[oai(status = 200)]
+    Ready(PlainText<&'static str>),
+}
+
+#[OpenApi(tag = "Tag::Discovery")]
+impl DiscoveryApi {
+    /// Describe this relay's endpoints
+    ///
+    /// Absolute URLs of the endpoints; `{code}` stands for the pairing code.
+    #[oai(
+        path = "/.well-known/codap-mcp.json",
+        method = "get",
+        operation_id = "discover"
+    )]
+    async fn discover(&self) -> Json<Discovery> {
+        let state = &self.state;
+        let session = |rest: &str| state.url(&format!("/api/sessions/{{code}}{rest}"));
+        let ws_base = state
+            .config
+            .public_base_url
+            .replacen("https://", "wss://", 1)
+            .replacen("http://", "ws://", 1);
+        Json(Discovery {
+            protocol_version: toolrelay::PROTOCOL_VERSION.to_owned(),
+            manifest_endpoint: session("/metadata"),
+            request_endpoint: session("/request"),
+            response_endpoint: session("/response"),
+            event_stream_endpoint: session("/stream"),
+            call_endpoint: session("/call"),
+            web_socket_endpoint: format!("{ws_base}/api/sessions/{{code}}/ws"),
+            mcp_endpoint: state.url("/mcp"),
+            openapi: state.url("/openapi.json"),
+        })
+    }
+
+    /// Liveness
+    ///
+    /// Answers ok while the process runs.
+    #[oai(path = "/healthz", method = "get", operation_id = "healthz")]
+    async fn healthz(&self) -> PlainText<&'static str> {
+        PlainText("ok")
+    }
+
+    /// Readiness
+    ///
+    /// Answers ok when the relay and its store answer; 503 otherwise.
+    #[oai(path = "/readyz", method = "get", operation_id = "readyz")]
+    async fn readyz(&self) -> Result<Ready, ApiError> {
+        self.state.relay.ready().await?;
+        Ok(Ready::Ready(PlainText("ready")))
+    }
+}

@@ -1,0 +1,232 @@
+//! The first design's paths and JSON shapes, kept working: `POST /request`, `POST /response`,
+//! `GET /stream?code=`, `GET /metadata?code=`. They reach the same relay operations as the
+//! current API; only the shapes differ.
+
+use futures::StreamExt;
+use poem_openapi::param::{Header, Query};
+use poem_openapi::payload::{EventStream, Json};
+use poem_openapi::{ApiResponse, Object, OpenApi};
+use serde_json::{Value, json};
+use tokio_stream::wrappers::ReceiverStream;
+use toolrelay::wire::ProviderResponse;
+use toolrelay_relay::{Downlink, Transport};
+
+use super::llm::call_input;
+use super::tab::{Events, sse_event};
+use super::{Client, State, Tag, provider_token};
+use crate::error::ApiError;
+use crate::types::{FlatMetadata, Status};
+
+/// The legacy operations.
+pub struct LegacyApi {
+    /// Shared state.
+    pub state: State,
+}
+
+/// A call in the first design's shape.
+#[derive(Debug, Clone, Object)]
+pub struct LegacyRequest {
+    /// The pairing code.
+    pub code: String,
+    /// Your id for the call; generated when absent.
+    pub id: Option<String>,
+    /// The function to run.
+    pub tool: String,
+    /// Its arguments.
+    pub args: Option<Value>,
+}
+
+/// A queued or answered call in the first design's shape.
+#[derive(Debug, Clone, Object)]
+pub struct LegacyStatus {
+    /// The call's id.
+    pub id: String,
+    /// Its status.
+    pub status: Status,
+}
+
+/// A tab's answer in the first design's shape.
+#[derive(Debug, Clone, Object)]
+pub struct LegacyResponse {
+    /// The pairing code.
+    pub code: String,
+    /// The call's id.
+    pub id: String,
+    /// The result; CODAP's `{success, values}` is understood (success false means failure).
+    pub result: Value,
+}
+
+/// Accepted.
+#[derive(ApiResponse)]
+pub enum LegacyAccepted {
+    /// Accepted.
+    #[oai(status = 202)]
+    Accepted(Json<LegacyStatus>),
+}
+
+#[OpenApi(tag = "Tag::Legacy")]
+impl LegacyApi {
+    /// Queue a call (first design)
+    ///
+    /// Same as queueCall with the body {code, id, tool, args}.
+    #[oai(path = "/request", method = "post", operation_id = "legacyRequest")]
+    async fn request(
+        &self,
+        body: Json<LegacyRequest>,
+        client: Client,
+    ) -> Result<LegacyAccepted, ApiError> {
+        let ip = client.0;
+        let body = body.0;
+        self.state.limits.call(ip, &body.code)?;
+        let call = call_input(body.id, None, body.tool, body.args);
+        let view = self
+            .state
+            .guarded(ip, self.state.relay.submit(&body.code, call))
+            .await?;
+        Ok(LegacyAccepted::Accepted(Json(LegacyStatus {
+            id: view.request_id,
+            status: view.status.into(),
+        })))
+    }
+
+    /// Answer a call (first design)
+    ///
+    /// Same as postResponse with the body {code, id, result}; the provider token is required.
+    #[oai(path = "/response", method = "post", operation_id = "legacyResponse")]
+    async fn response(
+        &self,
+        body: Json<LegacyResponse>,
+        /// `Bearer <providerToken>`.
+        #[oai(name = "Authorization")]
+        authorization: Header<Option<String>>,
+        /// The provider token, when no Authorization header can be sent.
+        token: Query<Option<String>>,
+        client: Client,
+    ) -> Result<LegacyAccepted, ApiError> {
+        let ip = client.0;
+        let token = provider_token(authorization.as_deref(), token.0);
+        let body = body.0;
+        let response = legacy_answer(body.id, body.result);
+        let outcome = self
+            .state
+            .guarded(
+                ip,
+                self.state
+                    .relay
+                    .post_response(&body.code, token.as_deref(), response),
+            )
+            .await?;
+        Ok(LegacyAccepted::Accepted(Json(LegacyStatus {
+            id: outcome.request_id,
+            status: outcome.status.into(),
+        })))
+    }
+
+    /// Receive calls as server-sent events (first design)
+    ///
+    /// Same as streamCalls, with tool-request events shaped {id, tool, args}; the provider
+    /// token is required (?token=).
+    #[oai(path = "/stream", method = "get", operation_id = "legacyStream")]
+    async fn stream(
+        &self,
+        /// The pairing code.
+        code: Query<String>,
+        /// The provider token.
+        token: Query<Option<String>>,
+        /// `Bearer <providerToken>`.
+        #[oai(name = "Authorization")]
+        authorization: Header<Option<String>>,
+        client: Client,
+    ) -> Result<Events, ApiError> {
+        let ip = client.0;
+        let token = provider_token(authorization.as_deref(), token.0);
+        let link = self
+            .state
+            .guarded(
+                ip,
+                self.state
+                    .relay
+                    .attach(&code, token.as_deref(), Transport::Sse),
+            )
+            .await?;
+        let uplink = link.uplink;
+        let stream = ReceiverStream::new(link.downlink).map(move |message| {
+            let _attached = &uplink;
+            legacy_event(&message)
+        });
+        Ok(EventStream::new(stream.boxed()).to_event(sse_event))
+    }
+
+    /// List a session's tools (first design)
+    ///
+    /// The manifest in flat form: {version, tools: [{name, description, inputSchema}]}.
+    #[oai(path = "/metadata", method = "get", operation_id = "legacyMetadata")]
+    async fn metadata(
+        &self,
+        /// The pairing code.
+        code: Query<String>,
+        client: Client,
+    ) -> Result<Json<FlatMetadata>, ApiError> {
+        let ip = client.0;
+        let manifest = self
+            .state
+            .guarded(ip, self.state.relay.manifest(&code))
+            .await?;
+        Ok(Json(manifest.into()))
+    }
+}
+
+/// A first-design answer: `result` is the tool's result; when it is CODAP's
+/// `{success: false, values: {error}}`, the call failed with that error.
+fn legacy_answer(id: String, result: Value) -> ProviderResponse {
+    let failed = result.get("success").and_then(Value::as_bool) == Some(false);
+    let error = failed.then(|| {
+        result
+            .pointer("/values/error")
+            .or_else(|| result.get("error"))
+            .cloned()
+            .unwrap_or_else(|| json!("the tool reported a failure"))
+    });
+    ProviderResponse {
+        request_id: id,
+        success: Some(!failed),
+        result: Some(result),
+        error,
+    }
+}
+
+/// The first design's event shapes: `tool-request {id, tool, args}`, `heartbeat {}`.
+fn legacy_event(message: &Downlink) -> Value {
+    match message {
+        Downlink::ToolRequest { request, seq } => json!({
+            "type": "tool-request",
+            "_eventId": seq.to_string(),
+            "id": request.request_id,
+            "tool": request.function_name,
+            "args": request.args,
+        }),
+        other => super::tab::event_value(other),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codap_failures_become_failed_answers() {
+        let answer = legacy_answer(
+            "r".into(),
+            json!({"success": false, "values": {"error": "no such case"}}),
+        );
+        assert_eq!(
+            (answer.success, answer.error),
+            (Some(false), Some(json!("no such case")))
+        );
+        let answer = legacy_answer(
+            "r".into(),
+            json!({"success": true, "values": {"caseID": 42}}),
+        );
+        assert_eq!((answer.success, answer.error), (Some(true), None));
+    }
+}

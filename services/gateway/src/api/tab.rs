@@ -1,0 +1,282 @@
+//! The browser tab's side (the tool provider): create and end a session, receive calls by
+//! server-sent events or polling, answer them, register the manifest. The WebSocket, the
+//! primary transport, is in [`crate::websocket`].
+
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use poem::web::sse::Event;
+use poem_openapi::param::{Header, Path, Query};
+use poem_openapi::payload::{EventStream, Json};
+use poem_openapi::{ApiResponse, OpenApi};
+use serde_json::{Value, json};
+use tokio_stream::wrappers::ReceiverStream;
+use toolrelay::wire::ProviderResponse;
+use toolrelay_relay::{Downlink, Transport};
+
+use super::{Client, State, Tag, provider_token};
+use crate::error::ApiError;
+use crate::types::{CreatedSession, PendingCall, Registered, ResponseAccepted, TabResponse};
+
+/// The tab-side operations.
+pub struct TabApi {
+    /// Shared state.
+    pub state: State,
+}
+
+/// A created session.
+#[derive(ApiResponse)]
+pub enum SessionCreated {
+    /// The session; keep providerToken secret in the tab.
+    #[oai(status = 201)]
+    Created(Json<CreatedSession>),
+}
+
+/// An ended session.
+#[derive(ApiResponse)]
+pub enum SessionEnded {
+    /// The session is gone; its connected tab was told.
+    #[oai(status = 204)]
+    Ended,
+}
+
+/// A stream of server-sent events.
+pub type Events = EventStream<BoxStream<'static, Value>>;
+
+#[OpenApi(tag = "Tag::Provider")]
+impl TabApi {
+    /// Create a session
+    ///
+    /// Called by the plugin when it loads. Returns the pairing code to show the user and the
+    /// provider token the tab keeps to itself.
+    #[oai(
+        path = "/api/sessions",
+        method = "post",
+        operation_id = "createSession"
+    )]
+    async fn create_session(&self, client: Client) -> Result<SessionCreated, ApiError> {
+        let ip = client.0;
+        self.state.limits.create_session(ip)?;
+        let session = self.state.relay.create_session().await?;
+        Ok(SessionCreated::Created(Json(session.into())))
+    }
+
+    /// End a session
+    ///
+    /// Ends the session at once (provider token required).
+    #[oai(
+        path = "/api/sessions/:code",
+        method = "delete",
+        operation_id = "deleteSession"
+    )]
+    async fn delete_session(
+        &self,
+        /// The pairing code.
+        code: Path<String>,
+        /// `Bearer <providerToken>`.
+        #[oai(name = "Authorization")]
+        authorization: Header<Option<String>>,
+        /// The provider token, when no Authorization header can be sent.
+        token: Query<Option<String>>,
+        client: Client,
+    ) -> Result<SessionEnded, ApiError> {
+        let ip = client.0;
+        let token = provider_token(authorization.as_deref(), token.0);
+        self.state
+            .guarded(ip, self.state.relay.end_session(&code, token.as_deref()))
+            .await?;
+        Ok(SessionEnded::Ended)
+    }
+
+    /// Receive calls as server-sent events
+    ///
+    /// The SSE fallback for tabs: events connected, tool-request (with an id; reconnect with
+    /// Last-Event-ID), heartbeat every 25 s. Unanswered calls are sent again on reconnect.
+    #[oai(
+        path = "/api/sessions/:code/stream",
+        method = "get",
+        operation_id = "streamCalls"
+    )]
+    async fn stream_calls(
+        &self,
+        /// The pairing code.
+        code: Path<String>,
+        /// The provider token (EventSource cannot send headers).
+        token: Query<Option<String>>,
+        /// `Bearer <providerToken>`, for clients that can send it.
+        #[oai(name = "Authorization")]
+        authorization: Header<Option<String>>,
+        /// The last event id seen, for a new EventSource resuming an old one.
+        #[oai(name = "lastEventId")]
+        last_event_id: Query<Option<String>>,
+        /// Set by EventSource when it reconnects.
+        #[oai(name = "Last-Event-ID")]
+        last_event_header: Header<Option<String>>,
+        client: Client,
+    ) -> Result<Events, ApiError> {
+        let ip = client.0;
+        let token = provider_token(authorization.as_deref(), token.0);
+        let resumed = last_event_header.0.or(last_event_id.0);
+        let link = self
+            .state
+            .guarded(
+                ip,
+                self.state
+                    .relay
+                    .attach(&code, token.as_deref(), Transport::Sse),
+            )
+            .await?;
+        // Every call not answered yet is sent again on a new stream, so resuming loses
+        // nothing whatever the last id was; the tab de-duplicates by requestId.
+        tracing::debug!(code = %link.code, resumed = resumed.as_deref().unwrap_or(""), "SSE provider attached");
+        let uplink = link.uplink;
+        let stream = ReceiverStream::new(link.downlink).map(move |message| {
+            // The stream owns the link: dropping it (the tab went away) detaches the provider.
+            let _attached = &uplink;
+            event_value(&message)
+        });
+        Ok(EventStream::new(stream.boxed()).to_event(sse_event))
+    }
+
+    /// Fetch waiting calls (polling fallback)
+    ///
+    /// Returns the calls waiting for this tab as a JSON array and hands them to it for 30 s;
+    /// a call not answered by then is handed out again. Poll every second.
+    #[oai(
+        path = "/api/sessions/:code/request",
+        method = "get",
+        operation_id = "pollCalls"
+    )]
+    async fn poll_calls(
+        &self,
+        /// The pairing code.
+        code: Path<String>,
+        /// The provider token.
+        token: Query<Option<String>>,
+        /// `Bearer <providerToken>`.
+        #[oai(name = "Authorization")]
+        authorization: Header<Option<String>>,
+        client: Client,
+    ) -> Result<Json<Vec<PendingCall>>, ApiError> {
+        let ip = client.0;
+        let token = provider_token(authorization.as_deref(), token.0);
+        let calls = self
+            .state
+            .guarded(ip, self.state.relay.poll(&code, token.as_deref(), None))
+            .await?;
+        Ok(Json(calls.into_iter().map(PendingCall::from).collect()))
+    }
+
+    /// Answer a call
+    ///
+    /// The tab posts the result (or error) of a call it received. The first answer to a call
+    /// wins; later ones are acknowledged with accepted=false.
+    #[oai(
+        path = "/api/sessions/:code/response",
+        method = "post",
+        operation_id = "postResponse"
+    )]
+    async fn post_response(
+        &self,
+        /// The pairing code.
+        code: Path<String>,
+        body: Json<TabResponse>,
+        /// `Bearer <providerToken>`.
+        #[oai(name = "Authorization")]
+        authorization: Header<Option<String>>,
+        /// The provider token, when no Authorization header can be sent.
+        token: Query<Option<String>>,
+        client: Client,
+    ) -> Result<Json<ResponseAccepted>, ApiError> {
+        let ip = client.0;
+        let token = provider_token(authorization.as_deref(), token.0);
+        let body = body.0;
+        let response = ProviderResponse {
+            request_id: body.request_id,
+            success: body.success,
+            result: body.result,
+            error: body.error,
+        };
+        let outcome = self
+            .state
+            .guarded(
+                ip,
+                self.state
+                    .relay
+                    .post_response(&code, token.as_deref(), response),
+            )
+            .await?;
+        Ok(Json(ResponseAccepted {
+            request_id: outcome.request_id,
+            status: outcome.status.into(),
+            accepted: outcome.accepted,
+        }))
+    }
+
+    /// Register the tab's tools
+    ///
+    /// Replaces the session's manifest: {tools: [...]} with tools grouped
+    /// ({id, description, functions}) or flat ({name, description, inputSchema}). A refused
+    /// manifest leaves the old one in place.
+    #[oai(
+        path = "/api/sessions/:code/manifest",
+        method = "put",
+        operation_id = "putManifest"
+    )]
+    async fn put_manifest(
+        &self,
+        /// The pairing code.
+        code: Path<String>,
+        body: Json<Value>,
+        /// `Bearer <providerToken>`.
+        #[oai(name = "Authorization")]
+        authorization: Header<Option<String>>,
+        /// The provider token, when no Authorization header can be sent.
+        token: Query<Option<String>>,
+        client: Client,
+    ) -> Result<Json<Registered>, ApiError> {
+        let ip = client.0;
+        let token = provider_token(authorization.as_deref(), token.0);
+        let count = self
+            .state
+            .guarded(
+                ip,
+                self.state
+                    .relay
+                    .register_manifest(&code, token.as_deref(), &body.0),
+            )
+            .await?;
+        Ok(Json(Registered {
+            tools: count as u64,
+        }))
+    }
+}
+
+/// A provider message as the JSON of an SSE event: the browser protocol's frame, with the
+/// event's type and id alongside (removed again by [`sse_event`]).
+pub fn event_value(message: &Downlink) -> Value {
+    let mut frame = serde_json::to_value(message.to_frame()).unwrap_or(Value::Null);
+    if let (Downlink::ToolRequest { seq, .. }, Value::Object(object)) = (message, &mut frame) {
+        object.insert(EVENT_ID.into(), json!(seq.to_string()));
+    }
+    if let (Downlink::Welcome { .. }, Value::Object(object)) = (message, &mut frame) {
+        object.insert("type".into(), json!("connected"));
+    }
+    frame
+}
+
+/// Key under which [`event_value`] passes an event id to [`sse_event`].
+const EVENT_ID: &str = "_eventId";
+
+/// The SSE event of a value made by [`event_value`] (or by the legacy stream).
+pub fn sse_event(mut value: Value) -> Event {
+    let id = value
+        .as_object_mut()
+        .and_then(|object| object.remove(EVENT_ID))
+        .and_then(|id| id.as_str().map(str::to_owned));
+    let kind = value["type"].as_str().unwrap_or("message").to_owned();
+    let event = Event::message(value.to_string()).event_type(kind);
+    match id {
+        Some(id) => event.id(id),
+        None => event,
+    }
+}

@@ -1,0 +1,55 @@
+//! `toolrelay-gateway`: the gateway alone, in front of a `toolrelay-relay` reached over gRPC
+//! (`RELAY_URL`), for split deployments.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+use toolrelay_gateway::config::{ENV_LISTEN, ENV_RELAY_URL, GatewayArgs};
+use toolrelay_gateway::server;
+use toolrelay_relay::config::LogArgs;
+use toolrelay_relay::remote::RemoteRelay;
+use toolrelay_relay::server::{bind, shutdown_signal};
+use toolrelay_relay::telemetry;
+
+/// The toolrelay gateway: REST API, SSE and polling fallbacks, OpenAPI, in front of a relay.
+#[derive(Debug, Parser)]
+#[command(name = "toolrelay-gateway", version, about)]
+struct Cli {
+    #[command(flatten)]
+    gateway: GatewayArgs,
+    #[command(flatten)]
+    log: LogArgs,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    telemetry::init(cli.log.log_format);
+    match serve(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("toolrelay-gateway: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(cli: Cli) -> Result<(), String> {
+    let Some(url) = cli.gateway.relay_url.clone() else {
+        return Err(format!(
+            "{ENV_RELAY_URL} (or --relay-url) is required: the gateway reaches a toolrelay-relay over gRPC. Run `toolrelay` for everything in one process."
+        ));
+    };
+    let config = cli.gateway.gateway_config()?;
+    let relay = RemoteRelay::connect_lazy(&url)?;
+    let public = bind(cli.gateway.listen, ENV_LISTEN).await?;
+    tracing::info!(listen = %cli.gateway.listen, relay = %url, "toolrelay-gateway listening");
+    server::run(
+        server::gateway(Arc::new(relay), config),
+        public,
+        shutdown_signal(),
+    )
+    .await
+    .map_err(|error| error.to_string())
+}

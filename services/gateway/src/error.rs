@@ -1,0 +1,231 @@
+//! Errors as the HTTP API answers them: `{error, message, code, correlationId}` with the
+//! matching status and, where a retry makes sense, `Retry-After`.
+//!
+//! Handlers return [`ApiError`]; requests poem refuses before a handler runs (malformed JSON,
+//! a missing parameter, a body over the limit, an unknown route) are turned into the same
+//! body by [`normalise_errors`]. The correlation id comes from the request's `x-request-id`
+//! (or is generated), is echoed in the response's `x-request-id`, and is on every log line of
+//! the request.
+
+use std::time::Duration;
+
+use poem::http::StatusCode;
+use poem::{Endpoint, IntoResponse, Request, Response};
+use poem_openapi::payload::Json;
+use poem_openapi::{ApiResponse, Object};
+use toolrelay_relay::{ErrorInfo, ErrorKind};
+use tracing::Instrument;
+
+/// Header carrying the correlation id, in and out.
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+/// Longest correlation id taken from a client.
+const MAX_REQUEST_ID: usize = 128;
+
+tokio::task_local! {
+    static CORRELATION_ID: String;
+}
+
+/// The current request's correlation id.
+pub fn correlation_id() -> String {
+    CORRELATION_ID
+        .try_with(Clone::clone)
+        .unwrap_or_else(|_| "none".to_owned())
+}
+
+/// Every error answer of the API.
+#[derive(Debug, Clone, Object)]
+#[oai(rename_all = "camelCase")]
+pub struct ErrorBody {
+    /// Stable snake_case name of the error, e.g. `session_not_found`.
+    pub error: String,
+    /// What went wrong and what to do next.
+    pub message: String,
+    /// The HTTP status.
+    pub code: u16,
+    /// Id of this request in the relay's logs (the `x-request-id` header).
+    pub correlation_id: String,
+}
+
+/// An error answer with its status.
+#[derive(Debug, ApiResponse)]
+pub enum ApiError {
+    /// The request is malformed; the message says what to fix.
+    #[oai(status = 400)]
+    BadRequest(Json<ErrorBody>),
+    /// The provider token is missing.
+    #[oai(status = 401)]
+    Unauthorized(Json<ErrorBody>),
+    /// The provider token is wrong.
+    #[oai(status = 403)]
+    Forbidden(Json<ErrorBody>),
+    /// No such session, call or function (a session expires after 10 idle minutes).
+    #[oai(status = 404)]
+    NotFound(Json<ErrorBody>),
+    /// The requestId was used for a different call.
+    #[oai(status = 409)]
+    Conflict(Json<ErrorBody>),
+    /// The body is too large.
+    #[oai(status = 413)]
+    TooLarge(Json<ErrorBody>),
+    /// Too many requests; retry after the given seconds.
+    #[oai(status = 429)]
+    TooManyRequests(Json<ErrorBody>, #[oai(header = "Retry-After")] u64),
+    /// The relay cannot serve right now; retry after the given seconds.
+    #[oai(status = 503)]
+    Unavailable(Json<ErrorBody>, #[oai(header = "Retry-After")] u64),
+}
+
+impl ApiError {
+    /// An error of `kind` named `name`.
+    pub fn new(kind: ErrorKind, name: &str, message: impl Into<String>) -> Self {
+        Self::from(ErrorInfo::new(kind, name, message))
+    }
+
+    /// 400 with `name`.
+    pub fn bad_request(name: &str, message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::BadRequest, name, message)
+    }
+
+    /// 429 `rate_limited`, retry after `wait`.
+    pub fn rate_limited(what: &str, wait: Duration) -> Self {
+        let seconds = wait.as_secs().max(1);
+        Self::from(ErrorInfo {
+            kind: ErrorKind::TooManyRequests,
+            name: "rate_limited".into(),
+            message: format!("Too many {what}. Wait {seconds} s, then try again."),
+            retry_after: Some(Duration::from_secs(seconds)),
+        })
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> u16 {
+        match self {
+            Self::BadRequest(body)
+            | Self::Unauthorized(body)
+            | Self::Forbidden(body)
+            | Self::NotFound(body)
+            | Self::Conflict(body)
+            | Self::TooLarge(body)
+            | Self::TooManyRequests(body, _)
+            | Self::Unavailable(body, _) => body.code,
+        }
+    }
+}
+
+impl From<ErrorInfo> for ApiError {
+    fn from(error: ErrorInfo) -> Self {
+        let status = status_of(error.kind);
+        let body = Json(ErrorBody {
+            error: error.name,
+            message: error.message,
+            code: status.as_u16(),
+            correlation_id: correlation_id(),
+        });
+        let retry_after = error.retry_after.map_or(1, |wait| wait.as_secs().max(1));
+        tracing::debug!(status = status.as_u16(), error = %body.error, "request refused");
+        match error.kind {
+            ErrorKind::BadRequest => Self::BadRequest(body),
+            ErrorKind::Unauthenticated => Self::Unauthorized(body),
+            ErrorKind::Forbidden => Self::Forbidden(body),
+            ErrorKind::NotFound => Self::NotFound(body),
+            ErrorKind::Conflict => Self::Conflict(body),
+            ErrorKind::TooLarge => Self::TooLarge(body),
+            ErrorKind::TooManyRequests => Self::TooManyRequests(body, retry_after),
+            ErrorKind::Unavailable => Self::Unavailable(body, retry_after),
+        }
+    }
+}
+
+fn status_of(kind: ErrorKind) -> StatusCode {
+    match kind {
+        ErrorKind::BadRequest => StatusCode::BAD_REQUEST,
+        ErrorKind::Unauthenticated => StatusCode::UNAUTHORIZED,
+        ErrorKind::Forbidden => StatusCode::FORBIDDEN,
+        ErrorKind::NotFound => StatusCode::NOT_FOUND,
+        ErrorKind::Conflict => StatusCode::CONFLICT,
+        ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        ErrorKind::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
+        ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+    }
+}
+
+/// Middleware: gives the request a correlation id (its `x-request-id`, or a new one), runs it
+/// in a span carrying that id, echoes it in the response, and turns errors poem raised
+/// itself into the API's error body.
+pub async fn normalise_errors<E: Endpoint>(next: E, request: Request) -> poem::Result<Response> {
+    let id = request
+        .headers()
+        .get(REQUEST_ID_HEADER)
+        .and_then(|value| value.to_str().ok())
+        .filter(|id| {
+            !id.is_empty() && id.len() <= MAX_REQUEST_ID && id.bytes().all(|b| b.is_ascii_graphic())
+        })
+        .map_or_else(toolrelay_relay::code::random_id, str::to_owned);
+    let span = tracing::info_span!("request", correlation_id = %id, method = %request.method(), path = %request.uri().path());
+    let handled = CORRELATION_ID
+        .scope(id.clone(), async {
+            match next.call(request).await {
+                Ok(response) => response.into_response(),
+                Err(error) if error.is_from_response() => error.into_response(),
+                Err(error) => response_for(&error),
+            }
+        })
+        .instrument(span)
+        .await;
+    let mut response = handled;
+    if let Ok(value) = id.parse() {
+        response.headers_mut().insert(REQUEST_ID_HEADER, value);
+    }
+    Ok(response)
+}
+
+/// The error answer for an error poem raised before (or instead of) a handler.
+fn response_for(error: &poem::Error) -> Response {
+    let status = error.status();
+    let detail = error.to_string();
+    let (status, name, message) = match status {
+        StatusCode::NOT_FOUND => (
+            status,
+            "not_found",
+            "No such endpoint. The API is described at /openapi.json.".to_owned(),
+        ),
+        StatusCode::METHOD_NOT_ALLOWED => (
+            status,
+            "method_not_allowed",
+            "This endpoint does not take that method. The API is described at /openapi.json.".to_owned(),
+        ),
+        StatusCode::PAYLOAD_TOO_LARGE => (
+            status,
+            "body_too_large",
+            "The request body is too large (calls take up to 256 KB, tool responses up to 1 MB). Send less data.".to_owned(),
+        ),
+        status if status.is_client_error() => (
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            format!("The request could not be read: {detail}. Check it against /openapi.json."),
+        ),
+        _ => {
+            tracing::error!(%status, %detail, "request failed");
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal_error",
+                "The relay could not handle this request. Try again in a few seconds.".to_owned(),
+            )
+        }
+    };
+    error_response(status, name, message)
+}
+
+/// An error answer with any status.
+pub fn error_response(status: StatusCode, name: &str, message: String) -> Response {
+    let body = serde_json::json!({
+        "error": name,
+        "message": message,
+        "code": status.as_u16(),
+        "correlationId": correlation_id(),
+    });
+    Response::builder()
+        .status(status)
+        .content_type("application/json; charset=utf-8")
+        .body(body.to_string())
+}

@@ -1,0 +1,442 @@
+//! The JSON shapes of the HTTP API, as the OpenAPI spec documents them, and their
+//! conversions from the relay's domain types.
+//!
+//! Payloads an LLM receives stay under [`MAX_LLM_CHARS`] characters (the GPT Actions limit):
+//! a larger result reaches it cut, with `truncated: true` and a note saying how to ask for less.
+
+use poem_openapi::{Enum, Object};
+use serde_json::Value;
+use toolrelay::wire::{GroupedManifest, RequestStatus, ToolRequest, ToolResponse};
+use toolrelay_relay::{NewSession, RequestView, SessionStatus};
+
+/// Longest result, in characters of JSON, an LLM receives.
+pub const MAX_LLM_CHARS: usize = 100_000;
+
+/// Where a call stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Enum)]
+#[oai(rename_all = "lowercase")]
+pub enum Status {
+    /// Waiting for the tab.
+    Queued,
+    /// Sent to the tab, not answered yet.
+    Delivered,
+    /// Answered with success.
+    Completed,
+    /// Answered with failure.
+    Failed,
+    /// Not answered in time.
+    Expired,
+}
+
+impl From<RequestStatus> for Status {
+    fn from(status: RequestStatus) -> Self {
+        match status {
+            RequestStatus::Queued => Self::Queued,
+            RequestStatus::Delivered => Self::Delivered,
+            RequestStatus::Completed => Self::Completed,
+            RequestStatus::Failed => Self::Failed,
+            RequestStatus::Expired => Self::Expired,
+        }
+    }
+}
+
+/// A new session.
+#[derive(Debug, Clone, Object)]
+#[oai(rename_all = "camelCase")]
+pub struct CreatedSession {
+    /// The pairing code, 8 characters (shown to people as ABCD-EFGH).
+    pub code: String,
+    /// Idle seconds before the session expires.
+    pub ttl: u64,
+    /// When the session expires unless there is activity (RFC 3339).
+    pub expires_at: String,
+    /// Secret for the tab: attaching, registering tools and answering calls need it.
+    pub provider_token: String,
+}
+
+impl From<NewSession> for CreatedSession {
+    fn from(session: NewSession) -> Self {
+        Self {
+            code: session.code.as_str().to_owned(),
+            ttl: session.ttl.as_secs(),
+            expires_at: session.expires_at.rfc3339(),
+            provider_token: session.provider_token,
+        }
+    }
+}
+
+/// Where a session stands.
+#[derive(Debug, Clone, Object)]
+#[oai(rename_all = "camelCase")]
+pub struct SessionInfo {
+    /// The pairing code.
+    pub code: String,
+    /// When the session was created (RFC 3339).
+    pub created_at: String,
+    /// When it expires unless there is activity (RFC 3339).
+    pub expires_at: String,
+    /// Whether a tab (or backend provider) is connected.
+    pub provider_connected: bool,
+    /// How it is connected: websocket, sse, polling or grpc.
+    #[oai(skip_serializing_if_is_none)]
+    pub transport: Option<String>,
+    /// Number of functions the session offers.
+    pub tool_count: u64,
+    /// Calls waiting for an answer.
+    pub pending_requests: u64,
+}
+
+impl From<SessionStatus> for SessionInfo {
+    fn from(status: SessionStatus) -> Self {
+        Self {
+            code: status.code.as_str().to_owned(),
+            created_at: status.created_at.rfc3339(),
+            expires_at: status.expires_at.rfc3339(),
+            provider_connected: status.transport.is_some(),
+            transport: status.transport.map(|t| t.as_str().to_owned()),
+            tool_count: status.tool_count as u64,
+            pending_requests: status.pending_requests as u64,
+        }
+    }
+}
+
+/// A function of a tool.
+#[derive(Debug, Clone, Object)]
+pub struct FunctionInfo {
+    /// Function name: pass it as functionName.
+    pub name: String,
+    /// What the function does.
+    pub description: String,
+    /// JSON Schema of the args object.
+    pub parameters: Value,
+}
+
+/// A tool: a group of functions.
+#[derive(Debug, Clone, Object)]
+pub struct ToolInfo {
+    /// Tool id (optional toolId when calling).
+    pub id: String,
+    /// What the tool is for.
+    pub description: String,
+    /// Its functions.
+    pub functions: Vec<FunctionInfo>,
+}
+
+/// The tools of a session.
+#[derive(Debug, Clone, Object)]
+pub struct Metadata {
+    /// Manifest version.
+    pub version: String,
+    /// The tools.
+    pub tools: Vec<ToolInfo>,
+}
+
+impl From<GroupedManifest> for Metadata {
+    fn from(manifest: GroupedManifest) -> Self {
+        Self {
+            version: manifest.version,
+            tools: manifest
+                .tools
+                .into_iter()
+                .map(|group| ToolInfo {
+                    id: group.id,
+                    description: group.description,
+                    functions: group
+                        .functions
+                        .into_iter()
+                        .map(|function| FunctionInfo {
+                            name: function.name,
+                            description: function.description,
+                            parameters: function.parameters,
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A function in flat form.
+#[derive(Debug, Clone, Object)]
+#[oai(rename_all = "camelCase")]
+pub struct FlatToolInfo {
+    /// Function name.
+    pub name: String,
+    /// What it does.
+    pub description: String,
+    /// JSON Schema of its arguments.
+    pub input_schema: Value,
+}
+
+/// The tools of a session in flat form (first design).
+#[derive(Debug, Clone, Object)]
+pub struct FlatMetadata {
+    /// Manifest version.
+    pub version: String,
+    /// The functions.
+    pub tools: Vec<FlatToolInfo>,
+}
+
+impl From<GroupedManifest> for FlatMetadata {
+    fn from(manifest: GroupedManifest) -> Self {
+        let flat = manifest.flat();
+        Self {
+            version: flat.version,
+            tools: flat
+                .tools
+                .into_iter()
+                .map(|tool| FlatToolInfo {
+                    name: tool.name,
+                    description: tool.description,
+                    input_schema: tool.input_schema,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A call to queue.
+#[derive(Debug, Clone, Object)]
+#[oai(rename_all = "camelCase")]
+pub struct QueueCall {
+    /// Your id for the call (letters, digits, . _ : -); generated when absent. Repeating it
+    /// with the same call returns that call instead of running it again.
+    pub request_id: Option<String>,
+    /// Tool id from the metadata (optional).
+    pub tool_id: Option<String>,
+    /// Function name from the metadata.
+    pub function_name: String,
+    /// Arguments, matching the function's parameters schema.
+    pub args: Option<Value>,
+}
+
+/// A call to make and wait for.
+#[derive(Debug, Clone, Object)]
+#[oai(rename_all = "camelCase")]
+pub struct MakeCall {
+    /// Your id for the call; generated when absent. Repeat it to get a slow call's answer.
+    pub request_id: Option<String>,
+    /// Tool id from the metadata (optional).
+    pub tool_id: Option<String>,
+    /// Function name from the metadata.
+    pub function_name: String,
+    /// Arguments, matching the function's parameters schema.
+    pub args: Option<Value>,
+    /// How long to wait in milliseconds (default 25000, at most 40000).
+    pub timeout_ms: Option<u64>,
+}
+
+/// A queued call.
+#[derive(Debug, Clone, Object)]
+#[oai(rename_all = "camelCase")]
+pub struct Queued {
+    /// The call's id.
+    pub request_id: String,
+    /// Its status.
+    pub status: Status,
+}
+
+/// Why a call failed.
+#[derive(Debug, Clone, Object)]
+pub struct CallError {
+    /// Stable name, e.g. tool_error or request_expired.
+    pub code: String,
+    /// What happened.
+    pub message: String,
+}
+
+/// The answer to a call.
+#[derive(Debug, Clone, Object)]
+#[oai(rename_all = "camelCase")]
+pub struct CallResponse {
+    /// The call's id.
+    pub request_id: String,
+    /// Whether the tool succeeded.
+    pub success: bool,
+    /// The tool's result.
+    #[oai(skip_serializing_if_is_none)]
+    pub result: Option<Value>,
+    /// The failure.
+    #[oai(skip_serializing_if_is_none)]
+    pub error: Option<CallError>,
+    /// True when the result was cut to fit; then result is the start of its JSON text.
+    #[oai(skip_serializing_if_is_none)]
+    pub truncated: Option<bool>,
+    /// How to get a smaller result, when truncated.
+    #[oai(skip_serializing_if_is_none)]
+    pub note: Option<String>,
+}
+
+impl From<ToolResponse> for CallResponse {
+    fn from(response: ToolResponse) -> Self {
+        let mut answer = Self {
+            request_id: response.request_id,
+            success: response.success,
+            result: None,
+            error: response.error.map(|error| CallError {
+                code: error.code,
+                message: error.message,
+            }),
+            truncated: None,
+            note: None,
+        };
+        if let Some(result) = response.result {
+            let text = result.to_string();
+            let length = text.chars().count();
+            if length > MAX_LLM_CHARS {
+                let cut = text
+                    .char_indices()
+                    .nth(MAX_LLM_CHARS)
+                    .map_or(text.len(), |(at, _)| at);
+                answer.result = Some(Value::String(text[..cut].to_owned()));
+                answer.truncated = Some(true);
+                answer.note = Some(format!(
+                    "The result was {length} characters of JSON and was cut to the first {MAX_LLM_CHARS}. Ask for less: filter, select fewer attributes or cases, or page through them."
+                ));
+            } else {
+                answer.result = Some(result);
+            }
+        }
+        answer
+    }
+}
+
+/// Where a call stands, with its answer once it has one.
+#[derive(Debug, Clone, Object)]
+#[oai(rename_all = "camelCase")]
+pub struct CallState {
+    /// The call's id.
+    pub request_id: String,
+    /// Its status.
+    pub status: Status,
+    /// Its answer (completed, failed or expired).
+    #[oai(skip_serializing_if_is_none)]
+    pub response: Option<CallResponse>,
+}
+
+impl From<RequestView> for CallState {
+    fn from(view: RequestView) -> Self {
+        Self {
+            request_id: view.request_id,
+            status: view.status.into(),
+            response: view.response.map(CallResponse::from),
+        }
+    }
+}
+
+/// A call as the tab receives it.
+#[derive(Debug, Clone, Object)]
+#[oai(rename_all = "camelCase")]
+pub struct PendingCall {
+    /// The call's id: answer with it.
+    pub request_id: String,
+    /// The tool.
+    #[oai(skip_serializing_if_is_none)]
+    pub tool_id: Option<String>,
+    /// The function to run.
+    pub function_name: String,
+    /// Its arguments, already checked against the schema.
+    pub args: Value,
+}
+
+impl From<ToolRequest> for PendingCall {
+    fn from(request: ToolRequest) -> Self {
+        Self {
+            request_id: request.request_id,
+            tool_id: request.tool_id,
+            function_name: request.function_name,
+            args: request.args,
+        }
+    }
+}
+
+/// A tab's answer to a call.
+#[derive(Debug, Clone, Object)]
+#[oai(rename_all = "camelCase")]
+pub struct TabResponse {
+    /// The requestId of the call.
+    pub request_id: String,
+    /// Whether the tool succeeded (default: true unless error is given).
+    pub success: Option<bool>,
+    /// The result.
+    pub result: Option<Value>,
+    /// The failure: a string or {code?, message}.
+    pub error: Option<Value>,
+}
+
+/// What happened to a tab's answer.
+#[derive(Debug, Clone, Object)]
+#[oai(rename_all = "camelCase")]
+pub struct ResponseAccepted {
+    /// The call's id.
+    pub request_id: String,
+    /// The call's status now.
+    pub status: Status,
+    /// False when the call already had an answer (the first one wins) or had expired.
+    pub accepted: bool,
+}
+
+/// A registered manifest.
+#[derive(Debug, Clone, Object)]
+pub struct Registered {
+    /// Number of functions registered.
+    pub tools: u64,
+}
+
+/// The discovery document.
+#[derive(Debug, Clone, Object)]
+#[oai(rename_all = "camelCase")]
+pub struct Discovery {
+    /// Version of the provider protocol.
+    pub protocol_version: String,
+    /// GET: a session's tools ({code} is the pairing code).
+    pub manifest_endpoint: String,
+    /// POST: queue a call.
+    pub request_endpoint: String,
+    /// GET: answers of a session's calls.
+    pub response_endpoint: String,
+    /// GET (tab): server-sent events of calls.
+    pub event_stream_endpoint: String,
+    /// POST: make a call and wait for its answer.
+    pub call_endpoint: String,
+    /// The tab's WebSocket.
+    pub web_socket_endpoint: String,
+    /// The MCP endpoint.
+    pub mcp_endpoint: String,
+    /// The OpenAPI document.
+    pub openapi: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn large_results_reach_the_llm_cut_with_a_note() {
+        let big = json!({"cases": "é".repeat(150_000)});
+        let answer = CallResponse::from(ToolResponse {
+            request_id: "r".into(),
+            success: true,
+            result: Some(big),
+            error: None,
+        });
+        assert_eq!(answer.truncated, Some(true));
+        let Some(Value::String(cut)) = &answer.result else {
+            panic!("a string")
+        };
+        assert_eq!(cut.chars().count(), MAX_LLM_CHARS);
+        assert!(answer.note.unwrap().contains("Ask for less"));
+
+        let small = CallResponse::from(ToolResponse {
+            request_id: "r".into(),
+            success: true,
+            result: Some(json!({"ok": 1})),
+            error: None,
+        });
+        assert_eq!(
+            (small.truncated, small.result),
+            (None, Some(json!({"ok": 1})))
+        );
+    }
+}
