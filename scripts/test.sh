@@ -12,5 +12,7 @@ step "cargo fmt --check"
 cargo fmt --all --check
 step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+step "cargo build (the binaries the end-to-end tests start)"
+cargo build --workspace --bins --locked
 step "cargo test"
 cargo test --workspace --locked

@@ -10,6 +10,8 @@
 //! Servers listen on `127.0.0.1:0`; dropping a [`TestRelay`] stops it.
 #![allow(clippy::unwrap_used, clippy::missing_panics_doc)] // test support fails loudly
 
+pub mod system;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -196,8 +198,12 @@ pub struct WsTab {
 impl WsTab {
     /// Connects with the session's token and reads the `welcome` frame.
     pub async fn attach(relay: &TestRelay, session: &CreateSessionResponse) -> Self {
-        let url = relay.ws_url(&session.code, Some(&session.provider_token));
-        let mut socket = Self::connect(&url).await;
+        Self::attach_url(&relay.ws_url(&session.code, Some(&session.provider_token))).await
+    }
+
+    /// Connects to a provider WebSocket URL and reads the `welcome` frame.
+    pub async fn attach_url(url: &str) -> Self {
+        let mut socket = Self::connect(url).await;
         let welcome = socket.recv().await;
         assert_eq!(welcome["type"], "welcome", "{welcome}");
         socket.welcome = welcome;

@@ -103,21 +103,27 @@ impl Limiters {
         }
     }
 
-    /// Counts a look-up of an unknown code; past the budget the address is blocked.
-    pub fn unknown_code(&self, ip: IpAddr) {
-        if let Err(wait) = self.misses.check_key(&ip) {
-            let until = Instant::now() + wait_time(&wait);
-            let mut blocked = self
-                .blocked
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            if blocked.len() >= BLOCKED_PRUNE_AT {
-                let now = Instant::now();
-                blocked.retain(|_, until| *until > now);
-            }
-            blocked.insert(ip, until);
-            tracing::warn!(%ip, "address blocked from code look-ups: too many unknown codes");
+    /// Counts a look-up of an unknown code; past the budget the address is blocked, and the
+    /// look-up itself is answered with the rate-limit error.
+    pub fn unknown_code(&self, ip: IpAddr) -> Result<(), ApiError> {
+        let Err(wait) = self.misses.check_key(&ip) else {
+            return Ok(());
+        };
+        let wait = wait_time(&wait);
+        let mut blocked = self
+            .blocked
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if blocked.len() >= BLOCKED_PRUNE_AT {
+            let now = Instant::now();
+            blocked.retain(|_, until| *until > now);
         }
+        blocked.insert(ip, Instant::now() + wait);
+        tracing::warn!(%ip, "address blocked from code look-ups: too many unknown codes");
+        Err(ApiError::rate_limited(
+            "look-ups of unknown session codes from your address",
+            wait,
+        ))
     }
 
     /// Forgets budgets that have refilled, so memory follows active clients only.
@@ -190,10 +196,11 @@ mod tests {
         let ip: IpAddr = "192.0.2.5".parse().unwrap();
         for _ in 0..2 {
             limiters.check_lookups(ip).unwrap();
-            limiters.unknown_code(ip);
+            limiters.unknown_code(ip).unwrap();
         }
         limiters.check_lookups(ip).unwrap();
-        limiters.unknown_code(ip);
+        let over = limiters.unknown_code(ip).unwrap_err();
+        assert_eq!(over.status(), 429, "the third miss is over budget");
         assert_eq!(limiters.check_lookups(ip).unwrap_err().status(), 429);
         limiters
             .check_lookups("192.0.2.6".parse().unwrap())

@@ -77,7 +77,8 @@ pub async fn provider_socket(
             .as_ref()
             .is_err_and(|error| error.name == "session_not_found")
         {
-            state.limits.unknown_code(ip);
+            // The refusal frame says "not found" either way; the count blocks later look-ups.
+            let _ = state.limits.unknown_code(ip);
         }
         let config = websocket_config(state.config.max_provider_body);
         serve_upgraded(connection, config, link).await;

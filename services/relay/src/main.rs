@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use toolrelay_relay::config::{ENV_GRPC_LISTEN, ENV_WS_LISTEN, LogArgs, RelayArgs};
-use toolrelay_relay::server::{self, Listeners, bind};
+use toolrelay_relay::server::{self, Listeners, bind, local};
 use toolrelay_relay::telemetry;
 
 /// The toolrelay relay: sessions, tool routing and provider streams over gRPC and WebSocket.
@@ -40,7 +40,7 @@ async fn serve(cli: Cli) -> Result<(), String> {
     let grpc = bind(cli.relay.grpc_listen, ENV_GRPC_LISTEN).await?;
     let websocket = bind(cli.ws_listen, ENV_WS_LISTEN).await?;
     let relay = server::memory_relay(config);
-    tracing::info!(grpc = %cli.relay.grpc_listen, websocket = %cli.ws_listen, "toolrelay-relay listening");
+    tracing::info!(grpc = %local(&grpc), websocket = %local(&websocket), "toolrelay-relay listening");
     let listeners = Listeners {
         grpc,
         websocket: Some(websocket),

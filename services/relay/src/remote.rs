@@ -388,7 +388,7 @@ fn error_info(status: Status) -> ErrorInfo {
         .get(ERROR_METADATA)
         .and_then(|value| value.to_str().ok());
     let Some(name) = name else {
-        tracing::error!(code = ?status.code(), message = status.message(), "relay call failed");
+        tracing::error!(code = ?status.code(), detail = status.message(), "relay call failed");
         return unavailable("the relay did not answer");
     };
     let kind = match status.code() {

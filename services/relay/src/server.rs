@@ -57,6 +57,14 @@ pub async fn bind(address: std::net::SocketAddr, variable: &str) -> Result<TcpLi
     })
 }
 
+/// The address a listener is bound to (the real port when it was bound to port 0), for logs.
+pub fn local(listener: &TcpListener) -> String {
+    listener.local_addr().map_or_else(
+        |error| format!("(unknown: {error})"),
+        |address| address.to_string(),
+    )
+}
+
 /// Serves until `shutdown` completes, then tells connected providers to reconnect, stops
 /// accepting, and gives in-flight calls [`DRAIN_TIMEOUT`] to finish.
 pub async fn run(

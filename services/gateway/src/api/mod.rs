@@ -58,8 +58,10 @@ impl Gateway {
     ) -> Result<T, ApiError> {
         self.limits.check_lookups(ip)?;
         operation.await.map_err(|error: ErrorInfo| {
-            if error.name == "session_not_found" {
-                self.limits.unknown_code(ip);
+            if error.name == "session_not_found"
+                && let Err(limited) = self.limits.unknown_code(ip)
+            {
+                return limited;
             }
             ApiError::from(error)
         })

@@ -9,7 +9,7 @@ use toolrelay_gateway::config::{ENV_LISTEN, ENV_RELAY_URL, GatewayArgs};
 use toolrelay_gateway::server;
 use toolrelay_relay::config::LogArgs;
 use toolrelay_relay::remote::RemoteRelay;
-use toolrelay_relay::server::{bind, shutdown_signal};
+use toolrelay_relay::server::{bind, local, shutdown_signal};
 use toolrelay_relay::telemetry;
 
 /// The toolrelay gateway: REST API, SSE and polling fallbacks, OpenAPI, in front of a relay.
@@ -44,7 +44,7 @@ async fn serve(cli: Cli) -> Result<(), String> {
     let config = cli.gateway.gateway_config()?;
     let relay = RemoteRelay::connect_lazy(&url)?;
     let public = bind(cli.gateway.listen, ENV_LISTEN).await?;
-    tracing::info!(listen = %cli.gateway.listen, relay = %url, "toolrelay-gateway listening");
+    tracing::info!(listen = %local(&public), relay = %url, "toolrelay-gateway listening");
     server::run(
         server::gateway(Arc::new(relay), config),
         public,

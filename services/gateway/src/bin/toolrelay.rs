@@ -11,7 +11,7 @@ use toolrelay_gateway::config::{ENV_LISTEN, GatewayArgs};
 use toolrelay_gateway::server;
 use toolrelay_relay::config::{ENV_GRPC_LISTEN, LogArgs, RelayArgs};
 use toolrelay_relay::remote::RemoteRelay;
-use toolrelay_relay::server::{bind, memory_relay, shutdown_signal};
+use toolrelay_relay::server::{bind, local, memory_relay, shutdown_signal};
 use toolrelay_relay::telemetry;
 
 /// toolrelay: lets an LLM call tools that live in a browser tab, a backend service or the relay.
@@ -44,7 +44,7 @@ async fn serve(cli: Cli) -> Result<(), String> {
     let public = bind(cli.gateway.listen, ENV_LISTEN).await?;
     if let Some(url) = &cli.gateway.relay_url {
         let relay = RemoteRelay::connect_lazy(url)?;
-        tracing::info!(listen = %cli.gateway.listen, relay = %url, "toolrelay gateway listening");
+        tracing::info!(listen = %local(&public), relay = %url, "toolrelay gateway listening");
         let state = server::gateway(Arc::new(relay), config);
         return server::run(state, public, shutdown_signal())
             .await
@@ -53,8 +53,8 @@ async fn serve(cli: Cli) -> Result<(), String> {
     let relay_config = cli.relay.relay_config()?;
     let grpc = bind(cli.relay.grpc_listen, ENV_GRPC_LISTEN).await?;
     tracing::info!(
-        listen = %cli.gateway.listen,
-        grpc = %cli.relay.grpc_listen,
+        listen = %local(&public),
+        grpc = %local(&grpc),
         public_base_url = %config.public_base_url,
         "toolrelay listening"
     );

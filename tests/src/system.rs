@@ -1,0 +1,374 @@
+//! The whole system for end-to-end tests over HTTP: one process (relay and gateway in this
+//! test process, sharing nothing but the code the binaries run) or split (the real
+//! `toolrelay-relay` and `toolrelay-gateway` binaries as two child processes talking gRPC).
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use futures::StreamExt;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::net::TcpListener;
+use tokio::process::{Child, Command};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use toolrelay_gateway::config::GatewayConfig;
+use toolrelay_relay::RelayConfig;
+use toolrelay_relay::server::memory_relay;
+
+use crate::PATIENCE;
+
+/// A running system and an HTTP client for it.
+pub struct System {
+    /// `http://127.0.0.1:port`.
+    pub base: String,
+    /// HTTP client.
+    pub http: reqwest::Client,
+    running: Running,
+}
+
+enum Running {
+    InProcess {
+        stop: Option<oneshot::Sender<()>>,
+        task: Option<JoinHandle<Result<(), String>>>,
+    },
+    Split {
+        _relay: Child,
+        _gateway: Child,
+    },
+}
+
+/// An HTTP answer: status, headers and JSON body (`null` when the body is not JSON).
+#[derive(Debug)]
+pub struct Answer {
+    /// The status.
+    pub status: StatusCode,
+    /// The headers.
+    pub headers: reqwest::header::HeaderMap,
+    /// The body as JSON.
+    pub body: Value,
+}
+
+impl Answer {
+    /// A header's value.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|value| value.to_str().ok())
+    }
+}
+
+impl System {
+    /// Relay and gateway in this process, with default settings.
+    pub async fn start() -> Self {
+        Self::with(RelayConfig::default(), |_| {}).await
+    }
+
+    /// Relay and gateway in this process, with these settings.
+    pub async fn with(relay: RelayConfig, adjust: impl FnOnce(&mut GatewayConfig)) -> Self {
+        relay.validate().unwrap();
+        let public = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", public.local_addr().unwrap());
+        let mut config = GatewayConfig::new(&base).unwrap();
+        adjust(&mut config);
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let shutdown = async {
+                let _ = stopped.await;
+            };
+            toolrelay_gateway::server::run_all(memory_relay(relay), config, public, grpc, shutdown)
+                .await
+        });
+        Self {
+            base,
+            http: client(),
+            running: Running::InProcess {
+                stop: Some(stop),
+                task: Some(task),
+            },
+        }
+    }
+
+    /// The real binaries as two processes: `toolrelay-relay` and, in front of it over gRPC,
+    /// `toolrelay-gateway`.
+    pub async fn split() -> Self {
+        let (relay, relay_line) = spawn(
+            "toolrelay-relay",
+            &[
+                ("GRPC_LISTEN_ADDR", "127.0.0.1:0"),
+                ("WS_LISTEN_ADDR", "127.0.0.1:0"),
+            ],
+            "toolrelay-relay listening",
+        )
+        .await;
+        let relay_url = format!("http://{}", relay_line["grpc"].as_str().unwrap());
+        let (gateway, gateway_line) = spawn(
+            "toolrelay-gateway",
+            &[
+                ("LISTEN_ADDR", "127.0.0.1:0"),
+                ("RELAY_URL", relay_url.as_str()),
+            ],
+            "toolrelay-gateway listening",
+        )
+        .await;
+        let base = format!("http://{}", gateway_line["listen"].as_str().unwrap());
+        Self {
+            base,
+            http: client(),
+            running: Running::Split {
+                _relay: relay,
+                _gateway: gateway,
+            },
+        }
+    }
+
+    /// An absolute URL.
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// The WebSocket URL of a session's provider socket on the public port.
+    pub fn ws_url(&self, code: &str, token: &str) -> String {
+        format!(
+            "{}/api/sessions/{code}/ws?token={token}",
+            self.base.replacen("http", "ws", 1)
+        )
+    }
+
+    /// `GET path`. The future borrows nothing, so it can run beside other work.
+    pub fn get(&self, path: &str) -> impl Future<Output = Answer> + use<> {
+        send(self.http.get(self.url(path)))
+    }
+
+    /// `POST path` with a JSON body.
+    pub fn post(&self, path: &str, body: Value) -> impl Future<Output = Answer> + use<> {
+        send(self.http.post(self.url(path)).json(&body))
+    }
+
+    /// A request to send yourself.
+    pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        self.http.request(method, self.url(path))
+    }
+
+    /// A new session: `(code, providerToken)`.
+    pub async fn create_session(&self) -> (String, String) {
+        let created = self.post("/api/sessions", json!({})).await;
+        assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+        (
+            created.body["code"].as_str().unwrap().to_owned(),
+            created.body["providerToken"].as_str().unwrap().to_owned(),
+        )
+    }
+
+    /// Registers tools by `PUT …/manifest`.
+    pub async fn put_manifest(&self, code: &str, token: &str, tools: Value) {
+        let answer = send(
+            self.request(
+                reqwest::Method::PUT,
+                &format!("/api/sessions/{code}/manifest"),
+            )
+            .bearer_auth(token)
+            .json(&json!({"tools": tools})),
+        )
+        .await;
+        assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    }
+
+    /// Stops the system and waits until it has stopped.
+    pub async fn stop(mut self) {
+        if let Running::InProcess { stop, task } = &mut self.running {
+            if let Some(stop) = stop.take() {
+                let _ = stop.send(());
+            }
+            if let Some(task) = task.take() {
+                tokio::time::timeout(Duration::from_secs(20), task)
+                    .await
+                    .expect("the system stops within its drain timeout")
+                    .unwrap()
+                    .unwrap();
+            }
+        }
+        // Split children are killed when dropped (kill_on_drop).
+    }
+}
+
+impl Drop for System {
+    fn drop(&mut self) {
+        if let Running::InProcess { stop, .. } = &mut self.running
+            && let Some(stop) = stop.take()
+        {
+            let _ = stop.send(());
+        }
+    }
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
+/// Sends a request and reads the answer.
+pub async fn send(request: reqwest::RequestBuilder) -> Answer {
+    answer(request.send().await.unwrap()).await
+}
+
+async fn answer(response: reqwest::Response) -> Answer {
+    let status = response.status();
+    let headers = response.headers().clone();
+    let bytes = response.bytes().await.unwrap();
+    Answer {
+        status,
+        headers,
+        body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    }
+}
+
+/// A workspace binary, built next to the test executables (`cargo test --workspace` and
+/// `scripts/test.sh` build every binary).
+pub fn binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().and_then(|deps| deps.parent()).unwrap();
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build the binaries first (cargo build --workspace --bins; scripts/test.sh does)",
+        path.display()
+    );
+    path
+}
+
+/// Starts a binary with JSON logs and waits for its log line containing `ready`.
+async fn spawn(name: &str, env: &[(&str, &str)], ready: &str) -> (Child, Value) {
+    let mut child = Command::new(binary(name))
+        .envs(env.iter().copied())
+        .env("LOG_FORMAT", "json")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (found, mut lines) = mpsc::channel::<Value>(1);
+    let ready = ready.to_owned();
+    let name = name.to_owned();
+    tokio::spawn(async move {
+        let mut reader = BufReader::new(stdout).lines();
+        while let Ok(Some(line)) = reader.next_line().await {
+            // Shown with the test's output when it fails.
+            println!("[{name}] {line}");
+            if let Ok(entry) = serde_json::from_str::<Value>(&line)
+                && entry["message"].as_str() == Some(ready.as_str())
+            {
+                let _ = found.send(entry).await;
+            }
+        }
+    });
+    let line = tokio::time::timeout(PATIENCE, lines.recv())
+        .await
+        .expect("the binary started")
+        .unwrap();
+    (child, line)
+}
+
+/// A tab attached over server-sent events.
+pub struct SseTab {
+    events: mpsc::Receiver<SseEvent>,
+    reader: JoinHandle<()>,
+}
+
+/// One server-sent event.
+#[derive(Debug, Clone)]
+pub struct SseEvent {
+    /// `event:`.
+    pub kind: String,
+    /// `id:`, if any.
+    pub id: Option<String>,
+    /// `data:` as JSON.
+    pub data: Value,
+}
+
+impl SseTab {
+    /// Opens the stream, resuming after `last_event_id` when given, and reads `connected`.
+    pub async fn open(system: &System, path: &str, last_event_id: Option<&str>) -> Self {
+        let mut request = system
+            .http
+            .get(system.url(path))
+            .header("accept", "text/event-stream");
+        if let Some(id) = last_event_id {
+            request = request.header("last-event-id", id);
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "the stream opened");
+        let (sender, events) = mpsc::channel(64);
+        let reader = tokio::spawn(async move {
+            let mut body = response.bytes_stream();
+            let mut buffer = String::new();
+            while let Some(Ok(chunk)) = body.next().await {
+                buffer.push_str(&String::from_utf8_lossy(&chunk));
+                while let Some(end) = buffer.find("\n\n") {
+                    let block: String = buffer.drain(..end + 2).collect();
+                    if let Some(event) = parse_event(&block)
+                        && sender.send(event).await.is_err()
+                    {
+                        return;
+                    }
+                }
+            }
+        });
+        let mut tab = Self { events, reader };
+        let connected = tab.next().await;
+        assert_eq!(connected.kind, "connected", "{connected:?}");
+        tab
+    }
+
+    /// The next event other than a heartbeat.
+    pub async fn next(&mut self) -> SseEvent {
+        loop {
+            let event = tokio::time::timeout(PATIENCE, self.events.recv())
+                .await
+                .expect("no event in time")
+                .expect("the stream ended");
+            if event.kind != "heartbeat" {
+                return event;
+            }
+        }
+    }
+
+    /// Drops the connection, as a network blip would.
+    pub fn drop_connection(self) {
+        self.reader.abort();
+    }
+}
+
+impl Drop for SseTab {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+fn parse_event(block: &str) -> Option<SseEvent> {
+    let mut kind = "message".to_owned();
+    let mut id = None;
+    let mut data = String::new();
+    for line in block.lines() {
+        if let Some(value) = line.strip_prefix("event:") {
+            kind = value.trim().to_owned();
+        } else if let Some(value) = line.strip_prefix("id:") {
+            id = Some(value.trim().to_owned());
+        } else if let Some(value) = line.strip_prefix("data:") {
+            data.push_str(value.trim_start());
+        }
+    }
+    if data.is_empty() && kind == "message" {
+        return None;
+    }
+    Some(SseEvent {
+        kind,
+        id,
+        data: serde_json::from_str(&data).unwrap_or(Value::Null),
+    })
+}

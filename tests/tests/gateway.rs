@@ -1,0 +1,639 @@
+//! The gateway over real sockets: an HTTP client plays the LLM; the tab is a WebSocket, SSE or
+//! polling client; in one process and split into the real relay and gateway binaries.
+#![allow(clippy::unwrap_used)] // a test that cannot unwrap should fail loudly
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use toolrelay_gateway::config::RateLimits;
+use toolrelay_relay::RelayConfig;
+use toolrelay_tests::system::{SseTab, System, send};
+use toolrelay_tests::{PATIENCE, WsTab, demo_tools};
+
+fn echo_call(text: &str) -> Value {
+    json!({"functionName": "echo", "args": {"text": text}})
+}
+
+/// The tab's answer to a call, posted over HTTP.
+async fn post_answer(system: &System, code: &str, token: &str, request_id: &str, result: Value) {
+    let answer = send(
+        system
+            .request(Method::POST, &format!("/api/sessions/{code}/response"))
+            .bearer_auth(token)
+            .json(&json!({"requestId": request_id, "success": true, "result": result})),
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    assert_eq!(answer.body["accepted"], true);
+}
+
+// ---- scenarios, run in one process and split ----
+
+async fn an_llm_call_reaches_a_websocket_tab(system: &System) {
+    let (code, token) = system.create_session().await;
+    let mut tab = WsTab::attach_url(&system.ws_url(&code, &token)).await;
+    tab.register(demo_tools()).await;
+    let metadata = system.get(&format!("/api/sessions/{code}/metadata")).await;
+    assert_eq!(metadata.body["tools"][0]["id"], "demo", "{metadata:?}");
+    assert_eq!(metadata.body["tools"][0]["functions"][0]["name"], "echo");
+
+    let llm = system.post(
+        &format!("/api/sessions/{code}/call"),
+        echo_call("over websocket"),
+    );
+    let tab_side = async {
+        let request = tab.next_request().await;
+        assert_eq!(request["args"], json!({"text": "over websocket"}));
+        assert_eq!(request["toolId"], "demo");
+        tab.answer(
+            request["requestId"].as_str().unwrap(),
+            json!({"echoed": "over websocket"}),
+        )
+        .await;
+    };
+    let (answer, ()) = tokio::join!(llm, tab_side);
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    assert_eq!(answer.body["success"], true);
+    assert_eq!(answer.body["result"], json!({"echoed": "over websocket"}));
+
+    let status = system.get(&format!("/api/sessions/{code}")).await;
+    assert_eq!(status.body["providerConnected"], true, "{status:?}");
+    assert_eq!(status.body["transport"], "websocket");
+}
+
+async fn an_llm_call_reaches_an_sse_tab(system: &System) {
+    let (code, token) = system.create_session().await;
+    system.put_manifest(&code, &token, demo_tools()).await;
+    let mut tab = SseTab::open(
+        system,
+        &format!("/api/sessions/{code}/stream?token={token}"),
+        None,
+    )
+    .await;
+
+    let llm = system.post(&format!("/api/sessions/{code}/call"), echo_call("over sse"));
+    let tab_side = async {
+        let event = tab.next().await;
+        assert_eq!(event.kind, "tool-request", "{event:?}");
+        assert!(event.id.is_some(), "tool requests carry an event id");
+        let id = event.data["requestId"].as_str().unwrap().to_owned();
+        post_answer(system, &code, &token, &id, json!("sse answer")).await;
+    };
+    let (answer, ()) = tokio::join!(llm, tab_side);
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    assert_eq!(answer.body["result"], "sse answer");
+}
+
+async fn an_llm_call_reaches_a_polling_tab(system: &System) {
+    let (code, token) = system.create_session().await;
+    system.put_manifest(&code, &token, demo_tools()).await;
+
+    let llm = system.post(
+        &format!("/api/sessions/{code}/call"),
+        json!({"functionName": "add", "args": {"a": 2, "b": 3}}),
+    );
+    let tab_side = async {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        let calls = loop {
+            let polled = system
+                .get(&format!("/api/sessions/{code}/request?token={token}"))
+                .await;
+            assert_eq!(polled.status, StatusCode::OK, "{polled:?}");
+            let calls = polled.body.as_array().unwrap().clone();
+            if !calls.is_empty() {
+                break calls;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the call reached the poller"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(calls[0]["functionName"], "add");
+        post_answer(
+            system,
+            &code,
+            &token,
+            calls[0]["requestId"].as_str().unwrap(),
+            json!({"sum": 5}),
+        )
+        .await;
+    };
+    let (answer, ()) = tokio::join!(llm, tab_side);
+    assert_eq!(answer.body["result"], json!({"sum": 5}), "{answer:?}");
+    let status = system.get(&format!("/api/sessions/{code}")).await;
+    assert_eq!(status.body["transport"], "polling");
+}
+
+async fn request_then_response_with_wait_works_in_two_steps(system: &System) {
+    let (code, token) = system.create_session().await;
+    let mut tab = WsTab::attach_url(&system.ws_url(&code, &token)).await;
+    tab.register(demo_tools()).await;
+
+    let queued = system
+        .post(
+            &format!("/api/sessions/{code}/request"),
+            json!({"requestId": "two-step", "functionName": "echo", "args": {"text": "later"}}),
+        )
+        .await;
+    assert_eq!(queued.status, StatusCode::ACCEPTED, "{queued:?}");
+    assert_eq!(
+        queued.body,
+        json!({"requestId": "two-step", "status": "queued"})
+    );
+
+    let waiting = system.get(&format!(
+        "/api/sessions/{code}/response?requestId=two-step&wait=10"
+    ));
+    let tab_side = async {
+        let request = tab.next_request().await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        tab.answer(request["requestId"].as_str().unwrap(), json!("done later"))
+            .await;
+    };
+    let (responses, ()) = tokio::join!(waiting, tab_side);
+    assert_eq!(responses.status, StatusCode::OK);
+    assert_eq!(
+        responses.body,
+        json!([{"requestId": "two-step", "success": true, "result": "done later"}])
+    );
+
+    let state = system
+        .get(&format!("/api/sessions/{code}/requests/two-step"))
+        .await;
+    assert_eq!(state.body["status"], "completed", "{state:?}");
+    assert_eq!(state.body["response"]["result"], "done later");
+}
+
+async fn the_legacy_aliases_work_with_the_first_designs_shapes(system: &System) {
+    let (code, token) = system.create_session().await;
+    system.put_manifest(&code, &token, demo_tools()).await;
+    let flat = system.get(&format!("/metadata?code={code}")).await;
+    assert_eq!(flat.body["tools"][0]["name"], "echo", "{flat:?}");
+    assert!(flat.body["tools"][0]["inputSchema"].is_object());
+
+    let mut tab = SseTab::open(system, &format!("/stream?code={code}&token={token}"), None).await;
+    let queued = system
+        .post(
+            "/request",
+            json!({"code": code, "id": "legacy-1", "tool": "echo", "args": {"text": "old"}}),
+        )
+        .await;
+    assert_eq!(queued.status, StatusCode::ACCEPTED, "{queued:?}");
+    assert_eq!(queued.body, json!({"id": "legacy-1", "status": "queued"}));
+
+    let event = tab.next().await;
+    assert_eq!(event.kind, "tool-request");
+    assert_eq!(event.data["id"], "legacy-1");
+    assert_eq!(event.data["tool"], "echo");
+    assert_eq!(event.data["args"], json!({"text": "old"}));
+
+    let unauthenticated = system
+        .post(
+            "/response",
+            json!({"code": code, "id": "legacy-1", "result": {"success": true}}),
+        )
+        .await;
+    assert_eq!(
+        unauthenticated.status,
+        StatusCode::UNAUTHORIZED,
+        "the token is required"
+    );
+    let answered = send(
+        system
+            .request(Method::POST, "/response")
+            .bearer_auth(&token)
+            .json(&json!({"code": code, "id": "legacy-1", "result": {"success": true, "values": {"caseID": 42}}})),
+    )
+    .await;
+    assert_eq!(answered.status, StatusCode::ACCEPTED, "{answered:?}");
+    assert_eq!(
+        answered.body,
+        json!({"id": "legacy-1", "status": "completed"})
+    );
+
+    let responses = system
+        .get(&format!("/api/sessions/{code}/response?requestId=legacy-1"))
+        .await;
+    assert_eq!(
+        responses.body[0]["result"],
+        json!({"success": true, "values": {"caseID": 42}})
+    );
+}
+
+// ---- one process ----
+
+#[tokio::test]
+async fn one_process_websocket_tab() {
+    let system = System::start().await;
+    an_llm_call_reaches_a_websocket_tab(&system).await;
+    system.stop().await;
+}
+
+#[tokio::test]
+async fn one_process_sse_tab() {
+    let system = System::start().await;
+    an_llm_call_reaches_an_sse_tab(&system).await;
+    system.stop().await;
+}
+
+#[tokio::test]
+async fn one_process_polling_tab() {
+    let system = System::start().await;
+    an_llm_call_reaches_a_polling_tab(&system).await;
+    system.stop().await;
+}
+
+#[tokio::test]
+async fn one_process_two_steps() {
+    let system = System::start().await;
+    request_then_response_with_wait_works_in_two_steps(&system).await;
+    system.stop().await;
+}
+
+#[tokio::test]
+async fn one_process_legacy_aliases() {
+    let system = System::start().await;
+    the_legacy_aliases_work_with_the_first_designs_shapes(&system).await;
+    system.stop().await;
+}
+
+// ---- split: the relay and the gateway binaries, talking gRPC ----
+
+#[tokio::test]
+async fn split_processes_pass_the_same_end_to_end_tests() {
+    let system = System::split().await;
+    an_llm_call_reaches_a_websocket_tab(&system).await;
+    an_llm_call_reaches_an_sse_tab(&system).await;
+    an_llm_call_reaches_a_polling_tab(&system).await;
+    request_then_response_with_wait_works_in_two_steps(&system).await;
+    the_legacy_aliases_work_with_the_first_designs_shapes(&system).await;
+    system.stop().await;
+}
+
+// ---- behaviour ----
+
+#[tokio::test]
+async fn an_sse_tab_that_drops_and_resumes_with_last_event_id_loses_no_request() {
+    let system = System::start().await;
+    let (code, token) = system.create_session().await;
+    system.put_manifest(&code, &token, demo_tools()).await;
+    let stream = format!("/api/sessions/{code}/stream?token={token}");
+    let queue = |id: &str| {
+        system.post(
+            &format!("/api/sessions/{code}/request"),
+            json!({"requestId": id, "functionName": "echo", "args": {"text": id}}),
+        )
+    };
+
+    let mut tab = SseTab::open(&system, &stream, None).await;
+    assert_eq!(queue("first").await.status, StatusCode::ACCEPTED);
+    let event = tab.next().await;
+    assert_eq!(event.data["requestId"], "first");
+    let last_id = event.id.clone().unwrap();
+    tab.drop_connection(); // a network blip before the tab answered
+
+    assert_eq!(queue("second").await.status, StatusCode::ACCEPTED);
+    let mut tab = SseTab::open(&system, &stream, Some(&last_id)).await;
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let event = tab.next().await;
+        assert_eq!(event.kind, "tool-request");
+        seen.push(event.data["requestId"].as_str().unwrap().to_owned());
+    }
+    seen.sort();
+    assert_eq!(
+        seen,
+        ["first", "second"],
+        "the unanswered call comes again, the new one follows"
+    );
+    for id in &seen {
+        post_answer(&system, &code, &token, id, json!(id)).await;
+    }
+    let responses = system.get(&format!("/api/sessions/{code}/response")).await;
+    let answered: Vec<&str> = responses
+        .body
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["requestId"].as_str().unwrap())
+        .collect();
+    assert_eq!(answered, ["first", "second"]);
+    system.stop().await;
+}
+
+#[tokio::test]
+async fn rate_limits_answer_429_at_the_configured_numbers() {
+    let limits = RateLimits {
+        sessions_per_ip: NonZeroU32::new(3).unwrap(),
+        requests_per_code: NonZeroU32::new(4).unwrap(),
+        lookups_per_ip: NonZeroU32::new(5).unwrap(),
+    };
+    let system = System::with(RelayConfig::default(), |config| config.limits = limits).await;
+
+    let (code, token) = system.create_session().await;
+    system.create_session().await;
+    system.create_session().await;
+    let refused = system.post("/api/sessions", json!({})).await;
+    assert_eq!(
+        refused.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the 4th session in a minute"
+    );
+    assert!(
+        refused
+            .header("retry-after")
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            >= 1
+    );
+    assert_eq!(refused.body["error"], "rate_limited");
+    assert_eq!(refused.body["code"], 429);
+
+    system.put_manifest(&code, &token, demo_tools()).await;
+    for n in 0..4 {
+        let queued = system
+            .post(
+                &format!("/api/sessions/{code}/request"),
+                echo_call(&n.to_string()),
+            )
+            .await;
+        assert_eq!(queued.status, StatusCode::ACCEPTED, "call {n}");
+    }
+    let refused = system
+        .post(&format!("/api/sessions/{code}/call"), echo_call("fifth"))
+        .await;
+    assert_eq!(
+        refused.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the 5th call to one session in a minute"
+    );
+    assert!(refused.header("retry-after").is_some());
+    let status = system.get(&format!("/api/sessions/{code}")).await;
+    assert_eq!(
+        status.body["pendingRequests"], 4,
+        "the refused call queued nothing"
+    );
+
+    for letter in ["B", "C", "D", "E", "F"] {
+        let unknown = system
+            .get(&format!("/api/sessions/AAAA{letter}AAA/metadata"))
+            .await;
+        assert_eq!(unknown.status, StatusCode::NOT_FOUND);
+    }
+    let blocked = system.get("/api/sessions/BBBBBBBB/metadata").await;
+    assert_eq!(
+        blocked.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "too many unknown codes"
+    );
+    let blocked = system.get(&format!("/api/sessions/{code}/metadata")).await;
+    assert_eq!(
+        blocked.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "a guessing client learns nothing, even of valid codes"
+    );
+    system.stop().await;
+}
+
+#[tokio::test]
+async fn bad_input_gets_the_error_body_and_queues_nothing() {
+    let system = System::start().await;
+    let (code, token) = system.create_session().await;
+    system.put_manifest(&code, &token, demo_tools()).await;
+    let call = format!("/api/sessions/{code}/call");
+    let queued = system
+        .post(
+            &format!("/api/sessions/{code}/request"),
+            json!({"requestId": "taken", "functionName": "echo", "args": {"text": "a"}}),
+        )
+        .await;
+    assert_eq!(queued.status, StatusCode::ACCEPTED);
+
+    let raw = |body: &'static str| {
+        system
+            .request(Method::POST, &call)
+            .header("content-type", "application/json")
+            .body(body)
+    };
+    let cases: Vec<(reqwest::RequestBuilder, StatusCode, &str)> = vec![
+        (raw("{not json"), StatusCode::BAD_REQUEST, "invalid_request"),
+        (
+            raw(r#"{"args": {}}"#),
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+        ),
+        (
+            system
+                .request(Method::POST, "/api/sessions/AB!D/call")
+                .json(&echo_call("x")),
+            StatusCode::BAD_REQUEST,
+            "invalid_code",
+        ),
+        (
+            system
+                .request(Method::POST, &call)
+                .json(&json!({"functionName": "echo", "args": {"text": 5}})),
+            StatusCode::BAD_REQUEST,
+            "invalid_arguments",
+        ),
+        (
+            system
+                .request(Method::POST, "/api/sessions/ZZZZ-ZZZZ/call")
+                .json(&echo_call("x")),
+            StatusCode::NOT_FOUND,
+            "session_not_found",
+        ),
+        (
+            system
+                .request(Method::POST, &call)
+                .json(&json!({"functionName": "nope", "args": {}})),
+            StatusCode::NOT_FOUND,
+            "unknown_function",
+        ),
+        (
+            system.request(Method::POST, &call).json(
+                &json!({"requestId": "taken", "functionName": "echo", "args": {"text": "b"}}),
+            ),
+            StatusCode::CONFLICT,
+            "request_id_conflict",
+        ),
+        (
+            system
+                .request(Method::POST, &call)
+                .json(&echo_call(&"x".repeat(300 * 1024))),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+        ),
+        (
+            system
+                .request(Method::POST, &format!("/api/sessions/{code}/response"))
+                .json(&json!({"requestId": "taken", "result": 1})),
+            StatusCode::UNAUTHORIZED,
+            "token_required",
+        ),
+        (
+            system
+                .request(Method::POST, &format!("/api/sessions/{code}/response"))
+                .bearer_auth("wrong")
+                .json(&json!({"requestId": "taken", "result": 1})),
+            StatusCode::FORBIDDEN,
+            "invalid_token",
+        ),
+        (
+            system.request(Method::GET, "/api/sessions/{code}/nothing-here"),
+            StatusCode::NOT_FOUND,
+            "not_found",
+        ),
+    ];
+    for (request, status, name) in cases {
+        let answer = send(request).await;
+        assert_eq!(answer.status, status, "{name}: {answer:?}");
+        assert_eq!(answer.body["error"], name, "{answer:?}");
+        assert_eq!(answer.body["code"], status.as_u16());
+        assert!(
+            answer.body["message"]
+                .as_str()
+                .is_some_and(|m| m.len() > 20),
+            "{answer:?}"
+        );
+        let correlation = answer.body["correlationId"].as_str().unwrap();
+        assert_eq!(answer.header("x-request-id"), Some(correlation));
+    }
+
+    // A caller's x-request-id is the correlation id.
+    let traced = send(
+        system
+            .request(Method::GET, "/api/sessions/ZZZZZZZZ")
+            .header("x-request-id", "trace-42"),
+    )
+    .await;
+    assert_eq!(traced.header("x-request-id"), Some("trace-42"));
+    assert_eq!(traced.body["correlationId"], "trace-42");
+
+    let status = system.get(&format!("/api/sessions/{code}")).await;
+    assert_eq!(
+        status.body["pendingRequests"], 1,
+        "only the first, accepted call is queued"
+    );
+    system.stop().await;
+}
+
+#[tokio::test]
+async fn a_slow_call_returns_202_and_its_answer_can_be_fetched() {
+    let system = System::start().await;
+    let (code, token) = system.create_session().await;
+    let mut tab = WsTab::attach_url(&system.ws_url(&code, &token)).await;
+    tab.register(demo_tools()).await;
+    let pending = system
+        .post(&format!("/api/sessions/{code}/call"), json!({"requestId": "slow", "functionName": "echo", "args": {"text": "zz"}, "timeoutMs": 200}))
+        .await;
+    assert_eq!(pending.status, StatusCode::ACCEPTED, "{pending:?}");
+    assert_eq!(pending.body["requestId"], "slow");
+    assert_eq!(pending.body["status"], "delivered");
+    tab.next_request().await;
+    tab.answer("slow", json!("finally")).await;
+    let again = system
+        .post(
+            &format!("/api/sessions/{code}/call"),
+            json!({"requestId": "slow", "functionName": "echo", "args": {"text": "zz"}}),
+        )
+        .await;
+    assert_eq!(
+        again.status,
+        StatusCode::OK,
+        "repeating the id returns the answer: {again:?}"
+    );
+    assert_eq!(again.body["result"], "finally");
+    system.stop().await;
+}
+
+#[tokio::test]
+async fn discovery_documents_and_health() {
+    let system = System::start().await;
+    let discovery = system.get("/.well-known/codap-mcp.json").await;
+    assert_eq!(
+        discovery.body["callEndpoint"],
+        system.url("/api/sessions/{code}/call")
+    );
+    assert_eq!(
+        discovery.body["webSocketEndpoint"],
+        system.ws_url("{code}", "").trim_end_matches("?token=")
+    );
+    assert_eq!(discovery.body["openapi"], system.url("/openapi.json"));
+    let spec = system.get("/openapi.json").await;
+    assert_eq!(spec.body["openapi"], "3.0.0");
+    assert_eq!(spec.body["servers"][0]["url"], system.base);
+    let actions = system.get("/openapi/actions.json").await;
+    assert!(actions.body["paths"]["/api/sessions/{code}/call"]["post"].is_object());
+    assert!(
+        actions.body["paths"]
+            .get("/api/sessions/{code}/stream")
+            .is_none(),
+        "tab routes stay out"
+    );
+    let yaml = system
+        .request(Method::GET, "/openapi.yaml")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        yaml.contains("openapi: 3.0.0"),
+        "{}",
+        &yaml[..200.min(yaml.len())]
+    );
+    assert_eq!(
+        system
+            .request(Method::GET, "/healthz")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        system
+            .request(Method::GET, "/readyz")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::OK
+    );
+    system.stop().await;
+}
+
+#[tokio::test]
+async fn cors_allows_the_configured_origins_only() {
+    let system = System::start().await;
+    let preflight = |origin: &str| {
+        system
+            .request(Method::OPTIONS, "/api/sessions")
+            .header("origin", origin)
+            .header("access-control-request-method", "POST")
+            .send()
+    };
+    let allowed = preflight("https://codap.concord.org").await.unwrap();
+    assert_eq!(allowed.status(), StatusCode::OK);
+    assert_eq!(
+        allowed
+            .headers()
+            .get("access-control-allow-origin")
+            .unwrap(),
+        "https://codap.concord.org"
+    );
+    let refused = preflight("https://evil.example").await.unwrap();
+    assert!(
+        refused
+            .headers()
+            .get("access-control-allow-origin")
+            .is_none()
+    );
+    system.stop().await;
+}
