@@ -4,10 +4,15 @@
 //! Payloads an LLM receives stay under [`MAX_LLM_CHARS`] characters (the GPT Actions limit):
 //! a larger result reaches it cut, with `truncated: true` and a note saying how to ask for less.
 
+use std::collections::BTreeMap;
+
 use poem_openapi::{Enum, Object};
 use serde_json::Value;
 use toolrelay::wire::{GroupedManifest, RequestStatus, ToolRequest, ToolResponse};
 use toolrelay_relay::{NewSession, RequestView, SessionStatus};
+
+/// A call's arguments: a JSON object.
+pub type Arguments = BTreeMap<String, Value>;
 
 /// Longest result, in characters of JSON, an LLM receives.
 pub const MAX_LLM_CHARS: usize = 100_000;
@@ -207,7 +212,7 @@ pub struct QueueCall {
     /// Function name from the metadata.
     pub function_name: String,
     /// Arguments, matching the function's parameters schema.
-    pub args: Option<Value>,
+    pub args: Option<Arguments>,
 }
 
 /// A call to make and wait for.
@@ -221,7 +226,7 @@ pub struct MakeCall {
     /// Function name from the metadata.
     pub function_name: String,
     /// Arguments, matching the function's parameters schema.
-    pub args: Option<Value>,
+    pub args: Option<Arguments>,
     /// How long to wait in milliseconds (default 25000, at most 40000).
     pub timeout_ms: Option<u64>,
 }

@@ -15,7 +15,7 @@ use super::llm::call_input;
 use super::tab::{Events, sse_event};
 use super::{Client, State, Tag, provider_token};
 use crate::error::ApiError;
-use crate::types::{FlatMetadata, Status};
+use crate::types::{Arguments, FlatMetadata, Status};
 
 /// The legacy operations.
 pub struct LegacyApi {
@@ -33,7 +33,7 @@ pub struct LegacyRequest {
     /// The function to run.
     pub tool: String,
     /// Its arguments.
-    pub args: Option<Value>,
+    pub args: Option<Arguments>,
 }
 
 /// A queued or answered call in the first design's shape.

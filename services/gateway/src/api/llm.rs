@@ -12,7 +12,7 @@ use toolrelay_relay::CallInput;
 
 use super::{Client, State, Tag};
 use crate::error::ApiError;
-use crate::types::{CallResponse, CallState, MakeCall, Metadata, QueueCall, Queued, SessionInfo};
+use crate::types::{Arguments, CallResponse, CallState, MakeCall, Metadata, QueueCall, Queued, SessionInfo};
 
 /// Longest wait of `GET …/response?wait=`.
 const MAX_RESPONSE_WAIT: Duration = Duration::from_secs(30);
@@ -240,12 +240,12 @@ pub fn call_input(
     request_id: Option<String>,
     tool_id: Option<String>,
     function_name: String,
-    args: Option<Value>,
+    args: Option<Arguments>,
 ) -> CallInput {
     CallInput {
         request_id: request_id.filter(|id| !id.is_empty()),
         tool_id: tool_id.filter(|id| !id.is_empty()),
         function_name,
-        args: args.unwrap_or(Value::Null),
+        args: args.map_or(Value::Null, |args| Value::Object(args.into_iter().collect())),
     }
 }
