@@ -21,7 +21,9 @@ const DOCUMENTED_BASE: &str = "http://127.0.0.1:8080";
 const MAX_TEXT: usize = 300;
 
 fn repo_file(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../openapi").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../openapi")
+        .join(name)
 }
 
 fn documents() -> Vec<(&'static str, String)> {
@@ -59,21 +61,41 @@ async fn the_actions_document_is_importable_as_gpt_actions() {
     assert_eq!(actions["servers"][0]["url"], DOCUMENTED_BASE);
     let mut ids = HashSet::new();
     for (path, item) in actions["paths"].as_object().unwrap() {
-        assert!(path.starts_with("/api/sessions/{code}"), "{path}: LLM operations take the code in the path");
+        assert!(
+            path.starts_with("/api/sessions/{code}"),
+            "{path}: LLM operations take the code in the path"
+        );
         for (method, operation) in item.as_object().unwrap() {
             let id = operation["operationId"].as_str().unwrap();
             assert!(ids.insert(id.to_owned()), "operationId {id} is not unique");
             for field in ["summary", "description"] {
                 let text = operation[field].as_str().unwrap_or_default();
-                assert!(text.len() <= MAX_TEXT, "{method} {path} {field} is {} characters", text.len());
+                assert!(
+                    text.len() <= MAX_TEXT,
+                    "{method} {path} {field} is {} characters",
+                    text.len()
+                );
             }
-            assert!(!operation["summary"].as_str().unwrap_or_default().is_empty(), "{method} {path} has a summary");
+            assert!(
+                !operation["summary"].as_str().unwrap_or_default().is_empty(),
+                "{method} {path} has a summary"
+            );
             for parameter in operation["parameters"].as_array().into_iter().flatten() {
-                assert_ne!(parameter["in"], "header", "{method} {path}: the LLM side needs no custom headers");
+                assert_ne!(
+                    parameter["in"], "header",
+                    "{method} {path}: the LLM side needs no custom headers"
+                );
             }
         }
     }
-    for expected in ["getMetadata", "callTool", "queueCall", "getResponses", "getCall", "getSession"] {
+    for expected in [
+        "getMetadata",
+        "callTool",
+        "queueCall",
+        "getResponses",
+        "getCall",
+        "getSession",
+    ] {
         assert!(ids.contains(expected), "{expected} is offered");
     }
 }
@@ -85,11 +107,21 @@ async fn every_operation_of_the_full_document_is_named_and_short() {
     let mut ids = HashSet::new();
     for (path, item) in full["paths"].as_object().unwrap() {
         for (method, operation) in item.as_object().unwrap() {
-            let id = operation["operationId"].as_str().unwrap_or_else(|| panic!("{method} {path} has an operationId"));
+            let id = operation["operationId"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{method} {path} has an operationId"));
             assert!(ids.insert(id.to_owned()), "operationId {id} is not unique");
             let summary = operation["summary"].as_str().unwrap_or_default();
-            assert!(!summary.is_empty() && summary.len() <= MAX_TEXT, "{method} {path}");
-            assert!(operation["tags"].as_array().is_some_and(|tags| !tags.is_empty()), "{method} {path} is tagged");
+            assert!(
+                !summary.is_empty() && summary.len() <= MAX_TEXT,
+                "{method} {path}"
+            );
+            assert!(
+                operation["tags"]
+                    .as_array()
+                    .is_some_and(|tags| !tags.is_empty()),
+                "{method} {path} is tagged"
+            );
         }
     }
 }

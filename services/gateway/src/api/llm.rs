@@ -12,7 +12,9 @@ use toolrelay_relay::CallInput;
 
 use super::{Client, State, Tag};
 use crate::error::ApiError;
-use crate::types::{Arguments, CallResponse, CallState, MakeCall, Metadata, QueueCall, Queued, SessionInfo};
+use crate::types::{
+    Arguments, CallResponse, CallState, MakeCall, Metadata, QueueCall, Queued, SessionInfo,
+};
 
 /// Longest wait of `GET …/response?wait=`.
 const MAX_RESPONSE_WAIT: Duration = Duration::from_secs(30);
@@ -246,6 +248,8 @@ pub fn call_input(
         request_id: request_id.filter(|id| !id.is_empty()),
         tool_id: tool_id.filter(|id| !id.is_empty()),
         function_name,
-        args: args.map_or(Value::Null, |args| Value::Object(args.into_iter().collect())),
+        args: args.map_or(Value::Null, |args| {
+            Value::Object(args.into_iter().collect())
+        }),
     }
 }
