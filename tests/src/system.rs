@@ -35,8 +35,7 @@ enum Running {
         task: Option<JoinHandle<Result<(), String>>>,
     },
     Split {
-        _relay: Child,
-        _gateway: Child,
+        _processes: Box<[Child; 2]>,
     },
 }
 
@@ -117,8 +116,7 @@ impl System {
             base,
             http: client(),
             running: Running::Split {
-                _relay: relay,
-                _gateway: gateway,
+                _processes: Box::new([relay, gateway]),
             },
         }
     }
