@@ -26,13 +26,7 @@ struct Cli {
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     telemetry::init(cli.log.log_format);
-    match serve(cli).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            eprintln!("toolrelay-relay: {message}");
-            ExitCode::FAILURE
-        }
-    }
+    server::exit_code("toolrelay-relay", serve(cli).await)
 }
 
 async fn serve(cli: Cli) -> Result<(), String> {

@@ -57,6 +57,18 @@ pub async fn bind(address: std::net::SocketAddr, variable: &str) -> Result<TcpLi
     })
 }
 
+/// A binary's exit: success, or the error on stderr (prefixed with the binary's name) and a
+/// failure code.
+pub fn exit_code(binary: &str, served: Result<(), String>) -> std::process::ExitCode {
+    match served {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("{binary}: {message}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// The address a listener is bound to (the real port when it was bound to port 0), for logs.
 pub fn local(listener: &TcpListener) -> String {
     listener.local_addr().map_or_else(

@@ -2,17 +2,15 @@
 //! `GET /stream?code=`, `GET /metadata?code=`. They reach the same relay operations as the
 //! current API; only the shapes differ.
 
-use futures::StreamExt;
 use poem_openapi::param::{Header, Query};
-use poem_openapi::payload::{EventStream, Json};
+use poem_openapi::payload::Json;
 use poem_openapi::{ApiResponse, Object, OpenApi};
 use serde_json::{Value, json};
-use tokio_stream::wrappers::ReceiverStream;
 use toolrelay::wire::ProviderResponse;
 use toolrelay_relay::{Downlink, Transport};
 
 use super::llm::call_input;
-use super::tab::{Events, sse_event};
+use super::tab::{EVENT_ID, Events, events};
 use super::{Client, State, Tag, provider_token};
 use crate::error::ApiError;
 use crate::types::{Arguments, FlatMetadata, Status};
@@ -149,12 +147,7 @@ impl LegacyApi {
                     .attach(&code, token.as_deref(), Transport::Sse),
             )
             .await?;
-        let uplink = link.uplink;
-        let stream = ReceiverStream::new(link.downlink).map(move |message| {
-            let _attached = &uplink;
-            legacy_event(&message)
-        });
-        Ok(EventStream::new(stream.boxed()).to_event(sse_event))
+        Ok(events(link, legacy_event))
     }
 
     /// List a session's tools (first design)
@@ -200,7 +193,7 @@ fn legacy_event(message: &Downlink) -> Value {
     match message {
         Downlink::ToolRequest { request, seq } => json!({
             "type": "tool-request",
-            "_eventId": seq.to_string(),
+            EVENT_ID: seq.to_string(),
             "id": request.request_id,
             "tool": request.function_name,
             "args": request.args,

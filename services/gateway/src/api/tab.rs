@@ -11,7 +11,7 @@ use poem_openapi::{ApiResponse, OpenApi};
 use serde_json::{Value, json};
 use tokio_stream::wrappers::ReceiverStream;
 use toolrelay::wire::ProviderResponse;
-use toolrelay_relay::{Downlink, Transport};
+use toolrelay_relay::{Downlink, ProviderLink, Transport};
 
 use super::{Client, State, Tag, provider_token};
 use crate::error::ApiError;
@@ -128,13 +128,7 @@ impl TabApi {
         // Every call not answered yet is sent again on a new stream, so resuming loses
         // nothing whatever the last id was; the tab de-duplicates by requestId.
         tracing::debug!(code = %link.code, resumed = resumed.as_deref().unwrap_or(""), "SSE provider attached");
-        let uplink = link.uplink;
-        let stream = ReceiverStream::new(link.downlink).map(move |message| {
-            // The stream owns the link: dropping it (the tab went away) detaches the provider.
-            let _attached = &uplink;
-            event_value(&message)
-        });
-        Ok(EventStream::new(stream.boxed()).to_event(sse_event))
+        Ok(events(link, event_value))
     }
 
     /// Fetch waiting calls (polling fallback)
@@ -251,6 +245,17 @@ impl TabApi {
     }
 }
 
+/// The SSE stream of a provider link, each message shaped by `shape`. The stream owns the
+/// link: when the tab goes away the stream is dropped and the provider detached.
+pub fn events(link: ProviderLink, shape: fn(&Downlink) -> Value) -> Events {
+    let uplink = link.uplink;
+    let stream = ReceiverStream::new(link.downlink).map(move |message| {
+        let _attached = &uplink;
+        shape(&message)
+    });
+    EventStream::new(stream.boxed()).to_event(sse_event)
+}
+
 /// A provider message as the JSON of an SSE event: the browser protocol's frame, with the
 /// event's type and id alongside (removed again by [`sse_event`]).
 pub fn event_value(message: &Downlink) -> Value {
@@ -265,7 +270,7 @@ pub fn event_value(message: &Downlink) -> Value {
 }
 
 /// Key under which [`event_value`] passes an event id to [`sse_event`].
-const EVENT_ID: &str = "_eventId";
+pub const EVENT_ID: &str = "_eventId";
 
 /// The SSE event of a value made by [`event_value`] (or by the legacy stream).
 pub fn sse_event(mut value: Value) -> Event {

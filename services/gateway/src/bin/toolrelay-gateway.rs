@@ -9,7 +9,7 @@ use toolrelay_gateway::config::{ENV_LISTEN, ENV_RELAY_URL, GatewayArgs};
 use toolrelay_gateway::server;
 use toolrelay_relay::config::LogArgs;
 use toolrelay_relay::remote::RemoteRelay;
-use toolrelay_relay::server::{bind, local, shutdown_signal};
+use toolrelay_relay::server::{bind, exit_code, local, shutdown_signal};
 use toolrelay_relay::telemetry;
 
 /// The toolrelay gateway: REST API, SSE and polling fallbacks, OpenAPI, in front of a relay.
@@ -26,13 +26,7 @@ struct Cli {
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     telemetry::init(cli.log.log_format);
-    match serve(cli).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            eprintln!("toolrelay-gateway: {message}");
-            ExitCode::FAILURE
-        }
-    }
+    exit_code("toolrelay-gateway", serve(cli).await)
 }
 
 async fn serve(cli: Cli) -> Result<(), String> {

@@ -11,7 +11,7 @@ use toolrelay_gateway::config::{ENV_LISTEN, GatewayArgs};
 use toolrelay_gateway::server;
 use toolrelay_relay::config::{ENV_GRPC_LISTEN, LogArgs, RelayArgs};
 use toolrelay_relay::remote::RemoteRelay;
-use toolrelay_relay::server::{bind, local, memory_relay, shutdown_signal};
+use toolrelay_relay::server::{bind, exit_code, local, memory_relay, shutdown_signal};
 use toolrelay_relay::telemetry;
 
 /// toolrelay: lets an LLM call tools that live in a browser tab, a backend service or the relay.
@@ -30,13 +30,7 @@ struct Cli {
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     telemetry::init(cli.log.log_format);
-    match serve(cli).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            eprintln!("toolrelay: {message}");
-            ExitCode::FAILURE
-        }
-    }
+    exit_code("toolrelay", serve(cli).await)
 }
 
 async fn serve(cli: Cli) -> Result<(), String> {
