@@ -31,7 +31,7 @@ fi
 
 # --- Rust ---------------------------------------------------------------------------------
 if ! command -v cargo >/dev/null; then
-  say "cargo is missing: install Rust 1.88 or newer (https://rustup.rs) and run this again"
+  say "cargo is missing: install Rust 1.91 or newer (https://rustup.rs) and run this again"
   exit 1
 fi
 

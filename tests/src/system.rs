@@ -15,8 +15,8 @@ use tokio::process::{Child, Command};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use toolrelay_gateway::config::GatewayConfig;
-use toolrelay_relay::RelayConfig;
 use toolrelay_relay::server::memory_relay;
+use toolrelay_relay::{Relay, RelayConfig};
 
 use crate::PATIENCE;
 
@@ -66,6 +66,11 @@ impl System {
     /// Relay and gateway in this process, with these settings.
     pub async fn with(relay: RelayConfig, adjust: impl FnOnce(&mut GatewayConfig)) -> Self {
         relay.validate().unwrap();
+        Self::serving(memory_relay(relay), adjust).await
+    }
+
+    /// This relay and a gateway in front of it, in this process.
+    pub async fn serving(relay: Relay, adjust: impl FnOnce(&mut GatewayConfig)) -> Self {
         let public = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", public.local_addr().unwrap());
@@ -76,8 +81,7 @@ impl System {
             let shutdown = async {
                 let _ = stopped.await;
             };
-            toolrelay_gateway::server::run_all(memory_relay(relay), config, public, grpc, shutdown)
-                .await
+            toolrelay_gateway::server::run_all(relay, config, public, grpc, shutdown).await
         });
         Self {
             base,

@@ -17,6 +17,9 @@ use toolrelay::proto::v1::{
 use toolrelay_relay::RelayConfig;
 use toolrelay_tests::{PATIENCE, TestRelay, WsTab, demo_tools, error_name, with_token};
 
+/// The built-in tools every session offers besides the tab's.
+const BUILTINS: u32 = 2;
+
 fn call(code: &str, function: &str, args: Value) -> CallRequest {
     CallRequest {
         code: code.into(),
@@ -65,7 +68,11 @@ async fn a_websocket_tab_answers_a_grpc_call() {
         .unwrap()
         .into_inner();
     let names: Vec<&str> = manifest.tools.iter().map(|t| t.name.as_str()).collect();
-    assert_eq!(names, ["echo", "add"]);
+    assert_eq!(
+        names,
+        ["echo", "add", "encodePlantUML", "decodePlantUML"],
+        "the tab's tools, then the built-in ones"
+    );
     assert_eq!(manifest.tools[0].tool_id, "demo");
     assert_eq!(
         from_struct(manifest.tools[0].input_schema.as_ref().unwrap())["required"],
@@ -98,7 +105,7 @@ async fn a_websocket_tab_answers_a_grpc_call() {
         .into_inner();
     assert!(info.provider_connected);
     assert_eq!(info.transport, "websocket");
-    assert_eq!((info.tool_count, info.pending_requests), (2, 0));
+    assert_eq!((info.tool_count, info.pending_requests), (2 + BUILTINS, 0));
     let responses = client
         .list_responses(ListResponsesRequest {
             code: session.code.clone(),
@@ -139,7 +146,7 @@ async fn a_grpc_connect_provider_answers_calls() {
             .await
             .unwrap()
             .into_inner();
-        if info.tool_count == 2 {
+        if info.tool_count == 2 + BUILTINS {
             assert_eq!(info.transport, "grpc");
             break;
         }
@@ -324,7 +331,7 @@ async fn the_provider_token_is_required_and_the_code_alone_is_refused() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!((info.tool_count, info.pending_requests), (2, 1));
+    assert_eq!((info.tool_count, info.pending_requests), (2 + BUILTINS, 1));
     let status = client
         .get_request_status(GetRequestStatusRequest {
             code: session.code.clone(),

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use poem::http::StatusCode;
+use poem::http::{StatusCode, header};
 use poem::{Endpoint, IntoResponse, Request, Response};
 use poem_openapi::payload::Json;
 use poem_openapi::{ApiResponse, Object};
@@ -161,12 +161,14 @@ pub async fn normalise_errors<E: Endpoint>(next: E, request: Request) -> poem::R
             !id.is_empty() && id.len() <= MAX_REQUEST_ID && id.bytes().all(|b| b.is_ascii_graphic())
         })
         .map_or_else(toolrelay_relay::code::random_id, str::to_owned);
+    let path = request.uri().path().to_owned();
     let span = tracing::info_span!("request", correlation_id = %id, method = %request.method(), path = %request.uri().path());
     let handled = CORRELATION_ID
         .scope(id.clone(), async {
             match next.call(request).await {
                 Ok(response) => response.into_response(),
                 Err(error) if error.is_from_response() => error.into_response(),
+                Err(error) if is_tool_route(&path) => tool_response_for(&path, &error),
                 Err(error) => response_for(&error),
             }
         })
@@ -176,6 +178,100 @@ pub async fn normalise_errors<E: Endpoint>(next: E, request: Request) -> poem::R
     if let Ok(value) = id.parse() {
         response.headers_mut().insert(REQUEST_ID_HEADER, value);
     }
+    Ok(response)
+}
+
+/// The built-in tool routes, which keep the original tool API's error shape.
+fn is_tool_route(path: &str) -> bool {
+    path == "/api/tools" || path.starts_with("/api/tools/")
+}
+
+/// The tool API's answer for an error poem raised: `{success:false, error:{code, message}}`.
+fn tool_response_for(path: &str, error: &poem::Error) -> Response {
+    let status = error.status();
+    let (status, code, message) = if path == "/api/tools/" {
+        (
+            StatusCode::BAD_REQUEST,
+            "TOOL_NAME_REQUIRED",
+            "Name the tool in the path: POST /api/tools/{toolName}. GET /api/tools lists them."
+                .to_owned(),
+        )
+    } else {
+        match status {
+            StatusCode::NOT_FOUND => (
+                status,
+                "TOOL_NOT_FOUND",
+                "There is no tool at this path. GET /api/tools lists the tools.".to_owned(),
+            ),
+            StatusCode::METHOD_NOT_ALLOWED => (
+                status,
+                "METHOD_NOT_ALLOWED",
+                "Run a tool with POST /api/tools/{toolName}; list them with GET /api/tools."
+                    .to_owned(),
+            ),
+            StatusCode::PAYLOAD_TOO_LARGE => (
+                status,
+                "CODE_TOO_LARGE",
+                "The request body is over 256 KB. Send less.".to_owned(),
+            ),
+            status if status.is_client_error() => (
+                StatusCode::BAD_REQUEST,
+                "INVALID_JSON",
+                format!("The body must be a JSON object with the tool's input: {error}."),
+            ),
+            _ => {
+                tracing::error!(%status, detail = %error, "tool request failed");
+                (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "INTERNAL_ERROR",
+                    "The relay could not handle this request. Try again in a few seconds."
+                        .to_owned(),
+                )
+            }
+        }
+    };
+    let body = serde_json::json!({"success": false, "error": {"code": code, "message": message}});
+    Response::builder()
+        .status(status)
+        .content_type("application/json; charset=utf-8")
+        .body(body.to_string())
+}
+
+/// Routes open to every origin (SPEC §10): the public tool API and the documents.
+fn is_open_route(path: &str) -> bool {
+    is_tool_route(path) || path.starts_with("/openapi") || path.starts_with("/.well-known/")
+}
+
+/// Middleware: CORS `*` on the open routes (answering their preflight itself); other routes
+/// are left to the allow-list.
+pub async fn open_cors<E: Endpoint>(next: E, mut request: Request) -> poem::Result<Response> {
+    use poem::http::{HeaderValue, Method};
+    if !is_open_route(request.uri().path()) {
+        return next.call(request).await.map(IntoResponse::into_response);
+    }
+    if request.method() == Method::OPTIONS
+        && request
+            .headers()
+            .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD)
+    {
+        return Ok(Response::builder()
+            .status(StatusCode::NO_CONTENT)
+            .header(header::ACCESS_CONTROL_ALLOW_ORIGIN, "*")
+            .header(header::ACCESS_CONTROL_ALLOW_METHODS, "GET, POST, OPTIONS")
+            .header(
+                header::ACCESS_CONTROL_ALLOW_HEADERS,
+                "Content-Type, Authorization, X-Request-Id",
+            )
+            .header(header::ACCESS_CONTROL_MAX_AGE, "86400")
+            .finish());
+    }
+    // The allow-list does not apply here: the origin is not checked.
+    request.headers_mut().remove(header::ORIGIN);
+    let mut response = next.call(request).await?.into_response();
+    response.headers_mut().insert(
+        header::ACCESS_CONTROL_ALLOW_ORIGIN,
+        HeaderValue::from_static("*"),
+    );
     Ok(response)
 }
 

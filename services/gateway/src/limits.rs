@@ -18,6 +18,8 @@ use poem::http::HeaderMap;
 use poem::web::RemoteAddr;
 
 use crate::config::RateLimits;
+use toolrelay_relay::{ErrorInfo, ErrorKind};
+
 use crate::error::ApiError;
 
 /// Addresses blocked by the brute-force guard are forgotten once this many pile up and expire.
@@ -27,6 +29,7 @@ const BLOCKED_PRUNE_AT: usize = 10_000;
 pub struct Limiters {
     sessions: DefaultKeyedRateLimiter<IpAddr>,
     calls: DefaultKeyedRateLimiter<(IpAddr, String)>,
+    tools: DefaultKeyedRateLimiter<IpAddr>,
     misses: DefaultKeyedRateLimiter<IpAddr>,
     /// Until when an address is refused code look-ups. A std mutex: held for a map access,
     /// never across an `.await`.
@@ -44,6 +47,7 @@ impl Limiters {
         Self {
             sessions: RateLimiter::keyed(per_minute(limits.sessions_per_ip)),
             calls: RateLimiter::keyed(per_minute(limits.requests_per_code)),
+            tools: RateLimiter::keyed(per_minute(limits.requests_per_code)),
             misses: RateLimiter::keyed(per_minute(limits.lookups_per_ip)),
             blocked: Mutex::new(HashMap::new()),
             trusted_proxies,
@@ -85,6 +89,21 @@ impl Limiters {
             .collect();
         self.calls.check_key(&(ip, code)).map_err(|wait| {
             ApiError::rate_limited("calls to this session from your address", wait_time(&wait))
+        })
+    }
+
+    /// Counts a call of a built-in tool outside a session (limited per address like calls).
+    pub fn tool_call(&self, ip: IpAddr) -> Result<(), ErrorInfo> {
+        self.tools.check_key(&ip).map_err(|wait| {
+            let seconds = wait_time(&wait).as_secs().max(1);
+            ErrorInfo {
+                kind: ErrorKind::TooManyRequests,
+                name: "rate_limited".into(),
+                message: format!(
+                    "Too many tool calls from your address. Wait {seconds} s, then try again."
+                ),
+                retry_after: Some(Duration::from_secs(seconds)),
+            }
         })
     }
 
@@ -130,6 +149,7 @@ impl Limiters {
     pub fn shrink(&self) {
         self.sessions.retain_recent();
         self.calls.retain_recent();
+        self.tools.retain_recent();
         self.misses.retain_recent();
         let now = Instant::now();
         self.blocked

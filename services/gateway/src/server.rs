@@ -19,9 +19,10 @@ use crate::api::discovery::DiscoveryApi;
 use crate::api::legacy::LegacyApi;
 use crate::api::llm::LlmApi;
 use crate::api::tab::TabApi;
+use crate::api::tools::ToolsApi;
 use crate::api::{Gateway, State};
 use crate::config::{GatewayConfig, MAX_CALL_BODY, MAX_PROVIDER_BODY};
-use crate::error::{REQUEST_ID_HEADER, error_response, normalise_errors};
+use crate::error::{REQUEST_ID_HEADER, normalise_errors, open_cors};
 use crate::limits::Limiters;
 use crate::websocket;
 
@@ -42,12 +43,17 @@ pub fn gateway(relay: Arc<dyn RelayApi>, config: GatewayConfig) -> State {
 }
 
 /// The whole API: every operation, for `/openapi.json`.
-pub fn api_service(state: &State) -> OpenApiService<(LlmApi, TabApi, LegacyApi, DiscoveryApi), ()> {
+pub fn api_service(
+    state: &State,
+) -> OpenApiService<(LlmApi, TabApi, ToolsApi, LegacyApi, DiscoveryApi), ()> {
     let apis = (
         LlmApi {
             state: state.clone(),
         },
         TabApi {
+            state: state.clone(),
+        },
+        ToolsApi {
             state: state.clone(),
         },
         LegacyApi {
@@ -120,6 +126,7 @@ pub fn app(state: State) -> impl Endpoint<Output = Response> {
         .around(limit_body)
         .with(cors)
         .around(normalise_errors)
+        .around(open_cors)
         .map_to_response()
 }
 
@@ -219,7 +226,6 @@ impl Document {
 fn document(Data(document): Data<&Document>) -> Response {
     Response::builder()
         .content_type(document.content_type)
-        .header(header::ACCESS_CONTROL_ALLOW_ORIGIN, "*")
         .body(document.body.as_str().to_owned())
 }
 
@@ -248,29 +254,20 @@ async fn limit_body<E: Endpoint>(next: E, mut request: Request) -> poem::Result<
             .and_then(|value| value.to_str().ok())
             .and_then(|value| value.parse::<usize>().ok());
         if declared.is_some_and(|length| length > limit) {
-            return Ok(too_large(limit));
+            return Err(poem::Error::from_status(StatusCode::PAYLOAD_TOO_LARGE));
         }
         match request.take_body().into_bytes_limit(limit).await {
             Ok(bytes) => request.set_body(bytes),
-            Err(poem::error::ReadBodyError::PayloadTooLarge) => return Ok(too_large(limit)),
+            Err(poem::error::ReadBodyError::PayloadTooLarge) => {
+                return Err(poem::Error::from_status(StatusCode::PAYLOAD_TOO_LARGE));
+            }
             Err(error) => {
-                return Ok(error_response(
+                return Err(poem::Error::from_string(
+                    error.to_string(),
                     StatusCode::BAD_REQUEST,
-                    "invalid_request",
-                    format!("The request body could not be read: {error}."),
                 ));
             }
         }
     }
     next.call(request).await.map(IntoResponse::into_response)
-}
-
-fn too_large(limit: usize) -> Response {
-    error_response(
-        StatusCode::PAYLOAD_TOO_LARGE,
-        "body_too_large",
-        format!(
-            "The request body is over the limit of {limit} bytes. Send less data (fewer items, shorter values)."
-        ),
-    )
 }

@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use serde_json::Value;
 use toolrelay::wire::{GroupedManifest, ProviderResponse, ToolRequest, ToolResponse};
 
+use crate::builtin::{Scope, ToolFailure, ToolInfo};
 use crate::error::ErrorInfo;
 use crate::provider::ProviderLink;
 use crate::relay::{CallInput, NewSession, Relay, RequestView, ResponseOutcome, SessionStatus};
@@ -80,6 +81,11 @@ pub trait RelayApi: Send + Sync + 'static {
         token: Option<&str>,
         response: ProviderResponse,
     ) -> Outcome<ResponseOutcome>;
+    /// The built-in tools.
+    async fn tools(&self) -> Outcome<Vec<ToolInfo>>;
+    /// Runs a built-in tool outside any session; a relay that cannot be reached is an
+    /// `Internal` failure.
+    async fn call_tool(&self, name: &str, args: Value, scope: Scope) -> Result<Value, ToolFailure>;
 }
 
 #[async_trait]
@@ -101,7 +107,7 @@ impl RelayApi for Relay {
     }
 
     async fn manifest(&self, code: &str) -> Outcome<GroupedManifest> {
-        Ok(Relay::manifest(self, code).await?.grouped())
+        Ok(Relay::manifest(self, code).await?)
     }
 
     async fn register_manifest(
@@ -168,5 +174,13 @@ impl RelayApi for Relay {
         response: ProviderResponse,
     ) -> Outcome<ResponseOutcome> {
         Ok(Relay::post_response(self, code, token, response).await?)
+    }
+
+    async fn tools(&self) -> Outcome<Vec<ToolInfo>> {
+        Ok(Relay::tools(self))
+    }
+
+    async fn call_tool(&self, name: &str, args: Value, scope: Scope) -> Result<Value, ToolFailure> {
+        Relay::call_tool(self, name, args, scope).await
     }
 }

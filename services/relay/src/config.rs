@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use clap::Args;
 
+use crate::builtin::BuiltinConfig;
+
 /// `SESSION_TTL_SECONDS`: idle time after which a session expires.
 pub const ENV_SESSION_TTL: &str = "SESSION_TTL_SECONDS";
 /// `SESSION_MAX_LIFETIME_SECONDS`: a session ends this long after creation, however active.
@@ -20,6 +22,8 @@ pub const ENV_HEARTBEAT: &str = "HEARTBEAT_SECONDS";
 pub const ENV_GRPC_LISTEN: &str = "GRPC_LISTEN_ADDR";
 /// `WS_LISTEN_ADDR`: where the standalone relay serves the browser WebSocket.
 pub const ENV_WS_LISTEN: &str = "WS_LISTEN_ADDR";
+/// `PLANTUML_SERVER_URL`: the PlantUML server `encodePlantUML`'s URLs point at.
+pub const ENV_PLANTUML_SERVER: &str = "PLANTUML_SERVER_URL";
 /// `LOG_FORMAT`: `text` (default) or `json`.
 pub const ENV_LOG_FORMAT: &str = "LOG_FORMAT";
 
@@ -48,6 +52,8 @@ pub struct RelayConfig {
     pub max_response_bytes: usize,
     /// How long `Call` waits when the caller gives no timeout.
     pub default_call_wait: Duration,
+    /// Settings of the built-in tools.
+    pub builtin: BuiltinConfig,
 }
 
 impl Default for RelayConfig {
@@ -64,6 +70,7 @@ impl Default for RelayConfig {
             max_functions: 256,
             max_response_bytes: 1024 * 1024,
             default_call_wait: Duration::from_secs(25),
+            builtin: BuiltinConfig::default(),
         }
     }
 }
@@ -93,6 +100,12 @@ impl RelayConfig {
         }
         if self.max_pending_per_session == 0 {
             return Err(format!("{ENV_MAX_PENDING} must be at least 1"));
+        }
+        let server = &self.builtin.plantuml_server;
+        if !(server.starts_with("http://") || server.starts_with("https://")) {
+            return Err(format!(
+                "{ENV_PLANTUML_SERVER} ({server}) must be an http:// or https:// URL"
+            ));
         }
         Ok(())
     }
@@ -128,6 +141,9 @@ pub struct RelayArgs {
     /// Seconds between heartbeats to connected providers.
     #[arg(long, env = ENV_HEARTBEAT, default_value_t = 25, value_parser = clap::value_parser!(u64).range(1..))]
     pub heartbeat_seconds: u64,
+    /// PlantUML server the URLs of encodePlantUML point at.
+    #[arg(long, env = ENV_PLANTUML_SERVER, default_value = crate::builtin::plantuml::DEFAULT_SERVER)]
+    pub plantuml_server_url: String,
 }
 
 /// The logging flag every binary has.
@@ -148,6 +164,9 @@ impl RelayArgs {
             max_pending_per_session: usize::try_from(self.max_pending_per_session)
                 .unwrap_or(usize::MAX),
             heartbeat_interval: Duration::from_secs(self.heartbeat_seconds),
+            builtin: BuiltinConfig {
+                plantuml_server: self.plantuml_server_url.clone(),
+            },
             ..RelayConfig::default()
         };
         config.validate()?;

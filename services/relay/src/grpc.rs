@@ -15,11 +15,14 @@ use tonic::{Code, Request, Response, Status, Streaming};
 use toolrelay::json::{from_struct, from_value, to_struct, to_value};
 use toolrelay::proto::v1 as pb;
 use toolrelay::proto::v1::relay_server::{Relay as RelayRpc, RelayServer};
-use toolrelay::wire::{ProviderFrame, ProviderResponse, RequestStatus, ToolResponse};
+use toolrelay::wire::{
+    GroupedManifest, ProviderFrame, ProviderResponse, RequestStatus, ToolResponse,
+};
 
+use crate::builtin::{BUILTIN_GROUP, FailureKind, Scope, ToolInfo};
 use crate::clock::Timestamp;
+use crate::code::SessionCode;
 use crate::error::{ErrorKind, RelayError};
-use crate::manifest::Manifest;
 use crate::provider::{Downlink, ProviderLink};
 use crate::relay::{CallInput, Relay, RequestView};
 use crate::store::Transport;
@@ -309,6 +312,48 @@ impl RelayRpc for RelayService {
         }))
     }
 
+    async fn list_tools(&self, _: Request<pb::ListToolsRequest>) -> Reply<pb::ListToolsResponse> {
+        Ok(Response::new(pb::ListToolsResponse {
+            tools: self.relay.tools().into_iter().map(tool_message).collect(),
+        }))
+    }
+
+    async fn call_tool(
+        &self,
+        request: Request<pb::CallToolRequest>,
+    ) -> Reply<pb::CallToolResponse> {
+        let request = request.into_inner();
+        let scope = match request.scope {
+            Some(pb::call_tool_request::Scope::SessionCode(code)) => {
+                Scope::Session(SessionCode::parse(&code).map_err(status)?)
+            }
+            Some(pb::call_tool_request::Scope::McpSession(id)) => Scope::Mcp(id),
+            Some(pb::call_tool_request::Scope::CallerScope(id)) => Scope::Caller(id),
+            None => Scope::None,
+        };
+        let args = request.args.as_ref().map_or(Value::Null, from_struct);
+        let reply = match self.relay.call_tool(&request.name, args, scope).await {
+            Ok(result) => pb::CallToolResponse {
+                success: true,
+                result: Some(to_value(&result)),
+                failure: None,
+            },
+            Err(failure) => pb::CallToolResponse {
+                success: false,
+                result: None,
+                failure: Some(pb::ToolFailure {
+                    kind: failure_kind(failure.kind).into(),
+                    code: failure.code,
+                    message: failure.message,
+                    retry_after_seconds: failure
+                        .retry_after
+                        .map_or(0, |wait| u32::try_from(wait.as_secs()).unwrap_or(u32::MAX)),
+                }),
+            },
+        };
+        Ok(Response::new(reply))
+    }
+
     async fn register_manifest(
         &self,
         request: Request<pb::RegisterManifestRequest>,
@@ -331,6 +376,27 @@ impl RelayRpc for RelayService {
 }
 
 // ---- conversions ----
+
+/// The protobuf kind of a tool failure.
+pub(crate) fn failure_kind(kind: FailureKind) -> pb::FailureKind {
+    match kind {
+        FailureKind::BadInput => pb::FailureKind::BadInput,
+        FailureKind::TooLarge => pb::FailureKind::TooLarge,
+        FailureKind::NotFound => pb::FailureKind::NotFound,
+        FailureKind::Busy => pb::FailureKind::Busy,
+        FailureKind::Internal => pb::FailureKind::Internal,
+    }
+}
+
+/// A built-in tool as a protobuf `Tool`.
+pub(crate) fn tool_message(tool: ToolInfo) -> pb::Tool {
+    pb::Tool {
+        name: tool.name,
+        description: tool.description,
+        input_schema: Some(to_struct(&tool.input_schema)),
+        tool_id: BUILTIN_GROUP.to_owned(),
+    }
+}
 
 pub(crate) fn count(n: usize) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
@@ -451,8 +517,7 @@ fn tools_value(tools: &[pb::Tool]) -> Value {
     )
 }
 
-fn manifest_message(manifest: &Manifest) -> pb::Manifest {
-    let grouped = manifest.grouped();
+fn manifest_message(grouped: &GroupedManifest) -> pb::Manifest {
     let groups = grouped
         .tools
         .iter()

@@ -15,6 +15,7 @@
 //!   [`config`] — settings and command-line flags.
 
 pub mod api;
+pub mod builtin;
 pub mod clock;
 pub mod code;
 pub mod config;

@@ -247,33 +247,37 @@ impl Function {
 
     /// Checks arguments against the function's schema; the error lists what is wrong, where.
     pub fn check_arguments(&self, args: &Value) -> Result<(), RelayError> {
-        let problems: Vec<String> = self
-            .validator
-            .iter_errors(args)
-            .take(MAX_REPORTED_PROBLEMS)
-            .map(|error| {
-                let path = error.instance_path().to_string();
-                let at = if path.is_empty() {
-                    "(arguments)".to_owned()
-                } else {
-                    path
-                };
-                // The validator quotes the offending value, which may be huge.
-                format!(
-                    "at {at}: {}",
-                    shortened(&error.to_string(), MAX_PROBLEM_CHARS)
-                )
-            })
-            .collect();
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(RelayError::InvalidArguments {
+        match describe_violations(&self.validator, args) {
+            None => Ok(()),
+            Some(problems) => Err(RelayError::InvalidArguments {
                 function: self.name.clone(),
-                problems: problems.join("; "),
-            })
+                problems,
+            }),
         }
     }
+}
+
+/// The first few ways `instance` breaks a schema, each with where it is, or `None` when it
+/// does not.
+pub fn describe_violations(validator: &jsonschema::Validator, instance: &Value) -> Option<String> {
+    let problems: Vec<String> = validator
+        .iter_errors(instance)
+        .take(MAX_REPORTED_PROBLEMS)
+        .map(|error| {
+            let path = error.instance_path().to_string();
+            let at = if path.is_empty() {
+                "(arguments)".to_owned()
+            } else {
+                path
+            };
+            // The validator quotes the offending value, which may be huge.
+            format!(
+                "at {at}: {}",
+                shortened(&error.to_string(), MAX_PROBLEM_CHARS)
+            )
+        })
+        .collect();
+    (!problems.is_empty()).then(|| problems.join("; "))
 }
 
 fn parse_function(

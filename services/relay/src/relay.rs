@@ -10,8 +10,14 @@ use std::time::Duration;
 use futures::StreamExt;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
-use toolrelay::wire::{ProviderResponse, RequestStatus, ToolError, ToolResponse};
+use toolrelay::wire::{
+    FunctionSpec, GroupedManifest, ProviderResponse, RequestStatus, ToolError, ToolGroup,
+    ToolResponse,
+};
 
+use crate::builtin::{
+    BUILTIN_GROUP, BUILTIN_GROUP_DESCRIPTION, Context, Registry, Scope, ToolFailure, ToolInfo,
+};
 use crate::clock::{Clock, Timestamp};
 use crate::code::{self, SessionCode};
 use crate::config::RelayConfig;
@@ -35,6 +41,7 @@ pub struct Relay {
 
 pub(crate) struct Inner {
     pub(crate) store: Arc<dyn Store>,
+    pub(crate) tools: Registry,
     pub(crate) config: RelayConfig,
     pub(crate) clock: Clock,
     pub(crate) shutdown: CancellationToken,
@@ -117,11 +124,24 @@ pub struct ResponseOutcome {
 }
 
 impl Relay {
-    /// A relay over `store`. `config` must be valid ([`RelayConfig::validate`]).
+    /// A relay over `store`, with the standard built-in tools. `config` must be valid
+    /// ([`RelayConfig::validate`]).
     pub fn new(store: Arc<dyn Store>, config: RelayConfig, clock: Clock) -> Self {
+        let tools = Registry::standard(&config.builtin);
+        Self::with_tools(store, config, clock, tools)
+    }
+
+    /// A relay with these built-in tools.
+    pub fn with_tools(
+        store: Arc<dyn Store>,
+        config: RelayConfig,
+        clock: Clock,
+        tools: Registry,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 store,
+                tools,
                 config,
                 clock,
                 shutdown: CancellationToken::new(),
@@ -203,7 +223,7 @@ impl Relay {
             created_at: session.created_at,
             expires_at: session.expires_at,
             transport,
-            tool_count: manifest.functions().len(),
+            tool_count: manifest.functions().len() + self.inner.tools.names().len(),
             pending_requests,
             code,
         })
@@ -217,11 +237,43 @@ impl Relay {
         Ok(())
     }
 
-    /// The session's manifest. Fetching it counts as activity.
-    pub async fn manifest(&self, code: &str) -> Result<Arc<Manifest>, RelayError> {
+    /// The session's tools: the provider's, then the built-in ones (group [`BUILTIN_GROUP`]).
+    /// Fetching them counts as activity.
+    pub async fn manifest(&self, code: &str) -> Result<GroupedManifest, RelayError> {
         let (code, _) = self.live_session(code).await?;
         self.touch(&code, None).await?;
-        self.manifest_of(&code).await
+        let mut grouped = self.manifest_of(&code).await?.grouped();
+        grouped.tools.push(ToolGroup {
+            id: BUILTIN_GROUP.to_owned(),
+            description: BUILTIN_GROUP_DESCRIPTION.to_owned(),
+            functions: self
+                .inner
+                .tools
+                .list()
+                .into_iter()
+                .map(|tool| FunctionSpec {
+                    name: tool.name,
+                    description: tool.description,
+                    parameters: tool.input_schema,
+                })
+                .collect(),
+        });
+        Ok(grouped)
+    }
+
+    /// The built-in tools.
+    pub fn tools(&self) -> Vec<ToolInfo> {
+        self.inner.tools.list()
+    }
+
+    /// Runs a built-in tool outside any session, for `scope` (stateful tools need one).
+    pub async fn call_tool(
+        &self,
+        name: &str,
+        args: Value,
+        scope: Scope,
+    ) -> Result<Value, ToolFailure> {
+        self.inner.tools.call(name, args, &Context { scope }).await
     }
 
     /// Replaces the manifest; returns the number of functions. Needs the provider token. A
@@ -247,6 +299,20 @@ impl Relay {
             max_functions: self.inner.config.max_functions,
         };
         let manifest = Manifest::parse(tools, limits)?;
+        for function in manifest.functions() {
+            if self.inner.tools.contains(&function.name) || function.group_id() == BUILTIN_GROUP {
+                return Err(RelayError::InvalidManifest {
+                    reason: format!(
+                        "{} is the name of a tool built into the relay (tool id {BUILTIN_GROUP}); give yours another name",
+                        if function.group_id() == BUILTIN_GROUP {
+                            BUILTIN_GROUP
+                        } else {
+                            &function.name
+                        }
+                    ),
+                });
+            }
+        }
         let count = manifest.functions().len();
         self.inner
             .store
@@ -272,34 +338,54 @@ impl Relay {
             args => args,
         };
         let manifest = self.manifest_of(&code).await?;
-        let function = manifest
-            .function(call.tool_id.as_deref(), &call.function_name)
-            .ok_or_else(|| {
-                unknown_function(
+        let now = self.now();
+        let tool_id = call.tool_id.as_deref();
+        let (group, builtin) = match manifest.function(tool_id, &call.function_name) {
+            Some(function) => {
+                function.check_arguments(&args)?;
+                (function.group_id().to_owned(), false)
+            }
+            None if tool_id.is_none_or(|id| id == BUILTIN_GROUP)
+                && self.inner.tools.contains(&call.function_name) =>
+            {
+                self.inner
+                    .tools
+                    .check(&call.function_name, &args)
+                    .map_err(|failure| RelayError::InvalidArguments {
+                        function: call.function_name.clone(),
+                        problems: failure.message,
+                    })?;
+                (BUILTIN_GROUP.to_owned(), true)
+            }
+            None => {
+                return Err(unknown_function(
                     &code,
                     &manifest,
+                    &self.inner.tools,
                     &call.function_name,
-                    call.tool_id.as_deref(),
-                )
-            })?;
-        function.check_arguments(&args)?;
-
-        let now = self.now();
+                    tool_id,
+                ));
+            }
+        };
         let request = NewRequest {
             id: request_id.clone(),
             // The provider dispatches on (tool, function): name the tool even when the caller
             // did not, so a call with and without `toolId` is the same call.
-            tool_id: Some(function.group_id().to_owned()),
+            tool_id: Some(group),
             function_name: call.function_name,
             args,
             created_at: now,
             deadline: now.plus(self.inner.config.request_timeout),
+            builtin,
         };
         let limit = self.inner.config.max_pending_per_session;
         match self.inner.store.enqueue(&code, request, limit).await? {
             Enqueued::Queued(record) => {
                 tracing::debug!(code = %code, request_id = %record.id, function = %record.function_name, "call queued");
                 self.touch(&code, None).await?;
+                if record.builtin {
+                    self.run_builtin(code.clone(), &record);
+                }
                 Ok(record.into())
             }
             Enqueued::Existing(record) => Ok(record.into()),
@@ -446,6 +532,41 @@ impl Relay {
             Finished::NoSession => return Err(not_found(code)),
         };
         Ok(outcome)
+    }
+
+    /// Runs a built-in tool called through a session, in the background, and records its
+    /// answer like a tab's.
+    fn run_builtin(&self, code: SessionCode, record: &RequestRecord) {
+        let relay = self.clone();
+        let (id, name, args) = (
+            record.id.clone(),
+            record.function_name.clone(),
+            record.args.clone(),
+        );
+        tokio::spawn(async move {
+            let context = Context {
+                scope: Scope::Session(code.clone()),
+            };
+            let response = match relay.inner.tools.call(&name, args, &context).await {
+                Ok(result) => ProviderResponse {
+                    request_id: id,
+                    success: Some(true),
+                    result: Some(result),
+                    error: None,
+                },
+                Err(failure) => ProviderResponse {
+                    request_id: id,
+                    success: Some(false),
+                    result: None,
+                    error: Some(
+                        serde_json::json!({"code": failure.code, "message": failure.message}),
+                    ),
+                },
+            };
+            if let Err(error) = relay.accept_response(&code, response).await {
+                tracing::warn!(code = %code, %error, "a built-in tool's answer was not recorded");
+            }
+        });
     }
 
     // ---- helpers shared with the provider side ----
@@ -606,24 +727,27 @@ pub(crate) fn not_found(code: &SessionCode) -> RelayError {
 fn unknown_function(
     code: &SessionCode,
     manifest: &Manifest,
+    tools: &Registry,
     name: &str,
     tool_id: Option<&str>,
 ) -> RelayError {
-    let names: Vec<&str> = manifest
+    let mut names: Vec<&str> = manifest
         .functions()
         .iter()
         .map(|f| f.name.as_str())
         .collect();
+    let tab_has_tools = !names.is_empty();
+    names.extend(tools.names());
+    let mut available = names.join(", ");
+    if !tab_has_tools {
+        available.push_str(" (the tab has not registered its tools yet; is it open?)");
+    }
     RelayError::UnknownFunction {
         code: code.display(),
         name: name.to_owned(),
         in_tool: tool_id
             .map(|id| format!(" in tool {id}"))
             .unwrap_or_default(),
-        available: if names.is_empty() {
-            "none yet (the tab has not registered its tools; is it open?)".to_owned()
-        } else {
-            names.join(", ")
-        },
+        available,
     }
 }

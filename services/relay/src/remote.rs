@@ -26,6 +26,7 @@ use toolrelay::wire::{
 use async_trait::async_trait;
 
 use crate::api::{Outcome, RelayApi};
+use crate::builtin::{FailureKind, Scope, ToolFailure, ToolInfo};
 use crate::clock::Timestamp;
 use crate::code::SessionCode;
 use crate::error::{ErrorInfo, ErrorKind};
@@ -309,6 +310,67 @@ impl RelayApi for RemoteRelay {
             status: status_of(reply.status()),
             request_id: reply.request_id,
             accepted: reply.accepted,
+        })
+    }
+
+    async fn tools(&self) -> Outcome<Vec<ToolInfo>> {
+        let reply = self
+            .client()
+            .list_tools(pb::ListToolsRequest {})
+            .await
+            .map_err(error_info)?;
+        Ok(reply
+            .into_inner()
+            .tools
+            .into_iter()
+            .map(|tool| ToolInfo {
+                name: tool.name,
+                description: tool.description,
+                input_schema: tool.input_schema.as_ref().map_or(Value::Null, from_struct),
+            })
+            .collect())
+    }
+
+    async fn call_tool(&self, name: &str, args: Value, scope: Scope) -> Result<Value, ToolFailure> {
+        use pb::call_tool_request::Scope as PbScope;
+        let request = pb::CallToolRequest {
+            name: name.to_owned(),
+            args: Some(to_struct(&args)),
+            scope: match scope {
+                Scope::Session(code) => Some(PbScope::SessionCode(code.as_str().to_owned())),
+                Scope::Mcp(id) => Some(PbScope::McpSession(id)),
+                Scope::Caller(id) => Some(PbScope::CallerScope(id)),
+                Scope::None => None,
+            },
+        };
+        let reply = match self.client().call_tool(request).await {
+            Ok(reply) => reply.into_inner(),
+            Err(status) => {
+                let error = error_info(status);
+                return Err(ToolFailure::new(
+                    FailureKind::Internal,
+                    "RELAY_UNAVAILABLE",
+                    error.message,
+                ));
+            }
+        };
+        if reply.success {
+            return Ok(reply.result.as_ref().map_or(Value::Null, from_value));
+        }
+        let failure = reply.failure.unwrap_or_default();
+        let kind = match failure.kind() {
+            pb::FailureKind::BadInput => FailureKind::BadInput,
+            pb::FailureKind::TooLarge => FailureKind::TooLarge,
+            pb::FailureKind::NotFound => FailureKind::NotFound,
+            pb::FailureKind::Busy => FailureKind::Busy,
+            pb::FailureKind::Internal | pb::FailureKind::Unspecified => FailureKind::Internal,
+        };
+        Err(ToolFailure {
+            kind,
+            code: failure.code,
+            message: failure.message,
+            retry_after: (failure.retry_after_seconds > 0)
+                .then(|| Duration::from_secs(u64::from(failure.retry_after_seconds))),
         })
     }
 

@@ -3,12 +3,14 @@
 //! * [`llm::LlmApi`] — what an LLM calls (and all that `/openapi/actions.json` contains);
 //! * [`tab::TabApi`] — the browser tab's side: sessions, SSE, polling, answers, manifest;
 //! * [`legacy::LegacyApi`] — the first design's paths and JSON shapes;
+//! * [`tools::ToolsApi`] — the built-in tools (`/api/tools`), in the original tool API's shapes;
 //! * [`discovery::DiscoveryApi`] — `.well-known`, health and readiness.
 
 pub mod discovery;
 pub mod legacy;
 pub mod llm;
 pub mod tab;
+pub mod tools;
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -44,6 +46,8 @@ pub enum Tag {
     Provider,
     /// The first design's paths, kept working.
     Legacy,
+    /// Tools built into the relay, callable without a session.
+    Tools,
     /// Discovery, health and readiness.
     Discovery,
 }

@@ -108,7 +108,12 @@ pub struct NewRequest {
     pub created_at: Timestamp,
     /// When it expires unanswered.
     pub deadline: Timestamp,
+    /// Whether a tool built into the relay answers it (never handed to a provider).
+    pub builtin: bool,
 }
+
+/// The connection id under which built-in calls count as delivered.
+pub const BUILTIN_CONNECTION: &str = "relay";
 
 /// A stored call.
 #[derive(Debug, Clone, PartialEq)]
@@ -139,25 +144,34 @@ pub struct RequestRecord {
     pub response: Option<ToolResponse>,
     /// When it got its final answer.
     pub finished_at: Option<Timestamp>,
+    /// Whether a tool built into the relay answers it (never handed to a provider).
+    pub builtin: bool,
 }
 
 impl RequestRecord {
     /// A record for a newly queued call.
+    /// A built-in call starts out delivered to the relay itself.
     pub fn queued(request: NewRequest, seq: u64) -> Self {
+        let builtin = request.builtin;
         Self {
             id: request.id,
             seq,
             tool_id: request.tool_id,
             function_name: request.function_name,
             args: request.args,
-            status: RequestStatus::Queued,
+            status: if builtin {
+                RequestStatus::Delivered
+            } else {
+                RequestStatus::Queued
+            },
             created_at: request.created_at,
             deadline: request.deadline,
-            delivered_to: None,
-            lease_until: None,
-            deliveries: 0,
+            delivered_to: builtin.then(|| BUILTIN_CONNECTION.to_owned()),
+            lease_until: builtin.then_some(request.deadline),
+            deliveries: u32::from(builtin),
             response: None,
             finished_at: None,
+            builtin,
         }
     }
 
@@ -171,7 +185,7 @@ impl RequestRecord {
     /// Whether `claim` may hand this call out: queued, or delivered to another connection, or
     /// delivered under a lease that has run out; never after its deadline.
     pub fn is_claimable(&self, claim: &Claim) -> bool {
-        if self.deadline <= claim.now {
+        if self.builtin || self.deadline <= claim.now {
             return false;
         }
         match self.status {

@@ -1,0 +1,292 @@
+//! Tools built into the relay: one [`Registry`], used everywhere a tool is listed or called —
+//! `GET /api/tools`, `POST /api/tools/{name}`, every session's manifest (as the group
+//! [`BUILTIN_GROUP`]), calls through a session, gRPC and MCP.
+//!
+//! Adding a tool is one file implementing [`Tool`] plus one line in [`Registry::standard`].
+
+pub mod plantuml;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::Value;
+
+use crate::code::SessionCode;
+use crate::manifest::describe_violations;
+
+/// Group id of the built-in tools in a session's manifest (reserved for them).
+pub const BUILTIN_GROUP: &str = "relay";
+/// Description of that group.
+pub const BUILTIN_GROUP_DESCRIPTION: &str = "Tools built into the relay: they run without the tab.";
+
+/// Who a call is made for: stateful tools keep what they store apart per scope.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Scope {
+    /// A call through a pairing session.
+    Session(SessionCode),
+    /// An MCP session.
+    Mcp(String),
+    /// A scope the caller named (`?scope=` or a `scope` argument).
+    Caller(String),
+    /// No scope: only stateless tools work.
+    None,
+}
+
+/// What a tool sees of the call besides its arguments.
+#[derive(Debug, Clone)]
+pub struct Context {
+    /// Who the call is for.
+    pub scope: Scope,
+}
+
+/// The class of a tool failure, for transports to pick a status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureKind {
+    /// The input is wrong (HTTP 400).
+    BadInput,
+    /// The input is too large (HTTP 413).
+    TooLarge,
+    /// No such tool (HTTP 404).
+    NotFound,
+    /// Too much at once; retry later (HTTP 429).
+    Busy,
+    /// The tool itself failed (HTTP 500).
+    Internal,
+}
+
+/// Why a built-in tool did not produce a result: the `{code, message}` of the tool API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolFailure {
+    /// Its class.
+    pub kind: FailureKind,
+    /// Stable SCREAMING_SNAKE_CASE code, e.g. `EMPTY_CODE`.
+    pub code: String,
+    /// What went wrong and what to do.
+    pub message: String,
+    /// When a retry makes sense ([`FailureKind::Busy`]).
+    pub retry_after: Option<Duration>,
+}
+
+impl ToolFailure {
+    /// A failure of `kind` with `code`.
+    pub fn new(kind: FailureKind, code: &str, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            code: code.to_owned(),
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    /// `TOOL_NOT_FOUND`.
+    pub fn not_found(name: &str, available: &[&str]) -> Self {
+        Self::new(
+            FailureKind::NotFound,
+            "TOOL_NOT_FOUND",
+            format!(
+                "There is no tool {name:?}. Available tools: {}. GET /api/tools lists them with their inputs.",
+                available.join(", ")
+            ),
+        )
+    }
+}
+
+/// A tool built into the relay.
+#[async_trait]
+pub trait Tool: Send + Sync + 'static {
+    /// Its name: unique, `^[A-Za-z0-9_]{1,64}$`.
+    fn name(&self) -> &'static str;
+    /// What it does, written for an LLM.
+    fn description(&self) -> &'static str;
+    /// JSON Schema of its arguments (an object schema).
+    fn input_schema(&self) -> Value;
+    /// Runs it. The arguments have been checked against the schema.
+    async fn call(&self, args: Value, context: &Context) -> Result<Value, ToolFailure>;
+}
+
+/// A built-in tool as listed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolInfo {
+    /// Its name.
+    pub name: String,
+    /// What it does.
+    pub description: String,
+    /// JSON Schema of its arguments.
+    pub input_schema: Value,
+}
+
+struct Entry {
+    tool: Arc<dyn Tool>,
+    schema: Value,
+    validator: jsonschema::Validator,
+}
+
+/// Settings of the built-in tools.
+#[derive(Debug, Clone)]
+pub struct BuiltinConfig {
+    /// PlantUML server the encoder's URLs point at (`PLANTUML_SERVER_URL`).
+    pub plantuml_server: String,
+}
+
+impl Default for BuiltinConfig {
+    fn default() -> Self {
+        Self {
+            plantuml_server: plantuml::DEFAULT_SERVER.to_owned(),
+        }
+    }
+}
+
+/// The built-in tools, with their compiled argument schemas.
+pub struct Registry {
+    entries: Vec<Entry>,
+    by_name: HashMap<&'static str, usize>,
+}
+
+impl Registry {
+    /// Every built-in tool.
+    pub fn standard(config: &BuiltinConfig) -> Self {
+        Self::new(vec![
+            Arc::new(plantuml::EncodePlantUml::new(&config.plantuml_server)),
+            Arc::new(plantuml::DecodePlantUml),
+        ])
+    }
+
+    /// A registry of `tools`.
+    ///
+    /// # Panics
+    /// When a tool's schema is not a valid JSON Schema or two tools share a name: both are
+    /// programming errors the test suite catches.
+    pub fn new(tools: Vec<Arc<dyn Tool>>) -> Self {
+        let mut by_name = HashMap::new();
+        let entries: Vec<Entry> = tools
+            .into_iter()
+            .enumerate()
+            .map(|(index, tool)| {
+                let schema = tool.input_schema();
+                let validator = jsonschema::validator_for(&schema).unwrap_or_else(|error| {
+                    panic!("the schema of {} is invalid: {error}", tool.name())
+                });
+                assert!(
+                    by_name.insert(tool.name(), index).is_none(),
+                    "two tools are called {}",
+                    tool.name()
+                );
+                Entry {
+                    tool,
+                    schema,
+                    validator,
+                }
+            })
+            .collect();
+        Self { entries, by_name }
+    }
+
+    /// The tools, in registration order.
+    pub fn list(&self) -> Vec<ToolInfo> {
+        self.entries
+            .iter()
+            .map(|entry| ToolInfo {
+                name: entry.tool.name().to_owned(),
+                description: entry.tool.description().to_owned(),
+                input_schema: entry.schema.clone(),
+            })
+            .collect()
+    }
+
+    /// Whether a tool has this name.
+    pub fn contains(&self, name: &str) -> bool {
+        self.by_name.contains_key(name)
+    }
+
+    /// The tool names.
+    pub fn names(&self) -> Vec<&'static str> {
+        self.entries.iter().map(|entry| entry.tool.name()).collect()
+    }
+
+    /// Checks arguments against the tool's schema (`TOOL_NOT_FOUND`, `INVALID_ARGUMENTS`).
+    pub fn check(&self, name: &str, args: &Value) -> Result<(), ToolFailure> {
+        let entry = self.entry(name)?;
+        match describe_violations(&entry.validator, args) {
+            None => Ok(()),
+            Some(problems) => Err(ToolFailure::new(
+                FailureKind::BadInput,
+                "INVALID_ARGUMENTS",
+                format!(
+                    "The arguments for {name} do not match its input schema: {problems}. Correct them and call again."
+                ),
+            )),
+        }
+    }
+
+    /// Checks the arguments, then runs the tool.
+    pub async fn call(
+        &self,
+        name: &str,
+        args: Value,
+        context: &Context,
+    ) -> Result<Value, ToolFailure> {
+        let args = match args {
+            Value::Null => Value::Object(Default::default()),
+            args => args,
+        };
+        self.check(name, &args)?;
+        let entry = self.entry(name)?;
+        entry.tool.call(args, context).await
+    }
+
+    fn entry(&self, name: &str) -> Result<&Entry, ToolFailure> {
+        self.by_name
+            .get(name)
+            .map(|index| &self.entries[*index])
+            .ok_or_else(|| ToolFailure::not_found(name, &self.names()))
+    }
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("tools", &self.names())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manifest::is_valid_name;
+    use serde_json::json;
+
+    #[test]
+    fn the_standard_tools_are_well_formed() {
+        let registry = Registry::standard(&BuiltinConfig::default());
+        for tool in registry.list() {
+            assert!(is_valid_name(&tool.name), "{}", tool.name);
+            assert_eq!(tool.input_schema["type"], "object", "{}", tool.name);
+            assert!(!tool.description.is_empty());
+        }
+        assert!(registry.contains("encodePlantUML") && registry.contains("decodePlantUML"));
+    }
+
+    #[tokio::test]
+    async fn unknown_tools_and_bad_arguments_are_refused() {
+        let registry = Registry::standard(&BuiltinConfig::default());
+        let context = Context { scope: Scope::None };
+        let missing = registry
+            .call("nope", json!({}), &context)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            (missing.kind, missing.code.as_str()),
+            (FailureKind::NotFound, "TOOL_NOT_FOUND")
+        );
+        assert!(missing.message.contains("encodePlantUML"));
+        let bad = registry
+            .call("encodePlantUML", json!({"plantumlCode": 5}), &context)
+            .await
+            .unwrap_err();
+        assert_eq!(bad.code, "INVALID_ARGUMENTS");
+        assert!(bad.message.contains("/plantumlCode"), "{}", bad.message);
+    }
+}
