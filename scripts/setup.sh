@@ -14,7 +14,9 @@ say() { printf '\033[1msetup:\033[0m %s\n' "$*" >&2; }
 # --- system packages (Debian/Ubuntu) -----------------------------------------------------
 apt_packages=(ca-certificates gcc pkg-config)
 if [[ $mode == --test ]]; then
-  apt_packages+=(redis-server python3 python3-venv)
+  apt_packages+=(redis-server python3 python3-venv chromium)
+  # Node.js for the browser tests, unless one is installed already (e.g. from nodesource).
+  command -v node >/dev/null && command -v npm >/dev/null || apt_packages+=(nodejs npm)
 fi
 
 missing=()
@@ -47,6 +49,18 @@ if [[ $mode == --test ]]; then
     /usr/bin/python3 -m venv "$test_venv"
     "$test_venv/bin/pip" install --quiet --disable-pip-version-check -r "$requirements"
     echo "$wanted" >"$stamp"
+  fi
+fi
+
+# --- npm packages of the browser tests (playwright-core drives Debian's chromium) -----------
+if [[ $mode == --test ]]; then
+  browser_tests=tests/browser
+  lock_stamp="$browser_tests/node_modules/.package-lock.sha256"
+  wanted=$(sha256sum "$browser_tests/package-lock.json" | cut -d' ' -f1)
+  if [[ ! -d $browser_tests/node_modules || $(cat "$lock_stamp" 2>/dev/null) != "$wanted" ]]; then
+    say "installing the browser tests' npm packages"
+    (cd "$browser_tests" && npm ci --no-audit --no-fund --loglevel=error)
+    echo "$wanted" >"$lock_stamp"
   fi
 fi
 

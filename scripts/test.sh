@@ -16,3 +16,5 @@ step "cargo build (the binaries the end-to-end tests start)"
 cargo build --workspace --bins --locked
 step "cargo test"
 cargo test --workspace --locked
+step "browser tests (the CODAP plugin in chromium)"
+npm --prefix tests/browser test

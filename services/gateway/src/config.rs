@@ -109,21 +109,28 @@ impl GatewayConfig {
 
 impl GatewayArgs {
     /// The settings these flags describe, validated; errors name the variable to fix.
-    pub fn gateway_config(&self) -> Result<GatewayConfig, String> {
+    /// `bound` is the address the public listener got (the real port when `LISTEN_ADDR`
+    /// asked for port 0); the public base URL defaults to it.
+    pub fn gateway_config(&self, bound: SocketAddr) -> Result<GatewayConfig, String> {
         let base = self
             .public_base_url
             .clone()
-            .unwrap_or_else(|| format!("http://{}", self.listen));
+            .unwrap_or_else(|| format!("http://{bound}"));
         let mut config =
             GatewayConfig::new(&base).map_err(|error| format!("{ENV_PUBLIC_BASE_URL}: {error}"))?;
         if !self.cors_origin.is_empty() {
-            config.cors_origins = self
+            let own = origin_of(&config.public_base_url);
+            let mut origins = self
                 .cors_origin
                 .iter()
                 .map(|origin| {
                     checked_base_url(origin).map_err(|error| format!("{ENV_CORS_ORIGIN}: {error}"))
                 })
-                .collect::<Result<_, _>>()?;
+                .collect::<Result<Vec<_>, _>>()?;
+            if !origins.contains(&own) {
+                origins.push(own);
+            }
+            config.cors_origins = origins;
         }
         config.limits = RateLimits {
             sessions_per_ip: self.rate_limit_session_per_ip,

@@ -242,11 +242,34 @@ fn is_open_route(path: &str) -> bool {
     is_tool_route(path) || path.starts_with("/openapi") || path.starts_with("/.well-known/")
 }
 
+/// Whether the request's `Origin` names the host it was sent to.
+fn is_same_origin(request: &Request) -> bool {
+    let origin = request
+        .headers()
+        .get(header::ORIGIN)
+        .and_then(|value| value.to_str().ok());
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|value| value.to_str().ok());
+    match (origin, host) {
+        (Some(origin), Some(host)) => origin
+            .split_once("://")
+            .is_some_and(|(_, authority)| authority.eq_ignore_ascii_case(host)),
+        _ => false,
+    }
+}
+
 /// Middleware: CORS `*` on the open routes (answering their preflight itself); other routes
-/// are left to the allow-list.
+/// are left to the allow-list, except same-origin requests, which need none.
 pub async fn open_cors<E: Endpoint>(next: E, mut request: Request) -> poem::Result<Response> {
     use poem::http::{HeaderValue, Method};
     if !is_open_route(request.uri().path()) {
+        // A same-origin request (the plugin calling the relay that serves it) needs no CORS,
+        // whatever name the relay is reached by.
+        if is_same_origin(&request) {
+            request.headers_mut().remove(header::ORIGIN);
+        }
         return next.call(request).await.map(IntoResponse::into_response);
     }
     if request.method() == Method::OPTIONS

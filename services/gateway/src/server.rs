@@ -24,7 +24,7 @@ use crate::api::{Gateway, State};
 use crate::config::{GatewayConfig, MAX_CALL_BODY, MAX_PROVIDER_BODY};
 use crate::error::{REQUEST_ID_HEADER, normalise_errors, open_cors};
 use crate::limits::Limiters;
-use crate::websocket;
+use crate::{plugin, websocket};
 
 /// Title of the API in its spec.
 const TITLE: &str = "toolrelay";
@@ -109,6 +109,9 @@ pub fn app(state: State) -> impl Endpoint<Output = Response> {
         .max_age(3600);
     Route::new()
         .at("/api/sessions/:code/ws", get(websocket::provider_socket))
+        .at("/codap", get(plugin::plugin_root))
+        .at("/codap/", get(plugin::plugin_index))
+        .at("/codap/:file", get(plugin::plugin_file))
         .at(
             "/openapi.json",
             get(document.data(Document::json(spec_json))),

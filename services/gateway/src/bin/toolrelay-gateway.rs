@@ -35,9 +35,10 @@ async fn serve(cli: Cli) -> Result<(), String> {
             "{ENV_RELAY_URL} (or --relay-url) is required: the gateway reaches a toolrelay-relay over gRPC. Run `toolrelay` for everything in one process."
         ));
     };
-    let config = cli.gateway.gateway_config()?;
     let relay = RemoteRelay::connect_lazy(&url)?;
     let public = bind(cli.gateway.listen, ENV_LISTEN).await?;
+    let bound = public.local_addr().map_err(|error| error.to_string())?;
+    let config = cli.gateway.gateway_config(bound)?;
     tracing::info!(listen = %local(&public), relay = %url, "toolrelay-gateway listening");
     server::run(
         server::gateway(Arc::new(relay), config),

@@ -34,8 +34,9 @@ async fn main() -> ExitCode {
 }
 
 async fn serve(cli: Cli) -> Result<(), String> {
-    let config = cli.gateway.gateway_config()?;
     let public = bind(cli.gateway.listen, ENV_LISTEN).await?;
+    let bound = public.local_addr().map_err(|error| error.to_string())?;
+    let config = cli.gateway.gateway_config(bound)?;
     if let Some(url) = &cli.gateway.relay_url {
         let relay = RemoteRelay::connect_lazy(url)?;
         tracing::info!(listen = %local(&public), relay = %url, "toolrelay gateway listening");

@@ -1,0 +1,184 @@
+// What the browser tests stand on: the real toolrelay binary on an ephemeral port, a page that
+// plays CODAP (codap-mock/, with the real iframe-phone from npm) on another origin, Debian's
+// chromium driven by playwright-core, and an HTTP client playing the LLM.
+
+import { spawn, execFileSync } from 'node:child_process';
+import { createReadStream, existsSync, mkdirSync } from 'node:fs';
+import http from 'node:http';
+import path from 'node:path';
+import readline from 'node:readline';
+import { fileURLToPath } from 'node:url';
+import { chromium } from 'playwright-core';
+
+const HERE = path.dirname(fileURLToPath(import.meta.url));
+const REPO = path.resolve(HERE, '../..');
+export const ARTIFACTS = path.join(REPO, 'test-artifacts');
+const PATIENCE_MS = 15000;
+
+/** The toolrelay binary cargo built (scripts/test.sh builds it first). */
+function relayBinary() {
+  if (process.env.TOOLRELAY_BIN) return process.env.TOOLRELAY_BIN;
+  const metadata = JSON.parse(
+    execFileSync('cargo', ['metadata', '--no-deps', '--format-version', '1'], { cwd: REPO, encoding: 'utf8' }),
+  );
+  const binary = path.join(metadata.target_directory, 'debug', 'toolrelay');
+  if (!existsSync(binary)) {
+    throw new Error(`${binary} is missing: run cargo build --workspace --bins (scripts/test.sh does)`);
+  }
+  return binary;
+}
+
+/** Starts toolrelay (one process, in-memory) on an ephemeral port; `env` adds settings. */
+export async function startRelay(env = {}) {
+  const child = spawn(relayBinary(), [], {
+    env: {
+      ...process.env,
+      LISTEN_ADDR: '127.0.0.1:0',
+      GRPC_LISTEN_ADDR: '127.0.0.1:0',
+      LOG_FORMAT: 'json',
+      RUST_LOG: 'info',
+      ...env,
+    },
+    stdio: ['ignore', 'pipe', 'inherit'],
+  });
+  const lines = readline.createInterface({ input: child.stdout });
+  const listening = new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error('toolrelay did not start')), PATIENCE_MS);
+    lines.on('line', (line) => {
+      try {
+        const entry = JSON.parse(line);
+        if (entry.message === 'toolrelay listening') {
+          clearTimeout(timer);
+          resolve(entry.listen);
+        }
+      } catch {
+        // not a log line
+      }
+    });
+    child.on('exit', (code) => reject(new Error(`toolrelay exited with ${code}`)));
+  });
+  const address = await listening;
+  return {
+    base: `http://${address}`,
+    async stop() {
+      child.kill('SIGTERM');
+      await new Promise((resolve) => (child.exitCode !== null ? resolve() : child.on('exit', resolve)));
+    },
+  };
+}
+
+const TYPES = { '.html': 'text/html; charset=utf-8', '.js': 'text/javascript; charset=utf-8', '.css': 'text/css' };
+
+/** Serves the CODAP stand-in (and iframe-phone, axe-core) on its own origin. */
+export async function startCodapHost() {
+  const files = {
+    '/iframe-phone.js': path.join(HERE, 'node_modules/iframe-phone/dist/iframe-phone.js'),
+    '/axe.min.js': path.join(HERE, 'node_modules/axe-core/axe.min.js'),
+  };
+  const server = http.createServer((request, response) => {
+    const url = new URL(request.url, 'http://localhost');
+    const file = files[url.pathname] ?? path.join(HERE, 'codap-mock', path.normalize(url.pathname).replace(/^(\.\.[/\\])+/, ''));
+    if (!file.startsWith(HERE) || !existsSync(file)) {
+      response.writeHead(404).end('not found');
+      return;
+    }
+    response.writeHead(200, { 'content-type': TYPES[path.extname(file)] ?? 'application/octet-stream' });
+    createReadStream(file).pipe(response);
+  });
+  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+  return {
+    origin: `http://127.0.0.1:${server.address().port}`,
+    stop: () => new Promise((resolve) => server.close(resolve)),
+  };
+}
+
+/** Debian's chromium, headless. */
+export function launchBrowser() {
+  return chromium.launch({
+    executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
+    args: ['--no-sandbox', '--disable-background-networking', '--disable-gpu', '--disable-component-update', '--no-first-run'],
+  });
+}
+
+/** Waits until `check` (run in `frame`) returns something truthy; returns it. */
+export async function until(frame, check, arg, timeout = PATIENCE_MS) {
+  const handle = await frame.waitForFunction(check, arg, { timeout, polling: 50 });
+  return handle.jsonValue();
+}
+
+/** Opens the CODAP stand-in with the plugin, as CODAP does with `?di=`; returns both frames. */
+export async function openInCodap(context, host, relay) {
+  const page = await context.newPage();
+  page.on('pageerror', (error) => console.log('page error:', error.message));
+  const pluginUrl = `${relay.base}/codap/`;
+  await page.goto(`${host.origin}/index.html?di=${encodeURIComponent(pluginUrl)}`);
+  const plugin = await pluginFrame(page, pluginUrl);
+  await until(plugin, () => window.toolrelay?.session?.code && document.body.dataset.link !== 'disconnected');
+  return { page, plugin, code: await plugin.evaluate(() => window.toolrelay.session.code) };
+}
+
+/** The plugin's frame: found by URL prefix (CODAP's page URL contains the plugin URL in ?di=). */
+export async function pluginFrame(page, pluginUrl) {
+  const deadline = Date.now() + PATIENCE_MS;
+  for (;;) {
+    const frame = page.frames().find((f) => f !== page.mainFrame() && f.url().startsWith(pluginUrl));
+    if (frame) {
+      await frame.waitForLoadState('domcontentloaded');
+      return frame;
+    }
+    if (Date.now() > deadline) throw new Error('the plugin frame did not appear');
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+}
+
+/** The CODAP stand-in's state (see codap-mock/README.md). */
+export function codapSnapshot(page) {
+  return page.evaluate(() => window.codap.snapshot());
+}
+
+/** The LLM: calls tools of a session over HTTP, as an assistant would. */
+export class Llm {
+  constructor(base, code) {
+    this.base = base;
+    this.code = code;
+    this.sequence = 0;
+  }
+
+  async request(method, suffix, body) {
+    const response = await fetch(`${this.base}/api/sessions/${this.code}${suffix}`, {
+      method,
+      headers: body ? { 'content-type': 'application/json' } : {},
+      body: body ? JSON.stringify(body) : undefined,
+    });
+    return { status: response.status, body: await response.json() };
+  }
+
+  metadata() {
+    return this.request('GET', '/metadata');
+  }
+
+  status() {
+    return this.request('GET', '');
+  }
+
+  /** Calls a function and returns the relay's answer `{requestId, success, result?, error?}`. */
+  async call(functionName, args = {}, requestId = undefined) {
+    const id = requestId ?? `llm-${Date.now()}-${(this.sequence += 1)}`;
+    const { status, body } = await this.request('POST', '/call', { requestId: id, functionName, args, timeoutMs: 30000 });
+    if (status !== 200) throw new Error(`${functionName}: HTTP ${status} ${JSON.stringify(body)}`);
+    return body;
+  }
+
+  /** Like call, but fails the test unless the tool succeeded; returns the result. */
+  async ok(functionName, args = {}, requestId = undefined) {
+    const answer = await this.call(functionName, args, requestId);
+    if (!answer.success) throw new Error(`${functionName} failed: ${JSON.stringify(answer.error)}`);
+    return answer.result;
+  }
+}
+
+/** Where screenshots go (kept as test artefacts, ignored by git). */
+export function artifact(name) {
+  mkdirSync(ARTIFACTS, { recursive: true });
+  return path.join(ARTIFACTS, name);
+}
