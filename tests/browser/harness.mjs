@@ -113,7 +113,7 @@ export async function openInCodap(context, host, relay) {
   const pluginUrl = `${relay.base}/codap/`;
   await page.goto(`${host.origin}/index.html?di=${encodeURIComponent(pluginUrl)}`);
   const plugin = await pluginFrame(page, pluginUrl);
-  await until(plugin, () => window.toolrelay?.session?.code && document.body.dataset.link !== 'disconnected');
+  await until(plugin, () => window.toolrelay?.session?.code && window.toolrelay.ready);
   return { page, plugin, code: await plugin.evaluate(() => window.toolrelay.session.code) };
 }
 

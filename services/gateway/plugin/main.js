@@ -37,6 +37,8 @@ const sessions = new Sessions(BASE);
 let transport = null;
 let handled = 0;
 let linkState = 'disconnected';
+// The relay has this connection's tools: the assistant can see and call them.
+let registered = false;
 
 // ---- what the user sees ----
 
@@ -228,8 +230,12 @@ function connect(session) {
       setLink(handled > 0 ? 'connected' : 'idle', name);
       announce(`Connected to the relay over ${name}.`);
     } else if (state === 'disconnected') {
+      registered = false;
       setLink('disconnected');
     }
+  });
+  transport.addEventListener('registered', () => {
+    registered = true;
   });
   transport.addEventListener('fallback', (event) => announce(`Trying ${event.detail.transport} instead.`));
   transport.addEventListener('expiry', (event) => sessions.setExpiry(event.detail));
@@ -312,6 +318,9 @@ window.toolrelay = {
   },
   get codapConnected() {
     return codap.connected;
+  },
+  get ready() {
+    return registered && linkState !== 'disconnected';
   },
   prompt: () => sessions.current && prompt(sessions.current),
 };

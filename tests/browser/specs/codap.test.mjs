@@ -96,7 +96,7 @@ async function run(block, expected) {
     if (block.includes('websocket')) await context.routeWebSocket(/\/api\/sessions\/[^/]+\/ws/, (ws) => ws.close());
     if (block.includes('sse')) await context.route(/\/api\/sessions\/[^/]+\/stream/, (route) => route.abort());
     const { page, plugin, code } = await openInCodap(context, host, relay);
-    await until(plugin, (kind) => window.toolrelay.transport === kind && document.body.dataset.link !== 'disconnected', expected);
+    await until(plugin, (kind) => window.toolrelay.transport === kind && window.toolrelay.ready, expected);
     const llm = new Llm(relay.base, code);
     await buildAndCheck(page, llm);
     const { body: status } = await llm.status();

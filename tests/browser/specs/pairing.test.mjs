@@ -126,7 +126,7 @@ test('a reload keeps the session and a second tab pairs on its own', async () =>
     const first = await openInCodap(context, host, relay);
     await first.page.reload();
     const reloaded = await pluginFrame(first.page, `${relay.base}/codap/`);
-    await until(reloaded, () => window.toolrelay?.session?.code && document.body.dataset.link !== 'disconnected');
+    await until(reloaded, () => window.toolrelay?.session?.code && window.toolrelay.ready);
     assert.equal(await reloaded.evaluate(() => window.toolrelay.session.code), first.code, 'the reload reconnects to its session');
 
     const second = await openInCodap(context, host, relay);
@@ -184,7 +184,7 @@ test('outside CODAP the plugin says so and still pairs', async () => {
     assert.match(await page.textContent('#outside'), /Not running inside CODAP/);
     assert.match(await page.textContent('#outside'), /codap\.concord\.org\/app\/\?di=/);
     const code = await page.evaluate(() => window.toolrelay.session.code);
-    await until(page, () => document.body.dataset.link !== 'disconnected');
+    await until(page, () => window.toolrelay.ready);
     const answer = await new Llm(relay.base, code).call('listDataContexts');
     assert.equal(answer.success, false);
     assert.equal(answer.error.code, 'codap_unavailable');

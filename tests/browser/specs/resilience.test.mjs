@@ -55,13 +55,13 @@ test('the WebSocket is closed under the tab mid-run', async () => {
   });
   try {
     const { page, plugin, code } = await openInCodap(context, host, relay);
-    await until(plugin, () => window.toolrelay.transport === 'websocket' && document.body.dataset.link !== 'disconnected');
+    await until(plugin, () => window.toolrelay.transport === 'websocket' && window.toolrelay.ready);
     const llm = new Llm(relay.base, code);
     await runThrough(page, llm, async () => {
       const open = sockets.length;
       for (const socket of sockets) await socket.close({ code: 1006, reason: 'dropped' }).catch(() => {});
       // The plugin reconnects over WebSocket.
-      await until(plugin, () => document.body.dataset.link !== 'disconnected');
+      await until(plugin, () => window.toolrelay.ready);
       await page.waitForTimeout(50);
       assert.ok(sockets.length > open || sockets.length >= 1);
     });
@@ -76,7 +76,7 @@ test('a network blip while on SSE', async () => {
   await context.routeWebSocket(/\/api\/sessions\/[^/]+\/ws/, (ws) => ws.close());
   try {
     const { page, plugin, code } = await openInCodap(context, host, relay);
-    await until(plugin, () => window.toolrelay.transport === 'sse' && document.body.dataset.link !== 'disconnected');
+    await until(plugin, () => window.toolrelay.transport === 'sse' && window.toolrelay.ready);
     const llm = new Llm(relay.base, code);
     await runThrough(page, llm, async () => {
       await context.setOffline(true);
