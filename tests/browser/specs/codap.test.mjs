@@ -66,6 +66,11 @@ async function buildAndCheck(page, llm) {
   assert.equal(ada.values.age, 36);
   assert.ok(Math.abs(Number(ada.values.growth) - 165 / 36) < 1e-9, `formula values are read back: ${ada.values.growth}`);
 
+  const image = await llm.ok('getGraphImage', { graph: graph.id });
+  assert.match(image.exportDataUri, /^data:image\/png;base64,/);
+  const evaluated = await llm.ok('evaluateFormula', { formula: 'round(height / age, 1)', records: [{ height: 165, age: 36 }] });
+  assert.deepEqual(evaluated, [4.6]);
+
   // What the document holds is exactly what was asked.
   const model = await codapSnapshot(page);
   assert.deepEqual(model.dataContexts.map((d) => d.name), ['People']);
