@@ -57,14 +57,18 @@ pub struct CreatedSession {
     pub expires_at: String,
     /// Secret for the tab: attaching, registering tools and answering calls need it.
     pub provider_token: String,
+    /// The session's MCP server: paste it into an MCP client's connector settings.
+    pub connector_url: String,
 }
 
-impl From<NewSession> for CreatedSession {
-    fn from(session: NewSession) -> Self {
+impl CreatedSession {
+    /// The answer for a new session on a gateway at `base`.
+    pub fn new(session: NewSession, base: &str) -> Self {
         Self {
             code: session.code.as_str().to_owned(),
             ttl: session.ttl.as_secs(),
             expires_at: session.expires_at.rfc3339(),
+            connector_url: format!("{base}/mcp/s/{}", session.mcp_handle),
             provider_token: session.provider_token,
         }
     }

@@ -29,6 +29,8 @@ pub trait RelayApi: Send + Sync + 'static {
     async fn create_session(&self) -> Outcome<NewSession>;
     /// Where a session stands.
     async fn session_status(&self, code: &str) -> Outcome<SessionStatus>;
+    /// The code of the session an MCP connector handle belongs to.
+    async fn resolve_handle(&self, handle: &str) -> Outcome<String>;
     /// Ends a session (provider token).
     async fn end_session(&self, code: &str, token: Option<&str>) -> Outcome<()>;
     /// The session's manifest, grouped.
@@ -100,6 +102,13 @@ impl RelayApi for Relay {
 
     async fn session_status(&self, code: &str) -> Outcome<SessionStatus> {
         Ok(Relay::session_status(self, code).await?)
+    }
+
+    async fn resolve_handle(&self, handle: &str) -> Outcome<String> {
+        Ok(Relay::resolve_handle(self, handle)
+            .await?
+            .as_str()
+            .to_owned())
     }
 
     async fn end_session(&self, code: &str, token: Option<&str>) -> Outcome<()> {

@@ -61,6 +61,11 @@ pub enum RelayError {
         /// The code, as people see it.
         code: String,
     },
+    /// No live session has this MCP connector handle.
+    #[error(
+        "This connector URL belongs to no active session: the session has expired or ended. Ask the user for the plugin's current connector URL or pairing code."
+    )]
+    UnknownHandle,
     /// The session's manifest has no such function.
     #[error(
         "Session {code} has no function {name}{in_tool}. Available functions: {available}. GET the session's metadata for their parameters."
@@ -154,6 +159,7 @@ impl RelayError {
             Self::SessionNotFound { .. } => "session_not_found",
             Self::TokenRequired => "token_required",
             Self::InvalidToken { .. } => "invalid_token",
+            Self::UnknownHandle => "unknown_handle",
             Self::UnknownFunction { .. } => "unknown_function",
             Self::InvalidArguments { .. } => "invalid_arguments",
             Self::InvalidRequestId => "invalid_request_id",
@@ -179,6 +185,7 @@ impl RelayError {
             Self::TokenRequired => ErrorKind::Unauthenticated,
             Self::InvalidToken { .. } => ErrorKind::Forbidden,
             Self::SessionNotFound { .. }
+            | Self::UnknownHandle
             | Self::UnknownFunction { .. }
             | Self::RequestNotFound { .. } => ErrorKind::NotFound,
             Self::RequestIdConflict { .. } => ErrorKind::Conflict,

@@ -91,6 +91,7 @@ impl RelayRpc for RelayService {
             provider_token: session.provider_token,
             ttl_seconds: u32::try_from(session.ttl.as_secs()).unwrap_or(u32::MAX),
             expires_at: Some(timestamp(session.expires_at)),
+            mcp_handle: session.mcp_handle,
         }))
     }
 
@@ -100,19 +101,24 @@ impl RelayRpc for RelayService {
             .session_status(&request.get_ref().code)
             .await
             .map_err(status)?;
-        Ok(Response::new(pb::SessionInfo {
-            code: status_of.code.as_str().to_owned(),
-            created_at: Some(timestamp(status_of.created_at)),
-            expires_at: Some(timestamp(status_of.expires_at)),
-            provider_connected: status_of.transport.is_some(),
-            transport: status_of
-                .transport
-                .map(Transport::as_str)
-                .unwrap_or_default()
-                .to_owned(),
-            tool_count: count(status_of.tool_count),
-            pending_requests: count(status_of.pending_requests),
-        }))
+        Ok(Response::new(session_info(status_of)))
+    }
+
+    async fn resolve_handle(
+        &self,
+        request: Request<pb::ResolveHandleRequest>,
+    ) -> Reply<pb::SessionInfo> {
+        let code = self
+            .relay
+            .resolve_handle(&request.get_ref().handle)
+            .await
+            .map_err(status)?;
+        let status_of = self
+            .relay
+            .session_status(code.as_str())
+            .await
+            .map_err(status)?;
+        Ok(Response::new(session_info(status_of)))
     }
 
     async fn delete_session(
@@ -376,6 +382,23 @@ impl RelayRpc for RelayService {
 }
 
 // ---- conversions ----
+
+fn session_info(status_of: crate::relay::SessionStatus) -> pb::SessionInfo {
+    pb::SessionInfo {
+        code: status_of.code.as_str().to_owned(),
+        created_at: Some(timestamp(status_of.created_at)),
+        expires_at: Some(timestamp(status_of.expires_at)),
+        provider_connected: status_of.transport.is_some(),
+        transport: status_of
+            .transport
+            .map(Transport::as_str)
+            .unwrap_or_default()
+            .to_owned(),
+        tool_count: count(status_of.tool_count),
+        pending_requests: count(status_of.pending_requests),
+        mcp_handle: status_of.mcp_handle,
+    }
+}
 
 /// The protobuf kind of a tool failure.
 pub(crate) fn failure_kind(kind: FailureKind) -> pb::FailureKind {

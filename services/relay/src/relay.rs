@@ -58,6 +58,8 @@ pub struct NewSession {
     pub ttl: Duration,
     /// When it expires unless there is activity.
     pub expires_at: Timestamp,
+    /// The secret of its MCP connector URL (`/mcp/s/{handle}`).
+    pub mcp_handle: String,
 }
 
 /// Where a session stands.
@@ -75,6 +77,8 @@ pub struct SessionStatus {
     pub tool_count: usize,
     /// Calls waiting for an answer.
     pub pending_requests: usize,
+    /// The secret of its MCP connector URL.
+    pub mcp_handle: String,
 }
 
 /// A call as a consumer makes it.
@@ -183,12 +187,14 @@ impl Relay {
                 max_expires_at: now.plus(config.session_max_lifetime),
                 provider: None,
                 manifest_revision: 0,
+                mcp_handle: code::random_id(),
             };
             let session = NewSession {
                 code: record.code.clone(),
                 provider_token: provider_token.clone(),
                 ttl: config.session_ttl,
                 expires_at: record.expires_at,
+                mcp_handle: record.mcp_handle.clone(),
             };
             if self.inner.store.insert_session(record).await? {
                 tracing::info!(code = %session.code, "session created");
@@ -225,8 +231,18 @@ impl Relay {
             transport,
             tool_count: manifest.functions().len() + self.inner.tools.names().len(),
             pending_requests,
+            mcp_handle: session.mcp_handle,
             code,
         })
+    }
+
+    /// The code of the session an MCP connector handle belongs to.
+    pub async fn resolve_handle(&self, handle: &str) -> Result<SessionCode, RelayError> {
+        self.inner
+            .store
+            .session_by_handle(handle)
+            .await?
+            .ok_or(RelayError::UnknownHandle)
     }
 
     /// Ends a session at once; its provider receives `expired`. Needs the provider token.

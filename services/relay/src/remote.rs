@@ -100,6 +100,7 @@ impl RelayApi for RemoteRelay {
             provider_token: created.provider_token,
             ttl: Duration::from_secs(u64::from(created.ttl_seconds)),
             expires_at: timestamp(created.expires_at),
+            mcp_handle: created.mcp_handle,
         })
     }
 
@@ -110,15 +111,19 @@ impl RelayApi for RemoteRelay {
             .await
             .map_err(error_info)?
             .into_inner();
-        Ok(SessionStatus {
-            code: SessionCode::parse(&info.code)
-                .map_err(|_| unavailable("the relay sent a malformed code"))?,
-            created_at: timestamp(info.created_at),
-            expires_at: timestamp(info.expires_at),
-            transport: Transport::parse(&info.transport),
-            tool_count: info.tool_count as usize,
-            pending_requests: info.pending_requests as usize,
-        })
+        session_status(info)
+    }
+
+    async fn resolve_handle(&self, handle: &str) -> Outcome<String> {
+        let info = self
+            .client()
+            .resolve_handle(pb::ResolveHandleRequest {
+                handle: handle.into(),
+            })
+            .await
+            .map_err(error_info)?
+            .into_inner();
+        Ok(info.code)
     }
 
     async fn end_session(&self, code: &str, token: Option<&str>) -> Outcome<()> {
@@ -429,6 +434,19 @@ impl RelayApi for RemoteRelay {
             uplink,
         })
     }
+}
+
+fn session_status(info: pb::SessionInfo) -> Outcome<SessionStatus> {
+    Ok(SessionStatus {
+        code: SessionCode::parse(&info.code)
+            .map_err(|_| unavailable("the relay sent a malformed code"))?,
+        created_at: timestamp(info.created_at),
+        expires_at: timestamp(info.expires_at),
+        transport: Transport::parse(&info.transport),
+        tool_count: info.tool_count as usize,
+        pending_requests: info.pending_requests as usize,
+        mcp_handle: info.mcp_handle,
+    })
 }
 
 /// A request carrying the provider token as `authorization: Bearer …`, when there is one.

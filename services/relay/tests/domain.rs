@@ -509,6 +509,9 @@ async fn overlapping_attaches_leave_one_connection_standing() {
         async fn session(&self, c: &SessionCode) -> Result<Option<SessionRecord>, StoreError> {
             self.0.session(c).await
         }
+        async fn session_by_handle(&self, h: &str) -> Result<Option<SessionCode>, StoreError> {
+            self.0.session_by_handle(h).await
+        }
         async fn touch_session(
             &self,
             c: &SessionCode,
@@ -681,5 +684,49 @@ async fn an_answer_after_the_deadline_does_not_complete_the_call() {
         RequestStatus::Expired,
         "accepted={}",
         late.accepted
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_session_has_an_mcp_handle_that_ends_with_it() {
+    let relay = relay(RelayConfig::default());
+    let session = relay.create_session().await.unwrap();
+    assert_eq!(session.mcp_handle.len(), 32, "128 random bits");
+    let other = relay.create_session().await.unwrap();
+    assert_ne!(other.mcp_handle, session.mcp_handle);
+    assert_eq!(
+        relay.resolve_handle(&session.mcp_handle).await.unwrap(),
+        session.code
+    );
+    assert_eq!(
+        relay
+            .resolve_handle("not-a-handle")
+            .await
+            .unwrap_err()
+            .name(),
+        "unknown_handle"
+    );
+
+    relay
+        .end_session(session.code.as_str(), Some(&session.provider_token))
+        .await
+        .unwrap();
+    assert_eq!(
+        relay
+            .resolve_handle(&session.mcp_handle)
+            .await
+            .unwrap_err()
+            .name(),
+        "unknown_handle"
+    );
+    advance(Duration::from_secs(601)).await;
+    assert_eq!(
+        relay
+            .resolve_handle(&other.mcp_handle)
+            .await
+            .unwrap_err()
+            .name(),
+        "unknown_handle",
+        "expired"
     );
 }

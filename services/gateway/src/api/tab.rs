@@ -57,7 +57,8 @@ impl TabApi {
         let ip = client.0;
         self.state.limits.create_session(ip)?;
         let session = self.state.relay.create_session().await?;
-        Ok(SessionCreated::Created(Json(session.into())))
+        let created = CreatedSession::new(session, &self.state.config.public_base_url);
+        Ok(SessionCreated::Created(Json(created)))
     }
 
     /// End a session

@@ -35,7 +35,29 @@ const MAX_FINISHED_PER_SESSION: usize = 1000;
 pub struct MemoryStore {
     clock: Clock,
     retention: Duration,
-    sessions: Mutex<HashMap<SessionCode, Entry>>,
+    sessions: Mutex<Tables>,
+}
+
+/// Everything the store holds, under one lock.
+#[derive(Default)]
+struct Tables {
+    sessions: HashMap<SessionCode, Entry>,
+    /// MCP handle → session code. Entries of ended sessions are dropped by the sweeper and
+    /// ignored until then (a look-up checks the session still has that handle).
+    handles: HashMap<String, SessionCode>,
+}
+
+impl std::ops::Deref for Tables {
+    type Target = HashMap<SessionCode, Entry>;
+    fn deref(&self) -> &Self::Target {
+        &self.sessions
+    }
+}
+
+impl std::ops::DerefMut for Tables {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.sessions
+    }
 }
 
 struct Entry {
@@ -100,13 +122,13 @@ impl MemoryStore {
         let store = Arc::new(Self {
             clock,
             retention,
-            sessions: Mutex::new(HashMap::new()),
+            sessions: Mutex::new(Tables::default()),
         });
         tokio::spawn(sweep(Arc::downgrade(&store)));
         store
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<SessionCode, Entry>> {
+    fn lock(&self) -> MutexGuard<'_, Tables> {
         // A panic while holding the lock cannot leave an entry half-written (each operation
         // writes whole values), so the data is still sound after poisoning.
         self.sessions
@@ -133,8 +155,8 @@ impl MemoryStore {
 
     fn sweep_once(&self) {
         let now = self.clock.now();
-        let mut sessions = self.lock();
-        sessions.retain(|_, entry| {
+        let mut tables = self.lock();
+        tables.sessions.retain(|_, entry| {
             if entry.session.expires_at <= now {
                 entry.announce(SessionEvent::SessionEnded);
                 return false;
@@ -143,6 +165,8 @@ impl MemoryStore {
             entry.forget_finished(now, self.retention);
             true
         });
+        let Tables { sessions, handles } = &mut *tables;
+        handles.retain(|_, code| sessions.contains_key(code));
     }
 }
 
@@ -170,6 +194,9 @@ impl Store for MemoryStore {
             return Ok(false);
         }
         let (events, _) = broadcast::channel(EVENT_BUFFER);
+        sessions
+            .handles
+            .insert(session.mcp_handle.clone(), session.code.clone());
         sessions.insert(
             session.code.clone(),
             Entry {
@@ -186,6 +213,13 @@ impl Store for MemoryStore {
 
     async fn session(&self, code: &SessionCode) -> Result<Option<SessionRecord>, StoreError> {
         Ok(self.with_live(code, |entry| entry.session.clone()))
+    }
+
+    async fn session_by_handle(&self, handle: &str) -> Result<Option<SessionCode>, StoreError> {
+        let code = self.lock().handles.get(handle).cloned();
+        let Some(code) = code else { return Ok(None) };
+        let owns = self.with_live(&code, |entry| entry.session.mcp_handle == handle);
+        Ok(owns.unwrap_or(false).then_some(code))
     }
 
     async fn touch_session(

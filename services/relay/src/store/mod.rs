@@ -46,6 +46,8 @@ pub struct SessionRecord {
     pub provider: Option<ProviderInfo>,
     /// Increases with every manifest registration.
     pub manifest_revision: u64,
+    /// The secret in the session's MCP connector URL (`/mcp/s/{handle}`).
+    pub mcp_handle: String,
 }
 
 /// How a provider is attached.
@@ -308,6 +310,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// The live session.
     async fn session(&self, code: &SessionCode) -> Result<Option<SessionRecord>, StoreError>;
+
+    /// The code of the live session whose MCP handle this is.
+    async fn session_by_handle(&self, handle: &str) -> Result<Option<SessionCode>, StoreError>;
 
     /// Slides the expiry to `until` (never backwards, never past the maximum lifetime). With
     /// `seen`, only if that connection is the session's provider, and then it is recorded as
