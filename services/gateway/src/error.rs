@@ -313,6 +313,11 @@ fn response_for(error: &poem::Error) -> Response {
             "method_not_allowed",
             "This endpoint does not take that method. The API is described at /openapi.json.".to_owned(),
         ),
+        StatusCode::FORBIDDEN => (
+            status,
+            "origin_not_allowed",
+            "Browsers on this origin may not call the relay. The operator can allow the origin with CORS_ORIGIN.".to_owned(),
+        ),
         StatusCode::PAYLOAD_TOO_LARGE => (
             status,
             "body_too_large",

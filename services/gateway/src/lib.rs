@@ -8,6 +8,7 @@
 //!   discovery), all over [`api::Gateway`], which reaches the relay through
 //!   [`toolrelay_relay::RelayApi`] — in-process or over gRPC, the handlers cannot tell;
 //! * [`websocket`] — the provider WebSocket upgrade; [`plugin`] — the CODAP plugin's files;
+//!   [`mcp`] — the MCP endpoints (`/mcp`, `/mcp/s/{handle}`);
 //! * [`types`] — the JSON shapes of the API; [`error`] — error bodies and correlation ids;
 //! * [`limits`] — rate limits and client addresses; [`config`] — settings and flags.
 //!
@@ -17,6 +18,7 @@ pub mod api;
 pub mod config;
 pub mod error;
 pub mod limits;
+pub mod mcp;
 pub mod plugin;
 pub mod server;
 pub mod types;

@@ -24,7 +24,7 @@ use crate::api::{Gateway, State};
 use crate::config::{GatewayConfig, MAX_CALL_BODY, MAX_PROVIDER_BODY};
 use crate::error::{REQUEST_ID_HEADER, normalise_errors, open_cors};
 use crate::limits::Limiters;
-use crate::{plugin, websocket};
+use crate::{mcp, plugin, websocket};
 
 /// Title of the API in its spec.
 const TITLE: &str = "toolrelay";
@@ -39,6 +39,7 @@ pub fn gateway(relay: Arc<dyn RelayApi>, config: GatewayConfig) -> State {
         limits: Limiters::new(&config.limits, config.trusted_proxies.clone()),
         relay,
         config,
+        shutdown: tokio_util::sync::CancellationToken::new(),
     })
 }
 
@@ -107,7 +108,10 @@ pub fn app(state: State) -> impl Endpoint<Output = Response> {
         ])
         .expose_headers([REQUEST_ID_HEADER, header::RETRY_AFTER.as_str()])
         .max_age(3600);
+    let (mcp_root, mcp_session) = mcp::endpoints(&state);
     Route::new()
+        .at("/mcp", mcp_root)
+        .at("/mcp/s/:handle", mcp_session)
         .at("/api/sessions/:code/ws", get(websocket::provider_socket))
         .at("/codap", get(plugin::plugin_root))
         .at("/codap/", get(plugin::plugin_index))
@@ -150,6 +154,12 @@ pub async fn run(
         })
     };
     let acceptor = TcpAcceptor::from_tokio(listener)?;
+    let stopping = state.shutdown.clone();
+    let shutdown = async move {
+        shutdown.await;
+        // Long-lived MCP streams end now rather than at the drain timeout.
+        stopping.cancel();
+    };
     let served = Server::new_with_acceptor(acceptor)
         .run_with_graceful_shutdown(app(state), shutdown, Some(DRAIN_TIMEOUT))
         .await;

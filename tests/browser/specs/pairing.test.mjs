@@ -69,6 +69,7 @@ test('the states of the pairing banner, the keys, and accessibility', async () =
     assert.ok(copied.includes(`GET ${relay.base}/api/sessions/${display}/metadata`), copied);
     assert.ok(copied.includes(`POST ${relay.base}/api/sessions/${display}/call`), copied);
     assert.ok(copied.includes('"functionName"'), copied);
+    assert.match(copied, new RegExp(`MCP clients can connect to: ${relay.base}/mcp/s/[0-9a-f]{32}`), copied);
     assert.match(await plugin.textContent('#announcer'), /copied/i, 'the live region says so');
     await frame.screenshot({ path: artifact('pairing-copied.png') });
 

@@ -32,6 +32,8 @@ pub struct Gateway {
     pub config: GatewayConfig,
     /// Rate limiters.
     pub limits: Limiters,
+    /// Cancelled when the gateway shuts down (ends long-lived MCP streams).
+    pub shutdown: tokio_util::sync::CancellationToken,
 }
 
 /// The state as the API structs hold it.
