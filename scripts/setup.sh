@@ -12,9 +12,12 @@ cd "$(dirname "$0")/.."
 say() { printf '\033[1msetup:\033[0m %s\n' "$*" >&2; }
 
 # --- system packages (Debian/Ubuntu) -----------------------------------------------------
-apt_packages=(ca-certificates gcc pkg-config)
+# bubblewrap, util-linux (prlimit): the MIP sandbox; cmake, g++, libclang-dev: the HiGHS solver
+# (built by cargo); python3-venv: the sandbox's PuLP virtualenv.
+apt_packages=(ca-certificates gcc pkg-config bubblewrap util-linux cmake g++ libclang-dev python3
+  python3-venv)
 if [[ $mode == --test ]]; then
-  apt_packages+=(redis-server python3 python3-venv chromium)
+  apt_packages+=(redis-server chromium)
   # Node.js for the browser tests, unless one is installed already (e.g. from nodesource).
   command -v node >/dev/null && command -v npm >/dev/null || apt_packages+=(nodejs npm)
 fi
@@ -35,6 +38,24 @@ fi
 if ! command -v cargo >/dev/null; then
   say "cargo is missing: install Rust 1.91 or newer (https://rustup.rs) and run this again"
   exit 1
+fi
+
+# --- the MIP sandbox's Python: a world-readable venv outside any home directory ----------
+# (the sandbox runs as an unprivileged uid and mounts only /usr and this venv)
+mip_venv=${MIP_VENV:-/opt/toolrelay/mip-venv}
+mip_requirements=scripts/requirements-mip.txt
+mip_stamp="$mip_venv/.requirements.sha256"
+mip_wanted=$(sha256sum "$mip_requirements" | cut -d' ' -f1)
+if [[ ! -x $mip_venv/bin/python || $(cat "$mip_stamp" 2>/dev/null) != "$mip_wanted" ]]; then
+  say "creating the MIP sandbox's Python in $mip_venv"
+  sudo=""
+  [[ $(id -u) -eq 0 || -w $(dirname "$mip_venv") ]] || sudo="sudo"
+  $sudo rm -rf "$mip_venv"
+  $sudo mkdir -p "$mip_venv"
+  $sudo /usr/bin/python3 -m venv "$mip_venv"
+  $sudo "$mip_venv/bin/pip" install --quiet --disable-pip-version-check -r "$mip_requirements"
+  echo "$mip_wanted" | $sudo tee "$mip_stamp" >/dev/null
+  $sudo chmod -R a+rX "$mip_venv"
 fi
 
 # --- Python packages the tests use, in a venv of their own ---------------------------------

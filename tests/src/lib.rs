@@ -10,6 +10,7 @@
 //! Servers listen on `127.0.0.1:0`; dropping a [`TestRelay`] stops it.
 #![allow(clippy::unwrap_used, clippy::missing_panics_doc)] // test support fails loudly
 
+pub mod remip;
 pub mod system;
 
 use std::net::SocketAddr;
@@ -33,6 +34,21 @@ use toolrelay_relay::server::{self, Listeners};
 
 /// How long a test waits for something that should happen promptly.
 pub const PATIENCE: Duration = Duration::from_secs(10);
+
+/// The relay's built-in tools, in the order every listing gives them.
+pub const BUILTIN_TOOLS: [&str; 6] = [
+    "encodePlantUML",
+    "decodePlantUML",
+    "generate_mip_problem",
+    "solve_mip_problem",
+    "validate_mip_solution",
+    "get_mip_solution",
+];
+
+/// The demo tab's tools (see [`demo_tools`]) followed by the built-in ones.
+pub fn tab_and_builtin_names() -> Vec<&'static str> {
+    ["echo", "add"].into_iter().chain(BUILTIN_TOOLS).collect()
+}
 
 /// A relay serving gRPC and the browser WebSocket on ephemeral loopback ports.
 pub struct TestRelay {
@@ -179,6 +195,16 @@ pub fn test_python() -> std::path::PathBuf {
         python.display()
     );
     python
+}
+
+/// A loopback port nothing listens on (right after this returns), for servers that bind it
+/// themselves.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// A file of the repository, from the tests crate.

@@ -18,7 +18,7 @@ use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::{Value, json};
 use toolrelay_relay::RelayConfig;
 use toolrelay_tests::system::{System, send};
-use toolrelay_tests::{WsTab, demo_tools};
+use toolrelay_tests::{BUILTIN_TOOLS, WsTab, demo_tools, tab_and_builtin_names};
 
 #[derive(Clone, Default)]
 struct Client {
@@ -98,13 +98,10 @@ async fn the_built_in_tools_over_mcp() {
         .collect();
     assert_eq!(
         names,
-        [
-            "encodePlantUML",
-            "decodePlantUML",
-            "connect_session",
-            "list_session_tools",
-            "call_session_tool"
-        ]
+        BUILTIN_TOOLS
+            .into_iter()
+            .chain(["connect_session", "list_session_tools", "call_session_tool"])
+            .collect::<Vec<_>>()
     );
 
     let encoded = call(
@@ -184,10 +181,7 @@ async fn pairing_over_mcp_reaches_a_websocket_tab() {
         .iter()
         .map(|t| t["name"].as_str().unwrap())
         .collect();
-    assert_eq!(
-        tool_names,
-        ["echo", "add", "encodePlantUML", "decodePlantUML"]
-    );
+    assert_eq!(tool_names, tab_and_builtin_names());
 
     let listed = call(&mcp, "list_session_tools", json!({"session": handle})).await;
     assert_eq!(
@@ -225,7 +219,7 @@ async fn pairing_over_mcp_reaches_a_websocket_tab() {
         .iter()
         .map(|t| t.name.to_string())
         .collect();
-    assert_eq!(names, ["echo", "add", "encodePlantUML", "decodePlantUML"]);
+    assert_eq!(names, tab_and_builtin_names());
     let adding = call(&scoped, "add", json!({"a": 2, "b": 3}));
     let tab_side = async {
         let request = tab.next_request().await;
@@ -481,5 +475,78 @@ async fn split_gateway_serves_mcp_over_the_relays_grpc() {
     assert_eq!(structured(&answer), json!({"result": "split"}));
     scoped.cancel().await.unwrap();
     mcp.cancel().await.unwrap();
+    system.stop().await;
+}
+
+#[tokio::test]
+async fn mip_ids_belong_to_the_mcp_session_or_the_pairing_session() {
+    // Split, so the scopes also cross the gateway's gRPC link to the relay.
+    let system = System::split().await;
+    let model = "import pulp\nprob = pulp.LpProblem('p', pulp.LpMaximize)\nx = pulp.LpVariable('x', 0, 7, cat='Integer')\nprob += 2 * x + 1";
+
+    // On /mcp the MCP session is the scope: no scope argument needed, and another MCP
+    // session does not find the id.
+    let mcp = connect(&system.url("/mcp")).await;
+    let generated = call(
+        &mcp,
+        "generate_mip_problem",
+        json!({"problemDefinitionCode": model}),
+    )
+    .await;
+    assert_eq!(generated.is_error, Some(false), "{generated:?}");
+    let problem_id = structured(&generated)["problemId"].clone();
+    let solved = call(&mcp, "solve_mip_problem", json!({"problemId": problem_id})).await;
+    assert_eq!(structured(&solved)["status"], "optimal", "{solved:?}");
+    assert_eq!(structured(&solved)["objectiveValue"], 15.0);
+    let other = connect(&system.url("/mcp")).await;
+    assert_error(
+        &call(
+            &other,
+            "solve_mip_problem",
+            json!({"problemId": problem_id}),
+        )
+        .await,
+        "NOT_FOUND",
+        "only in the scope",
+    );
+
+    // On the connector URL the pairing session is the scope, shared with its HTTP calls.
+    let (code, _) = system.create_session().await;
+    let handle = structured(&call(&mcp, "connect_session", json!({"code": code})).await)["handle"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let scoped = connect(&system.url(&format!("/mcp/s/{handle}"))).await;
+    let in_session = call(
+        &scoped,
+        "generate_mip_problem",
+        json!({"problemDefinitionCode": model}),
+    )
+    .await;
+    assert_eq!(in_session.is_error, Some(false), "{in_session:?}");
+    let session_problem = structured(&in_session)["problemId"].clone();
+    let over_http = system
+        .post(
+            &format!("/api/sessions/{code}/call"),
+            json!({"functionName": "solve_mip_problem", "args": {"problemId": session_problem}}),
+        )
+        .await;
+    assert_eq!(
+        over_http.body["result"]["status"], "optimal",
+        "{over_http:?}"
+    );
+    assert_error(
+        &call(
+            &mcp,
+            "solve_mip_problem",
+            json!({"problemId": session_problem}),
+        )
+        .await,
+        "NOT_FOUND",
+        "only in the scope",
+    );
+    for connection in [scoped, other, mcp] {
+        connection.cancel().await.unwrap();
+    }
     system.stop().await;
 }

@@ -15,10 +15,13 @@ use toolrelay::proto::v1::{
     RequestStatus, SubmitRequest, provider_message, relay_message,
 };
 use toolrelay_relay::RelayConfig;
-use toolrelay_tests::{PATIENCE, TestRelay, WsTab, demo_tools, error_name, with_token};
+use toolrelay_tests::{
+    BUILTIN_TOOLS, PATIENCE, TestRelay, WsTab, demo_tools, error_name, tab_and_builtin_names,
+    with_token,
+};
 
 /// The built-in tools every session offers besides the tab's.
-const BUILTINS: u32 = 2;
+const BUILTINS: u32 = BUILTIN_TOOLS.len() as u32;
 
 fn call(code: &str, function: &str, args: Value) -> CallRequest {
     CallRequest {
@@ -70,7 +73,7 @@ async fn a_websocket_tab_answers_a_grpc_call() {
     let names: Vec<&str> = manifest.tools.iter().map(|t| t.name.as_str()).collect();
     assert_eq!(
         names,
-        ["echo", "add", "encodePlantUML", "decodePlantUML"],
+        tab_and_builtin_names(),
         "the tab's tools, then the built-in ones"
     );
     assert_eq!(manifest.tools[0].tool_id, "demo");

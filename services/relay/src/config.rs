@@ -7,6 +7,8 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::builtin::BuiltinConfig;
+use crate::builtin::mip::MipConfig;
+use crate::builtin::mip::sandbox::SandboxConfig;
 
 /// `SESSION_TTL_SECONDS`: idle time after which a session expires.
 pub const ENV_SESSION_TTL: &str = "SESSION_TTL_SECONDS";
@@ -24,6 +26,12 @@ pub const ENV_GRPC_LISTEN: &str = "GRPC_LISTEN_ADDR";
 pub const ENV_WS_LISTEN: &str = "WS_LISTEN_ADDR";
 /// `PLANTUML_SERVER_URL`: the PlantUML server `encodePlantUML`'s URLs point at.
 pub const ENV_PLANTUML_SERVER: &str = "PLANTUML_SERVER_URL";
+/// `MIP_PYTHON`: the Python (a virtualenv with PuLP 3) the MIP sandbox runs.
+pub const ENV_MIP_PYTHON: &str = "MIP_PYTHON";
+/// `REMIP_URL`: a ReMIP server to solve MIPs with instead of HiGHS.
+pub const ENV_REMIP_URL: &str = "REMIP_URL";
+/// `MIP_MAX_CONCURRENT`: sandbox runs and solves at once.
+pub const ENV_MIP_MAX_CONCURRENT: &str = "MIP_MAX_CONCURRENT";
 /// `LOG_FORMAT`: `text` (default) or `json`.
 pub const ENV_LOG_FORMAT: &str = "LOG_FORMAT";
 
@@ -101,6 +109,13 @@ impl RelayConfig {
         if self.max_pending_per_session == 0 {
             return Err(format!("{ENV_MAX_PENDING} must be at least 1"));
         }
+        if let Some(url) = &self.builtin.mip.remip_url
+            && !url.starts_with("http://")
+        {
+            return Err(format!(
+                "{ENV_REMIP_URL} ({url}) must be an http:// URL (the ReMIP client speaks plain HTTP, e.g. inside the cluster)"
+            ));
+        }
         let server = &self.builtin.plantuml_server;
         if !(server.starts_with("http://") || server.starts_with("https://")) {
             return Err(format!(
@@ -144,6 +159,15 @@ pub struct RelayArgs {
     /// PlantUML server the URLs of encodePlantUML point at.
     #[arg(long, env = ENV_PLANTUML_SERVER, default_value = crate::builtin::plantuml::DEFAULT_SERVER)]
     pub plantuml_server_url: String,
+    /// Python of the virtualenv (with PuLP 3) that the MIP sandbox runs.
+    #[arg(long, env = ENV_MIP_PYTHON, default_value = "/opt/toolrelay/mip-venv/bin/python")]
+    pub mip_python: std::path::PathBuf,
+    /// A ReMIP server (http://host:port) to solve with instead of HiGHS.
+    #[arg(long, env = ENV_REMIP_URL)]
+    pub remip_url: Option<String>,
+    /// Sandbox runs and solves at once.
+    #[arg(long, env = ENV_MIP_MAX_CONCURRENT, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub mip_max_concurrent: u64,
 }
 
 /// The logging flag every binary has.
@@ -166,6 +190,14 @@ impl RelayArgs {
             heartbeat_interval: Duration::from_secs(self.heartbeat_seconds),
             builtin: BuiltinConfig {
                 plantuml_server: self.plantuml_server_url.clone(),
+                mip: MipConfig {
+                    sandbox: SandboxConfig {
+                        python: self.mip_python.clone(),
+                        ..SandboxConfig::default()
+                    },
+                    remip_url: self.remip_url.clone(),
+                    max_concurrent: usize::try_from(self.mip_max_concurrent).unwrap_or(2),
+                },
             },
             ..RelayConfig::default()
         };

@@ -121,6 +121,14 @@ pub enum RelayError {
         /// When trying again makes sense.
         retry_after: Duration,
     },
+    /// A built-in tool is running as much as it may at once.
+    #[error("{message}")]
+    ToolBusy {
+        /// The tool's own message.
+        message: String,
+        /// When trying again makes sense.
+        retry_after: Duration,
+    },
     /// The manifest is malformed; the previous one stays.
     #[error("The manifest was refused: {reason}. The previous manifest stays in use.")]
     InvalidManifest {
@@ -166,6 +174,7 @@ impl RelayError {
             Self::RequestIdConflict { .. } => "request_id_conflict",
             Self::RequestNotFound { .. } => "request_not_found",
             Self::QueueFull { .. } => "queue_full",
+            Self::ToolBusy { .. } => "tool_busy",
             Self::InvalidManifest { .. } => "invalid_manifest",
             Self::ManifestTooLarge { .. } => "manifest_too_large",
             Self::InvalidResponse { .. } => "invalid_response",
@@ -190,7 +199,7 @@ impl RelayError {
             | Self::RequestNotFound { .. } => ErrorKind::NotFound,
             Self::RequestIdConflict { .. } => ErrorKind::Conflict,
             Self::ManifestTooLarge { .. } => ErrorKind::TooLarge,
-            Self::QueueFull { .. } => ErrorKind::TooManyRequests,
+            Self::QueueFull { .. } | Self::ToolBusy { .. } => ErrorKind::TooManyRequests,
             Self::StoreUnavailable(_) | Self::ShuttingDown => ErrorKind::Unavailable,
         }
     }
@@ -198,7 +207,9 @@ impl RelayError {
     /// When a retry makes sense, for errors that have one.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            Self::QueueFull { retry_after, .. } => Some(*retry_after),
+            Self::QueueFull { retry_after, .. } | Self::ToolBusy { retry_after, .. } => {
+                Some(*retry_after)
+            }
             Self::StoreUnavailable(_) | Self::ShuttingDown => Some(Duration::from_secs(2)),
             _ => None,
         }

@@ -16,7 +16,8 @@ use toolrelay::wire::{
 };
 
 use crate::builtin::{
-    BUILTIN_GROUP, BUILTIN_GROUP_DESCRIPTION, Context, Registry, Scope, ToolFailure, ToolInfo,
+    BUILTIN_GROUP, BUILTIN_GROUP_DESCRIPTION, Context, FailureKind, Registry, Scope, Tickets,
+    ToolFailure, ToolInfo,
 };
 use crate::clock::{Clock, Timestamp};
 use crate::code::{self, SessionCode};
@@ -289,7 +290,17 @@ impl Relay {
         args: Value,
         scope: Scope,
     ) -> Result<Value, ToolFailure> {
-        self.inner.tools.call(name, args, &Context { scope }).await
+        self.inner
+            .tools
+            .call(name, args, &self.tool_context(scope))
+            .await
+    }
+
+    fn tool_context(&self, scope: Scope) -> Context {
+        Context {
+            scope,
+            tickets: Tickets::new(Arc::clone(&self.inner.store), self.inner.clock.clone()),
+        }
     }
 
     /// Replaces the manifest; returns the number of functions. Needs the provider token. A
@@ -344,6 +355,7 @@ impl Relay {
     /// request id with the same call returns that call's state and runs nothing.
     pub async fn submit(&self, code: &str, call: CallInput) -> Result<RequestView, RelayError> {
         let (code, _) = self.live_session(code).await?;
+        let given_id = call.request_id.is_some();
         let request_id = match call.request_id {
             Some(id) if is_valid_request_id(&id) => id,
             Some(_) => return Err(RelayError::InvalidRequestId),
@@ -383,6 +395,27 @@ impl Relay {
                 ));
             }
         };
+        if builtin
+            && !(given_id
+                && self
+                    .inner
+                    .store
+                    .request(&code, &request_id)
+                    .await?
+                    .is_some())
+        {
+            // A new call to a built-in tool that is saturated gets 429 now, rather than a
+            // queued request that fails with BUSY (a repeated call returns its own state).
+            let context = self.tool_context(Scope::Session(code.clone()));
+            if let Err(failure) = self.inner.tools.ready(&call.function_name, &context)
+                && failure.kind == FailureKind::Busy
+            {
+                return Err(RelayError::ToolBusy {
+                    message: failure.message,
+                    retry_after: failure.retry_after.unwrap_or(Duration::from_secs(2)),
+                });
+            }
+        }
         let request = NewRequest {
             id: request_id.clone(),
             // The provider dispatches on (tool, function): name the tool even when the caller
@@ -560,9 +593,7 @@ impl Relay {
             record.args.clone(),
         );
         tokio::spawn(async move {
-            let context = Context {
-                scope: Scope::Session(code.clone()),
-            };
+            let context = relay.tool_context(Scope::Session(code.clone()));
             let response = match relay.inner.tools.call(&name, args, &context).await {
                 Ok(result) => ProviderResponse {
                     request_id: id,

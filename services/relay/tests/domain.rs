@@ -593,6 +593,18 @@ async fn overlapping_attaches_leave_one_connection_standing() {
         async fn ping(&self) -> Result<(), StoreError> {
             self.0.ping().await
         }
+        async fn put_ticket(
+            &self,
+            scope: &str,
+            id: &str,
+            value: Arc<Value>,
+            expires_at: Timestamp,
+        ) -> Result<(), StoreError> {
+            self.0.put_ticket(scope, id, value, expires_at).await
+        }
+        async fn ticket(&self, scope: &str, id: &str) -> Result<Option<Arc<Value>>, StoreError> {
+            self.0.ticket(scope, id).await
+        }
     }
     let config = RelayConfig::default();
     let clock = Clock::new();
@@ -729,4 +741,50 @@ async fn a_session_has_an_mcp_handle_that_ends_with_it() {
         "unknown_handle",
         "expired"
     );
+}
+
+/// Claim checks live an hour, only in their scope, and a scope keeps its newest 200.
+#[tokio::test(start_paused = true)]
+async fn claim_checks_expire_stay_in_their_scope_and_are_bounded() {
+    use toolrelay_relay::builtin::Tickets;
+    let clock = Clock::new();
+    let tickets = Tickets::new(
+        MemoryStore::new(clock.clone(), Duration::from_secs(3600)),
+        clock,
+    );
+    let id = tickets.put("alice", "prob", json!({"n": 0})).await.unwrap();
+    assert!(id.starts_with("prob_") && id.len() == 5 + 32, "{id}");
+    assert_eq!(
+        *tickets.get("alice", &id).await.unwrap().unwrap(),
+        json!({"n": 0})
+    );
+    assert_eq!(tickets.get("mallory", &id).await.unwrap(), None);
+    assert_ne!(
+        tickets.put("alice", "prob", json!({})).await.unwrap(),
+        id,
+        "ids are random"
+    );
+
+    advance(Duration::from_secs(3599)).await;
+    assert!(tickets.get("alice", &id).await.unwrap().is_some());
+    advance(Duration::from_secs(2)).await;
+    assert_eq!(
+        tickets.get("alice", &id).await.unwrap(),
+        None,
+        "gone after an hour"
+    );
+
+    let mut ids = Vec::new();
+    for n in 0..201 {
+        ids.push(tickets.put("busy", "sol", json!({"n": n})).await.unwrap());
+        advance(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        tickets.get("busy", &ids[0]).await.unwrap(),
+        None,
+        "the oldest made room"
+    );
+    for id in &ids[1..] {
+        assert!(tickets.get("busy", id).await.unwrap().is_some());
+    }
 }

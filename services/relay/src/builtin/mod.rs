@@ -4,6 +4,7 @@
 //!
 //! Adding a tool is one file implementing [`Tool`] plus one line in [`Registry::standard`].
 
+pub mod mip;
 pub mod plantuml;
 
 use std::collections::HashMap;
@@ -13,8 +14,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::Value;
 
-use crate::code::SessionCode;
+use crate::clock::Clock;
+use crate::code::{SessionCode, random_id};
 use crate::manifest::describe_violations;
+use crate::store::Store;
 
 /// Group id of the built-in tools in a session's manifest (reserved for them).
 pub const BUILTIN_GROUP: &str = "relay";
@@ -34,11 +37,75 @@ pub enum Scope {
     None,
 }
 
+impl Scope {
+    /// The namespace of what a stateful tool stores for this scope; `None` without a scope.
+    pub fn key(&self) -> Option<String> {
+        match self {
+            Self::Session(code) => Some(format!("session:{code}")),
+            Self::Mcp(id) => Some(format!("mcp:{id}")),
+            Self::Caller(id) => Some(format!("caller:{id}")),
+            Self::None => None,
+        }
+    }
+}
+
+/// How long claim checks live.
+pub const TICKET_TTL: Duration = Duration::from_secs(3600);
+
+/// Claim-check storage for stateful tools: values kept in the relay's store under a random
+/// id of 128 bits, namespaced by scope, for [`TICKET_TTL`]. An id used from another scope is
+/// simply not found.
+#[derive(Clone)]
+pub struct Tickets {
+    store: Arc<dyn Store>,
+    clock: Clock,
+}
+
+impl Tickets {
+    /// Tickets in `store`.
+    pub fn new(store: Arc<dyn Store>, clock: Clock) -> Self {
+        Self { store, clock }
+    }
+
+    /// Keeps `value`; returns its new id, `{prefix}_{32 hex digits}`.
+    pub async fn put(
+        &self,
+        scope: &str,
+        prefix: &str,
+        value: Value,
+    ) -> Result<String, ToolFailure> {
+        let id = format!("{prefix}_{}", random_id());
+        let expires_at = self.clock.now().plus(TICKET_TTL);
+        self.store
+            .put_ticket(scope, &id, Arc::new(value), expires_at)
+            .await
+            .map_err(store_failure)?;
+        Ok(id)
+    }
+
+    /// The value of a ticket of this scope.
+    pub async fn get(&self, scope: &str, id: &str) -> Result<Option<Arc<Value>>, ToolFailure> {
+        self.store.ticket(scope, id).await.map_err(store_failure)
+    }
+}
+
+fn store_failure(error: crate::error::StoreError) -> ToolFailure {
+    tracing::error!(%error, "claim-check store failed");
+    ToolFailure {
+        kind: FailureKind::Busy,
+        code: "STORE_UNAVAILABLE".into(),
+        message: "The relay cannot reach its store right now. Try again in a few seconds.".into(),
+        retry_after: Some(Duration::from_secs(2)),
+    }
+}
+
 /// What a tool sees of the call besides its arguments.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Context {
     /// Who the call is for.
     pub scope: Scope,
+    /// Where stateful tools keep what they return ids for.
+    pub tickets: Tickets,
 }
 
 /// The class of a tool failure, for transports to pick a status.
@@ -104,6 +171,11 @@ pub trait Tool: Send + Sync + 'static {
     fn input_schema(&self) -> Value;
     /// Runs it. The arguments have been checked against the schema.
     async fn call(&self, args: Value, context: &Context) -> Result<Value, ToolFailure>;
+    /// Whether a call for this context would be taken now: a cheap look that reserves
+    /// nothing, so callers that queue work (session calls) can answer "busy" before queueing.
+    fn ready(&self, _context: &Context) -> Result<(), ToolFailure> {
+        Ok(())
+    }
 }
 
 /// A built-in tool as listed.
@@ -128,12 +200,15 @@ struct Entry {
 pub struct BuiltinConfig {
     /// PlantUML server the encoder's URLs point at (`PLANTUML_SERVER_URL`).
     pub plantuml_server: String,
+    /// The MIP tools' sandbox and solver.
+    pub mip: mip::MipConfig,
 }
 
 impl Default for BuiltinConfig {
     fn default() -> Self {
         Self {
             plantuml_server: plantuml::DEFAULT_SERVER.to_owned(),
+            mip: mip::MipConfig::default(),
         }
     }
 }
@@ -147,10 +222,12 @@ pub struct Registry {
 impl Registry {
     /// Every built-in tool.
     pub fn standard(config: &BuiltinConfig) -> Self {
-        Self::new(vec![
+        let mut tools: Vec<Arc<dyn Tool>> = vec![
             Arc::new(plantuml::EncodePlantUml::new(&config.plantuml_server)),
             Arc::new(plantuml::DecodePlantUml),
-        ])
+        ];
+        tools.extend(mip::tools(&config.mip));
+        Self::new(tools)
     }
 
     /// A registry of `tools`.
@@ -236,6 +313,11 @@ impl Registry {
         entry.tool.call(args, context).await
     }
 
+    /// Whether the tool would take a call for `context` now ([`Tool::ready`]).
+    pub fn ready(&self, name: &str, context: &Context) -> Result<(), ToolFailure> {
+        self.entry(name)?.tool.ready(context)
+    }
+
     fn entry(&self, name: &str) -> Result<&Entry, ToolFailure> {
         self.by_name
             .get(name)
@@ -267,12 +349,25 @@ mod tests {
             assert!(!tool.description.is_empty());
         }
         assert!(registry.contains("encodePlantUML") && registry.contains("decodePlantUML"));
+        for name in [
+            "generate_mip_problem",
+            "solve_mip_problem",
+            "validate_mip_solution",
+            "get_mip_solution",
+        ] {
+            assert!(registry.contains(name), "{name}");
+        }
     }
 
     #[tokio::test]
     async fn unknown_tools_and_bad_arguments_are_refused() {
         let registry = Registry::standard(&BuiltinConfig::default());
-        let context = Context { scope: Scope::None };
+        let clock = Clock::new();
+        let store = crate::store::memory::MemoryStore::new(clock.clone(), Duration::from_secs(60));
+        let context = Context {
+            scope: Scope::None,
+            tickets: Tickets::new(store, clock),
+        };
         let missing = registry
             .call("nope", json!({}), &context)
             .await

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::StreamExt;
+use serde_json::Value;
 use tokio::sync::broadcast;
 use tokio_stream::wrappers::BroadcastStream;
 use toolrelay::wire::{RequestStatus, ToolResponse};
@@ -30,6 +31,8 @@ const EVENT_BUFFER: usize = 256;
 const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 /// Finished calls kept per session at most (the oldest go first).
 const MAX_FINISHED_PER_SESSION: usize = 1000;
+/// Claim checks kept per scope at most (the ones expiring first go first).
+const MAX_TICKETS_PER_SCOPE: usize = 200;
 
 /// Sessions and calls in this process's memory.
 pub struct MemoryStore {
@@ -45,6 +48,8 @@ struct Tables {
     /// MCP handle → session code. Entries of ended sessions are dropped by the sweeper and
     /// ignored until then (a look-up checks the session still has that handle).
     handles: HashMap<String, SessionCode>,
+    /// Claim checks by scope, then id, with their expiry.
+    tickets: HashMap<String, HashMap<String, (Arc<Value>, Timestamp)>>,
 }
 
 impl std::ops::Deref for Tables {
@@ -165,8 +170,16 @@ impl MemoryStore {
             entry.forget_finished(now, self.retention);
             true
         });
-        let Tables { sessions, handles } = &mut *tables;
+        let Tables {
+            sessions,
+            handles,
+            tickets,
+        } = &mut *tables;
         handles.retain(|_, code| sessions.contains_key(code));
+        tickets.retain(|_, mine| {
+            mine.retain(|_, (_, expires_at)| *expires_at > now);
+            !mine.is_empty()
+        });
     }
 }
 
@@ -428,5 +441,41 @@ impl Store for MemoryStore {
 
     async fn ping(&self) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    async fn put_ticket(
+        &self,
+        scope: &str,
+        id: &str,
+        value: Arc<Value>,
+        expires_at: Timestamp,
+    ) -> Result<(), StoreError> {
+        let mut tables = self.lock();
+        let mine = tables.tickets.entry(scope.to_owned()).or_default();
+        // A scope keeps its newest tickets only, so one caller cannot fill the memory.
+        if mine.len() >= MAX_TICKETS_PER_SCOPE {
+            let mut by_expiry: Vec<(Timestamp, String)> = mine
+                .iter()
+                .map(|(id, (_, expires))| (*expires, id.clone()))
+                .collect();
+            by_expiry.sort();
+            let surplus = mine.len() + 1 - MAX_TICKETS_PER_SCOPE;
+            for (_, old) in by_expiry.into_iter().take(surplus) {
+                mine.remove(&old);
+            }
+        }
+        mine.insert(id.to_owned(), (value, expires_at));
+        Ok(())
+    }
+
+    async fn ticket(&self, scope: &str, id: &str) -> Result<Option<Arc<Value>>, StoreError> {
+        let now = self.clock.now();
+        let tables = self.lock();
+        Ok(tables
+            .tickets
+            .get(scope)
+            .and_then(|mine| mine.get(id))
+            .filter(|(_, expires_at)| *expires_at > now)
+            .map(|(value, _)| Arc::clone(value)))
     }
 }

@@ -400,4 +400,16 @@ pub trait Store: Send + Sync + 'static {
 
     /// Whether the store answers (for readiness checks).
     async fn ping(&self) -> Result<(), StoreError>;
+
+    /// Keeps a claim-check value under `(scope, id)` until `expires_at`.
+    async fn put_ticket(
+        &self,
+        scope: &str,
+        id: &str,
+        value: Arc<Value>,
+        expires_at: Timestamp,
+    ) -> Result<(), StoreError>;
+
+    /// A claim-check value, if it exists in this scope and has not expired.
+    async fn ticket(&self, scope: &str, id: &str) -> Result<Option<Arc<Value>>, StoreError>;
 }

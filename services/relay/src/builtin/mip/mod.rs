@@ -1,0 +1,484 @@
+//! The MIP tools (claim-check pattern): an LLM writes PuLP code; the relay builds the model in
+//! a sandboxed Python, solves it (HiGHS in-process, or a ReMIP server), checks it, and only
+//! small ids pass through the LLM's context.
+//!
+//! * `generate_mip_problem {problemDefinitionCode}` → `{problemId, summary, stdout}`
+//! * `solve_mip_problem {problemId, timeLimitSeconds?}` → `{solutionId, status, objectiveValue,
+//!   solveTimeSeconds}`
+//! * `validate_mip_solution {solutionId, validationCode}` → `{status: success|failure, message}`
+//! * `get_mip_solution {solutionId, includeZero?, limit?, offset?}` → the values, paged
+//!
+//! Ids are kept for an hour in the relay's store, namespaced by scope (the session, the MCP
+//! session, or a `scope` the caller names). Sandbox runs and solves are limited in number at
+//! once, and to one at a time per caller.
+
+pub mod highs;
+pub mod model;
+pub mod remip;
+pub mod sandbox;
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use self::model::{Model, Solution};
+use self::sandbox::{Sandbox, SandboxConfig, busy};
+use super::{Context, FailureKind, Scope, Tool, ToolFailure};
+
+/// Settings of the MIP tools.
+#[derive(Debug, Clone)]
+pub struct MipConfig {
+    /// The Python sandbox.
+    pub sandbox: SandboxConfig,
+    /// A ReMIP server to solve with instead of HiGHS (`REMIP_URL`).
+    pub remip_url: Option<String>,
+    /// Sandbox runs and solves at once (`MIP_MAX_CONCURRENT`).
+    pub max_concurrent: usize,
+}
+
+impl Default for MipConfig {
+    fn default() -> Self {
+        Self {
+            sandbox: SandboxConfig::default(),
+            remip_url: None,
+            max_concurrent: 2,
+        }
+    }
+}
+
+/// Solve time when the caller gives none.
+const DEFAULT_TIME_LIMIT: f64 = 30.0;
+/// Longest solve a caller may ask for.
+const MAX_TIME_LIMIT: f64 = 120.0;
+/// Values returned per page by default, and at most.
+const DEFAULT_PAGE: usize = 100;
+const MAX_PAGE: usize = 1000;
+
+const SCOPE_PROPERTY: &str = "Only outside a session: any string you choose that identifies you (e.g. a conversation id). Ids are found again only with the same scope.";
+
+/// What the four tools share: the sandbox, the solver, and the limits on work at once.
+struct Mip {
+    sandbox: Sandbox,
+    remip: Option<(reqwest::Client, String)>,
+    slots: Arc<Semaphore>,
+    /// Scopes with a run or solve under way. A std mutex: taken for an insert or remove.
+    busy_scopes: Mutex<HashSet<String>>,
+}
+
+/// Permission to run one sandbox run or solve; released when dropped.
+struct Admission<'a> {
+    mip: &'a Mip,
+    scope: String,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Drop for Admission<'_> {
+    fn drop(&mut self) {
+        self.mip.scopes().remove(&self.scope);
+    }
+}
+
+/// The caller already has a run under way.
+fn scope_busy() -> ToolFailure {
+    ToolFailure {
+        kind: FailureKind::Busy,
+        code: "BUSY".into(),
+        message: "You already have a model running; wait for it to finish, then try again.".into(),
+        retry_after: Some(Duration::from_secs(5)),
+    }
+}
+
+impl Mip {
+    /// Admits one run for `scope`, or says to come back later (HTTP 429 with Retry-After).
+    fn admit(&self, scope: &str) -> Result<Admission<'_>, ToolFailure> {
+        let permit = Arc::clone(&self.slots)
+            .try_acquire_owned()
+            .map_err(|_| busy())?;
+        if !self.scopes().insert(scope.to_owned()) {
+            return Err(scope_busy());
+        }
+        Ok(Admission {
+            mip: self,
+            scope: scope.to_owned(),
+            _permit: permit,
+        })
+    }
+
+    /// Whether [`Mip::admit`] would admit a run for the context's scope now.
+    fn ready(&self, context: &Context) -> Result<(), ToolFailure> {
+        if self.slots.available_permits() == 0 {
+            return Err(busy());
+        }
+        match context.scope.key() {
+            Some(scope) if self.scopes().contains(&scope) => Err(scope_busy()),
+            _ => Ok(()),
+        }
+    }
+
+    fn scopes(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.busy_scopes
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    async fn solve(&self, model: Model, dict: &Value, time_limit: Duration) -> Solution {
+        match &self.remip {
+            Some((client, url)) => {
+                remip::solve(client, url, dict, model.objective_constant, time_limit).await
+            }
+            None => {
+                match tokio::task::spawn_blocking(move || highs::solve(&model, time_limit)).await {
+                    Ok(solution) => solution,
+                    Err(error) => Solution {
+                        status: model::SolveStatus::Error,
+                        objective_value: None,
+                        variables: Default::default(),
+                        solve_time_seconds: 0.0,
+                        message: Some(format!("the solver stopped unexpectedly: {error}")),
+                    },
+                }
+            }
+        }
+    }
+}
+
+/// The four MIP tools over one shared sandbox and solver.
+pub fn tools(config: &MipConfig) -> Vec<Arc<dyn Tool>> {
+    let mip = Arc::new(Mip {
+        sandbox: Sandbox::new(config.sandbox.clone()),
+        remip: config
+            .remip_url
+            .as_ref()
+            .map(|url| (reqwest::Client::new(), url.trim_end_matches('/').to_owned())),
+        slots: Arc::new(Semaphore::new(config.max_concurrent)),
+        busy_scopes: Mutex::new(HashSet::new()),
+    });
+    vec![
+        Arc::new(Generate(Arc::clone(&mip))),
+        Arc::new(Solve(Arc::clone(&mip))),
+        Arc::new(Validate(mip)),
+        Arc::new(GetSolution),
+    ]
+}
+
+/// The namespace of the caller's ids: the session or MCP session, else the `scope` argument.
+fn scope_of(context: &Context, args: &Value) -> Result<String, ToolFailure> {
+    if let Some(key) = context.scope.key() {
+        return Ok(key);
+    }
+    match args
+        .get("scope")
+        .and_then(Value::as_str)
+        .filter(|scope| !scope.trim().is_empty())
+    {
+        Some(scope) => Ok(Scope::Caller(scope.to_owned()).key().unwrap_or_default()),
+        None => Err(ToolFailure::new(
+            FailureKind::BadInput,
+            "SCOPE_REQUIRED",
+            "Outside a session, pass a scope (the \"scope\" argument, or ?scope= on /api/tools): any string that identifies you, e.g. a conversation id. Use the same scope for the later calls.",
+        )),
+    }
+}
+
+fn python_failure(outcome: &Value) -> ToolFailure {
+    let error = outcome["error"].as_str().unwrap_or("the code failed");
+    let trace = outcome["traceback"].as_str().unwrap_or_default();
+    let message = if trace.is_empty() {
+        error.to_owned()
+    } else {
+        format!("{error}\n{trace}")
+    };
+    ToolFailure::new(FailureKind::BadInput, "PYTHON_ERROR", message)
+}
+
+fn not_found(what: &str, id: &str) -> ToolFailure {
+    ToolFailure::new(
+        FailureKind::NotFound,
+        "NOT_FOUND",
+        format!(
+            "No {what} {id} here: ids live for one hour and only in the scope (session) that made them. Make it again."
+        ),
+    )
+}
+
+/// A stored value of `kind` ("problem" or "solution").
+async fn ticket(
+    context: &Context,
+    scope: &str,
+    id: &str,
+    kind: &str,
+) -> Result<Arc<Value>, ToolFailure> {
+    match context.tickets.get(scope, id).await? {
+        Some(value) if value["kind"] == kind => Ok(value),
+        _ => Err(not_found(kind, id)),
+    }
+}
+
+fn text_arg<'a>(args: &'a Value, name: &str) -> Result<&'a str, ToolFailure> {
+    match args.get(name).and_then(Value::as_str) {
+        Some(text) if !text.trim().is_empty() => Ok(text),
+        _ => Err(ToolFailure::new(
+            FailureKind::BadInput,
+            "EMPTY_CODE",
+            format!("{name} is required and cannot be empty."),
+        )),
+    }
+}
+
+struct Generate(Arc<Mip>);
+struct Solve(Arc<Mip>);
+struct Validate(Arc<Mip>);
+struct GetSolution;
+
+#[async_trait]
+impl Tool for Generate {
+    fn ready(&self, context: &Context) -> Result<(), ToolFailure> {
+        self.0.ready(context)
+    }
+
+    fn name(&self) -> &'static str {
+        "generate_mip_problem"
+    }
+
+    fn description(&self) -> &'static str {
+        "Builds a mixed-integer program from Python code using PuLP 3 (import pulp; define exactly one pulp.LpProblem with variables, objective and constraints; do not solve it). Runs in a sandbox; returns a problemId for solve_mip_problem, a summary and what the code printed."
+    }
+
+    fn input_schema(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "problemDefinitionCode": {"type": "string", "description": "Python using PuLP 3.x, e.g. prob = pulp.LpProblem('plan', pulp.LpMaximize); x = pulp.LpVariable('x', 0, cat='Integer'); prob += 3*x; prob += x <= 4"},
+                "scope": {"type": "string", "description": SCOPE_PROPERTY}
+            },
+            "required": ["problemDefinitionCode"],
+            "additionalProperties": false
+        })
+    }
+
+    async fn call(&self, args: Value, context: &Context) -> Result<Value, ToolFailure> {
+        let scope = scope_of(context, &args)?;
+        let code = text_arg(&args, "problemDefinitionCode")?;
+        let outcome = {
+            let _admission = self.0.admit(&scope)?;
+            self.0
+                .sandbox
+                .run(&json!({"mode": "generate", "code": code}))
+                .await?
+        };
+        if outcome["ok"] != true {
+            return Err(python_failure(&outcome));
+        }
+        let mut dict = outcome["problem"].clone();
+        // PuLP never writes solver options; code that forges them must not lift the time limit.
+        if let Some(fields) = dict.as_object_mut() {
+            fields.remove("solver_options");
+        }
+        let constant = outcome["constant"].as_f64().unwrap_or(0.0);
+        let model = Model::from_pulp(&dict, constant).map_err(|error| {
+            ToolFailure::new(
+                FailureKind::BadInput,
+                "INVALID_MODEL",
+                format!("PuLP produced a model the relay cannot read: {error}."),
+            )
+        })?;
+        let (variables, constraints, integers) = model.counts();
+        let summary =
+            json!({"variables": variables, "constraints": constraints, "integers": integers});
+        let stored =
+            json!({"kind": "problem", "dict": dict, "constant": constant, "summary": summary});
+        let problem_id = context.tickets.put(&scope, "prob", stored).await?;
+        Ok(json!({
+            "problemId": problem_id,
+            "summary": summary,
+            "stdout": outcome["stdout"].as_str().unwrap_or_default().trim(),
+        }))
+    }
+}
+
+#[async_trait]
+impl Tool for Solve {
+    fn ready(&self, context: &Context) -> Result<(), ToolFailure> {
+        self.0.ready(context)
+    }
+
+    fn name(&self) -> &'static str {
+        "solve_mip_problem"
+    }
+
+    fn description(&self) -> &'static str {
+        "Solves a problem made by generate_mip_problem. Returns a solutionId and the status: optimal, infeasible, unbounded, infeasible_or_unbounded, timeout (best solution so far) or error, with the objective value."
+    }
+
+    fn input_schema(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "problemId": {"type": "string"},
+                "timeLimitSeconds": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_TIME_LIMIT, "description": "Stop after this many seconds (default 30)."},
+                "scope": {"type": "string", "description": SCOPE_PROPERTY}
+            },
+            "required": ["problemId"],
+            "additionalProperties": false
+        })
+    }
+
+    async fn call(&self, args: Value, context: &Context) -> Result<Value, ToolFailure> {
+        let scope = scope_of(context, &args)?;
+        let problem_id = text_arg(&args, "problemId")?;
+        let problem = ticket(context, &scope, problem_id, "problem").await?;
+        let constant = problem["constant"].as_f64().unwrap_or(0.0);
+        let model = Model::from_pulp(&problem["dict"], constant)
+            .map_err(|error| ToolFailure::new(FailureKind::Internal, "INVALID_MODEL", error))?;
+        let seconds = args["timeLimitSeconds"]
+            .as_f64()
+            .unwrap_or(DEFAULT_TIME_LIMIT)
+            .clamp(0.01, MAX_TIME_LIMIT);
+        let solution = {
+            let _admission = self.0.admit(&scope)?;
+            self.0
+                .solve(model, &problem["dict"], Duration::from_secs_f64(seconds))
+                .await
+        };
+        let mut stored = serde_json::to_value(&solution).unwrap_or_default();
+        stored["kind"] = json!("solution");
+        stored["problemId"] = json!(problem_id);
+        let solution_id = context.tickets.put(&scope, "sol", stored).await?;
+        let mut answer = json!({
+            "solutionId": solution_id,
+            "status": solution.status,
+            "objectiveValue": solution.objective_value,
+            "solveTimeSeconds": solution.solve_time_seconds,
+        });
+        if let Some(message) = solution.message {
+            answer["message"] = json!(message);
+        }
+        Ok(answer)
+    }
+}
+
+#[async_trait]
+impl Tool for Validate {
+    fn ready(&self, context: &Context) -> Result<(), ToolFailure> {
+        self.0.ready(context)
+    }
+
+    fn name(&self) -> &'static str {
+        "validate_mip_solution"
+    }
+
+    fn description(&self) -> &'static str {
+        "Checks a solution with Python: `solution` is {status, objective_value, variables: {name: value}}; use assert. Returns status failure with the error when the code raises, else success with what it printed."
+    }
+
+    fn input_schema(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "solutionId": {"type": "string"},
+                "validationCode": {"type": "string", "description": "e.g. assert solution['status'] == 'optimal'; assert solution['variables']['x'] <= 4; print(solution['objective_value'])"},
+                "scope": {"type": "string", "description": SCOPE_PROPERTY}
+            },
+            "required": ["solutionId", "validationCode"],
+            "additionalProperties": false
+        })
+    }
+
+    async fn call(&self, args: Value, context: &Context) -> Result<Value, ToolFailure> {
+        let scope = scope_of(context, &args)?;
+        let solution_id = text_arg(&args, "solutionId")?;
+        let code = text_arg(&args, "validationCode")?;
+        let solution = ticket(context, &scope, solution_id, "solution").await?;
+        let bound = json!({
+            "status": solution["status"],
+            "objective_value": solution["objective_value"],
+            "variables": solution["variables"],
+        });
+        let outcome = {
+            let _admission = self.0.admit(&scope)?;
+            self.0
+                .sandbox
+                .run(&json!({"mode": "validate", "code": code, "solution": bound}))
+                .await?
+        };
+        if outcome["ok"] != true {
+            let error = outcome["error"]
+                .as_str()
+                .unwrap_or("the validation code failed");
+            return Ok(json!({"status": "failure", "message": error}));
+        }
+        let printed = outcome["stdout"].as_str().unwrap_or_default().trim();
+        let message = if printed.is_empty() {
+            "validation passed"
+        } else {
+            printed
+        };
+        Ok(json!({"status": "success", "message": message}))
+    }
+}
+
+#[async_trait]
+impl Tool for GetSolution {
+    fn name(&self) -> &'static str {
+        "get_mip_solution"
+    }
+
+    fn description(&self) -> &'static str {
+        "Reads the variable values of a solution, sorted by name and paged (limit default 100, at most 1000); zero values are left out unless includeZero is true."
+    }
+
+    fn input_schema(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "solutionId": {"type": "string"},
+                "includeZero": {"type": "boolean"},
+                "limit": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE},
+                "offset": {"type": "integer", "minimum": 0},
+                "scope": {"type": "string", "description": SCOPE_PROPERTY}
+            },
+            "required": ["solutionId"],
+            "additionalProperties": false
+        })
+    }
+
+    async fn call(&self, args: Value, context: &Context) -> Result<Value, ToolFailure> {
+        let scope = scope_of(context, &args)?;
+        let solution_id = text_arg(&args, "solutionId")?;
+        let solution = ticket(context, &scope, solution_id, "solution").await?;
+        let include_zero = args["includeZero"].as_bool().unwrap_or(false);
+        let limit = args["limit"]
+            .as_u64()
+            .map_or(DEFAULT_PAGE, |limit| limit as usize)
+            .min(MAX_PAGE);
+        let offset = args["offset"].as_u64().unwrap_or(0) as usize;
+        let values: Vec<(&String, f64)> = solution["variables"]
+            .as_object()
+            .map(|variables| {
+                variables
+                    .iter()
+                    .filter_map(|(name, value)| value.as_f64().map(|value| (name, value)))
+                    .filter(|(_, value)| include_zero || value.abs() > 1e-9)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let page: Vec<Value> = values
+            .iter()
+            .skip(offset)
+            .take(limit)
+            .map(|(name, value)| json!({"name": name, "value": value}))
+            .collect();
+        Ok(json!({
+            "solutionId": solution_id,
+            "status": solution["status"],
+            "objectiveValue": solution["objective_value"],
+            "total": values.len(),
+            "offset": offset,
+            "variables": page,
+        }))
+    }
+}

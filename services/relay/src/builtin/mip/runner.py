@@ -1,0 +1,115 @@
+# Runs one piece of an LLM's Python inside the sandbox (bubblewrap, a fresh process each
+# time) and reports on stdout, after a marker, one JSON object:
+#   generate: {"ok": true, "problem": <LpProblem.toDict()>, "constant": <objective constant>,
+#              "stdout": "..."}  — the code must define exactly one pulp.LpProblem
+#   validate: {"ok": true, "stdout": "..."}  — with `solution` bound to the solved values
+#   failure:  {"ok": false, "error": "<the exception's last line>", "traceback": "<tail>",
+#              "stdout": "..."}
+# The job comes as JSON on stdin: {"mode": "generate" | "validate", "code": "...",
+# "solution": {...}}.
+
+import contextlib
+import io
+import json
+import sys
+import traceback
+
+MARKER = "\x1eTOOLRELAY-RESULT "
+MAX_OUTPUT = 20000
+# Frames of the LLM's code, by the file names compile() gave it.
+OWN_FILES = ("<problem>", "<validation>")
+
+
+class Tail(io.TextIOBase):
+    """Keeps the last MAX_OUTPUT characters printed, so printing without end costs no memory."""
+
+    def __init__(self):
+        self.kept = ""
+
+    def writable(self):
+        return True
+
+    def write(self, text):
+        self.kept = (self.kept + text)[-MAX_OUTPUT:]
+        return len(text)
+
+    def getvalue(self):
+        return self.kept
+
+
+def report(result):
+    sys.__stdout__.write(MARKER + json.dumps(result) + "\n")
+    sys.__stdout__.flush()
+
+
+def failure(error, captured):
+    last = traceback.format_exception_only(type(error), error)[-1].strip()
+    frames = [
+        line
+        for line in traceback.format_tb(error.__traceback__)
+        if any(name in line for name in OWN_FILES)
+    ]
+    report(
+        {
+            "ok": False,
+            "error": last,
+            "traceback": "".join(frames[-3:]).rstrip(),
+            "stdout": captured.getvalue(),
+        }
+    )
+
+
+def main():
+    job = json.load(sys.stdin)
+    captured = Tail()
+    try:
+        import pulp
+    except Exception as error:  # noqa: BLE001 - any import failure means a broken sandbox
+        report({"ok": False, "error": f"PuLP cannot be imported in the sandbox: {error}"})
+        return
+    mode = job["mode"]
+    namespace = {"__name__": "__main__", "pulp": pulp}
+    if mode == "validate":
+        namespace["solution"] = job["solution"]
+    try:
+        code = compile(job["code"], "<problem>" if mode == "generate" else "<validation>", "exec")
+        with contextlib.redirect_stdout(captured):
+            exec(code, namespace)  # noqa: S102 - running the LLM's code is the point, sandboxed
+    except BaseException as error:  # noqa: BLE001 - SystemExit and asserts are failures too
+        failure(error, captured)
+        return
+    output = captured.getvalue()
+    if mode == "validate":
+        report({"ok": True, "stdout": output})
+        return
+
+    problems = {}
+    for name, value in namespace.items():
+        if isinstance(value, pulp.LpProblem):
+            problems.setdefault(id(value), (name, value))
+    if not problems:
+        report(
+            {
+                "ok": False,
+                "error": 'The code defines no pulp.LpProblem. Assign the problem to a variable, e.g. prob = pulp.LpProblem("plan", pulp.LpMaximize).',
+                "stdout": output,
+            }
+        )
+        return
+    if len(problems) > 1:
+        names = ", ".join(sorted(name for name, _ in problems.values()))
+        report(
+            {
+                "ok": False,
+                "error": f"The code defines several pulp.LpProblem objects ({names}); define exactly one.",
+                "stdout": output,
+            }
+        )
+        return
+    (_, problem), = problems.values()
+    objective = problem.objective
+    constant = float(objective.constant) if objective is not None else 0.0
+    report({"ok": True, "problem": problem.toDict(), "constant": constant, "stdout": output})
+
+
+main()

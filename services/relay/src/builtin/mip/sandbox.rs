@@ -1,0 +1,483 @@
+//! The Python sandbox: each run is a fresh CPython process under bubblewrap, as a non-root
+//! uid, with no network, only `/usr` and the PuLP virtualenv mounted read-only (no home
+//! directories, no `/etc/shadow`, no project files), a private `/tmp`, a clean environment,
+//! and limits on CPU time, address space, processes, file size and wall-clock time
+//! (`prlimit` sets them, so no `unsafe` is needed). Output is captured and capped.
+//!
+//! If bubblewrap, user namespaces or the virtualenv are missing, runs fail with a message
+//! saying so: code is never run unsandboxed.
+
+use std::collections::BTreeSet;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use nix::sys::wait::{WaitPidFlag, waitpid};
+use nix::unistd::Pid;
+use serde_json::Value;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::process::Command;
+
+use crate::builtin::{FailureKind, ToolFailure};
+
+/// The script each run executes (`python -I -c`).
+const RUNNER: &str = include_str!("runner.py");
+/// The line the runner's result follows.
+const MARKER: &str = "\u{1e}TOOLRELAY-RESULT ";
+
+/// Limits and locations of the sandbox.
+#[derive(Debug, Clone)]
+pub struct SandboxConfig {
+    /// The virtualenv's Python (PuLP installed), outside any home directory.
+    pub python: PathBuf,
+    /// CPU seconds a run may use.
+    pub cpu_seconds: u64,
+    /// Address space of a run, in bytes.
+    pub memory_bytes: u64,
+    /// Processes the run's uid may have.
+    pub processes: u64,
+    /// Largest file a run may write, in bytes.
+    pub file_bytes: u64,
+    /// Wall-clock time before a run is killed.
+    pub wall_clock: Duration,
+    /// Output kept per stream, in bytes.
+    pub output_bytes: usize,
+    /// First of the sandbox uids (each run has its own) when the relay runs as root.
+    pub base_uid: u32,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        Self {
+            python: PathBuf::from("/opt/toolrelay/mip-venv/bin/python"),
+            cpu_seconds: 20,
+            memory_bytes: 1536 * 1024 * 1024,
+            processes: 64,
+            file_bytes: 16 * 1024 * 1024,
+            wall_clock: Duration::from_secs(30),
+            output_bytes: 256 * 1024,
+            base_uid: 61000,
+        }
+    }
+}
+
+/// Runs the LLM's Python, one fresh sandboxed process per run.
+pub struct Sandbox {
+    config: SandboxConfig,
+    /// The virtualenv's root (the directory above `bin/python`).
+    venv: PathBuf,
+    /// Why runs cannot happen, when they cannot.
+    unavailable: Option<String>,
+    as_root: bool,
+}
+
+/// How many uids from `base_uid` on the sandbox may use.
+const UID_RANGE: u32 = 4096;
+
+/// Sandbox uids in use in this process: by a run, or by processes of a run not yet gone.
+/// Process-wide, as uids and processes are. Std mutexes: each is held for one set operation.
+static UIDS_IN_USE: Mutex<BTreeSet<u32>> = Mutex::new(BTreeSet::new());
+/// Pids of the runs' own processes (the `bwrap` each run started and waits for), which
+/// [`reap_orphans`] must leave to tokio.
+static RUNNING: Mutex<BTreeSet<u32>> = Mutex::new(BTreeSet::new());
+
+fn locked<T>(set: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    set.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl std::fmt::Debug for Sandbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sandbox")
+            .field("python", &self.config.python)
+            .field("unavailable", &self.unavailable)
+            .finish()
+    }
+}
+
+impl Sandbox {
+    /// A sandbox. Checks once that it can work (a run of `true`
+    /// under bubblewrap); when it cannot, every run reports why.
+    pub fn new(config: SandboxConfig) -> Self {
+        let as_root = std::fs::metadata("/proc/self")
+            .map(|meta| meta.uid() == 0)
+            .unwrap_or(false);
+        let venv = config
+            .python
+            .parent()
+            .and_then(Path::parent)
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        let mut sandbox = Self {
+            config,
+            venv,
+            unavailable: None,
+            as_root,
+        };
+        // bubblewrap's outer process exits without waiting for its inner one, which is then
+        // re-parented: to this process, not to a PID 1 that may never reap it (a container's
+        // init, or none), so that the relay reaps it and the sandbox uid's process count falls.
+        if let Err(error) = nix::sys::prctl::set_child_subreaper(true) {
+            tracing::warn!(%error, "cannot adopt the sandbox's orphaned processes");
+        }
+        sandbox.unavailable = sandbox.probe();
+        if let Some(reason) = &sandbox.unavailable {
+            tracing::warn!(%reason, "the MIP sandbox is unavailable; generate and validate will say so");
+        }
+        sandbox
+    }
+
+    /// Why the sandbox cannot run code, if it cannot.
+    pub fn unavailable(&self) -> Option<&str> {
+        self.unavailable.as_deref()
+    }
+
+    fn probe(&self) -> Option<String> {
+        if !self.config.python.exists() {
+            return Some(format!(
+                "the sandbox's Python {} is missing: run scripts/setup.sh (it creates the PuLP virtualenv) or set MIP_PYTHON",
+                self.config.python.display()
+            ));
+        }
+        let mut command = std::process::Command::new("bwrap");
+        command.args(self.bwrap_args()).arg("/usr/bin/true");
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if self.as_root {
+            command.uid(self.config.base_uid).gid(self.config.base_uid);
+        }
+        match command.output() {
+            Ok(output) if output.status.success() => None,
+            Ok(output) => Some(format!(
+                "bubblewrap cannot start a sandbox here ({}); unprivileged user namespaces may be disabled",
+                String::from_utf8_lossy(&output.stderr).trim()
+            )),
+            Err(error) => Some(format!(
+                "bubblewrap (bwrap) is not installed: {error}; install the bubblewrap package"
+            )),
+        }
+    }
+
+    /// bubblewrap's arguments: a read-only world with only what a run needs.
+    fn bwrap_args(&self) -> Vec<String> {
+        let mut args: Vec<String> = [
+            "--unshare-all",
+            "--die-with-parent",
+            "--new-session",
+            "--clearenv",
+            "--cap-drop",
+            "ALL",
+            "--ro-bind",
+            "/usr",
+            "/usr",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        // Debian's merged /usr: /bin, /lib, /lib64 and /sbin are links into it.
+        for dir in ["bin", "lib", "lib64", "sbin"] {
+            if Path::new(&format!("/{dir}")).is_symlink() {
+                args.extend(["--symlink".into(), format!("usr/{dir}"), format!("/{dir}")]);
+            } else if Path::new(&format!("/{dir}")).is_dir() {
+                args.extend(["--ro-bind".into(), format!("/{dir}"), format!("/{dir}")]);
+            }
+        }
+        if Path::new("/etc/ld.so.cache").exists() {
+            args.extend(["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"].map(str::to_owned));
+        }
+        let venv = self.venv.display().to_string();
+        args.extend(["--ro-bind".into(), venv.clone(), venv]);
+        args.extend(
+            [
+                "--tmpfs",
+                "/tmp",
+                "--proc",
+                "/proc",
+                "--dev",
+                "/dev",
+                "--chdir",
+                "/tmp",
+                "--setenv",
+                "PATH",
+                "/usr/bin",
+                "--setenv",
+                "HOME",
+                "/tmp",
+                "--setenv",
+                "LANG",
+                "C.UTF-8",
+                "--setenv",
+                "PYTHONDONTWRITEBYTECODE",
+                "1",
+                "--remount-ro",
+                "/",
+            ]
+            .map(str::to_owned),
+        );
+        args
+    }
+
+    /// Runs the runner with `job` on stdin; returns its JSON result.
+    pub async fn run(&self, job: &Value) -> Result<Value, ToolFailure> {
+        if let Some(reason) = &self.unavailable {
+            return Err(ToolFailure::new(
+                FailureKind::Internal,
+                "SANDBOX_UNAVAILABLE",
+                format!("Python cannot run here: {reason}. The code was not run."),
+            ));
+        }
+        let uid = if self.as_root { self.take_uid() } else { None };
+        if self.as_root && uid.is_none() {
+            return Err(busy());
+        }
+        let outcome = self.run_as(job, uid).await;
+        reap_orphans();
+        if let Some(uid) = uid {
+            tokio::spawn(release(uid));
+        }
+        outcome
+    }
+
+    /// A uid no other run of this process uses, and no process has.
+    fn take_uid(&self) -> Option<u32> {
+        let mut used = locked(&UIDS_IN_USE);
+        let base = self.config.base_uid;
+        let uid = (base..base.saturating_add(UID_RANGE))
+            .find(|uid| !used.contains(uid) && !has_processes(*uid))?;
+        used.insert(uid);
+        Some(uid)
+    }
+
+    async fn run_as(&self, job: &Value, uid: Option<u32>) -> Result<Value, ToolFailure> {
+        let limits = &self.config;
+        let mut command = Command::new("prlimit");
+        command
+            // SIGXCPU at the soft limit (a clear cause), SIGKILL a second later.
+            .arg(format!(
+                "--cpu={}:{}",
+                limits.cpu_seconds,
+                limits.cpu_seconds + 1
+            ))
+            .arg(format!("--as={}", limits.memory_bytes))
+            .arg(format!("--nproc={}", limits.processes))
+            .arg(format!("--fsize={}", limits.file_bytes))
+            .arg("--core=0")
+            .arg("--")
+            .arg("bwrap")
+            .args(self.bwrap_args())
+            .arg(&self.config.python)
+            .args(["-I", "-c", RUNNER])
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        if let Some(uid) = uid {
+            command.uid(uid).gid(uid);
+        }
+        let mut child = command.spawn().map_err(|error| {
+            ToolFailure::new(
+                FailureKind::Internal,
+                "SANDBOX_UNAVAILABLE",
+                format!("The sandbox could not start: {error}."),
+            )
+        })?;
+        let pid = child.id();
+        let _running = pid.map(Running::insert);
+        let input = serde_json::to_vec(job).unwrap_or_default();
+        if let Some(mut stdin) = child.stdin.take() {
+            // A run that exits before reading its input fails below with its own message.
+            let _ = stdin.write_all(&input).await;
+        }
+        let stdout = child.stdout.take();
+        let stderr = child.stderr.take();
+        let cap = limits.output_bytes;
+        let reading = async {
+            let (out, err) = tokio::join!(capped(stdout, cap), capped(stderr, cap));
+            let status = child.wait().await;
+            (out, err, status)
+        };
+        let finished = tokio::time::timeout(limits.wall_clock, reading).await;
+        let Ok((stdout, stderr, status)) = finished else {
+            // Killing bwrap ends its PID namespace, and with it every process of the run.
+            let _ = child.kill().await;
+            return Err(stopped(format!(
+                "The code ran longer than {} s and was stopped. Look for endless loops or make the model smaller.",
+                limits.wall_clock.as_secs()
+            )));
+        };
+        if let Some(line) = stdout
+            .lines()
+            .rev()
+            .find_map(|line| line.strip_prefix(MARKER))
+        {
+            return serde_json::from_str(line).map_err(|error| {
+                ToolFailure::new(
+                    FailureKind::Internal,
+                    "SANDBOX_FAILED",
+                    format!("The run's result was unreadable: {error}."),
+                )
+            });
+        }
+        let status = status.ok();
+        // bubblewrap reports a signal that ended the run as the exit status 128 + signal.
+        let signal = status.and_then(|status| {
+            status.signal().or_else(|| {
+                status
+                    .code()
+                    .filter(|code| (129..160).contains(code))
+                    .map(|code| code - 128)
+            })
+        });
+        let why = match signal {
+            Some(24) => format!("it used more than {} s of CPU time", limits.cpu_seconds),
+            Some(9) => "it was killed (out of memory or CPU time)".to_owned(),
+            Some(signal) => format!("it was stopped by signal {signal}"),
+            None => format!(
+                "it exited with status {}",
+                status.and_then(|status| status.code()).unwrap_or(-1)
+            ),
+        };
+        let detail = stderr
+            .lines()
+            .rev()
+            .find(|line| !line.trim().is_empty())
+            .unwrap_or_default()
+            .to_owned();
+        Err(stopped(format!(
+            "The code did not finish: {why}.{} Limits: {} s CPU, {} MB memory, {} processes.",
+            if detail.is_empty() {
+                String::new()
+            } else {
+                format!(" Last message: {detail}.")
+            },
+            limits.cpu_seconds,
+            limits.memory_bytes / (1024 * 1024),
+            limits.processes
+        )))
+    }
+}
+
+/// Marks a pid as a run's own (in [`RUNNING`]) while alive.
+struct Running(u32);
+
+impl Running {
+    fn insert(pid: u32) -> Self {
+        locked(&RUNNING).insert(pid);
+        Self(pid)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        locked(&RUNNING).remove(&self.0);
+    }
+}
+
+/// Reaps the exited processes of past runs that were re-parented to this process: zombie
+/// children called `bwrap` or `python…` that are not a run's own (tokio waits for those).
+fn reap_orphans() {
+    let me = std::process::id();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for entry in entries.filter_map(Result::ok) {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|name| name.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // "pid (comm) state ppid …"; comm may hold spaces and parentheses.
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let comm = &stat[open + 1..close];
+        let mut rest = stat[close + 1..].split_whitespace();
+        let (state, ppid) = (
+            rest.next(),
+            rest.next().and_then(|ppid| ppid.parse::<u32>().ok()),
+        );
+        let ours = comm == "bwrap" || comm.starts_with("python");
+        if state == Some("Z") && ppid == Some(me) && ours {
+            let own = locked(&RUNNING).contains(&pid);
+            if !own && let Ok(pid) = i32::try_from(pid) {
+                let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
+            }
+        }
+    }
+}
+
+/// Frees `uid` once none of its processes is left. They die with the run's PID namespace
+/// (the kernel kills them all when bubblewrap goes), which takes a moment after a fork bomb;
+/// until they are gone and reaped they would count against the next run's process limit.
+async fn release(uid: u32) {
+    for _ in 0..500 {
+        reap_orphans();
+        if !has_processes(uid) {
+            locked(&UIDS_IN_USE).remove(&uid);
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tracing::error!(
+        uid,
+        "processes of a sandbox run outlived it by 10 s; that sandbox uid stays out of use"
+    );
+}
+
+/// Whether any process runs as `uid`.
+fn has_processes(uid: u32) -> bool {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    entries.filter_map(Result::ok).any(|entry| {
+        entry
+            .file_name()
+            .to_str()
+            .is_some_and(|name| name.bytes().all(|byte| byte.is_ascii_digit()))
+            && entry.metadata().is_ok_and(|meta| meta.uid() == uid)
+    })
+}
+
+/// Everything a stream gives, up to `cap` bytes (the rest is read and dropped so the process
+/// does not block on a full pipe).
+async fn capped(stream: Option<impl AsyncRead + Unpin>, cap: usize) -> String {
+    let Some(mut stream) = stream else {
+        return String::new();
+    };
+    let mut kept = Vec::new();
+    let mut buffer = [0u8; 8192];
+    while let Ok(read) = stream.read(&mut buffer).await {
+        if read == 0 {
+            break;
+        }
+        let room = cap.saturating_sub(kept.len());
+        kept.extend_from_slice(&buffer[..read.min(room)]);
+    }
+    String::from_utf8_lossy(&kept).into_owned()
+}
+
+fn stopped(message: String) -> ToolFailure {
+    ToolFailure::new(FailureKind::BadInput, "RUN_STOPPED", message)
+}
+
+/// Every sandbox is in use.
+pub fn busy() -> ToolFailure {
+    ToolFailure {
+        kind: FailureKind::Busy,
+        code: "BUSY".into(),
+        message:
+            "The relay is running as many models as it can at once. Try again in a few seconds."
+                .into(),
+        retry_after: Some(Duration::from_secs(5)),
+    }
+}
