@@ -484,3 +484,113 @@ async fn one_caller_runs_one_model_at_a_time() {
     assert!(second.header("retry-after").is_some());
     system.stop().await;
 }
+
+#[tokio::test]
+async fn models_that_cannot_be_solved_honestly_are_refused() {
+    let mut config = RelayConfig::default();
+    config.builtin.mip.sandbox.result_bytes = 20_000;
+    let system = System::with(config, |_| {}).await;
+    let generate = |code: &str| {
+        tool(
+            &system,
+            "refusals",
+            "generate_mip_problem",
+            json!({"problemDefinitionCode": code}),
+        )
+    };
+    // HiGHS has no SOS constraints: dropping them would call a relaxation optimal.
+    let sos = generate("import pulp\nprob = pulp.LpProblem('p', pulp.LpMaximize)\nx = pulp.LpVariable('x', 0, 1)\ny = pulp.LpVariable('y', 0, 1)\nprob += x + y\nprob.sos1['s'] = {'x': 1, 'y': 2}").await;
+    assert_eq!(sos.status, StatusCode::BAD_REQUEST, "{sos:?}");
+    assert_eq!(sos.body["error"]["code"], "INVALID_MODEL");
+    assert!(
+        sos.body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("special ordered sets"),
+        "{sos:?}"
+    );
+    let overflow = generate("import pulp\nprob = pulp.LpProblem('p', pulp.LpMaximize)\nx = pulp.LpVariable('x', 0, 1)\nprob += 1e308 * x + 1e308 * x").await;
+    assert_eq!(overflow.status, StatusCode::BAD_REQUEST, "{overflow:?}");
+    assert_eq!(overflow.body["error"]["code"], "INVALID_MODEL");
+    assert!(
+        overflow.body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("infinite or NaN"),
+        "{overflow:?}"
+    );
+    let large = generate("import pulp\nprob = pulp.LpProblem('p', pulp.LpMaximize)\nxs = [pulp.LpVariable(f'x{i}', 0, 1) for i in range(2000)]\nprob += pulp.lpSum(xs)").await;
+    assert_eq!(large.status, StatusCode::PAYLOAD_TOO_LARGE, "{large:?}");
+    assert_eq!(large.body["error"]["code"], "MODEL_TOO_LARGE");
+    assert!(
+        large.body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("over the limit of 20 KB"),
+        "{large:?}"
+    );
+    // Output written around the runner does not cost the result.
+    let noisy = generate(&format!(
+        "import os, pulp\nos.write(1, b'x' * 200000)\n{PLAN}"
+    ))
+    .await;
+    assert_eq!(noisy.status, StatusCode::OK, "{noisy:?}");
+    // A syntax error names its line.
+    let syntax = generate("import pulp\nprob = pulp.LpProblem('p'\n").await;
+    assert_eq!(syntax.body["error"]["code"], "PYTHON_ERROR");
+    assert!(
+        syntax.body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("(line 2)"),
+        "{syntax:?}"
+    );
+    system.stop().await;
+}
+
+#[tokio::test]
+async fn a_solve_whose_caller_left_keeps_its_slot_until_it_ends() {
+    let mut config = RelayConfig::default();
+    config.builtin.mip.max_concurrent = 1;
+    let system = System::with(config, |_| {}).await;
+    let hard = ok(
+        &system,
+        "leaver",
+        "generate_mip_problem",
+        json!({"problemDefinitionCode": MARKET_SPLIT}),
+    )
+    .await;
+    // The caller gives up after half a second; HiGHS goes on for its 3 s.
+    let gave_up = system
+        .request(
+            reqwest::Method::POST,
+            "/api/tools/solve_mip_problem?scope=leaver",
+        )
+        .timeout(Duration::from_millis(500))
+        .json(&json!({"problemId": hard["problemId"], "timeLimitSeconds": 3}))
+        .send()
+        .await;
+    assert!(gave_up.unwrap_err().is_timeout());
+    let meanwhile = tool(
+        &system,
+        "other",
+        "generate_mip_problem",
+        json!({"problemDefinitionCode": PLAN}),
+    )
+    .await;
+    assert_eq!(
+        meanwhile.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the abandoned solve still holds the only slot: {meanwhile:?}"
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = tool(
+        &system,
+        "other",
+        "generate_mip_problem",
+        json!({"problemDefinitionCode": PLAN}),
+    )
+    .await;
+    assert_eq!(after.status, StatusCode::OK, "{after:?}");
+    system.stop().await;
+}

@@ -151,6 +151,32 @@ async fn hostile_code_is_stopped_and_the_relay_stays_healthy() {
     let gone = generate(&system, "import os, pulp\nassert not os.path.exists('/tmp/scratch'), 'a run saw the last run'\nprob = pulp.LpProblem('p')").await;
     assert_eq!(gone.status, StatusCode::OK, "{gone:?}");
 
+    // /dev is read-only, /tmp is small, no new user namespaces, a handful of processes.
+    let shm = generate(&system, "open('/dev/shm/x', 'w').write('x')").await;
+    refused(
+        &shm,
+        "PYTHON_ERROR",
+        &["Read-only file system", "No such file"],
+    );
+    let fill = generate(
+        &system,
+        "for n in range(100):\n    open(f'/tmp/f{n}', 'wb').write(b'x' * 8_000_000)",
+    )
+    .await;
+    refused(&fill, "PYTHON_ERROR", &["No space left on device"]);
+    let userns = generate(&system, "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nassert libc.unshare(0x10000000) == 0, f'errno {ctypes.get_errno()}'").await;
+    refused(&userns, "PYTHON_ERROR", &["AssertionError: errno"]);
+    let forks = generate(
+        &system,
+        "import os, time\nfor _ in range(8):\n    if os.fork() == 0:\n        time.sleep(60)",
+    )
+    .await;
+    refused(
+        &forks,
+        "PYTHON_ERROR",
+        &["BlockingIOError", "Resource temporarily unavailable"],
+    );
+
     let started = Instant::now();
     let fork_bomb = generate(
         &system,

@@ -788,3 +788,26 @@ async fn claim_checks_expire_stay_in_their_scope_and_are_bounded() {
         assert!(tickets.get("busy", id).await.unwrap().is_some());
     }
 }
+
+/// Scopes are the callers' to choose: all of them together stay within the byte budget.
+#[tokio::test(start_paused = true)]
+async fn claim_checks_share_a_byte_budget() {
+    use toolrelay_relay::builtin::Tickets;
+    let clock = Clock::new();
+    let store = MemoryStore::with_ticket_budget(clock.clone(), Duration::from_secs(3600), 10_000);
+    let tickets = Tickets::new(store, clock);
+    let big = json!("x".repeat(3_000));
+    let mut ids = Vec::new();
+    for scope in ["a", "b", "c", "d"] {
+        ids.push(tickets.put(scope, "prob", big.clone()).await.unwrap());
+        advance(Duration::from_secs(1)).await;
+    }
+    assert_eq!(
+        tickets.get("a", &ids[0]).await.unwrap(),
+        None,
+        "the oldest made room"
+    );
+    for (scope, id) in ["b", "c", "d"].iter().zip(&ids[1..]) {
+        assert_eq!(*tickets.get(scope, id).await.unwrap().unwrap(), big);
+    }
+}

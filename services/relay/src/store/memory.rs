@@ -33,11 +33,15 @@ const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 const MAX_FINISHED_PER_SESSION: usize = 1000;
 /// Claim checks kept per scope at most (the ones expiring first go first).
 const MAX_TICKETS_PER_SCOPE: usize = 200;
+/// Bytes of claim checks (as JSON) kept in all at most, by default (the ones expiring first
+/// go first): scopes are the callers' to choose, so the per-scope limit alone bounds nothing.
+pub const TICKET_BUDGET: usize = 256 * 1024 * 1024;
 
 /// Sessions and calls in this process's memory.
 pub struct MemoryStore {
     clock: Clock,
     retention: Duration,
+    ticket_budget: usize,
     sessions: Mutex<Tables>,
 }
 
@@ -48,8 +52,54 @@ struct Tables {
     /// MCP handle → session code. Entries of ended sessions are dropped by the sweeper and
     /// ignored until then (a look-up checks the session still has that handle).
     handles: HashMap<String, SessionCode>,
-    /// Claim checks by scope, then id, with their expiry.
-    tickets: HashMap<String, HashMap<String, (Arc<Value>, Timestamp)>>,
+    /// Claim checks by scope, then id.
+    tickets: HashMap<String, HashMap<String, Ticket>>,
+    /// Their total size.
+    ticket_bytes: usize,
+}
+
+/// A claim check, kept as JSON text so its size is what it costs.
+struct Ticket {
+    json: Arc<str>,
+    expires_at: Timestamp,
+}
+
+impl Tables {
+    /// Drops the ticket of `scope` expiring first; false when there is none.
+    fn evict_from(&mut self, scope: &str) -> bool {
+        let Some(mine) = self.tickets.get_mut(scope) else {
+            return false;
+        };
+        let Some(id) = mine
+            .iter()
+            .min_by_key(|(_, ticket)| ticket.expires_at)
+            .map(|(id, _)| id.clone())
+        else {
+            return false;
+        };
+        if let Some(ticket) = mine.remove(&id) {
+            self.ticket_bytes -= ticket.json.len();
+        }
+        if mine.is_empty() {
+            self.tickets.remove(scope);
+        }
+        true
+    }
+
+    /// Drops the ticket expiring first of any scope; false when there is none.
+    fn evict_any(&mut self) -> bool {
+        let oldest = self
+            .tickets
+            .iter()
+            .filter_map(|(scope, mine)| {
+                mine.values()
+                    .map(|ticket| ticket.expires_at)
+                    .min()
+                    .map(|expires| (expires, scope.clone()))
+            })
+            .min();
+        oldest.is_some_and(|(_, scope)| self.evict_from(&scope))
+    }
 }
 
 impl std::ops::Deref for Tables {
@@ -124,9 +174,19 @@ impl MemoryStore {
     /// A store keeping finished calls for `retention`, with its sweeper running on the current
     /// tokio runtime until the store is dropped.
     pub fn new(clock: Clock, retention: Duration) -> Arc<Self> {
+        Self::with_ticket_budget(clock, retention, TICKET_BUDGET)
+    }
+
+    /// [`MemoryStore::new`] keeping at most `ticket_budget` bytes of claim checks.
+    pub fn with_ticket_budget(
+        clock: Clock,
+        retention: Duration,
+        ticket_budget: usize,
+    ) -> Arc<Self> {
         let store = Arc::new(Self {
             clock,
             retention,
+            ticket_budget,
             sessions: Mutex::new(Tables::default()),
         });
         tokio::spawn(sweep(Arc::downgrade(&store)));
@@ -174,10 +234,17 @@ impl MemoryStore {
             sessions,
             handles,
             tickets,
+            ticket_bytes,
         } = &mut *tables;
         handles.retain(|_, code| sessions.contains_key(code));
         tickets.retain(|_, mine| {
-            mine.retain(|_, (_, expires_at)| *expires_at > now);
+            mine.retain(|_, ticket| {
+                let live = ticket.expires_at > now;
+                if !live {
+                    *ticket_bytes -= ticket.json.len();
+                }
+                live
+            });
             !mine.is_empty()
         });
     }
@@ -450,32 +517,43 @@ impl Store for MemoryStore {
         value: Arc<Value>,
         expires_at: Timestamp,
     ) -> Result<(), StoreError> {
+        let json: Arc<str> = serde_json::to_string(&*value)
+            .map_err(|error| StoreError(format!("a claim check is not JSON: {error}")))?
+            .into();
         let mut tables = self.lock();
-        let mine = tables.tickets.entry(scope.to_owned()).or_default();
-        // A scope keeps its newest tickets only, so one caller cannot fill the memory.
-        if mine.len() >= MAX_TICKETS_PER_SCOPE {
-            let mut by_expiry: Vec<(Timestamp, String)> = mine
-                .iter()
-                .map(|(id, (_, expires))| (*expires, id.clone()))
-                .collect();
-            by_expiry.sort();
-            let surplus = mine.len() + 1 - MAX_TICKETS_PER_SCOPE;
-            for (_, old) in by_expiry.into_iter().take(surplus) {
-                mine.remove(&old);
-            }
+        // A scope keeps its newest tickets only, and all scopes share a byte budget.
+        while tables.tickets.get(scope).map_or(0, HashMap::len) >= MAX_TICKETS_PER_SCOPE {
+            tables.evict_from(scope);
         }
-        mine.insert(id.to_owned(), (value, expires_at));
+        while tables.ticket_bytes + json.len() > self.ticket_budget && tables.evict_any() {}
+        tables.ticket_bytes += json.len();
+        let previous = tables
+            .tickets
+            .entry(scope.to_owned())
+            .or_default()
+            .insert(id.to_owned(), Ticket { json, expires_at });
+        if let Some(previous) = previous {
+            tables.ticket_bytes -= previous.json.len();
+        }
         Ok(())
     }
 
     async fn ticket(&self, scope: &str, id: &str) -> Result<Option<Arc<Value>>, StoreError> {
         let now = self.clock.now();
         let tables = self.lock();
-        Ok(tables
+        let Some(json) = tables
             .tickets
             .get(scope)
             .and_then(|mine| mine.get(id))
-            .filter(|(_, expires_at)| *expires_at > now)
-            .map(|(value, _)| Arc::clone(value)))
+            .filter(|ticket| ticket.expires_at > now)
+            .map(|ticket| Arc::clone(&ticket.json))
+        else {
+            return Ok(None);
+        };
+        drop(tables);
+        // Parsed outside the lock: a large model must not hold up every session.
+        serde_json::from_str(&json)
+            .map(|value| Some(Arc::new(value)))
+            .map_err(|error| StoreError(format!("a claim check is unreadable: {error}")))
     }
 }

@@ -70,13 +70,13 @@ struct Mip {
 }
 
 /// Permission to run one sandbox run or solve; released when dropped.
-struct Admission<'a> {
-    mip: &'a Mip,
+struct Admission {
+    mip: Arc<Mip>,
     scope: String,
     _permit: OwnedSemaphorePermit,
 }
 
-impl Drop for Admission<'_> {
+impl Drop for Admission {
     fn drop(&mut self) {
         self.mip.scopes().remove(&self.scope);
     }
@@ -94,7 +94,7 @@ fn scope_busy() -> ToolFailure {
 
 impl Mip {
     /// Admits one run for `scope`, or says to come back later (HTTP 429 with Retry-After).
-    fn admit(&self, scope: &str) -> Result<Admission<'_>, ToolFailure> {
+    fn admit(self: &Arc<Self>, scope: &str) -> Result<Admission, ToolFailure> {
         let permit = Arc::clone(&self.slots)
             .try_acquire_owned()
             .map_err(|_| busy())?;
@@ -102,7 +102,7 @@ impl Mip {
             return Err(scope_busy());
         }
         Ok(Admission {
-            mip: self,
+            mip: Arc::clone(self),
             scope: scope.to_owned(),
             _permit: permit,
         })
@@ -192,7 +192,14 @@ fn python_failure(outcome: &Value) -> ToolFailure {
     } else {
         format!("{error}\n{trace}")
     };
-    ToolFailure::new(FailureKind::BadInput, "PYTHON_ERROR", message)
+    // The runner names its own refusals (INVALID_MODEL, MODEL_TOO_LARGE); else the code raised.
+    let code = outcome["code"].as_str().unwrap_or("PYTHON_ERROR");
+    let kind = if code == "MODEL_TOO_LARGE" {
+        FailureKind::TooLarge
+    } else {
+        FailureKind::BadInput
+    };
+    ToolFailure::new(kind, code, message)
 }
 
 fn not_found(what: &str, id: &str) -> ToolFailure {
@@ -338,12 +345,25 @@ impl Tool for Solve {
             .as_f64()
             .unwrap_or(DEFAULT_TIME_LIMIT)
             .clamp(0.01, MAX_TIME_LIMIT);
-        let solution = {
-            let _admission = self.0.admit(&scope)?;
-            self.0
-                .solve(model, &problem["dict"], Duration::from_secs_f64(seconds))
+        let admission = self.0.admit(&scope)?;
+        // In its own task, holding the admission: a caller that goes away cannot leave a
+        // solve running outside the limits (HiGHS cannot be stopped once started).
+        let mip = Arc::clone(&self.0);
+        let dict = problem["dict"].clone();
+        let solving = tokio::spawn(async move {
+            let _admission = admission;
+            mip.solve(model, &dict, Duration::from_secs_f64(seconds))
                 .await
-        };
+        });
+        let mut solution = solving.await.map_err(|error| {
+            ToolFailure::new(
+                FailureKind::Internal,
+                "SOLVER_FAILED",
+                format!("The solver stopped unexpectedly: {error}."),
+            )
+        })?;
+        // PuLP adds a fixed `__dummy` variable to models without an objective; it is not theirs.
+        solution.variables.remove("__dummy");
         let mut stored = serde_json::to_value(&solution).unwrap_or_default();
         stored["kind"] = json!("solution");
         stored["problemId"] = json!(problem_id);

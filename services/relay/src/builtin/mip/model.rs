@@ -146,6 +146,20 @@ impl Model {
         let parameters = dict
             .get("parameters")
             .ok_or("the problem has no parameters")?;
+        for sos in ["sos1", "sos2"] {
+            let present = match dict.get(sos) {
+                None | Some(Value::Null) => false,
+                Some(Value::Array(sets)) => !sets.is_empty(),
+                Some(Value::Object(sets)) => !sets.is_empty(),
+                Some(_) => true,
+            };
+            if present {
+                // Dropping them would solve a relaxation and call it optimal.
+                return Err(format!(
+                    "special ordered sets ({sos}) are not supported; model them with binary variables"
+                ));
+            }
+        }
         let minimise = match parameters.get("sense").and_then(Value::as_i64) {
             Some(1) => true,
             Some(-1) => false,
@@ -298,5 +312,14 @@ mod tests {
     fn refuses_what_is_not_a_pulp_dict() {
         assert!(Model::from_pulp(&json!({}), 0.0).is_err());
         assert!(Model::from_pulp(&json!({"parameters": {"sense": 2}}), 0.0).is_err());
+        let with_sos = json!({
+            "parameters": {"name": "s", "sense": 1},
+            "objective": null,
+            "variables": [{"name": "x", "cat": "Continuous", "lowBound": 0, "upBound": 1}],
+            "constraints": [],
+            "sos1": {"s1": {"x": 1}}, "sos2": []
+        });
+        let refused = Model::from_pulp(&with_sos, 0.0).unwrap_err();
+        assert!(refused.contains("special ordered sets (sos1)"), "{refused}");
     }
 }

@@ -37,13 +37,46 @@ class Tail(io.TextIOBase):
         return self.kept
 
 
-def report(result):
-    sys.__stdout__.write(MARKER + json.dumps(result) + "\n")
+def report(result, limit=None):
+    try:
+        text = json.dumps(result, allow_nan=False)
+    except ValueError:
+        result = {
+            "ok": False,
+            "code": "INVALID_MODEL",
+            "error": "The model holds an infinite or NaN number (a coefficient, bound or constant overflowed); use finite numbers.",
+        }
+        text = json.dumps(result)
+    except TypeError as error:
+        result = {
+            "ok": False,
+            "code": "INVALID_MODEL",
+            "error": f"The model cannot be written as PuLP's dict: {error}.",
+        }
+        text = json.dumps(result)
+    if limit is not None and len(text) > limit:
+        text = json.dumps(
+            {
+                "ok": False,
+                "code": "MODEL_TOO_LARGE",
+                "error": f"The model is {len(text) // 1000} KB as PuLP's JSON, over the limit of {limit // 1000} KB; make it smaller.",
+            }
+        )
+    sys.__stdout__.write(MARKER + text + "\n")
     sys.__stdout__.flush()
 
 
+def last_line(error):
+    """The exception as its traceback's last line says it: `Type: message`."""
+    name = type(error).__name__
+    if isinstance(error, SyntaxError):
+        return f"{name}: {error.msg} (line {error.lineno})"
+    message = str(error)
+    return f"{name}: {message}" if message else name
+
+
 def failure(error, captured):
-    last = traceback.format_exception_only(type(error), error)[-1].strip()
+    last = last_line(error)
     frames = [
         line
         for line in traceback.format_tb(error.__traceback__)
@@ -109,7 +142,10 @@ def main():
     (_, problem), = problems.values()
     objective = problem.objective
     constant = float(objective.constant) if objective is not None else 0.0
-    report({"ok": True, "problem": problem.toDict(), "constant": constant, "stdout": output})
+    report(
+        {"ok": True, "problem": problem.toDict(), "constant": constant, "stdout": output},
+        job.get("limit"),
+    )
 
 
 main()

@@ -23,6 +23,11 @@ use tokio::process::Command;
 
 use crate::builtin::{FailureKind, ToolFailure};
 
+/// Room on stdout for the result's marker and envelope besides the model itself.
+const RESULT_SLACK: usize = 64 * 1024;
+/// The end of stderr kept, for the message of a run that died.
+const STDERR_BYTES: usize = 16 * 1024;
+
 /// The script each run executes (`python -I -c`).
 const RUNNER: &str = include_str!("runner.py");
 /// The line the runner's result follows.
@@ -35,16 +40,19 @@ pub struct SandboxConfig {
     pub python: PathBuf,
     /// CPU seconds a run may use.
     pub cpu_seconds: u64,
-    /// Address space of a run, in bytes.
+    /// Address space of each process of a run, in bytes.
     pub memory_bytes: u64,
-    /// Processes the run's uid may have.
+    /// Processes and threads the run's uid may have, bubblewrap's two included: a run's
+    /// memory is at most about (processes - 2) × `memory_bytes`, plus its `/tmp`.
     pub processes: u64,
     /// Largest file a run may write, in bytes.
     pub file_bytes: u64,
     /// Wall-clock time before a run is killed.
     pub wall_clock: Duration,
-    /// Output kept per stream, in bytes.
-    pub output_bytes: usize,
+    /// Largest result of a run (the model as PuLP's JSON), in bytes.
+    pub result_bytes: usize,
+    /// Size of the run's private `/tmp`, in bytes.
+    pub tmp_bytes: u64,
     /// First of the sandbox uids (each run has its own) when the relay runs as root.
     pub base_uid: u32,
 }
@@ -54,11 +62,12 @@ impl Default for SandboxConfig {
         Self {
             python: PathBuf::from("/opt/toolrelay/mip-venv/bin/python"),
             cpu_seconds: 20,
-            memory_bytes: 1536 * 1024 * 1024,
-            processes: 64,
+            memory_bytes: 1024 * 1024 * 1024,
+            processes: 4,
             file_bytes: 16 * 1024 * 1024,
             wall_clock: Duration::from_secs(30),
-            output_bytes: 256 * 1024,
+            result_bytes: 8 * 1024 * 1024,
+            tmp_bytes: 64 * 1024 * 1024,
             base_uid: 61000,
         }
     }
@@ -150,7 +159,11 @@ impl Sandbox {
         if self.as_root {
             command.uid(self.config.base_uid).gid(self.config.base_uid);
         }
-        match command.output() {
+        let probed = command.spawn().and_then(|child| {
+            let _running = Running::insert(child.id());
+            child.wait_with_output()
+        });
+        match probed {
             Ok(output) if output.status.success() => None,
             Ok(output) => Some(format!(
                 "bubblewrap cannot start a sandbox here ({}); unprivileged user namespaces may be disabled",
@@ -166,6 +179,9 @@ impl Sandbox {
     fn bwrap_args(&self) -> Vec<String> {
         let mut args: Vec<String> = [
             "--unshare-all",
+            // Always a user namespace, and no further ones inside it (they would allow mounts).
+            "--unshare-user",
+            "--disable-userns",
             "--die-with-parent",
             "--new-session",
             "--clearenv",
@@ -190,6 +206,7 @@ impl Sandbox {
         }
         let venv = self.venv.display().to_string();
         args.extend(["--ro-bind".into(), venv.clone(), venv]);
+        args.extend(["--size".into(), self.config.tmp_bytes.to_string()]);
         args.extend(
             [
                 "--tmpfs",
@@ -213,6 +230,8 @@ impl Sandbox {
                 "PYTHONDONTWRITEBYTECODE",
                 "1",
                 "--remount-ro",
+                "/dev",
+                "--remount-ro",
                 "/",
             ]
             .map(str::to_owned),
@@ -229,30 +248,29 @@ impl Sandbox {
                 format!("Python cannot run here: {reason}. The code was not run."),
             ));
         }
-        let uid = if self.as_root { self.take_uid() } else { None };
-        if self.as_root && uid.is_none() {
-            return Err(busy());
-        }
-        let outcome = self.run_as(job, uid).await;
+        let lease = if self.as_root {
+            Some(UidLease::take(self.config.base_uid).ok_or_else(busy)?)
+        } else {
+            None
+        };
+        let outcome = self.run_as(job, lease.as_ref().map(|lease| lease.0)).await;
         reap_orphans();
-        if let Some(uid) = uid {
-            tokio::spawn(release(uid));
-        }
         outcome
-    }
-
-    /// A uid no other run of this process uses, and no process has.
-    fn take_uid(&self) -> Option<u32> {
-        let mut used = locked(&UIDS_IN_USE);
-        let base = self.config.base_uid;
-        let uid = (base..base.saturating_add(UID_RANGE))
-            .find(|uid| !used.contains(uid) && !has_processes(*uid))?;
-        used.insert(uid);
-        Some(uid)
     }
 
     async fn run_as(&self, job: &Value, uid: Option<u32>) -> Result<Value, ToolFailure> {
         let limits = &self.config;
+        // As root each run has its own uid; otherwise the uid is the relay's, whose own
+        // processes and threads count against the limit too.
+        let processes = match uid {
+            Some(_) => limits.processes,
+            None => {
+                tasks_of(std::fs::metadata("/proc/self").map_or(0, |meta| meta.uid()))
+                    + limits.processes
+            }
+        };
+        let mut job = job.clone();
+        job["limit"] = limits.result_bytes.into();
         let mut command = Command::new("prlimit");
         command
             // SIGXCPU at the soft limit (a clear cause), SIGKILL a second later.
@@ -262,11 +280,12 @@ impl Sandbox {
                 limits.cpu_seconds + 1
             ))
             .arg(format!("--as={}", limits.memory_bytes))
-            .arg(format!("--nproc={}", limits.processes))
+            .arg(format!("--nproc={processes}"))
             .arg(format!("--fsize={}", limits.file_bytes))
             .arg("--core=0")
             .arg("--")
-            .arg("bwrap")
+            // Killed with the relay, even if the relay dies without cleaning up.
+            .args(["setpriv", "--pdeathsig", "KILL", "--", "bwrap"])
             .args(self.bwrap_args())
             .arg(&self.config.python)
             .args(["-I", "-c", RUNNER])
@@ -288,16 +307,19 @@ impl Sandbox {
         })?;
         let pid = child.id();
         let _running = pid.map(Running::insert);
-        let input = serde_json::to_vec(job).unwrap_or_default();
+        let input = serde_json::to_vec(&job).unwrap_or_default();
         if let Some(mut stdin) = child.stdin.take() {
             // A run that exits before reading its input fails below with its own message.
             let _ = stdin.write_all(&input).await;
         }
         let stdout = child.stdout.take();
         let stderr = child.stderr.take();
-        let cap = limits.output_bytes;
+        // The result is the last line: keep the end of stdout, with room for the result.
         let reading = async {
-            let (out, err) = tokio::join!(capped(stdout, cap), capped(stderr, cap));
+            let (out, err) = tokio::join!(
+                tail(stdout, limits.result_bytes + RESULT_SLACK),
+                tail(stderr, STDERR_BYTES)
+            );
             let status = child.wait().await;
             (out, err, status)
         };
@@ -310,11 +332,16 @@ impl Sandbox {
                 limits.wall_clock.as_secs()
             )));
         };
-        if let Some(line) = stdout
-            .lines()
-            .rev()
-            .find_map(|line| line.strip_prefix(MARKER))
-        {
+        let (stdout, stdout_cut) = stdout;
+        let (stderr, _) = stderr;
+        // The runner's result follows the last marker (on the same line as output the code
+        // wrote without a newline, if it did).
+        if let Some(line) = stdout.rfind(MARKER).map(|at| {
+            stdout[at + MARKER.len()..]
+                .lines()
+                .next()
+                .unwrap_or_default()
+        }) {
             return serde_json::from_str(line).map_err(|error| {
                 ToolFailure::new(
                     FailureKind::Internal,
@@ -322,6 +349,16 @@ impl Sandbox {
                     format!("The run's result was unreadable: {error}."),
                 )
             });
+        }
+        if stdout_cut {
+            return Err(ToolFailure::new(
+                FailureKind::TooLarge,
+                "MODEL_TOO_LARGE",
+                format!(
+                    "The run wrote more than {} KB to its output, so its result was lost. Print less, or make the model smaller.",
+                    limits.result_bytes / 1024
+                ),
+            ));
         }
         let status = status.ok();
         // bubblewrap reports a signal that ended the run as the exit status 128 + signal.
@@ -375,6 +412,31 @@ impl Running {
 impl Drop for Running {
     fn drop(&mut self) {
         locked(&RUNNING).remove(&self.0);
+    }
+}
+
+/// A sandbox uid held by one run; freed (once its processes are gone) when dropped, also
+/// when the run is cancelled.
+struct UidLease(u32);
+
+impl UidLease {
+    /// A uid from `base` on that no other run of this process uses and no process has.
+    fn take(base: u32) -> Option<Self> {
+        let mut used = locked(&UIDS_IN_USE);
+        let uid = (base..base.saturating_add(UID_RANGE))
+            .find(|uid| !used.contains(uid) && !has_processes(*uid))?;
+        used.insert(uid);
+        Some(Self(uid))
+    }
+}
+
+impl Drop for UidLease {
+    fn drop(&mut self) {
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn(release(self.0))),
+            // No runtime to wait on: free it now; has_processes guards the next take.
+            Err(_) => drop(locked(&UIDS_IN_USE).remove(&self.0)),
+        }
     }
 }
 
@@ -448,22 +510,47 @@ fn has_processes(uid: u32) -> bool {
     })
 }
 
-/// Everything a stream gives, up to `cap` bytes (the rest is read and dropped so the process
-/// does not block on a full pipe).
-async fn capped(stream: Option<impl AsyncRead + Unpin>, cap: usize) -> String {
+/// The last `cap` bytes a stream gives, and whether anything before them was dropped (the
+/// rest is read and dropped so the process does not block on a full pipe).
+async fn tail(stream: Option<impl AsyncRead + Unpin>, cap: usize) -> (String, bool) {
     let Some(mut stream) = stream else {
-        return String::new();
+        return (String::new(), false);
     };
-    let mut kept = Vec::new();
+    let mut kept: std::collections::VecDeque<u8> = std::collections::VecDeque::new();
+    let mut cut = false;
     let mut buffer = [0u8; 8192];
     while let Ok(read) = stream.read(&mut buffer).await {
         if read == 0 {
             break;
         }
-        let room = cap.saturating_sub(kept.len());
-        kept.extend_from_slice(&buffer[..read.min(room)]);
+        kept.extend(&buffer[..read]);
+        if kept.len() > cap {
+            kept.drain(..kept.len() - cap);
+            cut = true;
+        }
     }
-    String::from_utf8_lossy(&kept).into_owned()
+    (
+        String::from_utf8_lossy(kept.make_contiguous()).into_owned(),
+        cut,
+    )
+}
+
+/// Processes and threads running as `uid` (what `RLIMIT_NPROC` counts).
+fn tasks_of(uid: u32) -> u64 {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter(|entry| entry.metadata().is_ok_and(|meta| meta.uid() == uid))
+        .filter_map(|entry| std::fs::read_to_string(entry.path().join("status")).ok())
+        .filter_map(|status| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix("Threads:"))
+                .and_then(|threads| threads.trim().parse::<u64>().ok())
+        })
+        .sum()
 }
 
 fn stopped(message: String) -> ToolFailure {
