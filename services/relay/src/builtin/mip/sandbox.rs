@@ -156,9 +156,16 @@ impl Sandbox {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
-        if self.as_root {
-            command.uid(self.config.base_uid).gid(self.config.base_uid);
-        }
+        // Its own uid like any run, so it cannot crowd a run's process limit.
+        let _lease = if self.as_root {
+            let Some(lease) = UidLease::take(self.config.base_uid) else {
+                return Some("no sandbox uid is free".into());
+            };
+            command.uid(lease.0).gid(lease.0);
+            Some(lease)
+        } else {
+            None
+        };
         let probed = command.spawn().and_then(|child| {
             let _running = Running::insert(child.id());
             child.wait_with_output()
