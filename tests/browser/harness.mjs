@@ -100,6 +100,30 @@ export function launchBrowser() {
   });
 }
 
+/**
+ * What every spec runs against: the CODAP stand-in, a relay that lets it in, and a browser.
+ * If one fails to start, the ones already started are stopped.
+ */
+export async function startStack() {
+  const stack = {};
+  try {
+    stack.host = await startCodapHost();
+    stack.relay = await startRelay({ CORS_ORIGIN: stack.host.origin });
+    stack.browser = await launchBrowser();
+    return stack;
+  } catch (error) {
+    await stopStack(stack);
+    throw error;
+  }
+}
+
+/** Stops what startStack started. */
+export async function stopStack({ host, relay, browser } = {}) {
+  await browser?.close();
+  await relay?.stop();
+  await host?.stop();
+}
+
 /** Waits until `check` (run in `frame`) returns something truthy; returns it. */
 export async function until(frame, check, arg, timeout = PATIENCE_MS) {
   const handle = await frame.waitForFunction(check, arg, { timeout, polling: 50 });

@@ -68,6 +68,12 @@ fn text(result: &CallToolResult) -> String {
         .join("\n")
 }
 
+/// The connector handle `connect_session` gives for `code`.
+async fn handle_of(mcp: &Connection, code: &str) -> String {
+    let paired = call(mcp, "connect_session", json!({"code": code})).await;
+    structured(&paired)["handle"].as_str().unwrap().to_owned()
+}
+
 fn structured(result: &CallToolResult) -> Value {
     result.structured_content.clone().unwrap_or(Value::Null)
 }
@@ -258,10 +264,7 @@ async fn unknown_handles_ended_sessions_bad_arguments_and_unknown_tools_are_clea
     let mut tab = WsTab::attach_url(&system.ws_url(&code, &token)).await;
     tab.register(demo_tools()).await;
     let mcp = connect(&system.url("/mcp")).await;
-    let handle = structured(&call(&mcp, "connect_session", json!({"code": code})).await)["handle"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let handle = handle_of(&mcp, &code).await;
     let scoped = connect(&system.url(&format!("/mcp/s/{handle}"))).await;
 
     assert_error(
@@ -351,10 +354,7 @@ async fn a_slow_tab_gets_progress_and_an_unanswered_call_fails_at_the_timeout() 
     let mut tab = WsTab::attach_url(&system.ws_url(&code, &token)).await;
     tab.register(demo_tools()).await;
     let mcp = connect(&system.url("/mcp")).await;
-    let handle = structured(&call(&mcp, "connect_session", json!({"code": code})).await)["handle"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let handle = handle_of(&mcp, &code).await;
     let scoped = connect(&system.url(&format!("/mcp/s/{handle}"))).await;
 
     let slow = call(&scoped, "echo", json!({"text": "slow"}));
@@ -460,10 +460,7 @@ async fn split_gateway_serves_mcp_over_the_relays_grpc() {
     )
     .await;
     assert_eq!(encoded.is_error, Some(false), "{encoded:?}");
-    let handle = structured(&call(&mcp, "connect_session", json!({"code": code})).await)["handle"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let handle = handle_of(&mcp, &code).await;
     let scoped = connect(&system.url(&format!("/mcp/s/{handle}"))).await;
     let echoing = call(&scoped, "echo", json!({"text": "split"}));
     let tab_side = async {
@@ -512,10 +509,7 @@ async fn mip_ids_belong_to_the_mcp_session_or_the_pairing_session() {
 
     // On the connector URL the pairing session is the scope, shared with its HTTP calls.
     let (code, _) = system.create_session().await;
-    let handle = structured(&call(&mcp, "connect_session", json!({"code": code})).await)["handle"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let handle = handle_of(&mcp, &code).await;
     let scoped = connect(&system.url(&format!("/mcp/s/{handle}"))).await;
     let in_session = call(
         &scoped,

@@ -13,6 +13,8 @@ use poem::web::Data;
 use poem::{Endpoint, EndpointExt, IntoResponse, Request, Response, Route, Server, get, handler};
 use poem_openapi::OpenApiService;
 use tokio::net::TcpListener;
+use toolrelay_relay::remote::RemoteRelay;
+use toolrelay_relay::server::local;
 use toolrelay_relay::{Relay, RelayApi};
 
 use crate::api::discovery::DiscoveryApi;
@@ -165,6 +167,22 @@ pub async fn run(
         .await;
     shrink.abort();
     served
+}
+
+/// The gateway alone on `public`, in front of the relay at `relay_url` (gRPC), until
+/// `shutdown` completes; `name` opens its "listening" log line.
+pub async fn run_split(
+    name: &str,
+    relay_url: &str,
+    config: GatewayConfig,
+    public: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), String> {
+    let relay = RemoteRelay::connect_lazy(relay_url)?;
+    tracing::info!(listen = %local(&public), relay = %relay_url, "{name} listening");
+    run(gateway(Arc::new(relay), config), public, shutdown)
+        .await
+        .map_err(|error| error.to_string())
 }
 
 /// The one-process system: the gateway on `public` and the relay's gRPC service on `grpc`,

@@ -7,7 +7,7 @@ import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { after, before, test } from 'node:test';
-import { Llm, artifact, launchBrowser, openInCodap, pluginFrame, startCodapHost, startRelay, until } from '../harness.mjs';
+import { artifact, Llm, openInCodap, pluginFrame, startRelay, startStack, stopStack, until } from '../harness.mjs';
 
 const AXE = readFileSync(path.join(path.dirname(fileURLToPath(import.meta.url)), '../node_modules/axe-core/axe.min.js'), 'utf8');
 
@@ -15,17 +15,8 @@ let relay;
 let host;
 let browser;
 
-before(async () => {
-  host = await startCodapHost();
-  relay = await startRelay({ CORS_ORIGIN: host.origin });
-  browser = await launchBrowser();
-});
-
-after(async () => {
-  await browser?.close();
-  await relay?.stop();
-  await host?.stop();
-});
+before(async () => ({ relay, host, browser } = await startStack()));
+after(() => stopStack({ relay, host, browser }));
 
 async function accessibilityViolations(frame) {
   await frame.evaluate(AXE);

@@ -3,23 +3,14 @@
 
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
-import { Llm, codapSnapshot, launchBrowser, openInCodap, startCodapHost, startRelay, until } from '../harness.mjs';
+import { codapSnapshot, Llm, openInCodap, startStack, stopStack, until } from '../harness.mjs';
 
 let relay;
 let host;
 let browser;
 
-before(async () => {
-  host = await startCodapHost();
-  relay = await startRelay({ CORS_ORIGIN: host.origin });
-  browser = await launchBrowser();
-});
-
-after(async () => {
-  await browser?.close();
-  await relay?.stop();
-  await host?.stop();
-});
+before(async () => ({ relay, host, browser } = await startStack()));
+after(() => stopStack({ relay, host, browser }));
 
 const CALLS = 12;
 

@@ -2,14 +2,12 @@
 //! (`RELAY_URL`), for split deployments.
 
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use clap::Parser;
 use toolrelay_gateway::config::{ENV_LISTEN, ENV_RELAY_URL, GatewayArgs};
 use toolrelay_gateway::server;
 use toolrelay_relay::config::LogArgs;
-use toolrelay_relay::remote::RemoteRelay;
-use toolrelay_relay::server::{bind, exit_code, local, shutdown_signal};
+use toolrelay_relay::server::{bind, exit_code, shutdown_signal};
 use toolrelay_relay::telemetry;
 
 /// The toolrelay gateway: REST API, SSE and polling fallbacks, OpenAPI, in front of a relay.
@@ -35,16 +33,8 @@ async fn serve(cli: Cli) -> Result<(), String> {
             "{ENV_RELAY_URL} (or --relay-url) is required: the gateway reaches a toolrelay-relay over gRPC. Run `toolrelay` for everything in one process."
         ));
     };
-    let relay = RemoteRelay::connect_lazy(&url)?;
     let public = bind(cli.gateway.listen, ENV_LISTEN).await?;
     let bound = public.local_addr().map_err(|error| error.to_string())?;
     let config = cli.gateway.gateway_config(bound)?;
-    tracing::info!(listen = %local(&public), relay = %url, "toolrelay-gateway listening");
-    server::run(
-        server::gateway(Arc::new(relay), config),
-        public,
-        shutdown_signal(),
-    )
-    .await
-    .map_err(|error| error.to_string())
+    server::run_split("toolrelay-gateway", &url, config, public, shutdown_signal()).await
 }

@@ -4,13 +4,11 @@
 //! attach too. With `--relay-url` it is the gateway alone, in front of a `toolrelay-relay`.
 
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use clap::Parser;
 use toolrelay_gateway::config::{ENV_LISTEN, GatewayArgs};
 use toolrelay_gateway::server;
 use toolrelay_relay::config::{ENV_GRPC_LISTEN, LogArgs, RelayArgs};
-use toolrelay_relay::remote::RemoteRelay;
 use toolrelay_relay::server::{bind, exit_code, local, memory_relay, shutdown_signal};
 use toolrelay_relay::telemetry;
 
@@ -38,12 +36,8 @@ async fn serve(cli: Cli) -> Result<(), String> {
     let bound = public.local_addr().map_err(|error| error.to_string())?;
     let config = cli.gateway.gateway_config(bound)?;
     if let Some(url) = &cli.gateway.relay_url {
-        let relay = RemoteRelay::connect_lazy(url)?;
-        tracing::info!(listen = %local(&public), relay = %url, "toolrelay gateway listening");
-        let state = server::gateway(Arc::new(relay), config);
-        return server::run(state, public, shutdown_signal())
-            .await
-            .map_err(|error| error.to_string());
+        return server::run_split("toolrelay gateway", url, config, public, shutdown_signal())
+            .await;
     }
     let relay_config = cli.relay.relay_config()?;
     let grpc = bind(cli.relay.grpc_listen, ENV_GRPC_LISTEN).await?;

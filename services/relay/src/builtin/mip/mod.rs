@@ -270,7 +270,7 @@ impl Tool for Generate {
     async fn call(&self, args: Value, context: &Context) -> Result<Value, ToolFailure> {
         let scope = scope_of(context, &args)?;
         let code = text_arg(&args, "problemDefinitionCode")?;
-        let outcome = {
+        let mut outcome = {
             let _admission = self.0.admit(&scope)?;
             self.0
                 .sandbox
@@ -280,7 +280,7 @@ impl Tool for Generate {
         if outcome["ok"] != true {
             return Err(python_failure(&outcome));
         }
-        let mut dict = outcome["problem"].clone();
+        let mut dict = outcome["problem"].take();
         // PuLP never writes solver options; code that forges them must not lift the time limit.
         if let Some(fields) = dict.as_object_mut() {
             fields.remove("solver_options");
@@ -349,11 +349,15 @@ impl Tool for Solve {
         // In its own task, holding the admission: a caller that goes away cannot leave a
         // solve running outside the limits (HiGHS cannot be stopped once started).
         let mip = Arc::clone(&self.0);
-        let dict = problem["dict"].clone();
+        let stored_problem = Arc::clone(&problem);
         let solving = tokio::spawn(async move {
             let _admission = admission;
-            mip.solve(model, &dict, Duration::from_secs_f64(seconds))
-                .await
+            mip.solve(
+                model,
+                &stored_problem["dict"],
+                Duration::from_secs_f64(seconds),
+            )
+            .await
         });
         let mut solution = solving.await.map_err(|error| {
             ToolFailure::new(
