@@ -13,9 +13,10 @@ say() { printf '\033[1msetup:\033[0m %s\n' "$*" >&2; }
 
 # --- system packages (Debian/Ubuntu) -----------------------------------------------------
 # bubblewrap, util-linux (prlimit): the MIP sandbox; cmake, g++, libclang-dev: the HiGHS solver
-# (built by cargo); python3-venv: the sandbox's PuLP virtualenv.
-apt_packages=(ca-certificates gcc pkg-config bubblewrap util-linux cmake g++ libclang-dev python3
-  python3-venv)
+# (built by cargo); make: jemalloc and HiGHS are built with it (cmake only recommends it);
+# python3-venv: the sandbox's PuLP virtualenv.
+apt_packages=(ca-certificates gcc make pkg-config bubblewrap util-linux cmake g++ libclang-dev
+  python3 python3-venv)
 if [[ $mode == --test ]]; then
   apt_packages+=(redis-server chromium)
   # Node.js for the browser tests, unless one is installed already (e.g. from nodesource).

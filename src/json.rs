@@ -56,6 +56,62 @@ pub fn from_value(value: &PbValue) -> Value {
     }
 }
 
+/// How deeply `value` nests objects and arrays: 0 for a scalar, 1 for `{}` or `[1, 2]`, 2 for
+/// `{"a": [1]}`. Iterative, so any value can be measured.
+pub fn depth(value: &Value) -> usize {
+    let mut deepest = 0;
+    let mut stack = vec![(value, 1)];
+    while let Some((value, level)) = stack.pop() {
+        let children: Box<dyn Iterator<Item = &Value>> = match value {
+            Value::Array(items) => Box::new(items.iter()),
+            Value::Object(map) => Box::new(map.values()),
+            _ => continue,
+        };
+        deepest = deepest.max(level);
+        stack.extend(children.map(|child| (child, level + 1)));
+    }
+    deepest
+}
+
+/// How many JSON values `value` holds, itself included: what checking it against a schema
+/// walks through.
+pub fn values(value: &Value) -> usize {
+    let mut count = 0;
+    let mut stack = vec![value];
+    while let Some(value) = stack.pop() {
+        count += 1;
+        match value {
+            Value::Array(items) => stack.extend(items),
+            Value::Object(map) => stack.extend(map.values()),
+            _ => {}
+        }
+    }
+    count
+}
+
+/// About how many bytes `value` takes as JSON (escapes aside): what a store counts it as.
+/// Iterative, and cheaper than serialising it.
+pub fn approx_size(value: &Value) -> usize {
+    let mut size = 0;
+    let mut stack = vec![value];
+    while let Some(value) = stack.pop() {
+        size += match value {
+            Value::Null | Value::Bool(_) => 5,
+            Value::Number(_) => 8,
+            Value::String(text) => text.len() + 2,
+            Value::Array(items) => {
+                stack.extend(items);
+                2 + items.len()
+            }
+            Value::Object(map) => {
+                stack.extend(map.values());
+                2 + map.keys().map(|key| key.len() + 4).sum::<usize>()
+            }
+        };
+    }
+    size
+}
+
 fn object_to_struct(map: &Map<String, Value>) -> Struct {
     Struct {
         fields: map
@@ -103,6 +159,32 @@ mod tests {
     #[test]
     fn non_objects_become_empty_structs() {
         assert_eq!(from_struct(&to_struct(&json!([1, 2]))), json!({}));
+    }
+
+    #[test]
+    fn depth_counts_nested_containers() {
+        assert_eq!(depth(&json!(3)), 0);
+        assert_eq!(depth(&json!({})), 1);
+        assert_eq!(depth(&json!([1, 2])), 1);
+        assert_eq!(depth(&json!({"a": [1, {"b": null}], "c": 2})), 3);
+        let mut deep = json!(1);
+        for _ in 0..1000 {
+            deep = json!([deep]);
+        }
+        assert_eq!(depth(&deep), 1000);
+    }
+
+    #[test]
+    fn approximate_sizes_are_close_to_the_json() {
+        for value in [
+            json!({"name": "Ada", "tags": ["a", "b"], "n": 12345, "ok": true}),
+            json!({"rows": (0..100).map(|i| json!({"x": i, "label": format!("row {i}")})).collect::<Vec<_>>()}),
+            json!("x".repeat(10_000)),
+        ] {
+            let exact = value.to_string().len() as f64;
+            let approx = approx_size(&value) as f64;
+            assert!((approx / exact - 1.0).abs() < 0.35, "{approx} for {exact}");
+        }
     }
 
     #[test]

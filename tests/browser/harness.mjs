@@ -5,6 +5,7 @@
 import { spawn, execFileSync } from 'node:child_process';
 import { createReadStream, existsSync, mkdirSync } from 'node:fs';
 import http from 'node:http';
+import net from 'node:net';
 import path from 'node:path';
 import readline from 'node:readline';
 import { fileURLToPath } from 'node:url';
@@ -26,6 +27,49 @@ function relayBinary() {
     throw new Error(`${binary} is missing: run cargo build --workspace --bins (scripts/test.sh does)`);
   }
   return binary;
+}
+
+/**
+ * A TCP proxy in front of the relay whose network can fail on purpose: `cut()` drops every
+ * connection through it and refuses new ones until `restore()`. A tab loaded through it sees a
+ * real network blip; the LLM, talking to the relay directly, does not.
+ */
+export async function startBlipProxy(relay) {
+  const target = new URL(relay.base);
+  const sockets = new Set();
+  let down = false;
+  const server = net.createServer((client) => {
+    if (down) {
+      client.destroy();
+      return;
+    }
+    const upstream = net.connect(Number(target.port), target.hostname);
+    for (const socket of [client, upstream]) {
+      sockets.add(socket);
+      socket.on('close', () => sockets.delete(socket));
+      socket.on('error', () => {});
+    }
+    client.pipe(upstream);
+    upstream.pipe(client);
+    client.on('close', () => upstream.destroy());
+    upstream.on('close', () => client.destroy());
+  });
+  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+  return {
+    base: `http://127.0.0.1:${server.address().port}`,
+    cut() {
+      down = true;
+      for (const socket of sockets) socket.destroy();
+    },
+    restore() {
+      down = false;
+    },
+    close: () =>
+      new Promise((resolve) => {
+        for (const socket of sockets) socket.destroy();
+        server.close(resolve);
+      }),
+  };
 }
 
 /** Starts toolrelay (one process, in-memory) on an ephemeral port; `env` adds settings. */

@@ -10,6 +10,8 @@
 //! Servers listen on `127.0.0.1:0`; dropping a [`TestRelay`] stops it.
 #![allow(clippy::unwrap_used, clippy::missing_panics_doc)] // test support fails loudly
 
+pub mod cluster;
+pub mod redis;
 pub mod remip;
 pub mod system;
 
@@ -58,6 +60,34 @@ pub struct TestRelay {
     pub websocket: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
+    _redis: Option<redis::RedisServer>,
+}
+
+/// The variable that runs the end-to-end suites on Redis: `TOOLRELAY_TEST_STORE=redis`.
+pub const ENV_TEST_STORE: &str = "TOOLRELAY_TEST_STORE";
+
+/// A Redis of the test's own when the suites run in Redis mode ([`ENV_TEST_STORE`]).
+pub async fn test_redis() -> Option<redis::RedisServer> {
+    match std::env::var(ENV_TEST_STORE).as_deref() {
+        Ok("redis") => Some(redis::RedisServer::start().await),
+        Ok("memory" | "") | Err(_) => None,
+        Ok(other) => panic!("{ENV_TEST_STORE}={other}: use redis or memory"),
+    }
+}
+
+/// A relay over the store of this test run: memory, or (in Redis mode) a Redis of its own,
+/// returned with it so it lives as long as the relay.
+pub async fn test_relay(
+    mut config: RelayConfig,
+) -> (toolrelay_relay::Relay, Option<redis::RedisServer>) {
+    let redis = test_redis().await;
+    if let Some(redis) = &redis {
+        config.store = toolrelay_relay::config::StoreConfig::Redis {
+            url: redis.url(),
+            prefix: "test:".into(),
+        };
+    }
+    (server::relay(config).await.unwrap(), redis)
 }
 
 impl TestRelay {
@@ -72,7 +102,7 @@ impl TestRelay {
         let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let websocket = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addresses = (grpc.local_addr().unwrap(), websocket.local_addr().unwrap());
-        let relay = server::memory_relay(config);
+        let (relay, redis) = test_relay(config).await;
         let (stop, stopped) = oneshot::channel::<()>();
         let listeners = Listeners {
             grpc,
@@ -89,6 +119,7 @@ impl TestRelay {
             websocket: addresses.1,
             stop: Some(stop),
             task: Some(task),
+            _redis: redis,
         }
     }
 

@@ -15,7 +15,6 @@ use tokio::process::{Child, Command};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use toolrelay_gateway::config::GatewayConfig;
-use toolrelay_relay::server::memory_relay;
 use toolrelay_relay::{Relay, RelayConfig};
 
 use crate::PATIENCE;
@@ -24,9 +23,15 @@ use crate::PATIENCE;
 pub struct System {
     /// `http://127.0.0.1:port`.
     pub base: String,
+    /// The relay's gRPC address.
+    pub grpc: std::net::SocketAddr,
     /// HTTP client.
     pub http: reqwest::Client,
+    /// What child processes logged (empty for a system in this process).
+    pub logs: Logs,
     running: Running,
+    /// The Redis of a system running in Redis mode ([`crate::ENV_TEST_STORE`]).
+    pub redis: Option<crate::redis::RedisServer>,
 }
 
 enum Running {
@@ -34,9 +39,8 @@ enum Running {
         stop: Option<oneshot::Sender<()>>,
         task: Option<JoinHandle<Result<(), String>>>,
     },
-    Split {
-        _processes: Box<[Child; 2]>,
-    },
+    /// Child processes, the one serving the public port last.
+    Processes(Vec<Child>),
 }
 
 /// An HTTP answer: status, headers and JSON body (`null` when the body is not JSON).
@@ -66,7 +70,10 @@ impl System {
     /// Relay and gateway in this process, with these settings.
     pub async fn with(relay: RelayConfig, adjust: impl FnOnce(&mut GatewayConfig)) -> Self {
         relay.validate().unwrap();
-        Self::serving(memory_relay(relay), adjust).await
+        let (relay, redis) = crate::test_relay(relay).await;
+        let mut system = Self::serving(relay, adjust).await;
+        system.redis = redis;
+        system
     }
 
     /// This relay and a gateway in front of it, in this process.
@@ -74,6 +81,7 @@ impl System {
         let public = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", public.local_addr().unwrap());
+        let grpc_address = grpc.local_addr().unwrap();
         let mut config = GatewayConfig::new(&base).unwrap();
         adjust(&mut config);
         let (stop, stopped) = oneshot::channel::<()>();
@@ -85,44 +93,137 @@ impl System {
         });
         Self {
             base,
+            grpc: grpc_address,
             http: client(),
+            logs: Logs::default(),
             running: Running::InProcess {
                 stop: Some(stop),
                 task: Some(task),
             },
+            redis: None,
         }
     }
 
     /// The real binaries as two processes: `toolrelay-relay` and, in front of it over gRPC,
     /// `toolrelay-gateway`.
     pub async fn split() -> Self {
-        let (relay, relay_line) = spawn(
+        Self::split_with(&[], &[]).await
+    }
+
+    /// [`System::split`] with extra environment variables for the relay and the gateway.
+    pub async fn split_with(relay_env: &[(&str, &str)], gateway_env: &[(&str, &str)]) -> Self {
+        let mut env = vec![
+            ("GRPC_LISTEN_ADDR", "127.0.0.1:0"),
+            ("WS_LISTEN_ADDR", "127.0.0.1:0"),
+        ];
+        env.extend_from_slice(relay_env);
+        let redis = crate::test_redis().await;
+        let redis_url = redis.as_ref().map(crate::redis::RedisServer::url);
+        if let Some(url) = &redis_url {
+            env.push(("REDIS_URL", url));
+        }
+        let logs = Logs::default();
+        let (relay, relay_line) = spawn_logged(
             "toolrelay-relay",
-            &[
-                ("GRPC_LISTEN_ADDR", "127.0.0.1:0"),
-                ("WS_LISTEN_ADDR", "127.0.0.1:0"),
-            ],
+            &env,
             "toolrelay-relay listening",
+            logs.clone(),
         )
         .await;
-        let relay_url = format!("http://{}", relay_line["grpc"].as_str().unwrap());
-        let (gateway, gateway_line) = spawn(
+        let grpc: std::net::SocketAddr = relay_line["grpc"].as_str().unwrap().parse().unwrap();
+        let relay_url = format!("http://{grpc}");
+        let mut env = vec![
+            ("LISTEN_ADDR", "127.0.0.1:0"),
+            ("RELAY_URL", relay_url.as_str()),
+        ];
+        if let Some(url) = &redis_url {
+            env.push(("REDIS_URL", url));
+        }
+        env.extend_from_slice(gateway_env);
+        let (gateway, gateway_line) = spawn_logged(
             "toolrelay-gateway",
-            &[
-                ("LISTEN_ADDR", "127.0.0.1:0"),
-                ("RELAY_URL", relay_url.as_str()),
-            ],
+            &env,
             "toolrelay-gateway listening",
+            logs.clone(),
         )
         .await;
         let base = format!("http://{}", gateway_line["listen"].as_str().unwrap());
         Self {
             base,
+            grpc,
             http: client(),
-            running: Running::Split {
-                _processes: Box::new([relay, gateway]),
-            },
+            logs,
+            running: Running::Processes(vec![relay, gateway]),
+            redis,
         }
+    }
+
+    /// The real one-process binary `toolrelay` as a child process, with extra environment
+    /// variables.
+    pub async fn binary(env: &[(&str, &str)]) -> Self {
+        let mut all = vec![
+            ("LISTEN_ADDR", "127.0.0.1:0"),
+            ("GRPC_LISTEN_ADDR", "127.0.0.1:0"),
+        ];
+        all.extend_from_slice(env);
+        let redis = crate::test_redis().await;
+        let redis_url = redis.as_ref().map(crate::redis::RedisServer::url);
+        if let Some(url) = &redis_url {
+            all.push(("REDIS_URL", url));
+        }
+        let logs = Logs::default();
+        let (child, line) =
+            spawn_logged("toolrelay", &all, "toolrelay listening", logs.clone()).await;
+        Self {
+            base: format!("http://{}", line["listen"].as_str().unwrap()),
+            grpc: line["grpc"].as_str().unwrap().parse().unwrap(),
+            http: client(),
+            logs,
+            running: Running::Processes(vec![child]),
+            redis,
+        }
+    }
+
+    /// The id of the process serving the public port, for a system of child processes.
+    pub fn pid(&self) -> Option<u32> {
+        match &self.running {
+            Running::Processes(children) => children.last().and_then(Child::id),
+            Running::InProcess { .. } => None,
+        }
+    }
+
+    /// Sends SIGTERM (how Kubernetes stops a pod) to the process serving the public port.
+    pub async fn terminate(&mut self) {
+        let Running::Processes(children) = &mut self.running else {
+            panic!("terminate needs a system of child processes");
+        };
+        let pid = children.last().unwrap().id().expect("the process runs");
+        let status = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .await
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits (with a deadline) for the process serving the public port to exit.
+    pub async fn exited(&mut self) -> std::process::ExitStatus {
+        let Running::Processes(children) = &mut self.running else {
+            panic!("exited needs a system of child processes");
+        };
+        tokio::time::timeout(Duration::from_secs(30), children.last_mut().unwrap().wait())
+            .await
+            .expect("the process exits")
+            .unwrap()
+    }
+
+    /// Kills the relay process of a split system at once, as a crash would.
+    pub async fn kill_relay(&mut self) {
+        let Running::Processes(children) = &mut self.running else {
+            panic!("kill_relay needs a split system");
+        };
+        assert_eq!(children.len(), 2, "kill_relay needs a split system");
+        children[0].kill().await.unwrap();
     }
 
     /// An absolute URL.
@@ -191,7 +292,7 @@ impl System {
                     .unwrap();
             }
         }
-        // Split children are killed when dropped (kill_on_drop).
+        // Child processes are killed when dropped (kill_on_drop).
     }
 }
 
@@ -243,20 +344,53 @@ pub fn binary(name: &str) -> PathBuf {
 }
 
 /// Starts a binary with JSON logs and waits for its log line containing `ready`.
-async fn spawn(name: &str, env: &[(&str, &str)], ready: &str) -> (Child, Value) {
+/// Everything the child processes of a system logged, line by line (stdout and stderr).
+#[derive(Clone, Default)]
+pub struct Logs(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl Logs {
+    /// The lines so far.
+    pub fn lines(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
+    }
+
+    fn push(&self, line: String) {
+        self.0.lock().unwrap().push(line);
+    }
+}
+
+/// Starts a binary with JSON logs (`RUST_LOG=info` unless `env` says otherwise), keeps its
+/// output in `logs`, and waits for its log line whose message is `ready`.
+pub(crate) async fn spawn_logged(
+    name: &str,
+    env: &[(&str, &str)],
+    ready: &str,
+    logs: Logs,
+) -> (Child, Value) {
     let mut child = Command::new(binary(name))
-        .envs(env.iter().copied())
         .env("LOG_FORMAT", "json")
         .env("RUST_LOG", "info")
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .unwrap();
     let stdout = child.stdout.take().unwrap();
+    let stderr = child.stderr.take().unwrap();
     let (found, mut lines) = mpsc::channel::<Value>(1);
     let ready = ready.to_owned();
     let name = name.to_owned();
+    {
+        let (logs, name) = (logs.clone(), name.clone());
+        tokio::spawn(async move {
+            let mut reader = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = reader.next_line().await {
+                eprintln!("[{name}] {line}");
+                logs.push(line);
+            }
+        });
+    }
     tokio::spawn(async move {
         let mut reader = BufReader::new(stdout).lines();
         while let Ok(Some(line)) = reader.next_line().await {
@@ -267,6 +401,7 @@ async fn spawn(name: &str, env: &[(&str, &str)], ready: &str) -> (Child, Value) 
             {
                 let _ = found.send(entry).await;
             }
+            logs.push(line);
         }
     });
     let line = tokio::time::timeout(PATIENCE, lines.recv())

@@ -89,6 +89,12 @@ async fn an_llm_call_reaches_an_sse_tab(system: &System) {
 async fn an_llm_call_reaches_a_polling_tab(system: &System) {
     let (code, token) = system.create_session().await;
     system.put_manifest(&code, &token, demo_tools()).await;
+    // The tab polls (and so is connected) before the call: a call for a session with no tab
+    // answers 202 at once instead of waiting.
+    let first = system
+        .get(&format!("/api/sessions/{code}/request?token={token}"))
+        .await;
+    assert_eq!(first.body, json!([]), "{first:?}");
 
     let llm = system.post(
         &format!("/api/sessions/{code}/call"),
@@ -141,7 +147,7 @@ async fn request_then_response_with_wait_works_in_two_steps(system: &System) {
     assert_eq!(queued.status, StatusCode::ACCEPTED, "{queued:?}");
     assert_eq!(
         queued.body,
-        json!({"requestId": "two-step", "status": "queued"})
+        json!({"requestId": "two-step", "status": "queued", "providerConnected": true})
     );
 
     let waiting = system.get(&format!(
@@ -328,10 +334,16 @@ async fn an_sse_tab_that_drops_and_resumes_with_last_event_id_loses_no_request()
 async fn rate_limits_answer_429_at_the_configured_numbers() {
     let limits = RateLimits {
         sessions_per_ip: NonZeroU32::new(3).unwrap(),
-        requests_per_code: NonZeroU32::new(4).unwrap(),
-        lookups_per_ip: NonZeroU32::new(5).unwrap(),
+        tools_per_ip: NonZeroU32::new(60).unwrap(),
     };
-    let system = System::with(RelayConfig::default(), |config| config.limits = limits).await;
+    let relay = RelayConfig {
+        limits: toolrelay_relay::limits::RateLimits {
+            calls_per_code: NonZeroU32::new(4).unwrap(),
+            lookups_per_ip: NonZeroU32::new(5).unwrap(),
+        },
+        ..RelayConfig::default()
+    };
+    let system = System::with(relay, |config| config.limits = limits).await;
 
     let (code, token) = system.create_session().await;
     system.create_session().await;
@@ -635,5 +647,203 @@ async fn cors_allows_the_configured_origins_only() {
             .get("access-control-allow-origin")
             .is_none()
     );
+    system.stop().await;
+}
+
+#[tokio::test]
+async fn codes_are_accepted_as_people_type_them() {
+    let system = System::start().await;
+    let (code, token) = system.create_session().await;
+    system.put_manifest(&code, &token, demo_tools()).await;
+    // Lower case, a space and hyphens anywhere, and the digits people type for O, I and B.
+    let typed: String = code
+        .chars()
+        .map(|c| match c {
+            'O' => '0',
+            'I' => '1',
+            'B' => '8',
+            other => other.to_ascii_lowercase(),
+        })
+        .collect();
+    let typed = format!("{}%20{}-{}", &typed[..3], &typed[3..6], &typed[6..]);
+    let metadata = system.get(&format!("/api/sessions/{typed}/metadata")).await;
+    assert_eq!(metadata.status, StatusCode::OK, "{typed}: {metadata:?}");
+    let status = system.get(&format!("/api/sessions/{typed}")).await;
+    assert_eq!(
+        status.body["code"],
+        code.as_str(),
+        "APIs answer with the plain form"
+    );
+    system.stop().await;
+}
+
+#[tokio::test]
+async fn a_call_for_a_tab_that_is_not_there_says_so_at_once_and_stays_queued() {
+    let system = System::start().await;
+    let (code, token) = system.create_session().await;
+    system.put_manifest(&code, &token, demo_tools()).await;
+    // No tab is connected: the answer comes at once (not after the call's 40 s wait).
+    let call = system.post(
+        &format!("/api/sessions/{code}/call"),
+        json!({"requestId": "waiting", "functionName": "echo", "args": {"text": "x"}, "timeoutMs": 40_000}),
+    );
+    let pending = tokio::time::timeout(PATIENCE, call)
+        .await
+        .expect("a call for a missing tab does not wait");
+    assert_eq!(pending.status, StatusCode::ACCEPTED, "{pending:?}");
+    assert_eq!(pending.body["providerConnected"], false);
+    assert_eq!(pending.body["status"], "queued");
+    assert!(
+        pending.body["message"]
+            .as_str()
+            .unwrap()
+            .contains("open the plugin"),
+        "{pending:?}"
+    );
+    let queued = system
+        .post(&format!("/api/sessions/{code}/request"), echo_call("later"))
+        .await;
+    assert_eq!(queued.body["providerConnected"], false, "{queued:?}");
+    let state = system
+        .get(&format!("/api/sessions/{code}/requests/waiting"))
+        .await;
+    assert_eq!(state.body["providerConnected"], false, "{state:?}");
+    assert!(state.body["message"].is_string());
+
+    // The call stays queued and runs once the tab comes (its tools are registered already).
+    let mut tab = WsTab::attach_url(&system.ws_url(&code, &token)).await;
+    let request = tab.next_request().await;
+    assert_eq!(request["requestId"], "waiting");
+    tab.answer("waiting", json!({"text": "x"})).await;
+    let answered = system
+        .get(&format!(
+            "/api/sessions/{code}/response?requestId=waiting&wait=10"
+        ))
+        .await;
+    assert_eq!(
+        answered.body[0]["result"],
+        json!({"text": "x"}),
+        "{answered:?}"
+    );
+    let state = system
+        .get(&format!("/api/sessions/{code}/requests/waiting"))
+        .await;
+    assert_eq!(state.body["providerConnected"], true, "{state:?}");
+    assert!(state.body.get("message").is_none(), "{state:?}");
+    system.stop().await;
+}
+
+/// Queues calls with these ids and answers each (over polling) with a string of `bytes`.
+async fn answered_calls(system: &System, code: &str, token: &str, ids: &[&str], bytes: usize) {
+    for id in ids {
+        let queued = system
+            .post(
+                &format!("/api/sessions/{code}/request"),
+                json!({"requestId": id, "functionName": "echo", "args": {"text": id}}),
+            )
+            .await;
+        assert_eq!(queued.status, StatusCode::ACCEPTED, "{queued:?}");
+    }
+    let polled = system
+        .get(&format!("/api/sessions/{code}/request?token={token}"))
+        .await;
+    assert_eq!(polled.body.as_array().unwrap().len(), ids.len());
+    for id in ids {
+        post_answer(system, code, token, id, json!("x".repeat(bytes))).await;
+    }
+}
+
+#[tokio::test]
+async fn answers_are_read_in_pages_that_fit_what_an_llm_can_take() {
+    let system = System::start().await;
+    let (code, token) = system.create_session().await;
+    system.put_manifest(&code, &token, demo_tools()).await;
+    let ids = ["a1", "a2", "a3", "a4", "a5"];
+    answered_calls(&system, &code, &token, &ids, 40_000).await;
+
+    // All five are 200,000 characters: the first page stops before 100,000 and says so.
+    let first = system
+        .http
+        .get(system.url(&format!("/api/sessions/{code}/response")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(first.headers()["x-toolrelay-truncated"], "true");
+    let text = first.text().await.unwrap();
+    assert!(text.chars().count() < 100_000, "{}", text.len());
+    let page: Value = serde_json::from_str(&text).unwrap();
+    let page = page.as_array().unwrap();
+    assert_eq!(page.len(), 2, "two answers of 40,000 fit");
+    let last = &page[1];
+    assert_eq!(
+        (last["requestId"].as_str(), last["truncated"].as_bool()),
+        (Some("a2"), Some(true))
+    );
+    assert!(
+        last["note"].as_str().unwrap().contains("after=a2"),
+        "{last}"
+    );
+
+    // Reading on with after= and limit=.
+    let next = system
+        .get(&format!("/api/sessions/{code}/response?after=a2&limit=2"))
+        .await;
+    let ids_read: Vec<&str> = next
+        .body
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|answer| answer["requestId"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids_read, ["a3", "a4"], "newest last");
+    assert!(next.header("x-toolrelay-truncated").is_none());
+    let rest = system
+        .get(&format!("/api/sessions/{code}/response?after=a4"))
+        .await;
+    assert_eq!(rest.body[0]["requestId"], "a5");
+    system.stop().await;
+}
+
+#[tokio::test]
+async fn answers_past_the_budget_are_evicted_but_their_calls_never_run_twice() {
+    let relay = RelayConfig {
+        response_budget: 300 * 1024,
+        ..RelayConfig::default()
+    };
+    let system = System::with(relay, |_| {}).await;
+    let (code, token) = system.create_session().await;
+    system.put_manifest(&code, &token, demo_tools()).await;
+    let ids = ["e1", "e2", "e3", "e4", "e5"];
+    answered_calls(&system, &code, &token, &ids, 100 * 1024).await;
+
+    let gone = system
+        .get(&format!("/api/sessions/{code}/requests/e1"))
+        .await;
+    assert_eq!(gone.status, StatusCode::GONE, "{gone:?}");
+    assert_eq!(gone.body["error"], "response_evicted");
+    assert_eq!(gone.body["requestId"], "e1");
+    // The same call again is not run again.
+    let again = system
+        .post(
+            &format!("/api/sessions/{code}/request"),
+            json!({"requestId": "e1", "functionName": "echo", "args": {"text": "e1"}}),
+        )
+        .await;
+    assert_eq!(again.status, StatusCode::GONE, "{again:?}");
+    let polled = system
+        .get(&format!("/api/sessions/{code}/request?token={token}"))
+        .await;
+    assert_eq!(polled.body, json!([]), "nothing was queued again");
+    let other = system
+        .post(
+            &format!("/api/sessions/{code}/request"),
+            json!({"requestId": "e1", "functionName": "echo", "args": {"text": "else"}}),
+        )
+        .await;
+    assert_eq!(other.status, StatusCode::CONFLICT);
+    let kept = system
+        .get(&format!("/api/sessions/{code}/requests/e5"))
+        .await;
+    assert_eq!(kept.body["status"], "completed", "{kept:?}");
     system.stop().await;
 }

@@ -23,9 +23,15 @@ use toolrelay_tests::{BUILTIN_TOOLS, WsTab, demo_tools, tab_and_builtin_names};
 #[derive(Clone, Default)]
 struct Client {
     progress: Arc<Mutex<Vec<ProgressNotificationParam>>>,
+    tool_list_changes: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl ClientHandler for Client {
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.tool_list_changes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
     async fn on_progress(
         &self,
         params: ProgressNotificationParam,
@@ -180,7 +186,12 @@ async fn pairing_over_mcp_reaches_a_websocket_tab() {
         paired["connectorUrl"],
         system.url(&format!("/mcp/s/{handle}"))
     );
-    assert_eq!(paired["code"], format!("{}-{}", &code[..4], &code[4..]));
+    assert_eq!(paired["code"], code.as_str(), "programs get the plain form");
+    assert_eq!(
+        paired["displayCode"],
+        format!("{}-{}", &code[..4], &code[4..]),
+        "people see the hyphenated one"
+    );
     let tool_names: Vec<&str> = paired["tools"]
         .as_array()
         .unwrap()
@@ -340,6 +351,47 @@ async fn unknown_handles_ended_sessions_bad_arguments_and_unknown_tools_are_clea
     system.stop().await;
 }
 
+/// Waits (with a deadline) until `condition` holds.
+async fn until(condition: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !condition() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the condition never held"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_call_with_no_tab_says_so_in_its_progress() {
+    let system = System::with(
+        RelayConfig {
+            request_timeout: Duration::from_secs(5),
+            ..RelayConfig::default()
+        },
+        |_| {},
+    )
+    .await;
+    let (code, token) = system.create_session().await;
+    system.put_manifest(&code, &token, demo_tools()).await;
+    let mcp = connect(&system.url("/mcp")).await;
+    let handle = handle_of(&mcp, &code).await;
+    let scoped = connect(&system.url(&format!("/mcp/s/{handle}"))).await;
+    let unanswered = call(&scoped, "echo", json!({"text": "nobody is there"})).await;
+    assert_error(&unanswered, "request_expired", "plugin tab");
+    let progress = scoped.service().progress.lock().unwrap().clone();
+    assert!(!progress.is_empty());
+    let message = progress[0].message.clone().unwrap_or_default();
+    assert!(
+        message.contains("No tab is connected") && message.contains("open the plugin"),
+        "{message}"
+    );
+    scoped.cancel().await.unwrap();
+    mcp.cancel().await.unwrap();
+    system.stop().await;
+}
+
 #[tokio::test]
 async fn a_slow_tab_gets_progress_and_an_unanswered_call_fails_at_the_timeout() {
     let system = System::with(
@@ -358,20 +410,17 @@ async fn a_slow_tab_gets_progress_and_an_unanswered_call_fails_at_the_timeout() 
     let scoped = connect(&system.url(&format!("/mcp/s/{handle}"))).await;
 
     let slow = call(&scoped, "echo", json!({"text": "slow"}));
+    // The tab answers once the client has heard progress twice (every 2 s while it waits).
     let tab_side = async {
         let request = tab.next_request().await;
-        tokio::time::sleep(Duration::from_millis(4500)).await;
+        until(|| scoped.service().progress.lock().unwrap().len() >= 2).await;
         tab.answer(request["requestId"].as_str().unwrap(), json!("finally"))
             .await;
     };
     let (answer, ()) = tokio::join!(slow, tab_side);
     assert_eq!(structured(&answer), json!({"result": "finally"}));
     let progress = scoped.service().progress.lock().unwrap().clone();
-    assert!(
-        progress.len() >= 2,
-        "{} progress notifications while waiting 4.5 s",
-        progress.len()
-    );
+    assert!(progress.len() >= 2, "{progress:?}");
     assert!(
         progress[0]
             .message
@@ -543,4 +592,35 @@ async fn mip_ids_belong_to_the_mcp_session_or_the_pairing_session() {
         connection.cancel().await.unwrap();
     }
     system.stop().await;
+}
+
+#[tokio::test]
+async fn a_session_scoped_client_hears_when_the_tabs_tools_change() {
+    for system in [System::start().await, System::split().await] {
+        let (code, token) = system.create_session().await;
+        let mut tab = WsTab::attach_url(&system.ws_url(&code, &token)).await;
+        tab.register(demo_tools()).await;
+        let mcp = connect(&system.url("/mcp")).await;
+        let handle = handle_of(&mcp, &code).await;
+        let scoped = connect(&system.url(&format!("/mcp/s/{handle}"))).await;
+        let names = |tools: Vec<rmcp::model::Tool>| -> Vec<String> {
+            tools.iter().map(|t| t.name.to_string()).collect()
+        };
+        assert!(!names(scoped.list_tools(None).await.unwrap().tools).contains(&"shout".to_owned()));
+
+        // The tab (reloaded, say) registers one more tool.
+        let mut more = demo_tools();
+        more[0]["functions"].as_array_mut().unwrap().push(json!({
+            "name": "shout", "description": "Shouts", "parameters": {"type": "object", "properties": {}}
+        }));
+        tab.register(more).await;
+        let changes = Arc::clone(&scoped.service().tool_list_changes);
+        until(|| changes.load(std::sync::atomic::Ordering::SeqCst) >= 1).await;
+        assert!(names(scoped.list_tools(None).await.unwrap().tools).contains(&"shout".to_owned()));
+
+        scoped.cancel().await.unwrap();
+        mcp.cancel().await.unwrap();
+        drop(tab);
+        system.stop().await;
+    }
 }

@@ -8,7 +8,6 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use toolrelay_relay::RelayConfig;
-use toolrelay_relay::builtin::mip::MipConfig;
 use toolrelay_tests::remip::ReMip;
 use toolrelay_tests::system::{Answer, System};
 
@@ -47,6 +46,40 @@ async fn tool(system: &System, scope: &str, name: &str, args: Value) -> Answer {
     system
         .post(&format!("/api/tools/{name}?scope={scope}"), args)
         .await
+}
+
+/// Processes whose parent is `pid`.
+fn children_of(pid: u32) -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|entry| std::fs::read_to_string(entry.ok()?.path().join("stat")).ok())
+        .filter(|stat| {
+            // pid (comm) state ppid …: comm may hold spaces, so read after its ')'. Zombies
+            // (state Z) are runs already over.
+            let mut fields = stat
+                .rsplit_once(')')
+                .map(|(_, rest)| rest.split_whitespace())
+                .into_iter()
+                .flatten();
+            let state = fields.next();
+            let ppid = fields.next().and_then(|ppid| ppid.parse::<u32>().ok());
+            state != Some("Z") && ppid == Some(pid)
+        })
+        .count()
+}
+
+/// Waits (with a deadline) until the relay process `system` runs a sandbox: the relay's own
+/// children are its sandbox runs (its start-up probe has ended by the time it listens).
+async fn until_a_run_is_under_way(system: &System) {
+    let pid = system.pid().expect("a relay in a process of its own");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while children_of(pid) == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no sandbox run started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// The result of a call that must succeed.
@@ -398,12 +431,7 @@ async fn ids_are_found_only_in_the_scope_that_made_them() {
 
 #[tokio::test]
 async fn work_past_the_limits_gets_429_with_retry_after() {
-    let mut config = RelayConfig::default();
-    config.builtin.mip = MipConfig {
-        max_concurrent: 1,
-        ..MipConfig::default()
-    };
-    let system = System::with(config, |_| {}).await;
+    let system = System::binary(&[("MIP_MAX_CONCURRENT", "1")]).await;
     let slow = "import time, pulp\nprob = pulp.LpProblem('p')\ntime.sleep(3)";
     let running = tool(
         &system,
@@ -412,7 +440,7 @@ async fn work_past_the_limits_gets_429_with_retry_after() {
         json!({"problemDefinitionCode": slow}),
     );
     let crowding = async {
-        tokio::time::sleep(Duration::from_millis(800)).await;
+        until_a_run_is_under_way(&system).await;
         let other = tool(
             &system,
             "second",
@@ -448,13 +476,12 @@ async fn work_past_the_limits_gets_429_with_retry_after() {
     )
     .await;
     assert_eq!(after.status, StatusCode::OK, "{after:?}");
-    system.stop().await;
 }
 
 #[tokio::test]
 async fn one_caller_runs_one_model_at_a_time() {
-    let system = System::start().await;
-    let slow = "import time, pulp\nprob = pulp.LpProblem('p')\ntime.sleep(2)";
+    let system = System::binary(&[]).await;
+    let slow = "import time, pulp\nprob = pulp.LpProblem('p')\ntime.sleep(3)";
     let running = tool(
         &system,
         "eager",
@@ -462,7 +489,7 @@ async fn one_caller_runs_one_model_at_a_time() {
         json!({"problemDefinitionCode": slow}),
     );
     let again = async {
-        tokio::time::sleep(Duration::from_millis(600)).await;
+        until_a_run_is_under_way(&system).await;
         tool(
             &system,
             "eager",
@@ -545,7 +572,6 @@ async fn models_that_cannot_be_solved_honestly_are_refused() {
             .contains("(line 2)"),
         "{syntax:?}"
     );
-    system.stop().await;
 }
 
 #[tokio::test]
@@ -583,14 +609,25 @@ async fn a_solve_whose_caller_left_keeps_its_slot_until_it_ends() {
         StatusCode::TOO_MANY_REQUESTS,
         "the abandoned solve still holds the only slot: {meanwhile:?}"
     );
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let after = tool(
-        &system,
-        "other",
-        "generate_mip_problem",
-        json!({"problemDefinitionCode": PLAN}),
-    )
-    .await;
+    // Free again once its 3 s are over (asked again until then, with a deadline).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let after = loop {
+        let after = tool(
+            &system,
+            "other",
+            "generate_mip_problem",
+            json!({"problemDefinitionCode": PLAN}),
+        )
+        .await;
+        if after.status != StatusCode::TOO_MANY_REQUESTS {
+            break after;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the slot was never freed"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     assert_eq!(after.status, StatusCode::OK, "{after:?}");
     system.stop().await;
 }

@@ -1050,3 +1050,27 @@ async fn a_tab_that_stops_answering_pings_is_dropped_and_its_call_goes_to_the_ne
     drop(silent);
     relay.stop().await;
 }
+
+#[tokio::test]
+async fn a_tab_that_pings_often_is_not_taken_for_silent() {
+    let relay = TestRelay::start().await;
+    let (session, mut tab) = relay.paired().await;
+    // Pings sent back to back: their heartbeat replies must not count as the relay's own
+    // heartbeats going unanswered.
+    for _ in 0..5 {
+        tab.send(json!({"type": "ping"})).await;
+    }
+    for _ in 0..5 {
+        let frame = tab.next_frame().await.expect("the tab is still connected");
+        assert_eq!(frame["type"], "heartbeat", "{frame}");
+    }
+    let pending = relay
+        .spawn_call(call(&session.code, "echo", json!({"text": "still here"})))
+        .await;
+    let request = tab.next_request().await;
+    let id = request["requestId"].as_str().unwrap();
+    tab.answer(id, json!({"text": "still here"})).await;
+    let state = pending.await.unwrap().unwrap();
+    assert_eq!(result_of(&state), json!({"text": "still here"}));
+    relay.stop().await;
+}

@@ -7,9 +7,18 @@ import { Sessions } from './session.js';
 import { codapTools } from './tools.js';
 import { Transport } from './transport.js';
 
-const VERSION = '1.0.0';
+const VERSION = '1.1.0';
 const ACTIVITY_SHOWN = 20;
+// The plugin talks to the relay that served it; assistants are given the relay's public
+// address (PUBLIC_BASE_URL, from its discovery document), which differs behind a proxy.
 const BASE = location.origin;
+let publicBase = BASE;
+// The last hour of a session's maximum lifetime gets a warning.
+const LIFETIME_WARNING_MS = 60 * 60 * 1000;
+// How long a button says "Copied".
+const COPIED_MS = 1500;
+// Which kind of assistant the connect instructions show first.
+const KIND_KEY = 'toolrelay-assistant-kind';
 
 const $ = (id) => document.getElementById(id);
 const ui = {
@@ -26,6 +35,8 @@ const ui = {
   heldText: $('held-text'),
   regenerate: $('regenerate'),
   end: $('end'),
+  lifetime: $('lifetime'),
+  connectLocal: $('connect-local'),
 };
 
 const codap = new CodapLink();
@@ -65,6 +76,7 @@ function setLink(state, transportName) {
   ui.dot.title = label;
   ui.dot.setAttribute('aria-label', label);
   ui.linkLabel.textContent = state === 'disconnected' ? 'Disconnected' : state === 'connected' ? 'Connected' : 'Ready';
+  tick();
 }
 
 function displayCode(code) {
@@ -74,23 +86,53 @@ function displayCode(code) {
 function showSession(session) {
   ui.code.textContent = displayCode(session.code);
   setState('fresh');
+  showConnect(session);
   tick();
 }
 
+/** `ms` as m:ss, or h:mm:ss past an hour. */
+function duration(ms) {
+  const total = Math.floor(ms / 1000);
+  const two = (n) => String(n).padStart(2, '0');
+  const hours = Math.floor(total / 3600);
+  const minutes = Math.floor((total % 3600) / 60);
+  return hours > 0 ? `${hours}:${two(minutes)}:${two(total % 60)}` : `${two(minutes)}:${two(total % 60)}`;
+}
+
+/**
+ * The session's time: while this tab is connected the session does not expire (its
+ * heartbeats keep it alive), so there is nothing to count; once it is not, the idle time-out
+ * really runs. The maximum lifetime holds either way: its last hour is announced.
+ */
 function tick() {
   const session = sessions.current;
   const state = document.body.dataset.state;
   if (!session || state === 'expired' || state === 'ended') return;
-  const left = Math.max(0, Date.parse(session.expiresAt) - Date.now());
-  if (left === 0) {
+  const now = Date.now();
+  const end = Date.parse(session.maxExpiresAt);
+  const untilEnd = Number.isNaN(end) ? Infinity : end - now;
+  const idleLeft = Date.parse(session.expiresAt) - now;
+  if (untilEnd <= 0 || (linkState === 'disconnected' && idleLeft <= 0)) {
     expire('The pairing code has expired.');
     return;
   }
-  const minutes = String(Math.floor(left / 60000)).padStart(2, '0');
-  const seconds = String(Math.floor((left % 60000) / 1000)).padStart(2, '0');
-  ui.countdown.textContent = `Expires in ${minutes}:${seconds}`;
+  ui.countdown.textContent =
+    linkState === 'disconnected'
+      ? `Not connected — expires in ${duration(Math.min(idleLeft, untilEnd))}`
+      : 'Connected — stays open while this tab is open';
+  const warn = untilEnd <= LIFETIME_WARNING_MS;
+  if (warn && ui.lifetime.hidden) announce('This pairing code stops working within the hour. Press r for a new code.');
+  ui.lifetime.hidden = !warn;
+  if (warn) {
+    ui.lifetime.textContent = `This code stops working in ${duration(untilEnd)} (a session lasts at most ${lifetimeHours(session)} h). Press New code (r) for a new one, and give it to your assistant.`;
+  }
 }
 setInterval(tick, 1000);
+
+function lifetimeHours(session) {
+  const span = Date.parse(session.maxExpiresAt) - (session.createdAt || Date.now());
+  return Number.isFinite(span) && span > 0 ? Math.max(1, Math.round(span / 3600000)) : 24;
+}
 
 function expire(message) {
   if (transport) transport.stop();
@@ -98,54 +140,201 @@ function expire(message) {
   sessions.forget();
   setState('expired');
   setLink('disconnected');
+  ui.lifetime.hidden = true;
   ui.countdown.textContent = 'Expired. Press New code (r) to pair again.';
   announce(`Session expired. ${message} Press r for a new code.`);
 }
 
-function record(name, ok, detail) {
+/** A few words on what a call did: "createGraph · Heights: Age × Height". */
+function summarize(name, args) {
+  const a = args && typeof args === 'object' ? args : {};
+  const words = (value) => (typeof value === 'string' || typeof value === 'number' ? String(value) : null);
+  const axes = [a.xAttribute, a.yAttribute].map(words).filter(Boolean);
+  const where = words(a.dataContext) ?? words(a.name) ?? words(a.title) ?? words(a.component);
+  const parts = [];
+  if (where && axes.length) parts.push(`${where}: ${axes.join(' × ')}`);
+  else if (where) parts.push(where);
+  if (Array.isArray(a.items)) parts.push(`${a.items.length} item${a.items.length === 1 ? '' : 's'}`);
+  if (Array.isArray(a.attributes)) parts.push(a.attributes.map((x) => x?.name ?? x).filter(words).join(', '));
+  else if (words(a.attribute)) parts.push(String(a.attribute));
+  if (words(a.formula)) parts.push(String(a.formula));
+  const detail = parts.filter(Boolean).join(' · ');
+  return detail ? `${name} · ${detail}` : name;
+}
+
+function record(name, args, ok, reason) {
   ui.noActivity.hidden = true;
   const item = document.createElement('li');
-  const label = document.createElement('span');
-  label.textContent = name;
+  item.className = ok ? 'done' : 'failed';
+  const what = document.createElement('span');
+  what.className = 'what';
+  what.textContent = summarize(name, args);
+  what.title = what.textContent;
   const time = document.createElement('time');
   const now = new Date();
   time.dateTime = now.toISOString();
-  time.textContent = now.toLocaleTimeString();
+  time.textContent = now.toLocaleTimeString([], { hour: '2-digit', minute: '2-digit', second: '2-digit', hourCycle: 'h23' });
   const outcome = document.createElement('span');
   outcome.className = ok ? 'ok' : 'error';
   outcome.textContent = ok ? 'ok' : 'error';
-  if (detail) outcome.title = detail;
-  item.append(label, time, outcome);
+  item.append(what, time, outcome);
+  if (!ok && reason) {
+    const why = document.createElement('span');
+    why.className = 'reason';
+    why.textContent = reason.length > 160 ? `${reason.slice(0, 157)}…` : reason;
+    item.append(why);
+  }
   ui.activity.prepend(item);
   while (ui.activity.children.length > ACTIVITY_SHOWN) ui.activity.lastElementChild.remove();
 }
 
 function outsideNotice() {
-  const here = `${BASE}/codap/`;
-  ui.outside.textContent =
-    `Not running inside CODAP. To let the assistant work on a CODAP document, open ` +
-    `https://codap.concord.org/app/?di=${here} — you can still pair and try the relay here; CODAP tools will say that CODAP is not connected.`;
+  const plugin = `${publicBase}/codap/`;
+  const codapUrl = `https://codap.concord.org/app/?di=${encodeURIComponent(plugin)}`;
+  ui.outside.replaceChildren(
+    'Not running inside CODAP. ',
+    Object.assign(document.createElement('a'), { href: codapUrl, target: '_blank', rel: 'noopener', textContent: 'Open CODAP with this plugin' }),
+    ' to let the assistant work on a CODAP document. You can still pair and try the relay here; CODAP tools will say that CODAP is not connected.',
+  );
   ui.outside.hidden = false;
+}
+
+// ---- connecting an assistant ----
+
+/** Who can reach the relay at `base`: cloud assistants need a public HTTPS address. */
+function reach(base) {
+  let url;
+  try {
+    url = new URL(base);
+  } catch {
+    return 'this-computer';
+  }
+  const host = url.hostname.replace(/^\[|\]$/g, '').toLowerCase();
+  if (host === 'localhost' || host.endsWith('.localhost') || /^127\./.test(host) || host === '::1') return 'this-computer';
+  const privateNet =
+    /^10\./.test(host) ||
+    /^192\.168\./.test(host) ||
+    /^172\.(1[6-9]|2\d|3[01])\./.test(host) ||
+    /^169\.254\./.test(host) ||
+    host.endsWith('.local') ||
+    host.endsWith('.internal') ||
+    /^f[cd][0-9a-f]{2}:/.test(host) ||
+    /^fe80:/.test(host);
+  if (privateNet) return 'this-network';
+  return url.protocol === 'https:' ? 'public' : 'not-https';
+}
+
+const UNREACHABLE = {
+  'this-computer':
+    'This relay is only reachable from this computer; ChatGPT and claude.ai cannot call it — use a desktop client or deploy the relay.',
+  'this-network':
+    'This relay is only reachable on this network; ChatGPT and claude.ai cannot call it — use a desktop client on this network or deploy the relay.',
+  'not-https':
+    'This relay is not served over HTTPS; ChatGPT and claude.ai cannot call it — deploy it behind HTTPS (PUBLIC_BASE_URL).',
+};
+
+function showKind(kind) {
+  for (const tab of document.querySelectorAll('.kind')) {
+    const selected = tab.dataset.kind === kind;
+    tab.setAttribute('aria-selected', String(selected));
+    tab.tabIndex = selected ? 0 : -1;
+    $(tab.getAttribute('aria-controls')).hidden = !selected;
+  }
+  try {
+    localStorage.setItem(KIND_KEY, kind);
+  } catch {
+    // Private browsing: the choice is not remembered.
+  }
+}
+
+/** The connect instructions for the session, with every URL from the public address. */
+function showConnect(session) {
+  const where = reach(publicBase);
+  const cloud = where === 'public';
+  $('mcp-url').textContent = `${publicBase}/mcp`;
+  $('actions-url').textContent = `${publicBase}/openapi/actions.json`;
+  $('session-url').textContent = session.connectorUrl || `${publicBase}/mcp`;
+  for (const code of document.querySelectorAll('.code-inline')) code.textContent = displayCode(session.code);
+  ui.connectLocal.hidden = cloud;
+  ui.connectLocal.textContent = cloud ? '' : UNREACHABLE[where];
+  // Instructions that cannot work are not shown: a custom GPT calls from OpenAI's servers.
+  $('tab-gpt').hidden = !cloud;
+  $('tab-connector').textContent = cloud ? 'Claude · ChatGPT' : 'Desktop client';
+  $('connector-where').textContent = cloud
+    ? 'Add a custom connector once (Claude: Settings → Connectors; ChatGPT: Settings → Apps & Connectors, developer mode)'
+    : 'In a desktop client on this computer (Cursor, Claude Code, a local agent), add an MCP server (Streamable HTTP)';
+  let kind = null;
+  try {
+    kind = localStorage.getItem(KIND_KEY);
+  } catch {
+    kind = null;
+  }
+  if (!['connector', 'gpt', 'agent'].includes(kind) || (kind === 'gpt' && !cloud)) kind = 'connector';
+  showKind(kind);
+}
+
+for (const tab of document.querySelectorAll('.kind')) {
+  tab.addEventListener('click', () => showKind(tab.dataset.kind));
+  tab.addEventListener('keydown', (event) => {
+    if (event.key !== 'ArrowRight' && event.key !== 'ArrowLeft') return;
+    const tabs = [...document.querySelectorAll('.kind')].filter((t) => !t.hidden);
+    const next = tabs[(tabs.indexOf(tab) + (event.key === 'ArrowRight' ? 1 : tabs.length - 1)) % tabs.length];
+    showKind(next.dataset.kind);
+    next.focus();
+    event.preventDefault();
+  });
+}
+for (const button of document.querySelectorAll('[data-copy]')) {
+  button.addEventListener('click', () => copy($(button.dataset.copy).textContent, 'URL', button));
+}
+
+/** The relay's public address, from its discovery document. */
+async function learnPublicBase() {
+  try {
+    const response = await fetch(`${BASE}/.well-known/codap-mcp.json`);
+    const discovery = await response.json();
+    if (typeof discovery.mcpEndpoint === 'string' && discovery.mcpEndpoint.endsWith('/mcp')) {
+      publicBase = discovery.mcpEndpoint.slice(0, -'/mcp'.length);
+    }
+  } catch {
+    // The page's own origin stands in.
+  }
 }
 
 // ---- the prompt ----
 
+/**
+ * The prompt for an agent that can make HTTP requests (assistants with a connector need only
+ * the code): short enough to paste, and every URL the public one.
+ */
 function prompt(session) {
   const code = displayCode(session.code);
-  const api = `${BASE}/api/sessions/${code}`;
+  const api = `${publicBase}/api/sessions/${code}`;
   const lines = [
-    'You can use tools in my CODAP document (data tables and graphs) through a relay.',
+    'For an AI agent that can make HTTP requests: you can use tools in my CODAP document (data tables and graphs) through a relay.',
     `Pairing code: ${code}`,
-    `Relay: ${BASE}`,
+    `Relay: ${publicBase}`,
     `1. First GET ${api}/metadata: it lists the tools with the JSON Schema of their args.`,
     `2. Call a tool: POST ${api}/call with JSON {"functionName": "<name>", "args": {...}}. The answer is {"success": true, "result": ...} or an error that says what to fix.`,
     `3. A 202 answer means it is still running: GET ${api}/requests/<requestId> for the result. A 404 means the code expired: ask me for the new one.`,
+    `With MCP instead (Claude, ChatGPT connectors): connect to ${publicBase}/mcp and call connect_session with the code; or connect to this session alone: ${session.connectorUrl || `${publicBase}/mcp`}`,
   ];
-  if (session.connectorUrl) lines.push(`MCP clients can connect to: ${session.connectorUrl}`);
   return lines.join('\n');
 }
 
-async function copy(text, what) {
+/** Shows "Copied" on the button that copied, for a moment. */
+function acknowledge(button) {
+  if (!button) return;
+  clearTimeout(button.copiedTimer);
+  button.classList.add('done');
+  button.textContent = 'Copied ✓';
+  button.copiedTimer = setTimeout(() => {
+    button.classList.remove('done');
+    button.innerHTML = button.dataset.label + (button.getAttribute('aria-keyshortcuts') ? ` <kbd>${button.getAttribute('aria-keyshortcuts')}</kbd>` : '');
+  }, COPIED_MS);
+}
+
+async function copy(text, what, button) {
   let copied = false;
   try {
     await navigator.clipboard.writeText(text);
@@ -163,6 +352,7 @@ async function copy(text, what) {
   }
   if (copied) {
     if (document.body.dataset.state === 'fresh') setState('copied');
+    acknowledge(button);
     announce(`${what} copied. Paste it into your assistant.`);
   } else {
     announce(`Could not copy the ${what.toLowerCase()}; select it and copy by hand.`);
@@ -211,11 +401,11 @@ async function run(call) {
       throw new ToolError('declined_by_user', 'The user declined this change. Ask them before trying again.');
     }
     const result = await dispatcher.call(toolId, functionName, args);
-    record(functionName, true);
+    record(functionName, args, true);
     return { requestId, success: true, result: result ?? null };
   } catch (error) {
     const code = error.code || 'tool_error';
-    record(functionName, false, error.message);
+    record(functionName, args, false, error.message);
     return { requestId, success: false, error: { code, message: error.message } };
   }
 }
@@ -280,14 +470,14 @@ async function endSession() {
   announce('Session ended.');
 }
 
-$('copy-prompt').addEventListener('click', () => sessions.current && copy(prompt(sessions.current), 'Prompt'));
-$('copy-code').addEventListener('click', () => sessions.current && copy(displayCode(sessions.current.code), 'Code'));
+$('copy-prompt').addEventListener('click', (event) => sessions.current && copy(prompt(sessions.current), 'Prompt', event.currentTarget));
+$('copy-code').addEventListener('click', (event) => sessions.current && copy(displayCode(sessions.current.code), 'Code', event.currentTarget));
 ui.regenerate.addEventListener('click', regenerate);
 ui.end.addEventListener('click', endSession);
 document.addEventListener('keydown', (event) => {
   if (event.ctrlKey || event.metaKey || event.altKey) return;
   if (event.target instanceof HTMLInputElement || event.target instanceof HTMLTextAreaElement) return;
-  if (event.key === 'c' && sessions.current && !$('copy-prompt').disabled) copy(prompt(sessions.current), 'Prompt');
+  if (event.key === 'c' && sessions.current && !$('copy-prompt').disabled) copy(prompt(sessions.current), 'Prompt', $('copy-prompt'));
   if (event.key === 'r') regenerate();
 });
 
@@ -299,7 +489,7 @@ codap.addEventListener('connected', async () => {
     await codap.request({
       action: 'update',
       resource: 'interactiveFrame',
-      values: { name: 'toolrelay', title: 'AI assistant', version: VERSION, dimensions: { width: 380, height: 560 } },
+      values: { name: 'toolrelay', title: 'AI assistant', version: VERSION, dimensions: { width: 360, height: 500 } },
     });
   } catch {
     // The frame keeps its defaults.
@@ -322,8 +512,16 @@ window.toolrelay = {
   get ready() {
     return registered && linkState !== 'disconnected';
   },
+  /** How often the connection to the relay failed or dropped, or an answer could not go. */
+  get interruptions() {
+    return transport?.interruptions ?? 0;
+  },
   prompt: () => sessions.current && prompt(sessions.current),
 };
 
 setLink('disconnected');
-pair(false);
+learnPublicBase().then(() => {
+  // The notice (if CODAP was found absent meanwhile) links the public address too.
+  if (!ui.outside.hidden) outsideNotice();
+  pair(false);
+});

@@ -53,7 +53,7 @@ export class Sessions {
       const status = await fetch(`${this.base}/api/sessions/${stored.code}`).catch(() => null);
       if (status && status.ok) {
         const info = await status.json();
-        this.hold({ ...stored, expiresAt: info.expiresAt });
+        this.hold({ ...stored, expiresAt: info.expiresAt, maxExpiresAt: info.maxExpiresAt ?? stored.maxExpiresAt });
         return { session: this.current, restored: true };
       }
       if (status && status.status === 404) localStorage.removeItem(this.key(stored.code));
@@ -69,6 +69,7 @@ export class Sessions {
       code: body.code,
       token: body.providerToken,
       expiresAt: body.expiresAt,
+      maxExpiresAt: body.maxExpiresAt || null,
       connectorUrl: body.connectorUrl || null,
       createdAt: Date.now(),
     });

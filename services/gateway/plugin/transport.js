@@ -41,6 +41,7 @@ export class Transport extends EventTarget {
     this.answers = new Map(); // requestId → answer (or a promise of it while running)
     this.unsent = new Map(); // requestId → answer that could not be sent yet
     this.polling = false;
+    this.interruptions = 0; // connections that failed or dropped, and answers that could not go
   }
 
   url(path) {
@@ -77,6 +78,7 @@ export class Transport extends EventTarget {
   /** The connection failed or dropped: try again later, or move to the next transport. */
   failed(everWorked) {
     if (this.stopped) return;
+    this.interruptions += 1;
     this.emit('status', { state: 'disconnected', transport: this.kind });
     this.failures = everWorked ? 0 : this.failures + 1;
     if (this.failures >= FAILURES_BEFORE_FALLBACK && this.kind !== ORDER[ORDER.length - 1]) {
@@ -180,6 +182,7 @@ export class Transport extends EventTarget {
     });
     events.addEventListener('error', (event) => {
       // Named "error" events carry the relay's frames; plain ones are connection trouble.
+      if (!event.data) this.interruptions += 1;
       if (event.data) {
         const frame = JSON.parse(event.data);
         if (frame.error === 'replaced') {
@@ -286,6 +289,7 @@ export class Transport extends EventTarget {
       this.unsent.delete(answer.requestId);
     } catch {
       // Sent again when the connection is back (and when the relay hands the call out again).
+      this.interruptions += 1;
       this.unsent.set(answer.requestId, answer);
     }
   }

@@ -5,6 +5,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::num::NonZeroU32;
 
 use clap::Args;
+use toolrelay_relay::config::{DEFAULT_MAX_JSON_DEPTH, ServiceArgs, StoreConfig, check_json_depth};
 
 /// `LISTEN_ADDR`: the public HTTP address.
 pub const ENV_LISTEN: &str = "LISTEN_ADDR";
@@ -16,12 +17,15 @@ pub const ENV_PUBLIC_BASE_URL: &str = "PUBLIC_BASE_URL";
 pub const ENV_CORS_ORIGIN: &str = "CORS_ORIGIN";
 /// `RATE_LIMIT_SESSION_PER_IP`: sessions one address may create per minute.
 pub const ENV_RATE_LIMIT_SESSION: &str = "RATE_LIMIT_SESSION_PER_IP";
-/// `RATE_LIMIT_REQUEST_PER_CODE`: calls one address may make to one session per minute.
-pub const ENV_RATE_LIMIT_REQUEST: &str = "RATE_LIMIT_REQUEST_PER_CODE";
-/// `RATE_LIMIT_LOOKUP_PER_IP`: look-ups of unknown session codes one address may make per minute.
-pub const ENV_RATE_LIMIT_LOOKUP: &str = "RATE_LIMIT_LOOKUP_PER_IP";
+/// `RATE_LIMIT_TOOL_PER_IP`: built-in tool calls (outside a session) one address may make per
+/// minute.
+pub const ENV_RATE_LIMIT_TOOL: &str = "RATE_LIMIT_TOOL_PER_IP";
 /// `TRUSTED_PROXIES`: addresses whose `X-Forwarded-For` is believed, comma-separated.
 pub const ENV_TRUSTED_PROXIES: &str = "TRUSTED_PROXIES";
+/// `API_KEYS`: keys the LLM-facing routes require, comma-separated (unset: open).
+pub const ENV_API_KEYS: &str = "API_KEYS";
+/// `API_KEYS_FILE`: a file of such keys, one per line.
+pub const ENV_API_KEYS_FILE: &str = "API_KEYS_FILE";
 
 /// The CODAP origins allowed by default, besides the gateway's own.
 const CODAP_ORIGINS: [&str; 2] = ["https://codap.concord.org", "https://codap3.concord.org"];
@@ -37,7 +41,8 @@ pub struct GatewayArgs {
     /// Public HTTP address: the REST API, SSE, polling and the browser WebSocket.
     #[arg(long, env = ENV_LISTEN, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
-    /// The relay's gRPC URL (split deployment); without it the relay runs in this process.
+    /// The relay's gRPC URL, e.g. http://relay:50051 (split deployment). `toolrelay` runs the
+    /// relay in its own process when this is unset; `toolrelay-gateway` needs it.
     #[arg(long, env = ENV_RELAY_URL)]
     pub relay_url: Option<String>,
     /// The URL the gateway is reached at from outside, e.g. https://relay.example.org (used in
@@ -51,15 +56,19 @@ pub struct GatewayArgs {
     /// Sessions one client address may create per minute.
     #[arg(long, env = ENV_RATE_LIMIT_SESSION, default_value_t = NonZeroU32::new(30).unwrap_or(NonZeroU32::MIN))]
     pub rate_limit_session_per_ip: NonZeroU32,
-    /// Calls one client address may make to one session per minute.
-    #[arg(long, env = ENV_RATE_LIMIT_REQUEST, default_value_t = NonZeroU32::new(60).unwrap_or(NonZeroU32::MIN))]
-    pub rate_limit_request_per_code: NonZeroU32,
-    /// Look-ups of unknown session codes one client address may make per minute.
-    #[arg(long, env = ENV_RATE_LIMIT_LOOKUP, default_value_t = NonZeroU32::new(30).unwrap_or(NonZeroU32::MIN))]
-    pub rate_limit_lookup_per_ip: NonZeroU32,
+    /// Built-in tool calls (outside a session) one client address may make per minute.
+    #[arg(long, env = ENV_RATE_LIMIT_TOOL, default_value_t = NonZeroU32::new(60).unwrap_or(NonZeroU32::MIN))]
+    pub rate_limit_tool_per_ip: NonZeroU32,
     /// Proxy addresses whose X-Forwarded-For header is trusted, comma-separated.
     #[arg(long, env = ENV_TRUSTED_PROXIES, value_delimiter = ',')]
     pub trusted_proxies: Vec<IpAddr>,
+    /// API keys the LLM-facing routes (calls, metadata, built-in tools, MCP) require as
+    /// `Authorization: Bearer <key>`, comma-separated. Unset: those routes are open.
+    #[arg(long, env = ENV_API_KEYS, value_delimiter = ',', hide_env_values = true)]
+    pub api_keys: Vec<String>,
+    /// A file of API keys, one per line (`#` starts a comment).
+    #[arg(long, env = ENV_API_KEYS_FILE)]
+    pub api_keys_file: Option<std::path::PathBuf>,
 }
 
 /// The gateway's settings.
@@ -75,6 +84,13 @@ pub struct GatewayConfig {
     pub trusted_proxies: Vec<IpAddr>,
     /// Largest response a provider may send over the WebSocket.
     pub max_provider_body: usize,
+    /// Deepest JSON nesting accepted (`MAX_JSON_DEPTH`).
+    pub max_json_depth: usize,
+    /// Keys the LLM-facing routes require, when the operator set some.
+    pub api_keys: Option<std::sync::Arc<crate::auth::ApiKeys>>,
+    /// Where a gateway alone keeps what it shares with other gateways (rate limits, MCP
+    /// sessions): `REDIS_URL`. In one process, the relay's store serves.
+    pub store: StoreConfig,
 }
 
 /// Rate limits, per minute.
@@ -82,10 +98,8 @@ pub struct GatewayConfig {
 pub struct RateLimits {
     /// Sessions created per client address.
     pub sessions_per_ip: NonZeroU32,
-    /// Calls per client address and session.
-    pub requests_per_code: NonZeroU32,
-    /// Unknown-code look-ups per client address.
-    pub lookups_per_ip: NonZeroU32,
+    /// Built-in tool calls per client address.
+    pub tools_per_ip: NonZeroU32,
 }
 
 impl GatewayConfig {
@@ -98,11 +112,13 @@ impl GatewayConfig {
             public_base_url,
             limits: RateLimits {
                 sessions_per_ip: thirty,
-                requests_per_code: NonZeroU32::new(60).unwrap_or(NonZeroU32::MIN),
-                lookups_per_ip: thirty,
+                tools_per_ip: NonZeroU32::new(60).unwrap_or(NonZeroU32::MIN),
             },
             trusted_proxies: Vec::new(),
             max_provider_body: MAX_PROVIDER_BODY,
+            max_json_depth: DEFAULT_MAX_JSON_DEPTH,
+            api_keys: None,
+            store: StoreConfig::Memory,
         })
     }
 }
@@ -111,7 +127,11 @@ impl GatewayArgs {
     /// The settings these flags describe, validated; errors name the variable to fix.
     /// `bound` is the address the public listener got (the real port when `LISTEN_ADDR`
     /// asked for port 0); the public base URL defaults to it.
-    pub fn gateway_config(&self, bound: SocketAddr) -> Result<GatewayConfig, String> {
+    pub fn gateway_config(
+        &self,
+        bound: SocketAddr,
+        service: &ServiceArgs,
+    ) -> Result<GatewayConfig, String> {
         let base = self
             .public_base_url
             .clone()
@@ -134,10 +154,14 @@ impl GatewayArgs {
         }
         config.limits = RateLimits {
             sessions_per_ip: self.rate_limit_session_per_ip,
-            requests_per_code: self.rate_limit_request_per_code,
-            lookups_per_ip: self.rate_limit_lookup_per_ip,
+            tools_per_ip: self.rate_limit_tool_per_ip,
         };
+        check_json_depth(service.max_json_depth)?;
+        config.max_json_depth = service.max_json_depth;
+        config.api_keys =
+            crate::auth::ApiKeys::load(&self.api_keys, self.api_keys_file.as_deref())?;
         config.trusted_proxies.clone_from(&self.trusted_proxies);
+        config.store = service.store_config();
         Ok(config)
     }
 }

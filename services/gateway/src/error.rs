@@ -44,6 +44,10 @@ pub struct ErrorBody {
     pub code: u16,
     /// Id of this request in the relay's logs (the `x-request-id` header).
     pub correlation_id: String,
+    /// The call this error leaves unfinished (when the relay restarted while you waited):
+    /// ask for its answer later with getCall instead of calling again.
+    #[oai(skip_serializing_if_is_none)]
+    pub request_id: Option<String>,
 }
 
 /// An error answer with its status.
@@ -64,6 +68,9 @@ pub enum ApiError {
     /// The requestId was used for a different call.
     #[oai(status = 409)]
     Conflict(Json<ErrorBody>),
+    /// The call ran but its answer is no longer kept (response_evicted).
+    #[oai(status = 410)]
+    Gone(Json<ErrorBody>),
     /// The body is too large.
     #[oai(status = 413)]
     TooLarge(Json<ErrorBody>),
@@ -94,6 +101,7 @@ impl ApiError {
             name: "rate_limited".into(),
             message: format!("Too many {what}. Wait {seconds} s, then try again."),
             retry_after: Some(Duration::from_secs(seconds)),
+            request_id: None,
         })
     }
 
@@ -105,6 +113,7 @@ impl ApiError {
             | Self::Forbidden(body)
             | Self::NotFound(body)
             | Self::Conflict(body)
+            | Self::Gone(body)
             | Self::TooLarge(body)
             | Self::TooManyRequests(body, _)
             | Self::Unavailable(body, _) => body.code,
@@ -120,6 +129,7 @@ impl From<ErrorInfo> for ApiError {
             message: error.message,
             code: status.as_u16(),
             correlation_id: correlation_id(),
+            request_id: error.request_id,
         });
         let retry_after = error.retry_after.map_or(1, |wait| wait.as_secs().max(1));
         tracing::debug!(status = status.as_u16(), error = %body.error, "request refused");
@@ -129,6 +139,7 @@ impl From<ErrorInfo> for ApiError {
             ErrorKind::Forbidden => Self::Forbidden(body),
             ErrorKind::NotFound => Self::NotFound(body),
             ErrorKind::Conflict => Self::Conflict(body),
+            ErrorKind::Gone => Self::Gone(body),
             ErrorKind::TooLarge => Self::TooLarge(body),
             ErrorKind::TooManyRequests => Self::TooManyRequests(body, retry_after),
             ErrorKind::Unavailable => Self::Unavailable(body, retry_after),
@@ -143,6 +154,7 @@ fn status_of(kind: ErrorKind) -> StatusCode {
         ErrorKind::Forbidden => StatusCode::FORBIDDEN,
         ErrorKind::NotFound => StatusCode::NOT_FOUND,
         ErrorKind::Conflict => StatusCode::CONFLICT,
+        ErrorKind::Gone => StatusCode::GONE,
         ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         ErrorKind::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
         ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
@@ -162,21 +174,45 @@ pub async fn normalise_errors<E: Endpoint>(next: E, request: Request) -> poem::R
         })
         .map_or_else(toolrelay_relay::code::random_id, str::to_owned);
     let path = request.uri().path().to_owned();
-    let span = tracing::info_span!("request", correlation_id = %id, method = %request.method(), path = %request.uri().path());
+    let span = tracing::info_span!(
+        "request",
+        correlation_id = %id,
+        method = %request.method(),
+        path = %toolrelay_relay::telemetry::redacted_path(request.uri().path()),
+    );
+    let started = std::time::Instant::now();
     let handled = CORRELATION_ID
         .scope(id.clone(), async {
-            match next.call(request).await {
+            let response = match next.call(request).await {
                 Ok(response) => response.into_response(),
                 Err(error) if error.is_from_response() => error.into_response(),
                 Err(error) if is_tool_route(&path) => tool_response_for(&path, &error),
                 Err(error) => response_for(&error),
+            };
+            // The access log, in the request's span (correlation id, method, path without
+            // secrets): refusals at info, the rest at debug. Never bodies or tokens.
+            let status = response.status().as_u16();
+            let duration_ms = toolrelay_relay::relay::millis(started.elapsed());
+            if status >= 400 {
+                tracing::info!(status, duration_ms, "request refused");
+            } else {
+                tracing::debug!(status, duration_ms, "request served");
             }
+            response
         })
         .instrument(span)
         .await;
     let mut response = handled;
     if let Ok(value) = id.parse() {
         response.headers_mut().insert(REQUEST_ID_HEADER, value);
+    }
+    if response.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        // The body was refused before it was read to its end: what is left of it on the
+        // connection would be taken for the next request, so the connection must close.
+        response.headers_mut().insert(
+            header::CONNECTION,
+            header::HeaderValue::from_static("close"),
+        );
     }
     Ok(response)
 }
@@ -322,6 +358,11 @@ fn response_for(error: &poem::Error) -> Response {
             status,
             "body_too_large",
             "The request body is too large (calls take up to 256 KB, tool responses up to 1 MB). Send less data.".to_owned(),
+        ),
+        status if status.is_client_error() && detail.contains("recursion limit exceeded") => (
+            StatusCode::BAD_REQUEST,
+            "nested_too_deeply",
+            "The JSON body is nested too deeply to read. Send flatter JSON (the relay accepts MAX_JSON_DEPTH levels, 32 unless its operator changed it).".to_owned(),
         ),
         status if status.is_client_error() => (
             StatusCode::BAD_REQUEST,

@@ -10,11 +10,13 @@
 //! * [`websocket`] — the provider WebSocket upgrade; [`plugin`] — the CODAP plugin's files;
 //!   [`mcp`] — the MCP endpoints (`/mcp`, `/mcp/s/{handle}`);
 //! * [`types`] — the JSON shapes of the API; [`error`] — error bodies and correlation ids;
-//! * [`limits`] — rate limits and client addresses; [`config`] — settings and flags.
+//! * [`limits`] — rate limits and client addresses; [`auth`] — API keys on the LLM side;
+//!   [`config`] — settings and flags.
 //!
 //! The gateway keeps no session state: sessions, calls and answers live in the relay.
 
 pub mod api;
+pub mod auth;
 pub mod config;
 pub mod error;
 pub mod limits;

@@ -13,38 +13,40 @@
 //! the relay's request timeout. Hosts and origins are checked by rmcp (allowed hosts from
 //! `PUBLIC_BASE_URL`, allowed origins from `CORS_ORIGIN`).
 
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use poem::endpoint::TowerCompatExt;
-use poem::{Endpoint, EndpointExt, Request};
+use poem::{Endpoint, EndpointExt, IntoResponse, Request};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    JsonObject, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ClientJsonRpcMessage, ContentBlock,
+    Implementation, JsonObject, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
     ServerCapabilities, ServerConfig, Tool,
 };
-use rmcp::service::RequestContext;
+use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Value, json};
 use toolrelay_relay::builtin::Scope;
-use toolrelay_relay::{CallInput, ErrorInfo, SessionCode};
+use toolrelay_relay::{CallInput, Caller, ErrorInfo, SessionCode};
 
 use crate::api::State;
 use crate::types::CallResponse;
 
 /// How often a call waiting for the tab reports progress.
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
+/// How often a watcher of a session's tools checks that its MCP client is still there.
+const CLIENT_CHECK_EVERY: Duration = Duration::from_secs(30);
 
 /// What the gateway tells a handler about the HTTP request (inserted by [`with_context`]).
 #[derive(Debug, Clone)]
 struct McpRequest {
     /// The `{handle}` of `/mcp/s/{handle}`.
     handle: Option<String>,
-    /// The client address, for rate limits.
-    client: IpAddr,
+    /// The client, for rate limits.
+    caller: Caller,
 }
 
 /// The MCP server of `/mcp` (scoped = false) or `/mcp/s/{handle}` (scoped = true).
@@ -112,21 +114,65 @@ fn with_port(origin: &str) -> String {
     }
 }
 
-/// Copies the path's `{handle}` and the client address into the request for the handler.
+/// Copies the path's `{handle}` and the client address into the request for the handler, and
+/// answers a body that is not a JSON-RPC message with a JSON-RPC error (rmcp answers it with
+/// a plain-text 415).
 fn with_context<E: Endpoint + 'static>(state: State, endpoint: E) -> impl Endpoint {
     endpoint.around(move |endpoint, mut request: Request| {
         let state = state.clone();
         async move {
+            if request.method() == poem::http::Method::POST {
+                // The body is in memory already (the body-limit middleware read it).
+                let body = request.take_body().into_bytes().await?;
+                if let Some(refusal) = unreadable_message(&body) {
+                    return Ok(refusal);
+                }
+                request.set_body(body);
+            }
             let context = McpRequest {
                 handle: request.raw_path_param("handle").map(str::to_owned),
-                client: state
-                    .limits
-                    .client_ip(request.remote_addr(), request.headers()),
+                caller: state.caller(&request),
             };
             request.extensions_mut().insert(context);
-            endpoint.call(request).await
+            endpoint
+                .call(request)
+                .await
+                .map(IntoResponse::into_response)
         }
     })
+}
+
+/// The JSON-RPC error for a body that is not JSON (-32700) or not a JSON-RPC message (-32600).
+fn unreadable_message(body: &[u8]) -> Option<poem::Response> {
+    let (code, message) = match serde_json::from_slice::<Value>(body) {
+        Err(error) => (
+            -32700,
+            format!("Parse error: the body is not JSON ({error})"),
+        ),
+        Ok(value) => match serde_json::from_value::<ClientJsonRpcMessage>(value) {
+            Ok(_) => return None,
+            Err(error) => (
+                -32600,
+                format!("Invalid Request: the body is not a JSON-RPC 2.0 message ({error})"),
+            ),
+        },
+    };
+    let body = json!({"jsonrpc": "2.0", "id": null, "error": {"code": code, "message": message}});
+    Some(
+        poem::Response::builder()
+            .status(poem::http::StatusCode::BAD_REQUEST)
+            .content_type("application/json")
+            .body(body.to_string()),
+    )
+}
+
+/// The client of an MCP request (an unknown one, if the gateway's context is missing, shares
+/// one budget with every other such request).
+fn caller_of(context: &RequestContext<RoleServer>) -> Caller {
+    request_of(context).map_or_else(
+        || Caller::new(std::net::IpAddr::from([0, 0, 0, 0])),
+        |request| request.caller,
+    )
 }
 
 fn request_of(context: &RequestContext<RoleServer>) -> Option<McpRequest> {
@@ -206,20 +252,23 @@ impl RelayMcp {
         let handle = request_of(context)
             .and_then(|request| request.handle)
             .unwrap_or_default();
-        self.state.relay.resolve_handle(&handle).await
+        self.state
+            .relay
+            .resolve_handle(&caller_of(context), &handle)
+            .await
     }
 
     /// A session given as a handle or a pairing code.
-    async fn session_code(&self, session: &str) -> Result<String, ErrorInfo> {
+    async fn session_code(&self, caller: &Caller, session: &str) -> Result<String, ErrorInfo> {
         if SessionCode::parse(session).is_ok() {
             return Ok(session.to_owned());
         }
-        self.state.relay.resolve_handle(session).await
+        self.state.relay.resolve_handle(caller, session).await
     }
 
     /// The session's tools, as MCP tools.
-    async fn session_tools(&self, code: &str) -> Result<Vec<Tool>, ErrorInfo> {
-        let manifest = self.state.relay.manifest(code).await?;
+    async fn session_tools(&self, caller: &Caller, code: &str) -> Result<Vec<Tool>, ErrorInfo> {
+        let manifest = self.state.relay.manifest(caller, code).await?;
         Ok(manifest
             .flat()
             .tools
@@ -236,19 +285,14 @@ impl RelayMcp {
         arguments: Value,
         context: &RequestContext<RoleServer>,
     ) -> CallToolResult {
-        let client = request_of(context).map(|request| request.client);
-        if let Some(client) = client
-            && let Err(limited) = self.state.limits.call(client, code)
-        {
-            return failure("rate_limited", &limited_message(&limited));
-        }
+        let caller = &caller_of(context);
         let relay = &self.state.relay;
         let call = CallInput {
             function_name: name.to_owned(),
             args: arguments,
             ..CallInput::default()
         };
-        let mut view = match relay.submit(code, call).await {
+        let mut view = match relay.submit(caller, code, call).await {
             Ok(view) => view,
             Err(error) => return from_error(&error),
         };
@@ -256,7 +300,7 @@ impl RelayMcp {
         let mut waited = 0.0;
         while view.response.is_none() {
             tokio::select! {
-                next = relay.await_response(code, &view.request_id, PROGRESS_EVERY) => match next {
+                next = relay.await_response(caller, code, &view.request_id, PROGRESS_EVERY) => match next {
                     Ok(next) => view = next,
                     Err(error) => return from_error(&error),
                 },
@@ -266,8 +310,12 @@ impl RelayMcp {
                 && let Some(token) = token.clone()
             {
                 waited += PROGRESS_EVERY.as_secs_f64();
-                let note = ProgressNotificationParam::new(token, waited)
-                    .with_message(format!("Waiting for the tab to answer ({waited:.0} s)"));
+                let message = if view.provider_connected {
+                    format!("Waiting for the tab to answer ({waited:.0} s)")
+                } else {
+                    format!("{} ({waited:.0} s)", crate::types::NO_TAB)
+                };
+                let note = ProgressNotificationParam::new(token, waited).with_message(message);
                 let _ = context.peer.notify_progress(note).await;
             }
         }
@@ -295,10 +343,13 @@ impl RelayMcp {
         arguments: Value,
         context: &RequestContext<RoleServer>,
     ) -> CallToolResult {
-        if let Some(request) = request_of(context)
-            && let Err(limited) = self.state.limits.tool_call(request.client)
+        if let Err(limited) = self
+            .state
+            .limits
+            .tool_call(caller_of(context).address)
+            .await
         {
-            return failure("rate_limited", &limited.message);
+            return failure(&limited.name, &limited.message);
         }
         let scope = mcp_session_of(context).map_or(Scope::None, Scope::Mcp);
         match self.state.relay.call_tool(name, arguments, scope).await {
@@ -319,6 +370,7 @@ impl RelayMcp {
                 .and_then(Value::as_str)
                 .map(str::to_owned)
         };
+        let caller = &caller_of(context);
         match name {
             "connect_session" => {
                 let Some(code) = text("code") else {
@@ -327,17 +379,19 @@ impl RelayMcp {
                         "connect_session needs {\"code\": \"<pairing code>\"}: ask the user for the code shown in the plugin.",
                     );
                 };
-                let status = match self.state.relay.session_status(&code).await {
+                let status = match self.state.relay.session_status(caller, &code).await {
                     Ok(status) => status,
                     Err(error) => return from_error(&error),
                 };
-                let tools = match self.session_tools(&code).await {
+                let tools = match self.session_tools(caller, &code).await {
                     Ok(tools) => tools,
                     Err(error) => return from_error(&error),
                 };
                 success(json!({
                     "handle": status.mcp_handle,
-                    "code": status.code.display(),
+                    // The plain form for programs; the hyphenated one to show people.
+                    "code": status.code.as_str(),
+                    "displayCode": status.code.display(),
                     "connectorUrl": self.state.url(&format!("/mcp/s/{}", status.mcp_handle)),
                     "expiresAt": status.expires_at.rfc3339(),
                     "tools": tools.iter().map(|t| json!({"name": t.name, "description": t.description})).collect::<Vec<_>>(),
@@ -350,8 +404,8 @@ impl RelayMcp {
                         "list_session_tools needs {\"session\": \"<handle or code>\"}.",
                     );
                 };
-                let tools = match self.session_code(&session).await {
-                    Ok(code) => self.session_tools(&code).await,
+                let tools = match self.session_code(caller, &session).await {
+                    Ok(code) => self.session_tools(caller, &code).await,
                     Err(error) => Err(error),
                 };
                 match tools {
@@ -369,7 +423,7 @@ impl RelayMcp {
                     );
                 };
                 let arguments = arguments.get("arguments").cloned().unwrap_or(Value::Null);
-                match self.session_code(&session).await {
+                match self.session_code(caller, &session).await {
                     Ok(code) => {
                         self.call_in_session(&code, &tool_name, arguments, context)
                             .await
@@ -378,14 +432,6 @@ impl RelayMcp {
                 }
             }
         }
-    }
-}
-
-fn limited_message(error: &crate::error::ApiError) -> String {
-    use crate::error::ApiError;
-    match error {
-        ApiError::TooManyRequests(body, _) => body.message.clone(),
-        _ => "Too many calls; wait a moment.".to_owned(),
     }
 }
 
@@ -406,6 +452,53 @@ impl ServerHandler for RelayMcp {
         .with_instructions(instructions.to_owned())
     }
 
+    /// On `/mcp/s/{handle}`, tells the client each time the session's tools change (the tab
+    /// reloads, registers more), for as long as the client stays and the session lives.
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        if !self.scoped {
+            return;
+        }
+        let Some(request) = context
+            .extensions
+            .get::<poem::http::request::Parts>()
+            .and_then(|parts| parts.extensions.get::<McpRequest>())
+            .cloned()
+        else {
+            return;
+        };
+        let relay = Arc::clone(&self.state.relay);
+        let stopping = self.state.shutdown.clone();
+        let peer = context.peer;
+        tokio::spawn(async move {
+            let handle = request.handle.unwrap_or_default();
+            let Ok(code) = relay.resolve_handle(&request.caller, &handle).await else {
+                return;
+            };
+            let Ok(mut changes) = relay.manifest_changes(&request.caller, &code).await else {
+                return;
+            };
+            let mut still_there = tokio::time::interval(CLIENT_CHECK_EVERY);
+            loop {
+                tokio::select! {
+                    change = changes.next() => match change {
+                        Some(()) => {
+                            if peer.notify_tool_list_changed().await.is_err() {
+                                return;
+                            }
+                        }
+                        None => return,
+                    },
+                    _ = still_there.tick() => {
+                        if peer.is_transport_closed() {
+                            return;
+                        }
+                    }
+                    () = stopping.cancelled() => return,
+                }
+            }
+        });
+    }
+
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
@@ -413,7 +506,7 @@ impl ServerHandler for RelayMcp {
     ) -> Result<ListToolsResult, McpError> {
         if self.scoped {
             let tools = match self.scoped_code(&context).await {
-                Ok(code) => self.session_tools(&code).await,
+                Ok(code) => self.session_tools(&caller_of(&context), &code).await,
                 Err(error) => Err(error),
             };
             return tools.map(ListToolsResult::with_all_items).map_err(|error| {

@@ -51,6 +51,23 @@ const FILES: &[(&str, &str, &str)] = &[
     ),
 ];
 
+/// The page people see when they open the relay's address: what this is, and where to go.
+const LANDING: &str = include_str!("landing.html");
+
+/// The page of `GET /`: what this server is, with the plugin, the connector URL, the GPT
+/// Actions file and the API documents, all under the public base URL.
+pub fn landing_page(public_base_url: &str) -> String {
+    LANDING.replace("{{BASE}}", &escape_html(public_base_url))
+}
+
+/// `text` safe inside HTML text and attribute values.
+fn escape_html(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
 /// `/codap` → `/codap/`, so relative URLs resolve.
 #[handler]
 pub fn plugin_root() -> Response {

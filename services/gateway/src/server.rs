@@ -7,15 +7,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use poem::http::{Method, StatusCode, header};
-use poem::listener::TcpAcceptor;
+use poem::listener::{Acceptor, TcpAcceptor};
 use poem::middleware::Cors;
 use poem::web::Data;
 use poem::{Endpoint, EndpointExt, IntoResponse, Request, Response, Route, Server, get, handler};
 use poem_openapi::OpenApiService;
 use tokio::net::TcpListener;
-use toolrelay_relay::remote::RemoteRelay;
-use toolrelay_relay::server::local;
-use toolrelay_relay::{Relay, RelayApi};
+use toolrelay_relay::clock::Clock;
+use toolrelay_relay::remote::{RemoteOptions, RemoteRelay};
+use toolrelay_relay::server::{local, open_store};
+use toolrelay_relay::store::Store;
+use toolrelay_relay::store::memory::StoreLimits;
+use toolrelay_relay::{Drain, Relay, RelayApi};
 
 use crate::api::discovery::DiscoveryApi;
 use crate::api::legacy::LegacyApi;
@@ -30,18 +33,28 @@ use crate::{mcp, plugin, websocket};
 
 /// Title of the API in its spec.
 const TITLE: &str = "toolrelay";
-/// How long connections may take to finish after a shutdown signal.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
-/// How often rate-limit state of idle clients is dropped.
-const SHRINK_INTERVAL: Duration = Duration::from_secs(60);
+/// How long connections may take to close once the drain has ended.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The gateway's state over `relay`.
-pub fn gateway(relay: Arc<dyn RelayApi>, config: GatewayConfig) -> State {
+/// The gateway's state over `relay`, stopping with `drain`, keeping what it shares with other
+/// gateways (rate limits) in `store`.
+pub fn gateway(
+    relay: Arc<dyn RelayApi>,
+    config: GatewayConfig,
+    drain: Drain,
+    store: Arc<dyn Store>,
+) -> State {
     Arc::new(Gateway {
-        limits: Limiters::new(&config.limits, config.trusted_proxies.clone()),
+        limits: Limiters::new(
+            config.limits,
+            config.trusted_proxies.clone(),
+            store,
+            Clock::new(),
+        ),
         relay,
         config,
         shutdown: tokio_util::sync::CancellationToken::new(),
+        drain,
     })
 }
 
@@ -66,10 +79,11 @@ pub fn api_service(
             state: state.clone(),
         },
     );
+    // No `summary`: poem-openapi writes OpenAPI 3.0, where `info.summary` does not exist.
     OpenApiService::new(apis, TITLE, env!("CARGO_PKG_VERSION"))
-        .summary("Lets an LLM call tools that live in a browser tab, paired by a short code.")
         .description(
-            "An LLM calls tools that run in the user's browser tab (a CODAP plugin) or in a backend. \
+            "Lets an LLM call tools that live in a browser tab, paired by a short code. \
+             An LLM calls tools that run in the user's browser tab (a CODAP plugin) or in a backend. \
              Ask the user for the pairing code shown in the tab, GET /api/sessions/{code}/metadata for \
              the tools, then POST /api/sessions/{code}/call.",
         )
@@ -87,12 +101,156 @@ pub fn actions_service(state: &State) -> OpenApiService<LlmApi, ()> {
         .server(state.config.public_base_url.clone())
 }
 
+/// The generated documents, each path once with all its methods.
+pub struct Documents {
+    /// `/openapi.json`: the whole API.
+    pub openapi_json: String,
+    /// `/openapi.yaml`: the same, as YAML.
+    pub openapi_yaml: String,
+    /// `/openapi/actions.json`: the LLM-side operations, for GPT Actions.
+    pub actions_json: String,
+}
+
+impl Documents {
+    /// The documents of the gateway `state`.
+    pub fn of(state: &State) -> Self {
+        let keyed = state.config.api_keys.is_some();
+        let mut openapi = merged_paths(&api_service(state).spec());
+        let mut actions = merged_paths(&actions_service(state).spec());
+        declare_authorization(&mut openapi, keyed);
+        declare_authorization(&mut actions, keyed);
+        let pretty = |value: &serde_json::Value| {
+            serde_json::to_string_pretty(value).unwrap_or_else(|_| "{}".to_owned())
+        };
+        Self {
+            openapi_json: pretty(&openapi),
+            openapi_yaml: serde_yaml::to_string(&openapi).unwrap_or_default(),
+            actions_json: pretty(&actions),
+        }
+    }
+}
+
+/// Says in a document how the LLM side is authorised: with API keys, a bearer scheme on every
+/// LLM-side operation (so GPT Actions sends the key) and 401 meaning a missing or wrong key;
+/// without, no 401/403 on those operations, which only the tab's provider token can cause.
+fn declare_authorization(spec: &mut serde_json::Value, keyed: bool) {
+    use serde_json::{Value, json};
+    let Some(paths) = spec.get_mut("paths").and_then(Value::as_object_mut) else {
+        return;
+    };
+    for (path, item) in paths.iter_mut() {
+        let Some(operations) = item.as_object_mut() else {
+            continue;
+        };
+        for (method, operation) in operations.iter_mut() {
+            let Ok(method) = method.to_ascii_uppercase().parse::<Method>() else {
+                continue;
+            };
+            // Path templates such as `{code}` are segments like any other here.
+            if !crate::auth::is_llm_route(&method, path) {
+                continue;
+            }
+            let Some(responses) = operation
+                .get_mut("responses")
+                .and_then(Value::as_object_mut)
+            else {
+                continue;
+            };
+            responses.remove("403");
+            if keyed {
+                responses.insert(
+                    "401".into(),
+                    json!({"description": "The API key is missing or wrong: send Authorization: Bearer <key>."}),
+                );
+                operation["security"] = json!([{"apiKey": []}]);
+            } else {
+                responses.remove("401");
+            }
+        }
+    }
+    if keyed {
+        let components = spec
+            .as_object_mut()
+            .map(|spec| spec.entry("components").or_insert_with(|| json!({})));
+        if let Some(Value::Object(components)) = components {
+            components.insert(
+                "securitySchemes".into(),
+                json!({"apiKey": {"type": "http", "scheme": "bearer",
+                    "description": "An API key from the relay's operator."}}),
+            );
+        }
+    }
+}
+
+/// A generated document with the operations of a path that several API groups share (the LLM
+/// and the tab both use `/api/sessions/{code}/response`, say) under that path once: poem-openapi
+/// writes the path once per group, and a JSON parser would keep only the last.
+fn merged_paths(spec: &str) -> serde_json::Value {
+    use serde::de::{Deserializer, MapAccess, Visitor};
+    use serde_json::{Map, Value};
+
+    /// A JSON object whose repeated keys have their object values merged.
+    struct Merging(Map<String, Value>);
+    impl<'de> serde::Deserialize<'de> for Merging {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            struct Entries;
+            impl<'de> Visitor<'de> for Entries {
+                type Value = Merging;
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("an object")
+                }
+                fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Merging, A::Error> {
+                    let mut merged = Map::new();
+                    while let Some((key, value)) = map.next_entry::<String, Value>()? {
+                        match (merged.get_mut(&key), value) {
+                            (Some(Value::Object(existing)), Value::Object(more)) => {
+                                existing.extend(more);
+                            }
+                            (_, value) => {
+                                merged.insert(key, value);
+                            }
+                        }
+                    }
+                    Ok(Merging(merged))
+                }
+            }
+            deserializer.deserialize_map(Entries)
+        }
+    }
+
+    #[derive(serde::Deserialize)]
+    struct Spec {
+        paths: Merging,
+        #[serde(flatten)]
+        rest: Map<String, Value>,
+    }
+    // poem-openapi's own output: it parses.
+    let Ok(spec) = serde_json::from_str::<Spec>(spec) else {
+        return Value::Null;
+    };
+    let mut rest = spec.rest;
+    // Keep the field order of the original document: "paths" goes before "components".
+    let mut ordered = Map::new();
+    for (key, value) in std::mem::take(&mut rest) {
+        if key == "components" {
+            ordered.insert("paths".to_owned(), Value::Object(spec.paths.0.clone()));
+        }
+        ordered.insert(key, value);
+    }
+    ordered
+        .entry("paths")
+        .or_insert_with(|| Value::Object(spec.paths.0));
+    Value::Object(ordered)
+}
+
 /// The HTTP application: routes and middleware.
 pub fn app(state: State) -> impl Endpoint<Output = Response> {
+    let Documents {
+        openapi_json: spec_json,
+        openapi_yaml: spec_yaml,
+        actions_json,
+    } = Documents::of(&state);
     let api = api_service(&state);
-    let spec_json = api.spec();
-    let spec_yaml = api.spec_yaml();
-    let actions_json = actions_service(&state).spec();
     let cors = Cors::new()
         .allow_origins(state.config.cors_origins.iter().map(String::as_str))
         .allow_methods([
@@ -111,6 +269,7 @@ pub fn app(state: State) -> impl Endpoint<Output = Response> {
         .expose_headers([REQUEST_ID_HEADER, header::RETRY_AFTER.as_str()])
         .max_age(3600);
     let (mcp_root, mcp_session) = mcp::endpoints(&state);
+    let keys = state.config.api_keys.clone();
     Route::new()
         .at("/mcp", mcp_root)
         .at("/mcp/s/:handle", mcp_session)
@@ -133,60 +292,70 @@ pub fn app(state: State) -> impl Endpoint<Output = Response> {
         .nest("/", api)
         .data(state)
         .around(limit_body)
+        .around(move |next, request| crate::auth::require_api_key(keys.clone(), next, request))
         .with(cors)
         .around(normalise_errors)
         .around(open_cors)
         .map_to_response()
 }
 
-/// Serves the gateway on `listener` until `shutdown` completes, then drains connections.
-pub async fn run(
-    state: State,
-    listener: TcpListener,
-    shutdown: impl Future<Output = ()>,
-) -> std::io::Result<()> {
-    let shrink = {
-        let state = state.clone();
-        tokio::spawn(async move {
-            let mut ticks = tokio::time::interval(SHRINK_INTERVAL);
-            loop {
-                ticks.tick().await;
-                state.limits.shrink();
-            }
-        })
-    };
-    let acceptor = TcpAcceptor::from_tokio(listener)?;
+/// Serves the gateway on `listener` until its drain ends (see [`toolrelay_relay::drain`]):
+/// during the drain it keeps accepting connections, because tabs still poll and answer over
+/// them; new work is refused by the relay operations. Then it closes its connections.
+pub async fn run(state: State, listener: TcpListener) -> std::io::Result<()> {
+    let acceptor = NoDelay(TcpAcceptor::from_tokio(listener)?);
     let stopping = state.shutdown.clone();
-    let shutdown = async move {
-        shutdown.await;
-        // Long-lived MCP streams end now rather than at the drain timeout.
+    let ended = state.drain.ended();
+    let stop = async move {
+        ended.await;
+        // Long-lived MCP streams end now rather than at the close timeout.
         stopping.cancel();
     };
-    let served = Server::new_with_acceptor(acceptor)
-        .run_with_graceful_shutdown(app(state), shutdown, Some(DRAIN_TIMEOUT))
-        .await;
-    shrink.abort();
-    served
+    Server::new_with_acceptor(acceptor)
+        .run_with_graceful_shutdown(app(state), stop, Some(CLOSE_TIMEOUT))
+        .await
 }
 
 /// The gateway alone on `public`, in front of the relay at `relay_url` (gRPC), until
-/// `shutdown` completes; `name` opens its "listening" log line.
+/// `shutdown` completes and a drain of up to `drain_timeout` has run; `name` opens its
+/// "listening" log line.
 pub async fn run_split(
     name: &str,
     relay_url: &str,
     config: GatewayConfig,
+    drain_timeout: Duration,
     public: TcpListener,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), String> {
-    let relay = RemoteRelay::connect_lazy(relay_url)?;
+    let drain = Drain::new();
+    let options = RemoteOptions {
+        max_json_depth: config.max_json_depth,
+        drain: drain.clone(),
+    };
+    let relay = RemoteRelay::connect_lazy(relay_url, options)
+        .map_err(|error| format!("{}: {error}", crate::config::ENV_RELAY_URL))?;
+    let store = open_store(
+        &config.store,
+        &Clock::new(),
+        StoreLimits::keeping(Duration::from_secs(60)),
+    )
+    .await?;
     tracing::info!(listen = %local(&public), relay = %relay_url, "{name} listening");
-    run(gateway(Arc::new(relay), config), public, shutdown)
-        .await
-        .map_err(|error| error.to_string())
+    let state = gateway(Arc::new(relay), config, drain.clone(), store);
+    let serving = tokio::spawn(run(state, public));
+    shutdown.await;
+    tracing::info!("draining: refusing new work, waiting for delivered calls to be answered");
+    let unanswered = drain.run(drain_timeout).await;
+    tracing::info!(unanswered, "drained: closing connections");
+    match serving.await {
+        Ok(served) => served.map_err(|error| error.to_string()),
+        Err(_) => Err("the gateway task panicked".into()),
+    }
 }
 
 /// The one-process system: the gateway on `public` and the relay's gRPC service on `grpc`,
-/// sharing one in-process relay, until `shutdown` completes.
+/// sharing one in-process relay and one drain, until `shutdown` completes and the drain has
+/// run.
 pub async fn run_all(
     relay: Relay,
     config: GatewayConfig,
@@ -194,39 +363,58 @@ pub async fn run_all(
     grpc: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), String> {
-    let (stop, stopped) = tokio::sync::watch::channel(false);
     let relay_listeners = toolrelay_relay::server::Listeners {
         grpc,
         websocket: None,
     };
-    let relay_task = {
-        let relay = relay.clone();
-        let mut stopped = stopped.clone();
-        tokio::spawn(async move {
-            let signal = async move {
-                let _ = stopped.wait_for(|stop| *stop).await;
-            };
-            toolrelay_relay::server::run(relay, relay_listeners, signal).await
-        })
-    };
-    let state = gateway(Arc::new(relay.clone()), config);
-    let mut gateway_stopped = stopped;
-    let gateway_signal = async move {
-        let _ = gateway_stopped.wait_for(|stop| *stop).await;
-    };
-    let gateway_task = tokio::spawn(run(state, public, gateway_signal));
-    shutdown.await;
-    tracing::info!("shutting down");
-    // Tabs first: they are told to reconnect before their connections are drained.
-    relay.shutdown();
-    let _ = stop.send(true);
-    let gateway_result = gateway_task.await;
+    // The relay's server runs the drain when `shutdown` completes; the gateway stops when it
+    // has ended.
+    let relay_task = tokio::spawn(toolrelay_relay::server::run(
+        relay.clone(),
+        relay_listeners,
+        shutdown,
+    ));
+    let state = gateway(
+        Arc::new(relay.clone()),
+        config,
+        relay.drain().clone(),
+        Arc::clone(relay.store()),
+    );
+    let gateway_task = tokio::spawn(run(state, public));
     let relay_result = relay_task.await;
+    // The relay stopped: on a signal after its drain, or on its own after an error.
+    relay.shutdown();
+    let gateway_result = gateway_task.await;
     match (gateway_result, relay_result) {
         (Ok(Ok(())), Ok(Ok(()))) => Ok(()),
         (Ok(Err(error)), _) => Err(format!("the gateway failed: {error}")),
         (_, Ok(Err(error))) => Err(format!("the relay failed: {error}")),
         _ => Err("a server task panicked".into()),
+    }
+}
+
+/// Accepts connections with Nagle's algorithm off (poem leaves it on): answers and frames are
+/// small and wanted now.
+pub struct NoDelay(pub TcpAcceptor);
+
+impl Acceptor for NoDelay {
+    type Io = tokio::net::TcpStream;
+
+    fn local_addr(&self) -> Vec<poem::web::LocalAddr> {
+        self.0.local_addr()
+    }
+
+    async fn accept(
+        &mut self,
+    ) -> std::io::Result<(
+        Self::Io,
+        poem::web::LocalAddr,
+        poem::web::RemoteAddr,
+        poem::http::uri::Scheme,
+    )> {
+        let accepted = self.0.accept().await?;
+        toolrelay_relay::server::no_delay(&accepted.0);
+        Ok(accepted)
     }
 }
 
@@ -301,4 +489,19 @@ async fn limit_body<E: Endpoint>(next: E, mut request: Request) -> poem::Result<
         }
     }
     next.call(request).await.map(IntoResponse::into_response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn accepted_http_connections_have_nagle_off() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let mut acceptor = NoDelay(TcpAcceptor::from_tokio(listener).unwrap());
+        let _client = tokio::net::TcpStream::connect(address).await.unwrap();
+        let (stream, ..) = acceptor.accept().await.unwrap();
+        assert!(stream.nodelay().unwrap());
+    }
 }

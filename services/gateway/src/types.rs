@@ -14,8 +14,11 @@ use toolrelay_relay::{NewSession, RequestView, SessionStatus};
 /// A call's arguments: a JSON object.
 pub type Arguments = BTreeMap<String, Value>;
 
-/// Longest result, in characters of JSON, an LLM receives.
+/// Longest payload, in characters of JSON, an LLM receives.
 pub const MAX_LLM_CHARS: usize = 100_000;
+/// Longest result inside such a payload, as it is written in it (escapes included): room is
+/// left for the rest of the answer.
+const MAX_RESULT_CHARS: usize = MAX_LLM_CHARS - 2_000;
 
 /// Where a call stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Enum)]
@@ -55,6 +58,8 @@ pub struct CreatedSession {
     pub ttl: u64,
     /// When the session expires unless there is activity (RFC 3339).
     pub expires_at: String,
+    /// When it ends however active it is (its maximum lifetime, RFC 3339).
+    pub max_expires_at: String,
     /// Secret for the tab: attaching, registering tools and answering calls need it.
     pub provider_token: String,
     /// The session's MCP server: paste it into an MCP client's connector settings.
@@ -68,6 +73,7 @@ impl CreatedSession {
             code: session.code.as_str().to_owned(),
             ttl: session.ttl.as_secs(),
             expires_at: session.expires_at.rfc3339(),
+            max_expires_at: session.max_expires_at.rfc3339(),
             connector_url: format!("{base}/mcp/s/{}", session.mcp_handle),
             provider_token: session.provider_token,
         }
@@ -84,10 +90,11 @@ pub struct SessionInfo {
     pub created_at: String,
     /// When it expires unless there is activity (RFC 3339).
     pub expires_at: String,
+    /// When it ends however active it is (its maximum lifetime, RFC 3339).
+    pub max_expires_at: String,
     /// Whether a tab (or backend provider) is connected.
     pub provider_connected: bool,
-    /// How it is connected: websocket, sse, polling or grpc.
-    #[oai(skip_serializing_if_is_none)]
+    /// How it is connected: websocket, sse, polling or grpc; null when nothing is connected.
     pub transport: Option<String>,
     /// Number of functions the session offers.
     pub tool_count: u64,
@@ -101,6 +108,7 @@ impl From<SessionStatus> for SessionInfo {
             code: status.code.as_str().to_owned(),
             created_at: status.created_at.rfc3339(),
             expires_at: status.expires_at.rfc3339(),
+            max_expires_at: status.max_expires_at.rfc3339(),
             provider_connected: status.transport.is_some(),
             transport: status.transport.map(|t| t.as_str().to_owned()),
             tool_count: status.tool_count as u64,
@@ -243,6 +251,29 @@ pub struct Queued {
     pub request_id: String,
     /// Its status.
     pub status: Status,
+    /// Whether the user's tab is connected to run it; false: ask the user to open the plugin.
+    pub provider_connected: bool,
+    /// What to do when no tab is connected.
+    #[oai(skip_serializing_if_is_none)]
+    pub message: Option<String>,
+}
+
+/// What an LLM should tell the user when no tab is connected to run its call.
+pub const NO_TAB: &str = "No tab is connected to this session, so the call waits in the queue: ask the user to open the plugin (where the pairing code is shown) and keep it open. The call runs when the tab connects.";
+
+fn no_tab_message(view: &RequestView) -> Option<String> {
+    (!view.provider_connected).then(|| format!("{NO_TAB} Check it with getCall and its requestId."))
+}
+
+impl From<RequestView> for Queued {
+    fn from(view: RequestView) -> Self {
+        Self {
+            message: no_tab_message(&view),
+            provider_connected: view.provider_connected,
+            request_id: view.request_id,
+            status: view.status.into(),
+        }
+    }
 }
 
 /// Why a call failed.
@@ -292,15 +323,25 @@ impl From<ToolResponse> for CallResponse {
         if let Some(result) = response.result {
             let text = result.to_string();
             let length = text.chars().count();
-            if length > MAX_LLM_CHARS {
+            if length > MAX_RESULT_CHARS {
+                // Cut where the cut text, written as a JSON string, still fits.
+                let mut written = 2;
                 let cut = text
                     .char_indices()
-                    .nth(MAX_LLM_CHARS)
+                    .find(|(_, c)| {
+                        written += match c {
+                            '"' | '\\' => 2,
+                            c if u32::from(*c) < 0x20 => 6,
+                            _ => 1,
+                        };
+                        written > MAX_RESULT_CHARS
+                    })
                     .map_or(text.len(), |(at, _)| at);
+                let kept = text[..cut].chars().count();
                 answer.result = Some(Value::String(text[..cut].to_owned()));
                 answer.truncated = Some(true);
                 answer.note = Some(format!(
-                    "The result was {length} characters of JSON and was cut to the first {MAX_LLM_CHARS}. Ask for less: filter, select fewer attributes or cases, or page through them."
+                    "The result was {length} characters of JSON and was cut to the first {kept}. Ask for less: filter, select fewer attributes or cases, or page through them."
                 ));
             } else {
                 answer.result = Some(result);
@@ -321,11 +362,18 @@ pub struct CallState {
     /// Its answer (completed, failed or expired).
     #[oai(skip_serializing_if_is_none)]
     pub response: Option<CallResponse>,
+    /// Whether the user's tab is connected to run it; false: ask the user to open the plugin.
+    pub provider_connected: bool,
+    /// What to do when no tab is connected.
+    #[oai(skip_serializing_if_is_none)]
+    pub message: Option<String>,
 }
 
 impl From<RequestView> for CallState {
     fn from(view: RequestView) -> Self {
         Self {
+            message: no_tab_message(&view),
+            provider_connected: view.provider_connected,
             request_id: view.request_id,
             status: view.status.into(),
             response: view.response.map(CallResponse::from),
@@ -434,8 +482,23 @@ mod tests {
         let Some(Value::String(cut)) = &answer.result else {
             panic!("a string")
         };
-        assert_eq!(cut.chars().count(), MAX_LLM_CHARS);
+        assert!(cut.chars().count() > MAX_RESULT_CHARS - 10);
+        let written = poem_openapi::types::ToJSON::to_json_string(&answer)
+            .chars()
+            .count();
+        assert!(written < MAX_LLM_CHARS, "{written}");
         assert!(answer.note.unwrap().contains("Ask for less"));
+        // Quotes double when written: the cut still fits.
+        let quoted = CallResponse::from(ToolResponse {
+            request_id: "r".into(),
+            success: true,
+            result: Some(json!(["\"".repeat(80_000)])),
+            error: None,
+        });
+        let written = poem_openapi::types::ToJSON::to_json_string(&quoted)
+            .chars()
+            .count();
+        assert!(written < MAX_LLM_CHARS, "{written}");
 
         let small = CallResponse::from(ToolResponse {
             request_id: "r".into(),

@@ -11,8 +11,8 @@ use poem::web::{Data, Path, Query};
 use poem::{Request, Response, handler};
 use serde::Deserialize;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
-use toolrelay_relay::Transport;
-use toolrelay_relay::ws::{serve_upgraded, websocket_config};
+use toolrelay_relay::ws::{SocketSettings, serve_upgraded, websocket_config};
+use toolrelay_relay::{AnswerLimits, Transport};
 
 use crate::api::{Client, State};
 use crate::error::error_response;
@@ -30,7 +30,7 @@ pub async fn provider_socket(
     Path(code): Path<String>,
     Query(query): Query<SocketQuery>,
     Data(state): Data<&State>,
-    Client(ip): Client,
+    Client(caller): Client,
 ) -> Response {
     let headers = request.headers();
     let wants_websocket = headers
@@ -50,9 +50,6 @@ pub async fn provider_socket(
             "This is the provider WebSocket: connect with a WebSocket client to /api/sessions/{code}/ws?token=<providerToken>.".into(),
         );
     };
-    if let Err(error) = state.limits.check_lookups(ip) {
-        return poem::IntoResponse::into_response(error);
-    }
     let upgrade = match request.take_upgrade() {
         Ok(upgrade) => upgrade,
         Err(error) => {
@@ -69,19 +66,18 @@ pub async fn provider_socket(
         let Ok(connection) = upgrade.await else {
             return;
         };
+        // A refused attach (an unknown code, a blocked address) is an error frame and a close:
+        // a browser cannot read the status of a refused upgrade.
         let link = state
             .relay
-            .attach(&code, query.token.as_deref(), Transport::WebSocket)
+            .attach(&caller, &code, query.token.as_deref(), Transport::WebSocket)
             .await;
-        if link
-            .as_ref()
-            .is_err_and(|error| error.name == "session_not_found")
-        {
-            // The refusal frame says "not found" either way; the count blocks later look-ups.
-            let _ = state.limits.unknown_code(ip);
-        }
-        let config = websocket_config(state.config.max_provider_body);
-        serve_upgraded(connection, config, link).await;
+        let settings = SocketSettings {
+            config: websocket_config(state.config.max_provider_body),
+            answers: AnswerLimits::depth_only(state.config.max_json_depth),
+            drain: state.drain.clone(),
+        };
+        serve_upgraded(connection, &settings, link).await;
     });
 
     Response::builder()

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 use toolrelay_gateway::config::GatewayConfig;
-use toolrelay_gateway::server::{actions_service, api_service, gateway};
+use toolrelay_gateway::server::{Documents, gateway};
 use toolrelay_relay::RelayConfig;
 use toolrelay_relay::server::memory_relay;
 
@@ -27,13 +27,18 @@ fn repo_file(name: &str) -> PathBuf {
 }
 
 fn documents() -> Vec<(&'static str, String)> {
+    let relay = memory_relay(RelayConfig::default());
+    let store = Arc::clone(relay.store());
     let state = gateway(
-        Arc::new(memory_relay(RelayConfig::default())),
+        Arc::new(relay),
         GatewayConfig::new(DOCUMENTED_BASE).unwrap(),
+        toolrelay_relay::Drain::new(),
+        store,
     );
+    let documents = Documents::of(&state);
     vec![
-        ("openapi.json", api_service(&state).spec()),
-        ("actions.json", actions_service(&state).spec()),
+        ("openapi.json", documents.openapi_json),
+        ("actions.json", documents.actions_json),
     ]
 }
 

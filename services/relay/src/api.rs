@@ -3,6 +3,10 @@
 //! The gateway depends on this trait only. [`Relay`] implements it in-process (the default,
 //! one-process deployment); [`RemoteRelay`](crate::remote::RemoteRelay) implements it over
 //! gRPC (split deployment). Errors are [`ErrorInfo`] in both cases.
+//!
+//! Every operation that takes a session code (or connector handle) names its [`Caller`], so
+//! the relay applies the brute-force guard and the call limits on every path
+//! ([`crate::limits`]).
 
 use std::time::Duration;
 
@@ -11,7 +15,8 @@ use serde_json::Value;
 use toolrelay::wire::{GroupedManifest, ProviderResponse, ToolRequest, ToolResponse};
 
 use crate::builtin::{Scope, ToolFailure, ToolInfo};
-use crate::error::ErrorInfo;
+use crate::error::{ErrorInfo, RelayError};
+use crate::limits::Caller;
 use crate::provider::ProviderLink;
 use crate::relay::{CallInput, NewSession, Relay, RequestView, ResponseOutcome, SessionStatus};
 use crate::store::Transport;
@@ -28,25 +33,27 @@ pub trait RelayApi: Send + Sync + 'static {
     /// Creates a session.
     async fn create_session(&self) -> Outcome<NewSession>;
     /// Where a session stands.
-    async fn session_status(&self, code: &str) -> Outcome<SessionStatus>;
+    async fn session_status(&self, caller: &Caller, code: &str) -> Outcome<SessionStatus>;
     /// The code of the session an MCP connector handle belongs to.
-    async fn resolve_handle(&self, handle: &str) -> Outcome<String>;
+    async fn resolve_handle(&self, caller: &Caller, handle: &str) -> Outcome<String>;
     /// Ends a session (provider token).
-    async fn end_session(&self, code: &str, token: Option<&str>) -> Outcome<()>;
+    async fn end_session(&self, caller: &Caller, code: &str, token: Option<&str>) -> Outcome<()>;
     /// The session's manifest, grouped.
-    async fn manifest(&self, code: &str) -> Outcome<GroupedManifest>;
+    async fn manifest(&self, caller: &Caller, code: &str) -> Outcome<GroupedManifest>;
     /// Replaces the manifest (provider token); returns the number of functions.
     async fn register_manifest(
         &self,
+        caller: &Caller,
         code: &str,
         token: Option<&str>,
         tools: &Value,
     ) -> Outcome<usize>;
     /// Queues a call.
-    async fn submit(&self, code: &str, call: CallInput) -> Outcome<RequestView>;
+    async fn submit(&self, caller: &Caller, code: &str, call: CallInput) -> Outcome<RequestView>;
     /// Waits up to `wait` for a call's answer.
     async fn await_response(
         &self,
+        caller: &Caller,
         code: &str,
         request_id: &str,
         wait: Duration,
@@ -54,17 +61,29 @@ pub trait RelayApi: Send + Sync + 'static {
     /// Queues a call and waits for its answer.
     async fn call(
         &self,
+        caller: &Caller,
         code: &str,
         call: CallInput,
         wait: Option<Duration>,
     ) -> Outcome<RequestView>;
     /// Final answers of the session's calls.
-    async fn responses(&self, code: &str, request_id: Option<&str>) -> Outcome<Vec<ToolResponse>>;
+    async fn responses(
+        &self,
+        caller: &Caller,
+        code: &str,
+        request_id: Option<&str>,
+    ) -> Outcome<Vec<ToolResponse>>;
     /// Where one call stands.
-    async fn request_status(&self, code: &str, request_id: &str) -> Outcome<RequestView>;
+    async fn request_status(
+        &self,
+        caller: &Caller,
+        code: &str,
+        request_id: &str,
+    ) -> Outcome<RequestView>;
     /// Attaches a provider connection (provider token).
     async fn attach(
         &self,
+        caller: &Caller,
         code: &str,
         token: Option<&str>,
         transport: Transport,
@@ -72,6 +91,7 @@ pub trait RelayApi: Send + Sync + 'static {
     /// The polling fallback (provider token).
     async fn poll(
         &self,
+        caller: &Caller,
         code: &str,
         token: Option<&str>,
         max: Option<usize>,
@@ -79,10 +99,17 @@ pub trait RelayApi: Send + Sync + 'static {
     /// A provider's answer to a call (provider token).
     async fn post_response(
         &self,
+        caller: &Caller,
         code: &str,
         token: Option<&str>,
         response: ProviderResponse,
     ) -> Outcome<ResponseOutcome>;
+    /// An item each time the session's manifest changes; ends with the session.
+    async fn manifest_changes(
+        &self,
+        caller: &Caller,
+        code: &str,
+    ) -> Outcome<futures::stream::BoxStream<'static, ()>>;
     /// The built-in tools.
     async fn tools(&self) -> Outcome<Vec<ToolInfo>>;
     /// Runs a built-in tool outside any session; a relay that cannot be reached is an
@@ -93,6 +120,9 @@ pub trait RelayApi: Send + Sync + 'static {
 #[async_trait]
 impl RelayApi for Relay {
     async fn ready(&self) -> Outcome<()> {
+        if self.drain().is_draining() {
+            return Err(RelayError::ShuttingDown.into());
+        }
         Ok(Relay::ready(self).await?)
     }
 
@@ -100,89 +130,141 @@ impl RelayApi for Relay {
         Ok(Relay::create_session(self).await?)
     }
 
-    async fn session_status(&self, code: &str) -> Outcome<SessionStatus> {
-        Ok(Relay::session_status(self, code).await?)
+    async fn session_status(&self, caller: &Caller, code: &str) -> Outcome<SessionStatus> {
+        Ok(self
+            .guarded(caller, Relay::session_status(self, code))
+            .await?)
     }
 
-    async fn resolve_handle(&self, handle: &str) -> Outcome<String> {
-        Ok(Relay::resolve_handle(self, handle)
-            .await?
-            .as_str()
-            .to_owned())
+    async fn resolve_handle(&self, caller: &Caller, handle: &str) -> Outcome<String> {
+        let code = self
+            .guarded(caller, Relay::resolve_handle(self, handle))
+            .await?;
+        Ok(code.as_str().to_owned())
     }
 
-    async fn end_session(&self, code: &str, token: Option<&str>) -> Outcome<()> {
-        Ok(Relay::end_session(self, code, token).await?)
+    async fn end_session(&self, caller: &Caller, code: &str, token: Option<&str>) -> Outcome<()> {
+        Ok(self
+            .guarded(caller, Relay::end_session(self, code, token))
+            .await?)
     }
 
-    async fn manifest(&self, code: &str) -> Outcome<GroupedManifest> {
-        Ok(Relay::manifest(self, code).await?)
+    async fn manifest(&self, caller: &Caller, code: &str) -> Outcome<GroupedManifest> {
+        Ok(self.guarded(caller, Relay::manifest(self, code)).await?)
     }
 
     async fn register_manifest(
         &self,
+        caller: &Caller,
         code: &str,
         token: Option<&str>,
         tools: &Value,
     ) -> Outcome<usize> {
-        Ok(Relay::register_manifest(self, code, token, tools).await?)
+        Ok(self
+            .guarded(caller, Relay::register_manifest(self, code, token, tools))
+            .await?)
     }
 
-    async fn submit(&self, code: &str, call: CallInput) -> Outcome<RequestView> {
-        Ok(Relay::submit(self, code, call).await?)
+    async fn submit(&self, caller: &Caller, code: &str, call: CallInput) -> Outcome<RequestView> {
+        self.limits().call(caller, code).await?;
+        let call = traced(call, caller);
+        Ok(self
+            .guarded(caller, Relay::submit(self, code, call))
+            .await?)
     }
 
     async fn await_response(
         &self,
+        caller: &Caller,
         code: &str,
         request_id: &str,
         wait: Duration,
     ) -> Outcome<RequestView> {
-        Ok(Relay::await_response(self, code, request_id, wait).await?)
+        Ok(self
+            .guarded(caller, Relay::await_response(self, code, request_id, wait))
+            .await?)
     }
 
     async fn call(
         &self,
+        caller: &Caller,
         code: &str,
         call: CallInput,
         wait: Option<Duration>,
     ) -> Outcome<RequestView> {
-        Ok(Relay::call(self, code, call, wait).await?)
+        self.limits().call(caller, code).await?;
+        let call = traced(call, caller);
+        Ok(self
+            .guarded(caller, Relay::call(self, code, call, wait))
+            .await?)
     }
 
-    async fn responses(&self, code: &str, request_id: Option<&str>) -> Outcome<Vec<ToolResponse>> {
-        Ok(Relay::responses(self, code, request_id).await?)
+    async fn responses(
+        &self,
+        caller: &Caller,
+        code: &str,
+        request_id: Option<&str>,
+    ) -> Outcome<Vec<ToolResponse>> {
+        Ok(self
+            .guarded(caller, Relay::responses(self, code, request_id))
+            .await?)
     }
 
-    async fn request_status(&self, code: &str, request_id: &str) -> Outcome<RequestView> {
-        Ok(Relay::request_status(self, code, request_id).await?)
+    async fn request_status(
+        &self,
+        caller: &Caller,
+        code: &str,
+        request_id: &str,
+    ) -> Outcome<RequestView> {
+        Ok(self
+            .guarded(caller, Relay::request_status(self, code, request_id))
+            .await?)
     }
 
     async fn attach(
         &self,
+        caller: &Caller,
         code: &str,
         token: Option<&str>,
         transport: Transport,
     ) -> Outcome<ProviderLink> {
-        Ok(Relay::attach(self, code, token, transport).await?)
+        Ok(self
+            .guarded(caller, Relay::attach(self, code, token, transport))
+            .await?)
     }
 
     async fn poll(
         &self,
+        caller: &Caller,
         code: &str,
         token: Option<&str>,
         max: Option<usize>,
     ) -> Outcome<Vec<ToolRequest>> {
-        Ok(Relay::poll(self, code, token, max).await?)
+        Ok(self
+            .guarded(caller, Relay::poll(self, code, token, max))
+            .await?)
     }
 
     async fn post_response(
         &self,
+        caller: &Caller,
         code: &str,
         token: Option<&str>,
         response: ProviderResponse,
     ) -> Outcome<ResponseOutcome> {
-        Ok(Relay::post_response(self, code, token, response).await?)
+        Ok(self
+            .guarded(caller, Relay::post_response(self, code, token, response))
+            .await?)
+    }
+
+    async fn manifest_changes(
+        &self,
+        caller: &Caller,
+        code: &str,
+    ) -> Outcome<futures::stream::BoxStream<'static, ()>> {
+        Ok(self
+            .guarded(caller, Relay::manifest_changes(self, code))
+            .await?)
     }
 
     async fn tools(&self) -> Outcome<Vec<ToolInfo>> {
@@ -191,5 +273,25 @@ impl RelayApi for Relay {
 
     async fn call_tool(&self, name: &str, args: Value, scope: Scope) -> Result<Value, ToolFailure> {
         Relay::call_tool(self, name, args, scope).await
+    }
+}
+
+/// A call carrying its caller's correlation id, unless it has one.
+fn traced(mut call: CallInput, caller: &Caller) -> CallInput {
+    if call.correlation_id.is_none() {
+        call.correlation_id.clone_from(&caller.correlation_id);
+    }
+    call
+}
+
+impl Relay {
+    /// Runs an operation on a code or handle for `caller` under the brute-force guard
+    /// ([`crate::limits::Limits::guarded`]). Every transport goes through it.
+    pub async fn guarded<T>(
+        &self,
+        caller: &Caller,
+        operation: impl Future<Output = Result<T, RelayError>>,
+    ) -> Result<T, RelayError> {
+        self.limits().guarded(caller, operation).await
     }
 }

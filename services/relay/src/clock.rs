@@ -2,7 +2,8 @@
 //!
 //! [`Clock::now`] is the wall time at start plus the time tokio has seen pass since, so tests
 //! under `tokio::time::pause()` move expiry, heartbeats and timeouts with `advance`, while a real
-//! server reads ordinary wall time.
+//! server reads ordinary wall time. A [`Clock::manual`] clock moves only when told to: store
+//! tests that talk to a real Redis (real I/O, so no paused tokio clock) set the time explicitly.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -52,6 +53,20 @@ fn millis(duration: Duration) -> i64 {
 pub struct Clock {
     wall_at_start: Timestamp,
     start: tokio::time::Instant,
+    /// Set for a manual clock: the time it reads.
+    manual: Option<std::sync::Arc<std::sync::atomic::AtomicI64>>,
+}
+
+/// Moves a [`Clock::manual`] clock.
+#[derive(Debug, Clone)]
+pub struct ClockHand(std::sync::Arc<std::sync::atomic::AtomicI64>);
+
+impl ClockHand {
+    /// Moves the clock forward by `duration`.
+    pub fn advance(&self, duration: Duration) {
+        self.0
+            .fetch_add(millis(duration), std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 impl Default for Clock {
@@ -69,12 +84,27 @@ impl Clock {
         Self {
             wall_at_start: Timestamp(millis(since_epoch)),
             start: tokio::time::Instant::now(),
+            manual: None,
         }
+    }
+
+    /// A clock that reads `start` until its hand moves it.
+    pub fn manual(start: Timestamp) -> (Self, ClockHand) {
+        let time = std::sync::Arc::new(std::sync::atomic::AtomicI64::new(start.0));
+        let clock = Self {
+            wall_at_start: start,
+            start: tokio::time::Instant::now(),
+            manual: Some(std::sync::Arc::clone(&time)),
+        };
+        (clock, ClockHand(time))
     }
 
     /// The current time.
     pub fn now(&self) -> Timestamp {
-        self.wall_at_start.plus(self.start.elapsed())
+        match &self.manual {
+            Some(time) => Timestamp(time.load(std::sync::atomic::Ordering::SeqCst)),
+            None => self.wall_at_start.plus(self.start.elapsed()),
+        }
     }
 
     /// The tokio instant at which `at` is reached (now, when it is already past).

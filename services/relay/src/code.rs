@@ -9,8 +9,9 @@ use crate::error::RelayError;
 
 /// A pairing code: 8 characters of RFC 4648 Base32 (`A–Z`, `2–7`), 40 random bits.
 ///
-/// People see it as `ABCD-EFGH`; [`SessionCode::parse`] accepts any case, with or without the
-/// hyphen, and normalises to the 8 characters.
+/// People see it as `ABCD-EFGH`; [`SessionCode::parse`] accepts what a person types — any
+/// case, hyphens and spaces anywhere, and the digits Base32 leaves out read as the letters they
+/// look like (`0`→`O`, `1`→`I`, `8`→`B`) — and normalises to the 8 characters.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SessionCode(String);
 
@@ -20,14 +21,22 @@ impl SessionCode {
         Self(BASE32_NOPAD.encode(&random_bytes::<5>()))
     }
 
-    /// Normalises what a person or an LLM typed: trims, drops one hyphen, upper-cases.
+    /// Normalises what a person or an LLM typed: drops hyphens and white space, upper-cases,
+    /// and reads `0`, `1` and `8` (never in a code) as `O`, `I` and `B`.
     pub fn parse(input: &str) -> Result<Self, RelayError> {
-        let trimmed = input.trim();
-        let compact: String = match trimmed.split_once('-') {
-            Some((head, tail)) if head.len() == 4 => format!("{head}{tail}"),
-            _ => trimmed.to_owned(),
-        };
-        let upper = compact.to_ascii_uppercase();
+        if input.len() > 64 {
+            return Err(RelayError::InvalidCode);
+        }
+        let upper: String = input
+            .chars()
+            .filter(|c| *c != '-' && !c.is_whitespace())
+            .map(|c| match c.to_ascii_uppercase() {
+                '0' => 'O',
+                '1' => 'I',
+                '8' => 'B',
+                other => other,
+            })
+            .collect();
         let valid = upper.len() == 8
             && upper
                 .bytes()
@@ -98,10 +107,19 @@ mod tests {
             "ABCD-2345",
             " abcd-2345 ",
             "AbCd-2345",
+            "ABCD 2345",
+            "AB-CD-23-45",
+            "ab cd\t23 45",
         ] {
             assert_eq!(SessionCode::parse(input).unwrap(), expected, "{input:?}");
         }
         assert_eq!(expected.display(), "ABCD-2345");
+        // Digits a person types for the letters they look like.
+        assert_eq!(SessionCode::parse("0715XB3V").unwrap().as_str(), "O7I5XB3V");
+        assert_eq!(
+            SessionCode::parse("o7i5-x83v").unwrap().as_str(),
+            "O7I5XB3V"
+        );
     }
 
     #[test]
@@ -110,11 +128,10 @@ mod tests {
             "",
             "ABCD234",
             "ABCD23456",
-            "ABCD2341",
-            "ABCD-23-45",
-            "AB-CD2345",
-            "ABCD 2345",
+            "ABCD2349",
+            "ABCD.2345",
             "ÄBCD2345",
+            "ABCD_2345",
         ] {
             assert!(SessionCode::parse(input).is_err(), "{input:?}");
         }

@@ -2,13 +2,16 @@
 //! flags (each mirroring an environment variable) that fill it.
 
 use std::net::SocketAddr;
+use std::num::NonZeroU32;
 use std::time::Duration;
 
 use clap::Args;
+use ipnet::IpNet;
 
 use crate::builtin::BuiltinConfig;
 use crate::builtin::mip::MipConfig;
 use crate::builtin::mip::sandbox::SandboxConfig;
+use crate::limits::{self, RateLimits};
 
 /// `SESSION_TTL_SECONDS`: idle time after which a session expires.
 pub const ENV_SESSION_TTL: &str = "SESSION_TTL_SECONDS";
@@ -34,6 +37,32 @@ pub const ENV_REMIP_URL: &str = "REMIP_URL";
 pub const ENV_MIP_MAX_CONCURRENT: &str = "MIP_MAX_CONCURRENT";
 /// `LOG_FORMAT`: `text` (default) or `json`.
 pub const ENV_LOG_FORMAT: &str = "LOG_FORMAT";
+/// `RATE_LIMIT_REQUEST_PER_CODE`: calls one address may make to one session per minute.
+pub const ENV_RATE_LIMIT_REQUEST: &str = "RATE_LIMIT_REQUEST_PER_CODE";
+/// `RATE_LIMIT_LOOKUP_PER_IP`: look-ups of unknown session codes one address may make per
+/// minute (the brute-force guard).
+pub const ENV_RATE_LIMIT_LOOKUP: &str = "RATE_LIMIT_LOOKUP_PER_IP";
+/// `TRUSTED_GATEWAYS`: addresses or networks (CIDR) whose gRPC requests may name the client's
+/// address; comma-separated.
+pub const ENV_TRUSTED_GATEWAYS: &str = "TRUSTED_GATEWAYS";
+/// `MAX_JSON_DEPTH`: deepest nesting of JSON the system accepts anywhere.
+pub const ENV_MAX_JSON_DEPTH: &str = "MAX_JSON_DEPTH";
+/// `DRAIN_SECONDS`: how long a stopping server waits for delivered calls to be answered.
+pub const ENV_DRAIN_SECONDS: &str = "DRAIN_SECONDS";
+/// `RESPONSE_BUDGET_MB`: megabytes of finished calls' answers the in-memory store keeps.
+pub const ENV_RESPONSE_BUDGET: &str = "RESPONSE_BUDGET_MB";
+
+/// `REDIS_URL`: the Redis holding the state shared by several replicas (unset: in memory).
+pub const ENV_REDIS_URL: &str = "REDIS_URL";
+/// `REDIS_PREFIX`: what every key in Redis starts with, so deployments can share a Redis.
+pub const ENV_REDIS_PREFIX: &str = "REDIS_PREFIX";
+
+/// Deepest JSON nesting by default (SPEC §10).
+pub const DEFAULT_MAX_JSON_DEPTH: usize = 32;
+/// Deepest nesting that may be configured: protobuf decoders refuse messages nested more than
+/// 100 levels, and a JSON level costs up to two of them in `google.protobuf.Struct`, plus the
+/// envelope of the message carrying it.
+pub const MAX_CONFIGURABLE_JSON_DEPTH: usize = 40;
 
 /// The domain's settings.
 #[derive(Debug, Clone)]
@@ -52,6 +81,8 @@ pub struct RelayConfig {
     pub poll_lease: Duration,
     /// How long finished calls and their responses are kept.
     pub response_retention: Duration,
+    /// Bytes of finished calls' answers kept at most (the oldest are evicted first).
+    pub response_budget: usize,
     /// Largest manifest, in bytes of JSON.
     pub max_manifest_bytes: usize,
     /// Most functions in a manifest.
@@ -60,8 +91,33 @@ pub struct RelayConfig {
     pub max_response_bytes: usize,
     /// How long `Call` waits when the caller gives no timeout.
     pub default_call_wait: Duration,
+    /// Deepest nesting of JSON accepted in arguments, answers and manifests.
+    pub max_json_depth: usize,
+    /// Budgets of the brute-force guard and of calls per address and session.
+    pub limits: RateLimits,
+    /// Peers whose requests may name the client's address (the gateways).
+    pub trusted_gateways: Vec<IpNet>,
+    /// How long a stopping relay waits for delivered calls to be answered.
+    pub drain_timeout: Duration,
     /// Settings of the built-in tools.
     pub builtin: BuiltinConfig,
+    /// Where the state lives.
+    pub store: StoreConfig,
+}
+
+/// Where sessions, calls and claim checks live.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum StoreConfig {
+    /// In this process: one replica, nothing to set up (the default).
+    #[default]
+    Memory,
+    /// In Redis, shared by every replica.
+    Redis {
+        /// `redis://…` or `rediss://…`.
+        url: String,
+        /// What every key starts with.
+        prefix: String,
+    },
 }
 
 impl Default for RelayConfig {
@@ -74,11 +130,17 @@ impl Default for RelayConfig {
             heartbeat_interval: Duration::from_secs(25),
             poll_lease: Duration::from_secs(30),
             response_retention: Duration::from_secs(3600),
+            response_budget: crate::store::memory::ANSWER_BUDGET,
             max_manifest_bytes: 256 * 1024,
             max_functions: 256,
             max_response_bytes: 1024 * 1024,
             default_call_wait: Duration::from_secs(25),
+            max_json_depth: DEFAULT_MAX_JSON_DEPTH,
+            limits: RateLimits::default(),
+            trusted_gateways: limits::loopback(),
+            drain_timeout: Duration::from_secs(10),
             builtin: BuiltinConfig::default(),
+            store: StoreConfig::Memory,
         }
     }
 }
@@ -109,6 +171,7 @@ impl RelayConfig {
         if self.max_pending_per_session == 0 {
             return Err(format!("{ENV_MAX_PENDING} must be at least 1"));
         }
+        check_json_depth(self.max_json_depth)?;
         if let Some(url) = &self.builtin.mip.remip_url
             && !url.starts_with("http://")
         {
@@ -123,6 +186,17 @@ impl RelayConfig {
             ));
         }
         Ok(())
+    }
+}
+
+/// Checks a `MAX_JSON_DEPTH`.
+pub fn check_json_depth(depth: usize) -> Result<(), String> {
+    if (2..=MAX_CONFIGURABLE_JSON_DEPTH).contains(&depth) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{ENV_MAX_JSON_DEPTH} ({depth}) must be between 2 and {MAX_CONFIGURABLE_JSON_DEPTH}: gRPC carries JSON as google.protobuf.Struct, whose decoders refuse deeper messages"
+        ))
     }
 }
 
@@ -168,6 +242,57 @@ pub struct RelayArgs {
     /// Sandbox runs and solves at once.
     #[arg(long, env = ENV_MIP_MAX_CONCURRENT, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=64))]
     pub mip_max_concurrent: u64,
+    /// Calls one client address may make to one session per minute.
+    #[arg(long, env = ENV_RATE_LIMIT_REQUEST, default_value_t = RateLimits::default().calls_per_code)]
+    pub rate_limit_request_per_code: NonZeroU32,
+    /// Look-ups of unknown session codes one client address may make per minute.
+    #[arg(long, env = ENV_RATE_LIMIT_LOOKUP, default_value_t = RateLimits::default().lookups_per_ip)]
+    pub rate_limit_lookup_per_ip: NonZeroU32,
+    /// Megabytes of finished calls' answers kept (the oldest go first; their calls are still
+    /// known, and a repeated requestId is not run again).
+    #[arg(long, env = ENV_RESPONSE_BUDGET, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub response_budget_mb: u64,
+    /// Gateways (addresses or CIDR networks, comma-separated) whose gRPC requests may name the
+    /// client's address for rate limits. Default: loopback.
+    #[arg(long, env = ENV_TRUSTED_GATEWAYS, value_delimiter = ',', default_values_t = limits::loopback())]
+    pub trusted_gateways: Vec<IpNet>,
+}
+
+/// Settings every server binary has: the JSON nesting limit and the drain on shutdown.
+#[derive(Debug, Clone, Args)]
+pub struct ServiceArgs {
+    /// Deepest nesting of JSON accepted in arguments, answers and manifests.
+    #[arg(long, env = ENV_MAX_JSON_DEPTH, default_value_t = DEFAULT_MAX_JSON_DEPTH)]
+    pub max_json_depth: usize,
+    /// Seconds a stopping server waits for calls its tabs have received to be answered.
+    #[arg(long, env = ENV_DRAIN_SECONDS, default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=3600))]
+    pub drain_seconds: u64,
+    /// Redis holding the state shared by several replicas (`redis://host:6379/0`): sessions
+    /// and calls for relays, rate limits and MCP sessions for gateways. Unset, the state
+    /// lives in this process.
+    #[arg(long, env = ENV_REDIS_URL)]
+    pub redis_url: Option<String>,
+    /// What every key in Redis starts with.
+    #[arg(long, env = ENV_REDIS_PREFIX, default_value = "toolrelay:")]
+    pub redis_prefix: String,
+}
+
+impl ServiceArgs {
+    /// The drain deadline.
+    pub fn drain_timeout(&self) -> Duration {
+        Duration::from_secs(self.drain_seconds)
+    }
+
+    /// Where the shared state lives.
+    pub fn store_config(&self) -> StoreConfig {
+        match self.redis_url.as_deref().map(str::trim) {
+            None | Some("") => StoreConfig::Memory,
+            Some(url) => StoreConfig::Redis {
+                url: url.to_owned(),
+                prefix: self.redis_prefix.clone(),
+            },
+        }
+    }
 }
 
 /// The logging flag every binary has.
@@ -180,8 +305,18 @@ pub struct LogArgs {
 
 impl RelayArgs {
     /// The domain settings these flags describe, validated.
-    pub fn relay_config(&self) -> Result<RelayConfig, String> {
+    pub fn relay_config(&self, service: &ServiceArgs) -> Result<RelayConfig, String> {
         let config = RelayConfig {
+            max_json_depth: service.max_json_depth,
+            drain_timeout: service.drain_timeout(),
+            limits: RateLimits {
+                lookups_per_ip: self.rate_limit_lookup_per_ip,
+                calls_per_code: self.rate_limit_request_per_code,
+            },
+            trusted_gateways: self.trusted_gateways.clone(),
+            response_budget: usize::try_from(self.response_budget_mb)
+                .unwrap_or(usize::MAX / (1024 * 1024))
+                .saturating_mul(1024 * 1024),
             session_ttl: Duration::from_secs(self.session_ttl_seconds),
             session_max_lifetime: Duration::from_secs(self.session_max_lifetime_seconds),
             request_timeout: Duration::from_secs(self.request_timeout_seconds),
@@ -199,6 +334,7 @@ impl RelayArgs {
                     max_concurrent: usize::try_from(self.mip_max_concurrent).unwrap_or(2),
                 },
             },
+            store: service.store_config(),
             ..RelayConfig::default()
         };
         config.validate()?;
@@ -215,12 +351,20 @@ mod tests {
     struct Cli {
         #[command(flatten)]
         relay: RelayArgs,
+        #[command(flatten)]
+        service: ServiceArgs,
+    }
+
+    impl Cli {
+        fn config(&self) -> Result<RelayConfig, String> {
+            self.relay.relay_config(&self.service)
+        }
     }
 
     #[test]
     fn defaults_are_the_documented_ones() {
         let cli = Cli::try_parse_from(["relay"]).unwrap();
-        let config = cli.relay.relay_config().unwrap();
+        let config = cli.config().unwrap();
         assert_eq!(config.session_ttl, Duration::from_secs(600));
         assert_eq!(config.request_timeout, Duration::from_secs(60));
         assert_eq!(config.max_pending_per_session, 100);
@@ -230,11 +374,21 @@ mod tests {
     #[test]
     fn bad_combinations_name_the_variable() {
         let cli = Cli::try_parse_from(["relay", "--session-ttl-seconds", "20"]).unwrap();
-        let message = cli.relay.relay_config().unwrap_err();
+        let message = cli.config().unwrap_err();
         assert!(
             message.contains(ENV_HEARTBEAT) && message.contains(ENV_SESSION_TTL),
             "{message}"
         );
+    }
+
+    #[test]
+    fn the_json_depth_stays_within_what_grpc_can_carry() {
+        let cli = Cli::try_parse_from(["relay", "--max-json-depth", "64"]).unwrap();
+        let message = cli.config().unwrap_err();
+        assert!(message.contains(ENV_MAX_JSON_DEPTH), "{message}");
+        let cli = Cli::try_parse_from(["relay", "--trusted-gateways", "10.0.0.0/8,192.0.2.7/32"])
+            .unwrap();
+        assert_eq!(cli.config().unwrap().trusted_gateways.len(), 2);
     }
 
     #[test]

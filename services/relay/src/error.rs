@@ -28,6 +28,8 @@ pub enum ErrorKind {
     Conflict,
     /// The input is too large (HTTP 413).
     TooLarge,
+    /// What was asked for existed but is no longer kept (HTTP 410).
+    Gone,
     /// Too much at once; retry later (HTTP 429).
     TooManyRequests,
     /// The relay cannot serve right now; retry later (HTTP 503).
@@ -157,6 +159,52 @@ pub enum RelayError {
     /// The relay is stopping.
     #[error("The relay is restarting. Reconnect in a moment.")]
     ShuttingDown,
+    /// The relay stopped before the call was answered; the call may still be answered.
+    #[error(
+        "The relay is restarting and call {request_id} of session {code} has no answer yet. In a few seconds, GET /api/sessions/{code}/requests/{request_id} for its answer (do not call again: it may still run)."
+    )]
+    Drained {
+        /// The code, as people see it.
+        code: String,
+        /// The call's id, to ask for its answer later.
+        request_id: String,
+    },
+    /// Too many requests of one kind from one address.
+    #[error("Too many {what} from your address. Wait {} s, then try again.", retry_after.as_secs().max(1))]
+    RateLimited {
+        /// What was counted, e.g. "look-ups of unknown session codes".
+        what: &'static str,
+        /// When trying again makes sense.
+        retry_after: Duration,
+    },
+    /// The call ran, but its answer is no longer kept (the answer budget evicted it).
+    #[error(
+        "Call {request_id} ran, but its answer is no longer kept: the relay keeps answers within a memory budget, oldest first. Do not call again to learn what happened unless you need the answer; then call again with a new requestId."
+    )]
+    ResponseEvicted {
+        /// The call's id.
+        request_id: String,
+    },
+    /// JSON nested deeper than the relay accepts.
+    #[error(
+        "{what} nested more than {limit} levels deep, which the relay does not accept. Send flatter JSON."
+    )]
+    NestedTooDeeply {
+        /// What was too deep, as the subject of the message: "The arguments are".
+        what: &'static str,
+        /// The limit, in levels.
+        limit: usize,
+    },
+    /// A provider's response is over the size limit.
+    #[error(
+        "The response is {size} bytes, over the limit of {limit}. Return less data; the caller was told the answer was too large."
+    )]
+    ResponseTooLarge {
+        /// Its size in bytes.
+        size: usize,
+        /// The limit in bytes.
+        limit: usize,
+    },
 }
 
 impl RelayError {
@@ -180,6 +228,11 @@ impl RelayError {
             Self::InvalidResponse { .. } => "invalid_response",
             Self::StoreUnavailable(_) => "store_unavailable",
             Self::ShuttingDown => "shutting_down",
+            Self::Drained { .. } => "shutting_down",
+            Self::RateLimited { .. } => "rate_limited",
+            Self::NestedTooDeeply { .. } => "nested_too_deeply",
+            Self::ResponseTooLarge { .. } => "response_too_large",
+            Self::ResponseEvicted { .. } => "response_evicted",
         }
     }
 
@@ -190,7 +243,8 @@ impl RelayError {
             | Self::InvalidArguments { .. }
             | Self::InvalidRequestId
             | Self::InvalidManifest { .. }
-            | Self::InvalidResponse { .. } => ErrorKind::BadRequest,
+            | Self::InvalidResponse { .. }
+            | Self::NestedTooDeeply { .. } => ErrorKind::BadRequest,
             Self::TokenRequired => ErrorKind::Unauthenticated,
             Self::InvalidToken { .. } => ErrorKind::Forbidden,
             Self::SessionNotFound { .. }
@@ -198,19 +252,26 @@ impl RelayError {
             | Self::UnknownFunction { .. }
             | Self::RequestNotFound { .. } => ErrorKind::NotFound,
             Self::RequestIdConflict { .. } => ErrorKind::Conflict,
-            Self::ManifestTooLarge { .. } => ErrorKind::TooLarge,
-            Self::QueueFull { .. } | Self::ToolBusy { .. } => ErrorKind::TooManyRequests,
-            Self::StoreUnavailable(_) | Self::ShuttingDown => ErrorKind::Unavailable,
+            Self::ResponseEvicted { .. } => ErrorKind::Gone,
+            Self::ManifestTooLarge { .. } | Self::ResponseTooLarge { .. } => ErrorKind::TooLarge,
+            Self::QueueFull { .. } | Self::ToolBusy { .. } | Self::RateLimited { .. } => {
+                ErrorKind::TooManyRequests
+            }
+            Self::StoreUnavailable(_) | Self::ShuttingDown | Self::Drained { .. } => {
+                ErrorKind::Unavailable
+            }
         }
     }
 
     /// When a retry makes sense, for errors that have one.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            Self::QueueFull { retry_after, .. } | Self::ToolBusy { retry_after, .. } => {
-                Some(*retry_after)
+            Self::QueueFull { retry_after, .. }
+            | Self::ToolBusy { retry_after, .. }
+            | Self::RateLimited { retry_after, .. } => Some(*retry_after),
+            Self::StoreUnavailable(_) | Self::ShuttingDown | Self::Drained { .. } => {
+                Some(Duration::from_secs(2))
             }
-            Self::StoreUnavailable(_) | Self::ShuttingDown => Some(Duration::from_secs(2)),
             _ => None,
         }
     }
@@ -228,6 +289,8 @@ pub struct ErrorInfo {
     pub message: String,
     /// When a retry makes sense.
     pub retry_after: Option<Duration>,
+    /// The call the error leaves unfinished, whose answer the caller can ask for later.
+    pub request_id: Option<String>,
 }
 
 impl ErrorInfo {
@@ -238,6 +301,7 @@ impl ErrorInfo {
             name: name.into(),
             message: message.into(),
             retry_after: None,
+            request_id: None,
         }
     }
 }
@@ -247,11 +311,18 @@ impl From<RelayError> for ErrorInfo {
         if let RelayError::StoreUnavailable(cause) = &error {
             tracing::error!(%cause, "store unavailable");
         }
+        let request_id = match &error {
+            RelayError::Drained { request_id, .. } | RelayError::ResponseEvicted { request_id } => {
+                Some(request_id.clone())
+            }
+            _ => None,
+        };
         Self {
             kind: error.kind(),
             name: error.name().to_owned(),
             message: error.to_string(),
             retry_after: error.retry_after(),
+            request_id,
         }
     }
 }

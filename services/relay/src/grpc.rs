@@ -23,6 +23,7 @@ use crate::builtin::{BUILTIN_GROUP, FailureKind, Scope, ToolInfo};
 use crate::clock::Timestamp;
 use crate::code::SessionCode;
 use crate::error::{ErrorKind, RelayError};
+use crate::limits::{CLIENT_ADDRESS_METADATA, CORRELATION_ID_METADATA, Caller};
 use crate::provider::{Downlink, ProviderLink};
 use crate::relay::{CallInput, Relay, RequestView};
 use crate::store::Transport;
@@ -53,6 +54,21 @@ impl RelayService {
     }
 }
 
+impl RelayService {
+    /// Who makes `request`: the client a trusted gateway names, or the peer itself.
+    fn caller<T>(&self, request: &Request<T>) -> Caller {
+        let caller = Caller::behind(
+            request.remote_addr().map(|address| address.ip()),
+            metadata_str(request.metadata(), CLIENT_ADDRESS_METADATA).as_deref(),
+            &self.relay.config().trusted_gateways,
+        );
+        match metadata_str(request.metadata(), CORRELATION_ID_METADATA) {
+            Some(id) => caller.with_correlation_id(id),
+            None => caller,
+        }
+    }
+}
+
 /// The gRPC status for a relay error: its message, the `x-error` name and `retry-after`.
 pub fn status(error: RelayError) -> Status {
     let code = match error.kind() {
@@ -61,6 +77,7 @@ pub fn status(error: RelayError) -> Status {
         ErrorKind::Forbidden => Code::PermissionDenied,
         ErrorKind::NotFound => Code::NotFound,
         ErrorKind::Conflict => Code::AlreadyExists,
+        ErrorKind::Gone => Code::FailedPrecondition,
         ErrorKind::TooLarge | ErrorKind::TooManyRequests => Code::ResourceExhausted,
         ErrorKind::Unavailable => Code::Unavailable,
     };
@@ -92,13 +109,15 @@ impl RelayRpc for RelayService {
             ttl_seconds: u32::try_from(session.ttl.as_secs()).unwrap_or(u32::MAX),
             expires_at: Some(timestamp(session.expires_at)),
             mcp_handle: session.mcp_handle,
+            max_expires_at: Some(timestamp(session.max_expires_at)),
         }))
     }
 
     async fn get_session(&self, request: Request<pb::GetSessionRequest>) -> Reply<pb::SessionInfo> {
+        let caller = self.caller(&request);
         let status_of = self
             .relay
-            .session_status(&request.get_ref().code)
+            .guarded(&caller, self.relay.session_status(&request.get_ref().code))
             .await
             .map_err(status)?;
         Ok(Response::new(session_info(status_of)))
@@ -108,9 +127,13 @@ impl RelayRpc for RelayService {
         &self,
         request: Request<pb::ResolveHandleRequest>,
     ) -> Reply<pb::SessionInfo> {
+        let caller = self.caller(&request);
         let code = self
             .relay
-            .resolve_handle(&request.get_ref().handle)
+            .guarded(
+                &caller,
+                self.relay.resolve_handle(&request.get_ref().handle),
+            )
             .await
             .map_err(status)?;
         let status_of = self
@@ -125,34 +148,70 @@ impl RelayRpc for RelayService {
         &self,
         request: Request<pb::DeleteSessionRequest>,
     ) -> Reply<pb::DeleteSessionResponse> {
+        let caller = self.caller(&request);
         let token = bearer(request.metadata());
         self.relay
-            .end_session(&request.get_ref().code, token.as_deref())
+            .guarded(
+                &caller,
+                self.relay
+                    .end_session(&request.get_ref().code, token.as_deref()),
+            )
             .await
             .map_err(status)?;
         Ok(Response::new(pb::DeleteSessionResponse {}))
     }
 
     async fn get_manifest(&self, request: Request<pb::GetManifestRequest>) -> Reply<pb::Manifest> {
+        let caller = self.caller(&request);
         let manifest = self
             .relay
-            .manifest(&request.get_ref().code)
+            .guarded(&caller, self.relay.manifest(&request.get_ref().code))
             .await
             .map_err(status)?;
         Ok(Response::new(manifest_message(&manifest)))
     }
 
+    type WatchManifestStream =
+        Pin<Box<dyn Stream<Item = Result<pb::ManifestChanged, Status>> + Send>>;
+
+    async fn watch_manifest(
+        &self,
+        request: Request<pb::GetManifestRequest>,
+    ) -> Reply<Self::WatchManifestStream> {
+        let caller = self.caller(&request);
+        let changes = self
+            .relay
+            .guarded(
+                &caller,
+                self.relay.manifest_changes(&request.get_ref().code),
+            )
+            .await
+            .map_err(status)?;
+        Ok(Response::new(Box::pin(
+            changes.map(|()| Ok(pb::ManifestChanged {})),
+        )))
+    }
+
     async fn submit(&self, request: Request<pb::SubmitRequest>) -> Reply<pb::RequestState> {
+        let caller = self.caller(&request);
         let request = request.into_inner();
-        let call = call_input(
-            request.request_id,
-            request.tool_id,
-            request.function_name,
-            request.args,
-        );
+        let call = CallInput {
+            correlation_id: caller.correlation_id.clone(),
+            ..call_input(
+                request.request_id,
+                request.tool_id,
+                request.function_name,
+                request.args,
+            )
+        };
+        self.relay
+            .limits()
+            .call(&caller, &request.code)
+            .await
+            .map_err(status)?;
         let view = self
             .relay
-            .submit(&request.code, call)
+            .guarded(&caller, self.relay.submit(&request.code, call))
             .await
             .map_err(status)?;
         Ok(Response::new(request_state(view)))
@@ -162,29 +221,43 @@ impl RelayRpc for RelayService {
         &self,
         request: Request<pb::AwaitResponseRequest>,
     ) -> Reply<pb::RequestState> {
+        let caller = self.caller(&request);
         let request = request.into_inner();
         let wait = Duration::from_millis(u64::from(request.wait_ms));
         let view = self
             .relay
-            .await_response(&request.code, &request.request_id, wait)
+            .guarded(
+                &caller,
+                self.relay
+                    .await_response(&request.code, &request.request_id, wait),
+            )
             .await
             .map_err(status)?;
         Ok(Response::new(request_state(view)))
     }
 
     async fn call(&self, request: Request<pb::CallRequest>) -> Reply<pb::RequestState> {
+        let caller = self.caller(&request);
         let request = request.into_inner();
         let wait =
             (request.timeout_ms > 0).then(|| Duration::from_millis(u64::from(request.timeout_ms)));
-        let call = call_input(
-            request.request_id,
-            request.tool_id,
-            request.function_name,
-            request.args,
-        );
+        let call = CallInput {
+            correlation_id: caller.correlation_id.clone(),
+            ..call_input(
+                request.request_id,
+                request.tool_id,
+                request.function_name,
+                request.args,
+            )
+        };
+        self.relay
+            .limits()
+            .call(&caller, &request.code)
+            .await
+            .map_err(status)?;
         let view = self
             .relay
-            .call(&request.code, call, wait)
+            .guarded(&caller, self.relay.call(&request.code, call, wait))
             .await
             .map_err(status)?;
         Ok(Response::new(request_state(view)))
@@ -194,11 +267,15 @@ impl RelayRpc for RelayService {
         &self,
         request: Request<pb::ListResponsesRequest>,
     ) -> Reply<pb::ListResponsesResponse> {
+        let caller = self.caller(&request);
         let request = request.into_inner();
         let filter = non_empty(request.request_id);
         let responses = self
             .relay
-            .responses(&request.code, filter.as_deref())
+            .guarded(
+                &caller,
+                self.relay.responses(&request.code, filter.as_deref()),
+            )
             .await
             .map_err(status)?;
         Ok(Response::new(pb::ListResponsesResponse {
@@ -210,10 +287,15 @@ impl RelayRpc for RelayService {
         &self,
         request: Request<pb::GetRequestStatusRequest>,
     ) -> Reply<pb::RequestState> {
+        let caller = self.caller(&request);
         let request = request.into_inner();
         let view = self
             .relay
-            .request_status(&request.code, &request.request_id)
+            .guarded(
+                &caller,
+                self.relay
+                    .request_status(&request.code, &request.request_id),
+            )
             .await
             .map_err(status)?;
         Ok(Response::new(request_state(view)))
@@ -240,11 +322,15 @@ impl RelayRpc for RelayService {
             })?,
         };
         let token = bearer(metadata);
+        let caller = self.caller(&request);
         let ProviderLink {
             downlink, uplink, ..
         } = self
             .relay
-            .attach(&code, token.as_deref(), transport)
+            .guarded(
+                &caller,
+                self.relay.attach(&code, token.as_deref(), transport),
+            )
             .await
             .map_err(status)?;
 
@@ -275,12 +361,16 @@ impl RelayRpc for RelayService {
         &self,
         request: Request<pb::PollRequestsRequest>,
     ) -> Reply<pb::PollRequestsResponse> {
+        let caller = self.caller(&request);
         let token = bearer(request.metadata());
         let request = request.into_inner();
         let max = (request.max > 0).then(|| usize::try_from(request.max).unwrap_or(usize::MAX));
         let requests = self
             .relay
-            .poll(&request.code, token.as_deref(), max)
+            .guarded(
+                &caller,
+                self.relay.poll(&request.code, token.as_deref(), max),
+            )
             .await
             .map_err(status)?;
         Ok(Response::new(pb::PollRequestsResponse {
@@ -301,6 +391,7 @@ impl RelayRpc for RelayService {
         &self,
         request: Request<pb::PostResponseRequest>,
     ) -> Reply<pb::PostResponseResponse> {
+        let caller = self.caller(&request);
         let token = bearer(request.metadata());
         let request = request.into_inner();
         let response = request
@@ -308,7 +399,14 @@ impl RelayRpc for RelayService {
             .ok_or_else(|| Status::invalid_argument("PostResponse needs a response"))?;
         let outcome = self
             .relay
-            .post_response(&request.code, token.as_deref(), provider_response(response))
+            .guarded(
+                &caller,
+                self.relay.post_response(
+                    &request.code,
+                    token.as_deref(),
+                    provider_response(response),
+                ),
+            )
             .await
             .map_err(status)?;
         Ok(Response::new(pb::PostResponseResponse {
@@ -364,14 +462,16 @@ impl RelayRpc for RelayService {
         &self,
         request: Request<pb::RegisterManifestRequest>,
     ) -> Reply<pb::RegisterManifestResponse> {
+        let caller = self.caller(&request);
         let token = bearer(request.metadata());
         let request = request.into_inner();
+        let tools = registered_tools(&request.tools, &request.tools_json);
         let count = self
             .relay
-            .register_manifest(
-                &request.code,
-                token.as_deref(),
-                &registered_tools(&request.tools, &request.tools_json),
+            .guarded(
+                &caller,
+                self.relay
+                    .register_manifest(&request.code, token.as_deref(), &tools),
             )
             .await
             .map_err(status)?;
@@ -388,6 +488,7 @@ fn session_info(status_of: crate::relay::SessionStatus) -> pb::SessionInfo {
         code: status_of.code.as_str().to_owned(),
         created_at: Some(timestamp(status_of.created_at)),
         expires_at: Some(timestamp(status_of.expires_at)),
+        max_expires_at: Some(timestamp(status_of.max_expires_at)),
         provider_connected: status_of.transport.is_some(),
         transport: status_of
             .transport
@@ -408,6 +509,7 @@ pub(crate) fn failure_kind(kind: FailureKind) -> pb::FailureKind {
         FailureKind::NotFound => pb::FailureKind::NotFound,
         FailureKind::Busy => pb::FailureKind::Busy,
         FailureKind::Internal => pb::FailureKind::Internal,
+        FailureKind::Unavailable => pb::FailureKind::Unavailable,
     }
 }
 
@@ -462,6 +564,7 @@ fn call_input(
         tool_id: non_empty(tool_id),
         function_name,
         args: args.map_or(Value::Null, |args| from_struct(&args)),
+        correlation_id: None,
     }
 }
 
@@ -480,6 +583,7 @@ fn request_state(view: RequestView) -> pb::RequestState {
         request_id: view.request_id,
         status: status_enum(view.status).into(),
         response: view.response.map(response_message),
+        provider_connected: view.provider_connected,
     }
 }
 
@@ -593,8 +697,12 @@ fn relay_message(message: Downlink) -> pb::RelayMessage {
             args: Some(to_struct(&request.args)),
             seq,
         }),
-        Downlink::Heartbeat { expires_at } => Kind::Heartbeat(pb::Heartbeat {
+        Downlink::Heartbeat {
+            expires_at,
+            answers_ping,
+        } => Kind::Heartbeat(pb::Heartbeat {
             expires_at: Some(timestamp(expires_at)),
+            answers_ping,
         }),
         Downlink::Registered { tools } => Kind::Registered(pb::Registered {
             tool_count: count(tools),

@@ -10,8 +10,10 @@
 //! * Transports, each a thin adapter over the domain: [`grpc`] (tonic: consumers and backend
 //!   providers, plus health and reflection) and [`ws`] (the browser WebSocket,
 //!   tokio-tungstenite); [`remote`] — the same operations reached over gRPC from another
-//!   process (the gateway in a split deployment).
-//! * [`server`] — `run(listeners, shutdown)`, used by the binaries and by tests;
+//!   process (the gateway in a split deployment); [`limits`] — the brute-force guard and call
+//!   limits every transport applies through [`RelayApi`].
+//! * [`server`] — `run(listeners, shutdown)`, used by the binaries and by tests; [`drain`] —
+//!   the graceful shutdown both servers of a process share;
 //!   [`config`] — settings and command-line flags.
 
 pub mod api;
@@ -19,8 +21,10 @@ pub mod builtin;
 pub mod clock;
 pub mod code;
 pub mod config;
+pub mod drain;
 pub mod error;
 pub mod grpc;
+pub mod limits;
 pub mod manifest;
 pub mod provider;
 pub mod relay;
@@ -34,7 +38,12 @@ pub use api::{Outcome, RelayApi};
 pub use clock::{Clock, Timestamp};
 pub use code::SessionCode;
 pub use config::RelayConfig;
+pub use drain::Drain;
 pub use error::{ErrorInfo, ErrorKind, RelayError};
+pub use limits::Caller;
 pub use provider::{Downlink, ProviderLink};
-pub use relay::{CallInput, NewSession, Relay, RequestView, ResponseOutcome, SessionStatus};
+pub use relay::{
+    AnswerLimits, CallInput, NewSession, Relay, RequestView, ResponseOutcome, SessionStatus,
+    contain_response,
+};
 pub use store::Transport;

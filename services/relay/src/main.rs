@@ -5,9 +5,14 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use clap::Parser;
-use toolrelay_relay::config::{ENV_GRPC_LISTEN, ENV_WS_LISTEN, LogArgs, RelayArgs};
+use toolrelay_relay::config::{ENV_GRPC_LISTEN, ENV_WS_LISTEN, LogArgs, RelayArgs, ServiceArgs};
 use toolrelay_relay::server::{self, Listeners, bind, local};
 use toolrelay_relay::telemetry;
+
+/// jemalloc rather than glibc's malloc: parsing big MIP models on many threads left glibc's
+/// per-thread arenas holding hundreds of MB that were free (see scripts/mip-memory.py).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// The toolrelay relay: sessions, tool routing and provider streams over gRPC and WebSocket.
 #[derive(Debug, Parser)]
@@ -15,6 +20,8 @@ use toolrelay_relay::telemetry;
 struct Cli {
     #[command(flatten)]
     relay: RelayArgs,
+    #[command(flatten)]
+    service: ServiceArgs,
     #[command(flatten)]
     log: LogArgs,
     /// Address of the browser WebSocket (`/api/sessions/{code}/ws?token=…`).
@@ -30,10 +37,10 @@ async fn main() -> ExitCode {
 }
 
 async fn serve(cli: Cli) -> Result<(), String> {
-    let config = cli.relay.relay_config()?;
+    let config = cli.relay.relay_config(&cli.service)?;
     let grpc = bind(cli.relay.grpc_listen, ENV_GRPC_LISTEN).await?;
     let websocket = bind(cli.ws_listen, ENV_WS_LISTEN).await?;
-    let relay = server::memory_relay(config);
+    let relay = server::relay(config).await?;
     tracing::info!(grpc = %local(&grpc), websocket = %local(&websocket), "toolrelay-relay listening");
     let listeners = Listeners {
         grpc,

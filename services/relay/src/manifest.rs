@@ -5,6 +5,15 @@
 //! in `{version, tools}`. [`Manifest::parse`] checks names, sizes and that every schema is a
 //! valid JSON Schema describing an object, and compiles each schema so that every call's
 //! arguments are checked before the call is queued.
+//!
+//! Schemas come from anyone who creates a session, so their cost is bounded when they are
+//! registered ([`schema_size`]): a schema whose `$ref`s and `anyOf`/`allOf`/`oneOf` branches,
+//! followed, expand to more than [`MAX_SCHEMA_NODES`] subschemas, whose `$ref`s loop without
+//! descending into the arguments, or that is nested too deeply is refused with
+//! `invalid_manifest` naming the limit. A check costs at most that size times the number of
+//! JSON values in the arguments; checks that may take more than a moment run off the async
+//! threads, and arguments that would cost more than [`MAX_CHECK_COST`] are refused
+//! ([`Function::check_arguments_async`]).
 
 use std::collections::HashSet;
 use std::fmt;
@@ -31,6 +40,15 @@ const KNOWN_DRAFTS: [&str; 5] = [
 const MAX_REPORTED_PROBLEMS: usize = 5;
 /// Longest description of one violation, in characters.
 const MAX_PROBLEM_CHARS: usize = 200;
+/// Most subschemas a function's schema may expand to, with its `$ref`s followed.
+pub const MAX_SCHEMA_NODES: usize = 5_000;
+/// Check cost (schema nodes × argument values) above which a check leaves the async threads.
+const INLINE_CHECK_COST: usize = 20_000;
+/// Most a check may cost: about a second of one core in a debug build, a fraction of that in
+/// a release build. A call over it is refused before any checking, with what to do instead.
+pub const MAX_CHECK_COST: usize = 20_000_000;
+/// Steps a backtracking `pattern` may take per match (fancy-regex's default is a million).
+const REGEX_BACKTRACK_LIMIT: usize = 10_000;
 
 /// Limits a manifest must respect.
 #[derive(Debug, Clone, Copy)]
@@ -39,6 +57,8 @@ pub struct ManifestLimits {
     pub max_bytes: usize,
     /// Most functions.
     pub max_functions: usize,
+    /// Deepest JSON nesting of a schema.
+    pub max_depth: usize,
 }
 
 /// A validated manifest with compiled argument schemas.
@@ -67,6 +87,8 @@ pub struct Function {
     pub description: String,
     /// JSON Schema of its arguments (an object schema).
     pub schema: Value,
+    /// Subschemas the schema expands to, with its `$ref`s followed ([`schema_size`]).
+    pub schema_size: usize,
     validator: Arc<jsonschema::Validator>,
 }
 
@@ -140,7 +162,7 @@ impl Manifest {
                 };
                 for (position, function) in functions.iter().enumerate() {
                     let at = format!("tools[{index}].functions[{position}]");
-                    let function = parse_function(function, Some(id.clone()), &at)?;
+                    let function = parse_function(function, Some(id.clone()), &at, limits)?;
                     manifest.push(function, &mut names)?;
                 }
                 manifest.groups.push(Group {
@@ -156,6 +178,7 @@ impl Manifest {
                     &Value::Object(entry.clone()),
                     tool_id,
                     &format!("tools[{index}]"),
+                    limits,
                 )?;
                 manifest.push(function, &mut names)?;
             }
@@ -237,6 +260,77 @@ impl Manifest {
     pub fn flat(&self) -> FlatManifest {
         self.grouped().flat()
     }
+
+    /// The manifest as a store keeps it: its grouped form, which [`Manifest::from_json`]
+    /// reads back into the same manifest.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(&self.grouped()).unwrap_or_else(|_| "[]".to_owned())
+    }
+
+    /// A manifest a store kept ([`Manifest::to_json`]), validated and compiled again.
+    pub fn from_json(json: &str, limits: ManifestLimits) -> Result<Self, RelayError> {
+        let value: Value = serde_json::from_str(json)
+            .map_err(|error| invalid(format!("the stored manifest is not JSON ({error})")))?;
+        // Stored manifests were checked when registered; the size limit may have changed since.
+        Self::parse(
+            &value,
+            ManifestLimits {
+                max_bytes: usize::MAX,
+                ..limits
+            },
+        )
+    }
+}
+
+/// Compiled manifests of this replica, by session and revision: a store holds only the JSON,
+/// and compiling schemas for every call would cost more than the call.
+#[derive(Debug, Default)]
+pub struct ManifestCache {
+    /// A std mutex: held for one map operation, never across an `.await`.
+    entries:
+        std::sync::Mutex<std::collections::HashMap<crate::code::SessionCode, (u64, Arc<Manifest>)>>,
+}
+
+/// Sessions whose compiled manifests a replica keeps at most.
+const CACHED_MANIFESTS: usize = 10_000;
+
+impl ManifestCache {
+    /// The compiled manifest of `code` at `revision`, if this replica has it.
+    pub fn get(&self, code: &crate::code::SessionCode, revision: u64) -> Option<Arc<Manifest>> {
+        let entries = self.lock();
+        entries
+            .get(code)
+            .filter(|(cached, _)| *cached == revision)
+            .map(|(_, manifest)| Arc::clone(manifest))
+    }
+
+    /// Keeps `manifest` as the one of `code` at `revision` (a newer revision replaces it).
+    pub fn put(&self, code: &crate::code::SessionCode, revision: u64, manifest: Arc<Manifest>) {
+        let mut entries = self.lock();
+        if entries.len() >= CACHED_MANIFESTS && !entries.contains_key(code) {
+            // Full: drop one (any; an evicted manifest is compiled again on its next call).
+            if let Some(victim) = entries.keys().next().cloned() {
+                entries.remove(&victim);
+            }
+        }
+        match entries.get(code) {
+            Some((cached, _)) if *cached > revision => {}
+            _ => {
+                entries.insert(code.clone(), (revision, manifest));
+            }
+        }
+    }
+
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<
+        '_,
+        std::collections::HashMap<crate::code::SessionCode, (u64, Arc<Manifest>)>,
+    > {
+        self.entries
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 }
 
 impl Function {
@@ -255,6 +349,234 @@ impl Function {
             }),
         }
     }
+
+    /// What checking `args` may cost at most: subschemas times JSON values.
+    pub fn check_cost(&self, args: &Value) -> usize {
+        self.schema_size
+            .saturating_mul(toolrelay::json::values(args))
+    }
+
+    /// [`Function::check_arguments`] on a blocking thread when it may take more than a moment,
+    /// so that no request can hold an async thread (and with it other requests) for long.
+    pub async fn check_arguments_async(&self, args: &Value) -> Result<(), RelayError> {
+        let cost = self.check_cost(args);
+        if cost > MAX_CHECK_COST {
+            return Err(RelayError::InvalidArguments {
+                function: self.name.clone(),
+                problems: format!(
+                    "they hold {} JSON values, too many to check against a schema of {} parts; split the call into smaller ones",
+                    toolrelay::json::values(args),
+                    self.schema_size
+                ),
+            });
+        }
+        if cost <= INLINE_CHECK_COST {
+            return self.check_arguments(args);
+        }
+        let (validator, args) = (Arc::clone(&self.validator), args.clone());
+        let problems = tokio::task::spawn_blocking(move || describe_violations(&validator, &args))
+            .await
+            .map_err(|_| RelayError::InvalidArguments {
+                function: self.name.clone(),
+                problems: "checking them failed".into(),
+            })?;
+        match problems {
+            None => Ok(()),
+            Some(problems) => Err(RelayError::InvalidArguments {
+                function: self.name.clone(),
+                problems,
+            }),
+        }
+    }
+}
+
+/// How many subschemas checking an argument value against `schema` may visit: every
+/// subschema once, `$ref`s followed (so a `$ref` used twice counts its target twice). Fails,
+/// naming the limit, past `limit` subschemas, on a `$ref` that loops back to a schema applying
+/// to the same value (an endless check), or on a `$ref` that is not local to the schema.
+pub fn schema_size(schema: &Value, limit: usize) -> Result<usize, String> {
+    let mut walk = SchemaWalk {
+        root: schema,
+        limit,
+        visited: 0,
+        descents: 0,
+        following: Vec::new(),
+    };
+    walk.visit(schema)?;
+    Ok(walk.visited)
+}
+
+/// The walk of [`schema_size`].
+struct SchemaWalk<'a> {
+    root: &'a Value,
+    limit: usize,
+    visited: usize,
+    /// Keywords on the current path that apply their schema to a part of the value
+    /// (`properties`, `items`, …): a `$ref` cycle through one of them ends with the data.
+    descents: usize,
+    /// The `$ref` targets being followed, with `descents` when each was entered.
+    following: Vec<(String, usize)>,
+}
+
+impl<'a> SchemaWalk<'a> {
+    fn visit(&mut self, schema: &'a Value) -> Result<(), String> {
+        self.visited += 1;
+        if self.visited > self.limit {
+            return Err(format!(
+                "it expands to more than {} subschemas once its $refs and anyOf/allOf/oneOf branches are followed (the limit); share less through $ref or simplify it",
+                self.limit
+            ));
+        }
+        let Value::Object(keywords) = schema else {
+            return Ok(());
+        };
+        for (keyword, value) in keywords {
+            match keyword.as_str() {
+                // Applied to the same value.
+                "allOf" | "anyOf" | "oneOf" => self.each(value, false)?,
+                "not" | "if" | "then" | "else" => self.visit(value)?,
+                "dependentSchemas" | "dependencies" => self.members(value, false)?,
+                "$ref" | "$dynamicRef" | "$recursiveRef" => self.follow(value)?,
+                // Applied to parts of the value.
+                "properties" | "patternProperties" => self.members(value, true)?,
+                "items" | "prefixItems" => self.each(value, true)?,
+                "additionalProperties"
+                | "unevaluatedProperties"
+                | "propertyNames"
+                | "additionalItems"
+                | "unevaluatedItems"
+                | "contains" => self.descend(value)?,
+                // `$defs`, `definitions`: only reached through a `$ref`.
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// A schema, or each schema of an array of them.
+    fn each(&mut self, value: &'a Value, descends: bool) -> Result<(), String> {
+        match value {
+            Value::Array(schemas) => schemas
+                .iter()
+                .try_for_each(|schema| self.apply(schema, descends)),
+            schema => self.apply(schema, descends),
+        }
+    }
+
+    /// Each schema of an object of them (an array, in `dependencies`, is not a schema).
+    fn members(&mut self, value: &'a Value, descends: bool) -> Result<(), String> {
+        let Value::Object(members) = value else {
+            return Ok(());
+        };
+        members
+            .values()
+            .filter(|schema| schema.is_object() || schema.is_boolean())
+            .try_for_each(|schema| self.apply(schema, descends))
+    }
+
+    fn apply(&mut self, schema: &'a Value, descends: bool) -> Result<(), String> {
+        if descends {
+            self.descend(schema)
+        } else {
+            self.visit(schema)
+        }
+    }
+
+    fn descend(&mut self, schema: &'a Value) -> Result<(), String> {
+        self.descents += 1;
+        let visited = self.visit(schema);
+        self.descents -= 1;
+        visited
+    }
+
+    fn follow(&mut self, reference: &'a Value) -> Result<(), String> {
+        let Some(reference) = reference.as_str() else {
+            return Err("a $ref must be a string".into());
+        };
+        let (key, target) = self.resolve(reference)?;
+        if let Some((_, entered_at)) = self.following.iter().find(|(seen, _)| *seen == key) {
+            return if self.descents > *entered_at {
+                // Recursion along the data (a tree of objects): it ends where the data does.
+                Ok(())
+            } else {
+                Err(format!(
+                    "its $ref {reference} refers back to a schema for the same value, so checking would never end"
+                ))
+            };
+        }
+        self.following.push((key, self.descents));
+        let visited = self.visit(target);
+        self.following.pop();
+        visited
+    }
+
+    /// The schema a local `$ref` (`#`, `#/json/pointer`, `#anchor`) points at, with a key
+    /// naming it.
+    fn resolve(&self, reference: &str) -> Result<(String, &'a Value), String> {
+        let Some(fragment) = reference.strip_prefix('#') else {
+            return Err(format!(
+                "its $ref {reference} is not local to the schema; only references such as #/$defs/name are supported"
+            ));
+        };
+        let target = if fragment.is_empty() || fragment.starts_with('/') {
+            let pointer = percent_decoded(fragment);
+            self.root.pointer(&pointer)
+        } else {
+            find_anchor(self.root, fragment)
+        };
+        target
+            .map(|target| (format!("#{fragment}"), target))
+            .ok_or_else(|| format!("its $ref {reference} points at nothing in the schema"))
+    }
+}
+
+/// A JSON pointer from a URI fragment, with `%XX` escapes decoded.
+fn percent_decoded(fragment: &str) -> String {
+    let bytes = fragment.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut index = 0;
+    while index < bytes.len() {
+        let hex = bytes
+            .get(index + 1..index + 3)
+            .and_then(|hex| std::str::from_utf8(hex).ok())
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+        match (bytes[index], hex) {
+            (b'%', Some(byte)) => {
+                decoded.push(byte);
+                index += 3;
+            }
+            (byte, _) => {
+                decoded.push(byte);
+                index += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&decoded).into_owned()
+}
+
+/// The subschema declaring the anchor `name` (`$anchor`, `$dynamicAnchor`, or an `$id` of
+/// `#name` in older drafts).
+fn find_anchor<'a>(root: &'a Value, name: &str) -> Option<&'a Value> {
+    let mut stack = vec![root];
+    while let Some(value) = stack.pop() {
+        match value {
+            Value::Object(map) => {
+                let declares = |key: &str, expected: &str| {
+                    map.get(key).and_then(Value::as_str) == Some(expected)
+                };
+                if declares("$anchor", name)
+                    || declares("$dynamicAnchor", name)
+                    || declares("$id", &format!("#{name}"))
+                {
+                    return Some(value);
+                }
+                stack.extend(map.values());
+            }
+            Value::Array(items) => stack.extend(items),
+            _ => {}
+        }
+    }
+    None
 }
 
 /// The first few ways `instance` breaks a schema, each with where it is, or `None` when it
@@ -284,6 +606,7 @@ fn parse_function(
     value: &Value,
     tool_id: Option<String>,
     at: &str,
+    limits: ManifestLimits,
 ) -> Result<Function, RelayError> {
     let Value::Object(object) = value else {
         return Err(invalid(format!("{at} must be an object")));
@@ -301,16 +624,30 @@ fn parse_function(
             )));
         }
     };
-    let validator = jsonschema::validator_for(&schema).map_err(|error| {
-        invalid(format!(
-            "the schema of {name} is not a valid JSON Schema: {error}"
-        ))
-    })?;
+    if toolrelay::json::depth(&schema) > limits.max_depth {
+        return Err(invalid(format!(
+            "the schema of {name} is nested more than {} levels deep (the limit)",
+            limits.max_depth
+        )));
+    }
+    let schema_size = schema_size(&schema, MAX_SCHEMA_NODES)
+        .map_err(|reason| invalid(format!("the schema of {name} is refused: {reason}")))?;
+    let validator = jsonschema::options()
+        .with_pattern_options(
+            jsonschema::PatternOptions::fancy_regex().backtrack_limit(REGEX_BACKTRACK_LIMIT),
+        )
+        .build(&schema)
+        .map_err(|error| {
+            invalid(format!(
+                "the schema of {name} is not a valid JSON Schema: {error}"
+            ))
+        })?;
     Ok(Function {
         tool_id,
         description: description(object, at)?,
         name,
         schema,
+        schema_size,
         validator: Arc::new(validator),
     })
 }
@@ -392,6 +729,7 @@ mod tests {
     const LIMITS: ManifestLimits = ManifestLimits {
         max_bytes: 64 * 1024,
         max_functions: 8,
+        max_depth: 32,
     };
 
     fn grouped() -> Value {
@@ -421,6 +759,27 @@ mod tests {
 
         let again = Manifest::parse(&serde_json::to_value(&flat).unwrap(), LIMITS).unwrap();
         assert_eq!(again.flat(), flat);
+    }
+
+    #[test]
+    fn a_stored_manifest_reads_back_the_same() {
+        let mixed = json!({"version": "3", "tools": [
+            {"id": "people", "description": "People", "functions": [{"name": "add", "description": "Adds",
+                "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}}}]},
+            {"name": "ping", "description": "Answers pong"}
+        ]});
+        let manifest = Manifest::parse(&mixed, LIMITS).unwrap();
+        let again = Manifest::from_json(&manifest.to_json(), LIMITS).unwrap();
+        assert_eq!(again.grouped(), manifest.grouped());
+        assert_eq!(again.flat(), manifest.flat());
+        assert!(again.function(Some("ping"), "ping").is_some());
+        assert!(
+            again
+                .function(None, "add")
+                .unwrap()
+                .check_arguments(&json!({"n": "x"}))
+                .is_err()
+        );
     }
 
     #[test]
@@ -487,7 +846,7 @@ mod tests {
             ),
             (
                 json!([{"name": "a", "inputSchema": {"$ref": "https://example.com/schema.json"}}]),
-                "not a valid JSON Schema",
+                "not local to the schema",
             ),
             (
                 json!([{"name": "a", "inputSchema": {"$schema": "https://example.com/meta"}}]),

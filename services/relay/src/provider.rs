@@ -9,6 +9,7 @@
 //! the connection when the session ends, another connection replaces it, or the relay stops.
 //! When `downlink` ends, the transport closes the connection.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -18,6 +19,7 @@ use toolrelay::wire::{ProviderFrame, RelayFrame, ToolRequest};
 
 use crate::clock::Timestamp;
 use crate::code::{self, SessionCode};
+use crate::drain::Hold;
 use crate::error::RelayError;
 use crate::relay::Relay;
 use crate::store::{Claim, EventStream, ProviderInfo, SessionEvent, Transport};
@@ -52,6 +54,9 @@ pub enum Downlink {
     Heartbeat {
         /// When the session expires unless there is activity.
         expires_at: Timestamp,
+        /// Whether it answers the provider's ping rather than being the relay's periodic one:
+        /// only periodic heartbeats count towards a silent provider's limit.
+        answers_ping: bool,
     },
     /// A manifest was accepted.
     Registered {
@@ -111,7 +116,7 @@ impl Downlink {
                 protocol_version: PROTOCOL_VERSION.to_owned(),
             },
             Self::ToolRequest { request, .. } => RelayFrame::ToolRequest(request.clone()),
-            Self::Heartbeat { expires_at } => RelayFrame::Heartbeat {
+            Self::Heartbeat { expires_at, .. } => RelayFrame::Heartbeat {
                 expires_at: expires_at.rfc3339(),
             },
             Self::Registered { tools } => RelayFrame::Registered { tools: *tools },
@@ -156,6 +161,7 @@ impl Relay {
         token: Option<&str>,
         transport: Transport,
     ) -> Result<ProviderLink, RelayError> {
+        self.accepting()?;
         let (code, _) = self.authorized(code, token).await?;
         // Subscribe before anything can be queued for this connection, so nothing is missed.
         let events = self.subscribe(&code).await?;
@@ -182,6 +188,7 @@ impl Relay {
             code: code.clone(),
             connection_id: connection_id.clone(),
             down: down_tx,
+            outstanding: std::sync::Mutex::default(),
         };
         tokio::spawn(driver.run(session.expires_at, session.max_expires_at, events, up_rx));
         Ok(ProviderLink {
@@ -208,6 +215,8 @@ impl Relay {
             .as_ref()
             .is_some_and(|provider| provider.connection_id == POLLING_CONNECTION);
         if !is_current {
+            // A poller taking over is a new attach: refused while the relay drains.
+            self.accepting()?;
             let provider = ProviderInfo {
                 connection_id: POLLING_CONNECTION.to_owned(),
                 transport: Transport::Polling,
@@ -233,6 +242,10 @@ struct Driver {
     code: SessionCode,
     connection_id: String,
     down: mpsc::Sender<Downlink>,
+    /// Calls delivered to this connection and not answered yet: each holds a stopping relay
+    /// open until it is answered (by any path) or the drain ends. A std mutex: held for one
+    /// map operation, never across an `.await`.
+    outstanding: std::sync::Mutex<HashMap<String, Hold>>,
 }
 
 /// The provider went away while the driver was sending.
@@ -296,7 +309,7 @@ impl Driver {
         let mut heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let end_of_life = clock.instant(max_expires_at);
-        let shutdown = self.relay.inner.shutdown.clone();
+        let mut drained = std::pin::pin!(self.relay.inner.drain.ended());
 
         loop {
             // Biased: frames the provider already sent (answers above all) are handled before
@@ -311,28 +324,34 @@ impl Driver {
                     }
                     None => return Ok(Ending::Disconnected),
                 },
-                () = shutdown.cancelled() => {
+                () = &mut drained => {
                     self.send(Downlink::Restarting).await?;
                     return Ok(Ending::Closed);
                 }
                 event = events.next() => match event {
                     Some(SessionEvent::RequestQueued) => self.deliver().await?,
                     // A lost event may have been the one that replaced this connection.
-                    Some(SessionEvent::Missed | SessionEvent::ProviderChanged(_)) => {
+                    Some(event @ (SessionEvent::Missed | SessionEvent::ProviderChanged(_))) => {
                         if let Some(ending) = self.check_still_provider().await? {
                             return Ok(ending);
+                        }
+                        if event == SessionEvent::Missed {
+                            self.forget_answered().await;
                         }
                         self.deliver().await?;
                     }
                     Some(SessionEvent::SessionEnded) | None => {
                         return self.expire("The session has ended. Start a new session to pair again.").await;
                     }
-                    Some(SessionEvent::ResponseReady(_) | SessionEvent::ManifestChanged) => {}
+                    Some(SessionEvent::ResponseReady(id)) => {
+                        self.outstanding().remove(&id);
+                    }
+                    Some(SessionEvent::ManifestChanged) => {}
                 },
                 _ = heartbeat.tick() => {
                     match self.relay.touch(&self.code, Some(&self.connection_id)).await {
                         Ok(session) if self.is_provider_of(&session) => {
-                            self.send(Downlink::Heartbeat { expires_at: session.expires_at }).await?;
+                            self.send(Downlink::Heartbeat { expires_at: session.expires_at, answers_ping: false }).await?;
                             // Also retries a claim that failed on a store error.
                             self.deliver().await?;
                         }
@@ -368,6 +387,7 @@ impl Driver {
             ProviderFrame::Ping => match self.relay.touch(&self.code, connection).await {
                 Ok(session) if self.is_provider_of(&session) => Ok(Some(Downlink::Heartbeat {
                     expires_at: session.expires_at,
+                    answers_ping: true,
                 })),
                 Ok(_) => return self.replaced().await.map(Some),
                 Err(error) => Err(error),
@@ -436,6 +456,10 @@ impl Driver {
                 }
             };
             let count = claimed.len();
+            for record in &claimed {
+                let hold = self.relay.inner.drain.hold();
+                self.outstanding().insert(record.id.clone(), hold);
+            }
             for record in claimed {
                 self.send(Downlink::ToolRequest {
                     request: record.tool_request(),
@@ -445,6 +469,27 @@ impl Driver {
             }
             if count < CLAIM_BATCH {
                 return Ok(());
+            }
+        }
+    }
+
+    fn outstanding(&self) -> std::sync::MutexGuard<'_, HashMap<String, Hold>> {
+        self.outstanding
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Stops holding the drain open for calls that have their answer (after lost events).
+    async fn forget_answered(&self) {
+        let ids: Vec<String> = self.outstanding().keys().cloned().collect();
+        for id in ids {
+            let answered = match self.relay.inner.store.request(&self.code, &id).await {
+                Ok(Some(record)) => record.status.is_terminal(),
+                Ok(None) => true,
+                Err(_) => false,
+            };
+            if answered {
+                self.outstanding().remove(&id);
             }
         }
     }

@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use serde_json::Value;
-use tokio_util::sync::CancellationToken;
 use toolrelay::wire::{
     FunctionSpec, GroupedManifest, ProviderResponse, RequestStatus, ToolError, ToolGroup,
     ToolResponse,
@@ -22,8 +21,10 @@ use crate::builtin::{
 use crate::clock::{Clock, Timestamp};
 use crate::code::{self, SessionCode};
 use crate::config::RelayConfig;
+use crate::drain::Drain;
 use crate::error::RelayError;
-use crate::manifest::{Manifest, ManifestLimits};
+use crate::limits::Limits;
+use crate::manifest::{Manifest, ManifestCache, ManifestLimits};
 use crate::store::{
     Enqueued, EventStream, Finished, NewRequest, RequestRecord, SessionEvent, SessionRecord, Store,
     Transport,
@@ -45,7 +46,10 @@ pub(crate) struct Inner {
     pub(crate) tools: Registry,
     pub(crate) config: RelayConfig,
     pub(crate) clock: Clock,
-    pub(crate) shutdown: CancellationToken,
+    pub(crate) limits: Limits,
+    pub(crate) drain: Drain,
+    /// Compiled manifests of this replica, by session and revision.
+    pub(crate) manifests: ManifestCache,
 }
 
 /// A session just created: the only time its provider token is revealed.
@@ -59,6 +63,8 @@ pub struct NewSession {
     pub ttl: Duration,
     /// When it expires unless there is activity.
     pub expires_at: Timestamp,
+    /// When it ends however active it is.
+    pub max_expires_at: Timestamp,
     /// The secret of its MCP connector URL (`/mcp/s/{handle}`).
     pub mcp_handle: String,
 }
@@ -72,6 +78,8 @@ pub struct SessionStatus {
     pub created_at: Timestamp,
     /// When it expires unless there is activity.
     pub expires_at: Timestamp,
+    /// When it ends however active it is.
+    pub max_expires_at: Timestamp,
     /// How the provider is attached, when one is.
     pub transport: Option<Transport>,
     /// Number of functions in the manifest.
@@ -93,6 +101,8 @@ pub struct CallInput {
     pub function_name: String,
     /// Its arguments (`null` counts as `{}`).
     pub args: Value,
+    /// The correlation id of the request that made the call, for the log line of its end.
+    pub correlation_id: Option<String>,
 }
 
 /// Where a call stands, with its response once it has one.
@@ -104,11 +114,15 @@ pub struct RequestView {
     pub status: RequestStatus,
     /// Its final answer (completed, failed or expired).
     pub response: Option<ToolResponse>,
+    /// Whether something can answer it now: a provider is connected to the session, or the
+    /// tool is built into the relay. (A finished call counts as answered by one.)
+    pub provider_connected: bool,
 }
 
-impl From<RequestRecord> for RequestView {
-    fn from(record: RequestRecord) -> Self {
+impl RequestView {
+    fn of(record: RequestRecord, provider_connected: bool) -> Self {
         Self {
+            provider_connected: provider_connected || record.builtin || record.status.is_terminal(),
             request_id: record.id,
             status: record.status,
             response: record.response,
@@ -145,11 +159,13 @@ impl Relay {
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
+                limits: Limits::new(config.limits, Arc::clone(&store), clock.clone()),
                 store,
                 tools,
                 config,
                 clock,
-                shutdown: CancellationToken::new(),
+                drain: Drain::new(),
+                manifests: ManifestCache::default(),
             }),
         }
     }
@@ -164,9 +180,36 @@ impl Relay {
         &self.inner.clock
     }
 
-    /// Tells every connected provider to reconnect and ends their connections.
+    /// Tells every connected provider to reconnect and ends their connections at once (the
+    /// end of a drain, see [`Relay::drain`]).
     pub fn shutdown(&self) {
-        self.inner.shutdown.cancel();
+        self.inner.drain.end();
+    }
+
+    /// The process's drain: once it begins, new sessions, calls and attaches are refused; when
+    /// it ends, waiting callers give up and providers are told to reconnect elsewhere.
+    pub fn drain(&self) -> &Drain {
+        &self.inner.drain
+    }
+
+    /// The store, which other components of the same process may share (a gateway's rate
+    /// limits).
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.inner.store
+    }
+
+    /// The address-keyed limits (brute-force guard, calls per session) every transport applies.
+    pub fn limits(&self) -> &Limits {
+        &self.inner.limits
+    }
+
+    /// Refuses new work while the process drains.
+    pub(crate) fn accepting(&self) -> Result<(), RelayError> {
+        if self.inner.drain.is_draining() {
+            Err(RelayError::ShuttingDown)
+        } else {
+            Ok(())
+        }
     }
 
     /// Whether the relay can serve: its store answers.
@@ -176,6 +219,7 @@ impl Relay {
 
     /// Creates a session.
     pub async fn create_session(&self) -> Result<NewSession, RelayError> {
+        self.accepting()?;
         let config = &self.inner.config;
         let now = self.now();
         let provider_token = code::generate_token();
@@ -195,6 +239,7 @@ impl Relay {
                 provider_token: provider_token.clone(),
                 ttl: config.session_ttl,
                 expires_at: record.expires_at,
+                max_expires_at: record.max_expires_at,
                 mcp_handle: record.mcp_handle.clone(),
             };
             if self.inner.store.insert_session(record).await? {
@@ -212,29 +257,58 @@ impl Relay {
     pub async fn session_status(&self, code: &str) -> Result<SessionStatus, RelayError> {
         let (code, session) = self.live_session(code).await?;
         let now = self.now();
-        let manifest = self.manifest_of(&code).await?;
+        let manifest = self.manifest_of(&code, session.manifest_revision).await?;
         let pending_requests = self
             .inner
             .store
             .pending_count(&code)
             .await?
             .ok_or_else(|| not_found(&code))?;
-        let transport = session.provider.as_ref().and_then(|provider| {
-            let presence = match provider.transport {
-                Transport::Polling => POLLING_PRESENCE,
-                _ => self.inner.config.heartbeat_interval * 2 + Duration::from_secs(5),
-            };
-            (now.since(provider.last_seen) <= presence).then_some(provider.transport)
-        });
+        let transport = self.connected_transport(&session, now);
         Ok(SessionStatus {
             created_at: session.created_at,
             expires_at: session.expires_at,
+            max_expires_at: session.max_expires_at,
             transport,
             tool_count: manifest.functions().len() + self.inner.tools.names().len(),
             pending_requests,
             mcp_handle: session.mcp_handle,
             code,
         })
+    }
+
+    /// How the session's provider is attached, if one is connected now (a poller counts while
+    /// it polls, a connection while its heartbeats reach it).
+    fn connected_transport(&self, session: &SessionRecord, now: Timestamp) -> Option<Transport> {
+        session.provider.as_ref().and_then(|provider| {
+            let presence = match provider.transport {
+                Transport::Polling => POLLING_PRESENCE,
+                _ => self.inner.config.heartbeat_interval * 2 + Duration::from_secs(5),
+            };
+            (now.since(provider.last_seen) <= presence).then_some(provider.transport)
+        })
+    }
+
+    /// A call's view, with whether a provider can answer it now; an error for a call whose
+    /// answer was evicted.
+    async fn view(
+        &self,
+        code: &SessionCode,
+        record: RequestRecord,
+    ) -> Result<RequestView, RelayError> {
+        if record.evicted {
+            return Err(RelayError::ResponseEvicted {
+                request_id: record.id,
+            });
+        }
+        if record.builtin || record.status.is_terminal() {
+            return Ok(RequestView::of(record, true));
+        }
+        let connected = match self.inner.store.session(code).await? {
+            Some(session) => self.connected_transport(&session, self.now()).is_some(),
+            None => false,
+        };
+        Ok(RequestView::of(record, connected))
     }
 
     /// The code of the session an MCP connector handle belongs to.
@@ -258,8 +332,11 @@ impl Relay {
     /// Fetching them counts as activity.
     pub async fn manifest(&self, code: &str) -> Result<GroupedManifest, RelayError> {
         let (code, _) = self.live_session(code).await?;
-        self.touch(&code, None).await?;
-        let mut grouped = self.manifest_of(&code).await?.grouped();
+        let session = self.touch(&code, None).await?;
+        let mut grouped = self
+            .manifest_of(&code, session.manifest_revision)
+            .await?
+            .grouped();
         grouped.tools.push(ToolGroup {
             id: BUILTIN_GROUP.to_owned(),
             description: BUILTIN_GROUP_DESCRIPTION.to_owned(),
@@ -278,6 +355,47 @@ impl Relay {
         Ok(grouped)
     }
 
+    /// A stream with an item each time the session's manifest changes; it ends with the
+    /// session. Lost events (and a shared store's periodic "look again") are checked against
+    /// the manifest's revision, so an item always means a new manifest.
+    pub async fn manifest_changes(
+        &self,
+        code: &str,
+    ) -> Result<futures::stream::BoxStream<'static, ()>, RelayError> {
+        let code = SessionCode::parse(code)?;
+        // Subscribed before the revision is read, so no change falls between the two.
+        let events = self.subscribe(&code).await?;
+        let (code, session) = self.live_session(code.as_str()).await?;
+        let store = Arc::clone(&self.inner.store);
+        let changes = futures::stream::unfold(
+            (events, session.manifest_revision),
+            move |(mut events, seen)| {
+                let store = Arc::clone(&store);
+                let code = code.clone();
+                async move {
+                    loop {
+                        match events.next().await? {
+                            SessionEvent::SessionEnded => return None,
+                            SessionEvent::ManifestChanged | SessionEvent::Missed => {
+                                match store.session(&code).await {
+                                    Ok(Some(session)) if session.manifest_revision != seen => {
+                                        return Some(((), (events, session.manifest_revision)));
+                                    }
+                                    Ok(None) => return None,
+                                    // Unchanged, or the store is unreachable: look again at
+                                    // the next event.
+                                    Ok(Some(_)) | Err(_) => {}
+                                }
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+            },
+        );
+        Ok(changes.boxed())
+    }
+
     /// The built-in tools.
     pub fn tools(&self) -> Vec<ToolInfo> {
         self.inner.tools.list()
@@ -290,6 +408,18 @@ impl Relay {
         args: Value,
         scope: Scope,
     ) -> Result<Value, ToolFailure> {
+        let limit = self.inner.config.max_json_depth;
+        if toolrelay::json::depth(&args) > limit {
+            let error = RelayError::NestedTooDeeply {
+                what: "The arguments are",
+                limit,
+            };
+            return Err(ToolFailure::new(
+                FailureKind::BadInput,
+                "NESTED_TOO_DEEPLY",
+                error.to_string(),
+            ));
+        }
         self.inner
             .tools
             .call(name, args, &self.tool_context(scope))
@@ -321,11 +451,7 @@ impl Relay {
         tools: &Value,
         connection: Option<&str>,
     ) -> Result<usize, RelayError> {
-        let limits = ManifestLimits {
-            max_bytes: self.inner.config.max_manifest_bytes,
-            max_functions: self.inner.config.max_functions,
-        };
-        let manifest = Manifest::parse(tools, limits)?;
+        let manifest = Manifest::parse(tools, self.manifest_limits())?;
         for function in manifest.functions() {
             if self.inner.tools.contains(&function.name) || function.group_id() == BUILTIN_GROUP {
                 return Err(RelayError::InvalidManifest {
@@ -341,11 +467,13 @@ impl Relay {
             }
         }
         let count = manifest.functions().len();
-        self.inner
+        let revision = self
+            .inner
             .store
-            .set_manifest(code, Arc::new(manifest))
+            .set_manifest(code, manifest.to_json())
             .await?
             .ok_or_else(|| not_found(code))?;
+        self.inner.manifests.put(code, revision, Arc::new(manifest));
         self.touch(code, connection).await?;
         tracing::info!(code = %code, functions = count, "manifest registered");
         Ok(count)
@@ -354,7 +482,25 @@ impl Relay {
     /// Queues a call after checking it against the manifest; returns at once. Repeating a
     /// request id with the same call returns that call's state and runs nothing.
     pub async fn submit(&self, code: &str, call: CallInput) -> Result<RequestView, RelayError> {
-        let (code, _) = self.live_session(code).await?;
+        let (record, connected) = self.queue(code, call).await?;
+        Ok(RequestView::of(record, connected))
+    }
+
+    /// [`Relay::submit`]'s work: the call's record, and whether a tab is there to run it.
+    async fn queue(
+        &self,
+        code: &str,
+        call: CallInput,
+    ) -> Result<(RequestRecord, bool), RelayError> {
+        self.accepting()?;
+        let (code, session) = self.live_session(code).await?;
+        let limit = self.inner.config.max_json_depth;
+        if toolrelay::json::depth(&call.args) > limit {
+            return Err(RelayError::NestedTooDeeply {
+                what: "The arguments are",
+                limit,
+            });
+        }
         let given_id = call.request_id.is_some();
         let request_id = match call.request_id {
             Some(id) if is_valid_request_id(&id) => id,
@@ -365,24 +511,23 @@ impl Relay {
             Value::Null => Value::Object(Default::default()),
             args => args,
         };
-        let manifest = self.manifest_of(&code).await?;
+        let manifest = self.manifest_of(&code, session.manifest_revision).await?;
         let now = self.now();
         let tool_id = call.tool_id.as_deref();
         let (group, builtin) = match manifest.function(tool_id, &call.function_name) {
             Some(function) => {
-                function.check_arguments(&args)?;
+                function.check_arguments_async(&args).await?;
                 (function.group_id().to_owned(), false)
             }
             None if tool_id.is_none_or(|id| id == BUILTIN_GROUP)
                 && self.inner.tools.contains(&call.function_name) =>
             {
-                self.inner
-                    .tools
-                    .check(&call.function_name, &args)
-                    .map_err(|failure| RelayError::InvalidArguments {
+                if let Some(problems) = self.inner.tools.violations(&call.function_name, &args) {
+                    return Err(RelayError::InvalidArguments {
                         function: call.function_name.clone(),
-                        problems: failure.message,
-                    })?;
+                        problems,
+                    });
+                }
                 (BUILTIN_GROUP.to_owned(), true)
             }
             None => {
@@ -426,18 +571,28 @@ impl Relay {
             created_at: now,
             deadline: now.plus(self.inner.config.request_timeout),
             builtin,
+            correlation_id: call.correlation_id,
         };
         let limit = self.inner.config.max_pending_per_session;
-        match self.inner.store.enqueue(&code, request, limit).await? {
+        let connected = self.connected_transport(&session, now).is_some();
+        let until = now.plus(self.inner.config.session_ttl);
+        match self
+            .inner
+            .store
+            .enqueue(&code, request, limit, until)
+            .await?
+        {
             Enqueued::Queued(record) => {
                 tracing::debug!(code = %code, request_id = %record.id, function = %record.function_name, "call queued");
-                self.touch(&code, None).await?;
                 if record.builtin {
                     self.run_builtin(code.clone(), &record);
                 }
-                Ok(record.into())
+                Ok((record, connected))
             }
-            Enqueued::Existing(record) => Ok(record.into()),
+            Enqueued::Existing(record) if record.evicted => Err(RelayError::ResponseEvicted {
+                request_id: record.id,
+            }),
+            Enqueued::Existing(record) => Ok((record, connected)),
             Enqueued::Conflict => Err(RelayError::RequestIdConflict { request_id }),
             Enqueued::Full => Err(RelayError::QueueFull {
                 code: code.display(),
@@ -456,12 +611,33 @@ impl Relay {
         wait: Duration,
     ) -> Result<RequestView, RelayError> {
         let code = SessionCode::parse(code)?;
-        let mut events = self.subscribe(&code).await?;
+        let events = self.subscribe(&code).await?;
+        self.wait_for_answer(&code, request_id, wait, events, None)
+            .await
+    }
+
+    /// Waits, on `events` (subscribed before `known` was read, if it was), up to `wait` for a
+    /// call's final answer; returns its state either way.
+    async fn wait_for_answer(
+        &self,
+        code: &SessionCode,
+        request_id: &str,
+        wait: Duration,
+        mut events: EventStream,
+        mut known: Option<RequestRecord>,
+    ) -> Result<RequestView, RelayError> {
         let wait_until = self.now().plus(wait);
+        // A waiting caller holds a stopping relay open until its answer comes or the drain
+        // ends; then it is told to ask again.
+        let _hold = self.inner.drain.hold();
+        let mut drained = std::pin::pin!(self.inner.drain.ended());
         loop {
-            let record = self.request_record(&code, request_id).await?;
+            let record = match known.take() {
+                Some(record) => record,
+                None => self.request_record(code, request_id).await?,
+            };
             if record.status.is_terminal() || self.now() >= wait_until {
-                return Ok(record.into());
+                return self.view(code, record).await;
             }
             let wake = self.inner.clock.instant(wait_until.min(record.deadline));
             loop {
@@ -469,10 +645,16 @@ impl Relay {
                     event = events.next() => match event {
                         Some(SessionEvent::ResponseReady(id)) if id == request_id => break,
                         Some(SessionEvent::Missed) => break,
-                        Some(SessionEvent::SessionEnded) | None => return Err(not_found(&code)),
+                        Some(SessionEvent::SessionEnded) | None => return Err(not_found(code)),
                         Some(_) => continue,
                     },
                     () = tokio::time::sleep_until(wake) => break,
+                    () = &mut drained => {
+                        return Err(RelayError::Drained {
+                            code: code.display(),
+                            request_id: request_id.to_owned(),
+                        });
+                    }
                 }
             }
         }
@@ -486,12 +668,20 @@ impl Relay {
         call: CallInput,
         wait: Option<Duration>,
     ) -> Result<RequestView, RelayError> {
-        let submitted = self.submit(code, call).await?;
-        if submitted.status.is_terminal() {
-            return Ok(submitted);
+        let parsed = SessionCode::parse(code)?;
+        // Subscribed before the call is queued, so no answer can slip past: the wait starts
+        // from the record the queueing returned, without reading it again.
+        let events = self.subscribe(&parsed).await?;
+        let (record, connected) = self.queue(code, call).await?;
+        // With no tab to run it, the call stays queued, and the caller learns so at once
+        // rather than after a wait that cannot end well.
+        if record.status.is_terminal() || !(connected || record.builtin) {
+            return Ok(RequestView::of(record, connected));
         }
         let wait = wait.unwrap_or(self.inner.config.default_call_wait);
-        self.await_response(code, &submitted.request_id, wait).await
+        let request_id = record.id.clone();
+        self.wait_for_answer(&parsed, &request_id, wait, events, Some(record))
+            .await
     }
 
     /// Final answers of the session's calls, oldest first (or only `request_id`'s). Reading
@@ -503,14 +693,17 @@ impl Relay {
     ) -> Result<Vec<ToolResponse>, RelayError> {
         let (code, _) = self.live_session(code).await?;
         let responses = match request_id {
-            Some(id) => self
-                .inner
-                .store
-                .request(&code, id)
-                .await?
-                .and_then(|record| record.response)
-                .into_iter()
-                .collect(),
+            Some(id) => match self.inner.store.request(&code, id).await? {
+                Some(record) if record.evicted => {
+                    return Err(RelayError::ResponseEvicted {
+                        request_id: record.id,
+                    });
+                }
+                record => record
+                    .and_then(|record| record.response)
+                    .into_iter()
+                    .collect(),
+            },
             None => self.inner.store.responses(&code).await?.unwrap_or_default(),
         };
         Ok(responses)
@@ -523,7 +716,8 @@ impl Relay {
         request_id: &str,
     ) -> Result<RequestView, RelayError> {
         let code = SessionCode::parse(code)?;
-        Ok(self.request_record(&code, request_id).await?.into())
+        let record = self.request_record(&code, request_id).await?;
+        self.view(&code, record).await
     }
 
     /// A provider's answer to a call, over any transport. Needs the provider token.
@@ -542,25 +736,28 @@ impl Relay {
         code: &SessionCode,
         response: ProviderResponse,
     ) -> Result<ResponseOutcome, RelayError> {
+        let (response, refused) = contain_response(response, self.answer_limits());
         let (status, response) = normalise_response(response)?;
-        let size = serde_json::to_vec(&response).map_or(usize::MAX, |bytes| bytes.len());
-        let limit = self.inner.config.max_response_bytes;
-        if size > limit {
-            return Err(RelayError::InvalidResponse {
-                reason: format!("it is {size} bytes, over the limit of {limit}; return less data"),
-            });
-        }
         let request_id = response.request_id.clone();
+        let now = self.now();
+        let until = now.plus(self.inner.config.session_ttl);
         let finished = self
             .inner
             .store
-            .finish(code, &request_id, status, response, self.now())
+            .finish(code, &request_id, status, response, now, until)
             .await?;
         let outcome = match finished {
             Finished::Finished(record) => {
-                tracing::debug!(code = %code, request_id = %record.id, status = record.status.as_str(), "call answered");
-                // An answer is activity whichever connection sends it.
-                self.touch(code, None).await?;
+                // Which tool, how it ended, how long it took: never its arguments or result.
+                tracing::info!(
+                    code = %code,
+                    request_id = %record.id,
+                    call_correlation_id = record.correlation_id.as_deref().unwrap_or(""),
+                    function = %record.function_name,
+                    status = record.status.as_str(),
+                    duration_ms = millis(self.now().since(record.created_at)),
+                    "call finished"
+                );
                 ResponseOutcome {
                     request_id,
                     status: record.status,
@@ -580,7 +777,11 @@ impl Relay {
             }
             Finished::NoSession => return Err(not_found(code)),
         };
-        Ok(outcome)
+        // The caller has its (failed) answer; the provider learns why its own was refused.
+        match refused {
+            Some(error) if outcome.accepted => Err(error),
+            _ => Ok(outcome),
+        }
     }
 
     /// Runs a built-in tool called through a session, in the background, and records its
@@ -614,6 +815,14 @@ impl Relay {
                 tracing::warn!(code = %code, %error, "a built-in tool's answer was not recorded");
             }
         });
+    }
+
+    /// The limits a provider's answer must respect.
+    pub fn answer_limits(&self) -> AnswerLimits {
+        AnswerLimits {
+            max_depth: self.inner.config.max_json_depth,
+            max_bytes: self.inner.config.max_response_bytes,
+        }
     }
 
     // ---- helpers shared with the provider side ----
@@ -672,12 +881,43 @@ impl Relay {
             .ok_or_else(|| not_found(code))
     }
 
-    async fn manifest_of(&self, code: &SessionCode) -> Result<Arc<Manifest>, RelayError> {
-        self.inner
+    /// The compiled manifest of `code` at `revision`: this replica's, or compiled from the
+    /// store's JSON (registered through another replica, or forgotten here).
+    async fn manifest_of(
+        &self,
+        code: &SessionCode,
+        revision: u64,
+    ) -> Result<Arc<Manifest>, RelayError> {
+        if let Some(manifest) = self.inner.manifests.get(code, revision) {
+            return Ok(manifest);
+        }
+        let (revision, json) = self
+            .inner
             .store
             .manifest(code)
             .await?
-            .ok_or_else(|| not_found(code))
+            .ok_or_else(|| not_found(code))?;
+        let manifest = match json {
+            Some(json) => Manifest::from_json(&json, self.manifest_limits()).map_err(|error| {
+                RelayError::StoreUnavailable(crate::error::StoreError(format!(
+                    "a stored manifest cannot be read: {error}"
+                )))
+            })?,
+            None => Manifest::default(),
+        };
+        let manifest = Arc::new(manifest);
+        self.inner
+            .manifests
+            .put(code, revision, Arc::clone(&manifest));
+        Ok(manifest)
+    }
+
+    fn manifest_limits(&self) -> ManifestLimits {
+        ManifestLimits {
+            max_bytes: self.inner.config.max_manifest_bytes,
+            max_functions: self.inner.config.max_functions,
+            max_depth: self.inner.config.max_json_depth,
+        }
     }
 
     async fn request_record(
@@ -694,6 +934,77 @@ impl Relay {
             }),
         }
     }
+}
+
+/// Limits on a provider's answer, checked where it enters the system.
+#[derive(Debug, Clone, Copy)]
+pub struct AnswerLimits {
+    /// Deepest JSON nesting of its result or error.
+    pub max_depth: usize,
+    /// Largest answer, in bytes of JSON.
+    pub max_bytes: usize,
+}
+
+impl AnswerLimits {
+    /// Only the nesting, for a front end in front of the relay: the JSON must be able to
+    /// cross gRPC; the relay checks the size itself.
+    pub fn depth_only(max_depth: usize) -> Self {
+        Self {
+            max_depth,
+            max_bytes: usize::MAX,
+        }
+    }
+}
+
+/// A provider's answer within `limits`, or — when it is too deep or too large to keep — a
+/// failed answer saying so, with the error for the provider. Either way the caller gets an
+/// answer: a refused answer must not leave the call to be delivered again and again.
+pub fn contain_response(
+    response: ProviderResponse,
+    limits: AnswerLimits,
+) -> (ProviderResponse, Option<RelayError>) {
+    let depth = [&response.result, &response.error]
+        .into_iter()
+        .flatten()
+        .map(toolrelay::json::depth)
+        .max()
+        .unwrap_or(0);
+    let refusal = if depth > limits.max_depth {
+        RelayError::NestedTooDeeply {
+            what: "The tool's answer is",
+            limit: limits.max_depth,
+        }
+    } else {
+        let size = serde_json::to_vec(&response).map_or(usize::MAX, |bytes| bytes.len());
+        if size <= limits.max_bytes {
+            return (response, None);
+        }
+        RelayError::ResponseTooLarge {
+            size,
+            limit: limits.max_bytes,
+        }
+    };
+    let message = match &refusal {
+        RelayError::NestedTooDeeply { limit, .. } => format!(
+            "The tool's answer was nested more than {limit} levels deep and could not be kept. Ask for the data in a flatter shape, or for less of it."
+        ),
+        _ => format!(
+            "The tool's answer was over {} bytes and could not be kept. Ask for less data (fewer items, fewer attributes) and call again.",
+            limits.max_bytes
+        ),
+    };
+    let failed = ProviderResponse {
+        request_id: response.request_id,
+        success: Some(false),
+        result: None,
+        error: Some(serde_json::json!({"code": refusal.name(), "message": message})),
+    };
+    (failed, Some(refusal))
+}
+
+/// Whole milliseconds, as logs show them.
+pub fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Request ids chosen by callers: 1 to 128 of `[A-Za-z0-9._:-]`.

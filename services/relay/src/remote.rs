@@ -29,11 +29,15 @@ use crate::api::{Outcome, RelayApi};
 use crate::builtin::{FailureKind, Scope, ToolFailure, ToolInfo};
 use crate::clock::Timestamp;
 use crate::code::SessionCode;
+use crate::drain::Drain;
+use crate::error::RelayError;
 use crate::error::{ErrorInfo, ErrorKind};
 use crate::grpc::{
     ERROR_METADATA, RETRY_AFTER_METADATA, SESSION_CODE_METADATA, TRANSPORT_METADATA,
 };
+use crate::limits::{CLIENT_ADDRESS_METADATA, CORRELATION_ID_METADATA, Caller};
 use crate::provider::{Downlink, ProviderLink};
+use crate::relay::{AnswerLimits, contain_response};
 use crate::relay::{CallInput, NewSession, RequestView, ResponseOutcome, SessionStatus};
 use crate::store::Transport;
 
@@ -47,12 +51,35 @@ const LINGER: Duration = Duration::from_secs(5);
 pub struct RemoteRelay {
     client: RelayClient<Channel>,
     channel: Channel,
+    options: RemoteOptions,
+}
+
+/// What a front end in front of a remote relay enforces itself.
+#[derive(Clone, Debug)]
+pub struct RemoteOptions {
+    /// Deepest JSON nesting sent to the relay: JSON travels as `google.protobuf.Struct`,
+    /// which the relay could not decode past about 48 levels, so deeper JSON is refused here
+    /// with a clear error rather than failing as "relay unavailable".
+    pub max_json_depth: usize,
+    /// This process's drain: while it runs, new calls, sessions and attaches are refused; a
+    /// waiting caller holds it open and, when it ends, is told to ask for its answer again.
+    pub drain: Drain,
 }
 
 impl RemoteRelay {
     /// A client of the relay at `url` (`http://host:port`). Connects lazily, so the gateway
-    /// starts even while the relay is still coming up.
-    pub fn connect_lazy(url: &str) -> Result<Self, String> {
+    /// starts even while the relay is still coming up; a malformed URL is an error now.
+    pub fn connect_lazy(url: &str, options: RemoteOptions) -> Result<Self, String> {
+        let uri: tonic::codegen::http::Uri = url
+            .parse()
+            .map_err(|error| format!("{url:?} is not a URL ({error}); use http://host:port"))?;
+        let usable = matches!(uri.scheme_str(), Some("http" | "https"))
+            && uri.host().is_some_and(|host| !host.is_empty());
+        if !usable {
+            return Err(format!(
+                "{url:?} is not a relay URL: use http://host:port (for example http://toolrelay-relay:50051)"
+            ));
+        }
         let endpoint = Endpoint::from_shared(url.to_owned())
             .map_err(|error| format!("{url} is not a usable relay URL: {error}"))?
             .connect_timeout(Duration::from_secs(5))
@@ -61,11 +88,48 @@ impl RemoteRelay {
         Ok(Self {
             client: RelayClient::new(channel.clone()),
             channel,
+            options,
         })
     }
 
     fn client(&self) -> RelayClient<Channel> {
         self.client.clone()
+    }
+
+    /// Refuses new work while this process drains.
+    fn accepting(&self) -> Outcome<()> {
+        if self.options.drain.is_draining() {
+            Err(RelayError::ShuttingDown.into())
+        } else {
+            Ok(())
+        }
+    }
+
+    fn check_depth(&self, value: &Value, what: &'static str) -> Outcome<()> {
+        let limit = self.options.max_json_depth;
+        if toolrelay::json::depth(value) > limit {
+            return Err(RelayError::NestedTooDeeply { what, limit }.into());
+        }
+        Ok(())
+    }
+
+    /// Waits for `reply` while holding the drain open; when the drain ends first, the caller
+    /// is told to ask for call `request_id`'s answer again.
+    async fn waiting<T>(
+        &self,
+        code: &str,
+        request_id: &str,
+        reply: impl Future<Output = Result<tonic::Response<T>, Status>>,
+    ) -> Outcome<T> {
+        let _hold = self.options.drain.hold();
+        tokio::select! {
+            reply = reply => Ok(reply.map_err(error_info)?.into_inner()),
+            () = self.options.drain.ended() => Err(RelayError::Drained {
+                code: SessionCode::parse(code).map_or_else(|_| code.to_owned(), |code| code.display()),
+                request_id: request_id.to_owned(),
+            }
+            .into()),
+        }
     }
 }
 
@@ -74,6 +138,7 @@ impl RelayApi for RemoteRelay {
     async fn ready(&self) -> Outcome<()> {
         use tonic_health::pb::health_check_response::ServingStatus;
         use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+        self.accepting()?;
         let reply = HealthClient::new(self.channel.clone())
             .check(HealthCheckRequest {
                 service: "toolrelay.v1.Relay".into(),
@@ -88,6 +153,7 @@ impl RelayApi for RemoteRelay {
     }
 
     async fn create_session(&self) -> Outcome<NewSession> {
+        self.accepting()?;
         let created = self
             .client()
             .create_session(pb::CreateSessionRequest {})
@@ -100,34 +166,41 @@ impl RelayApi for RemoteRelay {
             provider_token: created.provider_token,
             ttl: Duration::from_secs(u64::from(created.ttl_seconds)),
             expires_at: timestamp(created.expires_at),
+            max_expires_at: timestamp(created.max_expires_at),
             mcp_handle: created.mcp_handle,
         })
     }
 
-    async fn session_status(&self, code: &str) -> Outcome<SessionStatus> {
+    async fn session_status(&self, caller: &Caller, code: &str) -> Outcome<SessionStatus> {
+        let request = request(pb::GetSessionRequest { code: code.into() }, caller, None);
         let info = self
             .client()
-            .get_session(pb::GetSessionRequest { code: code.into() })
+            .get_session(request)
             .await
             .map_err(error_info)?
             .into_inner();
         session_status(info)
     }
 
-    async fn resolve_handle(&self, handle: &str) -> Outcome<String> {
+    async fn resolve_handle(&self, caller: &Caller, handle: &str) -> Outcome<String> {
+        let message = pb::ResolveHandleRequest {
+            handle: handle.into(),
+        };
         let info = self
             .client()
-            .resolve_handle(pb::ResolveHandleRequest {
-                handle: handle.into(),
-            })
+            .resolve_handle(request(message, caller, None))
             .await
             .map_err(error_info)?
             .into_inner();
         Ok(info.code)
     }
 
-    async fn end_session(&self, code: &str, token: Option<&str>) -> Outcome<()> {
-        let request = authorized(pb::DeleteSessionRequest { code: code.into() }, token);
+    async fn end_session(&self, caller: &Caller, code: &str, token: Option<&str>) -> Outcome<()> {
+        let request = request(
+            pb::DeleteSessionRequest { code: code.into() },
+            caller,
+            token,
+        );
         self.client()
             .delete_session(request)
             .await
@@ -135,10 +208,11 @@ impl RelayApi for RemoteRelay {
         Ok(())
     }
 
-    async fn manifest(&self, code: &str) -> Outcome<GroupedManifest> {
+    async fn manifest(&self, caller: &Caller, code: &str) -> Outcome<GroupedManifest> {
+        let request = request(pb::GetManifestRequest { code: code.into() }, caller, None);
         let manifest = self
             .client()
-            .get_manifest(pb::GetManifestRequest { code: code.into() })
+            .get_manifest(request)
             .await
             .map_err(error_info)?
             .into_inner();
@@ -174,81 +248,99 @@ impl RelayApi for RemoteRelay {
 
     async fn register_manifest(
         &self,
+        caller: &Caller,
         code: &str,
         token: Option<&str>,
         tools: &Value,
     ) -> Outcome<usize> {
-        let request = pb::RegisterManifestRequest {
+        let message = pb::RegisterManifestRequest {
             code: code.into(),
             tools: Vec::new(),
             tools_json: tools.to_string(),
         };
         let reply = self
             .client()
-            .register_manifest(authorized(request, token))
+            .register_manifest(request(message, caller, token))
             .await
             .map_err(error_info)?
             .into_inner();
         Ok(reply.tool_count as usize)
     }
 
-    async fn submit(&self, code: &str, call: CallInput) -> Outcome<RequestView> {
-        let request = pb::SubmitRequest {
+    async fn submit(&self, caller: &Caller, code: &str, call: CallInput) -> Outcome<RequestView> {
+        self.accepting()?;
+        self.check_depth(&call.args, "The arguments are")?;
+        let message = pb::SubmitRequest {
             code: code.into(),
             request_id: call.request_id.unwrap_or_default(),
             tool_id: call.tool_id.unwrap_or_default(),
             function_name: call.function_name,
             args: Some(to_struct(&call.args)),
         };
-        let state = self.client().submit(request).await.map_err(error_info)?;
-        Ok(request_view(state.into_inner()))
-    }
-
-    async fn await_response(
-        &self,
-        code: &str,
-        request_id: &str,
-        wait: Duration,
-    ) -> Outcome<RequestView> {
-        let request = pb::AwaitResponseRequest {
-            code: code.into(),
-            request_id: request_id.into(),
-            wait_ms: millis(wait),
-        };
         let state = self
             .client()
-            .await_response(request)
+            .submit(request(message, caller, None))
             .await
             .map_err(error_info)?;
         Ok(request_view(state.into_inner()))
     }
 
+    async fn await_response(
+        &self,
+        caller: &Caller,
+        code: &str,
+        request_id: &str,
+        wait: Duration,
+    ) -> Outcome<RequestView> {
+        let message = pb::AwaitResponseRequest {
+            code: code.into(),
+            request_id: request_id.into(),
+            wait_ms: millis(wait),
+        };
+        let mut client = self.client();
+        let reply = client.await_response(request(message, caller, None));
+        let state = self.waiting(code, request_id, reply).await?;
+        Ok(request_view(state))
+    }
+
     async fn call(
         &self,
+        caller: &Caller,
         code: &str,
         call: CallInput,
         wait: Option<Duration>,
     ) -> Outcome<RequestView> {
-        let request = pb::CallRequest {
+        self.accepting()?;
+        self.check_depth(&call.args, "The arguments are")?;
+        // Chosen here, so that a caller cut off by the drain can be told which call to ask for.
+        let request_id = call.request_id.unwrap_or_else(crate::code::random_id);
+        let message = pb::CallRequest {
             code: code.into(),
-            request_id: call.request_id.unwrap_or_default(),
+            request_id: request_id.clone(),
             tool_id: call.tool_id.unwrap_or_default(),
             function_name: call.function_name,
             args: Some(to_struct(&call.args)),
             timeout_ms: wait.map_or(0, millis),
         };
-        let state = self.client().call(request).await.map_err(error_info)?;
-        Ok(request_view(state.into_inner()))
+        let mut client = self.client();
+        let reply = client.call(request(message, caller, None));
+        let state = self.waiting(code, &request_id, reply).await?;
+        Ok(request_view(state))
     }
 
-    async fn responses(&self, code: &str, request_id: Option<&str>) -> Outcome<Vec<ToolResponse>> {
-        let request = pb::ListResponsesRequest {
+    async fn responses(
+        &self,
+        caller: &Caller,
+        code: &str,
+        request_id: Option<&str>,
+    ) -> Outcome<Vec<ToolResponse>> {
+        let message = pb::ListResponsesRequest {
             code: code.into(),
             request_id: request_id.unwrap_or_default().into(),
         };
         let reply = self
             .client()
-            .list_responses(request)
+            .list_responses(request(message, caller, None))
             .await
             .map_err(error_info)?;
         Ok(reply
@@ -259,14 +351,19 @@ impl RelayApi for RemoteRelay {
             .collect())
     }
 
-    async fn request_status(&self, code: &str, request_id: &str) -> Outcome<RequestView> {
-        let request = pb::GetRequestStatusRequest {
+    async fn request_status(
+        &self,
+        caller: &Caller,
+        code: &str,
+        request_id: &str,
+    ) -> Outcome<RequestView> {
+        let message = pb::GetRequestStatusRequest {
             code: code.into(),
             request_id: request_id.into(),
         };
         let state = self
             .client()
-            .get_request_status(request)
+            .get_request_status(request(message, caller, None))
             .await
             .map_err(error_info)?;
         Ok(request_view(state.into_inner()))
@@ -274,17 +371,18 @@ impl RelayApi for RemoteRelay {
 
     async fn poll(
         &self,
+        caller: &Caller,
         code: &str,
         token: Option<&str>,
         max: Option<usize>,
     ) -> Outcome<Vec<ToolRequest>> {
-        let request = pb::PollRequestsRequest {
+        let message = pb::PollRequestsRequest {
             code: code.into(),
             max: max.map_or(0, |max| u32::try_from(max).unwrap_or(u32::MAX)),
         };
         let reply = self
             .client()
-            .poll_requests(authorized(request, token))
+            .poll_requests(request(message, caller, token))
             .await
             .map_err(error_info)?;
         Ok(reply
@@ -297,25 +395,51 @@ impl RelayApi for RemoteRelay {
 
     async fn post_response(
         &self,
+        caller: &Caller,
         code: &str,
         token: Option<&str>,
         response: ProviderResponse,
     ) -> Outcome<ResponseOutcome> {
-        let request = pb::PostResponseRequest {
+        // Only the nesting is checked here (it could not cross gRPC); the relay checks the rest.
+        let limits = AnswerLimits::depth_only(self.options.max_json_depth);
+        let (response, refused) = contain_response(response, limits);
+        let message = pb::PostResponseRequest {
             code: code.into(),
             response: Some(provider_message_response(response)),
         };
         let reply = self
             .client()
-            .post_response(authorized(request, token))
+            .post_response(request(message, caller, token))
             .await
             .map_err(error_info)?
             .into_inner();
+        if let Some(error) = refused.filter(|_| reply.accepted) {
+            return Err(error.into());
+        }
         Ok(ResponseOutcome {
             status: status_of(reply.status()),
             request_id: reply.request_id,
             accepted: reply.accepted,
         })
+    }
+
+    async fn manifest_changes(
+        &self,
+        caller: &Caller,
+        code: &str,
+    ) -> Outcome<futures::stream::BoxStream<'static, ()>> {
+        let request = request(pb::GetManifestRequest { code: code.into() }, caller, None);
+        let changes = self
+            .client()
+            .watch_manifest(request)
+            .await
+            .map_err(error_info)?
+            .into_inner();
+        // A broken stream ends like an ended session: the watcher stops.
+        Ok(changes
+            .take_while(|change| std::future::ready(change.is_ok()))
+            .map(|_| ())
+            .boxed())
     }
 
     async fn tools(&self) -> Outcome<Vec<ToolInfo>> {
@@ -338,6 +462,13 @@ impl RelayApi for RemoteRelay {
 
     async fn call_tool(&self, name: &str, args: Value, scope: Scope) -> Result<Value, ToolFailure> {
         use pb::call_tool_request::Scope as PbScope;
+        if let Err(error) = self.check_depth(&args, "The arguments are") {
+            return Err(ToolFailure::new(
+                FailureKind::BadInput,
+                "NESTED_TOO_DEEPLY",
+                error.message,
+            ));
+        }
         let request = pb::CallToolRequest {
             name: name.to_owned(),
             args: Some(to_struct(&args)),
@@ -352,11 +483,10 @@ impl RelayApi for RemoteRelay {
             Ok(reply) => reply.into_inner(),
             Err(status) => {
                 let error = error_info(status);
-                return Err(ToolFailure::new(
-                    FailureKind::Internal,
-                    "RELAY_UNAVAILABLE",
-                    error.message,
-                ));
+                return Err(ToolFailure {
+                    retry_after: error.retry_after.or(Some(Duration::from_secs(2))),
+                    ..ToolFailure::new(FailureKind::Unavailable, "RELAY_UNAVAILABLE", error.message)
+                });
             }
         };
         if reply.success {
@@ -369,6 +499,7 @@ impl RelayApi for RemoteRelay {
             pb::FailureKind::NotFound => FailureKind::NotFound,
             pb::FailureKind::Busy => FailureKind::Busy,
             pb::FailureKind::Internal | pb::FailureKind::Unspecified => FailureKind::Internal,
+            pb::FailureKind::Unavailable => FailureKind::Unavailable,
         };
         Err(ToolFailure {
             kind,
@@ -381,13 +512,15 @@ impl RelayApi for RemoteRelay {
 
     async fn attach(
         &self,
+        caller: &Caller,
         code: &str,
         token: Option<&str>,
         transport: Transport,
     ) -> Outcome<ProviderLink> {
+        self.accepting()?;
         let (uplink, from_provider) = mpsc::channel::<ProviderFrame>(LINK_BUFFER);
         let outbound = ReceiverStream::new(from_provider).map(provider_message);
-        let mut request = authorized(outbound, token);
+        let mut request = request(outbound, caller, token);
         let metadata = request.metadata_mut();
         metadata.insert(
             SESSION_CODE_METADATA,
@@ -408,15 +541,24 @@ impl RelayApi for RemoteRelay {
 
         let (to_transport, downlink) = mpsc::channel(LINK_BUFFER);
         tokio::spawn(async move {
+            let mut ended_by_relay = false;
             loop {
                 let message = tokio::select! {
                     message = inbound.next() => message,
                     () = to_transport.closed() => break,
                 };
-                let Some(Ok(message)) = message else { return };
+                let Some(Ok(message)) = message else {
+                    // The stream broke, or ended without a final message: the relay went away
+                    // (a crash, a lost network). The tab should reconnect, as after a restart.
+                    if !ended_by_relay {
+                        let _ = to_transport.send(Downlink::Restarting).await;
+                    }
+                    return;
+                };
                 let Some(message) = downlink_message(message) else {
                     continue;
                 };
+                ended_by_relay = message.is_final();
                 if to_transport.send(message).await.is_err() {
                     break;
                 }
@@ -442,6 +584,7 @@ fn session_status(info: pb::SessionInfo) -> Outcome<SessionStatus> {
             .map_err(|_| unavailable("the relay sent a malformed code"))?,
         created_at: timestamp(info.created_at),
         expires_at: timestamp(info.expires_at),
+        max_expires_at: timestamp(info.max_expires_at),
         transport: Transport::parse(&info.transport),
         tool_count: info.tool_count as usize,
         pending_requests: info.pending_requests as usize,
@@ -449,13 +592,26 @@ fn session_status(info: pb::SessionInfo) -> Outcome<SessionStatus> {
     })
 }
 
-/// A request carrying the provider token as `authorization: Bearer …`, when there is one.
-fn authorized<T>(message: T, token: Option<&str>) -> Request<T> {
+/// A request naming the client (for the relay's limits) and carrying the provider token as
+/// `authorization: Bearer …`, when there is one.
+fn request<T>(message: T, caller: &Caller, token: Option<&str>) -> Request<T> {
     let mut request = Request::new(message);
+    let metadata = request.metadata_mut();
+    if let Ok(address) = MetadataValue::try_from(caller.address.to_string()) {
+        metadata.insert(CLIENT_ADDRESS_METADATA, address);
+    }
+    // The relay's log lines for this call carry the gateway's correlation id.
+    if let Some(id) = caller
+        .correlation_id
+        .as_deref()
+        .and_then(|id| MetadataValue::try_from(id).ok())
+    {
+        metadata.insert(CORRELATION_ID_METADATA, id);
+    }
     if let Some(value) =
         token.and_then(|token| MetadataValue::try_from(format!("Bearer {token}")).ok())
     {
-        request.metadata_mut().insert("authorization", value);
+        metadata.insert("authorization", value);
     }
     request
 }
@@ -477,6 +633,7 @@ fn error_info(status: Status) -> ErrorInfo {
         Code::PermissionDenied => ErrorKind::Forbidden,
         Code::NotFound => ErrorKind::NotFound,
         Code::AlreadyExists => ErrorKind::Conflict,
+        Code::FailedPrecondition => ErrorKind::Gone,
         Code::ResourceExhausted if name == "manifest_too_large" => ErrorKind::TooLarge,
         Code::ResourceExhausted => ErrorKind::TooManyRequests,
         _ => ErrorKind::Unavailable,
@@ -491,6 +648,7 @@ fn error_info(status: Status) -> ErrorInfo {
         name: name.to_owned(),
         message: status.message().to_owned(),
         retry_after,
+        request_id: None,
     }
 }
 
@@ -501,6 +659,7 @@ fn unavailable(cause: &str) -> ErrorInfo {
         name: "relay_unavailable".into(),
         message: "The relay cannot be reached right now. Try again in a few seconds.".into(),
         retry_after: Some(Duration::from_secs(2)),
+        request_id: None,
     }
 }
 
@@ -526,6 +685,7 @@ fn status_of(status: pb::RequestStatus) -> RequestStatus {
 
 fn request_view(state: pb::RequestState) -> RequestView {
     RequestView {
+        provider_connected: state.provider_connected,
         status: status_of(state.status()),
         request_id: state.request_id,
         response: state.response.map(tool_response),
@@ -611,6 +771,7 @@ fn downlink_message(message: pb::RelayMessage) -> Option<Downlink> {
         },
         Kind::Heartbeat(heartbeat) => Downlink::Heartbeat {
             expires_at: timestamp(heartbeat.expires_at),
+            answers_ping: heartbeat.answers_ping,
         },
         Kind::Registered(registered) => Downlink::Registered {
             tools: registered.tool_count as usize,

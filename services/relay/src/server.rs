@@ -4,24 +4,29 @@
 //! listeners and a oneshot.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use thiserror::Error;
 use tokio::net::TcpListener;
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use toolrelay::proto::FILE_DESCRIPTOR_SET;
 use toolrelay::proto::v1::relay_server::RelayServer;
 
 use crate::clock::Clock;
-use crate::config::RelayConfig;
+use crate::config::{ENV_REDIS_URL, RelayConfig, StoreConfig};
 use crate::grpc::RelayService;
+use crate::limits::CORRELATION_ID_METADATA;
 use crate::relay::Relay;
-use crate::store::memory::MemoryStore;
+use crate::store::Store;
+use crate::store::memory::{MemoryStore, StoreLimits};
+use crate::store::redis::RedisStore;
 use crate::ws;
 
-/// How long in-flight calls may take to finish after a shutdown signal.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the servers may take to close their connections once the drain has ended.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Where the relay listens.
 #[derive(Debug)]
@@ -46,8 +51,45 @@ pub enum ServeError {
 /// A relay over a fresh in-memory store (one process, nothing shared).
 pub fn memory_relay(config: RelayConfig) -> Relay {
     let clock = Clock::new();
-    let store = MemoryStore::new(clock.clone(), config.response_retention);
+    let store = MemoryStore::with_limits(clock.clone(), store_limits(&config));
     Relay::new(store, config, clock)
+}
+
+/// A relay over the store its configuration names. With Redis this waits (saying so in the
+/// log) until Redis answers.
+pub async fn relay(config: RelayConfig) -> Result<Relay, String> {
+    if config.store == StoreConfig::Memory {
+        return Ok(memory_relay(config));
+    }
+    let clock = Clock::new();
+    let store = open_store(&config.store, &clock, store_limits(&config)).await?;
+    Ok(Relay::new(store, config, clock))
+}
+
+/// The store `config` names, within `limits`. With Redis this waits (saying so in the log)
+/// until Redis answers.
+pub async fn open_store(
+    config: &StoreConfig,
+    clock: &Clock,
+    limits: StoreLimits,
+) -> Result<Arc<dyn Store>, String> {
+    match config {
+        StoreConfig::Memory => Ok(MemoryStore::with_limits(clock.clone(), limits)),
+        StoreConfig::Redis { url, prefix } => {
+            let store = RedisStore::connect(url, prefix, clock.clone(), limits)
+                .await
+                .map_err(|error| format!("{error} (set by {ENV_REDIS_URL})"))?;
+            tracing::info!(prefix = %prefix, "state in Redis, shared with every replica using it");
+            Ok(store)
+        }
+    }
+}
+
+fn store_limits(config: &RelayConfig) -> StoreLimits {
+    StoreLimits {
+        answer_budget: config.response_budget,
+        ..StoreLimits::keeping(config.response_retention)
+    }
 }
 
 /// Binds a listener; the error names the setting (`variable`) that chose the address.
@@ -77,8 +119,44 @@ pub fn local(listener: &TcpListener) -> String {
     )
 }
 
-/// Serves until `shutdown` completes, then tells connected providers to reconnect, stops
-/// accepting, and gives in-flight calls [`DRAIN_TIMEOUT`] to finish.
+/// How often the gRPC health status is brought in line with the store's.
+const STORE_CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// Keeps the gRPC health status (what a split gateway's `/readyz` and Kubernetes probes ask)
+/// in line with the store: not serving while it does not answer, serving again when it does.
+async fn watch_store(
+    relay: Relay,
+    health: tonic_health::server::HealthReporter,
+    stop: CancellationToken,
+) {
+    let mut serving = true;
+    let mut ticks = tokio::time::interval(STORE_CHECK_EVERY);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => {}
+            () = stop.cancelled() => return,
+        }
+        match (relay.ready().await, serving) {
+            (Err(error), true) => {
+                tracing::warn!(%error, "the store does not answer: not serving until it does");
+                health.set_not_serving::<RelayServer<RelayService>>().await;
+                serving = false;
+            }
+            (Ok(()), false) => {
+                tracing::info!("the store answers again: serving");
+                health.set_serving::<RelayServer<RelayService>>().await;
+                serving = true;
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Serves until `shutdown` completes, then drains (see [`crate::drain`]): new sessions, calls
+/// and attaches are refused while connected providers may still answer what they were given,
+/// until every such call is answered or the drain deadline passes; then providers are told to
+/// reconnect elsewhere and the servers stop.
 pub async fn run(
     relay: Relay,
     listeners: Listeners,
@@ -94,20 +172,19 @@ pub async fn run(
     // HTTP/2 keepalive finds `Connect` streams whose peer vanished without closing them.
     let keepalive = relay.config().heartbeat_interval;
     let grpc = tonic::transport::Server::builder()
+        .trace_fn(rpc_span)
         .http2_keepalive_interval(Some(keepalive))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(RelayService::server(relay.clone()))
-        .serve_with_incoming_shutdown(
-            TcpListenerStream::new(listeners.grpc),
-            stop.clone().cancelled_owned(),
-        );
+        .serve_with_incoming_shutdown(incoming(listeners.grpc), stop.clone().cancelled_owned());
     let mut grpc = tokio::spawn(grpc);
     let websocket = listeners
         .websocket
         .map(|listener| tokio::spawn(ws::serve_listener(relay.clone(), listener, stop.clone())));
+    let watching = tokio::spawn(watch_store(relay.clone(), health.clone(), stop.clone()));
 
     tokio::select! {
         () = shutdown => {}
@@ -121,22 +198,58 @@ pub async fn run(
             };
         }
     }
-    tracing::info!("shutting down: telling providers to reconnect and draining calls");
+    // Health turns red first, so load balancers stop sending work while the drain runs; the
+    // listeners stay open, because tabs still answer over them.
+    watching.abort();
     health.set_not_serving::<RelayServer<RelayService>>().await;
-    relay.shutdown();
+    tracing::info!("draining: refusing new work, waiting for delivered calls to be answered");
+    let unanswered = relay.drain().run(relay.config().drain_timeout).await;
+    tracing::info!(
+        unanswered,
+        "drained: telling providers to reconnect and stopping"
+    );
     stop.cancel();
     if let Some(websocket) = websocket {
         let _ = websocket.await;
     }
-    match tokio::time::timeout(DRAIN_TIMEOUT, &mut grpc).await {
+    match tokio::time::timeout(CLOSE_TIMEOUT, &mut grpc).await {
         Ok(Ok(result)) => result?,
         Ok(Err(_)) => {}
         Err(_) => {
-            tracing::warn!("calls still running after the drain timeout were cut off");
+            tracing::warn!("connections still open after the drain were cut off");
             grpc.abort();
         }
     }
     Ok(())
+}
+
+/// The span of one RPC: its method and correlation id (the caller's `x-request-id`, which a
+/// gateway passes on, or a new one), so that every log line of the call carries them.
+fn rpc_span(request: &tonic::codegen::http::Request<()>) -> tracing::Span {
+    let correlation_id = request
+        .headers()
+        .get(CORRELATION_ID_METADATA)
+        .and_then(|value| value.to_str().ok())
+        .filter(|id| !id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_graphic()))
+        .map_or_else(crate::code::random_id, str::to_owned);
+    tracing::info_span!("rpc", %correlation_id, method = %request.uri().path())
+}
+
+/// The connections `listener` accepts, each with Nagle's algorithm off: tonic applies
+/// `TCP_NODELAY` only to listeners it binds itself, and with Nagle on, small gRPC messages
+/// wait ~40 ms for delayed ACKs.
+pub fn incoming(
+    listener: TcpListener,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    TcpListenerStream::new(listener).map(|stream| stream.inspect(no_delay))
+}
+
+/// Turns Nagle's algorithm off on a connection: every message the relay sends is small and
+/// wanted now. Every socket the relay and the gateway accept goes through here.
+pub fn no_delay(stream: &tokio::net::TcpStream) {
+    if let Err(error) = stream.set_nodelay(true) {
+        tracing::debug!(%error, "could not disable Nagle's algorithm");
+    }
 }
 
 fn reflection() -> tonic_reflection::server::Builder<'static> {
@@ -170,5 +283,20 @@ pub async fn shutdown_signal() {
     tokio::select! {
         () = interrupt => {}
         () = terminate => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn accepted_grpc_connections_have_nagle_off() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let mut accepted = Box::pin(incoming(listener));
+        let _client = tokio::net::TcpStream::connect(address).await.unwrap();
+        let stream = accepted.next().await.unwrap().unwrap();
+        assert!(stream.nodelay().unwrap());
     }
 }

@@ -1,5 +1,11 @@
 //! Logging set-up shared by the binaries: `RUST_LOG` filters (default `info`), `LOG_FORMAT`
-//! picks human-readable text or one JSON object per line.
+//! picks human-readable text or one JSON object per line. Colours only on a terminal.
+//!
+//! Secrets stay out of the logs: provider tokens travel in headers or `?token=` (never logged),
+//! connector handles are cut from logged paths ([`redacted_path`]), and rmcp — which logs whole
+//! MCP messages, connector URLs included — is held to warnings unless `RUST_LOG` names it.
+
+use std::io::IsTerminal;
 
 use tracing_subscriber::EnvFilter;
 
@@ -7,13 +13,60 @@ use crate::config::LogFormat;
 
 /// Installs the global subscriber. Call once, at start.
 pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let filter = EnvFilter::new(directives(std::env::var("RUST_LOG").ok().as_deref()));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stdout().is_terminal());
     let installed = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
     };
     if let Err(error) = installed {
         eprintln!("logging was already set up: {error}");
+    }
+}
+
+/// The filter directives for a `RUST_LOG` value: `info` by default, and rmcp at `warn` unless
+/// the value names it (its request lines carry whole messages and URLs).
+fn directives(rust_log: Option<&str>) -> String {
+    let base = rust_log.map(str::trim).filter(|value| !value.is_empty());
+    match base {
+        Some(value) if value.contains("rmcp") => value.to_owned(),
+        Some(value) => format!("{value},rmcp=warn"),
+        None => "info,rmcp=warn".to_owned(),
+    }
+}
+
+/// A request path fit for the logs: the secret handle of a connector URL (`/mcp/s/{handle}`)
+/// is replaced with `…`.
+pub fn redacted_path(path: &str) -> std::borrow::Cow<'_, str> {
+    match path.strip_prefix("/mcp/s/") {
+        Some(rest) => {
+            let tail = rest.find('/').map_or("", |slash| &rest[slash..]);
+            format!("/mcp/s/…{tail}").into()
+        }
+        None => path.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rmcp_is_quiet_unless_asked_for() {
+        assert_eq!(directives(None), "info,rmcp=warn");
+        assert_eq!(directives(Some("debug")), "debug,rmcp=warn");
+        assert_eq!(directives(Some("info,rmcp=debug")), "info,rmcp=debug");
+    }
+
+    #[test]
+    fn connector_handles_are_cut_from_paths() {
+        assert_eq!(redacted_path("/mcp/s/0123abcd"), "/mcp/s/…");
+        assert_eq!(redacted_path("/mcp/s/0123abcd/x"), "/mcp/s/…/x");
+        assert_eq!(
+            redacted_path("/api/sessions/ABCD2345/ws"),
+            "/api/sessions/ABCD2345/ws"
+        );
     }
 }

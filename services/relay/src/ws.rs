@@ -8,6 +8,8 @@
 //! [`serve_listener`] runs the standalone relay's listener; [`serve_upgraded`] serves a
 //! connection another HTTP server (the gateway in one-process mode) has already upgraded.
 
+use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,17 +18,20 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::error::CapacityError;
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
 use tokio_tungstenite::tungstenite::http::{StatusCode, Uri};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
-use tokio_tungstenite::tungstenite::{Message, Utf8Bytes};
+use tokio_tungstenite::tungstenite::{Error as WsError, Message, Utf8Bytes};
 use tokio_util::sync::CancellationToken;
-use toolrelay::wire::{ProviderFrame, RelayFrame};
+use toolrelay::wire::{ProviderFrame, ProviderResponse, RelayFrame};
 
-use crate::error::{ErrorInfo, ErrorKind};
+use crate::drain::{Drain, Hold};
+use crate::error::{ErrorInfo, ErrorKind, RelayError};
+use crate::limits::Caller;
 use crate::provider::{Downlink, ProviderLink};
-use crate::relay::Relay;
+use crate::relay::{AnswerLimits, Relay, contain_response};
 use crate::store::Transport;
 
 /// Room for a frame's envelope around the largest response a provider may send.
@@ -37,6 +42,8 @@ const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 const SILENT_HEARTBEATS: u32 = 2;
 /// How long a client may take to complete the WebSocket handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Read and write buffer of a provider socket.
+const SOCKET_BUFFER: usize = 4 * 1024;
 /// Most provider sockets the standalone listener serves at once.
 const MAX_CONNECTIONS: usize = 20_000;
 
@@ -68,7 +75,7 @@ pub async fn serve_listener(relay: Relay, listener: TcpListener, stop: Cancellat
                     Ok(slot) => {
                         let relay = relay.clone();
                         tokio::spawn(async move {
-                            serve_tcp(relay, stream).await;
+                            serve_tcp(relay, stream, peer).await;
                             drop(slot);
                         });
                     }
@@ -84,7 +91,8 @@ pub async fn serve_listener(relay: Relay, listener: TcpListener, stop: Cancellat
     }
 }
 
-async fn serve_tcp(relay: Relay, stream: TcpStream) {
+async fn serve_tcp(relay: Relay, stream: TcpStream, peer: SocketAddr) {
+    crate::server::no_delay(&stream);
     let mut target = None;
     // The callback's signature is tungstenite's; its error type is an HTTP response.
     #[allow(clippy::result_large_err)]
@@ -103,8 +111,9 @@ async fn serve_tcp(relay: Relay, stream: TcpStream) {
             }
         }
     };
-    let config = websocket_config(relay.config().max_response_bytes);
-    let handshake = tokio_tungstenite::accept_hdr_async_with_config(stream, route, Some(config));
+    let settings = SocketSettings::of(&relay);
+    let handshake =
+        tokio_tungstenite::accept_hdr_async_with_config(stream, route, Some(settings.config));
     let socket = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
         Ok(Ok(socket)) => socket,
         Ok(Err(error)) => {
@@ -117,7 +126,32 @@ async fn serve_tcp(relay: Relay, stream: TcpStream) {
         }
     };
     if let Some((code, token)) = target {
-        serve_socket(relay, socket, &code, token.as_deref()).await;
+        let caller = Caller::new(peer.ip());
+        serve_socket(relay, socket, &caller, &code, token.as_deref()).await;
+    }
+}
+
+/// What serving a provider socket needs besides its link.
+#[derive(Debug, Clone)]
+pub struct SocketSettings {
+    /// Frame and buffer sizes.
+    pub config: WebSocketConfig,
+    /// What an answer may be; one beyond becomes a failed answer for its caller.
+    pub answers: AnswerLimits,
+    /// The process's drain: a delivered call holds it open, and its end closes the socket
+    /// with 1012 so that the tab reconnects elsewhere.
+    pub drain: Drain,
+}
+
+impl SocketSettings {
+    /// The settings of sockets this relay serves itself.
+    pub fn of(relay: &Relay) -> Self {
+        let answers = relay.answer_limits();
+        Self {
+            config: websocket_config(answers.max_bytes),
+            answers,
+            drain: relay.drain().clone(),
+        }
     }
 }
 
@@ -125,19 +159,23 @@ async fn serve_tcp(relay: Relay, stream: TcpStream) {
 /// the provider link it attached (or the reason it could not).
 pub async fn serve_upgraded<S>(
     io: S,
-    config: WebSocketConfig,
+    settings: &SocketSettings,
     link: Result<ProviderLink, ErrorInfo>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let socket = WebSocketStream::from_raw_socket(io, Role::Server, Some(config)).await;
-    serve_link(socket, link).await;
+    let socket = WebSocketStream::from_raw_socket(io, Role::Server, Some(settings.config)).await;
+    serve_link(socket, settings, link).await;
 }
 
-/// Limits for provider sockets: a frame may carry the largest response a provider may send.
+/// Limits for provider sockets: a frame may carry the largest response a provider may send,
+/// and the buffers fit the small JSON frames sockets mostly carry (tungstenite's 128 KiB
+/// defaults cost ~142 KB per idle tab; a larger frame grows the buffer while it is read).
 pub fn websocket_config(max_response_bytes: usize) -> WebSocketConfig {
     let limit = max_response_bytes + FRAME_OVERHEAD;
     WebSocketConfig::default()
+        .read_buffer_size(SOCKET_BUFFER)
+        .write_buffer_size(SOCKET_BUFFER)
         .max_message_size(Some(limit))
         .max_frame_size(Some(limit))
 }
@@ -146,22 +184,26 @@ pub fn websocket_config(max_response_bytes: usize) -> WebSocketConfig {
 pub async fn serve_socket<S>(
     relay: Relay,
     socket: WebSocketStream<S>,
+    caller: &Caller,
     code: &str,
     token: Option<&str>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let link = relay
-        .attach(code, token, Transport::WebSocket)
+        .guarded(caller, relay.attach(code, token, Transport::WebSocket))
         .await
         .map_err(ErrorInfo::from);
-    serve_link(socket, link).await;
+    serve_link(socket, &SocketSettings::of(&relay), link).await;
 }
 
 /// Relays frames between a socket and an attached provider link until either side ends; a
 /// refused attach becomes an `error` frame and a close.
-pub async fn serve_link<S>(mut socket: WebSocketStream<S>, link: Result<ProviderLink, ErrorInfo>)
-where
+pub async fn serve_link<S>(
+    mut socket: WebSocketStream<S>,
+    settings: &SocketSettings,
+    link: Result<ProviderLink, ErrorInfo>,
+) where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let mut link = match link {
@@ -187,14 +229,27 @@ where
     // laptop, a dropped network) even though no TCP close arrived.
     let mut heard = true;
     let mut silent = 0;
+    // Calls handed to this tab and not answered on it: they hold a stopping process open.
+    let mut delivered: HashMap<String, Hold> = HashMap::new();
+    let mut drained = std::pin::pin!(settings.drain.ended());
     loop {
         tokio::select! {
+            () = &mut drained => {
+                // The process is stopping (a gateway whose relay goes on included): the tab
+                // hears why, and reconnects elsewhere.
+                if send(&mut socket, text(&Downlink::Restarting.to_frame())).await {
+                    close(&mut socket, CloseCode::Restart, "relay restarting").await;
+                }
+                return;
+            }
             message = link.downlink.recv() => {
                 let Some(message) = message else {
                     close(&mut socket, CloseCode::Normal, "closed").await;
                     return;
                 };
-                if let Downlink::Heartbeat { .. } = message {
+                // Only the relay's own heartbeats measure silence: a reply to the tab's ping
+                // proves nothing about whether the tab still answers ours.
+                if let Downlink::Heartbeat { answers_ping: false, .. } = message {
                     silent = if heard { 0 } else { silent + 1 };
                     heard = false;
                     if silent >= SILENT_HEARTBEATS {
@@ -204,6 +259,9 @@ where
                     if !send(&mut socket, Message::Ping(Default::default())).await {
                         return;
                     }
+                }
+                if let Downlink::ToolRequest { request, .. } = &message {
+                    delivered.insert(request.request_id.clone(), settings.drain.hold());
                 }
                 if !send(&mut socket, text(&message.to_frame())).await {
                     return;
@@ -227,24 +285,29 @@ where
             incoming = socket.next(), if pending.is_none() => {
                 heard = true;
                 let refusal = match incoming {
-                    Some(Ok(Message::Text(body))) => match serde_json::from_str::<ProviderFrame>(&body) {
-                        Ok(frame) => {
-                            pending = Some(frame);
-                            None
+                    Some(Ok(Message::Text(body))) => {
+                        let (frame, refusal) = read_frame(&body, settings.answers);
+                        if let Some(ProviderFrame::Response(response)) = &frame {
+                            delivered.remove(&response.request_id);
                         }
-                        Err(error) => Some(format!(
-                            "Frames are JSON objects whose type is register, response or ping ({error})."
-                        )),
-                    },
-                    Some(Ok(Message::Binary(_))) => {
-                        Some("Binary frames are not understood; send JSON as text frames.".to_owned())
+                        pending = frame;
+                        refusal
                     }
+                    Some(Ok(Message::Binary(_))) => Some((
+                        "invalid_frame".to_owned(),
+                        "Binary frames are not understood; send JSON as text frames.".to_owned(),
+                    )),
                     // tungstenite answers pings itself; a pong is the answer to ours.
                     Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => None,
+                    Some(Err(WsError::Capacity(CapacityError::MessageTooLong { size, max_size }))) => {
+                        tracing::debug!(size, max_size, "a provider sent a frame over the limit");
+                        close(&mut socket, CloseCode::Size, "frame too large").await;
+                        return;
+                    }
                     Some(Ok(Message::Close(_)) | Err(_)) | None => return,
                 };
-                if let Some(message) = refusal {
-                    let frame = RelayFrame::Error { error: "invalid_frame".into(), message };
+                if let Some((error, message)) = refusal {
+                    let frame = RelayFrame::Error { error, message };
                     if !send(&mut socket, text(&frame)).await {
                         return;
                     }
@@ -252,6 +315,76 @@ where
             }
         }
     }
+}
+
+/// A frame from the provider, and the error to tell it about, if any. An answer that is too
+/// deep or too large — even one too deep to parse — still reaches its caller, as a failed
+/// answer: refusing it outright would leave the call to be delivered again and again.
+fn read_frame(
+    body: &str,
+    limits: AnswerLimits,
+) -> (Option<ProviderFrame>, Option<(String, String)>) {
+    match serde_json::from_str::<ProviderFrame>(body) {
+        Ok(ProviderFrame::Response(response)) => {
+            let (response, refused) = contain_response(response, limits);
+            let refusal = refused.map(|error| (error.name().to_owned(), error.to_string()));
+            (Some(ProviderFrame::Response(response)), refusal)
+        }
+        Ok(frame) => (Some(frame), None),
+        Err(error) => {
+            let message = format!(
+                "Frames are JSON objects whose type is register, response or ping ({error})."
+            );
+            match unreadable_answer(body, &error, limits) {
+                Some((response, refusal)) => (
+                    Some(ProviderFrame::Response(response)),
+                    Some((refusal.name().to_owned(), refusal.to_string())),
+                ),
+                None => (None, Some(("invalid_frame".to_owned(), message))),
+            }
+        }
+    }
+}
+
+/// The failed answer to give the caller of a `response` frame that could not be read (nested
+/// past the JSON parser's own limit, say), when its `requestId` can still be found: serde
+/// skips the fields it does not need without recursing.
+fn unreadable_answer(
+    body: &str,
+    error: &serde_json::Error,
+    limits: AnswerLimits,
+) -> Option<(ProviderResponse, RelayError)> {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Head {
+        #[serde(rename = "type")]
+        kind: String,
+        request_id: String,
+    }
+    let head: Head = serde_json::from_str(body).ok()?;
+    if head.kind != "response" {
+        return None;
+    }
+    let refusal = if error.to_string().contains("recursion limit") {
+        RelayError::NestedTooDeeply {
+            what: "The tool's answer is",
+            limit: limits.max_depth,
+        }
+    } else {
+        RelayError::InvalidResponse {
+            reason: format!("it could not be read ({error})"),
+        }
+    };
+    let response = ProviderResponse {
+        request_id: head.request_id,
+        success: Some(false),
+        result: None,
+        error: Some(serde_json::json!({
+            "code": refusal.name(),
+            "message": format!("The tool's answer could not be used: {refusal}"),
+        })),
+    };
+    Some((response, refusal))
 }
 
 /// Sends one message; false when the peer is gone or stopped reading for [`SEND_TIMEOUT`].
@@ -277,6 +410,7 @@ fn refusal_close_code(error: &ErrorInfo) -> CloseCode {
         ErrorKind::Unauthenticated => 4401,
         ErrorKind::Forbidden => 4403,
         ErrorKind::NotFound => 4404,
+        ErrorKind::TooManyRequests => 4429,
         ErrorKind::Unavailable => 1013,
         _ => 4400,
     })

@@ -195,8 +195,16 @@ async fn an_unanswered_call_expires_with_a_clear_error() {
     let session = session_with_tools(&relay).await;
     let code = session.code.as_str();
 
-    let view = relay
+    // With no tab, a call answers at once that it waits; waiting for it, the caller sees it
+    // expire.
+    let queued = relay
         .call(code, echo("nobody home"), Some(Duration::from_secs(90)))
+        .await
+        .unwrap();
+    assert_eq!(queued.status, RequestStatus::Queued);
+    assert!(!queued.provider_connected);
+    let view = relay
+        .await_response(code, &queued.request_id, Duration::from_secs(90))
         .await
         .unwrap();
     assert_eq!(view.status, RequestStatus::Expired);
@@ -494,10 +502,9 @@ async fn calls_that_expire_unobserved_are_eventually_dropped() {
 async fn overlapping_attaches_leave_one_connection_standing() {
     use toolrelay::wire::ToolResponse;
     use toolrelay_relay::error::StoreError;
-    use toolrelay_relay::manifest::Manifest;
     use toolrelay_relay::store::{
         Claim, Enqueued, EventStream, Finished, NewRequest, ProviderInfo, RequestRecord,
-        SessionRecord, Store,
+        SessionRecord, Store, StoreUsage,
     };
     use toolrelay_relay::{SessionCode, Timestamp};
     struct Slow(Arc<Mem>);
@@ -539,11 +546,14 @@ async fn overlapping_attaches_leave_one_connection_standing() {
         async fn set_manifest(
             &self,
             c: &SessionCode,
-            m: Arc<Manifest>,
+            m: String,
         ) -> Result<Option<u64>, StoreError> {
             self.0.set_manifest(c, m).await
         }
-        async fn manifest(&self, c: &SessionCode) -> Result<Option<Arc<Manifest>>, StoreError> {
+        async fn manifest(
+            &self,
+            c: &SessionCode,
+        ) -> Result<Option<(u64, Option<String>)>, StoreError> {
             self.0.manifest(c).await
         }
         async fn enqueue(
@@ -551,8 +561,9 @@ async fn overlapping_attaches_leave_one_connection_standing() {
             c: &SessionCode,
             r: NewRequest,
             m: usize,
+            u: Timestamp,
         ) -> Result<Enqueued, StoreError> {
-            self.0.enqueue(c, r, m).await
+            self.0.enqueue(c, r, m, u).await
         }
         async fn request(
             &self,
@@ -584,14 +595,26 @@ async fn overlapping_attaches_leave_one_connection_standing() {
             s: RequestStatus,
             r: toolrelay::wire::ToolResponse,
             n: Timestamp,
+            u: Timestamp,
         ) -> Result<Finished, StoreError> {
-            self.0.finish(c, id, s, r, n).await
+            self.0.finish(c, id, s, r, n, u).await
         }
         async fn subscribe(&self, c: &SessionCode) -> Result<Option<EventStream>, StoreError> {
             self.0.subscribe(c).await
         }
         async fn ping(&self) -> Result<(), StoreError> {
             self.0.ping().await
+        }
+        async fn usage(&self) -> Result<StoreUsage, StoreError> {
+            self.0.usage().await
+        }
+        async fn spend(
+            &self,
+            key: &str,
+            budget: toolrelay_relay::store::RateBudget,
+            now: toolrelay_relay::clock::Timestamp,
+        ) -> Result<Option<std::time::Duration>, StoreError> {
+            self.0.spend(key, budget, now).await
         }
         async fn put_ticket(
             &self,
@@ -789,17 +812,33 @@ async fn claim_checks_expire_stay_in_their_scope_and_are_bounded() {
     }
 }
 
+/// Text that does not compress (a xorshift stream as hex), so its size is what it costs.
+fn incompressible(length: usize, seed: u64) -> String {
+    let mut state = seed | 1;
+    (0..length)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            char::from_digit((state % 16) as u32, 16).unwrap_or('0')
+        })
+        .collect()
+}
+
 /// Scopes are the callers' to choose: all of them together stay within the byte budget.
 #[tokio::test(start_paused = true)]
 async fn claim_checks_share_a_byte_budget() {
     use toolrelay_relay::builtin::Tickets;
     let clock = Clock::new();
-    let store = MemoryStore::with_ticket_budget(clock.clone(), Duration::from_secs(3600), 10_000);
+    // Room for three of the four (level-1 DEFLATE does not shrink random hex digits).
+    let store = MemoryStore::with_ticket_budget(clock.clone(), Duration::from_secs(3600), 16_000);
     let tickets = Tickets::new(store, clock);
-    let big = json!("x".repeat(3_000));
     let mut ids = Vec::new();
-    for scope in ["a", "b", "c", "d"] {
+    let mut values = Vec::new();
+    for (n, scope) in ["a", "b", "c", "d"].into_iter().enumerate() {
+        let big = json!(incompressible(5_000, n as u64 + 7));
         ids.push(tickets.put(scope, "prob", big.clone()).await.unwrap());
+        values.push(big);
         advance(Duration::from_secs(1)).await;
     }
     assert_eq!(
@@ -807,7 +846,79 @@ async fn claim_checks_share_a_byte_budget() {
         None,
         "the oldest made room"
     );
-    for (scope, id) in ["b", "c", "d"].iter().zip(&ids[1..]) {
-        assert_eq!(*tickets.get(scope, id).await.unwrap().unwrap(), big);
+    for ((scope, id), value) in ["b", "c", "d"].iter().zip(&ids[1..]).zip(&values[1..]) {
+        assert_eq!(*tickets.get(scope, id).await.unwrap().unwrap(), *value);
     }
+}
+
+/// What the budget counts is what the store really keeps: a ticket's compressed JSON (plus
+/// its keys and a small overhead), not its JSON text. A stream of big models through many
+/// scopes stays within the budget, and far more of them stay than their JSON would allow.
+#[tokio::test(start_paused = true)]
+async fn big_claim_checks_are_kept_compressed_and_counted_so() {
+    use toolrelay_relay::builtin::Tickets;
+    const BUDGET: usize = 128 * 1024;
+    let clock = Clock::new();
+    let store = MemoryStore::with_ticket_budget(clock.clone(), Duration::from_secs(3600), BUDGET);
+    let tickets = Tickets::new(Arc::clone(&store) as _, clock);
+    // PuLP's dict of 3,000 binaries: about 260 KB of JSON, 14 KB compressed.
+    let model = |n: usize| {
+        let variables: Vec<Value> = (0..3_000)
+            .map(|i| json!({"name": format!("x{n}_{i}"), "cat": "Integer", "lowBound": 0, "upBound": 1, "varValue": null, "dj": null}))
+            .collect();
+        json!({"kind": "problem", "dict": {"variables": variables}})
+    };
+    let json_bytes = serde_json::to_string(&model(0)).unwrap().len();
+    let mut ids = Vec::new();
+    for n in 0..20 {
+        let scope = format!("caller-{n}");
+        let id = tickets.put(&scope, "prob", model(n)).await.unwrap();
+        ids.push((scope, id));
+        let counted = store.ticket_bytes();
+        assert!(
+            counted <= BUDGET,
+            "{counted} bytes counted, over the budget"
+        );
+        if n == 0 {
+            assert!(
+                counted > 1000 && counted < json_bytes / 8,
+                "one model of {json_bytes} bytes of JSON counts {counted} bytes: not its compressed size"
+            );
+        }
+        advance(Duration::from_secs(1)).await;
+    }
+    let mut kept = 0;
+    for (scope, id) in &ids {
+        if tickets.get(scope, id).await.unwrap().is_some() {
+            kept += 1;
+        }
+    }
+    assert!(
+        kept * json_bytes > 5 * BUDGET && kept < ids.len(),
+        "{kept} of {} models of {json_bytes} bytes kept in a budget of {BUDGET}",
+        ids.len()
+    );
+    let (scope, id) = &ids[0];
+    assert_eq!(
+        tickets.get(scope, id).await.unwrap(),
+        None,
+        "the oldest made room"
+    );
+    let (scope, id) = &ids[19];
+    assert_eq!(*tickets.get(scope, id).await.unwrap().unwrap(), model(19));
+
+    // Incompressible tickets count their full size and stay within the budget too.
+    for n in 0..8 {
+        let noise = json!(incompressible(30_000, n));
+        tickets.put("noise", "sol", noise).await.unwrap();
+        let counted = store.ticket_bytes();
+        assert!(
+            counted <= BUDGET,
+            "{counted} bytes counted, over the budget"
+        );
+    }
+    assert!(
+        store.ticket_bytes() > 3 * 30_000,
+        "incompressible tickets were under-counted"
+    );
 }

@@ -1,6 +1,6 @@
 //! Discovery, health and readiness.
 
-use poem_openapi::payload::{Json, PlainText};
+use poem_openapi::payload::{Html, Json, PlainText};
 use poem_openapi::{ApiResponse, OpenApi};
 
 use super::{State, Tag};
@@ -50,6 +50,17 @@ impl DiscoveryApi {
             mcp_endpoint: state.url("/mcp"),
             openapi: state.url("/openapi.json"),
         })
+    }
+
+    /// What this server is (a page for people)
+    ///
+    /// A short page for whoever opens the relay's address, linking the plugin, the connector
+    /// URL, the GPT Actions file and these documents.
+    #[oai(path = "/", method = "get", operation_id = "landingPage", hidden)]
+    async fn landing(&self) -> Html<String> {
+        Html(crate::plugin::landing_page(
+            &self.state.config.public_base_url,
+        ))
     }
 
     /// Liveness

@@ -73,14 +73,10 @@ impl LegacyApi {
         body: Json<LegacyRequest>,
         client: Client,
     ) -> Result<LegacyAccepted, ApiError> {
-        let ip = client.0;
+        let caller = &client.0;
         let body = body.0;
-        self.state.limits.call(ip, &body.code)?;
         let call = call_input(body.id, None, body.tool, body.args);
-        let view = self
-            .state
-            .guarded(ip, self.state.relay.submit(&body.code, call))
-            .await?;
+        let view = self.state.relay.submit(caller, &body.code, call).await?;
         Ok(LegacyAccepted::Accepted(Json(LegacyStatus {
             id: view.request_id,
             status: view.status.into(),
@@ -101,18 +97,14 @@ impl LegacyApi {
         token: Query<Option<String>>,
         client: Client,
     ) -> Result<LegacyAccepted, ApiError> {
-        let ip = client.0;
+        let caller = &client.0;
         let token = provider_token(authorization.as_deref(), token.0);
         let body = body.0;
         let response = legacy_answer(body.id, body.result);
         let outcome = self
             .state
-            .guarded(
-                ip,
-                self.state
-                    .relay
-                    .post_response(&body.code, token.as_deref(), response),
-            )
+            .relay
+            .post_response(caller, &body.code, token.as_deref(), response)
             .await?;
         Ok(LegacyAccepted::Accepted(Json(LegacyStatus {
             id: outcome.request_id,
@@ -136,18 +128,14 @@ impl LegacyApi {
         authorization: Header<Option<String>>,
         client: Client,
     ) -> Result<Events, ApiError> {
-        let ip = client.0;
+        let caller = &client.0;
         let token = provider_token(authorization.as_deref(), token.0);
         let link = self
             .state
-            .guarded(
-                ip,
-                self.state
-                    .relay
-                    .attach(&code, token.as_deref(), Transport::Sse),
-            )
+            .relay
+            .attach(caller, &code, token.as_deref(), Transport::Sse)
             .await?;
-        Ok(events(link, legacy_event))
+        Ok(events(link, legacy_event, &self.state))
     }
 
     /// List a session's tools (first design)
@@ -160,11 +148,8 @@ impl LegacyApi {
         code: Query<String>,
         client: Client,
     ) -> Result<Json<FlatMetadata>, ApiError> {
-        let ip = client.0;
-        let manifest = self
-            .state
-            .guarded(ip, self.state.relay.manifest(&code))
-            .await?;
+        let caller = &client.0;
+        let manifest = self.state.relay.manifest(caller, &code).await?;
         Ok(Json(manifest.into()))
     }
 }

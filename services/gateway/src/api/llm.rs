@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use poem_openapi::param::{Path, Query};
 use poem_openapi::payload::Json;
+use poem_openapi::types::ToJSON;
 use poem_openapi::{ApiResponse, OpenApi};
 use serde_json::Value;
 use toolrelay_relay::CallInput;
@@ -13,9 +14,13 @@ use toolrelay_relay::CallInput;
 use super::{Client, State, Tag};
 use crate::error::ApiError;
 use crate::types::{
-    Arguments, CallResponse, CallState, MakeCall, Metadata, QueueCall, Queued, SessionInfo,
+    Arguments, CallResponse, CallState, MAX_LLM_CHARS, MakeCall, Metadata, QueueCall, Queued,
+    SessionInfo,
 };
 
+/// Answers in a page of `GET …/response` without `limit`, and at most.
+const DEFAULT_PAGE: usize = 100;
+const MAX_PAGE: usize = 1000;
 /// Longest wait of `GET …/response?wait=`.
 const MAX_RESPONSE_WAIT: Duration = Duration::from_secs(30);
 /// Wait of `POST …/call` without `timeoutMs`.
@@ -37,6 +42,18 @@ pub enum QueuedCall {
     /// The call is queued; read its answer with getResponses or getCall.
     #[oai(status = 202)]
     Accepted(Json<Queued>),
+}
+
+/// Finished answers.
+#[derive(ApiResponse)]
+pub enum Answers {
+    /// The answers, oldest first. When some were left out to stay under 100,000 characters,
+    /// the last one says so (truncated, note) and so does the header.
+    #[oai(status = 200)]
+    Ok(
+        Json<Vec<CallResponse>>,
+        #[oai(header = "x-toolrelay-truncated")] Option<bool>,
+    ),
 }
 
 /// The answer of a call, or where it stands.
@@ -67,11 +84,8 @@ impl LlmApi {
         code: Path<String>,
         client: Client,
     ) -> Result<Json<SessionInfo>, ApiError> {
-        let ip = client.0;
-        let status = self
-            .state
-            .guarded(ip, self.state.relay.session_status(&code))
-            .await?;
+        let caller = &client.0;
+        let status = self.state.relay.session_status(caller, &code).await?;
         Ok(Json(status.into()))
     }
 
@@ -90,11 +104,8 @@ impl LlmApi {
         code: Path<String>,
         client: Client,
     ) -> Result<Json<Metadata>, ApiError> {
-        let ip = client.0;
-        let manifest = self
-            .state
-            .guarded(ip, self.state.relay.manifest(&code))
-            .await?;
+        let caller = &client.0;
+        let manifest = self.state.relay.manifest(caller, &code).await?;
         Ok(Json(manifest.into()))
     }
 
@@ -114,8 +125,7 @@ impl LlmApi {
         body: Json<MakeCall>,
         client: Client,
     ) -> Result<CallOutcome, ApiError> {
-        let ip = client.0;
-        self.state.limits.call(ip, &code)?;
+        let caller = &client.0;
         let body = body.0;
         let wait = body
             .timeout_ms
@@ -124,14 +134,12 @@ impl LlmApi {
         let call = call_input(body.request_id, body.tool_id, body.function_name, body.args);
         let view = self
             .state
-            .guarded(ip, self.state.relay.call(&code, call, Some(wait)))
+            .relay
+            .call(caller, &code, call, Some(wait))
             .await?;
         Ok(match view.response {
             Some(response) => CallOutcome::Answered(Json(response.into())),
-            None => CallOutcome::Pending(Json(Queued {
-                request_id: view.request_id,
-                status: view.status.into(),
-            })),
+            None => CallOutcome::Pending(Json(Queued::from(view))),
         })
     }
 
@@ -151,25 +159,17 @@ impl LlmApi {
         body: Json<QueueCall>,
         client: Client,
     ) -> Result<QueuedCall, ApiError> {
-        let ip = client.0;
-        self.state.limits.call(ip, &code)?;
+        let caller = &client.0;
         let body = body.0;
         let call = call_input(body.request_id, body.tool_id, body.function_name, body.args);
-        let view = self
-            .state
-            .guarded(ip, self.state.relay.submit(&code, call))
-            .await?;
-        Ok(QueuedCall::Accepted(Json(Queued {
-            request_id: view.request_id,
-            status: view.status.into(),
-        })))
+        let view = self.state.relay.submit(caller, &code, call).await?;
+        Ok(QueuedCall::Accepted(Json(Queued::from(view))))
     }
 
     /// Read the answers of queued calls
     ///
-    /// The answers of this session's finished calls, oldest first; reading does not remove
-    /// them. With requestId only that call's; with wait=N, waits up to N seconds (at most 30)
-    /// for an answer.
+    /// This session's finished answers, oldest first (newest last); reading does not remove
+    /// them. requestId: that call's only. after/limit page them. wait=N waits up to N s (30).
     #[oai(
         path = "/api/sessions/:code/response",
         method = "get",
@@ -182,29 +182,33 @@ impl LlmApi {
         /// Only the answer of this call.
         #[oai(name = "requestId")]
         request_id: Query<Option<String>>,
+        /// Only the answers after this call's (the last requestId you read).
+        after: Query<Option<String>>,
+        /// Most answers to return (1 to 1000, default 100).
+        limit: Query<Option<u64>>,
         /// Seconds to wait for an answer (0 to 30).
         wait: Query<Option<u64>>,
         client: Client,
-    ) -> Result<Json<Vec<CallResponse>>, ApiError> {
-        let ip = client.0;
+    ) -> Result<Answers, ApiError> {
+        let caller = &client.0;
         let relay = &self.state.relay;
         let wait = Duration::from_secs(wait.0.unwrap_or(0)).min(MAX_RESPONSE_WAIT);
         let request_id = request_id.0;
+        let limit = limit.0.map_or(DEFAULT_PAGE, |limit| {
+            usize::try_from(limit.clamp(1, MAX_PAGE as u64)).unwrap_or(MAX_PAGE)
+        });
         if let Some(id) = request_id.as_deref().filter(|_| !wait.is_zero()) {
-            self.state
-                .guarded(ip, relay.await_response(&code, id, wait))
-                .await?;
+            relay.await_response(caller, &code, id, wait).await?;
         }
         let deadline = tokio::time::Instant::now() + wait;
         loop {
-            let responses = self
-                .state
-                .guarded(ip, relay.responses(&code, request_id.as_deref()))
+            let responses = relay
+                .responses(caller, &code, request_id.as_deref())
                 .await?;
-            if !responses.is_empty() || tokio::time::Instant::now() >= deadline {
-                return Ok(Json(
-                    responses.into_iter().map(CallResponse::from).collect(),
-                ));
+            let page = page_after(responses, after.0.as_deref(), limit);
+            if !page.is_empty() || tokio::time::Instant::now() >= deadline {
+                let (answers, truncated) = fitted(page);
+                return Ok(Answers::Ok(Json(answers), truncated.then_some(true)));
             }
             tokio::time::sleep(LIST_POLL).await;
         }
@@ -228,14 +232,62 @@ impl LlmApi {
         request_id: Path<String>,
         client: Client,
     ) -> Result<Json<CallState>, ApiError> {
-        let ip = client.0;
+        let caller = &client.0;
         let view = self
             .state
-            .guarded(ip, self.state.relay.request_status(&code, &request_id))
+            .relay
+            .request_status(caller, &code, &request_id)
             .await?;
         Ok(Json(view.into()))
     }
 }
+
+/// The answers after the one with id `after` (all when it is not among them), at most `limit`.
+fn page_after(
+    responses: Vec<toolrelay::wire::ToolResponse>,
+    after: Option<&str>,
+    limit: usize,
+) -> Vec<toolrelay::wire::ToolResponse> {
+    let start = after
+        .and_then(|after| {
+            responses
+                .iter()
+                .position(|response| response.request_id == after)
+        })
+        .map_or(0, |at| at + 1);
+    responses.into_iter().skip(start).take(limit).collect()
+}
+
+/// As many answers as fit in what an LLM can take (one at least), and whether some were left
+/// out: then the last one kept says so, and how to read on.
+fn fitted(page: Vec<toolrelay::wire::ToolResponse>) -> (Vec<CallResponse>, bool) {
+    let total = page.len();
+    let mut answers: Vec<CallResponse> = Vec::with_capacity(total);
+    let mut written = 2;
+    for response in page {
+        let answer = CallResponse::from(response);
+        let size = answer.to_json_string().len() + 1;
+        if !answers.is_empty() && written + size > MAX_LLM_CHARS - NOTE_ROOM {
+            break;
+        }
+        written += size;
+        answers.push(answer);
+    }
+    let left_out = total - answers.len();
+    if left_out > 0
+        && let Some(last) = answers.last_mut()
+    {
+        last.truncated = Some(true);
+        last.note = Some(format!(
+            "{left_out} more answers were left out to stay under {MAX_LLM_CHARS} characters: ask again with after={} to read on.",
+            last.request_id
+        ));
+    }
+    (answers, left_out > 0)
+}
+
+/// Room kept for the note [`fitted`] adds.
+const NOTE_ROOM: usize = 500;
 
 /// A call as the relay takes it.
 pub fn call_input(
@@ -251,5 +303,6 @@ pub fn call_input(
         args: args.map_or(Value::Null, |args| {
             Value::Object(args.into_iter().collect())
         }),
+        correlation_id: None,
     }
 }

@@ -12,16 +12,14 @@ pub mod llm;
 pub mod tab;
 pub mod tools;
 
-use std::net::IpAddr;
 use std::sync::Arc;
 
 use poem::http::StatusCode;
 use poem::{FromRequest, Request, RequestBody};
 use poem_openapi::Tags;
-use toolrelay_relay::{ErrorInfo, Outcome, RelayApi};
+use toolrelay_relay::{Caller, Drain, RelayApi};
 
 use crate::config::GatewayConfig;
-use crate::error::ApiError;
 use crate::limits::Limiters;
 
 /// The gateway's shared state.
@@ -34,6 +32,8 @@ pub struct Gateway {
     pub limits: Limiters,
     /// Cancelled when the gateway shuts down (ends long-lived MCP streams).
     pub shutdown: tokio_util::sync::CancellationToken,
+    /// The process's drain (shared with the relay when it runs in this process).
+    pub drain: Drain,
 }
 
 /// The state as the API structs hold it.
@@ -55,44 +55,31 @@ pub enum Tag {
 }
 
 impl Gateway {
-    /// Runs a relay operation on session `code` for client `ip` under the brute-force guard:
-    /// a blocked address is refused, and a look-up of an unknown code counts against it.
-    pub async fn guarded<T>(
-        &self,
-        ip: IpAddr,
-        operation: impl Future<Output = Outcome<T>>,
-    ) -> Result<T, ApiError> {
-        self.limits.check_lookups(ip)?;
-        operation.await.map_err(|error: ErrorInfo| {
-            if error.name == "session_not_found"
-                && let Err(limited) = self.limits.unknown_code(ip)
-            {
-                return limited;
-            }
-            ApiError::from(error)
-        })
-    }
-
     /// An absolute URL of this gateway.
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.config.public_base_url)
     }
+
+    /// The caller of `request`, for the relay's limits (see [`Limiters::client_ip`]).
+    pub fn caller(&self, request: &Request) -> Caller {
+        Caller::new(
+            self.limits
+                .client_ip(request.remote_addr(), request.headers()),
+        )
+        .with_correlation_id(crate::error::correlation_id())
+    }
 }
 
-/// The client address a request counts against (see [`Limiters::client_ip`]).
-#[derive(Debug, Clone, Copy)]
-pub struct Client(pub IpAddr);
+/// Who makes a request, as the relay's limits (brute-force guard, calls per session) see it.
+#[derive(Debug, Clone)]
+pub struct Client(pub Caller);
 
 impl<'a> FromRequest<'a> for Client {
     async fn from_request(request: &'a Request, _body: &mut RequestBody) -> poem::Result<Self> {
         let state = request.data::<State>().ok_or_else(|| {
             poem::Error::from_string("gateway state missing", StatusCode::INTERNAL_SERVER_ERROR)
         })?;
-        Ok(Self(
-            state
-                .limits
-                .client_ip(request.remote_addr(), request.headers()),
-        ))
+        Ok(Self(state.caller(request)))
     }
 }
 

@@ -54,8 +54,7 @@ impl TabApi {
         operation_id = "createSession"
     )]
     async fn create_session(&self, client: Client) -> Result<SessionCreated, ApiError> {
-        let ip = client.0;
-        self.state.limits.create_session(ip)?;
+        self.state.limits.create_session(client.0.address).await?;
         let session = self.state.relay.create_session().await?;
         let created = CreatedSession::new(session, &self.state.config.public_base_url);
         Ok(SessionCreated::Created(Json(created)))
@@ -80,10 +79,11 @@ impl TabApi {
         token: Query<Option<String>>,
         client: Client,
     ) -> Result<SessionEnded, ApiError> {
-        let ip = client.0;
+        let caller = &client.0;
         let token = provider_token(authorization.as_deref(), token.0);
         self.state
-            .guarded(ip, self.state.relay.end_session(&code, token.as_deref()))
+            .relay
+            .end_session(caller, &code, token.as_deref())
             .await?;
         Ok(SessionEnded::Ended)
     }
@@ -114,22 +114,18 @@ impl TabApi {
         last_event_header: Header<Option<String>>,
         client: Client,
     ) -> Result<Events, ApiError> {
-        let ip = client.0;
+        let caller = &client.0;
         let token = provider_token(authorization.as_deref(), token.0);
         let resumed = last_event_header.0.or(last_event_id.0);
         let link = self
             .state
-            .guarded(
-                ip,
-                self.state
-                    .relay
-                    .attach(&code, token.as_deref(), Transport::Sse),
-            )
+            .relay
+            .attach(caller, &code, token.as_deref(), Transport::Sse)
             .await?;
         // Every call not answered yet is sent again on a new stream, so resuming loses
         // nothing whatever the last id was; the tab de-duplicates by requestId.
         tracing::debug!(code = %link.code, resumed = resumed.as_deref().unwrap_or(""), "SSE provider attached");
-        Ok(events(link, event_value))
+        Ok(events(link, event_value, &self.state))
     }
 
     /// Fetch waiting calls (polling fallback)
@@ -152,11 +148,12 @@ impl TabApi {
         authorization: Header<Option<String>>,
         client: Client,
     ) -> Result<Json<Vec<PendingCall>>, ApiError> {
-        let ip = client.0;
+        let caller = &client.0;
         let token = provider_token(authorization.as_deref(), token.0);
         let calls = self
             .state
-            .guarded(ip, self.state.relay.poll(&code, token.as_deref(), None))
+            .relay
+            .poll(caller, &code, token.as_deref(), None)
             .await?;
         Ok(Json(calls.into_iter().map(PendingCall::from).collect()))
     }
@@ -182,7 +179,7 @@ impl TabApi {
         token: Query<Option<String>>,
         client: Client,
     ) -> Result<Json<ResponseAccepted>, ApiError> {
-        let ip = client.0;
+        let caller = &client.0;
         let token = provider_token(authorization.as_deref(), token.0);
         let body = body.0;
         let response = ProviderResponse {
@@ -193,12 +190,8 @@ impl TabApi {
         };
         let outcome = self
             .state
-            .guarded(
-                ip,
-                self.state
-                    .relay
-                    .post_response(&code, token.as_deref(), response),
-            )
+            .relay
+            .post_response(caller, &code, token.as_deref(), response)
             .await?;
         Ok(Json(ResponseAccepted {
             request_id: outcome.request_id,
@@ -229,16 +222,12 @@ impl TabApi {
         token: Query<Option<String>>,
         client: Client,
     ) -> Result<Json<Registered>, ApiError> {
-        let ip = client.0;
+        let caller = &client.0;
         let token = provider_token(authorization.as_deref(), token.0);
         let count = self
             .state
-            .guarded(
-                ip,
-                self.state
-                    .relay
-                    .register_manifest(&code, token.as_deref(), &body.0),
-            )
+            .relay
+            .register_manifest(caller, &code, token.as_deref(), &body.0)
             .await?;
         Ok(Json(Registered {
             tools: count as u64,
@@ -247,13 +236,16 @@ impl TabApi {
 }
 
 /// The SSE stream of a provider link, each message shaped by `shape`. The stream owns the
-/// link: when the tab goes away the stream is dropped and the provider detached.
-pub fn events(link: ProviderLink, shape: fn(&Downlink) -> Value) -> Events {
+/// link: when the tab goes away the stream is dropped and the provider detached. It ends when
+/// the process's drain does, so that the tab reconnects to another replica.
+pub fn events(link: ProviderLink, shape: fn(&Downlink) -> Value, state: &State) -> Events {
     let uplink = link.uplink;
-    let stream = ReceiverStream::new(link.downlink).map(move |message| {
-        let _attached = &uplink;
-        shape(&message)
-    });
+    let stream = ReceiverStream::new(link.downlink)
+        .map(move |message| {
+            let _attached = &uplink;
+            shape(&message)
+        })
+        .take_until(state.drain.ended());
     EventStream::new(stream.boxed()).to_event(sse_event)
 }
 

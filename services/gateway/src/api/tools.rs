@@ -6,6 +6,7 @@ use poem_openapi::param::{Path, Query};
 use poem_openapi::payload::Json;
 use poem_openapi::{ApiResponse, Object, OpenApi};
 use serde_json::Value;
+use toolrelay_relay::ErrorKind;
 use toolrelay_relay::builtin::{FailureKind, Scope, ToolFailure};
 
 use super::{Client, State, Tag};
@@ -81,6 +82,9 @@ pub enum ToolOutcome {
     /// The tool failed (ENCODING_FAILED, …).
     #[oai(status = 500)]
     Failed(Json<ToolResult>),
+    /// The relay cannot run it right now (RELAY_UNAVAILABLE); retry after the given seconds.
+    #[oai(status = 503)]
+    Unavailable(Json<ToolResult>, #[oai(header = "Retry-After")] u64),
 }
 
 impl From<ToolFailure> for ToolOutcome {
@@ -100,6 +104,7 @@ impl From<ToolFailure> for ToolOutcome {
             FailureKind::TooLarge => Self::TooLarge(body),
             FailureKind::Busy => Self::Busy(body, retry_after),
             FailureKind::Internal => Self::Failed(body),
+            FailureKind::Unavailable => Self::Unavailable(body, retry_after),
         }
     }
 }
@@ -145,10 +150,15 @@ impl ToolsApi {
         body: Json<Value>,
         client: Client,
     ) -> ToolOutcome {
-        if let Err(limited) = self.state.limits.tool_call(client.0) {
+        if let Err(limited) = self.state.limits.tool_call(client.0.address).await {
+            let busy = limited.kind == ErrorKind::TooManyRequests;
             return ToolFailure {
-                kind: FailureKind::Busy,
-                code: "RATE_LIMITED".into(),
+                kind: if busy {
+                    FailureKind::Busy
+                } else {
+                    FailureKind::Unavailable
+                },
+                code: limited.name.to_uppercase(),
                 message: limited.message,
                 retry_after: limited.retry_after,
             }

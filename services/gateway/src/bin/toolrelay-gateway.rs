@@ -6,16 +6,25 @@ use std::process::ExitCode;
 use clap::Parser;
 use toolrelay_gateway::config::{ENV_LISTEN, ENV_RELAY_URL, GatewayArgs};
 use toolrelay_gateway::server;
-use toolrelay_relay::config::LogArgs;
+use toolrelay_relay::config::{LogArgs, ServiceArgs};
 use toolrelay_relay::server::{bind, exit_code, shutdown_signal};
 use toolrelay_relay::telemetry;
 
 /// The toolrelay gateway: REST API, SSE and polling fallbacks, OpenAPI, in front of a relay.
 #[derive(Debug, Parser)]
-#[command(name = "toolrelay-gateway", version, about)]
+#[command(
+    name = "toolrelay-gateway",
+    version,
+    about,
+    mut_arg("relay_url", |arg| arg
+        .required(true)
+        .help("The relay's gRPC URL, e.g. http://relay:50051: the gateway keeps no state and reaches a toolrelay-relay over gRPC"))
+)]
 struct Cli {
     #[command(flatten)]
     gateway: GatewayArgs,
+    #[command(flatten)]
+    service: ServiceArgs,
     #[command(flatten)]
     log: LogArgs,
 }
@@ -35,6 +44,15 @@ async fn serve(cli: Cli) -> Result<(), String> {
     };
     let public = bind(cli.gateway.listen, ENV_LISTEN).await?;
     let bound = public.local_addr().map_err(|error| error.to_string())?;
-    let config = cli.gateway.gateway_config(bound)?;
-    server::run_split("toolrelay-gateway", &url, config, public, shutdown_signal()).await
+    let config = cli.gateway.gateway_config(bound, &cli.service)?;
+    let drain = cli.service.drain_timeout();
+    server::run_split(
+        "toolrelay-gateway",
+        &url,
+        config,
+        drain,
+        public,
+        shutdown_signal(),
+    )
+    .await
 }

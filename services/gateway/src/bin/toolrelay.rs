@@ -8,9 +8,14 @@ use std::process::ExitCode;
 use clap::Parser;
 use toolrelay_gateway::config::{ENV_LISTEN, GatewayArgs};
 use toolrelay_gateway::server;
-use toolrelay_relay::config::{ENV_GRPC_LISTEN, LogArgs, RelayArgs};
-use toolrelay_relay::server::{bind, exit_code, local, memory_relay, shutdown_signal};
+use toolrelay_relay::config::{ENV_GRPC_LISTEN, LogArgs, RelayArgs, ServiceArgs};
+use toolrelay_relay::server::{bind, exit_code, local, relay, shutdown_signal};
 use toolrelay_relay::telemetry;
+
+/// jemalloc rather than glibc's malloc: parsing big MIP models on many threads left glibc's
+/// per-thread arenas holding hundreds of MB that were free (see scripts/mip-memory.py).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// toolrelay: lets an LLM call tools that live in a browser tab, a backend service or the relay.
 #[derive(Debug, Parser)]
@@ -20,6 +25,8 @@ struct Cli {
     gateway: GatewayArgs,
     #[command(flatten)]
     relay: RelayArgs,
+    #[command(flatten)]
+    service: ServiceArgs,
     #[command(flatten)]
     log: LogArgs,
 }
@@ -34,25 +41,28 @@ async fn main() -> ExitCode {
 async fn serve(cli: Cli) -> Result<(), String> {
     let public = bind(cli.gateway.listen, ENV_LISTEN).await?;
     let bound = public.local_addr().map_err(|error| error.to_string())?;
-    let config = cli.gateway.gateway_config(bound)?;
+    let config = cli.gateway.gateway_config(bound, &cli.service)?;
     if let Some(url) = &cli.gateway.relay_url {
-        return server::run_split("toolrelay gateway", url, config, public, shutdown_signal())
-            .await;
+        let drain = cli.service.drain_timeout();
+        return server::run_split(
+            "toolrelay gateway",
+            url,
+            config,
+            drain,
+            public,
+            shutdown_signal(),
+        )
+        .await;
     }
-    let relay_config = cli.relay.relay_config()?;
+    let relay_config = cli.relay.relay_config(&cli.service)?;
     let grpc = bind(cli.relay.grpc_listen, ENV_GRPC_LISTEN).await?;
+    // Built before the line saying it listens: building it checks the MIP sandbox.
+    let relay = relay(relay_config).await?;
     tracing::info!(
         listen = %local(&public),
         grpc = %local(&grpc),
         public_base_url = %config.public_base_url,
         "toolrelay listening"
     );
-    server::run_all(
-        memory_relay(relay_config),
-        config,
-        public,
-        grpc,
-        shutdown_signal(),
-    )
-    .await
+    server::run_all(relay, config, public, grpc, shutdown_signal()).await
 }

@@ -121,6 +121,8 @@ pub enum FailureKind {
     Busy,
     /// The tool itself failed (HTTP 500).
     Internal,
+    /// The tool cannot run right now, e.g. the relay cannot be reached; retry later (HTTP 503).
+    Unavailable,
 }
 
 /// Why a built-in tool did not produce a result: the `{code, message}` of the tool API.
@@ -280,6 +282,13 @@ impl Registry {
     /// The tool names.
     pub fn names(&self) -> Vec<&'static str> {
         self.entries.iter().map(|entry| entry.tool.name()).collect()
+    }
+
+    /// How arguments break the schema of the tool `name` (`None` when they do not, or when
+    /// there is no such tool).
+    pub fn violations(&self, name: &str, args: &Value) -> Option<String> {
+        let entry = self.entry(name).ok()?;
+        describe_violations(&entry.validator, args)
     }
 
     /// Checks arguments against the tool's schema (`TOOL_NOT_FOUND`, `INVALID_ARGUMENTS`).

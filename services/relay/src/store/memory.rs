@@ -2,14 +2,25 @@
 //!
 //! All state sits behind one `std::sync::Mutex`: every operation is a few map look-ups with no
 //! `.await` inside, so a blocking lock is cheaper than an async one and cannot be held across a
-//! suspension point. A sweeper task drops expired sessions (announcing their end) and finished
-//! calls older than the retention time.
+//! suspension point.
+//!
+//! Time-driven work costs in proportion to what is due, never to what is stored: sessions,
+//! call deadlines, finished calls and claim checks each sit in an index ordered by when they
+//! are due ([`Indexes`]), and the sweeper (every second) and each access take only what is due
+//! from its front. Answers kept count against a byte budget, oldest first out: an evicted
+//! answer leaves its call's record (id, call hash, final status) for the rest of the hour, so
+//! a repeated request id is still never run twice.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
+use std::io::{BufReader, BufWriter, Write};
+
 use async_trait::async_trait;
+use flate2::Compression;
+use flate2::read::DeflateDecoder;
+use flate2::write::DeflateEncoder;
 use futures::StreamExt;
 use serde_json::Value;
 use tokio::sync::broadcast;
@@ -17,164 +28,342 @@ use tokio_stream::wrappers::BroadcastStream;
 use toolrelay::wire::{RequestStatus, ToolResponse};
 
 use super::{
-    Claim, Enqueued, EventStream, Finished, NewRequest, ProviderInfo, RequestRecord, SessionEvent,
-    SessionRecord, Store,
+    Claim, Enqueued, EventStream, Finished, NewRequest, ProviderInfo, RateBudget, RequestRecord,
+    SessionEvent, SessionRecord, Store, StoreUsage,
 };
 use crate::clock::{Clock, Timestamp};
 use crate::code::SessionCode;
 use crate::error::StoreError;
-use crate::manifest::Manifest;
 
-/// Events a slow subscriber may fall behind by before it gets [`SessionEvent::Missed`].
-const EVENT_BUFFER: usize = 256;
+/// Events a slow subscriber may fall behind by before it gets [`SessionEvent::Missed`]: events
+/// are hints that readers follow by looking at the state, so a few are plenty.
+const EVENT_BUFFER: usize = 16;
 /// How often the sweeper runs.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 /// Finished calls kept per session at most (the oldest go first).
-const MAX_FINISHED_PER_SESSION: usize = 1000;
+pub const MAX_FINISHED_PER_SESSION: usize = 1000;
 /// Claim checks kept per scope at most (the ones expiring first go first).
-const MAX_TICKETS_PER_SCOPE: usize = 200;
-/// Bytes of claim checks (as JSON) kept in all at most, by default (the ones expiring first
-/// go first): scopes are the callers' to choose, so the per-scope limit alone bounds nothing.
+pub const MAX_TICKETS_PER_SCOPE: usize = 200;
+/// Bytes of claim checks kept in all at most, by default (the ones expiring first go first):
+/// scopes are the callers' to choose, so the per-scope limit alone bounds nothing. What counts
+/// is what a ticket really holds in memory: its compressed JSON, its keys and a fixed overhead.
 pub const TICKET_BUDGET: usize = 256 * 1024 * 1024;
+/// Bytes of finished calls' answers kept in all at most, by default (the oldest go first).
+pub const ANSWER_BUDGET: usize = 64 * 1024 * 1024;
+/// What a ticket costs besides its compressed JSON and its keys: the map entry, the `Arc`
+/// header, the expiry.
+pub(super) const TICKET_OVERHEAD: usize = 96;
+/// What an answer costs besides its JSON: the record and index entries.
+pub(super) const ANSWER_OVERHEAD: usize = 256;
+
+/// How much the store keeps.
+#[derive(Debug, Clone, Copy)]
+pub struct StoreLimits {
+    /// How long finished calls are kept.
+    pub retention: Duration,
+    /// Bytes of answers kept at most ([`ANSWER_BUDGET`] by default).
+    pub answer_budget: usize,
+    /// Bytes of claim checks kept at most ([`TICKET_BUDGET`] by default).
+    pub ticket_budget: usize,
+}
+
+impl StoreLimits {
+    /// The default budgets, keeping finished calls for `retention`.
+    pub fn keeping(retention: Duration) -> Self {
+        Self {
+            retention,
+            answer_budget: ANSWER_BUDGET,
+            ticket_budget: TICKET_BUDGET,
+        }
+    }
+}
 
 /// Sessions and calls in this process's memory.
 pub struct MemoryStore {
     clock: Clock,
-    retention: Duration,
-    ticket_budget: usize,
-    sessions: Mutex<Tables>,
+    limits: StoreLimits,
+    tables: Mutex<Tables>,
+    /// Rate budgets: each key's arrival time (µs, see [`RateBudget`]). Apart from the tables,
+    /// so a rate check never waits for the sessions' lock.
+    rates: Mutex<HashMap<String, i64>>,
 }
+
+/// Rate budgets that have refilled are forgotten once this many keys are kept.
+const RATES_PRUNE_AT: usize = 10_000;
 
 /// Everything the store holds, under one lock.
 #[derive(Default)]
 struct Tables {
     sessions: HashMap<SessionCode, Entry>,
-    /// MCP handle → session code. Entries of ended sessions are dropped by the sweeper and
-    /// ignored until then (a look-up checks the session still has that handle).
+    /// MCP handle → session code.
     handles: HashMap<String, SessionCode>,
+    index: Indexes,
     /// Claim checks by scope, then id.
     tickets: HashMap<String, HashMap<String, Ticket>>,
-    /// Their total size.
+    /// When each claim check expires: (expires_at, scope, id).
+    ticket_expiries: BTreeSet<(Timestamp, String, String)>,
+    /// Their total cost ([`Ticket::cost`]).
     ticket_bytes: usize,
 }
 
-/// A claim check, kept as JSON text so its size is what it costs.
+/// What is due when, across sessions. Entries of a session that is gone, or of a call that
+/// changed since, are stale: whoever takes them checks, and skips them.
+#[derive(Default)]
+struct Indexes {
+    /// When each session expires (exact: kept in step with the sessions).
+    expiries: BTreeSet<(Timestamp, SessionCode)>,
+    /// Deadlines of unanswered calls: (deadline, session, queue position).
+    deadlines: BTreeSet<(Timestamp, SessionCode, u64)>,
+    /// Finished calls in the order they finished: forgotten after the retention time.
+    finished: VecDeque<(Timestamp, SessionCode, String)>,
+    /// Answers kept, oldest first: evicted past the budget.
+    answers: VecDeque<(SessionCode, String)>,
+    /// Their total cost.
+    answer_bytes: usize,
+}
+
+/// A claim check, kept as DEFLATE-compressed JSON: a model's JSON repeats its field names for
+/// every variable and shrinks ~15 times, and what is kept is what is counted.
 struct Ticket {
-    json: Arc<str>,
+    packed: Arc<[u8]>,
+    /// Its size in the byte budget.
+    cost: usize,
     expires_at: Timestamp,
 }
 
-impl Tables {
-    /// Drops the ticket of `scope` expiring first; false when there is none.
-    fn evict_from(&mut self, scope: &str) -> bool {
-        let Some(mine) = self.tickets.get_mut(scope) else {
-            return false;
-        };
-        let Some(id) = mine
-            .iter()
-            .min_by_key(|(_, ticket)| ticket.expires_at)
-            .map(|(id, _)| id.clone())
-        else {
-            return false;
-        };
-        if let Some(ticket) = mine.remove(&id) {
-            self.ticket_bytes -= ticket.json.len();
-        }
-        if mine.is_empty() {
-            self.tickets.remove(scope);
-        }
-        true
-    }
-
-    /// Drops the ticket expiring first of any scope; false when there is none.
-    fn evict_any(&mut self) -> bool {
-        let oldest = self
-            .tickets
-            .iter()
-            .filter_map(|(scope, mine)| {
-                mine.values()
-                    .map(|ticket| ticket.expires_at)
-                    .min()
-                    .map(|expires| (expires, scope.clone()))
-            })
-            .min();
-        oldest.is_some_and(|(_, scope)| self.evict_from(&scope))
+impl Ticket {
+    fn pack(value: &Value, keys: usize, expires_at: Timestamp) -> Result<Self, StoreError> {
+        let packed: Arc<[u8]> = pack_ticket(value)?.into();
+        Ok(Self {
+            cost: packed.len() + keys + TICKET_OVERHEAD,
+            packed,
+            expires_at,
+        })
     }
 }
 
-impl std::ops::Deref for Tables {
-    type Target = HashMap<SessionCode, Entry>;
-    fn deref(&self) -> &Self::Target {
-        &self.sessions
-    }
+/// Compresses a claim check's value, written straight into the compressor so that the JSON
+/// text of a big model never exists whole (a fast level: a 7.5 MB model takes ~30 ms).
+pub(super) fn pack_ticket(value: &Value) -> Result<Vec<u8>, StoreError> {
+    let failed =
+        |error: std::io::Error| StoreError(format!("a claim check cannot be kept: {error}"));
+    let mut writer = BufWriter::with_capacity(
+        64 * 1024,
+        DeflateEncoder::new(Vec::new(), Compression::fast()),
+    );
+    serde_json::to_writer(&mut writer, value)
+        .map_err(|error| StoreError(format!("a claim check is not JSON: {error}")))?;
+    writer.flush().map_err(failed)?;
+    let encoder = writer
+        .into_inner()
+        .map_err(|error| failed(error.into_error()))?;
+    encoder.finish().map_err(failed)
 }
 
-impl std::ops::DerefMut for Tables {
-    fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.sessions
-    }
+/// A claim check's value back, decompressed as it is parsed.
+pub(super) fn unpack_ticket(packed: &[u8]) -> Result<Value, StoreError> {
+    serde_json::from_reader(BufReader::with_capacity(
+        64 * 1024,
+        DeflateDecoder::new(packed),
+    ))
+    .map_err(|error| StoreError(format!("a claim check is unreadable: {error}")))
 }
 
 struct Entry {
     session: SessionRecord,
-    manifest: Arc<Manifest>,
+    /// The manifest's JSON, once one is registered.
+    manifest: Option<String>,
     requests: HashMap<String, RequestRecord>,
     /// Unfinished calls by queue position, so claims need not scan finished ones.
     pending: BTreeMap<u64, String>,
+    /// Their deadlines, soonest first: (deadline, queue position).
+    deadlines: BTreeSet<(Timestamp, u64)>,
+    /// Finished calls, oldest first, for the per-session cap.
+    finished: VecDeque<String>,
+    /// What each kept answer costs against the budget.
+    answer_costs: HashMap<String, usize>,
     next_seq: u64,
     events: broadcast::Sender<SessionEvent>,
 }
 
 impl Entry {
+    /// Slides the expiry to `until` (never backwards, never past the maximum lifetime).
+    fn slide(&mut self, code: &SessionCode, index: &mut Indexes, until: Timestamp) {
+        let session = &mut self.session;
+        let until = until.min(session.max_expires_at);
+        if until > session.expires_at {
+            index.expiries.remove(&(session.expires_at, code.clone()));
+            index.expiries.insert((until, code.clone()));
+            session.expires_at = until;
+        }
+    }
+
     fn announce(&self, event: SessionEvent) {
         // No subscribers is normal: nobody is waiting.
         let _ = self.events.send(event);
     }
 
-    /// Expires unanswered calls past their deadline, waking their waiters.
-    fn expire_overdue(&mut self, now: Timestamp) {
-        let mut expired = Vec::new();
-        for (seq, id) in &self.pending {
-            if let Some(request) = self.requests.get_mut(id)
-                && request.expire_if_overdue(now)
-            {
-                expired.push((*seq, id.clone()));
+    /// Gives a pending call its final answer and files it under the finished ones; the caller
+    /// then enforces the budget. Its arguments are dropped: its hash still identifies it.
+    fn finish(
+        &mut self,
+        code: &SessionCode,
+        index: &mut Indexes,
+        id: &str,
+        status: RequestStatus,
+        response: ToolResponse,
+        now: Timestamp,
+    ) -> Option<RequestRecord> {
+        let request = self.requests.get_mut(id)?;
+        let cost = ANSWER_OVERHEAD
+            + request.id.len()
+            + response.request_id.len()
+            + response
+                .result
+                .as_ref()
+                .map_or(0, toolrelay::json::approx_size)
+            + response
+                .error
+                .as_ref()
+                .map_or(0, |error| error.code.len() + error.message.len());
+        request.status = status;
+        request.response = Some(response);
+        request.finished_at = Some(now);
+        request.lease_until = None;
+        request.args = Value::Null;
+        let (seq, deadline) = (request.seq, request.deadline);
+        let record = request.clone();
+        self.pending.remove(&seq);
+        self.deadlines.remove(&(deadline, seq));
+        index.deadlines.remove(&(deadline, code.clone(), seq));
+        index.finished.push_back((now, code.clone(), id.to_owned()));
+        index.answers.push_back((code.clone(), id.to_owned()));
+        index.answer_bytes += cost;
+        self.answer_costs.insert(id.to_owned(), cost);
+        self.finished.push_back(id.to_owned());
+        while self.finished.len() > MAX_FINISHED_PER_SESSION {
+            if let Some(oldest) = self.finished.pop_front() {
+                self.forget(index, &oldest);
             }
         }
-        for (seq, id) in expired {
-            self.pending.remove(&seq);
-            self.announce(SessionEvent::ResponseReady(id));
+        self.announce(SessionEvent::ResponseReady(id.to_owned()));
+        Some(record)
+    }
+
+    /// Expires the unanswered calls past their deadline, waking their waiters.
+    fn expire_due(&mut self, code: &SessionCode, index: &mut Indexes, now: Timestamp) {
+        while let Some(&(deadline, seq)) = self.deadlines.first() {
+            if deadline > now {
+                return;
+            }
+            self.deadlines.pop_first();
+            let Some(id) = self.pending.get(&seq).cloned() else {
+                continue;
+            };
+            let Some(request) = self.requests.get(&id) else {
+                continue;
+            };
+            let response = request.expired_response();
+            self.finish(code, index, &id, RequestStatus::Expired, response, now);
         }
     }
 
-    /// Drops finished calls older than `retention`, and the oldest beyond
-    /// [`MAX_FINISHED_PER_SESSION`].
-    fn forget_finished(&mut self, now: Timestamp, retention: Duration) {
-        self.requests.retain(|_, request| {
-            request
-                .finished_at
-                .is_none_or(|finished| now.since(finished) < retention)
-        });
-        let finished = self.requests.len() - self.pending.len();
-        if finished > MAX_FINISHED_PER_SESSION {
-            let mut by_age: Vec<(Timestamp, String)> = self
-                .requests
-                .values()
-                .filter_map(|request| request.finished_at.map(|at| (at, request.id.clone())))
-                .collect();
-            by_age.sort();
-            for (_, id) in by_age.into_iter().take(finished - MAX_FINISHED_PER_SESSION) {
-                self.requests.remove(&id);
+    /// Drops a finished call's answer, keeping its record; false when it had none kept.
+    fn evict(&mut self, index: &mut Indexes, id: &str) -> bool {
+        let Some(cost) = self.answer_costs.remove(id) else {
+            return false;
+        };
+        index.answer_bytes -= cost;
+        if let Some(request) = self.requests.get_mut(id) {
+            request.response = None;
+            request.evicted = true;
+        }
+        true
+    }
+
+    /// Forgets a finished call altogether.
+    fn forget(&mut self, index: &mut Indexes, id: &str) {
+        self.evict(index, id);
+        self.requests.remove(id);
+    }
+}
+
+impl Tables {
+    /// Removes a session and what it costs; announces its end.
+    fn remove_session(&mut self, code: &SessionCode) -> bool {
+        let Some(entry) = self.sessions.remove(code) else {
+            return false;
+        };
+        self.index
+            .expiries
+            .remove(&(entry.session.expires_at, code.clone()));
+        if self.handles.get(&entry.session.mcp_handle) == Some(code) {
+            self.handles.remove(&entry.session.mcp_handle);
+        }
+        self.index.answer_bytes -= entry.answer_costs.values().sum::<usize>();
+        entry.announce(SessionEvent::SessionEnded);
+        true
+    }
+
+    /// Evicts the oldest answers until those kept fit `budget`.
+    fn keep_within(&mut self, budget: usize) {
+        while self.index.answer_bytes > budget {
+            let Some((code, id)) = self.index.answers.pop_front() else {
+                return;
+            };
+            if let Some(entry) = self.sessions.get_mut(&code) {
+                entry.evict(&mut self.index, &id);
             }
+        }
+    }
+
+    /// Drops the ticket of `scope` expiring first; false when there is none.
+    fn evict_from(&mut self, scope: &str) -> bool {
+        let Some(mine) = self.tickets.get(scope) else {
+            return false;
+        };
+        let Some((expires_at, id)) = mine
+            .iter()
+            .min_by_key(|(_, ticket)| ticket.expires_at)
+            .map(|(id, ticket)| (ticket.expires_at, id.clone()))
+        else {
+            return false;
+        };
+        self.remove_ticket(expires_at, scope, &id);
+        true
+    }
+
+    /// Drops the ticket expiring first of any scope; false when there is none.
+    fn evict_any(&mut self) -> bool {
+        match self.ticket_expiries.first().cloned() {
+            Some((expires_at, scope, id)) => {
+                self.remove_ticket(expires_at, &scope, &id);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn remove_ticket(&mut self, expires_at: Timestamp, scope: &str, id: &str) {
+        self.ticket_expiries
+            .remove(&(expires_at, scope.to_owned(), id.to_owned()));
+        let Some(mine) = self.tickets.get_mut(scope) else {
+            return;
+        };
+        if let Some(ticket) = mine.remove(id) {
+            self.ticket_bytes -= ticket.cost;
+        }
+        if mine.is_empty() {
+            self.tickets.remove(scope);
         }
     }
 }
 
 impl MemoryStore {
-    /// A store keeping finished calls for `retention`, with its sweeper running on the current
-    /// tokio runtime until the store is dropped.
+    /// A store keeping finished calls for `retention` within the default budgets, with its
+    /// sweeper running on the current tokio runtime until the store is dropped.
     pub fn new(clock: Clock, retention: Duration) -> Arc<Self> {
-        Self::with_ticket_budget(clock, retention, TICKET_BUDGET)
+        Self::with_limits(clock, StoreLimits::keeping(retention))
     }
 
     /// [`MemoryStore::new`] keeping at most `ticket_budget` bytes of claim checks.
@@ -183,70 +372,124 @@ impl MemoryStore {
         retention: Duration,
         ticket_budget: usize,
     ) -> Arc<Self> {
+        Self::with_limits(
+            clock,
+            StoreLimits {
+                ticket_budget,
+                ..StoreLimits::keeping(retention)
+            },
+        )
+    }
+
+    /// A store within these limits.
+    pub fn with_limits(clock: Clock, limits: StoreLimits) -> Arc<Self> {
         let store = Arc::new(Self {
             clock,
-            retention,
-            ticket_budget,
-            sessions: Mutex::new(Tables::default()),
+            limits,
+            tables: Mutex::new(Tables::default()),
+            rates: Mutex::new(HashMap::new()),
         });
         tokio::spawn(sweep(Arc::downgrade(&store)));
         store
     }
 
+    /// What the claim checks kept now cost, in bytes (what the budget bounds).
+    pub fn ticket_bytes(&self) -> usize {
+        self.lock().ticket_bytes
+    }
+
+    /// What the answers kept now cost, in bytes (what the answer budget bounds).
+    pub fn answer_bytes(&self) -> usize {
+        self.lock().index.answer_bytes
+    }
+
     fn lock(&self) -> MutexGuard<'_, Tables> {
         // A panic while holding the lock cannot leave an entry half-written (each operation
         // writes whole values), so the data is still sound after poisoning.
-        self.sessions
+        self.tables
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Runs `f` on the live entry of `code` after expiring its overdue calls, dropping the
-    /// entry if the session has expired.
-    fn with_live<R>(&self, code: &SessionCode, f: impl FnOnce(&mut Entry) -> R) -> Option<R> {
-        let now = self.clock.now();
-        let mut sessions = self.lock();
-        let expired = sessions.get(code)?.session.expires_at <= now;
-        if expired {
-            if let Some(entry) = sessions.remove(code) {
-                entry.announce(SessionEvent::SessionEnded);
-            }
-            return None;
-        }
-        let entry = sessions.get_mut(code)?;
-        entry.expire_overdue(now);
-        Some(f(entry))
-    }
-
-    fn sweep_once(&self) {
+    /// entry if the session has expired; then keeps the answers within their budget.
+    fn with_live<R>(
+        &self,
+        code: &SessionCode,
+        f: impl FnOnce(&mut Entry, &mut Indexes) -> R,
+    ) -> Option<R> {
         let now = self.clock.now();
         let mut tables = self.lock();
-        tables.sessions.retain(|_, entry| {
-            if entry.session.expires_at <= now {
-                entry.announce(SessionEvent::SessionEnded);
-                return false;
-            }
-            entry.expire_overdue(now);
-            entry.forget_finished(now, self.retention);
-            true
-        });
+        if tables.sessions.get(code)?.session.expires_at <= now {
+            tables.remove_session(code);
+            return None;
+        }
         let Tables {
-            sessions,
-            handles,
-            tickets,
-            ticket_bytes,
+            sessions, index, ..
         } = &mut *tables;
-        handles.retain(|_, code| sessions.contains_key(code));
-        tickets.retain(|_, mine| {
-            mine.retain(|_, ticket| {
-                let live = ticket.expires_at > now;
-                if !live {
-                    *ticket_bytes -= ticket.json.len();
+        let entry = sessions.get_mut(code)?;
+        entry.expire_due(code, index, now);
+        let result = f(entry, index);
+        tables.keep_within(self.limits.answer_budget);
+        Some(result)
+    }
+
+    /// Takes what is due from the front of each index; returns how many index entries it
+    /// looked at (what the sweep cost).
+    fn sweep_once(&self) -> usize {
+        let now = self.clock.now();
+        let mut tables = self.lock();
+        let tables = &mut *tables;
+        let mut looked_at = 0;
+        while let Some((expires_at, code)) = tables.index.expiries.first().cloned() {
+            looked_at += 1;
+            if expires_at > now {
+                break;
+            }
+            tables.index.expiries.pop_first();
+            tables.remove_session(&code);
+        }
+        while let Some((deadline, code, _)) = tables.index.deadlines.first().cloned() {
+            looked_at += 1;
+            if deadline > now {
+                break;
+            }
+            tables.index.deadlines.pop_first();
+            if let Some(entry) = tables.sessions.get_mut(&code) {
+                entry.expire_due(&code, &mut tables.index, now);
+            }
+        }
+        while let Some((finished_at, code, id)) = tables.index.finished.front().cloned() {
+            looked_at += 1;
+            if now.since(finished_at) < self.limits.retention {
+                break;
+            }
+            tables.index.finished.pop_front();
+            if let Some(entry) = tables.sessions.get_mut(&code) {
+                let same = entry
+                    .requests
+                    .get(&id)
+                    .is_some_and(|request| request.finished_at == Some(finished_at));
+                if same {
+                    // Calls are forgotten in the order they finished: usually the front.
+                    if entry.finished.front() == Some(&id) {
+                        entry.finished.pop_front();
+                    } else {
+                        entry.finished.retain(|finished| *finished != id);
+                    }
+                    entry.forget(&mut tables.index, &id);
                 }
-                live
-            });
-            !mine.is_empty()
-        });
+            }
+        }
+        while let Some((expires_at, scope, id)) = tables.ticket_expiries.first().cloned() {
+            looked_at += 1;
+            if expires_at > now {
+                break;
+            }
+            tables.remove_ticket(expires_at, &scope, &id);
+        }
+        tables.keep_within(self.limits.answer_budget);
+        looked_at
     }
 }
 
@@ -256,7 +499,9 @@ async fn sweep(store: Weak<MemoryStore>) {
     loop {
         ticks.tick().await;
         match store.upgrade() {
-            Some(store) => store.sweep_once(),
+            Some(store) => {
+                store.sweep_once();
+            }
             None => return,
         }
     }
@@ -266,24 +511,32 @@ async fn sweep(store: Weak<MemoryStore>) {
 impl Store for MemoryStore {
     async fn insert_session(&self, session: SessionRecord) -> Result<bool, StoreError> {
         let now = self.clock.now();
-        let mut sessions = self.lock();
-        if sessions
-            .get(&session.code)
-            .is_some_and(|entry| entry.session.expires_at > now)
-        {
-            return Ok(false);
+        let mut tables = self.lock();
+        if let Some(existing) = tables.sessions.get(&session.code) {
+            if existing.session.expires_at > now {
+                return Ok(false);
+            }
+            // Expired and not swept yet: gone for good now.
+            tables.remove_session(&session.code);
         }
         let (events, _) = broadcast::channel(EVENT_BUFFER);
-        sessions
+        tables
             .handles
             .insert(session.mcp_handle.clone(), session.code.clone());
-        sessions.insert(
+        tables
+            .index
+            .expiries
+            .insert((session.expires_at, session.code.clone()));
+        tables.sessions.insert(
             session.code.clone(),
             Entry {
                 session,
-                manifest: Arc::new(Manifest::default()),
+                manifest: None,
                 requests: HashMap::new(),
                 pending: BTreeMap::new(),
+                deadlines: BTreeSet::new(),
+                finished: VecDeque::new(),
+                answer_costs: HashMap::new(),
                 next_seq: 1,
                 events,
             },
@@ -292,13 +545,13 @@ impl Store for MemoryStore {
     }
 
     async fn session(&self, code: &SessionCode) -> Result<Option<SessionRecord>, StoreError> {
-        Ok(self.with_live(code, |entry| entry.session.clone()))
+        Ok(self.with_live(code, |entry, _| entry.session.clone()))
     }
 
     async fn session_by_handle(&self, handle: &str) -> Result<Option<SessionCode>, StoreError> {
         let code = self.lock().handles.get(handle).cloned();
         let Some(code) = code else { return Ok(None) };
-        let owns = self.with_live(&code, |entry| entry.session.mcp_handle == handle);
+        let owns = self.with_live(&code, |entry, _| entry.session.mcp_handle == handle);
         Ok(owns.unwrap_or(false).then_some(code))
     }
 
@@ -309,29 +562,20 @@ impl Store for MemoryStore {
         until: Timestamp,
         seen: Option<&str>,
     ) -> Result<Option<SessionRecord>, StoreError> {
-        Ok(self.with_live(code, |entry| {
-            let session = &mut entry.session;
+        Ok(self.with_live(code, |entry, index| {
             if let Some(seen) = seen {
-                match session.provider.as_mut() {
+                match entry.session.provider.as_mut() {
                     Some(provider) if provider.connection_id == seen => provider.last_seen = now,
-                    _ => return session.clone(),
+                    _ => return entry.session.clone(),
                 }
             }
-            let until = until.min(session.max_expires_at);
-            session.expires_at = session.expires_at.max(until);
-            session.clone()
+            entry.slide(code, index, until);
+            entry.session.clone()
         }))
     }
 
     async fn delete_session(&self, code: &SessionCode) -> Result<bool, StoreError> {
-        let removed = self.lock().remove(code);
-        Ok(match removed {
-            Some(entry) => {
-                entry.announce(SessionEvent::SessionEnded);
-                true
-            }
-            None => false,
-        })
+        Ok(self.lock().remove_session(code))
     }
 
     async fn set_provider(
@@ -339,7 +583,7 @@ impl Store for MemoryStore {
         code: &SessionCode,
         provider: ProviderInfo,
     ) -> Result<Option<SessionRecord>, StoreError> {
-        Ok(self.with_live(code, |entry| {
+        Ok(self.with_live(code, |entry, _| {
             let connection_id = provider.connection_id.clone();
             entry.session.provider = Some(provider);
             entry.announce(SessionEvent::ProviderChanged(connection_id));
@@ -352,7 +596,7 @@ impl Store for MemoryStore {
         code: &SessionCode,
         connection_id: &str,
     ) -> Result<(), StoreError> {
-        self.with_live(code, |entry| {
+        self.with_live(code, |entry, _| {
             let current = entry.session.provider.as_ref();
             if current.is_some_and(|provider| provider.connection_id == connection_id) {
                 entry.session.provider = None;
@@ -364,18 +608,23 @@ impl Store for MemoryStore {
     async fn set_manifest(
         &self,
         code: &SessionCode,
-        manifest: Arc<Manifest>,
+        json: String,
     ) -> Result<Option<u64>, StoreError> {
-        Ok(self.with_live(code, |entry| {
-            entry.manifest = manifest;
+        Ok(self.with_live(code, |entry, _| {
+            entry.manifest = Some(json);
             entry.session.manifest_revision += 1;
             entry.announce(SessionEvent::ManifestChanged);
             entry.session.manifest_revision
         }))
     }
 
-    async fn manifest(&self, code: &SessionCode) -> Result<Option<Arc<Manifest>>, StoreError> {
-        Ok(self.with_live(code, |entry| Arc::clone(&entry.manifest)))
+    async fn manifest(
+        &self,
+        code: &SessionCode,
+    ) -> Result<Option<(u64, Option<String>)>, StoreError> {
+        Ok(self.with_live(code, |entry, _| {
+            (entry.session.manifest_revision, entry.manifest.clone())
+        }))
     }
 
     async fn enqueue(
@@ -383,8 +632,9 @@ impl Store for MemoryStore {
         code: &SessionCode,
         request: NewRequest,
         max_pending: usize,
+        until: Timestamp,
     ) -> Result<Enqueued, StoreError> {
-        let outcome = self.with_live(code, |entry| {
+        let outcome = self.with_live(code, |entry, index| {
             if let Some(existing) = entry.requests.get(&request.id) {
                 return if existing.same_call(&request) {
                     Enqueued::Existing(existing.clone())
@@ -400,7 +650,10 @@ impl Store for MemoryStore {
             entry.next_seq += 1;
             let record = RequestRecord::queued(request, seq);
             entry.pending.insert(seq, record.id.clone());
+            entry.deadlines.insert((record.deadline, seq));
+            index.deadlines.insert((record.deadline, code.clone(), seq));
             entry.requests.insert(record.id.clone(), record.clone());
+            entry.slide(code, index, until);
             entry.announce(SessionEvent::RequestQueued);
             Enqueued::Queued(record)
         });
@@ -413,15 +666,16 @@ impl Store for MemoryStore {
         id: &str,
     ) -> Result<Option<RequestRecord>, StoreError> {
         Ok(self
-            .with_live(code, |entry| entry.requests.get(id).cloned())
+            .with_live(code, |entry, _| entry.requests.get(id).cloned())
             .flatten())
     }
 
     async fn responses(&self, code: &SessionCode) -> Result<Option<Vec<ToolResponse>>, StoreError> {
-        Ok(self.with_live(code, |entry| {
+        Ok(self.with_live(code, |entry, _| {
             let mut finished: Vec<&RequestRecord> = entry
-                .requests
-                .values()
+                .finished
+                .iter()
+                .filter_map(|id| entry.requests.get(id))
                 .filter(|request| request.response.is_some())
                 .collect();
             finished.sort_by_key(|request| request.seq);
@@ -433,7 +687,7 @@ impl Store for MemoryStore {
     }
 
     async fn pending_count(&self, code: &SessionCode) -> Result<Option<usize>, StoreError> {
-        Ok(self.with_live(code, |entry| entry.pending.len()))
+        Ok(self.with_live(code, |entry, _| entry.pending.len()))
     }
 
     async fn claim(
@@ -441,7 +695,7 @@ impl Store for MemoryStore {
         code: &SessionCode,
         claim: &Claim,
     ) -> Result<Vec<RequestRecord>, StoreError> {
-        let claimed = self.with_live(code, |entry| {
+        let claimed = self.with_live(code, |entry, _| {
             let is_provider = entry
                 .session
                 .provider
@@ -478,28 +732,28 @@ impl Store for MemoryStore {
         status: RequestStatus,
         response: ToolResponse,
         now: Timestamp,
+        until: Timestamp,
     ) -> Result<Finished, StoreError> {
-        let outcome = self.with_live(code, |entry| {
-            let Some(request) = entry.requests.get_mut(id) else {
+        let outcome = self.with_live(code, |entry, index| {
+            let Some(request) = entry.requests.get(id) else {
                 return Finished::NoRequest;
             };
             if request.status.is_terminal() {
                 return Finished::AlreadyFinished(request.clone());
             }
-            request.status = status;
-            request.response = Some(response);
-            request.finished_at = Some(now);
-            request.lease_until = None;
-            let record = request.clone();
-            entry.pending.remove(&record.seq);
-            entry.announce(SessionEvent::ResponseReady(record.id.clone()));
-            Finished::Finished(record)
+            match entry.finish(code, index, id, status, response, now) {
+                Some(record) => {
+                    entry.slide(code, index, until);
+                    Finished::Finished(record)
+                }
+                None => Finished::NoRequest,
+            }
         });
         Ok(outcome.unwrap_or(Finished::NoSession))
     }
 
     async fn subscribe(&self, code: &SessionCode) -> Result<Option<EventStream>, StoreError> {
-        Ok(self.with_live(code, |entry| {
+        Ok(self.with_live(code, |entry, _| {
             let events = BroadcastStream::new(entry.events.subscribe())
                 .map(|event| event.unwrap_or(SessionEvent::Missed));
             Box::pin(events) as EventStream
@@ -510,6 +764,38 @@ impl Store for MemoryStore {
         Ok(())
     }
 
+    async fn spend(
+        &self,
+        key: &str,
+        budget: RateBudget,
+        now: Timestamp,
+    ) -> Result<Option<Duration>, StoreError> {
+        let now = now.0.saturating_mul(1000);
+        let mut rates = self
+            .rates
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if rates.len() >= RATES_PRUNE_AT && !rates.contains_key(key) {
+            // A key whose arrival time has passed is as good as a new one.
+            rates.retain(|_, tat| *tat > now);
+        }
+        let tat = rates.get(key).copied().unwrap_or(now);
+        match budget.spend(tat, now) {
+            Ok(next) => {
+                rates.insert(key.to_owned(), next);
+                Ok(None)
+            }
+            Err(wait) => Ok(Some(wait)),
+        }
+    }
+
+    async fn usage(&self) -> Result<StoreUsage, StoreError> {
+        Ok(StoreUsage {
+            answer_bytes: self.answer_bytes(),
+            ticket_bytes: self.ticket_bytes(),
+        })
+    }
+
     async fn put_ticket(
         &self,
         scope: &str,
@@ -517,43 +803,208 @@ impl Store for MemoryStore {
         value: Arc<Value>,
         expires_at: Timestamp,
     ) -> Result<(), StoreError> {
-        let json: Arc<str> = serde_json::to_string(&*value)
-            .map_err(|error| StoreError(format!("a claim check is not JSON: {error}")))?
-            .into();
+        // Compressed before the lock is taken: a large model must not hold up every session.
+        let ticket = Ticket::pack(&value, scope.len() + id.len(), expires_at)?;
+        drop(value);
         let mut tables = self.lock();
+        if let Some(previous) = tables
+            .tickets
+            .get(scope)
+            .and_then(|mine| mine.get(id))
+            .map(|ticket| ticket.expires_at)
+        {
+            tables.remove_ticket(previous, scope, id);
+        }
         // A scope keeps its newest tickets only, and all scopes share a byte budget.
         while tables.tickets.get(scope).map_or(0, HashMap::len) >= MAX_TICKETS_PER_SCOPE {
             tables.evict_from(scope);
         }
-        while tables.ticket_bytes + json.len() > self.ticket_budget && tables.evict_any() {}
-        tables.ticket_bytes += json.len();
-        let previous = tables
+        while tables.ticket_bytes + ticket.cost > self.limits.ticket_budget && tables.evict_any() {}
+        tables.ticket_bytes += ticket.cost;
+        tables
+            .ticket_expiries
+            .insert((expires_at, scope.to_owned(), id.to_owned()));
+        tables
             .tickets
             .entry(scope.to_owned())
             .or_default()
-            .insert(id.to_owned(), Ticket { json, expires_at });
-        if let Some(previous) = previous {
-            tables.ticket_bytes -= previous.json.len();
-        }
+            .insert(id.to_owned(), ticket);
         Ok(())
     }
 
     async fn ticket(&self, scope: &str, id: &str) -> Result<Option<Arc<Value>>, StoreError> {
         let now = self.clock.now();
         let tables = self.lock();
-        let Some(json) = tables
+        let Some(packed) = tables
             .tickets
             .get(scope)
             .and_then(|mine| mine.get(id))
             .filter(|ticket| ticket.expires_at > now)
-            .map(|ticket| Arc::clone(&ticket.json))
+            .map(|ticket| Arc::clone(&ticket.packed))
         else {
             return Ok(None);
         };
         drop(tables);
-        // Parsed outside the lock: a large model must not hold up every session.
-        serde_json::from_str(&json)
-            .map(|value| Some(Arc::new(value)))
-            .map_err(|error| StoreError(format!("a claim check is unreadable: {error}")))
+        // Read outside the lock: a large model must not hold up every session.
+        unpack_ticket(&packed).map(|value| Some(Arc::new(value)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use toolrelay::wire::ToolResponse;
+
+    fn session(code: &str, now: Timestamp, ttl_ms: i64) -> SessionRecord {
+        SessionRecord {
+            code: SessionCode::parse(code).unwrap(),
+            token_hash: String::new(),
+            created_at: now,
+            expires_at: Timestamp(now.0 + ttl_ms),
+            max_expires_at: Timestamp(now.0 + 10 * ttl_ms),
+            provider: None,
+            manifest_revision: 0,
+            mcp_handle: format!("handle-{code}"),
+        }
+    }
+
+    fn call(id: &str, now: Timestamp, text: &str) -> NewRequest {
+        NewRequest {
+            id: id.into(),
+            tool_id: Some("demo".into()),
+            function_name: "echo".into(),
+            args: serde_json::json!({"text": text}),
+            created_at: now,
+            deadline: Timestamp(now.0 + 60_000),
+            builtin: false,
+            correlation_id: None,
+        }
+    }
+
+    fn answer(id: &str, bytes: usize) -> ToolResponse {
+        ToolResponse {
+            request_id: id.into(),
+            success: true,
+            result: Some(Value::String("x".repeat(bytes))),
+            error: None,
+        }
+    }
+
+    /// A code for a number, in the code alphabet.
+    fn code_of(n: usize) -> String {
+        let alphabet = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
+        (0..8)
+            .map(|i| alphabet[(n >> (5 * i)) % 32] as char)
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_sweep_costs_what_is_due_not_what_is_stored() {
+        let clock = Clock::new();
+        let store = MemoryStore::new(clock.clone(), Duration::from_secs(3600));
+        let now = clock.now();
+        // Many live sessions, each with a finished call and a pending one.
+        for n in 0..2_000 {
+            let record = session(&code_of(n), now, 600_000);
+            let code = record.code.clone();
+            assert!(store.insert_session(record).await.unwrap());
+            store
+                .enqueue(&code, call("done", now, "a"), 100, now)
+                .await
+                .unwrap();
+            store
+                .finish(
+                    &code,
+                    "done",
+                    RequestStatus::Completed,
+                    answer("done", 10),
+                    now,
+                    now,
+                )
+                .await
+                .unwrap();
+            store
+                .enqueue(&code, call("waiting", now, "b"), 100, now)
+                .await
+                .unwrap();
+        }
+        // One session about to expire.
+        store
+            .insert_session(session("ZZZZZZZZ", now, 1_000))
+            .await
+            .unwrap();
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let looked_at = store.sweep_once();
+        assert!(looked_at <= 8, "the sweep looked at {looked_at} entries");
+        let gone = SessionCode::parse("ZZZZZZZZ").unwrap();
+        assert!(store.session(&gone).await.unwrap().is_none());
+        let live = SessionCode::parse(&code_of(7)).unwrap();
+        assert!(store.session(&live).await.unwrap().is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn answers_stay_within_their_budget_and_evicted_calls_are_still_known() {
+        const BUDGET: usize = 1024 * 1024;
+        let clock = Clock::new();
+        let store = MemoryStore::with_limits(
+            clock.clone(),
+            StoreLimits {
+                answer_budget: BUDGET,
+                ..StoreLimits::keeping(Duration::from_secs(3600))
+            },
+        );
+        let now = clock.now();
+        let code = SessionCode::parse("ABCD2345").unwrap();
+        store
+            .insert_session(session("ABCD2345", now, 600_000))
+            .await
+            .unwrap();
+        // A stream of answers of 100 KB: the budget holds after every one.
+        for n in 0..50 {
+            let id = format!("r{n}");
+            store
+                .enqueue(&code, call(&id, now, "x"), 100, now)
+                .await
+                .unwrap();
+            store
+                .finish(
+                    &code,
+                    &id,
+                    RequestStatus::Completed,
+                    answer(&id, 100 * 1024),
+                    now,
+                    now,
+                )
+                .await
+                .unwrap();
+            assert!(
+                store.answer_bytes() <= BUDGET,
+                "{} after {n}",
+                store.answer_bytes()
+            );
+        }
+        assert!(store.answer_bytes() > BUDGET / 2, "the budget is used");
+        // The oldest answers were evicted; their calls are known, with their final status.
+        let oldest = store.request(&code, "r0").await.unwrap().unwrap();
+        assert!(oldest.evicted && oldest.response.is_none());
+        assert_eq!(oldest.status, RequestStatus::Completed);
+        assert!(matches!(
+            store.enqueue(&code, call("r0", now, "x"), 100, now).await.unwrap(),
+            Enqueued::Existing(record) if record.evicted
+        ));
+        assert_eq!(
+            store
+                .enqueue(&code, call("r0", now, "other"), 100, now)
+                .await
+                .unwrap(),
+            Enqueued::Conflict
+        );
+        let newest = store.request(&code, "r49").await.unwrap().unwrap();
+        assert!(!newest.evicted && newest.response.is_some());
+        let kept = store.responses(&code).await.unwrap().unwrap();
+        assert!(kept.len() < 50 && kept.last().unwrap().request_id == "r49");
+        // Ending the session gives its bytes back.
+        store.delete_session(&code).await.unwrap();
+        assert_eq!(store.answer_bytes(), 0);
     }
 }

@@ -15,9 +15,11 @@
 //! [`memory::MemoryStore`] is the default implementation.
 
 pub mod memory;
+pub mod redis;
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::Stream;
@@ -27,7 +29,6 @@ use toolrelay::wire::{RequestStatus, ToolError, ToolRequest, ToolResponse};
 use crate::clock::Timestamp;
 use crate::code::SessionCode;
 use crate::error::StoreError;
-use crate::manifest::Manifest;
 
 /// A stored session.
 #[derive(Debug, Clone, PartialEq)]
@@ -112,6 +113,8 @@ pub struct NewRequest {
     pub deadline: Timestamp,
     /// Whether a tool built into the relay answers it (never handed to a provider).
     pub builtin: bool,
+    /// The correlation id of the request that made it, for the log line of its end.
+    pub correlation_id: Option<String>,
 }
 
 /// The connection id under which built-in calls count as delivered.
@@ -148,6 +151,53 @@ pub struct RequestRecord {
     pub finished_at: Option<Timestamp>,
     /// Whether a tool built into the relay answers it (never handed to a provider).
     pub builtin: bool,
+    /// The correlation id of the request that made it.
+    pub correlation_id: Option<String>,
+    /// SHA-256 of the call (tool, function, arguments with their keys in order), so that a
+    /// repeated request id can be checked after the arguments are gone.
+    pub call_hash: String,
+    /// Whether its answer was dropped to keep the store within its byte budget: the call ran,
+    /// and its status stays, but the answer cannot be read any more.
+    pub evicted: bool,
+}
+
+/// SHA-256 (hex) of a call: its tool, function and arguments, with object keys sorted, so that
+/// the same call hashes the same whatever order its fields came in.
+pub fn call_hash(tool_id: Option<&str>, function_name: &str, args: &Value) -> String {
+    use sha2::{Digest, Sha256};
+    fn feed(hasher: &mut Sha256, value: &Value) {
+        match value {
+            Value::Object(map) => {
+                let mut keys: Vec<&String> = map.keys().collect();
+                keys.sort();
+                hasher.update(b"{");
+                for key in keys {
+                    feed(hasher, &Value::String(key.clone()));
+                    hasher.update(b":");
+                    feed(hasher, &map[key]);
+                    hasher.update(b",");
+                }
+                hasher.update(b"}");
+            }
+            Value::Array(items) => {
+                hasher.update(b"[");
+                for item in items {
+                    feed(hasher, item);
+                    hasher.update(b",");
+                }
+                hasher.update(b"]");
+            }
+            scalar => hasher.update(scalar.to_string().as_bytes()),
+        }
+    }
+    let mut hasher = Sha256::new();
+    feed(
+        &mut hasher,
+        &Value::String(tool_id.unwrap_or_default().to_owned()),
+    );
+    feed(&mut hasher, &Value::String(function_name.to_owned()));
+    feed(&mut hasher, args);
+    data_encoding::HEXLOWER.encode(&hasher.finalize())
 }
 
 impl RequestRecord {
@@ -155,7 +205,14 @@ impl RequestRecord {
     /// A built-in call starts out delivered to the relay itself.
     pub fn queued(request: NewRequest, seq: u64) -> Self {
         let builtin = request.builtin;
+        let call_hash = call_hash(
+            request.tool_id.as_deref(),
+            &request.function_name,
+            &request.args,
+        );
         Self {
+            call_hash,
+            evicted: false,
             id: request.id,
             seq,
             tool_id: request.tool_id,
@@ -174,14 +231,18 @@ impl RequestRecord {
             response: None,
             finished_at: None,
             builtin,
+            correlation_id: request.correlation_id,
         }
     }
 
     /// Whether `request` asks for exactly this call (same function, tool and arguments).
     pub fn same_call(&self, request: &NewRequest) -> bool {
-        self.function_name == request.function_name
-            && self.tool_id == request.tool_id
-            && self.args == request.args
+        self.call_hash
+            == call_hash(
+                request.tool_id.as_deref(),
+                &request.function_name,
+                &request.args,
+            )
     }
 
     /// Whether `claim` may hand this call out: queued, or delivered to another connection, or
@@ -203,15 +264,23 @@ impl RequestRecord {
     /// The answer a call gets when its deadline passes unanswered.
     pub fn expired_response(&self) -> ToolResponse {
         let waited = self.deadline.since(self.created_at).as_secs();
+        let message = if self.builtin {
+            format!(
+                "The relay's built-in tool {} did not finish within {waited} s. Call again with a new requestId; if it keeps happening, ask for less work (a smaller model, a shorter time limit).",
+                self.function_name
+            )
+        } else {
+            format!(
+                "The tool did not answer within {waited} s. Check that the plugin tab is open and connected (its status dot is green), then call again with a new requestId."
+            )
+        };
         ToolResponse {
             request_id: self.id.clone(),
             success: false,
             result: None,
             error: Some(ToolError {
                 code: "request_expired".into(),
-                message: format!(
-                    "The tool did not answer within {waited} s. Check that the plugin tab is open and connected (its status dot is green), then call again with a new requestId."
-                ),
+                message,
             }),
         }
     }
@@ -237,6 +306,15 @@ impl RequestRecord {
             args: self.args.clone(),
         }
     }
+}
+
+/// Bytes held under the store's budgets, counted across every replica.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StoreUsage {
+    /// Finished calls' answers.
+    pub answer_bytes: usize,
+    /// Claim checks.
+    pub ticket_bytes: usize,
 }
 
 /// What [`Store::enqueue`] did.
@@ -343,23 +421,30 @@ pub trait Store: Send + Sync + 'static {
         connection_id: &str,
     ) -> Result<(), StoreError>;
 
-    /// Replaces the manifest; returns the new revision.
+    /// Replaces the manifest (a validated manifest's JSON, [`Manifest::to_json`]); returns the
+    /// new revision, also in [`SessionRecord::manifest_revision`]. A store keeps only the JSON:
+    /// compiled validators are each replica's own ([`crate::manifest::ManifestCache`]).
     async fn set_manifest(
         &self,
         code: &SessionCode,
-        manifest: Arc<Manifest>,
+        json: String,
     ) -> Result<Option<u64>, StoreError>;
 
-    /// The session's manifest (empty until a provider registers one).
-    async fn manifest(&self, code: &SessionCode) -> Result<Option<Arc<Manifest>>, StoreError>;
+    /// The session's manifest JSON and its revision (revision 0, `None`: nothing registered).
+    async fn manifest(
+        &self,
+        code: &SessionCode,
+    ) -> Result<Option<(u64, Option<String>)>, StoreError>;
 
     /// Queues a call unless its id is taken or `max_pending` calls are pending at
-    /// `request.created_at`; announces it.
+    /// `request.created_at`, and slides the session's expiry to `until` (capped by its maximum
+    /// lifetime) in the same step: a queued call is activity. Announces it.
     async fn enqueue(
         &self,
         code: &SessionCode,
         request: NewRequest,
         max_pending: usize,
+        until: Timestamp,
     ) -> Result<Enqueued, StoreError>;
 
     /// One call.
@@ -383,7 +468,8 @@ pub trait Store: Send + Sync + 'static {
         claim: &Claim,
     ) -> Result<Vec<RequestRecord>, StoreError>;
 
-    /// Gives a call its final answer, unless it has one; announces it. A call whose deadline
+    /// Gives a call its final answer, unless it has one, and slides the session's expiry to
+    /// `until` in the same step (an answer is activity); announces it. A call whose deadline
     /// has passed becomes `expired` instead, and an answer other than that is refused
     /// ([`Finished::AlreadyFinished`]).
     async fn finish(
@@ -393,6 +479,7 @@ pub trait Store: Send + Sync + 'static {
         status: RequestStatus,
         response: ToolResponse,
         now: Timestamp,
+        until: Timestamp,
     ) -> Result<Finished, StoreError>;
 
     /// The session's events from now on.
@@ -400,6 +487,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// Whether the store answers (for readiness checks).
     async fn ping(&self) -> Result<(), StoreError>;
+
+    /// What the kept answers and claim checks cost now (what the byte budgets bound).
+    async fn usage(&self) -> Result<StoreUsage, StoreError>;
 
     /// Keeps a claim-check value under `(scope, id)` until `expires_at`.
     async fn put_ticket(
@@ -412,4 +502,92 @@ pub trait Store: Send + Sync + 'static {
 
     /// A claim-check value, if it exists in this scope and has not expired.
     async fn ticket(&self, scope: &str, id: &str) -> Result<Option<Arc<Value>>, StoreError>;
+
+    /// Spends one unit of the rate budget `key` at `now`: `None` when the budget had room, or
+    /// how long until it has room again (nothing is spent then). Shared by every replica
+    /// using the store, so a client spreading its requests over replicas gets one budget.
+    async fn spend(
+        &self,
+        key: &str,
+        budget: RateBudget,
+        now: Timestamp,
+    ) -> Result<Option<Duration>, StoreError>;
+}
+
+/// A rate budget: `limit` units per `period`, all of which may be spent at once (a token
+/// bucket, kept as GCRA: one "theoretical arrival time" per key, in microseconds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateBudget {
+    /// Units per period.
+    pub limit: std::num::NonZeroU32,
+    /// The period.
+    pub period: Duration,
+}
+
+impl RateBudget {
+    /// `limit` units a minute.
+    pub fn per_minute(limit: std::num::NonZeroU32) -> Self {
+        Self {
+            limit,
+            period: Duration::from_secs(60),
+        }
+    }
+
+    /// Microseconds between two units.
+    pub fn interval_micros(self) -> i64 {
+        i64::try_from(self.period.as_micros() / u128::from(self.limit.get()))
+            .unwrap_or(i64::MAX)
+            .max(1)
+    }
+
+    /// How far ahead of now the arrival time may run: the whole burst.
+    pub fn tolerance_micros(self) -> i64 {
+        self.interval_micros()
+            .saturating_mul(i64::from(self.limit.get()))
+    }
+
+    /// GCRA: with the key's arrival time `tat` (µs), a unit spent at `now` (µs) gives the new
+    /// arrival time, or how long to wait.
+    pub fn spend(self, tat: i64, now: i64) -> Result<i64, Duration> {
+        let next = tat.max(now).saturating_add(self.interval_micros());
+        let over = next - now - self.tolerance_micros();
+        if over > 0 {
+            Err(Duration::from_micros(u64::try_from(over).unwrap_or(0)))
+        } else {
+            Ok(next)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(builtin: bool) -> RequestRecord {
+        RequestRecord::queued(
+            NewRequest {
+                id: "r1".into(),
+                tool_id: None,
+                function_name: "solve_mip_problem".into(),
+                args: Value::Null,
+                created_at: Timestamp(0),
+                deadline: Timestamp(60_000),
+                builtin,
+                correlation_id: None,
+            },
+            1,
+        )
+    }
+
+    #[test]
+    fn an_expired_call_blames_what_did_not_answer() {
+        let tab = call(false).expired_response().error.unwrap().message;
+        assert!(tab.contains("plugin tab"), "{tab}");
+        let builtin = call(true).expired_response().error.unwrap().message;
+        assert!(
+            !builtin.contains("plugin") && builtin.contains("built-in tool solve_mip_problem"),
+            "{builtin}"
+        );
+        assert!(builtin.contains("60 s"), "{builtin}");
+    }
 }

@@ -16,6 +16,7 @@ pub mod highs;
 pub mod model;
 pub mod remip;
 pub mod sandbox;
+mod seccomp;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};

@@ -9,8 +9,10 @@
 # "solution": {...}}.
 
 import contextlib
+import errno
 import io
 import json
+import os
 import sys
 import traceback
 
@@ -18,6 +20,7 @@ MARKER = "\x1eTOOLRELAY-RESULT "
 MAX_OUTPUT = 20000
 # Frames of the LLM's code, by the file names compile() gave it.
 OWN_FILES = ("<problem>", "<validation>")
+BLOCKED = "the sandbox does not allow this: no network, no system administration; plain Python, PuLP and files in /tmp work"
 
 
 class Tail(io.TextIOBase):
@@ -72,7 +75,11 @@ def last_line(error):
     if isinstance(error, SyntaxError):
         return f"{name}: {error.msg} (line {error.lineno})"
     message = str(error)
-    return f"{name}: {message}" if message else name
+    line = f"{name}: {message}" if message else name
+    if isinstance(error, OSError) and error.errno in (errno.EPERM, errno.ENOSYS):
+        # Most likely the sandbox's system-call filter: say so, and what is left.
+        line += f" ({BLOCKED})"
+    return line
 
 
 def failure(error, captured):
@@ -94,6 +101,9 @@ def failure(error, captured):
 
 def main():
     job = json.load(sys.stdin)
+    # Descriptors beyond stdio that the relay itself inherited from whatever started it (and
+    # so could not mark close-on-exec) are not for the LLM's code.
+    os.closerange(3, 1 << 16)
     captured = Tail()
     try:
         import pulp

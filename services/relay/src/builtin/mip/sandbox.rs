@@ -1,13 +1,16 @@
 //! The Python sandbox: each run is a fresh CPython process under bubblewrap, as a non-root
-//! uid, with no network, only `/usr` and the PuLP virtualenv mounted read-only (no home
-//! directories, no `/etc/shadow`, no project files), a private `/tmp`, a clean environment,
-//! and limits on CPU time, address space, processes, file size and wall-clock time
-//! (`prlimit` sets them, so no `unsafe` is needed). Output is captured and capped.
+//! uid, with no network, only `/usr` (without `/usr/local`) and the PuLP virtualenv mounted
+//! read-only (no home directories, no `/etc/shadow`, no project files), a private `/tmp`, a
+//! `/proc` with the host-revealing files hidden, a clean environment, a system-call filter
+//! (see [`super::seccomp`]), and limits on CPU time, address space, processes, file size and
+//! wall-clock time (`prlimit` sets them, so no `unsafe` is needed). Output is captured and
+//! capped.
 //!
-//! If bubblewrap, user namespaces or the virtualenv are missing, runs fail with a message
-//! saying so: code is never run unsandboxed.
+//! If bubblewrap, user namespaces, the filter or the virtualenv are missing, runs fail with a
+//! message saying so: code is never run unsandboxed or unfiltered.
 
 use std::collections::BTreeSet;
+use std::io::{Seek, Write};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
@@ -15,12 +18,15 @@ use std::process::Stdio;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use command_fds::{CommandFdExt, FdMapping};
+use nix::sys::memfd::{MFdFlags, memfd_create};
 use nix::sys::wait::{WaitPidFlag, waitpid};
 use nix::unistd::Pid;
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
+use super::seccomp;
 use crate::builtin::{FailureKind, ToolFailure};
 
 /// Room on stdout for the result's marker and envelope besides the model itself.
@@ -32,6 +38,58 @@ const STDERR_BYTES: usize = 16 * 1024;
 const RUNNER: &str = include_str!("runner.py");
 /// The line the runner's result follows.
 const MARKER: &str = "\u{1e}TOOLRELAY-RESULT ";
+/// The descriptor bubblewrap reads the system-call filter from (`--seccomp`).
+const FILTER_FD: i32 = 3;
+/// What the start-up probe runs under the filter: it fails unless the filter is in force.
+const PROBE: &str = r#"
+import socket
+try:
+    socket.socket(socket.AF_INET)
+except PermissionError:
+    pass
+else:
+    raise SystemExit("an AF_INET socket was allowed: the system-call filter is not in force")
+if "\nSeccomp:\t2" not in open("/proc/self/status").read():
+    raise SystemExit("no system-call filter is in force")
+"#;
+/// Files of `/proc` that tell about the host (its kernel, boot command line, symbols,
+/// modules, keys, memory layout); each is covered by `/dev/null`, which cannot be opened there.
+const HIDDEN_PROC_FILES: &[&str] = &[
+    "cmdline",
+    "config.gz",
+    "kallsyms",
+    "modules",
+    "keys",
+    "key-users",
+    "kmsg",
+    "kcore",
+    "version",
+    "bootconfig",
+    "timer_list",
+    "sched_debug",
+    "latency_stats",
+    "iomem",
+    "ioports",
+    "vmallocinfo",
+    "slabinfo",
+    "kpagecount",
+    "kpageflags",
+    "kpagecgroup",
+    "sysrq-trigger",
+];
+/// Directories of `/proc` about the host's kernel settings and hardware; each is covered by
+/// an empty read-only tmpfs.
+const HIDDEN_PROC_DIRS: &[&str] = &[
+    "sys",
+    "acpi",
+    "scsi",
+    "bus",
+    "driver",
+    "fs",
+    "irq",
+    "pressure",
+    "dynamic_debug",
+];
 
 /// Limits and locations of the sandbox.
 #[derive(Debug, Clone)]
@@ -81,6 +139,11 @@ pub struct Sandbox {
     /// Why runs cannot happen, when they cannot.
     unavailable: Option<String>,
     as_root: bool,
+    /// The system-call filter, compiled once (empty when it cannot be built: then
+    /// `unavailable` says why).
+    filter: Vec<u8>,
+    /// bubblewrap's arguments hiding what this host's `/proc` reveals.
+    hidden_proc: Vec<String>,
 }
 
 /// How many uids from `base_uid` on the sandbox may use.
@@ -119,11 +182,17 @@ impl Sandbox {
             .and_then(Path::parent)
             .map(Path::to_path_buf)
             .unwrap_or_default();
+        let (filter, unfiltered) = match seccomp::program() {
+            Ok(filter) => (filter, None),
+            Err(reason) => (Vec::new(), Some(reason)),
+        };
         let mut sandbox = Self {
             config,
             venv,
             unavailable: None,
             as_root,
+            filter,
+            hidden_proc: hidden_proc(),
         };
         // bubblewrap's outer process exits without waiting for its inner one, which is then
         // re-parented: to this process, not to a PID 1 that may never reap it (a container's
@@ -131,7 +200,7 @@ impl Sandbox {
         if let Err(error) = nix::sys::prctl::set_child_subreaper(true) {
             tracing::warn!(%error, "cannot adopt the sandbox's orphaned processes");
         }
-        sandbox.unavailable = sandbox.probe();
+        sandbox.unavailable = unfiltered.or_else(|| sandbox.probe());
         if let Some(reason) = &sandbox.unavailable {
             tracing::warn!(%reason, "the MIP sandbox is unavailable; generate and validate will say so");
         }
@@ -143,6 +212,8 @@ impl Sandbox {
         self.unavailable.as_deref()
     }
 
+    /// Whether a run can start: Python, under bubblewrap, with the filter in force (a run of
+    /// the same filter that checks it is there), as a run would be.
     fn probe(&self) -> Option<String> {
         if !self.config.python.exists() {
             return Some(format!(
@@ -151,11 +222,19 @@ impl Sandbox {
             ));
         }
         let mut command = std::process::Command::new("bwrap");
-        command.args(self.bwrap_args()).arg("/usr/bin/true");
+        command
+            .args(self.bwrap_args())
+            .arg(&self.config.python)
+            .args(["-I", "-S", "-c", PROBE]);
         command
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
+        if let Err(error) = self.pass_filter(&mut command) {
+            return Some(format!(
+                "the system-call filter cannot be handed to bubblewrap: {error}"
+            ));
+        }
         // Its own uid like any run, so it cannot crowd a run's process limit.
         let _lease = if self.as_root {
             let Some(lease) = UidLease::take(self.config.base_uid) else {
@@ -172,14 +251,45 @@ impl Sandbox {
         });
         match probed {
             Ok(output) if output.status.success() => None,
-            Ok(output) => Some(format!(
-                "bubblewrap cannot start a sandbox here ({}); unprivileged user namespaces may be disabled",
-                String::from_utf8_lossy(&output.stderr).trim()
-            )),
+            Ok(output) => {
+                let said = String::from_utf8_lossy(&output.stderr);
+                let last = said.lines().rev().find(|line| !line.trim().is_empty());
+                let last = last.unwrap_or_default().trim();
+                Some(if !said.contains("bwrap:") {
+                    format!(
+                        "the sandbox's Python does not run under its system-call filter ({last})"
+                    )
+                } else if said.contains("seccomp") {
+                    format!(
+                        "bubblewrap cannot apply the sandbox's system-call filter ({last}); the kernel must allow seccomp filters"
+                    )
+                } else {
+                    format!(
+                        "bubblewrap cannot start a sandbox here ({last}); unprivileged user namespaces may be disabled"
+                    )
+                })
+            }
             Err(error) => Some(format!(
                 "bubblewrap (bwrap) is not installed: {error}; install the bubblewrap package"
             )),
         }
+    }
+
+    /// Hands the filter to the child as [`FILTER_FD`], where `--seccomp` reads it. A fresh
+    /// memfd each time (bubblewrap reads it to the end), mapped into the child only, so runs
+    /// spawned at once never see each other's descriptors.
+    fn pass_filter<C: CommandFdExt>(&self, command: &mut C) -> std::io::Result<()> {
+        let mut file =
+            std::fs::File::from(memfd_create(c"toolrelay-seccomp", MFdFlags::MFD_CLOEXEC)?);
+        file.write_all(&self.filter)?;
+        file.rewind()?;
+        command
+            .fd_mappings(vec![FdMapping {
+                parent_fd: file.into(),
+                child_fd: FILTER_FD,
+            }])
+            .map_err(std::io::Error::other)?;
+        Ok(())
     }
 
     /// bubblewrap's arguments: a read-only world with only what a run needs.
@@ -200,6 +310,12 @@ impl Sandbox {
         ]
         .map(str::to_owned)
         .to_vec();
+        // Whatever was installed by hand (/usr/local) stays out of reach: an empty,
+        // read-only tmpfs over it.
+        if Path::new("/usr/local").is_dir() {
+            args.extend(["--tmpfs", "/usr/local", "--remount-ro", "/usr/local"].map(str::to_owned));
+        }
+        args.extend(["--seccomp".into(), FILTER_FD.to_string()]);
         // Debian's merged /usr: /bin, /lib, /lib64 and /sbin are links into it.
         for dir in ["bin", "lib", "lib64", "sbin"] {
             if Path::new(&format!("/{dir}")).is_symlink() {
@@ -214,12 +330,10 @@ impl Sandbox {
         let venv = self.venv.display().to_string();
         args.extend(["--ro-bind".into(), venv.clone(), venv]);
         args.extend(["--size".into(), self.config.tmp_bytes.to_string()]);
+        args.extend(["--tmpfs", "/tmp", "--proc", "/proc"].map(str::to_owned));
+        args.extend(self.hidden_proc.iter().cloned());
         args.extend(
             [
-                "--tmpfs",
-                "/tmp",
-                "--proc",
-                "/proc",
                 "--dev",
                 "/dev",
                 "--chdir",
@@ -305,13 +419,15 @@ impl Sandbox {
         if let Some(uid) = uid {
             command.uid(uid).gid(uid);
         }
-        let mut child = command.spawn().map_err(|error| {
+        let could_not_start = |error: std::io::Error| {
             ToolFailure::new(
                 FailureKind::Internal,
                 "SANDBOX_UNAVAILABLE",
-                format!("The sandbox could not start: {error}."),
+                format!("The sandbox could not start: {error}. The code was not run."),
             )
-        })?;
+        };
+        self.pass_filter(&mut command).map_err(could_not_start)?;
+        let mut child = command.spawn().map_err(could_not_start)?;
         let pid = child.id();
         let _running = pid.map(Running::insert);
         let input = serde_json::to_vec(&job).unwrap_or_default();
@@ -404,6 +520,25 @@ impl Sandbox {
             limits.processes
         )))
     }
+}
+
+/// bubblewrap's arguments covering the host-revealing parts of `/proc` that exist here (a
+/// mount needs an existing target, and the sandbox's `/proc` has the host kernel's entries).
+fn hidden_proc() -> Vec<String> {
+    let mut args = Vec::new();
+    for file in HIDDEN_PROC_FILES {
+        let path = format!("/proc/{file}");
+        if Path::new(&path).exists() {
+            args.extend(["--ro-bind".into(), "/dev/null".into(), path]);
+        }
+    }
+    for dir in HIDDEN_PROC_DIRS {
+        let path = format!("/proc/{dir}");
+        if Path::new(&path).is_dir() {
+            args.extend(["--tmpfs".into(), path.clone(), "--remount-ro".into(), path]);
+        }
+    }
+    args
 }
 
 /// Marks a pid as a run's own (in [`RUNNING`]) while alive.

@@ -1,0 +1,212 @@
+//! API keys (`API_KEYS`, SPEC §10): when an operator sets them, the LLM-facing routes — calls,
+//! metadata, session status, answers, the built-in tools, MCP and the legacy LLM aliases —
+//! need `Authorization: Bearer <key>`, and answer 401 otherwise. The tab's routes keep the
+//! provider token; discovery, health, the landing page, the plugin and the OpenAPI documents
+//! stay open. Keys are kept only as SHA-256 hashes and never logged.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::Arc;
+
+use poem::http::{Method, StatusCode, header};
+use poem::{Endpoint, IntoResponse, Request, Response};
+use toolrelay_relay::code::hash_token;
+
+use crate::error::error_response;
+
+/// Shortest key accepted: a key is a secret, not a password to remember.
+const MIN_KEY_CHARS: usize = 16;
+
+/// The accepted API keys, as hashes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiKeys {
+    hashes: HashSet<String>,
+}
+
+impl ApiKeys {
+    /// Keys from a list (`API_KEYS`) and a file of one key per line (`API_KEYS_FILE`, `#`
+    /// comments and blank lines skipped); `None` when neither names a key. Errors name the
+    /// variable to fix.
+    pub fn load(list: &[String], file: Option<&Path>) -> Result<Option<Arc<Self>>, String> {
+        let mut keys: Vec<(String, &str)> = list
+            .iter()
+            .map(|key| (key.trim().to_owned(), "API_KEYS"))
+            .filter(|(key, _)| !key.is_empty())
+            .collect();
+        if let Some(path) = file {
+            let text = std::fs::read_to_string(path).map_err(|error| {
+                format!("API_KEYS_FILE: cannot read {}: {error}", path.display())
+            })?;
+            keys.extend(
+                text.lines()
+                    .map(str::trim)
+                    .filter(|line| !line.is_empty() && !line.starts_with('#'))
+                    .map(|key| (key.to_owned(), "API_KEYS_FILE")),
+            );
+        }
+        if keys.is_empty() {
+            return Ok(None);
+        }
+        for (key, variable) in &keys {
+            let printable = key.bytes().all(|b| b.is_ascii_graphic());
+            if key.chars().count() < MIN_KEY_CHARS || !printable {
+                return Err(format!(
+                    "{variable}: every key must be at least {MIN_KEY_CHARS} printable characters without spaces (for example from `openssl rand -hex 24`)"
+                ));
+            }
+        }
+        Ok(Some(Arc::new(Self {
+            hashes: keys.iter().map(|(key, _)| hash_token(key)).collect(),
+        })))
+    }
+
+    /// Whether `key` is one of them.
+    pub fn accepts(&self, key: &str) -> bool {
+        self.hashes.contains(&hash_token(key))
+    }
+}
+
+/// Whether a request is on the LLM side (calls, metadata, status, answers, built-in tools,
+/// MCP, the legacy LLM aliases): the routes an API key guards.
+pub fn is_llm_route(method: &Method, path: &str) -> bool {
+    if *method == Method::OPTIONS {
+        return false;
+    }
+    if path == "/mcp" || path.starts_with("/mcp/") {
+        return true;
+    }
+    if path == "/api/tools" || path.starts_with("/api/tools/") {
+        return true;
+    }
+    if let Some(rest) = path.strip_prefix("/api/sessions/") {
+        let mut parts = rest.split('/');
+        let _code = parts.next();
+        return match (parts.next(), parts.next(), parts.next()) {
+            (None, None, None) => *method == Method::GET,
+            (Some("metadata"), None, None) => *method == Method::GET,
+            (Some("call"), None, None) => *method == Method::POST,
+            (Some("request"), None, None) => *method == Method::POST,
+            (Some("response"), None, None) => *method == Method::GET,
+            (Some("requests"), Some(_), None) => *method == Method::GET,
+            _ => false,
+        };
+    }
+    (path == "/request" && *method == Method::POST)
+        || (path == "/metadata" && *method == Method::GET)
+}
+
+/// Middleware: with keys configured, an LLM-side request without a valid
+/// `Authorization: Bearer <key>` is answered 401 (in the tool API's shape on its routes).
+pub async fn require_api_key<E: Endpoint>(
+    keys: Option<Arc<ApiKeys>>,
+    next: E,
+    request: Request,
+) -> poem::Result<Response> {
+    let refusal = match &keys {
+        Some(keys) if is_llm_route(request.method(), request.uri().path()) => {
+            let key = request
+                .headers()
+                .get(header::AUTHORIZATION)
+                .and_then(|value| value.to_str().ok())
+                .and_then(|value| value.trim().split_once(' '))
+                .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+                .map(|(_, key)| key.trim());
+            match key {
+                Some(key) if keys.accepts(key) => None,
+                Some(_) => Some((
+                    "invalid_api_key",
+                    "The API key is not one this relay accepts. Check the key its operator gave you.",
+                )),
+                None => Some((
+                    "api_key_required",
+                    "This relay needs an API key: send it as Authorization: Bearer <key> (its operator gives them out).",
+                )),
+            }
+        }
+        _ => None,
+    };
+    let Some((name, message)) = refusal else {
+        return next.call(request).await.map(IntoResponse::into_response);
+    };
+    let path = request.uri().path();
+    let mut response = if path == "/api/tools" || path.starts_with("/api/tools/") {
+        let body = serde_json::json!({"success": false, "error": {
+            "code": name.to_ascii_uppercase(), "message": message}});
+        Response::builder()
+            .status(StatusCode::UNAUTHORIZED)
+            .content_type("application/json; charset=utf-8")
+            .body(body.to_string())
+    } else {
+        error_response(StatusCode::UNAUTHORIZED, name, message.to_owned())
+    };
+    response.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        header::HeaderValue::from_static("Bearer"),
+    );
+    Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn llm_routes_are_told_apart_from_the_tabs() {
+        let llm = [
+            (Method::GET, "/api/sessions/ABCD2345"),
+            (Method::GET, "/api/sessions/ABCD2345/metadata"),
+            (Method::POST, "/api/sessions/ABCD2345/call"),
+            (Method::POST, "/api/sessions/ABCD2345/request"),
+            (Method::GET, "/api/sessions/ABCD2345/response"),
+            (Method::GET, "/api/sessions/ABCD2345/requests/r1"),
+            (Method::POST, "/api/tools/encodePlantUML"),
+            (Method::GET, "/api/tools"),
+            (Method::POST, "/mcp"),
+            (Method::GET, "/mcp/s/0123"),
+            (Method::POST, "/request"),
+            (Method::GET, "/metadata"),
+        ];
+        for (method, path) in llm {
+            assert!(is_llm_route(&method, path), "{method} {path}");
+        }
+        let open = [
+            (Method::POST, "/api/sessions"),
+            (Method::DELETE, "/api/sessions/ABCD2345"),
+            (Method::GET, "/api/sessions/ABCD2345/request"),
+            (Method::POST, "/api/sessions/ABCD2345/response"),
+            (Method::PUT, "/api/sessions/ABCD2345/manifest"),
+            (Method::GET, "/api/sessions/ABCD2345/stream"),
+            (Method::GET, "/api/sessions/ABCD2345/ws"),
+            (Method::POST, "/response"),
+            (Method::GET, "/stream"),
+            (Method::GET, "/healthz"),
+            (Method::GET, "/.well-known/codap-mcp.json"),
+            (Method::GET, "/openapi/actions.json"),
+            (Method::GET, "/codap/"),
+            (Method::GET, "/"),
+            (Method::OPTIONS, "/mcp"),
+        ];
+        for (method, path) in open {
+            assert!(!is_llm_route(&method, path), "{method} {path}");
+        }
+    }
+
+    #[test]
+    fn keys_come_from_the_list_and_the_file_and_must_be_long() {
+        assert_eq!(ApiKeys::load(&[], None).unwrap(), None);
+        let file = std::env::temp_dir().join(format!("toolrelay-keys-{}", std::process::id()));
+        std::fs::write(&file, "# staff\n0123456789abcdef0123\n\n").unwrap();
+        let keys = ApiKeys::load(&["fedcba9876543210fedc".into()], Some(&file))
+            .unwrap()
+            .unwrap();
+        std::fs::remove_file(&file).unwrap();
+        assert!(keys.accepts("0123456789abcdef0123"));
+        assert!(keys.accepts("fedcba9876543210fedc"));
+        assert!(!keys.accepts("0123456789abcdef012"));
+        let short = ApiKeys::load(&["short".into()], None).unwrap_err();
+        assert!(
+            short.contains("API_KEYS") && short.contains("16"),
+            "{short}"
+        );
+    }
+}

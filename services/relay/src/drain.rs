@@ -1,0 +1,142 @@
+//! Graceful shutdown (SPEC §11), shared by the relay and the gateway of a process.
+//!
+//! On SIGTERM a server [`begin`](Drain::begin)s the drain: new calls, sessions and tab attaches
+//! are refused with 503 and `Retry-After` (and `/readyz` turns red), while connected tabs keep
+//! their connections and their answers are still accepted. Work in flight holds the drain open
+//! ([`Drain::hold`]): a call delivered to a tab of this process and not answered yet, a caller
+//! waiting for an answer. When nothing is held, or the drain deadline passes, the drain
+//! [`end`](Drain::end)s: callers still waiting get 503 with their `requestId`, tabs are closed
+//! with 1012 so that they reconnect elsewhere, and the servers stop.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+
+/// The drain state of a process. Cheap to clone; clones share it.
+#[derive(Clone, Debug)]
+pub struct Drain {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    draining: CancellationToken,
+    ended: CancellationToken,
+    held: watch::Sender<usize>,
+}
+
+/// Something in flight that the drain waits for; dropping it lets the drain go on.
+#[derive(Debug)]
+pub struct Hold {
+    held: watch::Sender<usize>,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.held.send_modify(|held| *held = held.saturating_sub(1));
+    }
+}
+
+impl Default for Drain {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drain {
+    /// A process that is not stopping.
+    pub fn new() -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                draining: CancellationToken::new(),
+                ended: CancellationToken::new(),
+                held: watch::Sender::new(0),
+            }),
+        }
+    }
+
+    /// Starts the drain: new work is refused from now on.
+    pub fn begin(&self) {
+        self.inner.draining.cancel();
+    }
+
+    /// Whether new work must be refused.
+    pub fn is_draining(&self) -> bool {
+        self.inner.draining.is_cancelled()
+    }
+
+    /// Ends the drain: waiting callers give up, tabs are told to reconnect elsewhere.
+    pub fn end(&self) {
+        self.inner.draining.cancel();
+        self.inner.ended.cancel();
+    }
+
+    /// Whether the drain has ended.
+    pub fn has_ended(&self) -> bool {
+        self.inner.ended.is_cancelled()
+    }
+
+    /// Completes when the drain ends.
+    pub fn ended(&self) -> WaitForCancellationFutureOwned {
+        self.inner.ended.clone().cancelled_owned()
+    }
+
+    /// Holds the drain open until the returned value is dropped.
+    pub fn hold(&self) -> Hold {
+        self.inner.held.send_modify(|held| *held += 1);
+        Hold {
+            held: self.inner.held.clone(),
+        }
+    }
+
+    /// How much is held now.
+    pub fn held(&self) -> usize {
+        *self.inner.held.borrow()
+    }
+
+    /// Begins the drain, waits until nothing is held or `deadline` has passed, then ends it.
+    /// Returns how much was still held at the end.
+    pub async fn run(&self, deadline: Duration) -> usize {
+        self.begin();
+        let mut held = self.inner.held.subscribe();
+        let settled = held.wait_for(|held| *held == 0);
+        if tokio::time::timeout(deadline, settled).await.is_err() {
+            tracing::warn!(
+                held = self.held(),
+                "the drain deadline passed with calls unanswered; their callers are told to ask again"
+            );
+        }
+        let left = self.held();
+        self.end();
+        left
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_drain_waits_for_what_is_held_up_to_its_deadline() {
+        let drain = Drain::new();
+        let hold = drain.hold();
+        let running = tokio::spawn({
+            let drain = drain.clone();
+            async move { drain.run(Duration::from_secs(10)).await }
+        });
+        tokio::task::yield_now().await;
+        assert!(drain.is_draining() && !drain.has_ended());
+        drop(hold);
+        assert_eq!(running.await.unwrap(), 0);
+        assert!(drain.has_ended());
+
+        let stuck = Drain::new();
+        let _hold = stuck.hold();
+        let started = tokio::time::Instant::now();
+        assert_eq!(stuck.run(Duration::from_secs(10)).await, 1);
+        assert_eq!(started.elapsed(), Duration::from_secs(10));
+        assert!(stuck.has_ended());
+    }
+}

@@ -1,0 +1,298 @@
+//! Limits keyed on the client's address that the relay applies on **every** path that takes a
+//! session code or connector handle — REST and the legacy aliases through the gateway, MCP,
+//! the browser WebSocket and every gRPC RPC — so no path is a way around them (SPEC §10):
+//!
+//! * the brute-force guard: an address that looks up too many unknown codes (or handles) in a
+//!   minute is refused every look-up until its budget refills;
+//! * calls per address and session.
+//!
+//! Who the client is: [`Caller`]. The gateway passes the address it saw (in process, or in the
+//! gRPC metadata entry [`CLIENT_ADDRESS_METADATA`]); the relay believes that entry only from
+//! a peer in `TRUSTED_GATEWAYS`, and otherwise keys on the peer's own address.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::IpAddr;
+use std::num::NonZeroU32;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ipnet::IpNet;
+
+use crate::clock::Clock;
+use crate::code::SessionCode;
+use crate::error::RelayError;
+use crate::store::{RateBudget, Store};
+
+/// gRPC metadata entry in which a trusted gateway names the client's address.
+pub const CLIENT_ADDRESS_METADATA: &str = "x-toolrelay-client";
+/// gRPC metadata entry carrying the correlation id of the request (as in HTTP).
+pub const CORRELATION_ID_METADATA: &str = "x-request-id";
+/// Addresses blocked by the guard are forgotten once this many pile up and expire.
+const BLOCKED_PRUNE_AT: usize = 10_000;
+
+/// Who makes a request: the address limits are keyed on, and the correlation id its log lines
+/// carry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// The client's address.
+    pub address: IpAddr,
+    /// The request's correlation id (`x-request-id`), passed on to a relay in another process.
+    pub correlation_id: Option<String>,
+}
+
+impl Caller {
+    /// A client at `address`.
+    pub fn new(address: IpAddr) -> Self {
+        Self {
+            address,
+            correlation_id: None,
+        }
+    }
+
+    /// The same client, for the request with this correlation id.
+    #[must_use]
+    pub fn with_correlation_id(mut self, id: impl Into<String>) -> Self {
+        self.correlation_id = Some(id.into());
+        self
+    }
+
+    /// The caller of a request that arrived from `peer` and may name a client address in its
+    /// metadata: that address only when `peer` is a trusted gateway.
+    pub fn behind(peer: Option<IpAddr>, claimed: Option<&str>, trusted: &[IpNet]) -> Self {
+        let peer = peer.unwrap_or(IpAddr::from([0, 0, 0, 0]));
+        let claimed = claimed.and_then(|value| value.trim().parse::<IpAddr>().ok());
+        match claimed {
+            Some(client) if trusted.iter().any(|net| net.contains(&peer)) => Self::new(client),
+            Some(_) => {
+                tracing::warn!(%peer, "a client address came from a peer not in TRUSTED_GATEWAYS; limits count against the peer");
+                Self::new(peer)
+            }
+            None => Self::new(peer),
+        }
+    }
+}
+
+/// The per-minute budgets.
+#[derive(Debug, Clone, Copy)]
+pub struct RateLimits {
+    /// Look-ups of unknown codes per client address.
+    pub lookups_per_ip: NonZeroU32,
+    /// Calls per client address and session.
+    pub calls_per_code: NonZeroU32,
+}
+
+impl Default for RateLimits {
+    fn default() -> Self {
+        Self {
+            lookups_per_ip: NonZeroU32::new(30).unwrap_or(NonZeroU32::MIN),
+            calls_per_code: NonZeroU32::new(60).unwrap_or(NonZeroU32::MIN),
+        }
+    }
+}
+
+/// The relay's address-keyed limits. The budgets are kept in the store, so every replica
+/// sharing a store shares them; an address blocked by the guard is also remembered here, so a
+/// blocked address is refused without asking the store (a replica learns of a block made by
+/// another on the address's next unknown code).
+pub struct Limits {
+    budgets: RateLimits,
+    store: Arc<dyn Store>,
+    clock: Clock,
+    /// Until when an address is refused look-ups. A std mutex: held for a map access or a
+    /// time check, never across an `.await`.
+    blocked: Mutex<HashMap<IpAddr, Instant>>,
+}
+
+impl Limits {
+    /// Limits with these budgets, counted in `store`.
+    pub fn new(budgets: RateLimits, store: Arc<dyn Store>, clock: Clock) -> Self {
+        Self {
+            budgets,
+            store,
+            clock,
+            blocked: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Runs a look-up of a code or handle for `caller` under the guard: a blocked address is
+    /// refused, and an unknown code counts against it (past the budget, the look-up itself is
+    /// answered with the rate-limit error).
+    pub async fn guarded<T>(
+        &self,
+        caller: &Caller,
+        operation: impl Future<Output = Result<T, RelayError>>,
+    ) -> Result<T, RelayError> {
+        self.check(caller.address)?;
+        match operation.await {
+            Err(error @ (RelayError::SessionNotFound { .. } | RelayError::UnknownHandle)) => {
+                self.miss(caller.address).await?;
+                Err(error)
+            }
+            other => other,
+        }
+    }
+
+    /// Counts a call by `caller` to session `code` (spelt as the caller spelt it).
+    pub async fn call(&self, caller: &Caller, code: &str) -> Result<(), RelayError> {
+        let code = SessionCode::parse(code)
+            .map_or_else(|_| code.to_owned(), |code| code.as_str().to_owned());
+        let key = format!("calls:{}:{code}", caller.address);
+        match self
+            .store
+            .spend(
+                &key,
+                RateBudget::per_minute(self.budgets.calls_per_code),
+                self.clock.now(),
+            )
+            .await?
+        {
+            None => Ok(()),
+            Some(wait) => Err(RelayError::RateLimited {
+                what: "calls to this session",
+                retry_after: wait.max(Duration::from_secs(1)),
+            }),
+        }
+    }
+
+    fn check(&self, address: IpAddr) -> Result<(), RelayError> {
+        let blocked = locked(&self.blocked);
+        match blocked.get(&address) {
+            Some(until) if *until > Instant::now() => Err(lookup_limited(*until - Instant::now())),
+            _ => Ok(()),
+        }
+    }
+
+    async fn miss(&self, address: IpAddr) -> Result<(), RelayError> {
+        let Some(wait) = self
+            .store
+            .spend(
+                &format!("misses:{address}"),
+                RateBudget::per_minute(self.budgets.lookups_per_ip),
+                self.clock.now(),
+            )
+            .await?
+        else {
+            return Ok(());
+        };
+        let mut blocked = locked(&self.blocked);
+        let now = Instant::now();
+        if blocked.len() >= BLOCKED_PRUNE_AT {
+            blocked.retain(|_, until| *until > now);
+        }
+        blocked.insert(address, now + wait);
+        tracing::warn!(%address, "address blocked from code look-ups: too many unknown codes");
+        Err(lookup_limited(wait))
+    }
+}
+
+fn lookup_limited(wait: Duration) -> RelayError {
+    RelayError::RateLimited {
+        what: "look-ups of unknown session codes",
+        retry_after: wait.max(Duration::from_secs(1)),
+    }
+}
+
+fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Each critical section writes whole values: the data is sound after a panic elsewhere.
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The default `TRUSTED_GATEWAYS`: loopback, where a gateway on the same host runs.
+pub fn loopback() -> Vec<IpNet> {
+    ["127.0.0.0/8", "::1/128"]
+        .iter()
+        .filter_map(|net| net.parse().ok())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(n: u32) -> Limits {
+        let n = NonZeroU32::new(n).unwrap();
+        let clock = Clock::new();
+        Limits::new(
+            RateLimits {
+                lookups_per_ip: n,
+                calls_per_code: n,
+            },
+            crate::store::memory::MemoryStore::new(clock.clone(), Duration::from_secs(60)),
+            clock,
+        )
+    }
+
+    fn caller(address: &str) -> Caller {
+        Caller::new(address.parse().unwrap())
+    }
+
+    async fn lookup(limits: &Limits, who: &Caller, found: bool) -> Result<(), RelayError> {
+        limits
+            .guarded(who, async {
+                if found {
+                    Ok(())
+                } else {
+                    Err(RelayError::SessionNotFound {
+                        code: "ABCD-EFGH".into(),
+                    })
+                }
+            })
+            .await
+    }
+
+    #[tokio::test]
+    async fn too_many_unknown_codes_block_every_lookup() {
+        let limits = limits(2);
+        let probe = caller("192.0.2.5");
+        for _ in 0..2 {
+            let error = lookup(&limits, &probe, false).await.unwrap_err();
+            assert_eq!(error.name(), "session_not_found");
+        }
+        let over = lookup(&limits, &probe, false).await.unwrap_err();
+        assert_eq!(over.name(), "rate_limited", "the third miss is over budget");
+        let known = lookup(&limits, &probe, true).await.unwrap_err();
+        assert_eq!(known.name(), "rate_limited", "even a good code is refused");
+        assert!(known.retry_after().unwrap() >= Duration::from_secs(1));
+        lookup(&limits, &caller("192.0.2.6"), true).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn calls_are_counted_per_session_whatever_the_spelling() {
+        let limits = limits(2);
+        let who = caller("192.0.2.5");
+        limits.call(&who, "ABCD-EFGH").await.unwrap();
+        limits.call(&who, "abcdefgh").await.unwrap();
+        assert_eq!(
+            limits.call(&who, "ABCDEFGH").await.unwrap_err().name(),
+            "rate_limited"
+        );
+        limits.call(&who, "ZZZZZZZZ").await.unwrap();
+        limits.call(&caller("192.0.2.6"), "ABCDEFGH").await.unwrap();
+    }
+
+    #[test]
+    fn a_claimed_address_counts_only_from_a_trusted_gateway() {
+        let trusted: Vec<IpNet> = vec!["10.0.0.0/8".parse().unwrap()];
+        let gateway: IpAddr = "10.1.2.3".parse().unwrap();
+        let stranger: IpAddr = "203.0.113.9".parse().unwrap();
+        assert_eq!(
+            Caller::behind(Some(gateway), Some("198.51.100.7"), &trusted),
+            caller("198.51.100.7")
+        );
+        assert_eq!(
+            Caller::behind(Some(stranger), Some("198.51.100.7"), &trusted),
+            Caller::new(stranger)
+        );
+        assert_eq!(
+            Caller::behind(Some(gateway), Some("not an address"), &trusted),
+            Caller::new(gateway)
+        );
+        assert_eq!(
+            Caller::behind(Some(gateway), None, &trusted),
+            Caller::new(gateway)
+        );
+    }
+}

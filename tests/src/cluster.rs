@@ -1,0 +1,160 @@
+//! Several replicas on one Redis, as real processes: N `toolrelay-relay`s and M
+//! `toolrelay-gateway`s (gateway `i` in front of relay `i % N`), and a `redis-server` with its
+//! append-only file on. Every one of them can be killed (`SIGKILL`) or, for Redis, stopped
+//! and started again; dropping the cluster stops what is left.
+
+use std::net::SocketAddr;
+
+use serde_json::Value;
+use tokio::process::Child;
+
+use crate::redis::RedisServer;
+use crate::system::{Answer, Logs, send, spawn_logged};
+
+/// One replica's process.
+struct Replica {
+    child: Option<Child>,
+}
+
+impl Replica {
+    async fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().await.unwrap();
+        }
+    }
+}
+
+/// The relays, gateways and Redis.
+pub struct Cluster {
+    /// The Redis all of them share.
+    pub redis: RedisServer,
+    /// Each relay's browser WebSocket address.
+    pub relay_websockets: Vec<SocketAddr>,
+    /// Each gateway's `http://127.0.0.1:port`.
+    pub gateways: Vec<String>,
+    /// What every process logged.
+    pub logs: Logs,
+    relays: Vec<Replica>,
+    gateway_processes: Vec<Replica>,
+    http: reqwest::Client,
+    _one_at_a_time: tokio::sync::OwnedMutexGuard<()>,
+}
+
+/// Clusters of one test binary start one at a time: each is five processes, and on a
+/// 2-core machine several at once would measure the machine, not the code.
+static RUNNING: std::sync::LazyLock<std::sync::Arc<tokio::sync::Mutex<()>>> =
+    std::sync::LazyLock::new(Default::default);
+
+impl Cluster {
+    /// `relays` relays and `gateways` gateways on a Redis with AOF; `env` goes to every
+    /// process.
+    pub async fn start(relays: usize, gateways: usize, env: &[(&str, &str)]) -> Self {
+        let one_at_a_time = std::sync::Arc::clone(&RUNNING).lock_owned().await;
+        let redis = RedisServer::durable().await;
+        let url = redis.url();
+        let logs = Logs::default();
+        let mut relay_processes = Vec::new();
+        let mut relay_websockets = Vec::new();
+        let mut relay_grpc = Vec::new();
+        for _ in 0..relays {
+            let mut all = vec![
+                ("GRPC_LISTEN_ADDR", "127.0.0.1:0"),
+                ("WS_LISTEN_ADDR", "127.0.0.1:0"),
+                ("REDIS_URL", url.as_str()),
+            ];
+            all.extend_from_slice(env);
+            let (child, line) = spawn_logged(
+                "toolrelay-relay",
+                &all,
+                "toolrelay-relay listening",
+                logs.clone(),
+            )
+            .await;
+            relay_grpc.push(format!("http://{}", line["grpc"].as_str().unwrap()));
+            relay_websockets.push(line["websocket"].as_str().unwrap().parse().unwrap());
+            relay_processes.push(Replica { child: Some(child) });
+        }
+        let mut gateway_processes = Vec::new();
+        let mut gateway_bases = Vec::new();
+        for index in 0..gateways {
+            let relay_url = &relay_grpc[index % relays];
+            let mut all = vec![
+                ("LISTEN_ADDR", "127.0.0.1:0"),
+                ("RELAY_URL", relay_url.as_str()),
+                ("REDIS_URL", url.as_str()),
+            ];
+            all.extend_from_slice(env);
+            let (child, line) = spawn_logged(
+                "toolrelay-gateway",
+                &all,
+                "toolrelay-gateway listening",
+                logs.clone(),
+            )
+            .await;
+            gateway_bases.push(format!("http://{}", line["listen"].as_str().unwrap()));
+            gateway_processes.push(Replica { child: Some(child) });
+        }
+        Self {
+            redis,
+            relay_websockets,
+            gateways: gateway_bases,
+            logs,
+            relays: relay_processes,
+            gateway_processes,
+            http: reqwest::Client::builder()
+                .timeout(std::time::Duration::from_secs(60))
+                .build()
+                .unwrap(),
+            _one_at_a_time: one_at_a_time,
+        }
+    }
+
+    /// The tab WebSocket URL of a session on relay `relay`.
+    pub fn tab_url(&self, relay: usize, code: &str, token: &str) -> String {
+        format!(
+            "ws://{}/api/sessions/{code}/ws?token={token}",
+            self.relay_websockets[relay]
+        )
+    }
+
+    /// `GET path` on gateway `gateway`.
+    pub fn get(&self, gateway: usize, path: &str) -> impl Future<Output = Answer> + use<> {
+        send(self.http.get(format!("{}{path}", self.gateways[gateway])))
+    }
+
+    /// `POST path` with a JSON body on gateway `gateway`.
+    pub fn post(
+        &self,
+        gateway: usize,
+        path: &str,
+        body: Value,
+    ) -> impl Future<Output = Answer> + use<> {
+        send(
+            self.http
+                .post(format!("{}{path}", self.gateways[gateway]))
+                .json(&body),
+        )
+    }
+
+    /// A new session, made through gateway `gateway`: its code and provider token.
+    pub async fn create_session(&self, gateway: usize) -> (String, String) {
+        let created = self
+            .post(gateway, "/api/sessions", serde_json::json!({}))
+            .await;
+        assert_eq!(created.status.as_u16(), 201, "{created:?}");
+        (
+            created.body["code"].as_str().unwrap().to_owned(),
+            created.body["providerToken"].as_str().unwrap().to_owned(),
+        )
+    }
+
+    /// Kills relay `index` with `SIGKILL`.
+    pub async fn kill_relay(&mut self, index: usize) {
+        self.relays[index].kill().await;
+    }
+
+    /// Kills gateway `index` with `SIGKILL`.
+    pub async fn kill_gateway(&mut self, index: usize) {
+        self.gateway_processes[index].kill().await;
+    }
+}

@@ -1,0 +1,117 @@
+//! A `redis-server` of the test's own, on an ephemeral loopback port: started by the test,
+//! stopped (and restarted, for outage tests) by it, and killed when dropped.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+
+use crate::{PATIENCE, free_port};
+
+/// A running `redis-server`.
+pub struct RedisServer {
+    port: u16,
+    dir: PathBuf,
+    durable: bool,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    /// A throwaway Redis: nothing written to disk.
+    pub async fn start() -> Self {
+        Self::launch(false).await
+    }
+
+    /// A Redis with the append-only file on (`appendfsync always`), so a restart keeps
+    /// everything written before it.
+    pub async fn durable() -> Self {
+        Self::launch(true).await
+    }
+
+    async fn launch(durable: bool) -> Self {
+        let port = free_port();
+        let dir =
+            std::env::temp_dir().join(format!("toolrelay-redis-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut server = Self {
+            port,
+            dir,
+            durable,
+            child: None,
+        };
+        server.run().await;
+        server
+    }
+
+    async fn run(&mut self) {
+        let mut command = Command::new("redis-server");
+        command
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--daemonize", "no", "--protected-mode", "yes"])
+            .args(["--maxmemory-policy", "noeviction"])
+            .arg("--dir")
+            .arg(&self.dir);
+        if self.durable {
+            command.args(["--appendonly", "yes", "--appendfsync", "always"]);
+        } else {
+            command.args(["--appendonly", "no"]);
+        }
+        let child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|error| {
+                panic!("redis-server cannot start ({error}): run scripts/setup.sh --test (scripts/test.sh does), which installs Debian's redis-server")
+            });
+        self.child = Some(child);
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while self.ping().await.is_err() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "redis-server on port {} did not answer",
+                self.port
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    async fn connection(&self) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
+        redis::Client::open(self.url())?
+            .get_multiplexed_async_connection()
+            .await
+    }
+
+    async fn ping(&self) -> redis::RedisResult<()> {
+        let mut connection = self.connection().await?;
+        redis::cmd("PING").query_async(&mut connection).await
+    }
+
+    /// Stops it (SIGKILL: what a crash or a pulled plug does).
+    pub async fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill().await;
+        }
+    }
+
+    /// Starts it again on the same port (and, when durable, from its append-only file).
+    pub async fn restart(&mut self) {
+        self.stop().await;
+        self.run().await;
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.start_kill();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -1,0 +1,232 @@
+//! `API_KEYS`: with keys set, the LLM-facing routes (calls, metadata, status, answers, built-in
+//! tools, MCP, the legacy LLM aliases) need `Authorization: Bearer <key>`; the tab keeps its
+//! provider token; discovery, health, the page, the plugin and the documents stay open; and
+//! `actions.json` declares the bearer scheme so GPT Actions can send the key.
+#![allow(clippy::unwrap_used)] // a test that cannot unwrap should fail loudly
+
+use reqwest::{Method, StatusCode};
+use rmcp::ServiceExt;
+use rmcp::model::ClientConfig;
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use serde_json::{Value, json};
+use toolrelay_gateway::auth::ApiKeys;
+use toolrelay_relay::RelayConfig;
+use toolrelay_tests::system::{Answer, System, send};
+use toolrelay_tests::{WsTab, demo_tools, repo_file, test_python};
+
+const KEY: &str = "test-key-0123456789abcdef";
+
+async fn keyed_system() -> System {
+    System::with(RelayConfig::default(), |config| {
+        config.api_keys = ApiKeys::load(&[KEY.to_owned()], None).unwrap();
+    })
+    .await
+}
+
+async fn with_key(
+    system: &System,
+    method: Method,
+    path: &str,
+    key: Option<&str>,
+    body: Option<Value>,
+) -> Answer {
+    let mut request = system.request(method, path);
+    if let Some(key) = key {
+        request = request.bearer_auth(key);
+    }
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    send(request).await
+}
+
+#[tokio::test]
+async fn the_llm_side_needs_a_key_and_the_tab_side_its_token() {
+    let system = keyed_system().await;
+    // The tab's side works with its provider token alone.
+    let (code, token) = system.create_session().await;
+    let mut tab = WsTab::attach_url(&system.ws_url(&code, &token)).await;
+    tab.register(demo_tools()).await;
+
+    let echo = json!({"functionName": "echo", "args": {"text": "keyed"}});
+    let llm_routes = [
+        (Method::GET, format!("/api/sessions/{code}"), None),
+        (Method::GET, format!("/api/sessions/{code}/metadata"), None),
+        (
+            Method::POST,
+            format!("/api/sessions/{code}/request"),
+            Some(echo.clone()),
+        ),
+        (Method::GET, format!("/api/sessions/{code}/response"), None),
+        (
+            Method::GET,
+            format!("/api/sessions/{code}/requests/nothing"),
+            None,
+        ),
+        (Method::GET, format!("/metadata?code={code}"), None),
+    ];
+    for (method, path, body) in &llm_routes {
+        let missing = with_key(&system, method.clone(), path, None, body.clone()).await;
+        assert_eq!(
+            missing.status,
+            StatusCode::UNAUTHORIZED,
+            "{method} {path}: {missing:?}"
+        );
+        assert_eq!(missing.body["error"], "api_key_required");
+        assert_eq!(missing.header("www-authenticate"), Some("Bearer"));
+        let wrong = with_key(
+            &system,
+            method.clone(),
+            path,
+            Some("not-the-key-0123456789"),
+            body.clone(),
+        )
+        .await;
+        assert_eq!(wrong.status, StatusCode::UNAUTHORIZED, "{method} {path}");
+        assert_eq!(wrong.body["error"], "invalid_api_key");
+    }
+    // With the key, a call goes through to the tab.
+    let call_path = format!("/api/sessions/{code}/call");
+    let calling = with_key(&system, Method::POST, &call_path, Some(KEY), Some(echo));
+    let answering = async {
+        let request = tab.next_request().await;
+        tab.answer(
+            request["requestId"].as_str().unwrap(),
+            json!({"text": "keyed"}),
+        )
+        .await;
+    };
+    let (answer, ()) = tokio::join!(calling, answering);
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+
+    // The built-in tools keep their own error shape.
+    let tool = with_key(
+        &system,
+        Method::POST,
+        "/api/tools/encodePlantUML",
+        None,
+        Some(json!({"plantumlCode": "A -> B"})),
+    )
+    .await;
+    assert_eq!(tool.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(tool.body["error"]["code"], "API_KEY_REQUIRED", "{tool:?}");
+    let tool = with_key(
+        &system,
+        Method::POST,
+        "/api/tools/encodePlantUML",
+        Some(KEY),
+        Some(json!({"plantumlCode": "A -> B"})),
+    )
+    .await;
+    assert_eq!(tool.status, StatusCode::OK, "{tool:?}");
+
+    // MCP: refused without the key, served with it.
+    let anonymous = ClientConfig::default()
+        .serve(StreamableHttpClientTransport::from_config(
+            StreamableHttpClientTransportConfig::with_uri(system.url("/mcp")),
+        ))
+        .await;
+    assert!(anonymous.is_err(), "MCP without a key is refused");
+    let keyed = ClientConfig::default()
+        .serve(StreamableHttpClientTransport::from_config(
+            StreamableHttpClientTransportConfig::with_uri(system.url("/mcp")).auth_header(KEY),
+        ))
+        .await
+        .unwrap();
+    assert!(!keyed.list_tools(None).await.unwrap().tools.is_empty());
+    keyed.cancel().await.unwrap();
+
+    // Open to all: discovery, health, the page, the plugin, the documents.
+    for path in [
+        "/healthz",
+        "/readyz",
+        "/",
+        "/codap/",
+        "/.well-known/codap-mcp.json",
+        "/openapi.json",
+        "/openapi/actions.json",
+    ] {
+        let open = system.http.get(system.url(path)).send().await.unwrap();
+        assert_eq!(open.status(), StatusCode::OK, "{path}");
+    }
+    // The tab ends its session with its token.
+    let ended = send(
+        system
+            .request(Method::DELETE, &format!("/api/sessions/{code}"))
+            .bearer_auth(&token),
+    )
+    .await;
+    assert_eq!(ended.status, StatusCode::NO_CONTENT, "{ended:?}");
+    system.stop().await;
+}
+
+/// The LLM-side responses of a document, operation by operation.
+fn llm_responses(document: &Value) -> Vec<(String, Value)> {
+    document["paths"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .flat_map(|(path, item)| {
+            item.as_object()
+                .unwrap()
+                .iter()
+                .map(move |(method, operation)| (format!("{method} {path}"), operation.clone()))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn actions_declare_the_bearer_scheme_only_when_keys_are_set() {
+    // Without keys (the checked-in document): no security, and no 401/403 that only a
+    // provider token could cause.
+    let open: Value =
+        serde_json::from_str(&std::fs::read_to_string(repo_file("openapi/actions.json")).unwrap())
+            .unwrap();
+    assert!(open["components"].get("securitySchemes").is_none());
+    for (operation, item) in llm_responses(&open) {
+        assert!(item["responses"].get("401").is_none(), "{operation}");
+        assert!(item["responses"].get("403").is_none(), "{operation}");
+        assert!(item.get("security").is_none(), "{operation}");
+    }
+
+    let system = keyed_system().await;
+    let body = system
+        .http
+        .get(system.url("/openapi/actions.json"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let keyed: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        keyed["components"]["securitySchemes"]["apiKey"],
+        json!({"type": "http", "scheme": "bearer", "description": "An API key from the relay's operator."})
+    );
+    for (operation, item) in llm_responses(&keyed) {
+        assert_eq!(item["security"], json!([{"apiKey": []}]), "{operation}");
+        assert!(item["responses"].get("401").is_some(), "{operation}");
+        assert!(item["responses"].get("403").is_none(), "{operation}");
+    }
+    // Still valid OpenAPI.
+    let file = std::env::temp_dir().join(format!(
+        "toolrelay-keyed-actions-{}.json",
+        std::process::id()
+    ));
+    std::fs::write(&file, &body).unwrap();
+    let output = tokio::process::Command::new(test_python())
+        .arg(repo_file("tests/python/validate_openapi.py"))
+        .arg(&file)
+        .output()
+        .await
+        .unwrap();
+    std::fs::remove_file(&file).unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    system.stop().await;
+}

@@ -1,0 +1,496 @@
+//! Several replicas on one Redis, as real processes: calls cross replicas, and a replica (or
+//! Redis) lost mid-call loses no call and runs none twice.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::{SinkExt, StreamExt};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::Message;
+use toolrelay_tests::cluster::Cluster;
+use toolrelay_tests::system::{Answer, send};
+use toolrelay_tests::{PATIENCE, demo_tools};
+
+/// What the test tab saw and did: every raw delivery (no de-duplication, so a double
+/// delivery shows), and how often it ran each call.
+#[derive(Default)]
+struct Ledger {
+    deliveries: Vec<String>,
+    runs: HashMap<String, u32>,
+    connections: u32,
+}
+
+/// A tab that connects to the first URL, and after a lost connection to the next (what the
+/// load balancer would do), registers the demo tools, and runs `echo`. While `holding`, it
+/// runs calls but keeps their answers back (a slow tool); a call delivered again after a
+/// reconnect is answered from what it ran, never run again.
+struct RecordingTab {
+    ledger: Arc<Mutex<Ledger>>,
+    holding: Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RecordingTab {
+    fn start(urls: Vec<String>) -> Self {
+        let ledger = Arc::new(Mutex::new(Ledger::default()));
+        let holding = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let task = tokio::spawn(run_tab(urls, Arc::clone(&ledger), Arc::clone(&holding)));
+        Self {
+            ledger,
+            holding,
+            task,
+        }
+    }
+
+    fn hold(&self, holding: bool) {
+        self.holding
+            .store(holding, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn deliveries(&self) -> Vec<String> {
+        self.ledger.lock().unwrap().deliveries.clone()
+    }
+
+    fn runs(&self) -> HashMap<String, u32> {
+        self.ledger.lock().unwrap().runs.clone()
+    }
+
+    fn connections(&self) -> u32 {
+        self.ledger.lock().unwrap().connections
+    }
+
+    /// Waits until `condition` holds of the ledger.
+    async fn until(&self, what: &str, condition: impl Fn(&Ledger) -> bool) {
+        let deadline = tokio::time::Instant::now() + 3 * PATIENCE;
+        while !condition(&self.ledger.lock().unwrap()) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the tab never saw {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for RecordingTab {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn run_tab(
+    urls: Vec<String>,
+    ledger: Arc<Mutex<Ledger>>,
+    holding: Arc<std::sync::atomic::AtomicBool>,
+) {
+    let mut answers: HashMap<String, Value> = HashMap::new();
+    for attempt in 0.. {
+        let url = &urls[(attempt as usize).min(urls.len() - 1)];
+        let Ok((mut socket, _)) = tokio_tungstenite::connect_async(url.as_str()).await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        ledger.lock().unwrap().connections += 1;
+        let register = json!({"type": "register", "tools": demo_tools()});
+        if socket
+            .send(Message::text(register.to_string()))
+            .await
+            .is_err()
+        {
+            continue;
+        }
+        let mut held: Vec<String> = Vec::new();
+        let mut release = tokio::time::interval(Duration::from_millis(20));
+        loop {
+            tokio::select! {
+                message = socket.next() => {
+                    let Some(Ok(message)) = message else { break };
+                    let Message::Text(text) = message else { continue };
+                    let frame: Value = serde_json::from_str(&text).unwrap();
+                    if frame["type"] != "tool-request" {
+                        continue;
+                    }
+                    let id = frame["requestId"].as_str().unwrap().to_owned();
+                    {
+                        let mut ledger = ledger.lock().unwrap();
+                        ledger.deliveries.push(id.clone());
+                        if !answers.contains_key(&id) {
+                            *ledger.runs.entry(id.clone()).or_default() += 1;
+                        }
+                    }
+                    answers
+                        .entry(id.clone())
+                        .or_insert_with(|| json!({"text": frame["args"]["text"]}));
+                    held.push(id);
+                }
+                _ = release.tick() => {}
+            }
+            if holding.load(std::sync::atomic::Ordering::SeqCst) {
+                continue;
+            }
+            let mut lost = false;
+            for id in held.drain(..) {
+                let response = json!({"type": "response", "requestId": id, "success": true, "result": answers[&id]});
+                if socket
+                    .send(Message::text(response.to_string()))
+                    .await
+                    .is_err()
+                {
+                    lost = true;
+                    break;
+                }
+            }
+            if lost {
+                break;
+            }
+        }
+    }
+}
+
+fn echo(id: &str, text: &str) -> Value {
+    json!({"requestId": id, "functionName": "echo", "args": {"text": text}, "timeoutMs": 30_000})
+}
+
+fn assert_answered(answer: &Answer, text: &str) {
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    assert_eq!(answer.body["success"], true, "{answer:?}");
+    assert_eq!(answer.body["result"], json!({"text": text}), "{answer:?}");
+}
+
+/// Waits until gateway `gateway` has a tab on the session (registered through any replica).
+async fn until_tab_registered(cluster: &Cluster, gateway: usize, code: &str) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        // `toolCount` includes the built-in tools, so wait for the tab's own group to be
+        // listed: the tab attaches before it registers its tools.
+        let session = cluster.get(gateway, &format!("/api/sessions/{code}")).await;
+        let tools = cluster
+            .get(gateway, &format!("/api/sessions/{code}/metadata"))
+            .await;
+        if session.body["providerConnected"] == true && tools.body["tools"][0]["id"] == "demo" {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the tab never showed up: {session:?} {tools:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// 2 relays + 2 gateways + Redis: the tab on relay A, the LLM alternating gateways (B is in
+/// front of relay B): 500 calls, each answered and delivered exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_hundred_calls_across_replicas_each_delivered_once() {
+    // One test client makes all the calls: lift the per-address budget.
+    let cluster = Cluster::start(2, 2, &[("RATE_LIMIT_REQUEST_PER_CODE", "100000")]).await;
+    let (code, token) = cluster.create_session(1).await;
+    let tab = RecordingTab::start(vec![cluster.tab_url(0, &code, &token)]);
+    until_tab_registered(&cluster, 1, &code).await;
+
+    let calls = futures::stream::iter(0..500)
+        .map(|n| {
+            let answer = cluster.post(
+                n % 2,
+                &format!("/api/sessions/{code}/call"),
+                echo(&format!("call-{n}"), &format!("n{n}")),
+            );
+            async move { (n, answer.await) }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await;
+    for (n, answer) in &calls {
+        assert_answered(answer, &format!("n{n}"));
+    }
+    let deliveries = tab.deliveries();
+    assert_eq!(deliveries.len(), 500, "every call delivered exactly once");
+    let runs = tab.runs();
+    assert_eq!(runs.len(), 500);
+    assert!(runs.values().all(|&runs| runs == 1));
+    assert_eq!(tab.connections(), 1);
+}
+
+/// `kill -9` relay A while it holds delivered, unanswered calls: the tab reconnects to B,
+/// every call completes once, and every caller gets its answer, directly or by asking again
+/// with its requestId through any gateway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_killed_mid_call_loses_no_call_and_runs_none_twice() {
+    let mut cluster = Cluster::start(2, 2, &[]).await;
+    let (code, token) = cluster.create_session(0).await;
+    let tab = RecordingTab::start(vec![
+        cluster.tab_url(0, &code, &token),
+        cluster.tab_url(1, &code, &token),
+    ]);
+    until_tab_registered(&cluster, 0, &code).await;
+    tab.hold(true);
+    // Ten calls, alternating gateways, all delivered to the tab on relay A and held there.
+    let waiting: Vec<_> = (0..10)
+        .map(|n| {
+            tokio::spawn(cluster.post(
+                n % 2,
+                &format!("/api/sessions/{code}/call"),
+                echo(&format!("held-{n}"), &format!("h{n}")),
+            ))
+        })
+        .collect();
+    tab.until("ten calls", |ledger| ledger.deliveries.len() >= 10)
+        .await;
+    cluster.kill_relay(0).await;
+    tab.hold(false);
+    // The tab is back, on relay B, and got the held calls again.
+    tab.until("a second connection", |ledger| ledger.connections >= 2)
+        .await;
+
+    for (n, waiting) in waiting.into_iter().enumerate() {
+        let answer = waiting.await.unwrap();
+        let text = format!("h{n}");
+        if answer.status == StatusCode::OK && answer.body["success"] == true {
+            assert_eq!(answer.body["result"], json!({"text": text}), "{answer:?}");
+            continue;
+        }
+        // The caller's relay died under it: it asks again, with the same requestId, through
+        // the gateway that is left (in front of relay B).
+        let again = cluster
+            .post(
+                1,
+                &format!("/api/sessions/{code}/call"),
+                echo(&format!("held-{n}"), &text),
+            )
+            .await;
+        assert_answered(&again, &text);
+    }
+    let runs = tab.runs();
+    assert_eq!(runs.len(), 10);
+    assert!(runs.values().all(|&runs| runs == 1), "{runs:?}");
+    // Each call is completed, once: asking for it gives the tab's one answer.
+    for n in 0..10 {
+        let call = cluster
+            .get(1, &format!("/api/sessions/{code}/requests/held-{n}"))
+            .await;
+        assert_eq!(call.body["status"], "completed", "{call:?}");
+        assert_eq!(
+            call.body["response"]["result"],
+            json!({"text": format!("h{n}")}),
+            "{call:?}"
+        );
+    }
+}
+
+/// `kill -9` a gateway mid-call: the caller asks again through the other gateway with the
+/// same requestId and gets the answer; the tool ran once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_killed_mid_call_is_answered_through_the_other() {
+    let mut cluster = Cluster::start(2, 2, &[]).await;
+    let (code, token) = cluster.create_session(0).await;
+    let tab = RecordingTab::start(vec![cluster.tab_url(1, &code, &token)]);
+    until_tab_registered(&cluster, 0, &code).await;
+    tab.hold(true);
+    let waiting = tokio::spawn(
+        reqwest::Client::new()
+            .post(format!("{}/api/sessions/{code}/call", cluster.gateways[0]))
+            .json(&echo("slow", "s"))
+            .send(),
+    );
+    tab.until("the call", |ledger| !ledger.deliveries.is_empty())
+        .await;
+    cluster.kill_gateway(0).await;
+    // The caller's connection is gone with the gateway.
+    let lost = waiting.await.unwrap();
+    assert!(lost.is_err(), "the dead gateway answered: {lost:?}");
+    tab.hold(false);
+    let again = cluster
+        .post(1, &format!("/api/sessions/{code}/call"), echo("slow", "s"))
+        .await;
+    assert_answered(&again, "s");
+    assert_eq!(tab.runs().get("slow"), Some(&1));
+    assert_eq!(tab.deliveries(), ["slow"], "delivered once, to the one tab");
+}
+
+/// Redis stopped for 5 s and started again (AOF on): 503 with Retry-After meanwhile,
+/// `/readyz` red then green, no process restarted, queued calls answered afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_outage_is_503_meanwhile_and_nothing_is_lost() {
+    let mut cluster = Cluster::start(1, 1, &[]).await;
+    let (code, token) = cluster.create_session(0).await;
+    let registered = send(
+        reqwest::Client::new()
+            .put(format!(
+                "{}/api/sessions/{code}/manifest",
+                cluster.gateways[0]
+            ))
+            .bearer_auth(&token)
+            .json(&json!({"tools": demo_tools()})),
+    )
+    .await;
+    assert_eq!(registered.status, StatusCode::OK, "{registered:?}");
+    // A call queued while no tab is there.
+    let queued = cluster
+        .post(
+            0,
+            &format!("/api/sessions/{code}/request"),
+            echo("queued-before", "q"),
+        )
+        .await;
+    assert_eq!(queued.status, StatusCode::ACCEPTED, "{queued:?}");
+    assert_eq!(cluster.get(0, "/readyz").await.status, StatusCode::OK);
+
+    cluster.redis.stop().await;
+    let outage_began = tokio::time::Instant::now();
+    let refused = cluster.post(0, "/api/sessions", json!({})).await;
+    assert_eq!(
+        refused.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{refused:?}"
+    );
+    assert!(refused.header("retry-after").is_some(), "{refused:?}");
+    let call = cluster
+        .post(
+            0,
+            &format!("/api/sessions/{code}/call"),
+            echo("during", "d"),
+        )
+        .await;
+    assert_eq!(call.status, StatusCode::SERVICE_UNAVAILABLE, "{call:?}");
+    assert!(call.header("retry-after").is_some(), "{call:?}");
+    // The relay notices within a second or so; its health (and the gateway's /readyz) turns red.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while cluster.get(0, "/readyz").await.status != StatusCode::SERVICE_UNAVAILABLE {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "/readyz stayed green"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Down for 5 s in all.
+    tokio::time::sleep_until(outage_began + Duration::from_secs(5)).await;
+    cluster.redis.restart().await;
+
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while cluster.get(0, "/readyz").await.status != StatusCode::OK {
+        assert!(tokio::time::Instant::now() < deadline, "/readyz stayed red");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The same processes serve, with what was queued before the outage.
+    let tab = RecordingTab::start(vec![cluster.tab_url(0, &code, &token)]);
+    until_tab_registered(&cluster, 0, &code).await;
+    let answered = cluster
+        .post(
+            0,
+            &format!("/api/sessions/{code}/call"),
+            echo("queued-before", "q"),
+        )
+        .await;
+    assert_answered(&answered, "q");
+    assert_eq!(tab.runs().get("queued-before"), Some(&1));
+    let after = cluster
+        .post(0, &format!("/api/sessions/{code}/call"), echo("after", "a"))
+        .await;
+    assert_answered(&after, "a");
+}
+
+/// Budgets are kept in Redis: a client alternating gateways (each in front of its own relay)
+/// is refused at the configured total, not at twice it — for sessions created, calls to a
+/// session, built-in tool calls, and unknown codes (the brute-force guard).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn budgets_hold_across_gateways_and_relays() {
+    // Four a minute: a unit comes back every 15 s, far longer than the test's requests take.
+    let cluster = Cluster::start(
+        2,
+        2,
+        &[
+            ("RATE_LIMIT_SESSION_PER_IP", "4"),
+            ("RATE_LIMIT_REQUEST_PER_CODE", "4"),
+            ("RATE_LIMIT_TOOL_PER_IP", "4"),
+            ("RATE_LIMIT_LOOKUP_PER_IP", "4"),
+        ],
+    )
+    .await;
+    let four_then_refused = |ok: u16| vec![ok, ok, ok, ok, 429, 429, 429, 429];
+    let statuses = |answers: &[Answer]| {
+        for answer in answers {
+            if answer.status == StatusCode::TOO_MANY_REQUESTS {
+                assert!(answer.header("retry-after").is_some(), "{answer:?}");
+            }
+        }
+        answers
+            .iter()
+            .map(|answer| answer.status.as_u16())
+            .collect::<Vec<_>>()
+    };
+
+    let mut created = Vec::new();
+    for n in 0..8 {
+        created.push(cluster.post(n % 2, "/api/sessions", json!({})).await);
+    }
+    assert_eq!(
+        statuses(&created),
+        four_then_refused(201),
+        "sessions created"
+    );
+    let code = created[0].body["code"].as_str().unwrap().to_owned();
+    let token = created[0].body["providerToken"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let registered = send(
+        reqwest::Client::new()
+            .put(format!(
+                "{}/api/sessions/{code}/manifest",
+                cluster.gateways[1]
+            ))
+            .bearer_auth(&token)
+            .json(&json!({"tools": demo_tools()})),
+    )
+    .await;
+    assert_eq!(registered.status, StatusCode::OK, "{registered:?}");
+
+    let mut calls = Vec::new();
+    for n in 0..8 {
+        let path = format!("/api/sessions/{code}/request");
+        calls.push(
+            cluster
+                .post(n % 2, &path, echo(&format!("c{n}"), "c"))
+                .await,
+        );
+    }
+    assert_eq!(
+        statuses(&calls),
+        four_then_refused(202),
+        "calls to one session"
+    );
+
+    let mut tools = Vec::new();
+    for n in 0..8 {
+        let diagram = json!({"plantumlCode": format!("A -> B: {n}")});
+        tools.push(
+            cluster
+                .post(n % 2, "/api/tools/encodePlantUML", diagram)
+                .await,
+        );
+    }
+    assert_eq!(
+        statuses(&tools),
+        four_then_refused(200),
+        "built-in tool calls"
+    );
+
+    let mut probes = Vec::new();
+    for n in 0..8 {
+        probes.push(
+            cluster
+                .get(n % 2, &format!("/api/sessions/ZZZZ-ZZZ{n}"))
+                .await,
+        );
+    }
+    assert_eq!(statuses(&probes), four_then_refused(404), "unknown codes");
+    // Blocked now, on both sides: even a live code is refused to this address. (A replica
+    // learns of a block made by another on the address's next unknown code; both have seen
+    // one here.)
+    for gateway in 0..2 {
+        let known = cluster.get(gateway, &format!("/api/sessions/{code}")).await;
+        assert_eq!(known.status, StatusCode::TOO_MANY_REQUESTS, "{known:?}");
+    }
+}

@@ -1,0 +1,671 @@
+//! One suite of store-level tests, run against both stores: [`MemoryStore`] and the Redis
+//! store on a `redis-server` the test starts. Time is explicit: each store reads a manual
+//! clock that the test moves; nothing waits on a timer.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::{Value, json};
+use toolrelay::wire::{RequestStatus, ToolResponse};
+use toolrelay_relay::clock::ClockHand;
+use toolrelay_relay::store::memory::{MAX_TICKETS_PER_SCOPE, MemoryStore, StoreLimits};
+use toolrelay_relay::store::redis::RedisStore;
+use toolrelay_relay::store::{
+    Claim, Enqueued, EventStream, Finished, NewRequest, ProviderInfo, RateBudget, SessionEvent,
+    SessionRecord, Store, Transport,
+};
+use toolrelay_relay::{Clock, SessionCode, Timestamp};
+use toolrelay_tests::PATIENCE;
+use toolrelay_tests::redis::RedisServer;
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+/// A store, the hand of its clock, and what must live as long as it.
+struct Fixture {
+    store: Arc<dyn Store>,
+    clock: Clock,
+    hand: ClockHand,
+    _redis: Option<RedisServer>,
+}
+
+impl Fixture {
+    fn now(&self) -> Timestamp {
+        self.clock.now()
+    }
+
+    fn advance(&self, duration: Duration) {
+        self.hand.advance(duration);
+    }
+}
+
+fn wall_now() -> Timestamp {
+    Clock::new().now()
+}
+
+async fn memory(limits: StoreLimits) -> Fixture {
+    let (clock, hand) = Clock::manual(wall_now());
+    Fixture {
+        store: MemoryStore::with_limits(clock.clone(), limits),
+        clock,
+        hand,
+        _redis: None,
+    }
+}
+
+async fn redis(limits: StoreLimits) -> Fixture {
+    let server = RedisServer::start().await;
+    let (clock, hand) = Clock::manual(wall_now());
+    let store = RedisStore::connect(&server.url(), "test:", clock.clone(), limits)
+        .await
+        .unwrap();
+    Fixture {
+        store,
+        clock,
+        hand,
+        _redis: Some(server),
+    }
+}
+
+/// Defines each test once per store.
+macro_rules! conformance {
+    ($($(#[$meta:meta])* async fn $name:ident($fixture:ident) $body:block)*) => {
+        $(
+            $(#[$meta])*
+            async fn $name($fixture: Fixture) $body
+        )*
+        mod memory_store {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name(super::memory(super::limits()).await).await;
+                }
+            )*
+        }
+        mod redis_store {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name(super::redis(super::limits()).await).await;
+                }
+            )*
+        }
+    };
+}
+
+/// The limits every test runs with: budgets small enough to reach.
+fn limits() -> StoreLimits {
+    StoreLimits {
+        retention: HOUR,
+        answer_budget: 64 * 1024,
+        ticket_budget: 64 * 1024,
+    }
+}
+
+fn code_of(text: &str) -> SessionCode {
+    SessionCode::parse(text).unwrap()
+}
+
+fn session(code_text: &str, now: Timestamp, ttl: Duration) -> SessionRecord {
+    let ttl = i64::try_from(ttl.as_millis()).unwrap();
+    SessionRecord {
+        code: code_of(code_text),
+        token_hash: "ab".repeat(32),
+        created_at: now,
+        expires_at: Timestamp(now.0 + ttl),
+        max_expires_at: Timestamp(now.0 + 3 * ttl),
+        provider: None,
+        manifest_revision: 0,
+        mcp_handle: format!("handle-{code_text}"),
+    }
+}
+
+fn call(id: &str, now: Timestamp, args: Value) -> NewRequest {
+    NewRequest {
+        id: id.into(),
+        tool_id: Some("demo".into()),
+        function_name: "echo".into(),
+        args,
+        created_at: now,
+        deadline: Timestamp(now.0 + 60_000),
+        builtin: false,
+        correlation_id: Some("corr".into()),
+    }
+}
+
+fn answer(id: &str, result: Value) -> ToolResponse {
+    ToolResponse {
+        request_id: id.into(),
+        success: true,
+        result: Some(result),
+        error: None,
+    }
+}
+
+fn provider(connection: &str, now: Timestamp) -> ProviderInfo {
+    ProviderInfo {
+        connection_id: connection.into(),
+        transport: Transport::WebSocket,
+        connected_at: now,
+        last_seen: now,
+    }
+}
+
+fn claim(connection: &str, now: Timestamp, lease: Duration) -> Claim {
+    Claim {
+        connection_id: connection.into(),
+        now,
+        lease_until: Timestamp(now.0 + i64::try_from(lease.as_millis()).unwrap()),
+        limit: 10,
+    }
+}
+
+/// A session `ABCD2345` with a provider `tab-1`, made at the fixture's now.
+async fn with_session(fixture: &Fixture) -> SessionCode {
+    let now = fixture.now();
+    assert!(
+        fixture
+            .store
+            .insert_session(session("ABCD2345", now, HOUR))
+            .await
+            .unwrap()
+    );
+    let code = code_of("ABCD2345");
+    fixture
+        .store
+        .set_provider(&code, provider("tab-1", now))
+        .await
+        .unwrap()
+        .unwrap();
+    code
+}
+
+/// The next event other than the safety net's `Missed`.
+async fn next_event(events: &mut EventStream) -> SessionEvent {
+    tokio::time::timeout(PATIENCE, async {
+        loop {
+            match events.next().await {
+                Some(SessionEvent::Missed) => {}
+                Some(event) => return event,
+                None => return SessionEvent::SessionEnded,
+            }
+        }
+    })
+    .await
+    .expect("an event in time")
+}
+
+conformance! {
+    async fn sessions_are_created_once_found_by_code_and_handle_and_deleted(fixture) {
+        let now = fixture.now();
+        let record = session("ABCD2345", now, HOUR);
+        assert!(fixture.store.insert_session(record.clone()).await.unwrap());
+        assert!(!fixture.store.insert_session(record.clone()).await.unwrap(), "the code is taken");
+        let found = fixture.store.session(&record.code).await.unwrap().unwrap();
+        assert_eq!(found, record);
+        assert_eq!(
+            fixture.store.session_by_handle("handle-ABCD2345").await.unwrap(),
+            Some(record.code.clone())
+        );
+        assert_eq!(fixture.store.session_by_handle("handle-other").await.unwrap(), None);
+        assert!(fixture.store.session(&code_of("ZZZZ2345")).await.unwrap().is_none());
+        assert!(fixture.store.delete_session(&record.code).await.unwrap());
+        assert!(!fixture.store.delete_session(&record.code).await.unwrap());
+        assert!(fixture.store.session(&record.code).await.unwrap().is_none());
+        assert_eq!(fixture.store.session_by_handle("handle-ABCD2345").await.unwrap(), None);
+    }
+
+    async fn a_session_expires_unless_touched_and_never_past_its_maximum(fixture) {
+        let now = fixture.now();
+        let record = session("ABCD2345", now, HOUR);
+        fixture.store.insert_session(record.clone()).await.unwrap();
+        let code = record.code.clone();
+        // Sliding forwards works, backwards does nothing, past the maximum is capped.
+        let later = Timestamp(record.expires_at.0 + 1_000);
+        let touched = fixture.store.touch_session(&code, now, later, None).await.unwrap().unwrap();
+        assert_eq!(touched.expires_at, later);
+        let touched = fixture.store.touch_session(&code, now, now, None).await.unwrap().unwrap();
+        assert_eq!(touched.expires_at, later, "never backwards");
+        let far = Timestamp(record.max_expires_at.0 + 1_000_000);
+        let touched = fixture.store.touch_session(&code, now, far, None).await.unwrap().unwrap();
+        assert_eq!(touched.expires_at, record.max_expires_at, "capped");
+        // A connection that is not the provider keeps nothing alive and is not recorded.
+        fixture.store.set_provider(&code, provider("tab-1", now)).await.unwrap();
+        fixture.advance(Duration::from_secs(5));
+        let seen_at = fixture.now();
+        let touched = fixture
+            .store
+            .touch_session(&code, seen_at, seen_at, Some("stranger"))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(touched.provider.unwrap().last_seen, now);
+        let touched = fixture
+            .store
+            .touch_session(&code, seen_at, seen_at, Some("tab-1"))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(touched.provider.unwrap().last_seen, seen_at);
+        // Past its expiry the session is gone, whatever is asked.
+        fixture.advance(3 * HOUR);
+        assert!(fixture.store.session(&code).await.unwrap().is_none());
+        assert!(fixture.store.touch_session(&code, fixture.now(), fixture.now(), None).await.unwrap().is_none());
+        assert_eq!(
+            fixture.store.enqueue(&code, call("r1", fixture.now(), json!({})), 10, fixture.now()).await.unwrap(),
+            Enqueued::NoSession
+        );
+        // And the code can be taken again.
+        assert!(fixture.store.insert_session(session("ABCD2345", fixture.now(), HOUR)).await.unwrap());
+    }
+
+    async fn the_provider_is_replaced_and_cleared_only_by_itself(fixture) {
+        let code = with_session(&fixture).await;
+        let now = fixture.now();
+        let mut events = fixture.store.subscribe(&code).await.unwrap().unwrap();
+        let replaced = fixture.store.set_provider(&code, provider("tab-2", now)).await.unwrap().unwrap();
+        assert_eq!(replaced.provider.unwrap().connection_id, "tab-2");
+        assert_eq!(next_event(&mut events).await, SessionEvent::ProviderChanged("tab-2".into()));
+        fixture.store.clear_provider(&code, "tab-1").await.unwrap();
+        let session = fixture.store.session(&code).await.unwrap().unwrap();
+        assert_eq!(session.provider.unwrap().connection_id, "tab-2", "an old connection clears nothing");
+        fixture.store.clear_provider(&code, "tab-2").await.unwrap();
+        assert!(fixture.store.session(&code).await.unwrap().unwrap().provider.is_none());
+    }
+
+    async fn manifests_are_kept_as_json_with_a_revision_and_announced(fixture) {
+        let code = with_session(&fixture).await;
+        assert_eq!(fixture.store.manifest(&code).await.unwrap(), Some((0, None)));
+        let mut events = fixture.store.subscribe(&code).await.unwrap().unwrap();
+        // Numbers come back exactly as given (no re-encoding on the way).
+        let json = r#"[{"name":"demo","big":12345678901234567890,"x":0.1000000000000000055511}]"#;
+        assert_eq!(fixture.store.set_manifest(&code, json.into()).await.unwrap(), Some(1));
+        assert_eq!(next_event(&mut events).await, SessionEvent::ManifestChanged);
+        assert_eq!(fixture.store.manifest(&code).await.unwrap(), Some((1, Some(json.into()))));
+        assert_eq!(fixture.store.set_manifest(&code, "[]".into()).await.unwrap(), Some(2));
+        assert_eq!(fixture.store.session(&code).await.unwrap().unwrap().manifest_revision, 2);
+        assert_eq!(fixture.store.set_manifest(&code_of("ZZZZ2345"), "[]".into()).await.unwrap(), None);
+    }
+
+    async fn enqueue_is_idempotent_by_id_bounded_and_slides_the_expiry(fixture) {
+        let code = with_session(&fixture).await;
+        let now = fixture.now();
+        let mut events = fixture.store.subscribe(&code).await.unwrap().unwrap();
+        let args = json!({"text": "hi", "n": 12345678901234567890u64, "f": 0.1});
+        let until = Timestamp(now.0 + 2 * 3_600_000);
+        let Enqueued::Queued(record) =
+            fixture.store.enqueue(&code, call("r1", now, args.clone()), 2, until).await.unwrap()
+        else {
+            panic!("not queued")
+        };
+        assert_eq!(next_event(&mut events).await, SessionEvent::RequestQueued);
+        assert_eq!((record.status, record.args.clone(), record.seq), (RequestStatus::Queued, args.clone(), record.seq));
+        assert_eq!(fixture.store.session(&code).await.unwrap().unwrap().expires_at, until);
+        // The same id and call: the existing record; the same id, another call: a conflict.
+        assert!(matches!(
+            fixture.store.enqueue(&code, call("r1", now, args.clone()), 2, now).await.unwrap(),
+            Enqueued::Existing(existing) if existing.id == "r1" && existing.args == args
+        ));
+        assert_eq!(
+            fixture.store.enqueue(&code, call("r1", now, json!({"text": "other"})), 2, now).await.unwrap(),
+            Enqueued::Conflict
+        );
+        // Key order does not make another call.
+        let reordered: Value = serde_json::from_str(r#"{"f":0.1,"n":12345678901234567890,"text":"hi"}"#).unwrap();
+        assert!(matches!(
+            fixture.store.enqueue(&code, call("r1", now, reordered), 2, now).await.unwrap(),
+            Enqueued::Existing(_)
+        ));
+        let Enqueued::Queued(second) =
+            fixture.store.enqueue(&code, call("r2", now, json!({})), 2, now).await.unwrap()
+        else {
+            panic!("not queued")
+        };
+        assert!(second.seq > record.seq);
+        assert_eq!(
+            fixture.store.enqueue(&code, call("r3", now, json!({})), 2, now).await.unwrap(),
+            Enqueued::Full
+        );
+        assert_eq!(fixture.store.pending_count(&code).await.unwrap(), Some(2));
+        assert_eq!(fixture.store.request(&code, "r3").await.unwrap(), None);
+    }
+
+    async fn claims_go_to_the_provider_only_oldest_first_under_a_lease(fixture) {
+        let code = with_session(&fixture).await;
+        let now = fixture.now();
+        for id in ["r1", "r2", "r3"] {
+            fixture.store.enqueue(&code, call(id, now, json!({"id": id})), 10, now).await.unwrap();
+        }
+        let mut builtin = call("b1", now, json!({}));
+        builtin.builtin = true;
+        let Enqueued::Queued(builtin) = fixture.store.enqueue(&code, builtin, 10, now).await.unwrap() else {
+            panic!("not queued")
+        };
+        assert_eq!(builtin.status, RequestStatus::Delivered, "the relay runs a built-in call");
+        assert!(fixture.store.claim(&code, &claim("stranger", now, HOUR)).await.unwrap().is_empty());
+        let mut two = claim("tab-1", now, Duration::from_secs(30));
+        two.limit = 2;
+        let claimed = fixture.store.claim(&code, &two).await.unwrap();
+        let ids: Vec<_> = claimed.iter().map(|record| record.id.as_str()).collect();
+        assert_eq!(ids, ["r1", "r2"]);
+        assert!(claimed.iter().all(|record| record.status == RequestStatus::Delivered
+            && record.delivered_to.as_deref() == Some("tab-1")
+            && record.deliveries == 1
+            && record.args["id"] == record.id.as_str()));
+        // Under the lease only what is left; after it, everything unanswered again.
+        let rest = fixture.store.claim(&code, &claim("tab-1", now, Duration::from_secs(30))).await.unwrap();
+        assert_eq!(rest.iter().map(|record| record.id.as_str()).collect::<Vec<_>>(), ["r3"]);
+        fixture.advance(Duration::from_secs(31));
+        let again = fixture.store.claim(&code, &claim("tab-1", fixture.now(), Duration::from_secs(30))).await.unwrap();
+        assert_eq!(again.len(), 3);
+        assert!(again.iter().all(|record| record.deliveries == 2));
+        // A new provider gets what the old one held, at once.
+        fixture.store.set_provider(&code, provider("tab-2", fixture.now())).await.unwrap();
+        let moved = fixture.store.claim(&code, &claim("tab-2", fixture.now(), HOUR)).await.unwrap();
+        assert_eq!(moved.len(), 3);
+        assert!(fixture.store.claim(&code, &claim("tab-1", fixture.now(), HOUR)).await.unwrap().is_empty());
+    }
+
+    async fn the_first_answer_wins_and_answers_are_kept_in_queue_order(fixture) {
+        let code = with_session(&fixture).await;
+        let now = fixture.now();
+        for id in ["r1", "r2"] {
+            fixture.store.enqueue(&code, call(id, now, json!({})), 10, now).await.unwrap();
+        }
+        let mut events = fixture.store.subscribe(&code).await.unwrap().unwrap();
+        let result = json!({"n": 12345678901234567890u64, "x": 0.30000000000000004, "s": "é\u{0}"});
+        let until = Timestamp(now.0 + 2 * 3_600_000);
+        let Finished::Finished(record) = fixture
+            .store
+            .finish(&code, "r2", RequestStatus::Completed, answer("r2", result.clone()), now, until)
+            .await
+            .unwrap()
+        else {
+            panic!("not finished")
+        };
+        assert_eq!(next_event(&mut events).await, SessionEvent::ResponseReady("r2".into()));
+        assert_eq!(record.status, RequestStatus::Completed);
+        assert_eq!(record.response.as_ref().unwrap().result, Some(result.clone()));
+        assert_eq!(fixture.store.session(&code).await.unwrap().unwrap().expires_at, until);
+        assert!(matches!(
+            fixture.store.finish(&code, "r2", RequestStatus::Failed, answer("r2", json!(1)), now, now).await.unwrap(),
+            Finished::AlreadyFinished(kept) if kept.response.as_ref().unwrap().result == Some(result.clone())
+        ));
+        assert_eq!(
+            fixture.store.finish(&code, "nope", RequestStatus::Completed, answer("nope", json!(1)), now, now).await.unwrap(),
+            Finished::NoRequest
+        );
+        fixture.store.finish(&code, "r1", RequestStatus::Completed, answer("r1", json!(1)), now, now).await.unwrap();
+        let responses = fixture.store.responses(&code).await.unwrap().unwrap();
+        assert_eq!(responses.iter().map(|r| r.request_id.as_str()).collect::<Vec<_>>(), ["r1", "r2"]);
+        assert_eq!(fixture.store.pending_count(&code).await.unwrap(), Some(0));
+        // A finished call is never handed out again.
+        assert!(fixture.store.claim(&code, &claim("tab-1", now, HOUR)).await.unwrap().is_empty());
+        // Its id still identifies it.
+        assert!(matches!(
+            fixture.store.enqueue(&code, call("r1", now, json!({})), 10, now).await.unwrap(),
+            Enqueued::Existing(existing) if existing.status == RequestStatus::Completed
+        ));
+    }
+
+    async fn a_call_past_its_deadline_expires_and_refuses_a_late_answer(fixture) {
+        let code = with_session(&fixture).await;
+        let now = fixture.now();
+        fixture.store.enqueue(&code, call("r1", now, json!({})), 10, now).await.unwrap();
+        fixture.store.claim(&code, &claim("tab-1", now, HOUR)).await.unwrap();
+        fixture.advance(Duration::from_secs(61));
+        let later = fixture.now();
+        let record = fixture.store.request(&code, "r1").await.unwrap().unwrap();
+        assert_eq!(record.status, RequestStatus::Expired);
+        assert_eq!(record.response.unwrap().error.unwrap().code, "request_expired");
+        assert!(matches!(
+            fixture.store.finish(&code, "r1", RequestStatus::Completed, answer("r1", json!(1)), later, later).await.unwrap(),
+            Finished::AlreadyFinished(kept) if kept.status == RequestStatus::Expired
+        ));
+        assert_eq!(fixture.store.pending_count(&code).await.unwrap(), Some(0));
+        assert!(fixture.store.claim(&code, &claim("tab-1", later, HOUR)).await.unwrap().is_empty());
+    }
+
+    async fn answers_stay_within_their_budget_and_evicted_calls_are_still_known(fixture) {
+        let code = with_session(&fixture).await;
+        let now = fixture.now();
+        let budget = limits().answer_budget;
+        for n in 0..20 {
+            let id = format!("r{n}");
+            fixture.store.enqueue(&code, call(&id, now, json!({})), 100, now).await.unwrap();
+            fixture
+                .store
+                .finish(&code, &id, RequestStatus::Completed, answer(&id, json!("x".repeat(8 * 1024))), now, now)
+                .await
+                .unwrap();
+            let used = fixture.store.usage().await.unwrap().answer_bytes;
+            assert!(used <= budget, "{used} bytes after {n}");
+        }
+        assert!(fixture.store.usage().await.unwrap().answer_bytes > budget / 2);
+        let oldest = fixture.store.request(&code, "r0").await.unwrap().unwrap();
+        assert!(oldest.evicted && oldest.response.is_none());
+        assert_eq!(oldest.status, RequestStatus::Completed);
+        assert!(matches!(
+            fixture.store.enqueue(&code, call("r0", now, json!({})), 100, now).await.unwrap(),
+            Enqueued::Existing(record) if record.evicted
+        ));
+        let newest = fixture.store.request(&code, "r19").await.unwrap().unwrap();
+        assert!(!newest.evicted && newest.response.is_some());
+        // Ending the session gives its bytes back.
+        fixture.store.delete_session(&code).await.unwrap();
+        assert_eq!(fixture.store.usage().await.unwrap().answer_bytes, 0);
+    }
+
+    async fn claim_checks_are_scoped_expire_and_stay_within_their_budgets(fixture) {
+        let now = fixture.now();
+        let in_an_hour = Timestamp(now.0 + 3_600_000);
+        let value = Arc::new(json!({"model": [1, 2.5, 12345678901234567890u64]}));
+        fixture.store.put_ticket("scope-a", "t1", value.clone(), in_an_hour).await.unwrap();
+        assert_eq!(fixture.store.ticket("scope-a", "t1").await.unwrap(), Some(value.clone()));
+        assert_eq!(fixture.store.ticket("scope-b", "t1").await.unwrap(), None, "another scope");
+        // Replacing a ticket does not count it twice.
+        let once = fixture.store.usage().await.unwrap().ticket_bytes;
+        fixture.store.put_ticket("scope-a", "t1", value.clone(), in_an_hour).await.unwrap();
+        assert_eq!(fixture.store.usage().await.unwrap().ticket_bytes, once);
+        // Past its expiry it is gone.
+        let soon = Timestamp(now.0 + 1_000);
+        fixture.store.put_ticket("scope-a", "short", value.clone(), soon).await.unwrap();
+        fixture.advance(Duration::from_secs(2));
+        assert_eq!(fixture.store.ticket("scope-a", "short").await.unwrap(), None);
+        // A scope holds at most MAX_TICKETS_PER_SCOPE: the ones expiring first go first.
+        for n in 0..=MAX_TICKETS_PER_SCOPE {
+            let expires = Timestamp(in_an_hour.0 + i64::try_from(n).unwrap());
+            fixture.store.put_ticket("crowded", &format!("t{n}"), Arc::new(json!(n)), expires).await.unwrap();
+        }
+        assert_eq!(fixture.store.ticket("crowded", "t0").await.unwrap(), None);
+        assert_eq!(
+            fixture.store.ticket("crowded", &format!("t{MAX_TICKETS_PER_SCOPE}")).await.unwrap(),
+            Some(Arc::new(json!(MAX_TICKETS_PER_SCOPE)))
+        );
+        // The byte budget holds across scopes.
+        let budget = limits().ticket_budget;
+        for n in 0..40 {
+            let big = Arc::new(json!((0..2_000).map(|i| i * n).collect::<Vec<_>>()));
+            fixture.store.put_ticket(&format!("scope-{n}"), "big", big, in_an_hour).await.unwrap();
+            let used = fixture.store.usage().await.unwrap().ticket_bytes;
+            assert!(used <= budget, "{used} bytes after {n}");
+        }
+        assert!(fixture.store.ticket("scope-39", "big").await.unwrap().is_some());
+    }
+
+    async fn subscribers_hear_of_changes_and_of_the_end(fixture) {
+        let code = with_session(&fixture).await;
+        let now = fixture.now();
+        assert!(fixture.store.subscribe(&code_of("ZZZZ2345")).await.unwrap().is_none());
+        let mut first = fixture.store.subscribe(&code).await.unwrap().unwrap();
+        let mut second = fixture.store.subscribe(&code).await.unwrap().unwrap();
+        fixture.store.enqueue(&code, call("r1", now, json!({})), 10, now).await.unwrap();
+        fixture.store.finish(&code, "r1", RequestStatus::Completed, answer("r1", json!(1)), now, now).await.unwrap();
+        for events in [&mut first, &mut second] {
+            assert_eq!(next_event(events).await, SessionEvent::RequestQueued);
+            assert_eq!(next_event(events).await, SessionEvent::ResponseReady("r1".into()));
+        }
+        fixture.store.delete_session(&code).await.unwrap();
+        assert_eq!(next_event(&mut first).await, SessionEvent::SessionEnded);
+    }
+
+    async fn rate_budgets_allow_a_burst_then_refill_one_unit_per_interval(fixture) {
+        // 3 a minute: one unit back every 20 s.
+        let budget = RateBudget::per_minute(std::num::NonZeroU32::new(3).unwrap());
+        let spend = |key: &'static str| {
+            let store = Arc::clone(&fixture.store);
+            let now = fixture.now();
+            async move { store.spend(key, budget, now).await.unwrap() }
+        };
+        for _ in 0..3 {
+            assert_eq!(spend("a").await, None);
+        }
+        let wait = spend("a").await.expect("the fourth is over the budget");
+        assert!(wait > Duration::from_secs(19) && wait <= Duration::from_secs(20), "{wait:?}");
+        assert_eq!(spend("b").await, None, "each key has its own budget");
+        // A refusal spends nothing: one interval later exactly one more unit is there.
+        fixture.advance(Duration::from_secs(20));
+        assert_eq!(spend("a").await, None);
+        assert!(spend("a").await.is_some());
+        // After a whole period of quiet, the whole burst again.
+        fixture.advance(Duration::from_secs(60));
+        for _ in 0..3 {
+            assert_eq!(spend("a").await, None);
+        }
+        assert!(spend("a").await.is_some());
+    }
+}
+
+/// Two replicas on one Redis: what one does, the other's subscribers hear, and sees.
+#[tokio::test]
+async fn replicas_share_sessions_calls_and_events_through_redis() {
+    let server = RedisServer::start().await;
+    let (clock, _hand) = Clock::manual(wall_now());
+    let url = server.url();
+    let connect = || RedisStore::connect(&url, "shared:", clock.clone(), limits());
+    let (a, b) = (connect().await.unwrap(), connect().await.unwrap());
+    let now = clock.now();
+    let budget = RateBudget::per_minute(std::num::NonZeroU32::new(2).unwrap());
+    assert_eq!(a.spend("k", budget, now).await.unwrap(), None);
+    assert_eq!(b.spend("k", budget, now).await.unwrap(), None);
+    assert!(
+        a.spend("k", budget, now).await.unwrap().is_some(),
+        "one budget for both replicas"
+    );
+    a.insert_session(session("ABCD2345", now, HOUR))
+        .await
+        .unwrap();
+    let code = code_of("ABCD2345");
+    b.set_provider(&code, provider("tab-b", now))
+        .await
+        .unwrap()
+        .unwrap();
+    let mut heard_on_b = b.subscribe(&code).await.unwrap().unwrap();
+    let mut heard_on_a = a.subscribe(&code).await.unwrap().unwrap();
+    a.enqueue(&code, call("r1", now, json!({"x": 1})), 10, now)
+        .await
+        .unwrap();
+    assert_eq!(
+        next_event(&mut heard_on_b).await,
+        SessionEvent::RequestQueued
+    );
+    let claimed = b.claim(&code, &claim("tab-b", now, HOUR)).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    b.finish(
+        &code,
+        "r1",
+        RequestStatus::Completed,
+        answer("r1", json!(2)),
+        now,
+        now,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        next_event(&mut heard_on_a).await,
+        SessionEvent::RequestQueued
+    );
+    assert_eq!(
+        next_event(&mut heard_on_a).await,
+        SessionEvent::ResponseReady("r1".into())
+    );
+    let record = a.request(&code, "r1").await.unwrap().unwrap();
+    assert_eq!(record.response.unwrap().result, Some(json!(2)));
+    // Keys stay under their prefix: another prefix is another world.
+    let other = RedisStore::connect(&server.url(), "other:", clock.clone(), limits())
+        .await
+        .unwrap();
+    assert!(other.session(&code).await.unwrap().is_none());
+}
+
+/// Redis gone and back: operations fail (they do not hang), streams do not end, and they say
+/// `Missed` once Redis is back, so readers look again; what was stored is still there.
+#[tokio::test]
+async fn a_redis_outage_fails_operations_but_ends_no_stream() {
+    let mut server = RedisServer::durable().await;
+    let (clock, _hand) = Clock::manual(wall_now());
+    let store = RedisStore::connect(&server.url(), "t:", clock.clone(), limits())
+        .await
+        .unwrap();
+    let now = clock.now();
+    store
+        .insert_session(session("ABCD2345", now, HOUR))
+        .await
+        .unwrap();
+    let code = code_of("ABCD2345");
+    store
+        .enqueue(&code, call("r1", now, json!({})), 10, now)
+        .await
+        .unwrap();
+    let mut events = store.subscribe(&code).await.unwrap().unwrap();
+    server.stop().await;
+    let failed = tokio::time::timeout(PATIENCE, store.session(&code))
+        .await
+        .expect("a failing store answers in time");
+    assert!(failed.is_err(), "{failed:?}");
+    assert!(store.ping().await.is_err());
+    server.restart().await;
+    // The stream is still there and says Missed (at once after the reconnect, or by its
+    // safety net).
+    let event = tokio::time::timeout(PATIENCE, events.next())
+        .await
+        .expect("an event in time");
+    assert_eq!(event, Some(SessionEvent::Missed));
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while store.ping().await.is_err() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the store did not recover"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        store.pending_count(&code).await.unwrap(),
+        Some(1),
+        "the queued call survived"
+    );
+    // Events flow again once the event connection is back (it reconnects on its own).
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    for n in 2.. {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no event after the outage"
+        );
+        store
+            .enqueue(&code, call(&format!("r{n}"), now, json!({})), 100, now)
+            .await
+            .unwrap();
+        let heard = tokio::time::timeout(Duration::from_secs(3), async {
+            while let Some(event) = events.next().await {
+                if event == SessionEvent::RequestQueued {
+                    return true;
+                }
+            }
+            false
+        })
+        .await;
+        if heard == Ok(true) {
+            break;
+        }
+    }
+}
