@@ -126,8 +126,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn forwarded_addresses_count_only_behind_a_trusted_proxy() {
+    #[tokio::test]
+    async fn forwarded_addresses_count_only_behind_a_trusted_proxy() {
         let proxy: IpAddr = "10.0.0.1".parse().unwrap();
         let clock = Clock::new();
         let store = toolrelay_relay::store::memory::MemoryStore::new(
