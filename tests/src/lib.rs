@@ -10,6 +10,7 @@
 //! Servers listen on `127.0.0.1:0`; dropping a [`TestRelay`] stops it.
 #![allow(clippy::unwrap_used, clippy::missing_panics_doc)] // test support fails loudly
 
+pub mod balancer;
 pub mod cluster;
 pub mod redis;
 pub mod remip;

@@ -509,6 +509,23 @@ conformance! {
         assert_eq!(next_event(&mut first).await, SessionEvent::SessionEnded);
     }
 
+    async fn mcp_sessions_are_kept_until_they_expire_or_are_deleted(fixture) {
+        let store = &fixture.store;
+        let until = fixture.now().plus(HOUR);
+        assert_eq!(store.mcp_session("m1").await.unwrap(), None);
+        store.put_mcp_session("m1", r#"{"n":12345678901234567890}"#.into(), until).await.unwrap();
+        store.put_mcp_session("m2", "two".into(), fixture.now().plus(Duration::from_secs(60))).await.unwrap();
+        assert_eq!(
+            store.mcp_session("m1").await.unwrap().as_deref(),
+            Some(r#"{"n":12345678901234567890}"#)
+        );
+        store.delete_mcp_session("m1").await.unwrap();
+        assert_eq!(store.mcp_session("m1").await.unwrap(), None);
+        assert_eq!(store.mcp_session("m2").await.unwrap().as_deref(), Some("two"));
+        fixture.advance(Duration::from_secs(61));
+        assert_eq!(store.mcp_session("m2").await.unwrap(), None, "expired");
+    }
+
     async fn rate_budgets_allow_a_burst_then_refill_one_unit_per_interval(fixture) {
         // 3 a minute: one unit back every 20 s.
         let budget = RateBudget::per_minute(std::num::NonZeroU32::new(3).unwrap());

@@ -21,15 +21,20 @@ use poem::endpoint::TowerCompatExt;
 use poem::{Endpoint, EndpointExt, IntoResponse, Request};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ClientJsonRpcMessage, ContentBlock,
-    Implementation, JsonObject, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
-    ServerCapabilities, ServerConfig, Tool,
+    Implementation, InitializeRequestParams, InitializeResult, JsonObject, ListToolsResult,
+    PaginatedRequestParams, ProgressNotificationParam, ServerCapabilities, ServerConfig, Tool,
 };
-use rmcp::service::{NotificationContext, RequestContext};
+use rmcp::service::RequestContext;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::session::store::{
+    SessionState, SessionStore, SessionStoreError,
+};
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Value, json};
 use toolrelay_relay::builtin::Scope;
+use toolrelay_relay::clock::Clock;
+use toolrelay_relay::store::Store;
 use toolrelay_relay::{CallInput, Caller, ErrorInfo, SessionCode};
 
 use crate::api::State;
@@ -37,6 +42,8 @@ use crate::types::CallResponse;
 
 /// How often a call waiting for the tab reports progress.
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
+/// How long another gateway can take over an MCP client session after it began.
+const MCP_SESSION_LIFETIME: Duration = Duration::from_secs(24 * 3600);
 /// How often a watcher of a session's tools checks that its MCP client is still there.
 const CLIENT_CHECK_EVERY: Duration = Duration::from_secs(30);
 
@@ -58,9 +65,16 @@ pub struct RelayMcp {
 
 /// The two MCP endpoints, ready to mount.
 pub fn endpoints(state: &State) -> (impl Endpoint + 'static, impl Endpoint + 'static) {
-    let config = server_config(state);
     let make = |scoped: bool| {
         let state = state.clone();
+        let mut config = server_config(&state);
+        // A client's next request may reach another gateway (a round-robin balancer): that
+        // gateway takes the session over from what the store keeps.
+        config.session_store = Some(Arc::new(SharedSessions {
+            store: Arc::clone(&state.store),
+            clock: Clock::new(),
+            namespace: if scoped { "s:" } else { "" },
+        }));
         StreamableHttpService::new(
             move || {
                 Ok(RelayMcp {
@@ -69,13 +83,56 @@ pub fn endpoints(state: &State) -> (impl Endpoint + 'static, impl Endpoint + 'st
                 })
             },
             Arc::new(LocalSessionManager::default()),
-            config.clone(),
+            config,
         )
     };
     (
         with_context(state.clone(), make(false).compat()),
         with_context(state.clone(), make(true).compat()),
     )
+}
+
+/// MCP client sessions kept in the gateway's store (Redis when gateways share one), so any
+/// gateway can serve a session another made: rmcp keeps the client's `initialize`
+/// parameters there and, on a request for a session it does not hold, replays the handshake.
+struct SharedSessions {
+    store: Arc<dyn Store>,
+    clock: Clock,
+    /// Keeps `/mcp` and `/mcp/s/{handle}` sessions apart.
+    namespace: &'static str,
+}
+
+#[async_trait::async_trait]
+impl SessionStore for SharedSessions {
+    async fn load(&self, id: &str) -> Result<Option<SessionState>, SessionStoreError> {
+        let Some(text) = self
+            .store
+            .mcp_session(&format!("{}{id}", self.namespace))
+            .await?
+        else {
+            return Ok(None);
+        };
+        Ok(Some(serde_json::from_str(&text)?))
+    }
+
+    async fn store(&self, id: &str, state: &SessionState) -> Result<(), SessionStoreError> {
+        let expires_at = self.clock.now().plus(MCP_SESSION_LIFETIME);
+        self.store
+            .put_mcp_session(
+                &format!("{}{id}", self.namespace),
+                serde_json::to_string(state)?,
+                expires_at,
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn delete(&self, id: &str) -> Result<(), SessionStoreError> {
+        self.store
+            .delete_mcp_session(&format!("{}{id}", self.namespace))
+            .await?;
+        Ok(())
+    }
 }
 
 fn server_config(state: &State) -> StreamableHttpServerConfig {
@@ -247,6 +304,49 @@ fn from_error(error: &ErrorInfo) -> CallToolResult {
 }
 
 impl RelayMcp {
+    /// On `/mcp/s/{handle}`, a task telling the client each time the session's tools change
+    /// (the tab reloads, registers more), for as long as the client stays and the session
+    /// lives.
+    fn watch_tools(&self, context: &RequestContext<RoleServer>) {
+        if !self.scoped {
+            return;
+        }
+        let Some(request) = request_of(context) else {
+            return;
+        };
+        let peer = context.peer.clone();
+        let relay = Arc::clone(&self.state.relay);
+        let stopping = self.state.shutdown.clone();
+        tokio::spawn(async move {
+            let handle = request.handle.unwrap_or_default();
+            let Ok(code) = relay.resolve_handle(&request.caller, &handle).await else {
+                return;
+            };
+            let Ok(mut changes) = relay.manifest_changes(&request.caller, &code).await else {
+                return;
+            };
+            let mut still_there = tokio::time::interval(CLIENT_CHECK_EVERY);
+            loop {
+                tokio::select! {
+                    change = changes.next() => match change {
+                        Some(()) => {
+                            if peer.notify_tool_list_changed().await.is_err() {
+                                return;
+                            }
+                        }
+                        None => return,
+                    },
+                    _ = still_there.tick() => {
+                        if peer.is_transport_closed() {
+                            return;
+                        }
+                    }
+                    () = stopping.cancelled() => return,
+                }
+            }
+        });
+    }
+
     /// The session code of `/mcp/s/{handle}`.
     async fn scoped_code(&self, context: &RequestContext<RoleServer>) -> Result<String, ErrorInfo> {
         let handle = request_of(context)
@@ -452,51 +552,19 @@ impl ServerHandler for RelayMcp {
         .with_instructions(instructions.to_owned())
     }
 
-    /// On `/mcp/s/{handle}`, tells the client each time the session's tools change (the tab
-    /// reloads, registers more), for as long as the client stays and the session lives.
-    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
-        if !self.scoped {
-            return;
-        }
-        let Some(request) = context
-            .extensions
-            .get::<poem::http::request::Parts>()
-            .and_then(|parts| parts.extensions.get::<McpRequest>())
-            .cloned()
-        else {
-            return;
-        };
-        let relay = Arc::clone(&self.state.relay);
-        let stopping = self.state.shutdown.clone();
-        let peer = context.peer;
-        tokio::spawn(async move {
-            let handle = request.handle.unwrap_or_default();
-            let Ok(code) = relay.resolve_handle(&request.caller, &handle).await else {
-                return;
-            };
-            let Ok(mut changes) = relay.manifest_changes(&request.caller, &code).await else {
-                return;
-            };
-            let mut still_there = tokio::time::interval(CLIENT_CHECK_EVERY);
-            loop {
-                tokio::select! {
-                    change = changes.next() => match change {
-                        Some(()) => {
-                            if peer.notify_tool_list_changed().await.is_err() {
-                                return;
-                            }
-                        }
-                        None => return,
-                    },
-                    _ = still_there.tick() => {
-                        if peer.is_transport_closed() {
-                            return;
-                        }
-                    }
-                    () = stopping.cancelled() => return,
-                }
-            }
-        });
+    /// Starts, on `/mcp/s/{handle}`, the watcher that tells the client each time the session's
+    /// tools change. At `initialize` rather than at `notifications/initialized`: behind a
+    /// round-robin balancer that notification may reach another gateway, and so may the
+    /// client's event stream; every gateway that has seen the session watches (a gateway
+    /// that takes a session over replays `initialize`).
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, McpError> {
+        context.peer.set_peer_info(request.clone());
+        self.watch_tools(&context);
+        self.negotiate_initialize(&request)
     }
 
     async fn list_tools(

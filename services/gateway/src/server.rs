@@ -37,7 +37,7 @@ const TITLE: &str = "toolrelay";
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The gateway's state over `relay`, stopping with `drain`, keeping what it shares with other
-/// gateways (rate limits) in `store`.
+/// gateways (rate limits, MCP client sessions) in `store`.
 pub fn gateway(
     relay: Arc<dyn RelayApi>,
     config: GatewayConfig,
@@ -48,9 +48,10 @@ pub fn gateway(
         limits: Limiters::new(
             config.limits,
             config.trusted_proxies.clone(),
-            store,
+            Arc::clone(&store),
             Clock::new(),
         ),
+        store,
         relay,
         config,
         shutdown: tokio_util::sync::CancellationToken::new(),

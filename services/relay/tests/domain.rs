@@ -608,6 +608,20 @@ async fn overlapping_attaches_leave_one_connection_standing() {
         async fn usage(&self) -> Result<StoreUsage, StoreError> {
             self.0.usage().await
         }
+        async fn put_mcp_session(
+            &self,
+            id: &str,
+            state: String,
+            expires_at: Timestamp,
+        ) -> Result<(), StoreError> {
+            self.0.put_mcp_session(id, state, expires_at).await
+        }
+        async fn mcp_session(&self, id: &str) -> Result<Option<String>, StoreError> {
+            self.0.mcp_session(id).await
+        }
+        async fn delete_mcp_session(&self, id: &str) -> Result<(), StoreError> {
+            self.0.delete_mcp_session(id).await
+        }
         async fn spend(
             &self,
             key: &str,

@@ -86,7 +86,12 @@ pub struct MemoryStore {
     /// Rate budgets: each key's arrival time (µs, see [`RateBudget`]). Apart from the tables,
     /// so a rate check never waits for the sessions' lock.
     rates: Mutex<HashMap<String, i64>>,
+    /// MCP client sessions' states and when they expire.
+    mcp_sessions: Mutex<HashMap<String, (String, Timestamp)>>,
 }
+
+/// MCP client sessions kept at most (past it, expired ones go, then any one).
+const MAX_MCP_SESSIONS: usize = 100_000;
 
 /// Rate budgets that have refilled are forgotten once this many keys are kept.
 const RATES_PRUNE_AT: usize = 10_000;
@@ -388,6 +393,7 @@ impl MemoryStore {
             limits,
             tables: Mutex::new(Tables::default()),
             rates: Mutex::new(HashMap::new()),
+            mcp_sessions: Mutex::new(HashMap::new()),
         });
         tokio::spawn(sweep(Arc::downgrade(&store)));
         store
@@ -764,6 +770,39 @@ impl Store for MemoryStore {
         Ok(())
     }
 
+    async fn put_mcp_session(
+        &self,
+        id: &str,
+        state: String,
+        expires_at: Timestamp,
+    ) -> Result<(), StoreError> {
+        let now = self.clock.now();
+        let mut sessions = locked(&self.mcp_sessions);
+        if sessions.len() >= MAX_MCP_SESSIONS && !sessions.contains_key(id) {
+            sessions.retain(|_, (_, expires)| *expires > now);
+            if sessions.len() >= MAX_MCP_SESSIONS
+                && let Some(victim) = sessions.keys().next().cloned()
+            {
+                sessions.remove(&victim);
+            }
+        }
+        sessions.insert(id.to_owned(), (state, expires_at));
+        Ok(())
+    }
+
+    async fn mcp_session(&self, id: &str) -> Result<Option<String>, StoreError> {
+        let now = self.clock.now();
+        Ok(locked(&self.mcp_sessions)
+            .get(id)
+            .filter(|(_, expires)| *expires > now)
+            .map(|(state, _)| state.clone()))
+    }
+
+    async fn delete_mcp_session(&self, id: &str) -> Result<(), StoreError> {
+        locked(&self.mcp_sessions).remove(id);
+        Ok(())
+    }
+
     async fn spend(
         &self,
         key: &str,
@@ -771,10 +810,7 @@ impl Store for MemoryStore {
         now: Timestamp,
     ) -> Result<Option<Duration>, StoreError> {
         let now = now.0.saturating_mul(1000);
-        let mut rates = self
-            .rates
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut rates = locked(&self.rates);
         if rates.len() >= RATES_PRUNE_AT && !rates.contains_key(key) {
             // A key whose arrival time has passed is as good as a new one.
             rates.retain(|_, tat| *tat > now);
@@ -848,6 +884,13 @@ impl Store for MemoryStore {
         // Read outside the lock: a large model must not hold up every session.
         unpack_ticket(&packed).map(|value| Some(Arc::new(value)))
     }
+}
+
+fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Each critical section writes whole values: the data is sound after a panic elsewhere.
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(test)]

@@ -503,6 +503,22 @@ pub trait Store: Send + Sync + 'static {
     /// A claim-check value, if it exists in this scope and has not expired.
     async fn ticket(&self, scope: &str, id: &str) -> Result<Option<Arc<Value>>, StoreError>;
 
+    /// Keeps an MCP client session's state (opaque text: what a gateway needs to take the
+    /// session over) under its id until `expires_at`, so any gateway sharing the store can
+    /// serve the session's next request.
+    async fn put_mcp_session(
+        &self,
+        id: &str,
+        state: String,
+        expires_at: Timestamp,
+    ) -> Result<(), StoreError>;
+
+    /// An MCP client session's state, if kept and not expired.
+    async fn mcp_session(&self, id: &str) -> Result<Option<String>, StoreError>;
+
+    /// Forgets an MCP client session's state (the client ended the session).
+    async fn delete_mcp_session(&self, id: &str) -> Result<(), StoreError>;
+
     /// Spends one unit of the rate budget `key` at `now`: `None` when the budget had room, or
     /// how long until it has room again (nothing is spent then). Shared by every replica
     /// using the store, so a client spreading its requests over replicas gets one budget.

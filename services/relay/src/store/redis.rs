@@ -817,6 +817,47 @@ impl Store for RedisStore {
         Ok(())
     }
 
+    async fn put_mcp_session(
+        &self,
+        id: &str,
+        state: String,
+        expires_at: Timestamp,
+    ) -> Result<(), StoreError> {
+        let mut redis = self.redis.clone();
+        redis::cmd("SET")
+            .arg(format!("{}mcp:{id}", self.prefix))
+            .arg(format!("{}\n{state}", expires_at.0))
+            .arg("PXAT")
+            .arg(expires_at.0)
+            .query_async::<()>(&mut redis)
+            .await
+            .map_err(store_error)
+    }
+
+    async fn mcp_session(&self, id: &str) -> Result<Option<String>, StoreError> {
+        let mut redis = self.redis.clone();
+        let kept: Option<String> = redis::cmd("GET")
+            .arg(format!("{}mcp:{id}", self.prefix))
+            .query_async(&mut redis)
+            .await
+            .map_err(store_error)?;
+        // Kept as "expires_at\nstate": Redis drops it by its own clock, the replica's clock
+        // decides (as for every other deadline).
+        Ok(kept.and_then(|kept| {
+            let (expires_at, state) = kept.split_once('\n')?;
+            (expires_at.parse::<i64>().ok()? > self.clock.now().0).then(|| state.to_owned())
+        }))
+    }
+
+    async fn delete_mcp_session(&self, id: &str) -> Result<(), StoreError> {
+        let mut redis = self.redis.clone();
+        redis::cmd("DEL")
+            .arg(format!("{}mcp:{id}", self.prefix))
+            .query_async::<()>(&mut redis)
+            .await
+            .map_err(store_error)
+    }
+
     async fn spend(
         &self,
         key: &str,
