@@ -309,6 +309,119 @@ async fn a_gateway_killed_mid_call_is_answered_through_the_other() {
     assert_eq!(tab.deliveries(), ["slow"], "delivered once, to the one tab");
 }
 
+/// Built-in tools called through a session, across replicas: PlantUML, a MIP problem made on
+/// relay A and solved on relay B — and a MIP run whose relay is killed under it, taken over
+/// by the other relay once its lease runs out and answered to the caller who asks again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn built_in_session_calls_cross_replicas_and_outlive_a_killed_one() {
+    let mut cluster = Cluster::start(2, 2, &[]).await;
+    let (code, _) = cluster.create_session(0).await;
+    let path = format!("/api/sessions/{code}/call");
+    // Takes the cluster, which is borrowed mutably to kill a relay in between.
+    let call = |cluster: &Cluster, gateway: usize, id: &str, function: &str, args: Value| {
+        cluster.post(
+            gateway,
+            &path,
+            json!({"requestId": id, "functionName": function, "args": args, "timeoutMs": 30_000}),
+        )
+    };
+    let succeeded = |answer: &Answer| {
+        assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+        assert_eq!(answer.body["success"], true, "{answer:?}");
+        answer.body["result"].clone()
+    };
+
+    let encoded = succeeded(
+        &call(
+            &cluster,
+            1,
+            "uml",
+            "encodePlantUML",
+            json!({"plantumlCode": "@startuml\nA -> B\n@enduml"}),
+        )
+        .await,
+    );
+    assert!(
+        encoded["url"]
+            .as_str()
+            .is_some_and(|url| url.starts_with("https://www.plantuml.com/plantuml/svg/")),
+        "{encoded}"
+    );
+
+    let model = "import pulp\nprob = pulp.LpProblem('p', pulp.LpMaximize)\nx = pulp.LpVariable('x', 0, 7, cat='Integer')\nprob += 2 * x + 1";
+    let generated = succeeded(
+        &call(
+            &cluster,
+            0,
+            "made-on-a",
+            "generate_mip_problem",
+            json!({"problemDefinitionCode": model}),
+        )
+        .await,
+    );
+    let solved = succeeded(
+        &call(
+            &cluster,
+            1,
+            "solved-on-b",
+            "solve_mip_problem",
+            json!({"problemId": generated["problemId"]}),
+        )
+        .await,
+    );
+    assert_eq!(solved["status"], "optimal", "{solved}");
+    assert_eq!(solved["objectiveValue"], 15.0, "{solved}");
+
+    // A slow generation, run by relay A (in front of gateway 0); relay A dies under it.
+    let slow = json!({"problemDefinitionCode": format!("import time\ntime.sleep(3)\n{model}")});
+    let waiting = tokio::spawn(call(
+        &cluster,
+        0,
+        "slow",
+        "generate_mip_problem",
+        slow.clone(),
+    ));
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let seen = cluster
+            .get(1, &format!("/api/sessions/{code}/requests/slow"))
+            .await;
+        if seen.body["status"] == "delivered" {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the call never started: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cluster.kill_relay(0).await;
+    let lost = waiting.await.unwrap();
+    assert_ne!(lost.body["success"], true, "relay A answered: {lost:?}");
+    // The caller asks again through gateway 1: relay B takes the call over when relay A's
+    // lease runs out (at most 10 s), runs it, and answers.
+    let taken_over = succeeded(&call(&cluster, 1, "slow", "generate_mip_problem", slow).await);
+    let solved = succeeded(
+        &call(
+            &cluster,
+            1,
+            "slow-solved",
+            "solve_mip_problem",
+            json!({"problemId": taken_over["problemId"]}),
+        )
+        .await,
+    );
+    assert_eq!(solved["objectiveValue"], 15.0, "{solved}");
+    let record = cluster
+        .get(1, &format!("/api/sessions/{code}/requests/slow"))
+        .await;
+    assert_eq!(record.body["status"], "completed", "{record:?}");
+    assert_eq!(
+        record.body["response"]["result"]["problemId"], taken_over["problemId"],
+        "{record:?}"
+    );
+}
+
 /// Redis stopped for 5 s and started again (AOF on): 503 with Retry-After meanwhile,
 /// `/readyz` red then green, no process restarted, queued calls answered afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

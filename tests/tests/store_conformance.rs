@@ -12,8 +12,8 @@ use toolrelay_relay::clock::ClockHand;
 use toolrelay_relay::store::memory::{MAX_TICKETS_PER_SCOPE, MemoryStore, StoreLimits};
 use toolrelay_relay::store::redis::RedisStore;
 use toolrelay_relay::store::{
-    Claim, Enqueued, EventStream, Finished, NewRequest, ProviderInfo, RateBudget, SessionEvent,
-    SessionRecord, Store, Transport,
+    BUILTIN_LEASE, Claim, Enqueued, EventStream, Finished, NewRequest, ProviderInfo, RateBudget,
+    SessionEvent, SessionRecord, Store, Transport,
 };
 use toolrelay_relay::{Clock, SessionCode, Timestamp};
 use toolrelay_tests::PATIENCE;
@@ -507,6 +507,56 @@ conformance! {
         }
         fixture.store.delete_session(&code).await.unwrap();
         assert_eq!(next_event(&mut first).await, SessionEvent::SessionEnded);
+    }
+
+    async fn a_built_in_call_is_leased_to_one_run_and_taken_over_when_the_lease_runs_out(fixture) {
+        let code = with_session(&fixture).await;
+        let now = fixture.now();
+        let mut request = call("b1", now, json!({"plantumlCode": "A -> B"}));
+        request.builtin = true;
+        let Enqueued::Queued(queued) = fixture.store.enqueue(&code, request, 10, now).await.unwrap()
+        else {
+            panic!("not queued")
+        };
+        // Queued, it is held for the relay for one lease, and no tab ever gets it.
+        assert_eq!(queued.status, RequestStatus::Delivered);
+        assert_eq!(queued.delivered_to.as_deref(), Some("relay"));
+        assert_eq!(queued.lease_until, Some(now.plus(BUILTIN_LEASE)));
+        assert_eq!(queued.deliveries, 1);
+        assert!(!queued.is_orphaned_builtin(now));
+        assert!(fixture.store.claim(&code, &claim("tab-1", now, HOUR)).await.unwrap().is_empty());
+        let lease = |holder: &'static str, now: Timestamp| {
+            fixture.store.lease_builtin(&code, "b1", holder, now, now.plus(BUILTIN_LEASE))
+        };
+        // The replica that queued it runs it: the first run, not a takeover.
+        let run = lease("a/1", now).await.unwrap().expect("leased");
+        assert_eq!((run.delivered_to.as_deref(), run.deliveries), (Some("a/1"), 1));
+        assert!(lease("b/1", now).await.unwrap().is_none(), "held by a/1");
+        // Renewed a third of the way, it holds past the first lease.
+        fixture.advance(BUILTIN_LEASE / 3);
+        let renewed = lease("a/1", fixture.now()).await.unwrap().expect("renewed");
+        assert_eq!((renewed.lease_until, renewed.deliveries), (Some(fixture.now().plus(BUILTIN_LEASE)), 1));
+        fixture.advance(BUILTIN_LEASE - Duration::from_millis(1));
+        assert!(lease("b/1", fixture.now()).await.unwrap().is_none(), "still held");
+        // a/1 is gone: once its lease runs out, the call is orphaned and b/1 takes it over.
+        fixture.advance(Duration::from_millis(1));
+        let now = fixture.now();
+        let orphaned = fixture.store.request(&code, "b1").await.unwrap().unwrap();
+        assert!(orphaned.is_orphaned_builtin(now), "{orphaned:?}");
+        let taken = lease("b/1", now).await.unwrap().expect("taken over");
+        assert_eq!((taken.delivered_to.as_deref(), taken.deliveries), (Some("b/1"), 2));
+        assert!(lease("a/1", now).await.unwrap().is_none(), "a/1 lost it");
+        // Answered, it is leased to nobody.
+        fixture
+            .store
+            .finish(&code, "b1", RequestStatus::Completed, answer("b1", json!({"ok": true})), now, now)
+            .await
+            .unwrap();
+        assert!(lease("b/1", now).await.unwrap().is_none());
+        assert!(!fixture.store.request(&code, "b1").await.unwrap().unwrap().is_orphaned_builtin(now));
+        // A tab's call is never leased as a built-in one.
+        fixture.store.enqueue(&code, call("t1", now, json!({})), 10, now).await.unwrap();
+        assert!(fixture.store.lease_builtin(&code, "t1", "a/1", now, now.plus(BUILTIN_LEASE)).await.unwrap().is_none());
     }
 
     async fn mcp_sessions_are_kept_until_they_expire_or_are_deleted(fixture) {

@@ -26,8 +26,8 @@ use crate::error::RelayError;
 use crate::limits::Limits;
 use crate::manifest::{Manifest, ManifestCache, ManifestLimits};
 use crate::store::{
-    Enqueued, EventStream, Finished, NewRequest, RequestRecord, SessionEvent, SessionRecord, Store,
-    Transport,
+    BUILTIN_LEASE, Enqueued, EventStream, Finished, NewRequest, RequestRecord, SessionEvent,
+    SessionRecord, Store, Transport,
 };
 
 /// How many times creation tries a fresh code when the random one is taken.
@@ -50,6 +50,8 @@ pub(crate) struct Inner {
     pub(crate) drain: Drain,
     /// Compiled manifests of this replica, by session and revision.
     pub(crate) manifests: ManifestCache,
+    /// This replica's name in the leases of the built-in calls it runs.
+    pub(crate) replica: String,
 }
 
 /// A session just created: the only time its provider token is revealed.
@@ -165,6 +167,7 @@ impl Relay {
                 config,
                 clock,
                 drain: Drain::new(),
+                replica: code::random_id(),
                 manifests: ManifestCache::default(),
             }),
         }
@@ -592,7 +595,12 @@ impl Relay {
             Enqueued::Existing(record) if record.evicted => Err(RelayError::ResponseEvicted {
                 request_id: record.id,
             }),
-            Enqueued::Existing(record) => Ok((record, connected)),
+            Enqueued::Existing(record) => {
+                if record.is_orphaned_builtin(now) {
+                    self.run_builtin(code.clone(), &record);
+                }
+                Ok((record, connected))
+            }
             Enqueued::Conflict => Err(RelayError::RequestIdConflict { request_id }),
             Enqueued::Full => Err(RelayError::QueueFull {
                 code: code.display(),
@@ -636,10 +644,25 @@ impl Relay {
                 Some(record) => record,
                 None => self.request_record(code, request_id).await?,
             };
-            if record.status.is_terminal() || self.now() >= wait_until {
+            let now = self.now();
+            if record.status.is_terminal() || now >= wait_until {
                 return self.view(code, record).await;
             }
-            let wake = self.inner.clock.instant(wait_until.min(record.deadline));
+            if record.is_orphaned_builtin(now) {
+                self.run_builtin(code.clone(), &record);
+            }
+            // A built-in call is looked at again when its lease would run out: if its replica
+            // is gone by then, this one takes it over.
+            let lease = record
+                .lease_until
+                .filter(|_| record.builtin)
+                .map_or(record.deadline, |lease| {
+                    lease.max(now.plus(BUILTIN_LEASE / 10))
+                });
+            let wake = self
+                .inner
+                .clock
+                .instant(wait_until.min(record.deadline).min(lease));
             loop {
                 tokio::select! {
                     event = events.next() => match event {
@@ -785,7 +808,9 @@ impl Relay {
     }
 
     /// Runs a built-in tool called through a session, in the background, and records its
-    /// answer like a tab's.
+    /// answer like a tab's — if this run gets the call's lease (see [`BUILTIN_LEASE`]): the
+    /// call was just queued here, or the replica that ran it is gone. The lease is renewed
+    /// while the tool runs; a run that loses it (another replica took the call over) stops.
     fn run_builtin(&self, code: SessionCode, record: &RequestRecord) {
         let relay = self.clone();
         let (id, name, args) = (
@@ -794,8 +819,42 @@ impl Relay {
             record.args.clone(),
         );
         tokio::spawn(async move {
+            let holder = format!("{}/{}", relay.inner.replica, code::random_id());
+            let lease = || {
+                let now = relay.now();
+                relay
+                    .inner
+                    .store
+                    .lease_builtin(&code, &id, &holder, now, now.plus(BUILTIN_LEASE))
+            };
+            match lease().await {
+                Ok(Some(record)) if record.deliveries > 1 => {
+                    tracing::info!(code = %code, request_id = %id, function = %name, "took over a built-in call whose replica is gone");
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => return,
+                Err(error) => {
+                    tracing::warn!(code = %code, %error, "a built-in call could not be leased; another replica will take it over");
+                    return;
+                }
+            }
             let context = relay.tool_context(Scope::Session(code.clone()));
-            let response = match relay.inner.tools.call(&name, args, &context).await {
+            let mut run = std::pin::pin!(relay.inner.tools.call(&name, args, &context));
+            let mut renew = tokio::time::interval(BUILTIN_LEASE / 3);
+            renew.reset();
+            let outcome = loop {
+                tokio::select! {
+                    outcome = &mut run => break outcome,
+                    _ = renew.tick() => match lease().await {
+                        Ok(Some(_)) => {}
+                        Ok(None) => return,
+                        // Redis is away: keep running; the answer is recorded if it is back
+                        // in time, and the lease may be taken over meanwhile.
+                        Err(error) => tracing::warn!(code = %code, %error, "a built-in call's lease was not renewed"),
+                    },
+                }
+            };
+            let response = match outcome {
                 Ok(result) => ProviderResponse {
                     request_id: id,
                     success: Some(true),

@@ -608,6 +608,16 @@ async fn overlapping_attaches_leave_one_connection_standing() {
         async fn usage(&self) -> Result<StoreUsage, StoreError> {
             self.0.usage().await
         }
+        async fn lease_builtin(
+            &self,
+            code: &SessionCode,
+            id: &str,
+            holder: &str,
+            now: Timestamp,
+            until: Timestamp,
+        ) -> Result<Option<RequestRecord>, StoreError> {
+            self.0.lease_builtin(code, id, holder, now, until).await
+        }
         async fn put_mcp_session(
             &self,
             id: &str,

@@ -28,8 +28,8 @@ use tokio_stream::wrappers::BroadcastStream;
 use toolrelay::wire::{RequestStatus, ToolResponse};
 
 use super::{
-    Claim, Enqueued, EventStream, Finished, NewRequest, ProviderInfo, RateBudget, RequestRecord,
-    SessionEvent, SessionRecord, Store, StoreUsage,
+    BUILTIN_CONNECTION, Claim, Enqueued, EventStream, Finished, NewRequest, ProviderInfo,
+    RateBudget, RequestRecord, SessionEvent, SessionRecord, Store, StoreUsage,
 };
 use crate::clock::{Clock, Timestamp};
 use crate::code::SessionCode;
@@ -694,6 +694,44 @@ impl Store for MemoryStore {
 
     async fn pending_count(&self, code: &SessionCode) -> Result<Option<usize>, StoreError> {
         Ok(self.with_live(code, |entry, _| entry.pending.len()))
+    }
+
+    async fn lease_builtin(
+        &self,
+        code: &SessionCode,
+        id: &str,
+        holder: &str,
+        now: Timestamp,
+        until: Timestamp,
+    ) -> Result<Option<RequestRecord>, StoreError> {
+        let leased = self.with_live(code, |entry, _| {
+            let request = entry.requests.get_mut(id)?;
+            if !request.builtin || request.deadline <= now {
+                return None;
+            }
+            let held_by = request.delivered_to.as_deref();
+            let renewal = held_by == Some(holder);
+            let unstarted = held_by == Some(BUILTIN_CONNECTION);
+            let free = match request.status {
+                RequestStatus::Queued => true,
+                RequestStatus::Delivered => {
+                    renewal || unstarted || request.lease_until.is_none_or(|lease| lease <= now)
+                }
+                _ => false,
+            };
+            if !free {
+                return None;
+            }
+            request.status = RequestStatus::Delivered;
+            request.delivered_to = Some(holder.to_owned());
+            request.lease_until = Some(until);
+            // A run after the first (counted when the call was queued) is a takeover.
+            if !renewal && !unstarted {
+                request.deliveries += 1;
+            }
+            Some(request.clone())
+        });
+        Ok(leased.flatten())
     }
 
     async fn claim(

@@ -119,6 +119,11 @@ pub struct NewRequest {
 
 /// The connection id under which built-in calls count as delivered.
 pub const BUILTIN_CONNECTION: &str = "relay";
+/// How long a replica holds a built-in call it runs without renewing the lease (it renews a
+/// third of the way through). A call queued and not yet taken by a run is held by
+/// [`BUILTIN_CONNECTION`] for as long; a call whose lease ran out is taken over by another
+/// replica. The Redis scripts spell it in milliseconds too (`redis.rs`, ENQUEUE).
+pub const BUILTIN_LEASE: Duration = Duration::from_secs(10);
 
 /// A stored call.
 #[derive(Debug, Clone, PartialEq)]
@@ -226,7 +231,8 @@ impl RequestRecord {
             created_at: request.created_at,
             deadline: request.deadline,
             delivered_to: builtin.then(|| BUILTIN_CONNECTION.to_owned()),
-            lease_until: builtin.then_some(request.deadline),
+            lease_until: builtin
+                .then(|| request.created_at.plus(BUILTIN_LEASE).min(request.deadline)),
             deliveries: u32::from(builtin),
             response: None,
             finished_at: None,
@@ -243,6 +249,15 @@ impl RequestRecord {
                 &request.function_name,
                 &request.args,
             )
+    }
+
+    /// Whether this is a built-in call nobody runs: its lease ran out (the replica that ran
+    /// it, or queued it, is gone).
+    pub fn is_orphaned_builtin(&self, now: Timestamp) -> bool {
+        self.builtin
+            && !self.status.is_terminal()
+            && self.deadline > now
+            && self.lease_until.is_some_and(|lease| lease <= now)
     }
 
     /// Whether `claim` may hand this call out: queued, or delivered to another connection, or
@@ -459,6 +474,19 @@ pub trait Store: Send + Sync + 'static {
 
     /// How many calls wait for an answer.
     async fn pending_count(&self, code: &SessionCode) -> Result<Option<usize>, StoreError>;
+
+    /// Leases the unanswered built-in call `id` to `holder` (one run of it on one replica)
+    /// until `until`, if it is free: not yet taken by a run (held by [`BUILTIN_CONNECTION`]),
+    /// leased to `holder` already (a renewal), or its lease ran out (its replica is gone).
+    /// The call leased; `None` when it is not free.
+    async fn lease_builtin(
+        &self,
+        code: &SessionCode,
+        id: &str,
+        holder: &str,
+        now: Timestamp,
+        until: Timestamp,
+    ) -> Result<Option<RequestRecord>, StoreError>;
 
     /// Hands claimable calls (see [`RequestRecord::is_claimable`]), oldest first, to the
     /// connection, if it is the session's provider; marks them delivered to it.

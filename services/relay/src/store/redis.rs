@@ -143,10 +143,12 @@ end
 if redis.call('ZCARD', base .. 'q') >= tonumber(ARGV[14]) then return { 'full' } end
 local seq = redis.call('HINCRBY', S, 'next_seq', 1)
 local builtin = ARGV[11] == '1'
+-- A built-in call is held by 'relay' (not yet taken by a run) for BUILTIN_LEASE (10 s).
+local lease_until = string.format('%.0f', math.min(tonumber(ARGV[10]), tonumber(ARGV[9]) + 10000))
 redis.call('HSET', r, 'id', id, 'seq', seq, 'tool_id', ARGV[6], 'function', ARGV[7],
   'args', ARGV[8], 'status', builtin and 'delivered' or 'queued', 'created_at', ARGV[9],
   'deadline', ARGV[10], 'delivered_to', builtin and 'relay' or '',
-  'lease_until', builtin and ARGV[10] or '', 'deliveries', builtin and 1 or 0,
+  'lease_until', builtin and lease_until or '', 'deliveries', builtin and 1 or 0,
   'response', '', 'finished_at', '', 'builtin', ARGV[11], 'correlation_id', ARGV[12],
   'call_hash', ARGV[13], 'evicted', '0')
 redis.call('PEXPIREAT', r, session_field('max_expires_at'))
@@ -203,6 +205,24 @@ for _, id in ipairs(redis.call('ZRANGE', base .. 'q', 0, -1)) do
   end
 end
 return out
+";
+
+/// ARGV[5..] id, holder, lease until.
+const LEASE_BUILTIN: &str = r"
+if not live() then return false end
+expire_due()
+local r = base .. 'r:' .. ARGV[5]
+local h = redis.call('HMGET', r, 'status', 'delivered_to', 'lease_until', 'deadline', 'builtin')
+if h[5] ~= '1' or not h[4] or tonumber(h[4]) <= now then return false end
+local renewal = h[2] == ARGV[6]
+local unstarted = h[2] == 'relay'
+local free = h[1] == 'queued' or (h[1] == 'delivered'
+  and (renewal or unstarted or h[3] == '' or tonumber(h[3]) <= now))
+if not free then return false end
+redis.call('HSET', r, 'status', 'delivered', 'delivered_to', ARGV[6], 'lease_until', ARGV[7])
+-- A run after the first (counted when the call was queued) is a takeover.
+if not renewal and not unstarted then redis.call('HINCRBY', r, 'deliveries', 1) end
+return redis.call('HGETALL', r)
 ";
 
 const FINISH: &str = r"
@@ -285,6 +305,7 @@ struct Scripts {
     responses: Script,
     pending: Script,
     claim: Script,
+    lease_builtin: Script,
     finish: Script,
     put_ticket: Script,
     spend: Script,
@@ -307,6 +328,7 @@ impl Scripts {
             responses: with_library(RESPONSES),
             pending: with_library(PENDING),
             claim: with_library(CLAIM),
+            lease_builtin: with_library(LEASE_BUILTIN),
             finish: with_library(FINISH),
             put_ticket: Script::new(PUT_TICKET),
             spend: Script::new(SPEND),
@@ -744,6 +766,25 @@ impl Store for RedisStore {
 
     async fn pending_count(&self, code: &SessionCode) -> Result<Option<usize>, StoreError> {
         self.run(&self.scripts.pending, code, &[], &[]).await
+    }
+
+    async fn lease_builtin(
+        &self,
+        code: &SessionCode,
+        id: &str,
+        holder: &str,
+        _now: Timestamp,
+        until: Timestamp,
+    ) -> Result<Option<RequestRecord>, StoreError> {
+        let found: Option<Vec<String>> = self
+            .run(
+                &self.scripts.lease_builtin,
+                code,
+                &[],
+                &[id.to_owned(), holder.to_owned(), until.0.to_string()],
+            )
+            .await?;
+        found.map(|flat| request_record(&fields(flat))).transpose()
     }
 
     async fn claim(
