@@ -1,5 +1,6 @@
 //! Several replicas on one Redis, as real processes: N `toolrelay-relay`s and M
-//! `toolrelay-gateway`s (gateway `i` in front of relay `i % N`), and a `redis-server` with its
+//! `toolrelay-gateway`s (gateway `i` in front of relay `i % N`, or of all of them), and a
+//! `redis-server` with its
 //! append-only file on. Every one of them can be killed (`SIGKILL`) or, for Redis, stopped
 //! and started again; dropping the cluster stops what is left.
 
@@ -32,8 +33,10 @@ pub struct Cluster {
     pub relay_websockets: Vec<SocketAddr>,
     /// Each gateway's `http://127.0.0.1:port`.
     pub gateways: Vec<String>,
-    /// What every process logged.
-    pub logs: Logs,
+    /// What each relay logged.
+    pub relay_logs: Vec<Logs>,
+    /// What the gateways logged.
+    pub gateway_logs: Logs,
     relays: Vec<Replica>,
     gateway_processes: Vec<Replica>,
     http: reqwest::Client,
@@ -46,13 +49,29 @@ static RUNNING: std::sync::LazyLock<std::sync::Arc<tokio::sync::Mutex<()>>> =
     std::sync::LazyLock::new(Default::default);
 
 impl Cluster {
-    /// `relays` relays and `gateways` gateways on a Redis with AOF; `env` goes to every
-    /// process.
+    /// `relays` relays and `gateways` gateways on a Redis with AOF, gateway `i` in front of
+    /// relay `i % relays`; `env` goes to every process.
     pub async fn start(relays: usize, gateways: usize, env: &[(&str, &str)]) -> Self {
+        Self::start_with(relays, gateways, env, false).await
+    }
+
+    /// Like [`Cluster::start`], with every gateway in front of every relay (`RELAY_URL` lists
+    /// them all).
+    pub async fn balanced(relays: usize, gateways: usize, env: &[(&str, &str)]) -> Self {
+        Self::start_with(relays, gateways, env, true).await
+    }
+
+    async fn start_with(
+        relays: usize,
+        gateways: usize,
+        env: &[(&str, &str)],
+        balanced: bool,
+    ) -> Self {
         let one_at_a_time = std::sync::Arc::clone(&RUNNING).lock_owned().await;
         let redis = RedisServer::durable().await;
         let url = redis.url();
-        let logs = Logs::default();
+        let gateway_logs = Logs::default();
+        let mut relay_logs = Vec::new();
         let mut relay_processes = Vec::new();
         let mut relay_websockets = Vec::new();
         let mut relay_grpc = Vec::new();
@@ -63,6 +82,7 @@ impl Cluster {
                 ("REDIS_URL", url.as_str()),
             ];
             all.extend_from_slice(env);
+            let logs = Logs::default();
             let (child, line) = spawn_logged(
                 "toolrelay-relay",
                 &all,
@@ -70,6 +90,7 @@ impl Cluster {
                 logs.clone(),
             )
             .await;
+            relay_logs.push(logs);
             relay_grpc.push(format!("http://{}", line["grpc"].as_str().unwrap()));
             relay_websockets.push(line["websocket"].as_str().unwrap().parse().unwrap());
             relay_processes.push(Replica { child: Some(child) });
@@ -77,7 +98,11 @@ impl Cluster {
         let mut gateway_processes = Vec::new();
         let mut gateway_bases = Vec::new();
         for index in 0..gateways {
-            let relay_url = &relay_grpc[index % relays];
+            let relay_url = if balanced {
+                relay_grpc.join(",")
+            } else {
+                relay_grpc[index % relays].clone()
+            };
             let mut all = vec![
                 ("LISTEN_ADDR", "127.0.0.1:0"),
                 ("RELAY_URL", relay_url.as_str()),
@@ -88,7 +113,7 @@ impl Cluster {
                 "toolrelay-gateway",
                 &all,
                 "toolrelay-gateway listening",
-                logs.clone(),
+                gateway_logs.clone(),
             )
             .await;
             gateway_bases.push(format!("http://{}", line["listen"].as_str().unwrap()));
@@ -98,7 +123,8 @@ impl Cluster {
             redis,
             relay_websockets,
             gateways: gateway_bases,
-            logs,
+            relay_logs,
+            gateway_logs,
             relays: relay_processes,
             gateway_processes,
             http: reqwest::Client::builder()

@@ -309,6 +309,65 @@ async fn a_gateway_killed_mid_call_is_answered_through_the_other() {
     assert_eq!(tab.deliveries(), ["slow"], "delivered once, to the one tab");
 }
 
+/// A gateway in front of both relays (`RELAY_URL` lists them) spreads its calls over them.
+/// `kill -9` relay A while callers wait on it and its tab holds their calls: the gateway asks
+/// relay B again with the same requestIds, so every caller gets its answer directly, no call
+/// runs twice, and the gateway goes on serving from B.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_balances_over_relays_and_moves_waiting_callers_off_a_dead_one() {
+    let mut cluster = Cluster::balanced(2, 1, &[]).await;
+    for _ in 0..6 {
+        cluster.create_session(0).await;
+    }
+    for (n, logs) in cluster.relay_logs.iter().enumerate() {
+        let made = logs
+            .lines()
+            .iter()
+            .filter(|line| line.contains("\"session created\""))
+            .count();
+        assert!(made >= 1, "relay {n} made none of the sessions");
+    }
+
+    let (code, token) = cluster.create_session(0).await;
+    let tab = RecordingTab::start(vec![
+        cluster.tab_url(0, &code, &token),
+        cluster.tab_url(1, &code, &token),
+    ]);
+    until_tab_registered(&cluster, 0, &code).await;
+    tab.hold(true);
+    let waiting: Vec<_> = (0..10)
+        .map(|n| {
+            tokio::spawn(cluster.post(
+                0,
+                &format!("/api/sessions/{code}/call"),
+                echo(&format!("held-{n}"), &format!("h{n}")),
+            ))
+        })
+        .collect();
+    tab.until("ten calls", |ledger| ledger.deliveries.len() >= 10)
+        .await;
+    cluster.kill_relay(0).await;
+    tab.hold(false);
+    for (n, waiting) in waiting.into_iter().enumerate() {
+        assert_answered(&waiting.await.unwrap(), &format!("h{n}"));
+    }
+    let runs = tab.runs();
+    assert_eq!(runs.len(), 10);
+    assert!(runs.values().all(|&runs| runs == 1), "{runs:?}");
+    // Relay A stays dead: the gateway serves from B, and is ready.
+    for n in 0..6 {
+        let answer = cluster
+            .post(
+                0,
+                &format!("/api/sessions/{code}/call"),
+                echo(&format!("after-{n}"), "a"),
+            )
+            .await;
+        assert_answered(&answer, "a");
+    }
+    assert_eq!(cluster.get(0, "/readyz").await.status, StatusCode::OK);
+}
+
 /// Built-in tools called through a session, across replicas: PlantUML, a MIP problem made on
 /// relay A and solved on relay B — and a MIP run whose relay is killed under it, taken over
 /// by the other relay once its lease runs out and answered to the caller who asks again.

@@ -26,6 +26,7 @@ pub mod error;
 pub mod grpc;
 pub mod limits;
 pub mod manifest;
+pub mod pool;
 pub mod provider;
 pub mod relay;
 pub mod remote;

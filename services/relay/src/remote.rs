@@ -13,7 +13,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataValue;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
 use toolrelay::json::{from_struct, from_value, to_struct, to_value};
 use toolrelay::proto::v1 as pb;
@@ -36,6 +36,7 @@ use crate::grpc::{
     ERROR_METADATA, RETRY_AFTER_METADATA, SESSION_CODE_METADATA, TRANSPORT_METADATA,
 };
 use crate::limits::{CLIENT_ADDRESS_METADATA, CORRELATION_ID_METADATA, Caller};
+use crate::pool::{RelayPool, Retry};
 use crate::provider::{Downlink, ProviderLink};
 use crate::relay::{AnswerLimits, contain_response};
 use crate::relay::{CallInput, NewSession, RequestView, ResponseOutcome, SessionStatus};
@@ -46,11 +47,10 @@ const LINK_BUFFER: usize = 64;
 /// How long a closed link waits for the relay to take its last frames.
 const LINGER: Duration = Duration::from_secs(5);
 
-/// A relay in another process, reached over gRPC. Cheap to clone.
+/// A relay in another process — one or several replicas — reached over gRPC. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct RemoteRelay {
-    client: RelayClient<Channel>,
-    channel: Channel,
+    pool: RelayPool,
     options: RemoteOptions,
 }
 
@@ -67,33 +67,33 @@ pub struct RemoteOptions {
 }
 
 impl RemoteRelay {
-    /// A client of the relay at `url` (`http://host:port`). Connects lazily, so the gateway
-    /// starts even while the relay is still coming up; a malformed URL is an error now.
-    pub fn connect_lazy(url: &str, options: RemoteOptions) -> Result<Self, String> {
-        let uri: tonic::codegen::http::Uri = url
-            .parse()
-            .map_err(|error| format!("{url:?} is not a URL ({error}); use http://host:port"))?;
-        let usable = matches!(uri.scheme_str(), Some("http" | "https"))
-            && uri.host().is_some_and(|host| !host.is_empty());
-        if !usable {
-            return Err(format!(
-                "{url:?} is not a relay URL: use http://host:port (for example http://toolrelay-relay:50051)"
-            ));
-        }
-        let endpoint = Endpoint::from_shared(url.to_owned())
-            .map_err(|error| format!("{url} is not a usable relay URL: {error}"))?
-            .connect_timeout(Duration::from_secs(5))
-            .tcp_nodelay(true);
-        let channel = endpoint.connect_lazy();
+    /// A client of the relay replicas at `urls` (`http://host:port`, several
+    /// comma-separated; see [`RelayPool`]). Connects lazily, so the gateway starts even while
+    /// the relay is still coming up; a malformed URL is an error now. Must be called within a
+    /// Tokio runtime.
+    pub fn connect_lazy(urls: &str, options: RemoteOptions) -> Result<Self, String> {
         Ok(Self {
-            client: RelayClient::new(channel.clone()),
-            channel,
+            pool: RelayPool::new(urls)?,
             options,
         })
     }
 
-    fn client(&self) -> RelayClient<Channel> {
-        self.client.clone()
+    /// Runs one unary RPC on a replica, and again on another when this one did not answer
+    /// and `retry` allows it. `make` builds the request for each attempt.
+    async fn rpc<M, R, Fut>(
+        &self,
+        retry: Retry,
+        make: impl Fn() -> Request<M>,
+        rpc: impl Fn(RelayClient<Channel>, Request<M>) -> Fut,
+    ) -> Outcome<R>
+    where
+        Fut: Future<Output = Result<tonic::Response<R>, Status>>,
+    {
+        self.pool
+            .run(retry, |channel| rpc(RelayClient::new(channel), make()))
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(error_info)
     }
 
     /// Refuses new work while this process drains.
@@ -119,11 +119,11 @@ impl RemoteRelay {
         &self,
         code: &str,
         request_id: &str,
-        reply: impl Future<Output = Result<tonic::Response<T>, Status>>,
+        reply: impl Future<Output = Outcome<T>>,
     ) -> Outcome<T> {
         let _hold = self.options.drain.hold();
         tokio::select! {
-            reply = reply => Ok(reply.map_err(error_info)?.into_inner()),
+            reply = reply => reply,
             () = self.options.drain.ended() => Err(RelayError::Drained {
                 code: SessionCode::parse(code).map_or_else(|_| code.to_owned(), |code| code.display()),
                 request_id: request_id.to_owned(),
@@ -139,9 +139,14 @@ impl RelayApi for RemoteRelay {
         use tonic_health::pb::health_check_response::ServingStatus;
         use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
         self.accepting()?;
-        let reply = HealthClient::new(self.channel.clone())
-            .check(HealthCheckRequest {
-                service: "toolrelay.v1.Relay".into(),
+        // Ready when a replica serves: the calls that reach a dead one move on.
+        let reply = self
+            .pool
+            .run(Retry::Safe, |channel| async move {
+                let request = HealthCheckRequest {
+                    service: "toolrelay.v1.Relay".into(),
+                };
+                HealthClient::new(channel).check(request).await
             })
             .await
             .map_err(error_info)?;
@@ -154,12 +159,14 @@ impl RelayApi for RemoteRelay {
 
     async fn create_session(&self) -> Outcome<NewSession> {
         self.accepting()?;
+        // Asking again at worst leaves a session nobody uses, which expires.
         let created = self
-            .client()
-            .create_session(pb::CreateSessionRequest {})
-            .await
-            .map_err(error_info)?
-            .into_inner();
+            .rpc(
+                Retry::Safe,
+                || Request::new(pb::CreateSessionRequest {}),
+                |mut client, request| async move { client.create_session(request).await },
+            )
+            .await?;
         Ok(NewSession {
             code: SessionCode::parse(&created.code)
                 .map_err(|_| unavailable("the relay sent a malformed code"))?,
@@ -172,13 +179,14 @@ impl RelayApi for RemoteRelay {
     }
 
     async fn session_status(&self, caller: &Caller, code: &str) -> Outcome<SessionStatus> {
-        let request = request(pb::GetSessionRequest { code: code.into() }, caller, None);
+        let message = pb::GetSessionRequest { code: code.into() };
         let info = self
-            .client()
-            .get_session(request)
-            .await
-            .map_err(error_info)?
-            .into_inner();
+            .rpc(
+                Retry::Safe,
+                || request(message.clone(), caller, None),
+                |mut client, request| async move { client.get_session(request).await },
+            )
+            .await?;
         session_status(info)
     }
 
@@ -187,35 +195,36 @@ impl RelayApi for RemoteRelay {
             handle: handle.into(),
         };
         let info = self
-            .client()
-            .resolve_handle(request(message, caller, None))
-            .await
-            .map_err(error_info)?
-            .into_inner();
+            .rpc(
+                Retry::Safe,
+                || request(message.clone(), caller, None),
+                |mut client, request| async move { client.resolve_handle(request).await },
+            )
+            .await?;
         Ok(info.code)
     }
 
     async fn end_session(&self, caller: &Caller, code: &str, token: Option<&str>) -> Outcome<()> {
-        let request = request(
-            pb::DeleteSessionRequest { code: code.into() },
-            caller,
-            token,
-        );
-        self.client()
-            .delete_session(request)
-            .await
-            .map_err(error_info)?;
+        // Not asked again once sent: a second ending would say the session is gone.
+        let message = pb::DeleteSessionRequest { code: code.into() };
+        self.rpc(
+            Retry::IfNotSent,
+            || request(message.clone(), caller, token),
+            |mut client, request| async move { client.delete_session(request).await },
+        )
+        .await?;
         Ok(())
     }
 
     async fn manifest(&self, caller: &Caller, code: &str) -> Outcome<GroupedManifest> {
-        let request = request(pb::GetManifestRequest { code: code.into() }, caller, None);
+        let message = pb::GetManifestRequest { code: code.into() };
         let manifest = self
-            .client()
-            .get_manifest(request)
-            .await
-            .map_err(error_info)?
-            .into_inner();
+            .rpc(
+                Retry::Safe,
+                || request(message.clone(), caller, None),
+                |mut client, request| async move { client.get_manifest(request).await },
+            )
+            .await?;
         let mut tools: Vec<ToolGroup> = manifest
             .groups
             .into_iter()
@@ -258,31 +267,36 @@ impl RelayApi for RemoteRelay {
             tools: Vec::new(),
             tools_json: tools.to_string(),
         };
+        // The same manifest again is the same manifest.
         let reply = self
-            .client()
-            .register_manifest(request(message, caller, token))
-            .await
-            .map_err(error_info)?
-            .into_inner();
+            .rpc(
+                Retry::Safe,
+                || request(message.clone(), caller, token),
+                |mut client, request| async move { client.register_manifest(request).await },
+            )
+            .await?;
         Ok(reply.tool_count as usize)
     }
 
     async fn submit(&self, caller: &Caller, code: &str, call: CallInput) -> Outcome<RequestView> {
         self.accepting()?;
         self.check_depth(&call.args, "The arguments are")?;
+        // Named here, so that asking another replica again is the same call.
         let message = pb::SubmitRequest {
             code: code.into(),
-            request_id: call.request_id.unwrap_or_default(),
+            request_id: call.request_id.unwrap_or_else(crate::code::random_id),
             tool_id: call.tool_id.unwrap_or_default(),
             function_name: call.function_name,
             args: Some(to_struct(&call.args)),
         };
         let state = self
-            .client()
-            .submit(request(message, caller, None))
-            .await
-            .map_err(error_info)?;
-        Ok(request_view(state.into_inner()))
+            .rpc(
+                Retry::Safe,
+                || request(message.clone(), caller, None),
+                |mut client, request| async move { client.submit(request).await },
+            )
+            .await?;
+        Ok(request_view(state))
     }
 
     async fn await_response(
@@ -297,8 +311,12 @@ impl RelayApi for RemoteRelay {
             request_id: request_id.into(),
             wait_ms: millis(wait),
         };
-        let mut client = self.client();
-        let reply = client.await_response(request(message, caller, None));
+        // A wait cut off by its replica's death goes on, on another replica.
+        let reply = self.rpc(
+            Retry::Safe,
+            || request(message.clone(), caller, None),
+            |mut client, request| async move { client.await_response(request).await },
+        );
         let state = self.waiting(code, request_id, reply).await?;
         Ok(request_view(state))
     }
@@ -312,7 +330,8 @@ impl RelayApi for RemoteRelay {
     ) -> Outcome<RequestView> {
         self.accepting()?;
         self.check_depth(&call.args, "The arguments are")?;
-        // Chosen here, so that a caller cut off by the drain can be told which call to ask for.
+        // Chosen here, so that a caller cut off by the drain can be told which call to ask for,
+        // and so that asking another replica again is the same call.
         let request_id = call.request_id.unwrap_or_else(crate::code::random_id);
         let message = pb::CallRequest {
             code: code.into(),
@@ -322,8 +341,11 @@ impl RelayApi for RemoteRelay {
             args: Some(to_struct(&call.args)),
             timeout_ms: wait.map_or(0, millis),
         };
-        let mut client = self.client();
-        let reply = client.call(request(message, caller, None));
+        let reply = self.rpc(
+            Retry::Safe,
+            || request(message.clone(), caller, None),
+            |mut client, request| async move { client.call(request).await },
+        );
         let state = self.waiting(code, &request_id, reply).await?;
         Ok(request_view(state))
     }
@@ -339,16 +361,13 @@ impl RelayApi for RemoteRelay {
             request_id: request_id.unwrap_or_default().into(),
         };
         let reply = self
-            .client()
-            .list_responses(request(message, caller, None))
-            .await
-            .map_err(error_info)?;
-        Ok(reply
-            .into_inner()
-            .responses
-            .into_iter()
-            .map(tool_response)
-            .collect())
+            .rpc(
+                Retry::Safe,
+                || request(message.clone(), caller, None),
+                |mut client, request| async move { client.list_responses(request).await },
+            )
+            .await?;
+        Ok(reply.responses.into_iter().map(tool_response).collect())
     }
 
     async fn request_status(
@@ -362,11 +381,13 @@ impl RelayApi for RemoteRelay {
             request_id: request_id.into(),
         };
         let state = self
-            .client()
-            .get_request_status(request(message, caller, None))
-            .await
-            .map_err(error_info)?;
-        Ok(request_view(state.into_inner()))
+            .rpc(
+                Retry::Safe,
+                || request(message.clone(), caller, None),
+                |mut client, request| async move { client.get_request_status(request).await },
+            )
+            .await?;
+        Ok(request_view(state))
     }
 
     async fn poll(
@@ -380,17 +401,15 @@ impl RelayApi for RemoteRelay {
             code: code.into(),
             max: max.map_or(0, |max| u32::try_from(max).unwrap_or(u32::MAX)),
         };
+        // Calls a lost poll took are handed out again when their lease runs out.
         let reply = self
-            .client()
-            .poll_requests(request(message, caller, token))
-            .await
-            .map_err(error_info)?;
-        Ok(reply
-            .into_inner()
-            .requests
-            .into_iter()
-            .map(tool_request)
-            .collect())
+            .rpc(
+                Retry::IfNotSent,
+                || request(message.clone(), caller, token),
+                |mut client, request| async move { client.poll_requests(request).await },
+            )
+            .await?;
+        Ok(reply.requests.into_iter().map(tool_request).collect())
     }
 
     async fn post_response(
@@ -407,12 +426,14 @@ impl RelayApi for RemoteRelay {
             code: code.into(),
             response: Some(provider_message_response(response)),
         };
+        // Not asked again once sent: the first answer wins, and a second would be told so.
         let reply = self
-            .client()
-            .post_response(request(message, caller, token))
-            .await
-            .map_err(error_info)?
-            .into_inner();
+            .rpc(
+                Retry::IfNotSent,
+                || request(message.clone(), caller, token),
+                |mut client, request| async move { client.post_response(request).await },
+            )
+            .await?;
         if let Some(error) = refused.filter(|_| reply.accepted) {
             return Err(error.into());
         }
@@ -428,13 +449,14 @@ impl RelayApi for RemoteRelay {
         caller: &Caller,
         code: &str,
     ) -> Outcome<futures::stream::BoxStream<'static, ()>> {
-        let request = request(pb::GetManifestRequest { code: code.into() }, caller, None);
+        let message = pb::GetManifestRequest { code: code.into() };
         let changes = self
-            .client()
-            .watch_manifest(request)
-            .await
-            .map_err(error_info)?
-            .into_inner();
+            .rpc(
+                Retry::Safe,
+                || request(message.clone(), caller, None),
+                |mut client, request| async move { client.watch_manifest(request).await },
+            )
+            .await?;
         // A broken stream ends like an ended session: the watcher stops.
         Ok(changes
             .take_while(|change| std::future::ready(change.is_ok()))
@@ -444,12 +466,13 @@ impl RelayApi for RemoteRelay {
 
     async fn tools(&self) -> Outcome<Vec<ToolInfo>> {
         let reply = self
-            .client()
-            .list_tools(pb::ListToolsRequest {})
-            .await
-            .map_err(error_info)?;
+            .rpc(
+                Retry::Safe,
+                || Request::new(pb::ListToolsRequest {}),
+                |mut client, request| async move { client.list_tools(request).await },
+            )
+            .await?;
         Ok(reply
-            .into_inner()
             .tools
             .into_iter()
             .map(|tool| ToolInfo {
@@ -479,10 +502,17 @@ impl RelayApi for RemoteRelay {
                 Scope::None => None,
             },
         };
-        let reply = match self.client().call_tool(request).await {
-            Ok(reply) => reply.into_inner(),
-            Err(status) => {
-                let error = error_info(status);
+        // A tool's run is not repeated: a caller whose relay died asks again itself.
+        let reply = self
+            .rpc(
+                Retry::IfNotSent,
+                || Request::new(request.clone()),
+                |mut client, request| async move { client.call_tool(request).await },
+            )
+            .await;
+        let reply = match reply {
+            Ok(reply) => reply,
+            Err(error) => {
                 return Err(ToolFailure {
                     retry_after: error.retry_after.or(Some(Duration::from_secs(2))),
                     ..ToolFailure::new(FailureKind::Unavailable, "RELAY_UNAVAILABLE", error.message)
@@ -518,25 +548,33 @@ impl RelayApi for RemoteRelay {
         transport: Transport,
     ) -> Outcome<ProviderLink> {
         self.accepting()?;
-        let (uplink, from_provider) = mpsc::channel::<ProviderFrame>(LINK_BUFFER);
-        let outbound = ReceiverStream::new(from_provider).map(provider_message);
-        let mut request = request(outbound, caller, token);
-        let metadata = request.metadata_mut();
-        metadata.insert(
-            SESSION_CODE_METADATA,
-            MetadataValue::try_from(code)
-                .map_err(|_| ErrorInfo::from(crate::RelayError::InvalidCode))?,
-        );
-        metadata.insert(
-            TRANSPORT_METADATA,
-            MetadataValue::from_static(transport.as_str()),
-        );
-        let mut inbound = self
-            .client()
-            .connect(request)
-            .await
-            .map_err(error_info)?
-            .into_inner();
+        let code_value = MetadataValue::try_from(code)
+            .map_err(|_| ErrorInfo::from(crate::RelayError::InvalidCode))?;
+        // Each attempt has its own uplink: a failed attempt drops the stream it was given.
+        // Attaching again elsewhere is safe: the newest connection of a session wins.
+        let (uplink, mut inbound) = self
+            .rpc(
+                Retry::Safe,
+                || {
+                    let (uplink, from_provider) = mpsc::channel::<ProviderFrame>(LINK_BUFFER);
+                    let outbound = ReceiverStream::new(from_provider).map(provider_message);
+                    let mut request = request((uplink, outbound), caller, token);
+                    let metadata = request.metadata_mut();
+                    metadata.insert(SESSION_CODE_METADATA, code_value.clone());
+                    metadata.insert(
+                        TRANSPORT_METADATA,
+                        MetadataValue::from_static(transport.as_str()),
+                    );
+                    request
+                },
+                |mut client, request| async move {
+                    let (metadata, extensions, (uplink, outbound)) = request.into_parts();
+                    let request = Request::from_parts(metadata, extensions, outbound);
+                    let inbound = client.connect(request).await?;
+                    Ok(inbound.map(|inbound| (uplink, inbound)))
+                },
+            )
+            .await?;
         let code = SessionCode::parse(code).map_err(ErrorInfo::from)?;
 
         let (to_transport, downlink) = mpsc::channel(LINK_BUFFER);
