@@ -343,7 +343,7 @@ impl Driver {
                     Some(SessionEvent::SessionEnded) | None => {
                         return self.expire("The session has ended. Start a new session to pair again.").await;
                     }
-                    Some(SessionEvent::ResponseReady(id)) => {
+                    Some(SessionEvent::ResponseReady { id, .. }) => {
                         self.outstanding().remove(&id);
                     }
                     Some(SessionEvent::ManifestChanged) => {}

@@ -666,7 +666,10 @@ impl Relay {
             loop {
                 tokio::select! {
                     event = events.next() => match event {
-                        Some(SessionEvent::ResponseReady(id)) if id == request_id => break,
+                        Some(SessionEvent::ResponseReady { id, record }) if id == request_id => {
+                            known = record.map(|record| *record);
+                            break;
+                        }
                         Some(SessionEvent::Missed) => break,
                         Some(SessionEvent::SessionEnded) | None => return Err(not_found(code)),
                         Some(_) => continue,
@@ -693,8 +696,9 @@ impl Relay {
     ) -> Result<RequestView, RelayError> {
         let parsed = SessionCode::parse(code)?;
         // Subscribed before the call is queued, so no answer can slip past: the wait starts
-        // from the record the queueing returned, without reading it again.
-        let events = self.subscribe(&parsed).await?;
+        // from the record the queueing returned, without reading it again. Whether the
+        // session exists, the queueing says.
+        let events = self.inner.store.listen(&parsed).await?;
         let (record, connected) = self.queue(code, call).await?;
         // With no tab to run it, the call stays queued, and the caller learns so at once
         // rather than after a wait that cannot end well.

@@ -602,6 +602,9 @@ async fn overlapping_attaches_leave_one_connection_standing() {
         async fn subscribe(&self, c: &SessionCode) -> Result<Option<EventStream>, StoreError> {
             self.0.subscribe(c).await
         }
+        async fn listen(&self, c: &SessionCode) -> Result<EventStream, StoreError> {
+            self.0.listen(c).await
+        }
         async fn ping(&self) -> Result<(), StoreError> {
             self.0.ping().await
         }

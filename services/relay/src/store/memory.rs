@@ -251,7 +251,10 @@ impl Entry {
                 self.forget(index, &oldest);
             }
         }
-        self.announce(SessionEvent::ResponseReady(id.to_owned()));
+        self.announce(SessionEvent::ResponseReady {
+            id: id.to_owned(),
+            record: Some(Box::new(record.clone())),
+        });
         Some(record)
     }
 

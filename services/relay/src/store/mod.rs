@@ -378,8 +378,15 @@ pub enum Finished {
 pub enum SessionEvent {
     /// A call was queued.
     RequestQueued,
-    /// The call with this id has its final answer.
-    ResponseReady(String),
+    /// A call has its final answer.
+    ResponseReady {
+        /// The call's id.
+        id: String,
+        /// The finished call, when the store could send it along (the Redis store does for
+        /// answers up to [`crate::store::redis::ANNOUNCED_ANSWER_BYTES`]), so that a waiter
+        /// need not read it.
+        record: Option<Box<RequestRecord>>,
+    },
     /// The connection with this id is now the provider.
     ProviderChanged(String),
     /// A new manifest was registered.
@@ -512,6 +519,16 @@ pub trait Store: Send + Sync + 'static {
 
     /// The session's events from now on.
     async fn subscribe(&self, code: &SessionCode) -> Result<Option<EventStream>, StoreError>;
+
+    /// The session's events from now on, without looking the session up (a round trip less
+    /// on a call's path): for a session that does not exist the stream may end at once or
+    /// stay silent, so the caller must learn whether it exists from its next operation.
+    async fn listen(&self, code: &SessionCode) -> Result<EventStream, StoreError> {
+        Ok(self
+            .subscribe(code)
+            .await?
+            .unwrap_or_else(|| Box::pin(futures::stream::empty())))
+    }
 
     /// Whether the store answers (for readiness checks).
     async fn ping(&self) -> Result<(), StoreError>;

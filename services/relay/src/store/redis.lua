@@ -19,6 +19,8 @@ local prefix = ARGV[2]
 local retention = tonumber(ARGV[3])
 local budget = tonumber(ARGV[4])
 local S = base .. 's'
+-- Finished calls whose answer is at most this long are announced whole (ANNOUNCED_ANSWER_BYTES).
+local announced_answer_bytes = 65536
 
 -- The session's TTL-bound keys (request keys carry their own TTL).
 local SESSION_KEYS = { 's', 'm', 'q', 'd', 'f' }
@@ -113,6 +115,22 @@ local function keep_within()
   end
 end
 
+-- Tells the session's subscribers that call `id` is finished, with the finished record when
+-- it is small enough (each field as its byte length, ':', the field), so that a waiter need
+-- not read it.
+local function announce_finished(id)
+  local r = base .. 'r:' .. id
+  if tonumber(redis.call('HSTRLEN', r, 'response')) > announced_answer_bytes then
+    redis.call('PUBLISH', base .. 'ev', 'r:' .. id)
+    return
+  end
+  local parts = {}
+  for _, field in ipairs(redis.call('HGETALL', r)) do
+    parts[#parts + 1] = string.len(field) .. ':' .. field
+  end
+  redis.call('PUBLISH', base .. 'ev', 'R:' .. table.concat(parts))
+end
+
 -- Gives a pending call its final answer and files it among the finished ones. Its arguments
 -- go; its hash still identifies it. It is kept `retention` ms, within the per-session cap.
 local function finish_record(id, status, response)
@@ -131,7 +149,7 @@ local function finish_record(id, status, response)
   while redis.call('LLEN', base .. 'f') > 1000 do
     forget(redis.call('LPOP', base .. 'f'))
   end
-  redis.call('PUBLISH', base .. 'ev', 'r:' .. id)
+  announce_finished(id)
 end
 
 -- Expires the unanswered calls past their deadline (their answer is built by the reader).

@@ -57,6 +57,9 @@ use crate::error::StoreError;
 /// How often every event stream also says [`SessionEvent::Missed`]: the longest a lost
 /// message can delay a call.
 pub const SAFETY_NET: Duration = Duration::from_secs(2);
+/// Finished calls whose answer is at most this many bytes are announced whole on the
+/// session's channel, so a waiting caller need not read them (`redis.lua` spells it too).
+pub const ANNOUNCED_ANSWER_BYTES: usize = 64 * 1024;
 /// Events a slow local subscriber may fall behind by before it gets `Missed`.
 const EVENT_BUFFER: usize = 16;
 /// How long a command may take before the store counts as unreachable.
@@ -849,6 +852,10 @@ impl Store for RedisStore {
         Ok(self.session(code).await?.map(|_| stream))
     }
 
+    async fn listen(&self, code: &SessionCode) -> Result<EventStream, StoreError> {
+        Ok(self.events.subscribe(&self.base(code)).await)
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
         let mut redis = self.redis.clone();
         let _: String = redis::cmd("PING")
@@ -991,6 +998,33 @@ impl Store for RedisStore {
     }
 }
 
+/// A finished call announced whole (`R:` then each field of its hash as its byte length,
+/// `:`, the field); `Missed` (look again) if it cannot be read.
+fn announced_record(mut rest: &str) -> SessionEvent {
+    let mut flat = Vec::new();
+    while !rest.is_empty() {
+        let Some((length, tail)) = rest.split_once(':') else {
+            return SessionEvent::Missed;
+        };
+        let Some((field, tail)) = length
+            .parse::<usize>()
+            .ok()
+            .and_then(|length| Some((tail.get(..length)?, tail.get(length..)?)))
+        else {
+            return SessionEvent::Missed;
+        };
+        flat.push(field.to_owned());
+        rest = tail;
+    }
+    match request_record(&fields(flat)) {
+        Ok(record) => SessionEvent::ResponseReady {
+            id: record.id.clone(),
+            record: Some(Box::new(record)),
+        },
+        Err(_) => SessionEvent::Missed,
+    }
+}
+
 /// One pub/sub connection per replica, its messages fanned out to the replica's subscribers.
 pub struct EventHub {
     channels: Mutex<HashMap<String, broadcast::Sender<SessionEvent>>>,
@@ -1066,11 +1100,20 @@ impl EventHub {
             "q" => SessionEvent::RequestQueued,
             "m" => SessionEvent::ManifestChanged,
             "e" => SessionEvent::SessionEnded,
-            other => match (other.strip_prefix("r:"), other.strip_prefix("p:")) {
-                (Some(id), _) => SessionEvent::ResponseReady(id.to_owned()),
-                (_, Some(connection)) => SessionEvent::ProviderChanged(connection.to_owned()),
-                _ => SessionEvent::Missed,
-            },
+            other => {
+                if let Some(id) = other.strip_prefix("r:") {
+                    SessionEvent::ResponseReady {
+                        id: id.to_owned(),
+                        record: None,
+                    }
+                } else if let Some(fields) = other.strip_prefix("R:") {
+                    announced_record(fields)
+                } else if let Some(connection) = other.strip_prefix("p:") {
+                    SessionEvent::ProviderChanged(connection.to_owned())
+                } else {
+                    SessionEvent::Missed
+                }
+            }
         };
         if let Some(sender) = self.channels().get(channel) {
             let _ = sender.send(event);
