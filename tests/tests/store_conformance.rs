@@ -12,8 +12,8 @@ use toolrelay_relay::clock::ClockHand;
 use toolrelay_relay::store::memory::{MAX_TICKETS_PER_SCOPE, MemoryStore, StoreLimits};
 use toolrelay_relay::store::redis::RedisStore;
 use toolrelay_relay::store::{
-    BUILTIN_LEASE, Claim, Enqueued, EventStream, Finished, NewRequest, ProviderInfo, RateBudget,
-    SessionEvent, SessionRecord, Store, Transport,
+    BUILTIN_LEASE, Claim, EnqueueChecks, Enqueued, EventStream, Finished, NewRequest, ProviderInfo,
+    RateBudget, RateCharge, SessionEvent, SessionRecord, Store, Transport,
 };
 use toolrelay_relay::{Clock, SessionCode, Timestamp};
 use toolrelay_tests::PATIENCE;
@@ -514,6 +514,56 @@ conformance! {
         }
         fixture.store.delete_session(&code).await.unwrap();
         assert_eq!(next_event(&mut first).await, SessionEvent::SessionEnded);
+    }
+
+    async fn a_checked_enqueue_spends_the_charge_and_queues_only_at_the_known_manifest(fixture) {
+        let code = with_session(&fixture).await;
+        let now = fixture.now();
+        let until = Timestamp(now.0 + 2 * 3_600_000);
+        assert_eq!(fixture.store.set_manifest(&code, "[]".into()).await.unwrap(), Some(1));
+        let charge = RateCharge {
+            key: "calls:192.0.2.1:{ABCD2345}".into(),
+            budget: RateBudget::per_minute(std::num::NonZeroU32::new(2).unwrap()),
+        };
+        let checks = |revision| EnqueueChecks { manifest_revision: Some(revision), charge: Some(charge.clone()) };
+        // Checked against revision 0, the manifest moved on: nothing queued, the session told.
+        let (stale, session) = fixture
+            .store
+            .enqueue_checked(&code, &call("r1", now, json!({})), 10, until, checks(0))
+            .await
+            .unwrap();
+        assert_eq!(stale, Enqueued::StaleManifest);
+        let session = session.expect("the session");
+        assert_eq!(session.manifest_revision, 1);
+        assert_eq!(session.provider.as_ref().unwrap().connection_id, "tab-1");
+        assert_eq!(fixture.store.request(&code, "r1").await.unwrap(), None);
+        // At the current revision it is queued, with the session as it is after (slid).
+        let (queued, session) = fixture
+            .store
+            .enqueue_checked(&code, &call("r1", now, json!({})), 10, until, checks(1))
+            .await
+            .unwrap();
+        assert!(matches!(queued, Enqueued::Queued(ref record) if record.id == "r1"), "{queued:?}");
+        assert_eq!(session.unwrap().expires_at, until);
+        // Two units a minute, both spent (the stale attempt cost one too): the third waits.
+        let (limited, session) = fixture
+            .store
+            .enqueue_checked(&code, &call("r2", now, json!({})), 10, until, checks(1))
+            .await
+            .unwrap();
+        let Enqueued::RateLimited(wait) = limited else { panic!("not limited: {limited:?}") };
+        assert!(wait > Duration::ZERO && wait <= Duration::from_secs(30), "{wait:?}");
+        assert_eq!(session, None);
+        assert_eq!(fixture.store.request(&code, "r2").await.unwrap(), None);
+        // The budget is the same one `spend` keeps.
+        assert!(fixture.store.spend(&charge.key, charge.budget, fixture.now()).await.unwrap().is_some());
+        // An unknown session: nothing queued, no session.
+        let (none, session) = fixture
+            .store
+            .enqueue_checked(&code_of("ZZZZ2345"), &call("r3", now, json!({})), 10, until, EnqueueChecks::default())
+            .await
+            .unwrap();
+        assert_eq!((none, session), (Enqueued::NoSession, None));
     }
 
     async fn a_built_in_call_is_leased_to_one_run_and_taken_over_when_the_lease_runs_out(fixture) {

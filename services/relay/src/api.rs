@@ -166,10 +166,14 @@ impl RelayApi for Relay {
     }
 
     async fn submit(&self, caller: &Caller, code: &str, call: CallInput) -> Outcome<RequestView> {
-        self.limits().call(caller, code).await?;
+        // The caller's budget is spent as the call is queued: one round trip to the store.
+        let charge = self.limits().call_charge(caller, code);
         let call = traced(call, caller);
         Ok(self
-            .guarded(caller, Relay::submit(self, code, call))
+            .guarded(
+                caller,
+                Relay::submit_charged(self, code, call, Some(charge)),
+            )
             .await?)
     }
 
@@ -192,10 +196,13 @@ impl RelayApi for Relay {
         call: CallInput,
         wait: Option<Duration>,
     ) -> Outcome<RequestView> {
-        self.limits().call(caller, code).await?;
+        let charge = self.limits().call_charge(caller, code);
         let call = traced(call, caller);
         Ok(self
-            .guarded(caller, Relay::call(self, code, call, wait))
+            .guarded(
+                caller,
+                Relay::call_charged(self, code, call, wait, Some(charge)),
+            )
             .await?)
     }
 

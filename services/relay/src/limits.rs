@@ -22,7 +22,7 @@ use ipnet::IpNet;
 use crate::clock::Clock;
 use crate::code::SessionCode;
 use crate::error::RelayError;
-use crate::store::{RateBudget, Store};
+use crate::store::{RateBudget, RateCharge, Store};
 
 /// gRPC metadata entry in which a trusted gateway names the client's address.
 pub const CLIENT_ADDRESS_METADATA: &str = "x-toolrelay-client";
@@ -133,26 +133,26 @@ impl Limits {
         }
     }
 
-    /// Counts a call by `caller` to session `code` (spelt as the caller spelt it).
-    pub async fn call(&self, caller: &Caller, code: &str) -> Result<(), RelayError> {
+    /// What a call by `caller` to session `code` (spelt as the caller spelt it) costs. The
+    /// relay spends it as it queues the call, in the same step (see
+    /// [`crate::store::EnqueueChecks`]); the key carries the session's hash tag.
+    pub fn call_charge(&self, caller: &Caller, code: &str) -> RateCharge {
         let code = SessionCode::parse(code)
             .map_or_else(|_| code.to_owned(), |code| code.as_str().to_owned());
-        let key = format!("calls:{}:{code}", caller.address);
-        match self
-            .store
-            .spend(
-                &key,
-                RateBudget::per_minute(self.budgets.calls_per_code),
-                self.clock.now(),
-            )
-            .await?
-        {
-            None => Ok(()),
-            Some(wait) => Err(RelayError::RateLimited {
-                what: "calls to this session",
-                retry_after: wait.max(Duration::from_secs(1)),
-            }),
+        RateCharge {
+            key: format!("calls:{}:{{{code}}}", caller.address),
+            budget: RateBudget::per_minute(self.budgets.calls_per_code),
         }
+    }
+
+    /// Counts a call by `caller` to session `code` on its own (see [`Limits::call_charge`]).
+    pub async fn call(&self, caller: &Caller, code: &str) -> Result<(), RelayError> {
+        spend_call(
+            &*self.store,
+            &self.call_charge(caller, code),
+            self.clock.now(),
+        )
+        .await
     }
 
     fn check(&self, address: IpAddr) -> Result<(), RelayError> {
@@ -183,6 +183,26 @@ impl Limits {
         blocked.insert(address, now + wait);
         tracing::warn!(%address, "address blocked from code look-ups: too many unknown codes");
         Err(lookup_limited(wait))
+    }
+}
+
+/// Spends a call's unit of its budget; past the budget, the error to answer with.
+pub async fn spend_call(
+    store: &dyn Store,
+    charge: &RateCharge,
+    now: crate::clock::Timestamp,
+) -> Result<(), RelayError> {
+    match store.spend(&charge.key, charge.budget, now).await? {
+        None => Ok(()),
+        Some(wait) => Err(calls_limited(wait)),
+    }
+}
+
+/// The answer to a call past its caller's budget of calls to the session.
+pub fn calls_limited(wait: Duration) -> RelayError {
+    RelayError::RateLimited {
+        what: "calls to this session",
+        retry_after: wait.max(Duration::from_secs(1)),
     }
 }
 

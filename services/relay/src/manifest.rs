@@ -304,6 +304,14 @@ impl ManifestCache {
             .map(|(_, manifest)| Arc::clone(manifest))
     }
 
+    /// The newest compiled manifest of `code` this replica has, with its revision.
+    pub fn latest(&self, code: &crate::code::SessionCode) -> Option<(u64, Arc<Manifest>)> {
+        let entries = self.lock();
+        entries
+            .get(code)
+            .map(|(revision, manifest)| (*revision, Arc::clone(manifest)))
+    }
+
     /// Keeps `manifest` as the one of `code` at `revision` (a newer revision replaces it).
     pub fn put(&self, code: &crate::code::SessionCode, revision: u64, manifest: Arc<Manifest>) {
         let mut entries = self.lock();

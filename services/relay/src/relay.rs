@@ -26,8 +26,8 @@ use crate::error::RelayError;
 use crate::limits::Limits;
 use crate::manifest::{Manifest, ManifestCache, ManifestLimits};
 use crate::store::{
-    BUILTIN_LEASE, Enqueued, EventStream, Finished, NewRequest, RequestRecord, SessionEvent,
-    SessionRecord, Store, Transport,
+    BUILTIN_LEASE, EnqueueChecks, Enqueued, EventStream, Finished, NewRequest, RateCharge,
+    RequestRecord, SessionEvent, SessionRecord, Store, Transport,
 };
 
 /// How many times creation tries a fresh code when the random one is taken.
@@ -485,18 +485,53 @@ impl Relay {
     /// Queues a call after checking it against the manifest; returns at once. Repeating a
     /// request id with the same call returns that call's state and runs nothing.
     pub async fn submit(&self, code: &str, call: CallInput) -> Result<RequestView, RelayError> {
-        let (record, connected) = self.queue(code, call).await?;
+        self.submit_charged(code, call, None).await
+    }
+
+    /// [`Relay::submit`], spending `charge` (the caller's budget) as the call is queued.
+    pub async fn submit_charged(
+        &self,
+        code: &str,
+        call: CallInput,
+        charge: Option<RateCharge>,
+    ) -> Result<RequestView, RelayError> {
+        let (record, connected) = self.queue(code, call, charge).await?;
         Ok(RequestView::of(record, connected))
     }
 
     /// [`Relay::submit`]'s work: the call's record, and whether a tab is there to run it.
+    /// `charge` is spent whatever happens: with the queueing, or on its own when the call is
+    /// refused before it gets there (an unknown code, bad arguments).
     async fn queue(
         &self,
         code: &str,
         call: CallInput,
+        charge: Option<RateCharge>,
+    ) -> Result<(RequestRecord, bool), RelayError> {
+        let mut charge = charge;
+        let queued = self.try_queue(code, call, &mut charge).await;
+        if queued.is_err()
+            && let Some(charge) = charge
+        {
+            crate::limits::spend_call(&*self.inner.store, &charge, self.now()).await?;
+        }
+        queued
+    }
+
+    /// [`Relay::queue`]'s work; takes `charge` when it hands it to the store.
+    ///
+    /// A call's way in is one round trip to the store when this replica knows the session's
+    /// manifest (it compiled it for an earlier call): the queueing checks that the manifest
+    /// is still at that revision, spends the charge, and says whether a tab is there. Only
+    /// the first call (or one after the manifest changed) reads the session first.
+    async fn try_queue(
+        &self,
+        code: &str,
+        call: CallInput,
+        charge: &mut Option<RateCharge>,
     ) -> Result<(RequestRecord, bool), RelayError> {
         self.accepting()?;
-        let (code, session) = self.live_session(code).await?;
+        let code = SessionCode::parse(code)?;
         let limit = self.inner.config.max_json_depth;
         if toolrelay::json::depth(&call.args) > limit {
             return Err(RelayError::NestedTooDeeply {
@@ -514,100 +549,146 @@ impl Relay {
             Value::Null => Value::Object(Default::default()),
             args => args,
         };
-        let manifest = self.manifest_of(&code, session.manifest_revision).await?;
         let now = self.now();
-        let tool_id = call.tool_id.as_deref();
-        let (group, builtin) = match manifest.function(tool_id, &call.function_name) {
-            Some(function) => {
-                function.check_arguments_async(&args).await?;
-                (function.group_id().to_owned(), false)
-            }
-            None if tool_id.is_none_or(|id| id == BUILTIN_GROUP)
-                && self.inner.tools.contains(&call.function_name) =>
-            {
-                if let Some(problems) = self.inner.tools.violations(&call.function_name, &args) {
-                    return Err(RelayError::InvalidArguments {
-                        function: call.function_name.clone(),
-                        problems,
-                    });
-                }
-                (BUILTIN_GROUP.to_owned(), true)
-            }
-            None => {
-                return Err(unknown_function(
-                    &code,
-                    &manifest,
-                    &self.inner.tools,
-                    &call.function_name,
-                    tool_id,
-                ));
-            }
-        };
-        if builtin
-            && !(given_id
-                && self
-                    .inner
-                    .store
-                    .request(&code, &request_id)
-                    .await?
-                    .is_some())
-        {
-            // A new call to a built-in tool that is saturated gets 429 now, rather than a
-            // queued request that fails with BUSY (a repeated call returns its own state).
-            let context = self.tool_context(Scope::Session(code.clone()));
-            if let Err(failure) = self.inner.tools.ready(&call.function_name, &context)
-                && failure.kind == FailureKind::Busy
-            {
-                return Err(RelayError::ToolBusy {
-                    message: failure.message,
-                    retry_after: failure.retry_after.unwrap_or(Duration::from_secs(2)),
-                });
-            }
-        }
-        let request = NewRequest {
+        let mut request = NewRequest {
             id: request_id.clone(),
-            // The provider dispatches on (tool, function): name the tool even when the caller
-            // did not, so a call with and without `toolId` is the same call.
-            tool_id: Some(group),
+            tool_id: call.tool_id,
             function_name: call.function_name,
             args,
             created_at: now,
             deadline: now.plus(self.inner.config.request_timeout),
-            builtin,
+            builtin: false,
             correlation_id: call.correlation_id,
         };
+        let asked_tool = request.tool_id.clone();
+        let mut known = self.inner.manifests.latest(&code);
         let limit = self.inner.config.max_pending_per_session;
-        let connected = self.connected_transport(&session, now).is_some();
         let until = now.plus(self.inner.config.session_ttl);
-        match self
-            .inner
-            .store
-            .enqueue(&code, request, limit, until)
-            .await?
-        {
-            Enqueued::Queued(record) => {
-                tracing::debug!(code = %code, request_id = %record.id, function = %record.function_name, "call queued");
-                if record.builtin {
-                    self.run_builtin(code.clone(), &record);
+        // A manifest changed between the check and the queueing is rare; twice in a row rarer.
+        for _ in 0..3 {
+            let (revision, manifest) = match known.take() {
+                Some(known) => known,
+                None => {
+                    let (_, session) = self.live_session(code.as_str()).await?;
+                    let revision = session.manifest_revision;
+                    (revision, self.manifest_of(&code, revision).await?)
                 }
-                Ok((record, connected))
+            };
+            let (group, builtin) = self
+                .check_call(&code, &manifest, asked_tool.as_deref(), &request)
+                .await?;
+            // The provider dispatches on (tool, function): name the tool even when the caller
+            // did not, so a call with and without `toolId` is the same call.
+            request.tool_id = Some(group);
+            request.builtin = builtin;
+            if builtin {
+                self.check_builtin_ready(&code, &request, given_id).await?;
             }
-            Enqueued::Existing(record) if record.evicted => Err(RelayError::ResponseEvicted {
-                request_id: record.id,
-            }),
-            Enqueued::Existing(record) => {
-                if record.is_orphaned_builtin(now) {
-                    self.run_builtin(code.clone(), &record);
+            let checks = EnqueueChecks {
+                manifest_revision: Some(revision),
+                charge: charge.take(),
+            };
+            let (enqueued, session) = self
+                .inner
+                .store
+                .enqueue_checked(&code, &request, limit, until, checks)
+                .await?;
+            let connected = session
+                .as_ref()
+                .is_some_and(|session| self.connected_transport(session, now).is_some());
+            return match enqueued {
+                Enqueued::Queued(record) => {
+                    tracing::debug!(code = %code, request_id = %record.id, function = %record.function_name, "call queued");
+                    if record.builtin {
+                        self.run_builtin(code.clone(), &record);
+                    }
+                    Ok((record, connected))
                 }
-                Ok((record, connected))
+                Enqueued::Existing(record) if record.evicted => Err(RelayError::ResponseEvicted {
+                    request_id: record.id,
+                }),
+                Enqueued::Existing(record) => {
+                    if record.is_orphaned_builtin(now) {
+                        self.run_builtin(code.clone(), &record);
+                    }
+                    Ok((record, connected))
+                }
+                Enqueued::StaleManifest => {
+                    if let Some(session) = session {
+                        let revision = session.manifest_revision;
+                        known = Some((revision, self.manifest_of(&code, revision).await?));
+                    }
+                    continue;
+                }
+                Enqueued::RateLimited(wait) => Err(crate::limits::calls_limited(wait)),
+                Enqueued::Conflict => Err(RelayError::RequestIdConflict { request_id }),
+                Enqueued::Full => Err(RelayError::QueueFull {
+                    code: code.display(),
+                    limit,
+                    retry_after: Duration::from_secs(5),
+                }),
+                Enqueued::NoSession => Err(not_found(&code)),
+            };
+        }
+        Err(RelayError::StoreUnavailable(crate::error::StoreError(
+            "the session's manifest kept changing while a call was queued".into(),
+        )))
+    }
+
+    /// Checks a call against the session's manifest and the built-in tools: the group it
+    /// belongs to, and whether it is a built-in tool.
+    async fn check_call(
+        &self,
+        code: &SessionCode,
+        manifest: &Manifest,
+        tool_id: Option<&str>,
+        request: &NewRequest,
+    ) -> Result<(String, bool), RelayError> {
+        let (name, args) = (&request.function_name, &request.args);
+        match manifest.function(tool_id, name) {
+            Some(function) => {
+                function.check_arguments_async(args).await?;
+                Ok((function.group_id().to_owned(), false))
             }
-            Enqueued::Conflict => Err(RelayError::RequestIdConflict { request_id }),
-            Enqueued::Full => Err(RelayError::QueueFull {
-                code: code.display(),
-                limit,
-                retry_after: Duration::from_secs(5),
+            None if tool_id.is_none_or(|id| id == BUILTIN_GROUP)
+                && self.inner.tools.contains(name) =>
+            {
+                if let Some(problems) = self.inner.tools.violations(name, args) {
+                    return Err(RelayError::InvalidArguments {
+                        function: name.clone(),
+                        problems,
+                    });
+                }
+                Ok((BUILTIN_GROUP.to_owned(), true))
+            }
+            None => Err(unknown_function(
+                code,
+                manifest,
+                &self.inner.tools,
+                name,
+                tool_id,
+            )),
+        }
+    }
+
+    /// A new call to a built-in tool that is saturated gets 429 now, rather than a queued
+    /// request that fails with BUSY (a repeated call returns its own state).
+    async fn check_builtin_ready(
+        &self,
+        code: &SessionCode,
+        request: &NewRequest,
+        given_id: bool,
+    ) -> Result<(), RelayError> {
+        if given_id && self.inner.store.request(code, &request.id).await?.is_some() {
+            return Ok(());
+        }
+        let context = self.tool_context(Scope::Session(code.clone()));
+        match self.inner.tools.ready(&request.function_name, &context) {
+            Err(failure) if failure.kind == FailureKind::Busy => Err(RelayError::ToolBusy {
+                message: failure.message,
+                retry_after: failure.retry_after.unwrap_or(Duration::from_secs(2)),
             }),
-            Enqueued::NoSession => Err(not_found(&code)),
+            _ => Ok(()),
         }
     }
 
@@ -694,12 +775,23 @@ impl Relay {
         call: CallInput,
         wait: Option<Duration>,
     ) -> Result<RequestView, RelayError> {
+        self.call_charged(code, call, wait, None).await
+    }
+
+    /// [`Relay::call`], spending `charge` (the caller's budget) as the call is queued.
+    pub async fn call_charged(
+        &self,
+        code: &str,
+        call: CallInput,
+        wait: Option<Duration>,
+        charge: Option<RateCharge>,
+    ) -> Result<RequestView, RelayError> {
         let parsed = SessionCode::parse(code)?;
         // Subscribed before the call is queued, so no answer can slip past: the wait starts
         // from the record the queueing returned, without reading it again. Whether the
         // session exists, the queueing says.
         let events = self.inner.store.listen(&parsed).await?;
-        let (record, connected) = self.queue(code, call).await?;
+        let (record, connected) = self.queue(code, call, charge).await?;
         // With no tab to run it, the call stays queued, and the caller learns so at once
         // rather than after a wait that cannot end well.
         if record.status.is_terminal() || !(connected || record.builtin) {

@@ -503,8 +503,8 @@ async fn overlapping_attaches_leave_one_connection_standing() {
     use toolrelay::wire::ToolResponse;
     use toolrelay_relay::error::StoreError;
     use toolrelay_relay::store::{
-        Claim, Enqueued, EventStream, Finished, NewRequest, ProviderInfo, RequestRecord,
-        SessionRecord, Store, StoreUsage,
+        Claim, EnqueueChecks, Enqueued, EventStream, Finished, NewRequest, ProviderInfo,
+        RequestRecord, SessionRecord, Store, StoreUsage,
     };
     use toolrelay_relay::{SessionCode, Timestamp};
     struct Slow(Arc<Mem>);
@@ -556,14 +556,15 @@ async fn overlapping_attaches_leave_one_connection_standing() {
         ) -> Result<Option<(u64, Option<String>)>, StoreError> {
             self.0.manifest(c).await
         }
-        async fn enqueue(
+        async fn enqueue_checked(
             &self,
             c: &SessionCode,
-            r: NewRequest,
+            r: &NewRequest,
             m: usize,
             u: Timestamp,
-        ) -> Result<Enqueued, StoreError> {
-            self.0.enqueue(c, r, m, u).await
+            checks: EnqueueChecks,
+        ) -> Result<(Enqueued, Option<SessionRecord>), StoreError> {
+            self.0.enqueue_checked(c, r, m, u, checks).await
         }
         async fn request(
             &self,

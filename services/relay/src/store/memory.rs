@@ -28,8 +28,8 @@ use tokio_stream::wrappers::BroadcastStream;
 use toolrelay::wire::{RequestStatus, ToolResponse};
 
 use super::{
-    BUILTIN_CONNECTION, Claim, Enqueued, EventStream, Finished, NewRequest, ProviderInfo,
-    RateBudget, RequestRecord, SessionEvent, SessionRecord, Store, StoreUsage,
+    BUILTIN_CONNECTION, Claim, EnqueueChecks, Enqueued, EventStream, Finished, NewRequest,
+    ProviderInfo, RateBudget, RequestRecord, SessionEvent, SessionRecord, Store, StoreUsage,
 };
 use crate::clock::{Clock, Timestamp};
 use crate::code::SessionCode;
@@ -192,6 +192,38 @@ struct Entry {
 }
 
 impl Entry {
+    /// Queues a call unless its id is taken or the queue is full (see [`Store::enqueue`]).
+    fn enqueue(
+        &mut self,
+        code: &SessionCode,
+        index: &mut Indexes,
+        request: &NewRequest,
+        max_pending: usize,
+        until: Timestamp,
+    ) -> Enqueued {
+        if let Some(existing) = self.requests.get(&request.id) {
+            return if existing.same_call(request) {
+                Enqueued::Existing(existing.clone())
+            } else {
+                Enqueued::Conflict
+            };
+        }
+        // Overdue calls were expired on entry, so every pending call still counts.
+        if self.pending.len() >= max_pending {
+            return Enqueued::Full;
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let record = RequestRecord::queued(request.clone(), seq);
+        self.pending.insert(seq, record.id.clone());
+        self.deadlines.insert((record.deadline, seq));
+        index.deadlines.insert((record.deadline, code.clone(), seq));
+        self.requests.insert(record.id.clone(), record.clone());
+        self.slide(code, index, until);
+        self.announce(SessionEvent::RequestQueued);
+        Enqueued::Queued(record)
+    }
+
     /// Slides the expiry to `until` (never backwards, never past the maximum lifetime).
     fn slide(&mut self, code: &SessionCode, index: &mut Indexes, until: Timestamp) {
         let session = &mut self.session;
@@ -636,37 +668,33 @@ impl Store for MemoryStore {
         }))
     }
 
-    async fn enqueue(
+    async fn enqueue_checked(
         &self,
         code: &SessionCode,
-        request: NewRequest,
+        request: &NewRequest,
         max_pending: usize,
         until: Timestamp,
-    ) -> Result<Enqueued, StoreError> {
+        checks: EnqueueChecks,
+    ) -> Result<(Enqueued, Option<SessionRecord>), StoreError> {
+        if let Some(charge) = &checks.charge
+            && let Some(wait) = self
+                .spend(&charge.key, charge.budget, request.created_at)
+                .await?
+        {
+            return Ok((Enqueued::RateLimited(wait), None));
+        }
         let outcome = self.with_live(code, |entry, index| {
-            if let Some(existing) = entry.requests.get(&request.id) {
-                return if existing.same_call(&request) {
-                    Enqueued::Existing(existing.clone())
-                } else {
-                    Enqueued::Conflict
-                };
-            }
-            // Overdue calls were expired on entry, so every pending call still counts.
-            if entry.pending.len() >= max_pending {
-                return Enqueued::Full;
-            }
-            let seq = entry.next_seq;
-            entry.next_seq += 1;
-            let record = RequestRecord::queued(request, seq);
-            entry.pending.insert(seq, record.id.clone());
-            entry.deadlines.insert((record.deadline, seq));
-            index.deadlines.insert((record.deadline, code.clone(), seq));
-            entry.requests.insert(record.id.clone(), record.clone());
-            entry.slide(code, index, until);
-            entry.announce(SessionEvent::RequestQueued);
-            Enqueued::Queued(record)
+            let stale = checks
+                .manifest_revision
+                .is_some_and(|revision| revision != entry.session.manifest_revision);
+            let enqueued = if stale {
+                Enqueued::StaleManifest
+            } else {
+                entry.enqueue(code, index, request, max_pending, until)
+            };
+            (enqueued, Some(entry.session.clone()))
         });
-        Ok(outcome.unwrap_or(Enqueued::NoSession))
+        Ok(outcome.unwrap_or((Enqueued::NoSession, None)))
     }
 
     async fn request(
@@ -678,7 +706,6 @@ impl Store for MemoryStore {
             .with_live(code, |entry, _| entry.requests.get(id).cloned())
             .flatten())
     }
-
     async fn responses(&self, code: &SessionCode) -> Result<Option<Vec<ToolResponse>>, StoreError> {
         Ok(self.with_live(code, |entry, _| {
             let mut finished: Vec<&RequestRecord> = entry

@@ -345,6 +345,34 @@ pub enum Enqueued {
     Full,
     /// The session does not exist (or expired).
     NoSession,
+    /// The session's manifest is no longer at the revision the call was checked against
+    /// ([`EnqueueChecks::manifest_revision`]); nothing changed.
+    StaleManifest,
+    /// The caller's budget ([`EnqueueChecks::charge`]) is spent: try again after this long;
+    /// nothing changed.
+    RateLimited(Duration),
+}
+
+/// What [`Store::enqueue_checked`] checks in the same step as queueing a call, so that a
+/// call's way in is one round trip.
+#[derive(Debug, Clone, Default)]
+pub struct EnqueueChecks {
+    /// Queue only if the session's manifest is at this revision: the one the call's
+    /// arguments were checked against.
+    pub manifest_revision: Option<u64>,
+    /// Spend a unit of this budget first (as [`Store::spend`] does); when it is spent,
+    /// nothing is queued.
+    pub charge: Option<RateCharge>,
+}
+
+/// A unit of a rate budget to spend.
+#[derive(Debug, Clone)]
+pub struct RateCharge {
+    /// The budget's key, as for [`Store::spend`]. In Redis it should carry the session's
+    /// hash tag (`{CODE}`), so that a Redis Cluster keeps it in the session's slot.
+    pub key: String,
+    /// The budget.
+    pub budget: RateBudget,
 }
 
 /// A provider connection asking for calls.
@@ -467,7 +495,26 @@ pub trait Store: Send + Sync + 'static {
         request: NewRequest,
         max_pending: usize,
         until: Timestamp,
-    ) -> Result<Enqueued, StoreError>;
+    ) -> Result<Enqueued, StoreError> {
+        let checks = EnqueueChecks::default();
+        let (enqueued, _) = self
+            .enqueue_checked(code, &request, max_pending, until, checks)
+            .await?;
+        Ok(enqueued)
+    }
+
+    /// [`Store::enqueue`], after spending `checks.charge` (at `request.created_at`) and only
+    /// if the manifest is at `checks.manifest_revision`; with the session as it is after
+    /// (`None` when there is none, or the charge was refused). One round trip: all a call
+    /// needs to get in.
+    async fn enqueue_checked(
+        &self,
+        code: &SessionCode,
+        request: &NewRequest,
+        max_pending: usize,
+        until: Timestamp,
+        checks: EnqueueChecks,
+    ) -> Result<(Enqueued, Option<SessionRecord>), StoreError>;
 
     /// One call.
     async fn request(

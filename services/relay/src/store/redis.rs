@@ -47,8 +47,8 @@ use super::memory::{
     MAX_TICKETS_PER_SCOPE, StoreLimits, TICKET_OVERHEAD, pack_ticket, unpack_ticket,
 };
 use super::{
-    Claim, Enqueued, EventStream, Finished, NewRequest, ProviderInfo, RateBudget, RequestRecord,
-    SessionEvent, SessionRecord, Store, StoreUsage, Transport,
+    Claim, EnqueueChecks, Enqueued, EventStream, Finished, NewRequest, ProviderInfo, RateBudget,
+    RequestRecord, SessionEvent, SessionRecord, Store, StoreUsage, Transport,
 };
 use crate::clock::{Clock, Timestamp};
 use crate::code::SessionCode;
@@ -132,18 +132,30 @@ if not live() then return false end
 return { session_field('manifest_revision'), redis.call('GET', base .. 'm') or '' }
 ";
 
+/// KEYS[2] (optional) a rate budget to spend first. ARGV[5..] id, tool id, function, args,
+/// created at, deadline, built-in, correlation id, call hash, max pending, until, the manifest
+/// revision required ('' for any), the budget's interval and tolerance (µs). Answers
+/// { outcome, the call or false, the session }.
 const ENQUEUE: &str = r"
+if KEYS[2] then
+  local over = gcra(KEYS[2], now * 1000, tonumber(ARGV[17]), tonumber(ARGV[18]))
+  if over > 0 then return { 'limited', false, false, over } end
+end
 if not live() then return { 'nosession' } end
 expire_due()
+local function answer(outcome, r)
+  return { outcome, r and redis.call('HGETALL', r) or false, redis.call('HGETALL', S) }
+end
+if ARGV[16] ~= '' and (session_field('manifest_revision') or '0') ~= ARGV[16] then
+  return answer('stale')
+end
 local id = ARGV[5]
 local r = base .. 'r:' .. id
 if redis.call('EXISTS', r) == 1 then
-  if redis.call('HGET', r, 'call_hash') == ARGV[13] then
-    return { 'existing', redis.call('HGETALL', r) }
-  end
-  return { 'conflict' }
+  if redis.call('HGET', r, 'call_hash') == ARGV[13] then return answer('existing', r) end
+  return answer('conflict')
 end
-if redis.call('ZCARD', base .. 'q') >= tonumber(ARGV[14]) then return { 'full' } end
+if redis.call('ZCARD', base .. 'q') >= tonumber(ARGV[14]) then return answer('full') end
 local seq = redis.call('HINCRBY', S, 'next_seq', 1)
 local builtin = ARGV[11] == '1'
 -- A built-in call is held by 'relay' (not yet taken by a run) for BUILTIN_LEASE (10 s).
@@ -161,7 +173,7 @@ keep('q')
 keep('d')
 slide(tonumber(ARGV[15]))
 redis.call('PUBLISH', base .. 'ev', 'q')
-return { 'queued', redis.call('HGETALL', r) }
+return answer('queued', r)
 ";
 
 const REQUEST: &str = r"
@@ -283,14 +295,22 @@ return 1
 
 /// A rate budget, GCRA as [`RateBudget::spend`]: KEYS its arrival time (µs). ARGV now (µs),
 /// interval (µs), tolerance (µs). Answers 0 when spent, else the µs to wait.
+/// A rate budget: KEYS[1] its theoretical arrival time; ARGV now, interval, tolerance (µs).
 const SPEND: &str = r"
-local now = tonumber(ARGV[1])
-local tat = math.max(tonumber(redis.call('GET', KEYS[1]) or '0'), now)
-local next = tat + tonumber(ARGV[2])
-local over = next - now - tonumber(ARGV[3])
-if over > 0 then return over end
-redis.call('SET', KEYS[1], string.format('%.0f', next), 'PX', math.ceil((next - now) / 1000) + 1)
-return 0
+return gcra(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]))
+";
+
+/// GCRA (see [`RateBudget`]): spends a unit of the budget whose theoretical arrival time is
+/// kept at `key`; 0 when it was there, else the µs until it is.
+const GCRA: &str = r"
+local function gcra(key, now_us, interval, tolerance)
+  local tat = math.max(tonumber(redis.call('GET', key) or '0'), now_us)
+  local next = tat + interval
+  local over = next - now_us - tolerance
+  if over > 0 then return over end
+  redis.call('SET', key, string.format('%.0f', next), 'PX', math.ceil((next - now_us) / 1000) + 1)
+  return 0
+end
 ";
 
 /// The scripts, each with the library in front.
@@ -326,7 +346,7 @@ impl Scripts {
             clear_provider: with_library(CLEAR_PROVIDER),
             set_manifest: with_library(SET_MANIFEST),
             manifest: with_library(MANIFEST),
-            enqueue: with_library(ENQUEUE),
+            enqueue: with_library(&format!("{GCRA}\n{ENQUEUE}")),
             request: with_library(REQUEST),
             responses: with_library(RESPONSES),
             pending: with_library(PENDING),
@@ -334,7 +354,7 @@ impl Scripts {
             lease_builtin: with_library(LEASE_BUILTIN),
             finish: with_library(FINISH),
             put_ticket: Script::new(PUT_TICKET),
-            spend: Script::new(SPEND),
+            spend: Script::new(&format!("{GCRA}\n{SPEND}")),
         }
     }
 }
@@ -399,6 +419,11 @@ impl RedisStore {
 
     fn base(&self, code: &SessionCode) -> String {
         format!("{}{{{}}}:", self.prefix, code.as_str())
+    }
+
+    /// The key of rate budget `key`.
+    fn rate_key(&self, key: &str) -> String {
+        format!("{}rate:{key}", self.prefix)
     }
 
     /// Runs a session script: the common arguments, then `args`.
@@ -697,46 +722,98 @@ impl Store for RedisStore {
         Ok(found.map(|(revision, json)| (revision, (!json.is_empty()).then_some(json))))
     }
 
-    async fn enqueue(
+    async fn enqueue_checked(
         &self,
         code: &SessionCode,
-        request: NewRequest,
+        request: &NewRequest,
         max_pending: usize,
         until: Timestamp,
-    ) -> Result<Enqueued, StoreError> {
+        checks: EnqueueChecks,
+    ) -> Result<(Enqueued, Option<SessionRecord>), StoreError> {
         let call_hash = super::call_hash(
             request.tool_id.as_deref(),
             &request.function_name,
             &request.args,
         );
+        let (rate_key, interval, tolerance) = match &checks.charge {
+            Some(charge) => (
+                vec![self.rate_key(&charge.key)],
+                charge.budget.interval_micros().to_string(),
+                charge.budget.tolerance_micros().to_string(),
+            ),
+            None => (Vec::new(), String::new(), String::new()),
+        };
         let answer: redis::Value = self
             .run(
                 &self.scripts.enqueue,
                 code,
-                &[],
+                &rate_key,
                 &[
-                    request.id,
-                    request.tool_id.unwrap_or_default(),
-                    request.function_name,
+                    request.id.clone(),
+                    request.tool_id.clone().unwrap_or_default(),
+                    request.function_name.clone(),
                     request.args.to_string(),
                     request.created_at.0.to_string(),
                     request.deadline.0.to_string(),
                     if request.builtin { "1" } else { "0" }.to_owned(),
-                    request.correlation_id.unwrap_or_default(),
+                    request.correlation_id.clone().unwrap_or_default(),
                     call_hash,
                     max_pending.to_string(),
                     until.0.to_string(),
+                    checks
+                        .manifest_revision
+                        .map_or_else(String::new, |revision| revision.to_string()),
+                    interval,
+                    tolerance,
                 ],
             )
             .await?;
-        let (tag, record) = tagged(answer)?;
-        Ok(match tag.as_str() {
-            "queued" => Enqueued::Queued(record.ok_or_else(|| missing("call"))?),
-            "existing" => Enqueued::Existing(record.ok_or_else(|| missing("call"))?),
+        let redis::Value::Array(items) = answer else {
+            return Err(StoreError(format!(
+                "an unexpected answer from Redis: {answer:?}"
+            )));
+        };
+        let mut items = items.into_iter();
+        let outcome: String = items
+            .next()
+            .map(redis::from_redis_value)
+            .transpose()
+            .map_err(unreadable)?
+            .unwrap_or_default();
+        let hash =
+            |value: Option<redis::Value>| -> Result<Option<HashMap<String, String>>, StoreError> {
+                match value {
+                    None | Some(redis::Value::Nil | redis::Value::Boolean(false)) => Ok(None),
+                    Some(value) => Ok(Some(fields(
+                        redis::from_redis_value(value).map_err(unreadable)?,
+                    ))),
+                }
+            };
+        let record = hash(items.next())?
+            .map(|map| request_record(&map))
+            .transpose()?;
+        let session = hash(items.next())?
+            .map(|map| session_record(&map))
+            .transpose()?;
+        let call = || record.clone().ok_or_else(|| missing("call"));
+        let enqueued = match outcome.as_str() {
+            "queued" => Enqueued::Queued(call()?),
+            "existing" => Enqueued::Existing(call()?),
             "conflict" => Enqueued::Conflict,
             "full" => Enqueued::Full,
+            "stale" => Enqueued::StaleManifest,
+            "limited" => {
+                let over: i64 = items
+                    .next()
+                    .map(redis::from_redis_value)
+                    .transpose()
+                    .map_err(unreadable)?
+                    .unwrap_or(1);
+                Enqueued::RateLimited(Duration::from_micros(over.unsigned_abs()))
+            }
             _ => Enqueued::NoSession,
-        })
+        };
+        Ok((enqueued, session))
     }
 
     async fn request(
@@ -916,7 +993,7 @@ impl Store for RedisStore {
         let over: i64 = self
             .scripts
             .spend
-            .key(format!("{}rate:{key}", self.prefix))
+            .key(self.rate_key(key))
             .arg(now.0.saturating_mul(1000))
             .arg(budget.interval_micros())
             .arg(budget.tolerance_micros())
