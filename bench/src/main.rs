@@ -156,10 +156,20 @@ async fn measure(cli: &Cli, bin_dir: &Path, redis: Option<&Redis>) -> anyhow::Re
             };
             let all: u64 = after.keys().map(|name| spent(name).0).sum();
             // What replicas send, a round trip each: the store's scripts (every store
-            // operation on a call's path is one), and the health check's PING. `all` also
-            // counts the commands run inside the scripts; the time of those is part of their
-            // script's.
-            let (sent, busy) = ["evalsha", "eval", "ping"]
+            // operation on a call's path is one), the health check's PING, and pub/sub
+            // subscriptions (a replica subscribes to a session's events when it first needs
+            // them). None of these runs inside a script. `all` also counts the commands run
+            // inside the scripts; the time of those is part of their script's.
+            let sent_by_replicas = [
+                "evalsha",
+                "eval",
+                "ping",
+                "subscribe",
+                "unsubscribe",
+                "ssubscribe",
+                "sunsubscribe",
+            ];
+            let (sent, busy) = sent_by_replicas
                 .iter()
                 .map(|name| spent(name))
                 .fold((0, 0), |(calls, usec), (more_calls, more_usec)| {

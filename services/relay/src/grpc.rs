@@ -204,14 +204,12 @@ impl RelayRpc for RelayService {
                 request.args,
             )
         };
-        self.relay
-            .limits()
-            .call(&caller, &request.code)
-            .await
-            .map_err(status)?;
+        // The caller's budget is spent as the call is queued: one round trip to the store.
+        let charge = self.relay.limits().call_charge(&caller, &request.code);
+        let submitted = self.relay.submit_charged(&request.code, call, Some(charge));
         let view = self
             .relay
-            .guarded(&caller, self.relay.submit(&request.code, call))
+            .guarded(&caller, submitted)
             .await
             .map_err(status)?;
         Ok(Response::new(request_state(view)))
@@ -250,16 +248,11 @@ impl RelayRpc for RelayService {
                 request.args,
             )
         };
-        self.relay
-            .limits()
-            .call(&caller, &request.code)
-            .await
-            .map_err(status)?;
-        let view = self
+        let charge = self.relay.limits().call_charge(&caller, &request.code);
+        let called = self
             .relay
-            .guarded(&caller, self.relay.call(&request.code, call, wait))
-            .await
-            .map_err(status)?;
+            .call_charged(&request.code, call, wait, Some(charge));
+        let view = self.relay.guarded(&caller, called).await.map_err(status)?;
         Ok(Response::new(request_state(view)))
     }
 
