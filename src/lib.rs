@@ -5,8 +5,10 @@
 //!   `proto/toolrelay/v1/relay.proto`, and the descriptor set for gRPC reflection.
 //! * [`wire`]: the JSON shapes that cross the wire outside gRPC: tool requests and responses,
 //!   manifests, and the browser WebSocket frames of the provider protocol.
+//! * [`errors`]: every error name that crosses a seam, as one type ([`errors::ErrorCode`]).
 //! * [`json`]: conversions between `serde_json::Value` and protobuf `Struct`/`Value`.
 
+pub mod errors;
 pub mod json;
 pub mod proto;
 pub mod wire;

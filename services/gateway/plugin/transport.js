@@ -3,6 +3,8 @@
 // de-duplicated by requestId (the relay delivers at least once), and every result or error is
 // posted back — again, if the relay asks again because an answer was lost.
 
+import { ErrorCode } from './errors.js';
+
 const BACKOFF_START_MS = 500;
 const BACKOFF_MAX_MS = 10000;
 const POLL_INTERVAL_MS = 1000;
@@ -142,10 +144,10 @@ export class Transport extends EventTarget {
           this.emit('expired', frame.message);
           break;
         case 'error':
-          if (frame.error === 'replaced') {
+          if (frame.error === ErrorCode.REPLACED) {
             final = true;
             this.emit('replaced', frame.message);
-          } else if (['session_not_found', 'invalid_token', 'token_required', 'invalid_code'].includes(frame.error)) {
+          } else if ([ErrorCode.SESSION_NOT_FOUND, ErrorCode.INVALID_TOKEN, ErrorCode.TOKEN_REQUIRED, ErrorCode.INVALID_CODE].includes(frame.error)) {
             final = true;
             this.emit('expired', frame.message);
           } else {
@@ -185,7 +187,7 @@ export class Transport extends EventTarget {
       if (!event.data) this.interruptions += 1;
       if (event.data) {
         const frame = JSON.parse(event.data);
-        if (frame.error === 'replaced') {
+        if (frame.error === ErrorCode.REPLACED) {
           events.close();
           this.emit('replaced', frame.message);
           return;

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use poem::http::{Method, StatusCode, header};
 use poem::{Endpoint, IntoResponse, Request, Response};
+use toolrelay_relay::ErrorCode;
 use toolrelay_relay::code::hash_token;
 
 use crate::error::error_response;
@@ -114,11 +115,11 @@ pub async fn require_api_key<E: Endpoint>(
             match key {
                 Some(key) if keys.accepts(key) => None,
                 Some(_) => Some((
-                    "invalid_api_key",
+                    ErrorCode::InvalidApiKey,
                     "The API key is not one this relay accepts. Check the key its operator gave you.",
                 )),
                 None => Some((
-                    "api_key_required",
+                    ErrorCode::ApiKeyRequired,
                     "This relay needs an API key: send it as Authorization: Bearer <key> (its operator gives them out).",
                 )),
             }
@@ -131,7 +132,7 @@ pub async fn require_api_key<E: Endpoint>(
     let path = request.uri().path();
     let mut response = if path == "/api/tools" || path.starts_with("/api/tools/") {
         let body = serde_json::json!({"success": false, "error": {
-            "code": name.to_ascii_uppercase(), "message": message}});
+            "code": name.as_str().to_ascii_uppercase(), "message": message}});
         Response::builder()
             .status(StatusCode::UNAUTHORIZED)
             .content_type("application/json; charset=utf-8")

@@ -13,7 +13,7 @@ use poem::http::{StatusCode, header};
 use poem::{Endpoint, IntoResponse, Request, Response};
 use poem_openapi::payload::Json;
 use poem_openapi::{ApiResponse, Object};
-use toolrelay_relay::{ErrorInfo, ErrorKind};
+use toolrelay_relay::{ErrorCode, ErrorInfo, ErrorKind};
 use tracing::Instrument;
 
 /// Header carrying the correlation id, in and out.
@@ -83,26 +83,14 @@ pub enum ApiError {
 }
 
 impl ApiError {
-    /// An error of `kind` named `name`.
-    pub fn new(kind: ErrorKind, name: &str, message: impl Into<String>) -> Self {
-        Self::from(ErrorInfo::new(kind, name, message))
-    }
-
-    /// 400 with `name`.
-    pub fn bad_request(name: &str, message: impl Into<String>) -> Self {
-        Self::new(ErrorKind::BadRequest, name, message)
+    /// An error `code`, answered with its kind's status.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self::from(ErrorInfo::new(code, message))
     }
 
     /// 429 `rate_limited`, retry after `wait`.
     pub fn rate_limited(what: &str, wait: Duration) -> Self {
-        let seconds = wait.as_secs().max(1);
-        Self::from(ErrorInfo {
-            kind: ErrorKind::TooManyRequests,
-            name: "rate_limited".into(),
-            message: format!("Too many {what}. Wait {seconds} s, then try again."),
-            retry_after: Some(Duration::from_secs(seconds)),
-            request_id: None,
-        })
+        Self::from(rate_limited(what, wait))
     }
 
     /// The HTTP status.
@@ -125,7 +113,7 @@ impl From<ErrorInfo> for ApiError {
     fn from(error: ErrorInfo) -> Self {
         let status = status_of(error.kind);
         let body = Json(ErrorBody {
-            error: error.name,
+            error: error.code.as_str().to_owned(),
             message: error.message,
             code: status.as_u16(),
             correlation_id: correlation_id(),
@@ -341,39 +329,39 @@ fn response_for(error: &poem::Error) -> Response {
     let (status, name, message) = match status {
         StatusCode::NOT_FOUND => (
             status,
-            "not_found",
+            ErrorCode::NotFound,
             "No such endpoint. The API is described at /openapi.json.".to_owned(),
         ),
         StatusCode::METHOD_NOT_ALLOWED => (
             status,
-            "method_not_allowed",
+            ErrorCode::MethodNotAllowed,
             "This endpoint does not take that method. The API is described at /openapi.json.".to_owned(),
         ),
         StatusCode::FORBIDDEN => (
             status,
-            "origin_not_allowed",
+            ErrorCode::OriginNotAllowed,
             "Browsers on this origin may not call the relay. The operator can allow the origin with CORS_ORIGIN.".to_owned(),
         ),
         StatusCode::PAYLOAD_TOO_LARGE => (
             status,
-            "body_too_large",
+            ErrorCode::BodyTooLarge,
             "The request body is too large (calls take up to 256 KB, tool responses up to 1 MB). Send less data.".to_owned(),
         ),
         status if status.is_client_error() && detail.contains("recursion limit exceeded") => (
             StatusCode::BAD_REQUEST,
-            "nested_too_deeply",
+            ErrorCode::NestedTooDeeply,
             "The JSON body is nested too deeply to read. Send flatter JSON (the relay accepts MAX_JSON_DEPTH levels, 32 unless its operator changed it).".to_owned(),
         ),
         status if status.is_client_error() => (
             StatusCode::BAD_REQUEST,
-            "invalid_request",
+            ErrorCode::InvalidRequest,
             format!("The request could not be read: {detail}. Check it against /openapi.json."),
         ),
         _ => {
             tracing::error!(%status, %detail, "request failed");
             (
                 StatusCode::INTERNAL_SERVER_ERROR,
-                "internal_error",
+                ErrorCode::InternalError,
                 "The relay could not handle this request. Try again in a few seconds.".to_owned(),
             )
         }
@@ -381,10 +369,22 @@ fn response_for(error: &poem::Error) -> Response {
     error_response(status, name, message)
 }
 
+/// 429 `rate_limited` for too many `what`, retry after `wait` (at least a second).
+pub fn rate_limited(what: &str, wait: Duration) -> ErrorInfo {
+    let seconds = wait.as_secs().max(1);
+    ErrorInfo {
+        retry_after: Some(Duration::from_secs(seconds)),
+        ..ErrorInfo::new(
+            ErrorCode::RateLimited,
+            format!("Too many {what}. Wait {seconds} s, then try again."),
+        )
+    }
+}
+
 /// An error answer with any status.
-pub fn error_response(status: StatusCode, name: &str, message: String) -> Response {
+pub fn error_response(status: StatusCode, code: ErrorCode, message: String) -> Response {
     let body = serde_json::json!({
-        "error": name,
+        "error": code.as_str(),
         "message": message,
         "code": status.as_u16(),
         "correlationId": correlation_id(),

@@ -16,7 +16,7 @@ use poem::http::HeaderMap;
 use poem::web::RemoteAddr;
 use toolrelay_relay::clock::Clock;
 use toolrelay_relay::store::{RateBudget, Store};
-use toolrelay_relay::{ErrorInfo, ErrorKind, RelayError};
+use toolrelay_relay::{ErrorInfo, RelayError};
 
 use crate::config::RateLimits;
 use crate::error::ApiError;
@@ -99,16 +99,10 @@ impl Limiters {
     pub async fn tool_call(&self, ip: IpAddr) -> Result<(), ErrorInfo> {
         let wait = self.spend("tools", ip, self.budgets.tools_per_ip).await?;
         let Some(wait) = wait else { return Ok(()) };
-        let seconds = wait.as_secs().max(1);
-        Err(ErrorInfo {
-            kind: ErrorKind::TooManyRequests,
-            name: "rate_limited".into(),
-            message: format!(
-                "Too many tool calls from your address. Wait {seconds} s, then try again."
-            ),
-            retry_after: Some(Duration::from_secs(seconds)),
-            request_id: None,
-        })
+        Err(crate::error::rate_limited(
+            "tool calls from your address",
+            wait,
+        ))
     }
 }
 

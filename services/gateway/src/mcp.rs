@@ -300,7 +300,7 @@ fn failure(code: &str, message: &str) -> CallToolResult {
 }
 
 fn from_error(error: &ErrorInfo) -> CallToolResult {
-    failure(&error.name, &error.message)
+    failure(error.code.as_str(), &error.message)
 }
 
 impl RelayMcp {
@@ -449,7 +449,7 @@ impl RelayMcp {
             .tool_call(caller_of(context).address)
             .await
         {
-            return failure(&limited.name, &limited.message);
+            return failure(limited.code.as_str(), &limited.message);
         }
         let scope = mcp_session_of(context).map_or(Scope::None, Scope::Mcp);
         match self.state.relay.call_tool(name, arguments, scope).await {
@@ -578,7 +578,7 @@ impl ServerHandler for RelayMcp {
                 Err(error) => Err(error),
             };
             return tools.map(ListToolsResult::with_all_items).map_err(|error| {
-                McpError::invalid_params(error.message, Some(json!({"error": error.name})))
+                McpError::invalid_params(error.message, Some(json!({"error": error.code.as_str()})))
             });
         }
         let builtins = self

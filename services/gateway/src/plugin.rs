@@ -49,6 +49,11 @@ const FILES: &[(&str, &str, &str)] = &[
         "text/javascript; charset=utf-8",
         include_str!("../plugin/transport.js"),
     ),
+    (
+        "errors.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../plugin/errors.js"),
+    ),
 ];
 
 /// The page people see when they open the relay's address: what this is, and where to go.
@@ -134,5 +139,28 @@ mod tests {
             }
         }
         assert!(FILES[0].2.contains("main.js") && FILES[0].2.contains("plugin.css"));
+    }
+
+    #[test]
+    fn the_plugins_error_names_are_the_relays() {
+        let (_, _, errors) = FILES
+            .iter()
+            .find(|(name, _, _)| *name == "errors.js")
+            .expect("errors.js is served");
+        let listed: Vec<(String, String)> = errors
+            .lines()
+            .filter_map(|line| {
+                let (key, value) = line.trim().split_once(": '")?;
+                Some((key.to_owned(), value.strip_suffix("',")?.to_owned()))
+            })
+            .collect();
+        let expected: Vec<(String, String)> = toolrelay_relay::ErrorCode::ALL
+            .iter()
+            .map(|code| (code.as_str().to_uppercase(), code.as_str().to_owned()))
+            .collect();
+        assert_eq!(
+            listed, expected,
+            "plugin/errors.js must list ErrorCode::ALL, in order"
+        );
     }
 }

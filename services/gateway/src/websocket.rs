@@ -12,7 +12,7 @@ use poem::{Request, Response, handler};
 use serde::Deserialize;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use toolrelay_relay::ws::{SocketSettings, serve_upgraded, websocket_config};
-use toolrelay_relay::{AnswerLimits, Transport};
+use toolrelay_relay::{AnswerLimits, ErrorCode, Transport};
 
 use crate::api::{Client, State};
 use crate::error::error_response;
@@ -46,7 +46,7 @@ pub async fn provider_socket(
     let (true, true, Some(key)) = (wants_websocket, version_13, key) else {
         return error_response(
             StatusCode::BAD_REQUEST,
-            "websocket_required",
+            ErrorCode::WebsocketRequired,
             "This is the provider WebSocket: connect with a WebSocket client to /api/sessions/{code}/ws?token=<providerToken>.".into(),
         );
     };
@@ -55,7 +55,7 @@ pub async fn provider_socket(
         Err(error) => {
             return error_response(
                 StatusCode::BAD_REQUEST,
-                "websocket_required",
+                ErrorCode::WebsocketRequired,
                 error.to_string(),
             );
         }

@@ -13,28 +13,7 @@ use thiserror::Error;
 #[error("store error: {0}")]
 pub struct StoreError(pub String);
 
-/// What went wrong, in the terms a transport needs to answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorKind {
-    /// The input is malformed (HTTP 400).
-    BadRequest,
-    /// A provider token is needed and missing (HTTP 401).
-    Unauthenticated,
-    /// The provider token is wrong (HTTP 403).
-    Forbidden,
-    /// The session, request or function does not exist (HTTP 404).
-    NotFound,
-    /// The input contradicts earlier input (HTTP 409).
-    Conflict,
-    /// The input is too large (HTTP 413).
-    TooLarge,
-    /// What was asked for existed but is no longer kept (HTTP 410).
-    Gone,
-    /// Too much at once; retry later (HTTP 429).
-    TooManyRequests,
-    /// The relay cannot serve right now; retry later (HTTP 503).
-    Unavailable,
-}
+pub use toolrelay::errors::{ErrorCode, ErrorKind};
 
 /// Why the relay refused or could not complete an operation.
 #[derive(Debug, Error)]
@@ -208,59 +187,42 @@ pub enum RelayError {
 }
 
 impl RelayError {
-    /// Stable snake_case name, for error bodies, frames and the gRPC `x-error` trailer.
-    pub fn name(&self) -> &'static str {
+    /// What went wrong, by name: for error bodies, frames and the gRPC `x-error` trailer.
+    pub fn code(&self) -> ErrorCode {
         match self {
-            Self::InvalidCode => "invalid_code",
-            Self::SessionNotFound { .. } => "session_not_found",
-            Self::TokenRequired => "token_required",
-            Self::InvalidToken { .. } => "invalid_token",
-            Self::UnknownHandle => "unknown_handle",
-            Self::UnknownFunction { .. } => "unknown_function",
-            Self::InvalidArguments { .. } => "invalid_arguments",
-            Self::InvalidRequestId => "invalid_request_id",
-            Self::RequestIdConflict { .. } => "request_id_conflict",
-            Self::RequestNotFound { .. } => "request_not_found",
-            Self::QueueFull { .. } => "queue_full",
-            Self::ToolBusy { .. } => "tool_busy",
-            Self::InvalidManifest { .. } => "invalid_manifest",
-            Self::ManifestTooLarge { .. } => "manifest_too_large",
-            Self::InvalidResponse { .. } => "invalid_response",
-            Self::StoreUnavailable(_) => "store_unavailable",
-            Self::ShuttingDown => "shutting_down",
-            Self::Drained { .. } => "shutting_down",
-            Self::RateLimited { .. } => "rate_limited",
-            Self::NestedTooDeeply { .. } => "nested_too_deeply",
-            Self::ResponseTooLarge { .. } => "response_too_large",
-            Self::ResponseEvicted { .. } => "response_evicted",
+            Self::InvalidCode => ErrorCode::InvalidCode,
+            Self::SessionNotFound { .. } => ErrorCode::SessionNotFound,
+            Self::TokenRequired => ErrorCode::TokenRequired,
+            Self::InvalidToken { .. } => ErrorCode::InvalidToken,
+            Self::UnknownHandle => ErrorCode::UnknownHandle,
+            Self::UnknownFunction { .. } => ErrorCode::UnknownFunction,
+            Self::InvalidArguments { .. } => ErrorCode::InvalidArguments,
+            Self::InvalidRequestId => ErrorCode::InvalidRequestId,
+            Self::RequestIdConflict { .. } => ErrorCode::RequestIdConflict,
+            Self::RequestNotFound { .. } => ErrorCode::RequestNotFound,
+            Self::QueueFull { .. } => ErrorCode::QueueFull,
+            Self::ToolBusy { .. } => ErrorCode::ToolBusy,
+            Self::InvalidManifest { .. } => ErrorCode::InvalidManifest,
+            Self::ManifestTooLarge { .. } => ErrorCode::ManifestTooLarge,
+            Self::InvalidResponse { .. } => ErrorCode::InvalidResponse,
+            Self::StoreUnavailable(_) => ErrorCode::StoreUnavailable,
+            Self::ShuttingDown => ErrorCode::ShuttingDown,
+            Self::Drained { .. } => ErrorCode::ShuttingDown,
+            Self::RateLimited { .. } => ErrorCode::RateLimited,
+            Self::NestedTooDeeply { .. } => ErrorCode::NestedTooDeeply,
+            Self::ResponseTooLarge { .. } => ErrorCode::ResponseTooLarge,
+            Self::ResponseEvicted { .. } => ErrorCode::ResponseEvicted,
         }
+    }
+
+    /// The error's name on the wire.
+    pub fn name(&self) -> &'static str {
+        self.code().as_str()
     }
 
     /// The class of error, for transports to pick a status.
     pub fn kind(&self) -> ErrorKind {
-        match self {
-            Self::InvalidCode
-            | Self::InvalidArguments { .. }
-            | Self::InvalidRequestId
-            | Self::InvalidManifest { .. }
-            | Self::InvalidResponse { .. }
-            | Self::NestedTooDeeply { .. } => ErrorKind::BadRequest,
-            Self::TokenRequired => ErrorKind::Unauthenticated,
-            Self::InvalidToken { .. } => ErrorKind::Forbidden,
-            Self::SessionNotFound { .. }
-            | Self::UnknownHandle
-            | Self::UnknownFunction { .. }
-            | Self::RequestNotFound { .. } => ErrorKind::NotFound,
-            Self::RequestIdConflict { .. } => ErrorKind::Conflict,
-            Self::ResponseEvicted { .. } => ErrorKind::Gone,
-            Self::ManifestTooLarge { .. } | Self::ResponseTooLarge { .. } => ErrorKind::TooLarge,
-            Self::QueueFull { .. } | Self::ToolBusy { .. } | Self::RateLimited { .. } => {
-                ErrorKind::TooManyRequests
-            }
-            Self::StoreUnavailable(_) | Self::ShuttingDown | Self::Drained { .. } => {
-                ErrorKind::Unavailable
-            }
-        }
+        self.code().kind()
     }
 
     /// When a retry makes sense, for errors that have one.
@@ -283,8 +245,8 @@ impl RelayError {
 pub struct ErrorInfo {
     /// The class of error.
     pub kind: ErrorKind,
-    /// Stable snake_case name.
-    pub name: String,
+    /// What went wrong, by name.
+    pub code: ErrorCode,
     /// What the caller should do.
     pub message: String,
     /// When a retry makes sense.
@@ -294,11 +256,11 @@ pub struct ErrorInfo {
 }
 
 impl ErrorInfo {
-    /// An error of `kind` called `name`.
-    pub fn new(kind: ErrorKind, name: impl Into<String>, message: impl Into<String>) -> Self {
+    /// An error `code`, of its kind.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         Self {
-            kind,
-            name: name.into(),
+            kind: code.kind(),
+            code,
             message: message.into(),
             retry_after: None,
             request_id: None,
@@ -319,7 +281,7 @@ impl From<RelayError> for ErrorInfo {
         };
         Self {
             kind: error.kind(),
-            name: error.name().to_owned(),
+            code: error.code(),
             message: error.to_string(),
             retry_after: error.retry_after(),
             request_id,
@@ -329,6 +291,6 @@ impl From<RelayError> for ErrorInfo {
 
 impl std::fmt::Display for ErrorInfo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.name, self.message)
+        write!(f, "{}: {}", self.code, self.message)
     }
 }

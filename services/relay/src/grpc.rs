@@ -8,24 +8,25 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use serde_json::{Map, Value, json};
+use serde_json::Value;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Code, Request, Response, Status, Streaming};
-use toolrelay::json::{from_struct, from_value, to_struct, to_value};
+use toolrelay::json::{from_struct, to_struct, to_value};
 use toolrelay::proto::v1 as pb;
 use toolrelay::proto::v1::relay_server::{Relay as RelayRpc, RelayServer};
-use toolrelay::wire::{
-    GroupedManifest, ProviderFrame, ProviderResponse, RequestStatus, ToolResponse,
-};
 
-use crate::builtin::{BUILTIN_GROUP, FailureKind, Scope, ToolInfo};
-use crate::clock::Timestamp;
+use crate::builtin::Scope;
 use crate::code::SessionCode;
+use crate::convert::{
+    call_input, count, failure_kind, manifest_message, non_empty, provider_frame,
+    provider_response, registered_tools, relay_message, request_state, response_message,
+    session_info, status_enum, timestamp_message, tool_message,
+};
 use crate::error::{ErrorKind, RelayError};
 use crate::limits::{CLIENT_ADDRESS_METADATA, CORRELATION_ID_METADATA, Caller};
-use crate::provider::{Downlink, ProviderLink};
-use crate::relay::{CallInput, Relay, RequestView};
+use crate::provider::ProviderLink;
+use crate::relay::{CallInput, Relay};
 use crate::store::Transport;
 
 /// Metadata entry with the session code on `Connect`.
@@ -85,7 +86,10 @@ pub fn status(error: RelayError) -> Status {
         tracing::error!(%cause, "store unavailable");
     }
     let mut metadata = MetadataMap::new();
-    metadata.insert(ERROR_METADATA, MetadataValue::from_static(error.name()));
+    metadata.insert(
+        ERROR_METADATA,
+        MetadataValue::from_static(error.code().as_str()),
+    );
     if let Some(retry_after) = error.retry_after()
         && let Ok(value) = retry_after.as_secs().max(1).to_string().parse()
     {
@@ -107,9 +111,9 @@ impl RelayRpc for RelayService {
             code: session.code.as_str().to_owned(),
             provider_token: session.provider_token,
             ttl_seconds: u32::try_from(session.ttl.as_secs()).unwrap_or(u32::MAX),
-            expires_at: Some(timestamp(session.expires_at)),
+            expires_at: Some(timestamp_message(session.expires_at)),
             mcp_handle: session.mcp_handle,
-            max_expires_at: Some(timestamp(session.max_expires_at)),
+            max_expires_at: Some(timestamp_message(session.max_expires_at)),
         }))
     }
 
@@ -474,61 +478,6 @@ impl RelayRpc for RelayService {
     }
 }
 
-// ---- conversions ----
-
-fn session_info(status_of: crate::relay::SessionStatus) -> pb::SessionInfo {
-    pb::SessionInfo {
-        code: status_of.code.as_str().to_owned(),
-        created_at: Some(timestamp(status_of.created_at)),
-        expires_at: Some(timestamp(status_of.expires_at)),
-        max_expires_at: Some(timestamp(status_of.max_expires_at)),
-        provider_connected: status_of.transport.is_some(),
-        transport: status_of
-            .transport
-            .map(Transport::as_str)
-            .unwrap_or_default()
-            .to_owned(),
-        tool_count: count(status_of.tool_count),
-        pending_requests: count(status_of.pending_requests),
-        mcp_handle: status_of.mcp_handle,
-    }
-}
-
-/// The protobuf kind of a tool failure.
-pub(crate) fn failure_kind(kind: FailureKind) -> pb::FailureKind {
-    match kind {
-        FailureKind::BadInput => pb::FailureKind::BadInput,
-        FailureKind::TooLarge => pb::FailureKind::TooLarge,
-        FailureKind::NotFound => pb::FailureKind::NotFound,
-        FailureKind::Busy => pb::FailureKind::Busy,
-        FailureKind::Internal => pb::FailureKind::Internal,
-        FailureKind::Unavailable => pb::FailureKind::Unavailable,
-    }
-}
-
-/// A built-in tool as a protobuf `Tool`.
-pub(crate) fn tool_message(tool: ToolInfo) -> pb::Tool {
-    pb::Tool {
-        name: tool.name,
-        description: tool.description,
-        input_schema: Some(to_struct(&tool.input_schema)),
-        tool_id: BUILTIN_GROUP.to_owned(),
-    }
-}
-
-pub(crate) fn count(n: usize) -> u32 {
-    u32::try_from(n).unwrap_or(u32::MAX)
-}
-
-pub(crate) fn timestamp(at: Timestamp) -> prost_types::Timestamp {
-    let (seconds, nanos) = at.seconds_and_nanos();
-    prost_types::Timestamp { seconds, nanos }
-}
-
-pub(crate) fn non_empty(text: String) -> Option<String> {
-    (!text.is_empty()).then_some(text)
-}
-
 fn metadata_str(metadata: &MetadataMap, key: &str) -> Option<String> {
     metadata
         .get(key)
@@ -544,167 +493,4 @@ pub(crate) fn bearer(metadata: &MetadataMap) -> Option<String> {
     scheme
         .eq_ignore_ascii_case("bearer")
         .then(|| token.trim().to_owned())
-}
-
-fn call_input(
-    request_id: String,
-    tool_id: String,
-    function_name: String,
-    args: Option<prost_types::Struct>,
-) -> CallInput {
-    CallInput {
-        request_id: non_empty(request_id),
-        tool_id: non_empty(tool_id),
-        function_name,
-        args: args.map_or(Value::Null, |args| from_struct(&args)),
-        correlation_id: None,
-    }
-}
-
-pub(crate) fn status_enum(status: RequestStatus) -> pb::RequestStatus {
-    match status {
-        RequestStatus::Queued => pb::RequestStatus::Queued,
-        RequestStatus::Delivered => pb::RequestStatus::Delivered,
-        RequestStatus::Completed => pb::RequestStatus::Completed,
-        RequestStatus::Failed => pb::RequestStatus::Failed,
-        RequestStatus::Expired => pb::RequestStatus::Expired,
-    }
-}
-
-fn request_state(view: RequestView) -> pb::RequestState {
-    pb::RequestState {
-        request_id: view.request_id,
-        status: status_enum(view.status).into(),
-        response: view.response.map(response_message),
-        provider_connected: view.provider_connected,
-    }
-}
-
-pub(crate) fn response_message(response: ToolResponse) -> pb::ToolResponse {
-    pb::ToolResponse {
-        request_id: response.request_id,
-        success: response.success,
-        result: response.result.as_ref().map(to_value),
-        error: response.error.map(|error| pb::ToolError {
-            code: error.code,
-            message: error.message,
-        }),
-    }
-}
-
-pub(crate) fn provider_response(response: pb::ToolResponse) -> ProviderResponse {
-    ProviderResponse {
-        request_id: response.request_id,
-        success: Some(response.success),
-        result: response.result.as_ref().map(from_value),
-        error: response.error.map(|error| {
-            let mut object = Map::new();
-            if !error.code.is_empty() {
-                object.insert("code".into(), Value::String(error.code));
-            }
-            object.insert("message".into(), Value::String(error.message));
-            Value::Object(object)
-        }),
-    }
-}
-
-/// What a provider registered: `tools_json` when set (malformed JSON becomes a value the
-/// manifest parser refuses with a clear message), otherwise the protobuf tools.
-fn registered_tools(tools: &[pb::Tool], tools_json: &str) -> Value {
-    if tools_json.is_empty() {
-        return tools_value(tools);
-    }
-    serde_json::from_str(tools_json)
-        .unwrap_or_else(|error| Value::String(format!("tools_json is not valid JSON: {error}")))
-}
-
-/// Tools in protobuf form as the flat JSON the manifest parser reads.
-fn tools_value(tools: &[pb::Tool]) -> Value {
-    Value::Array(
-        tools
-            .iter()
-            .map(|tool| {
-                let mut entry = json!({"name": tool.name, "description": tool.description});
-                if let Some(schema) = &tool.input_schema {
-                    entry["inputSchema"] = from_struct(schema);
-                }
-                if !tool.tool_id.is_empty() {
-                    entry["toolId"] = Value::String(tool.tool_id.clone());
-                }
-                entry
-            })
-            .collect(),
-    )
-}
-
-fn manifest_message(grouped: &GroupedManifest) -> pb::Manifest {
-    let groups = grouped
-        .tools
-        .iter()
-        .map(|group| pb::ToolGroup {
-            id: group.id.clone(),
-            description: group.description.clone(),
-        })
-        .collect();
-    let flat = grouped.flat();
-    pb::Manifest {
-        version: flat.version,
-        tools: flat
-            .tools
-            .into_iter()
-            .map(|tool| pb::Tool {
-                name: tool.name,
-                description: tool.description,
-                input_schema: Some(to_struct(&tool.input_schema)),
-                tool_id: tool.tool_id.unwrap_or_default(),
-            })
-            .collect(),
-        groups,
-    }
-}
-
-fn provider_frame(message: pb::ProviderMessage) -> Option<ProviderFrame> {
-    Some(match message.kind? {
-        pb::provider_message::Kind::Register(register) => ProviderFrame::Register {
-            tools: registered_tools(&register.tools, &register.tools_json),
-        },
-        pb::provider_message::Kind::Response(response) => {
-            ProviderFrame::Response(provider_response(response))
-        }
-        pb::provider_message::Kind::Ping(_) => ProviderFrame::Ping,
-    })
-}
-
-fn relay_message(message: Downlink) -> pb::RelayMessage {
-    use pb::relay_message::Kind;
-    let kind = match message {
-        Downlink::Welcome { code, expires_at } => Kind::Welcome(pb::Welcome {
-            code: code.as_str().to_owned(),
-            expires_at: Some(timestamp(expires_at)),
-            protocol_version: toolrelay::PROTOCOL_VERSION.to_owned(),
-        }),
-        Downlink::ToolRequest { request, seq } => Kind::ToolRequest(pb::ToolRequest {
-            request_id: request.request_id,
-            tool_id: request.tool_id.unwrap_or_default(),
-            function_name: request.function_name,
-            args: Some(to_struct(&request.args)),
-            seq,
-        }),
-        Downlink::Heartbeat {
-            expires_at,
-            answers_ping,
-        } => Kind::Heartbeat(pb::Heartbeat {
-            expires_at: Some(timestamp(expires_at)),
-            answers_ping,
-        }),
-        Downlink::Registered { tools } => Kind::Registered(pb::Registered {
-            tool_count: count(tools),
-        }),
-        Downlink::Expired { message } => Kind::Expired(pb::Expired { message }),
-        other @ (Downlink::Error { .. } | Downlink::Replaced | Downlink::Restarting) => {
-            let (error, message) = other.error().unwrap_or_default();
-            Kind::Error(pb::RelayError { error, message })
-        }
-    };
-    pb::RelayMessage { kind: Some(kind) }
 }

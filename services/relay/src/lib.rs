@@ -21,6 +21,7 @@ pub mod builtin;
 pub mod clock;
 pub mod code;
 pub mod config;
+pub(crate) mod convert;
 pub mod drain;
 pub mod error;
 pub mod grpc;
@@ -40,7 +41,7 @@ pub use clock::{Clock, Timestamp};
 pub use code::SessionCode;
 pub use config::RelayConfig;
 pub use drain::Drain;
-pub use error::{ErrorInfo, ErrorKind, RelayError};
+pub use error::{ErrorCode, ErrorInfo, ErrorKind, RelayError};
 pub use limits::Caller;
 pub use provider::{Downlink, ProviderLink};
 pub use relay::{

@@ -20,7 +20,7 @@ use toolrelay::wire::{ProviderFrame, RelayFrame, ToolRequest};
 use crate::clock::Timestamp;
 use crate::code::{self, SessionCode};
 use crate::drain::Hold;
-use crate::error::RelayError;
+use crate::error::{ErrorCode, RelayError};
 use crate::relay::Relay;
 use crate::store::{Claim, EventStream, ProviderInfo, SessionEvent, Transport};
 
@@ -65,8 +65,8 @@ pub enum Downlink {
     },
     /// Something the provider sent was refused; the connection stays.
     Error {
-        /// Stable snake_case name.
-        error: String,
+        /// What was refused, by name.
+        error: ErrorCode,
         /// What to do about it.
         message: String,
     },
@@ -91,16 +91,16 @@ impl Downlink {
     }
 
     /// The error name and message of the messages sent as `error` frames.
-    pub fn error(&self) -> Option<(String, String)> {
+    pub fn error(&self) -> Option<(ErrorCode, String)> {
         match self {
-            Self::Error { error, message } => Some((error.clone(), message.clone())),
+            Self::Error { error, message } => Some((*error, message.clone())),
             Self::Replaced => Some((
-                "replaced".to_owned(),
+                ErrorCode::Replaced,
                 "Another connection with this session's token took over; this one is closed."
                     .to_owned(),
             )),
             Self::Restarting => Some((
-                RelayError::ShuttingDown.name().to_owned(),
+                RelayError::ShuttingDown.code(),
                 RelayError::ShuttingDown.to_string(),
             )),
             _ => None,
@@ -121,8 +121,13 @@ impl Downlink {
             },
             Self::Registered { tools } => RelayFrame::Registered { tools: *tools },
             Self::Error { .. } | Self::Replaced | Self::Restarting => {
-                let (error, message) = self.error().unwrap_or_default();
-                RelayFrame::Error { error, message }
+                let (error, message) = self
+                    .error()
+                    .unwrap_or((ErrorCode::InternalError, String::new()));
+                RelayFrame::Error {
+                    error: error.as_str().to_owned(),
+                    message,
+                }
             }
             Self::Expired { message } => RelayFrame::Expired {
                 message: message.clone(),
@@ -402,7 +407,7 @@ impl Driver {
                 .map(Some),
             Err(error) => {
                 self.send(Downlink::Error {
-                    error: error.name().to_owned(),
+                    error: error.code(),
                     message: error.to_string(),
                 })
                 .await?;

@@ -14,24 +14,27 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
-use tonic::{Code, Request, Status};
-use toolrelay::json::{from_struct, from_value, to_struct, to_value};
+use tonic::{Request, Status};
+use toolrelay::json::{from_value, to_struct};
 use toolrelay::proto::v1 as pb;
 use toolrelay::proto::v1::relay_client::RelayClient;
 use toolrelay::wire::{
-    FunctionSpec, GroupedManifest, ProviderFrame, ProviderResponse, RequestStatus, ToolError,
-    ToolGroup, ToolRequest, ToolResponse,
+    GroupedManifest, ProviderFrame, ProviderResponse, ToolRequest, ToolResponse,
 };
 
 use async_trait::async_trait;
 
 use crate::api::{Outcome, RelayApi};
 use crate::builtin::{FailureKind, Scope, ToolFailure, ToolInfo};
-use crate::clock::Timestamp;
 use crate::code::SessionCode;
+use crate::convert::{
+    downlink_message, failure_kind_of, grouped_manifest, provider_message,
+    provider_message_response, request_view, session_status, status_of, timestamp, tool_info,
+    tool_request, tool_response,
+};
 use crate::drain::Drain;
 use crate::error::RelayError;
-use crate::error::{ErrorInfo, ErrorKind};
+use crate::error::{ErrorCode, ErrorInfo};
 use crate::grpc::{
     ERROR_METADATA, RETRY_AFTER_METADATA, SESSION_CODE_METADATA, TRANSPORT_METADATA,
 };
@@ -187,7 +190,7 @@ impl RelayApi for RemoteRelay {
                 |mut client, request| async move { client.get_session(request).await },
             )
             .await?;
-        session_status(info)
+        session_status(info).ok_or_else(|| unavailable("the relay sent a malformed code"))
     }
 
     async fn resolve_handle(&self, caller: &Caller, handle: &str) -> Outcome<String> {
@@ -225,34 +228,7 @@ impl RelayApi for RemoteRelay {
                 |mut client, request| async move { client.get_manifest(request).await },
             )
             .await?;
-        let mut tools: Vec<ToolGroup> = manifest
-            .groups
-            .into_iter()
-            .map(|group| ToolGroup {
-                id: group.id,
-                description: group.description,
-                functions: Vec::new(),
-            })
-            .collect();
-        for tool in manifest.tools {
-            let spec = FunctionSpec {
-                name: tool.name,
-                description: tool.description,
-                parameters: tool.input_schema.as_ref().map_or(Value::Null, from_struct),
-            };
-            match tools.iter_mut().find(|group| group.id == tool.tool_id) {
-                Some(group) => group.functions.push(spec),
-                None => tools.push(ToolGroup {
-                    id: tool.tool_id,
-                    description: spec.description.clone(),
-                    functions: vec![spec],
-                }),
-            }
-        }
-        Ok(GroupedManifest {
-            version: manifest.version,
-            tools,
-        })
+        Ok(grouped_manifest(manifest))
     }
 
     async fn register_manifest(
@@ -472,15 +448,7 @@ impl RelayApi for RemoteRelay {
                 |mut client, request| async move { client.list_tools(request).await },
             )
             .await?;
-        Ok(reply
-            .tools
-            .into_iter()
-            .map(|tool| ToolInfo {
-                name: tool.name,
-                description: tool.description,
-                input_schema: tool.input_schema.as_ref().map_or(Value::Null, from_struct),
-            })
-            .collect())
+        Ok(reply.tools.into_iter().map(tool_info).collect())
     }
 
     async fn call_tool(&self, name: &str, args: Value, scope: Scope) -> Result<Value, ToolFailure> {
@@ -523,16 +491,8 @@ impl RelayApi for RemoteRelay {
             return Ok(reply.result.as_ref().map_or(Value::Null, from_value));
         }
         let failure = reply.failure.unwrap_or_default();
-        let kind = match failure.kind() {
-            pb::FailureKind::BadInput => FailureKind::BadInput,
-            pb::FailureKind::TooLarge => FailureKind::TooLarge,
-            pb::FailureKind::NotFound => FailureKind::NotFound,
-            pb::FailureKind::Busy => FailureKind::Busy,
-            pb::FailureKind::Internal | pb::FailureKind::Unspecified => FailureKind::Internal,
-            pb::FailureKind::Unavailable => FailureKind::Unavailable,
-        };
         Err(ToolFailure {
-            kind,
+            kind: failure_kind_of(failure.kind()),
             code: failure.code,
             message: failure.message,
             retry_after: (failure.retry_after_seconds > 0)
@@ -616,20 +576,6 @@ impl RelayApi for RemoteRelay {
     }
 }
 
-fn session_status(info: pb::SessionInfo) -> Outcome<SessionStatus> {
-    Ok(SessionStatus {
-        code: SessionCode::parse(&info.code)
-            .map_err(|_| unavailable("the relay sent a malformed code"))?,
-        created_at: timestamp(info.created_at),
-        expires_at: timestamp(info.expires_at),
-        max_expires_at: timestamp(info.max_expires_at),
-        transport: Transport::parse(&info.transport),
-        tool_count: info.tool_count as usize,
-        pending_requests: info.pending_requests as usize,
-        mcp_handle: info.mcp_handle,
-    })
-}
-
 /// A request naming the client (for the relay's limits) and carrying the provider token as
 /// `authorization: Bearer …`, when there is one.
 fn request<T>(message: T, caller: &Caller, token: Option<&str>) -> Request<T> {
@@ -654,7 +600,7 @@ fn request<T>(message: T, caller: &Caller, token: Option<&str>) -> Request<T> {
     request
 }
 
-/// The relay's answer as an error: its `x-error` name and message when the relay gave them,
+/// The relay's answer as an error: its `x-error` code and message when the relay gave them,
 /// otherwise a transport failure.
 fn error_info(status: Status) -> ErrorInfo {
     let metadata = status.metadata();
@@ -665,25 +611,20 @@ fn error_info(status: Status) -> ErrorInfo {
         tracing::error!(code = ?status.code(), detail = status.message(), "relay call failed");
         return unavailable("the relay did not answer");
     };
-    let kind = match status.code() {
-        Code::InvalidArgument => ErrorKind::BadRequest,
-        Code::Unauthenticated => ErrorKind::Unauthenticated,
-        Code::PermissionDenied => ErrorKind::Forbidden,
-        Code::NotFound => ErrorKind::NotFound,
-        Code::AlreadyExists => ErrorKind::Conflict,
-        Code::FailedPrecondition => ErrorKind::Gone,
-        Code::ResourceExhausted if name == "manifest_too_large" => ErrorKind::TooLarge,
-        Code::ResourceExhausted => ErrorKind::TooManyRequests,
-        _ => ErrorKind::Unavailable,
-    };
+    // A name this build does not know comes from a newer relay (a rolling deploy): its
+    // message still says what to do.
+    let code = ErrorCode::parse(name).unwrap_or_else(|| {
+        tracing::warn!(name, "the relay sent an error this gateway does not know");
+        ErrorCode::InternalError
+    });
     let retry_after = metadata
         .get(RETRY_AFTER_METADATA)
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.parse().ok())
         .map(Duration::from_secs);
     ErrorInfo {
-        kind,
-        name: name.to_owned(),
+        kind: code.kind(),
+        code,
         message: status.message().to_owned(),
         retry_after,
         request_id: None,
@@ -693,137 +634,14 @@ fn error_info(status: Status) -> ErrorInfo {
 fn unavailable(cause: &str) -> ErrorInfo {
     tracing::warn!(cause, "relay unavailable");
     ErrorInfo {
-        kind: ErrorKind::Unavailable,
-        name: "relay_unavailable".into(),
-        message: "The relay cannot be reached right now. Try again in a few seconds.".into(),
         retry_after: Some(Duration::from_secs(2)),
-        request_id: None,
+        ..ErrorInfo::new(
+            ErrorCode::RelayUnavailable,
+            "The relay cannot be reached right now. Try again in a few seconds.",
+        )
     }
 }
 
 fn millis(duration: Duration) -> u32 {
     u32::try_from(duration.as_millis()).unwrap_or(u32::MAX)
-}
-
-fn timestamp(at: Option<prost_types::Timestamp>) -> Timestamp {
-    at.map_or(Timestamp(0), |at| {
-        Timestamp(at.seconds.saturating_mul(1000) + i64::from(at.nanos / 1_000_000))
-    })
-}
-
-fn status_of(status: pb::RequestStatus) -> RequestStatus {
-    match status {
-        pb::RequestStatus::Queued | pb::RequestStatus::Unspecified => RequestStatus::Queued,
-        pb::RequestStatus::Delivered => RequestStatus::Delivered,
-        pb::RequestStatus::Completed => RequestStatus::Completed,
-        pb::RequestStatus::Failed => RequestStatus::Failed,
-        pb::RequestStatus::Expired => RequestStatus::Expired,
-    }
-}
-
-fn request_view(state: pb::RequestState) -> RequestView {
-    RequestView {
-        provider_connected: state.provider_connected,
-        status: status_of(state.status()),
-        request_id: state.request_id,
-        response: state.response.map(tool_response),
-    }
-}
-
-fn tool_response(response: pb::ToolResponse) -> ToolResponse {
-    ToolResponse {
-        request_id: response.request_id,
-        success: response.success,
-        result: response.result.as_ref().map(from_value),
-        error: response.error.map(|error| ToolError {
-            code: error.code,
-            message: error.message,
-        }),
-    }
-}
-
-fn tool_request(request: pb::ToolRequest) -> ToolRequest {
-    ToolRequest {
-        request_id: request.request_id,
-        tool_id: crate::grpc::non_empty(request.tool_id),
-        function_name: request.function_name,
-        args: request.args.as_ref().map_or(Value::Null, from_struct),
-    }
-}
-
-/// A provider's response as the protobuf message (the inverse of the server's conversion).
-fn provider_message_response(response: ProviderResponse) -> pb::ToolResponse {
-    let success = response.success.unwrap_or(response.error.is_none());
-    let error = response.error.map(|error| match error {
-        Value::String(message) => pb::ToolError {
-            code: String::new(),
-            message,
-        },
-        Value::Object(object) => pb::ToolError {
-            code: object
-                .get("code")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned(),
-            message: object
-                .get("message")
-                .and_then(Value::as_str)
-                .map_or_else(|| Value::Object(object.clone()).to_string(), str::to_owned),
-        },
-        other => pb::ToolError {
-            code: String::new(),
-            message: other.to_string(),
-        },
-    });
-    pb::ToolResponse {
-        request_id: response.request_id,
-        success,
-        result: response.result.as_ref().map(to_value),
-        error: if success { None } else { error },
-    }
-}
-
-fn provider_message(frame: ProviderFrame) -> pb::ProviderMessage {
-    use pb::provider_message::Kind;
-    let kind = match frame {
-        ProviderFrame::Register { tools } => Kind::Register(pb::Register {
-            tools: Vec::new(),
-            tools_json: tools.to_string(),
-        }),
-        ProviderFrame::Response(response) => Kind::Response(provider_message_response(response)),
-        ProviderFrame::Ping => Kind::Ping(pb::Ping {}),
-    };
-    pb::ProviderMessage { kind: Some(kind) }
-}
-
-fn downlink_message(message: pb::RelayMessage) -> Option<Downlink> {
-    use pb::relay_message::Kind;
-    Some(match message.kind? {
-        Kind::Welcome(welcome) => Downlink::Welcome {
-            code: SessionCode::parse(&welcome.code).ok()?,
-            expires_at: timestamp(welcome.expires_at),
-        },
-        Kind::ToolRequest(request) => Downlink::ToolRequest {
-            seq: request.seq,
-            request: tool_request(request),
-        },
-        Kind::Heartbeat(heartbeat) => Downlink::Heartbeat {
-            expires_at: timestamp(heartbeat.expires_at),
-            answers_ping: heartbeat.answers_ping,
-        },
-        Kind::Registered(registered) => Downlink::Registered {
-            tools: registered.tool_count as usize,
-        },
-        Kind::Error(error) => match error.error.as_str() {
-            "replaced" => Downlink::Replaced,
-            "shutting_down" => Downlink::Restarting,
-            _ => Downlink::Error {
-                error: error.error,
-                message: error.message,
-            },
-        },
-        Kind::Expired(expired) => Downlink::Expired {
-            message: expired.message,
-        },
-    })
 }

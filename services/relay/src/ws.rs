@@ -211,7 +211,7 @@ pub async fn serve_link<S>(
         Err(error) => {
             let code = refusal_close_code(&error);
             let frame = RelayFrame::Error {
-                error: error.name.clone(),
+                error: error.code.as_str().to_owned(),
                 message: error.message.clone(),
             };
             if send(&mut socket, text(&frame)).await {

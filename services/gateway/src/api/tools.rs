@@ -158,7 +158,7 @@ impl ToolsApi {
                 } else {
                     FailureKind::Unavailable
                 },
-                code: limited.name.to_uppercase(),
+                code: limited.code.as_str().to_uppercase(),
                 message: limited.message,
                 retry_after: limited.retry_after,
             }
