@@ -481,6 +481,76 @@ async fn built_in_session_calls_cross_replicas_and_outlive_a_killed_one() {
     );
 }
 
+/// One MIP run per caller holds across replicas: while a caller's slow model runs on relay
+/// A, the same caller is refused (429, "already have a model running") on relay B, and is
+/// served there once the run is over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_mip_run_per_caller_holds_across_replicas() {
+    let cluster = Cluster::start(2, 2, &[]).await;
+    let slow = "import time, pulp\nprob = pulp.LpProblem('p')\ntime.sleep(3)";
+    let quick = "import pulp\nprob = pulp.LpProblem('p', pulp.LpMaximize)\nx = pulp.LpVariable('x', 0, 7, cat='Integer')\nprob += 2 * x + 1";
+    let generate = |gateway: usize, model: &str| {
+        cluster.post(
+            gateway,
+            "/api/tools/generate_mip_problem?scope=eager",
+            json!({"problemDefinitionCode": model}),
+        )
+    };
+    // Asked again and again on relay B while the slow run goes on: refused as soon as relay A
+    // holds the caller's lock (a quick model that got in before it is simply served, and a
+    // slow run that found a quick one under way is started again).
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let (running, refused) = loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the runs never overlapped"
+        );
+        let running = tokio::spawn(generate(0, slow));
+        let mut refused = None;
+        while !running.is_finished() {
+            let answer = generate(1, quick).await;
+            if answer.status == StatusCode::TOO_MANY_REQUESTS {
+                refused = Some(answer);
+                break;
+            }
+            assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+        }
+        if refused.is_some() {
+            break (running, refused);
+        }
+        let first = running.await.unwrap();
+        assert_eq!(
+            first.status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "relay B never saw relay A's run: {first:?}"
+        );
+    };
+    let refused = refused.expect("refused");
+    assert!(refused.header("retry-after").is_some(), "{refused:?}");
+    assert!(
+        refused.body["error"]["message"]
+            .as_str()
+            .is_some_and(|message| message.contains("already have a model running")),
+        "{refused:?}"
+    );
+    let first = running.await.unwrap();
+    assert_eq!(first.status, StatusCode::OK, "{first:?}");
+    // The run is over and its lock released: relay B serves the caller.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let after = generate(1, quick).await;
+        if after.status == StatusCode::OK {
+            break;
+        }
+        assert_eq!(after.status, StatusCode::TOO_MANY_REQUESTS, "{after:?}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the lock was never released: {after:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Redis stopped for 5 s and started again (AOF on): 503 with Retry-After meanwhile,
 /// `/readyz` red then green, no process restarted, queued calls answered afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -566,6 +566,23 @@ conformance! {
         assert_eq!((none, session), (Enqueued::NoSession, None));
     }
 
+    async fn a_lock_has_one_holder_until_released_or_run_out(fixture) {
+        let now = fixture.now();
+        let later = now.plus(Duration::from_secs(60));
+        assert!(fixture.store.lock("mip:s1", "a", later).await.unwrap());
+        assert!(!fixture.store.lock("mip:s1", "b", later).await.unwrap(), "held by a");
+        assert!(fixture.store.lock("mip:s1", "a", later.plus(HOUR)).await.unwrap(), "renewed by a");
+        assert!(fixture.store.lock("mip:s2", "b", later).await.unwrap(), "another key");
+        fixture.store.unlock("mip:s1", "b").await.unwrap();
+        assert!(!fixture.store.lock("mip:s1", "b", later).await.unwrap(), "only a releases it");
+        fixture.store.unlock("mip:s1", "a").await.unwrap();
+        assert!(fixture.store.lock("mip:s1", "b", later).await.unwrap(), "released");
+        // A lock whose time ran out (its holder died) is free.
+        let past = Timestamp(wall_now().0 - 1_000);
+        assert!(fixture.store.lock("mip:s3", "a", past).await.unwrap());
+        assert!(fixture.store.lock("mip:s3", "b", later).await.unwrap(), "ran out");
+    }
+
     async fn a_built_in_call_is_leased_to_one_run_and_taken_over_when_the_lease_runs_out(fixture) {
         let code = with_session(&fixture).await;
         let now = fixture.now();

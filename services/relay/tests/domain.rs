@@ -612,6 +612,17 @@ async fn overlapping_attaches_leave_one_connection_standing() {
         async fn usage(&self) -> Result<StoreUsage, StoreError> {
             self.0.usage().await
         }
+        async fn lock(
+            &self,
+            key: &str,
+            holder: &str,
+            until: Timestamp,
+        ) -> Result<bool, StoreError> {
+            self.0.lock(key, holder, until).await
+        }
+        async fn unlock(&self, key: &str, holder: &str) -> Result<(), StoreError> {
+            self.0.unlock(key, holder).await
+        }
         async fn lease_builtin(
             &self,
             code: &SessionCode,

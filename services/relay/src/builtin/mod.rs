@@ -87,6 +87,100 @@ impl Tickets {
     pub async fn get(&self, scope: &str, id: &str) -> Result<Option<Arc<Value>>, ToolFailure> {
         self.store.ticket(scope, id).await.map_err(store_failure)
     }
+
+    /// Takes the lock `key`, shared by every replica on the store: `None` while someone else
+    /// holds it. The lock is held for [`SHARED_LOCK_TTL`] at a time and renewed while the
+    /// returned guard lives, so a replica that dies frees it within that; dropping the guard
+    /// releases it.
+    pub async fn lock(&self, key: &str) -> Result<Option<SharedLock>, ToolFailure> {
+        let holder = random_id();
+        let until = self.clock.now().plus(SHARED_LOCK_TTL);
+        if !self
+            .store
+            .lock(key, &holder, until)
+            .await
+            .map_err(store_failure)?
+        {
+            return Ok(None);
+        }
+        // Made first, so that a failure below still releases the lock.
+        let mut lock = SharedLock {
+            store: Arc::clone(&self.store),
+            key: key.to_owned(),
+            holder: holder.clone(),
+            renewing: None,
+        };
+        let (store, clock, key) = (Arc::clone(&self.store), self.clock.clone(), key.to_owned());
+        let renewing = tokio::spawn(async move {
+            let mut every = tokio::time::interval(SHARED_LOCK_TTL / 3);
+            every.reset();
+            loop {
+                every.tick().await;
+                let until = clock.now().plus(SHARED_LOCK_TTL);
+                match store.lock(&key, &holder, until).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        tracing::warn!(%key, "a shared lock was lost while held");
+                        return;
+                    }
+                    Err(error) => tracing::warn!(%key, %error, "a shared lock was not renewed"),
+                }
+            }
+        });
+        lock.renewing = Some(renewing);
+        Ok(Some(lock))
+    }
+}
+
+/// How long a shared lock lasts unless renewed (a third of the way through). Shorter than a
+/// built-in call's lease ([`crate::store::BUILTIN_LEASE`]): when a replica dies, its locks
+/// are free before another replica takes its calls over.
+pub const SHARED_LOCK_TTL: Duration = Duration::from_secs(5);
+
+/// A lock taken with [`Tickets::lock`]; released when dropped.
+pub struct SharedLock {
+    store: Arc<dyn Store>,
+    key: String,
+    holder: String,
+    /// Renews the lock while it is held.
+    renewing: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl SharedLock {
+    /// Releases the lock now, rather than in the background as dropping it does.
+    pub async fn release(mut self) {
+        if let Some(renewing) = self.renewing.take() {
+            renewing.abort();
+        }
+        let key = std::mem::take(&mut self.key);
+        if let Err(error) = self.store.unlock(&key, &self.holder).await {
+            tracing::warn!(%key, %error, "a shared lock was not released");
+        }
+    }
+}
+
+impl Drop for SharedLock {
+    fn drop(&mut self) {
+        if let Some(renewing) = self.renewing.take() {
+            renewing.abort();
+        }
+        if self.key.is_empty() {
+            return; // released already
+        }
+        let (store, key, holder) = (
+            Arc::clone(&self.store),
+            std::mem::take(&mut self.key),
+            std::mem::take(&mut self.holder),
+        );
+        // Released in the background; if that fails, the lock runs out on its own.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(error) = store.unlock(&key, &holder).await {
+                    tracing::warn!(%key, %error, "a shared lock was not released");
+                }
+            });
+        }
+    }
 }
 
 fn store_failure(error: crate::error::StoreError) -> ToolFailure {

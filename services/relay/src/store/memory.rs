@@ -86,6 +86,8 @@ pub struct MemoryStore {
     /// Rate budgets: each key's arrival time (µs, see [`RateBudget`]). Apart from the tables,
     /// so a rate check never waits for the sessions' lock.
     rates: Mutex<HashMap<String, i64>>,
+    /// Locks: key → (holder, until).
+    locks: Mutex<HashMap<String, (String, Timestamp)>>,
     /// MCP client sessions' states and when they expire.
     mcp_sessions: Mutex<HashMap<String, (String, Timestamp)>>,
 }
@@ -428,6 +430,7 @@ impl MemoryStore {
             limits,
             tables: Mutex::new(Tables::default()),
             rates: Mutex::new(HashMap::new()),
+            locks: Mutex::new(HashMap::new()),
             mcp_sessions: Mutex::new(HashMap::new()),
         });
         tokio::spawn(sweep(Arc::downgrade(&store)));
@@ -868,6 +871,29 @@ impl Store for MemoryStore {
 
     async fn delete_mcp_session(&self, id: &str) -> Result<(), StoreError> {
         locked(&self.mcp_sessions).remove(id);
+        Ok(())
+    }
+
+    async fn lock(&self, key: &str, holder: &str, until: Timestamp) -> Result<bool, StoreError> {
+        let now = self.clock.now();
+        let mut locks = locked(&self.locks);
+        if locks.len() >= RATES_PRUNE_AT && !locks.contains_key(key) {
+            locks.retain(|_, (_, until)| *until > now);
+        }
+        match locks.get(key) {
+            Some((other, until)) if other != holder && *until > now => Ok(false),
+            _ => {
+                locks.insert(key.to_owned(), (holder.to_owned(), until));
+                Ok(true)
+            }
+        }
+    }
+
+    async fn unlock(&self, key: &str, holder: &str) -> Result<(), StoreError> {
+        let mut locks = locked(&self.locks);
+        if locks.get(key).is_some_and(|(other, _)| other == holder) {
+            locks.remove(key);
+        }
         Ok(())
     }
 

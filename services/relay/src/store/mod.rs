@@ -611,6 +611,15 @@ pub trait Store: Send + Sync + 'static {
     /// Forgets an MCP client session's state (the client ended the session).
     async fn delete_mcp_session(&self, id: &str) -> Result<(), StoreError>;
 
+    /// Takes the lock `key` for `holder` until `until` (or until it is released), or renews
+    /// it when `holder` has it already, unless someone else holds it: whether `holder` has it
+    /// now. Shared by every replica, so one
+    /// caller's "one at a time" holds across replicas; a holder that dies frees it at `until`.
+    async fn lock(&self, key: &str, holder: &str, until: Timestamp) -> Result<bool, StoreError>;
+
+    /// Releases the lock `key` if `holder` has it.
+    async fn unlock(&self, key: &str, holder: &str) -> Result<(), StoreError>;
+
     /// Spends one unit of the rate budget `key` at `now`: `None` when the budget had room, or
     /// how long until it has room again (nothing is spent then). Shared by every replica
     /// using the store, so a client spreading its requests over replicas gets one budget.

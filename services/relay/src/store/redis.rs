@@ -295,6 +295,20 @@ return 1
 
 /// A rate budget, GCRA as [`RateBudget::spend`]: KEYS its arrival time (µs). ARGV now (µs),
 /// interval (µs), tolerance (µs). Answers 0 when spent, else the µs to wait.
+/// Takes lock KEYS[1] for ARGV[1] until ARGV[2] (ms), or renews it for its holder.
+const LOCK: &str = r"
+local holder = redis.call('GET', KEYS[1])
+if holder and holder ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PXAT', ARGV[2])
+return 1
+";
+
+/// Releases lock KEYS[1] if ARGV[1] holds it.
+const UNLOCK: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+";
+
 /// A rate budget: KEYS[1] its theoretical arrival time; ARGV now, interval, tolerance (µs).
 const SPEND: &str = r"
 return gcra(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]))
@@ -332,6 +346,8 @@ struct Scripts {
     finish: Script,
     put_ticket: Script,
     spend: Script,
+    lock: Script,
+    unlock: Script,
 }
 
 impl Scripts {
@@ -355,6 +371,8 @@ impl Scripts {
             finish: with_library(FINISH),
             put_ticket: Script::new(PUT_TICKET),
             spend: Script::new(&format!("{GCRA}\n{SPEND}")),
+            lock: Script::new(LOCK),
+            unlock: Script::new(UNLOCK),
         }
     }
 }
@@ -981,6 +999,35 @@ impl Store for RedisStore {
             .query_async::<()>(&mut redis)
             .await
             .map_err(store_error)
+    }
+
+    async fn lock(&self, key: &str, holder: &str, until: Timestamp) -> Result<bool, StoreError> {
+        let mut redis = self.redis.clone();
+        // Redis drops the key at `until` by its own clock: the replicas' milliseconds of
+        // disagreement move a lock of seconds by as much.
+        let taken: i64 = self
+            .scripts
+            .lock
+            .key(format!("{}lock:{key}", self.prefix))
+            .arg(holder)
+            .arg(until.0)
+            .invoke_async(&mut redis)
+            .await
+            .map_err(store_error)?;
+        Ok(taken == 1)
+    }
+
+    async fn unlock(&self, key: &str, holder: &str) -> Result<(), StoreError> {
+        let mut redis = self.redis.clone();
+        let _: i64 = self
+            .scripts
+            .unlock
+            .key(format!("{}lock:{key}", self.prefix))
+            .arg(holder)
+            .invoke_async(&mut redis)
+            .await
+            .map_err(store_error)?;
+        Ok(())
     }
 
     async fn spend(

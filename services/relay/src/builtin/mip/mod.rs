@@ -28,7 +28,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use self::model::{Model, Solution};
 use self::sandbox::{Sandbox, SandboxConfig, busy};
-use super::{Context, FailureKind, Scope, Tool, ToolFailure};
+use super::{Context, FailureKind, Scope, SharedLock, Tool, ToolFailure};
 
 /// Settings of the MIP tools.
 #[derive(Debug, Clone)]
@@ -75,6 +75,19 @@ struct Admission {
     mip: Arc<Mip>,
     scope: String,
     _permit: OwnedSemaphorePermit,
+    /// The scope's lock in the store, so that one run per scope holds across replicas.
+    shared: Option<SharedLock>,
+}
+
+impl Admission {
+    /// Ends the run's admission now, its shared lock released before this returns, so that
+    /// the caller's next call (on any replica) finds it free. Dropping does the same, with the
+    /// shared lock released in the background.
+    async fn release(mut self) {
+        if let Some(lock) = self.shared.take() {
+            lock.release().await;
+        }
+    }
 }
 
 impl Drop for Admission {
@@ -94,19 +107,31 @@ fn scope_busy() -> ToolFailure {
 }
 
 impl Mip {
-    /// Admits one run for `scope`, or says to come back later (HTTP 429 with Retry-After).
-    fn admit(self: &Arc<Self>, scope: &str) -> Result<Admission, ToolFailure> {
+    /// Admits one run for `scope`, or says to come back later (HTTP 429 with Retry-After):
+    /// a slot of this replica, and the scope's lock — here, then in the store, where every
+    /// replica looks.
+    async fn admit(
+        self: &Arc<Self>,
+        scope: &str,
+        context: &Context,
+    ) -> Result<Admission, ToolFailure> {
         let permit = Arc::clone(&self.slots)
             .try_acquire_owned()
             .map_err(|_| busy())?;
         if !self.scopes().insert(scope.to_owned()) {
             return Err(scope_busy());
         }
-        Ok(Admission {
+        let mut admission = Admission {
             mip: Arc::clone(self),
             scope: scope.to_owned(),
             _permit: permit,
-        })
+            shared: None,
+        };
+        match context.tickets.lock(&format!("mip:{scope}")).await? {
+            Some(lock) => admission.shared = Some(lock),
+            None => return Err(scope_busy()),
+        }
+        Ok(admission)
     }
 
     /// Whether [`Mip::admit`] would admit a run for the context's scope now.
@@ -272,11 +297,14 @@ impl Tool for Generate {
         let scope = scope_of(context, &args)?;
         let code = text_arg(&args, "problemDefinitionCode")?;
         let mut outcome = {
-            let _admission = self.0.admit(&scope)?;
-            self.0
+            let admission = self.0.admit(&scope, context).await?;
+            let outcome = self
+                .0
                 .sandbox
                 .run(&json!({"mode": "generate", "code": code}))
-                .await?
+                .await;
+            admission.release().await;
+            outcome?
         };
         if outcome["ok"] != true {
             return Err(python_failure(&outcome));
@@ -346,19 +374,21 @@ impl Tool for Solve {
             .as_f64()
             .unwrap_or(DEFAULT_TIME_LIMIT)
             .clamp(0.01, MAX_TIME_LIMIT);
-        let admission = self.0.admit(&scope)?;
+        let admission = self.0.admit(&scope, context).await?;
         // In its own task, holding the admission: a caller that goes away cannot leave a
         // solve running outside the limits (HiGHS cannot be stopped once started).
         let mip = Arc::clone(&self.0);
         let stored_problem = Arc::clone(&problem);
         let solving = tokio::spawn(async move {
-            let _admission = admission;
-            mip.solve(
-                model,
-                &stored_problem["dict"],
-                Duration::from_secs_f64(seconds),
-            )
-            .await
+            let solution = mip
+                .solve(
+                    model,
+                    &stored_problem["dict"],
+                    Duration::from_secs_f64(seconds),
+                )
+                .await;
+            admission.release().await;
+            solution
         });
         let mut solution = solving.await.map_err(|error| {
             ToolFailure::new(
@@ -424,11 +454,14 @@ impl Tool for Validate {
             "variables": solution["variables"],
         });
         let outcome = {
-            let _admission = self.0.admit(&scope)?;
-            self.0
+            let admission = self.0.admit(&scope, context).await?;
+            let outcome = self
+                .0
                 .sandbox
                 .run(&json!({"mode": "validate", "code": code, "solution": bound}))
-                .await?
+                .await;
+            admission.release().await;
+            outcome?
         };
         if outcome["ok"] != true {
             let error = outcome["error"]
