@@ -15,7 +15,7 @@
 //! threads, and arguments that would cost more than [`MAX_CHECK_COST`] are refused
 //! ([`Function::check_arguments_async`]).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 
@@ -89,6 +89,10 @@ pub struct Function {
     pub schema: Value,
     /// Subschemas the schema expands to, with its `$ref`s followed ([`schema_size`]).
     pub schema_size: usize,
+    /// Whether a `$ref` of the schema leads back to itself for a part of the value (a tree of
+    /// objects): then checking may apply a subschema to a value more than `schema_size` times,
+    /// and the cost of a check is counted on the arguments themselves ([`Function::check_cost`]).
+    recursive: bool,
     validator: Arc<jsonschema::Validator>,
 }
 
@@ -358,60 +362,79 @@ impl Function {
         }
     }
 
-    /// What checking `args` may cost at most: subschemas times JSON values.
-    pub fn check_cost(&self, args: &Value) -> usize {
-        self.schema_size
-            .saturating_mul(toolrelay::json::values(args))
+    /// What checking `args` costs at most, in subschemas applied to values, counting no
+    /// further than `limit` (past it, `limit + 1`). Without recursion along the data every
+    /// subschema applies to a value at most once, so subschemas times JSON values bounds it;
+    /// with it, one schema can reach a value along several paths that each lead back to it
+    /// (twice per level is 2^depth), so the applications are counted on the arguments.
+    pub fn check_cost(&self, args: &Value, limit: usize) -> usize {
+        if self.recursive {
+            applications(&self.schema, args, limit)
+        } else {
+            self.schema_size
+                .saturating_mul(toolrelay::json::values(args))
+                .min(limit.saturating_add(1))
+        }
     }
 
-    /// [`Function::check_arguments`] on a blocking thread when it may take more than a moment,
-    /// so that no request can hold an async thread (and with it other requests) for long.
+    /// [`Function::check_arguments`] within a budget: arguments that would cost more than
+    /// [`MAX_CHECK_COST`] are refused before any checking, and a check that may take more
+    /// than a moment (counting it included) runs on a blocking thread, so that no request can
+    /// hold an async thread (and with it other requests) for long.
     pub async fn check_arguments_async(&self, args: &Value) -> Result<(), RelayError> {
-        let cost = self.check_cost(args);
-        if cost > MAX_CHECK_COST {
-            return Err(RelayError::InvalidArguments {
-                function: self.name.clone(),
-                problems: format!(
-                    "they hold {} JSON values, too many to check against a schema of {} parts; split the call into smaller ones",
-                    toolrelay::json::values(args),
-                    self.schema_size
-                ),
-            });
-        }
-        if cost <= INLINE_CHECK_COST {
+        if self.check_cost(args, INLINE_CHECK_COST) <= INLINE_CHECK_COST {
             return self.check_arguments(args);
         }
-        let (validator, args) = (Arc::clone(&self.validator), args.clone());
-        let problems = tokio::task::spawn_blocking(move || describe_violations(&validator, &args))
-            .await
-            .map_err(|_| RelayError::InvalidArguments {
-                function: self.name.clone(),
-                problems: "checking them failed".into(),
-            })?;
-        match problems {
-            None => Ok(()),
-            Some(problems) => Err(RelayError::InvalidArguments {
-                function: self.name.clone(),
-                problems,
-            }),
-        }
+        let (function, args) = (self.clone(), args.clone());
+        tokio::task::spawn_blocking(move || {
+            if function.check_cost(&args, MAX_CHECK_COST) > MAX_CHECK_COST {
+                return Err(RelayError::InvalidArguments {
+                    problems: format!(
+                        "they hold {} JSON values, too many to check against this function's schema within the relay's budget; split the call into smaller ones",
+                        toolrelay::json::values(&args),
+                    ),
+                    function: function.name,
+                });
+            }
+            function.check_arguments(&args)
+        })
+        .await
+        .map_err(|_| RelayError::InvalidArguments {
+            function: self.name.clone(),
+            problems: "checking them failed".into(),
+        })?
     }
 }
 
+/// What [`schema_size`] finds out about a schema.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SchemaSize {
+    /// Subschemas checking one value may visit, `$ref`s followed.
+    pub subschemas: usize,
+    /// Whether a `$ref` leads back to a schema it is part of, for a part of the value.
+    pub recursive: bool,
+}
+
 /// How many subschemas checking an argument value against `schema` may visit: every
-/// subschema once, `$ref`s followed (so a `$ref` used twice counts its target twice). Fails,
-/// naming the limit, past `limit` subschemas, on a `$ref` that loops back to a schema applying
-/// to the same value (an endless check), or on a `$ref` that is not local to the schema.
-pub fn schema_size(schema: &Value, limit: usize) -> Result<usize, String> {
+/// subschema once, `$ref`s followed (so a `$ref` used twice counts its target twice), and a
+/// `$ref` back to a schema it is part of, for a part of the value (recursion along the data),
+/// once. Fails, naming the limit, past `limit` subschemas, on a `$ref` that loops back to a
+/// schema applying to the same value (an endless check), or on a `$ref` that is not local to
+/// the schema.
+pub fn schema_size(schema: &Value, limit: usize) -> Result<SchemaSize, String> {
     let mut walk = SchemaWalk {
         root: schema,
         limit,
         visited: 0,
         descents: 0,
         following: Vec::new(),
+        recursive: false,
     };
     walk.visit(schema)?;
-    Ok(walk.visited)
+    Ok(SchemaSize {
+        subschemas: walk.visited,
+        recursive: walk.recursive,
+    })
 }
 
 /// The walk of [`schema_size`].
@@ -424,6 +447,8 @@ struct SchemaWalk<'a> {
     descents: usize,
     /// The `$ref` targets being followed, with `descents` when each was entered.
     following: Vec<(String, usize)>,
+    /// Whether a `$ref` cycle through a part of the value was found.
+    recursive: bool,
 }
 
 impl<'a> SchemaWalk<'a> {
@@ -501,10 +526,12 @@ impl<'a> SchemaWalk<'a> {
         let Some(reference) = reference.as_str() else {
             return Err("a $ref must be a string".into());
         };
-        let (key, target) = self.resolve(reference)?;
+        let (key, target) = resolve(self.root, reference)?;
         if let Some((_, entered_at)) = self.following.iter().find(|(seen, _)| *seen == key) {
             return if self.descents > *entered_at {
-                // Recursion along the data (a tree of objects): it ends where the data does.
+                // Recursion along the data (a tree of objects): it ends where the data does,
+                // and what it costs is counted on the data (`applications`).
+                self.recursive = true;
                 Ok(())
             } else {
                 Err(format!(
@@ -517,24 +544,177 @@ impl<'a> SchemaWalk<'a> {
         self.following.pop();
         visited
     }
+}
 
-    /// The schema a local `$ref` (`#`, `#/json/pointer`, `#anchor`) points at, with a key
-    /// naming it.
-    fn resolve(&self, reference: &str) -> Result<(String, &'a Value), String> {
-        let Some(fragment) = reference.strip_prefix('#') else {
-            return Err(format!(
-                "its $ref {reference} is not local to the schema; only references such as #/$defs/name are supported"
-            ));
+/// The schema a local `$ref` (`#`, `#/json/pointer`, `#anchor`) of `root` points at, with a key
+/// naming it.
+fn resolve<'a>(root: &'a Value, reference: &str) -> Result<(String, &'a Value), String> {
+    let Some(fragment) = reference.strip_prefix('#') else {
+        return Err(format!(
+            "its $ref {reference} is not local to the schema; only references such as #/$defs/name are supported"
+        ));
+    };
+    let target = if fragment.is_empty() || fragment.starts_with('/') {
+        let pointer = percent_decoded(fragment);
+        root.pointer(&pointer)
+    } else {
+        find_anchor(root, fragment)
+    };
+    target
+        .map(|target| (format!("#{fragment}"), target))
+        .ok_or_else(|| format!("its $ref {reference} points at nothing in the schema"))
+}
+
+/// How many times checking `value` against `schema` applies a subschema to a value, counted
+/// no further than `limit` (past it, `limit + 1`). Every applicator keyword is followed into
+/// every part of the value it may apply to (more than a validator visits, never less), with
+/// the schema's local `$ref`s resolved. What a `$ref`'s target costs for a part of the value is
+/// counted once and remembered, so counting a schema that reaches a value along exponentially
+/// many paths takes time in proportion to the schema and the value, and never more than
+/// `limit` steps.
+pub fn applications(schema: &Value, value: &Value, limit: usize) -> usize {
+    let mut count = Applications {
+        root: schema,
+        limit,
+        steps: 0,
+        known: HashMap::new(),
+    };
+    count
+        .apply(schema, value)
+        .map_or(limit.saturating_add(1), |total| {
+            total.min(limit.saturating_add(1))
+        })
+}
+
+/// The count of [`applications`]; `Err` says that the limit was passed.
+struct Applications<'a> {
+    root: &'a Value,
+    limit: usize,
+    /// Subschemas walked so far (a remembered `$ref` is not walked again).
+    steps: usize,
+    /// What each `$ref` target costs for each part of the value (`None` while it is counted).
+    known: HashMap<(*const Value, *const Value), Option<usize>>,
+}
+
+/// Stands for a property name, to which `propertyNames` applies its schema.
+const A_NAME: Value = Value::String(String::new());
+
+impl<'a> Applications<'a> {
+    fn apply(&mut self, schema: &'a Value, value: &Value) -> Result<usize, ()> {
+        self.steps += 1;
+        if self.steps > self.limit {
+            return Err(());
+        }
+        let Value::Object(keywords) = schema else {
+            return Ok(1);
         };
-        let target = if fragment.is_empty() || fragment.starts_with('/') {
-            let pointer = percent_decoded(fragment);
-            self.root.pointer(&pointer)
-        } else {
-            find_anchor(self.root, fragment)
+        let (items, members): (&[Value], Option<&Map<String, Value>>) = match value {
+            Value::Array(items) => (items, None),
+            Value::Object(members) => (&[], Some(members)),
+            _ => (&[], None),
         };
-        target
-            .map(|target| (format!("#{fragment}"), target))
-            .ok_or_else(|| format!("its $ref {reference} points at nothing in the schema"))
+        let mut total: usize = 1;
+        for (keyword, sub) in keywords {
+            match keyword.as_str() {
+                "allOf" | "anyOf" | "oneOf" => match sub {
+                    Value::Array(schemas) => {
+                        for schema in schemas {
+                            self.add(&mut total, schema, value)?;
+                        }
+                    }
+                    schema => self.add(&mut total, schema, value)?,
+                },
+                "not" | "if" | "then" | "else" => self.add(&mut total, sub, value)?,
+                "dependentSchemas" | "dependencies" => {
+                    if let Value::Object(schemas) = sub {
+                        for schema in schemas.values().filter(|s| s.is_object()) {
+                            self.add(&mut total, schema, value)?;
+                        }
+                    }
+                }
+                "$ref" | "$dynamicRef" | "$recursiveRef" => {
+                    // Registration refused what does not resolve.
+                    if let Some(Ok((_, target))) = sub.as_str().map(|r| resolve(self.root, r)) {
+                        let cost = self.referenced(target, value)?;
+                        self.count(&mut total, cost)?;
+                    }
+                }
+                "properties" => {
+                    if let (Some(members), Value::Object(schemas)) = (members, sub) {
+                        for (name, schema) in schemas {
+                            if let Some(member) = members.get(name) {
+                                self.add(&mut total, schema, member)?;
+                            }
+                        }
+                    }
+                }
+                // Every pattern is taken to match every name.
+                "patternProperties" => {
+                    if let (Some(members), Value::Object(schemas)) = (members, sub) {
+                        for schema in schemas.values() {
+                            for member in members.values() {
+                                self.add(&mut total, schema, member)?;
+                            }
+                        }
+                    }
+                }
+                "additionalProperties" | "unevaluatedProperties" => {
+                    for member in members.into_iter().flat_map(Map::values) {
+                        self.add(&mut total, sub, member)?;
+                    }
+                }
+                "propertyNames" => {
+                    for _ in members.into_iter().flat_map(Map::keys) {
+                        self.add(&mut total, sub, &A_NAME)?;
+                    }
+                }
+                "items" | "prefixItems" => match sub {
+                    Value::Array(schemas) => {
+                        for (schema, item) in schemas.iter().zip(items) {
+                            self.add(&mut total, schema, item)?;
+                        }
+                    }
+                    schema => {
+                        for item in items {
+                            self.add(&mut total, schema, item)?;
+                        }
+                    }
+                },
+                "additionalItems" | "unevaluatedItems" | "contains" => {
+                    for item in items {
+                        self.add(&mut total, sub, item)?;
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(total)
+    }
+
+    /// Adds what applying `schema` to `value` costs to `total`.
+    fn add(&mut self, total: &mut usize, schema: &'a Value, value: &Value) -> Result<(), ()> {
+        let cost = self.apply(schema, value)?;
+        self.count(total, cost)
+    }
+
+    fn count(&self, total: &mut usize, cost: usize) -> Result<(), ()> {
+        *total = total.saturating_add(cost);
+        if *total > self.limit { Err(()) } else { Ok(()) }
+    }
+
+    /// What `target` (a `$ref`'s) costs for `value`, counted the first time only.
+    fn referenced(&mut self, target: &'a Value, value: &Value) -> Result<usize, ()> {
+        let key = (std::ptr::from_ref(target), std::ptr::from_ref(value));
+        match self.known.get(&key) {
+            Some(Some(cost)) => return Ok(*cost),
+            // A loop on the same value, which registration refuses.
+            Some(None) => return Err(()),
+            None => {}
+        }
+        self.known.insert(key, None);
+        let cost = self.apply(target, value)?;
+        self.known.insert(key, Some(cost));
+        Ok(cost)
     }
 }
 
@@ -638,7 +818,7 @@ fn parse_function(
             limits.max_depth
         )));
     }
-    let schema_size = schema_size(&schema, MAX_SCHEMA_NODES)
+    let size = schema_size(&schema, MAX_SCHEMA_NODES)
         .map_err(|reason| invalid(format!("the schema of {name} is refused: {reason}")))?;
     let validator = jsonschema::options()
         .with_pattern_options(
@@ -655,7 +835,8 @@ fn parse_function(
         description: description(object, at)?,
         name,
         schema,
-        schema_size,
+        schema_size: size.subschemas,
+        recursive: size.recursive,
         validator: Arc::new(validator),
     })
 }
