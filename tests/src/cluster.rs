@@ -23,6 +23,15 @@ impl Replica {
             child.kill().await.unwrap();
         }
     }
+
+    /// The process id, while it runs (a restarted process would have another).
+    fn running(&mut self) -> Option<u32> {
+        let child = self.child.as_mut()?;
+        match child.try_wait() {
+            Ok(None) => child.id(),
+            _ => None,
+        }
+    }
 }
 
 /// The relays, gateways and Redis.
@@ -177,6 +186,16 @@ impl Cluster {
     /// Kills relay `index` with `SIGKILL`.
     pub async fn kill_relay(&mut self, index: usize) {
         self.relays[index].kill().await;
+    }
+
+    /// The process ids of the relays and gateways not killed, `None` for one that has exited:
+    /// the same list before and after an event means no process stopped or restarted.
+    pub fn processes(&mut self) -> Vec<Option<u32>> {
+        self.relays
+            .iter_mut()
+            .chain(self.gateway_processes.iter_mut())
+            .map(Replica::running)
+            .collect()
     }
 
     /// Kills gateway `index` with `SIGKILL`.

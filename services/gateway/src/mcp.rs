@@ -35,7 +35,7 @@ use serde_json::{Value, json};
 use toolrelay_relay::builtin::Scope;
 use toolrelay_relay::clock::Clock;
 use toolrelay_relay::store::Store;
-use toolrelay_relay::{CallInput, Caller, ErrorInfo, SessionCode};
+use toolrelay_relay::{CallInput, Caller, ErrorInfo, ErrorKind, SessionCode};
 
 use crate::api::State;
 use crate::types::CallResponse;
@@ -46,6 +46,9 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 const MCP_SESSION_LIFETIME: Duration = Duration::from_secs(24 * 3600);
 /// How often a watcher of a session's tools checks that its MCP client is still there.
 const CLIENT_CHECK_EVERY: Duration = Duration::from_secs(30);
+/// How soon a watcher of a session's tools whose relay could not be reached asks again
+/// (doubling up to 5 s).
+const WATCH_RETRY: Duration = Duration::from_millis(500);
 
 /// What the gateway tells a handler about the HTTP request (inserted by [`with_context`]).
 #[derive(Debug, Clone)]
@@ -319,29 +322,55 @@ impl RelayMcp {
         let stopping = self.state.shutdown.clone();
         tokio::spawn(async move {
             let handle = request.handle.unwrap_or_default();
-            let Ok(code) = relay.resolve_handle(&request.caller, &handle).await else {
-                return;
-            };
-            let Ok(mut changes) = relay.manifest_changes(&request.caller, &code).await else {
-                return;
-            };
             let mut still_there = tokio::time::interval(CLIENT_CHECK_EVERY);
+            let mut retry = WATCH_RETRY;
+            let mut resumed = false;
             loop {
-                tokio::select! {
-                    change = changes.next() => match change {
-                        Some(()) => {
-                            if peer.notify_tool_list_changed().await.is_err() {
-                                return;
-                            }
+                // A relay that cannot be reached (a replica died, the store is away) is asked
+                // again; only a session that is gone ends the watch.
+                let watched = match relay.resolve_handle(&request.caller, &handle).await {
+                    Ok(code) => relay.manifest_changes(&request.caller, &code).await,
+                    Err(error) => Err(error),
+                };
+                let mut changes = match watched {
+                    Ok(changes) => changes,
+                    Err(error) if error.kind == ErrorKind::NotFound => return,
+                    Err(_) => {
+                        tokio::select! {
+                            () = tokio::time::sleep(retry) => {}
+                            () = stopping.cancelled() => return,
                         }
-                        None => return,
-                    },
-                    _ = still_there.tick() => {
+                        retry = (retry * 2).min(Duration::from_secs(5));
                         if peer.is_transport_closed() {
                             return;
                         }
+                        continue;
                     }
-                    () = stopping.cancelled() => return,
+                };
+                retry = WATCH_RETRY;
+                // The tools may have changed while the watch was broken.
+                if resumed && peer.notify_tool_list_changed().await.is_err() {
+                    return;
+                }
+                resumed = true;
+                loop {
+                    tokio::select! {
+                        change = changes.next() => match change {
+                            Some(()) => {
+                                if peer.notify_tool_list_changed().await.is_err() {
+                                    return;
+                                }
+                            }
+                            // The session ended, or the stream broke: look again.
+                            None => break,
+                        },
+                        _ = still_there.tick() => {
+                            if peer.is_transport_closed() {
+                                return;
+                            }
+                        }
+                        () = stopping.cancelled() => return,
+                    }
                 }
             }
         });

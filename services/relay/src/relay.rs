@@ -836,6 +836,10 @@ impl Relay {
     ) -> Result<RequestView, RelayError> {
         let code = SessionCode::parse(code)?;
         let record = self.request_record(&code, request_id).await?;
+        // A caller polling a built-in call whose replica died is what takes it over here.
+        if record.is_orphaned_builtin(self.now()) {
+            self.run_builtin(code.clone(), &record);
+        }
         self.view(&code, record).await
     }
 

@@ -73,10 +73,15 @@ impl DiscoveryApi {
 
     /// Readiness
     ///
-    /// Answers ok when the relay and its store answer; 503 otherwise.
+    /// Answers ok when the relay and its store answer, and the store the gateway shares with
+    /// other gateways (rate limits, MCP sessions) does; 503 otherwise.
     #[oai(path = "/readyz", method = "get", operation_id = "readyz")]
     async fn readyz(&self) -> Result<Ready, ApiError> {
         self.state.relay.ready().await?;
+        if let Err(error) = self.state.store.ping().await {
+            let error = toolrelay_relay::RelayError::StoreUnavailable(error);
+            return Err(toolrelay_relay::ErrorInfo::from(error).into());
+        }
         Ok(Ready::Ready(PlainText("ready")))
     }
 }

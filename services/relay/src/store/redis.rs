@@ -957,6 +957,10 @@ impl Store for RedisStore {
             .query_async(&mut redis)
             .await
             .map_err(store_error)?;
+        // Without the event connection no tab hears of a call but by the safety net.
+        if !self.events.alive().await {
+            return Err(StoreError("the Redis event connection is down".into()));
+        }
         Ok(())
     }
 
@@ -1150,9 +1154,17 @@ fn announced_record(mut rest: &str) -> SessionEvent {
 }
 
 /// One pub/sub connection per replica, its messages fanned out to the replica's subscribers.
+///
+/// The lock on `sink` orders every change of what Redis is subscribed to with the map of
+/// channels: a reader adds a channel (and subscribes to it) holding it, the sweep removes
+/// unused channels (and unsubscribes) holding it, and a reconnect subscribes to every channel
+/// holding it. So a reader that has its stream knows that Redis confirmed the subscription
+/// (when Redis is there), and no unsubscription can overtake a subscription.
 pub struct EventHub {
     channels: Mutex<HashMap<String, broadcast::Sender<SessionEvent>>>,
     sink: tokio::sync::Mutex<Option<redis::aio::PubSubSink>>,
+    /// Wakes the listener to reconnect when a subscription failed on a live connection.
+    reconnect: tokio::sync::Notify,
 }
 
 impl EventHub {
@@ -1160,6 +1172,7 @@ impl EventHub {
         let hub = Arc::new(Self {
             channels: Mutex::new(HashMap::new()),
             sink: tokio::sync::Mutex::new(None),
+            reconnect: tokio::sync::Notify::new(),
         });
         tokio::spawn(listen(Arc::downgrade(&hub), client));
         hub
@@ -1179,6 +1192,7 @@ impl EventHub {
     /// every [`SAFETY_NET`].
     async fn subscribe(&self, base: &str) -> EventStream {
         let channel = format!("{base}ev");
+        let mut sink = self.sink.lock().await;
         let (receiver, new) = {
             let mut channels = self.channels();
             match channels.get(&channel) {
@@ -1190,13 +1204,18 @@ impl EventHub {
                 }
             }
         };
-        if new
-            && let Some(sink) = self.sink.lock().await.as_mut()
-            && let Err(error) = sink.subscribe(&channel).await
-        {
-            // The listener subscribes again when it reconnects, and says Missed then.
-            tracing::warn!(%error, "could not subscribe to a session's events");
+        if new && let Some(connected) = sink.as_mut() {
+            let subscribed = tokio::time::timeout(RESPONSE_TIMEOUT, connected.subscribe(&channel))
+                .await
+                .unwrap_or_else(|_| Err(timed_out()));
+            if let Err(error) = subscribed {
+                // The listener reconnects, subscribes to every channel and says Missed.
+                tracing::warn!(%error, "could not subscribe to a session's events; reconnecting");
+                *sink = None;
+                self.reconnect.notify_one();
+            }
         }
+        drop(sink);
         let events =
             BroadcastStream::new(receiver).map(|event| event.unwrap_or(SessionEvent::Missed));
         let mut ticks = tokio::time::interval(SAFETY_NET);
@@ -1207,7 +1226,7 @@ impl EventHub {
         Box::pin(futures::stream::select(events, safety))
     }
 
-    /// Whether the pub/sub connection answers a ping in time.
+    /// Whether the pub/sub connection is there and answers a ping in time.
     async fn alive(&self) -> bool {
         let mut sink = self.sink.lock().await;
         let Some(sink) = sink.as_mut() else {
@@ -1244,15 +1263,58 @@ impl EventHub {
         }
     }
 
-    /// Tells every local subscriber to look again (after a reconnect), and forgets channels
-    /// nobody listens to; returns the channels still wanted.
-    fn missed_all(&self) -> Vec<String> {
+    /// Forgets channels nobody listens to; returns those still wanted.
+    fn wanted(&self) -> Vec<String> {
         let mut channels = self.channels();
         channels.retain(|_, sender| sender.receiver_count() > 0);
-        for sender in channels.values() {
+        channels.keys().cloned().collect()
+    }
+
+    /// Tells every local subscriber to look again: messages may have been lost.
+    fn missed_all(&self) {
+        for sender in self.channels().values() {
             let _ = sender.send(SessionEvent::Missed);
         }
-        channels.keys().cloned().collect()
+    }
+
+    /// On a new connection: subscribes to every wanted channel and installs the connection,
+    /// holding the sink's lock so that no reader joins in between; then says `Missed` to
+    /// everyone, who look again with their events flowing. False if a subscription failed.
+    async fn resubscribe(&self, mut connected: redis::aio::PubSubSink) -> bool {
+        let mut sink = self.sink.lock().await;
+        for channel in self.wanted() {
+            let subscribed =
+                tokio::time::timeout(RESPONSE_TIMEOUT, connected.subscribe(&channel)).await;
+            if !matches!(subscribed, Ok(Ok(()))) {
+                return false;
+            }
+        }
+        *sink = Some(connected);
+        drop(sink);
+        self.missed_all();
+        true
+    }
+
+    /// Unsubscribes from sessions no local reader follows any more.
+    async fn unsubscribe_unused(&self) {
+        let mut sink = self.sink.lock().await;
+        let unused: Vec<String> = {
+            let mut channels = self.channels();
+            let unused: Vec<String> = channels
+                .iter()
+                .filter(|(_, sender)| sender.receiver_count() == 0)
+                .map(|(channel, _)| channel.clone())
+                .collect();
+            for channel in &unused {
+                channels.remove(channel);
+            }
+            unused
+        };
+        if let Some(connected) = sink.as_mut()
+            && !unused.is_empty()
+        {
+            let _ = tokio::time::timeout(RESPONSE_TIMEOUT, connected.unsubscribe(&unused)).await;
+        }
     }
 }
 
@@ -1267,38 +1329,28 @@ async fn listen(hub: Weak<EventHub>, client: redis::Client) {
             .unwrap_or_else(|_| Err(timed_out()))
         {
             Ok(pubsub) => {
-                let (mut sink, mut stream) = pubsub.split();
-                let wanted = strong.missed_all();
-                let mut subscribed = true;
-                for channel in &wanted {
-                    if sink.subscribe(channel).await.is_err() {
-                        subscribed = false;
-                    }
-                }
-                *strong.sink.lock().await = Some(sink);
+                let (sink, mut stream) = pubsub.split();
+                let subscribed = strong.resubscribe(sink).await;
                 drop(strong);
                 if subscribed {
                     delay = Duration::from_millis(100);
                     let mut sweep = tokio::time::interval(Duration::from_secs(30));
                     let mut heartbeat = tokio::time::interval(HEARTBEAT);
                     loop {
+                        let Some(strong) = hub.upgrade() else { return };
                         tokio::select! {
                             message = stream.next() => {
                                 let Some(message) = message else { break };
-                                let Some(hub) = hub.upgrade() else { return };
-                                let channel = message.get_channel_name().to_owned();
+                                let channel = message.get_channel_name();
                                 let payload: String = message.get_payload().unwrap_or_default();
-                                hub.deliver(&channel, &payload);
+                                strong.deliver(channel, &payload);
                             }
-                            _ = sweep.tick() => {
-                                let Some(hub) = hub.upgrade() else { return };
-                                unsubscribe_unused(&hub).await;
-                            }
+                            () = strong.reconnect.notified() => break,
+                            _ = sweep.tick() => strong.unsubscribe_unused().await,
                             _ = heartbeat.tick() => {
                                 // A half-open connection (a Redis that vanished without a
                                 // FIN) ends no stream: a ping that is not answered does.
-                                let Some(hub) = hub.upgrade() else { return };
-                                if !hub.alive().await {
+                                if !strong.alive().await {
                                     break;
                                 }
                             }
@@ -1317,28 +1369,6 @@ async fn listen(hub: Weak<EventHub>, client: redis::Client) {
         }
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_secs(5));
-    }
-}
-
-/// Unsubscribes from sessions no local reader follows any more.
-async fn unsubscribe_unused(hub: &EventHub) {
-    let unused: Vec<String> = {
-        let mut channels = hub.channels();
-        let unused: Vec<String> = channels
-            .iter()
-            .filter(|(_, sender)| sender.receiver_count() == 0)
-            .map(|(channel, _)| channel.clone())
-            .collect();
-        for channel in &unused {
-            channels.remove(channel);
-        }
-        unused
-    };
-    if unused.is_empty() {
-        return;
-    }
-    if let Some(sink) = hub.sink.lock().await.as_mut() {
-        let _ = sink.unsubscribe(&unused).await;
     }
 }
 
