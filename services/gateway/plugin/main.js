@@ -36,6 +36,7 @@ const ui = {
   regenerate: $('regenerate'),
   end: $('end'),
   lifetime: $('lifetime'),
+  lifetimeText: $('lifetime-text'),
   connectLocal: $('connect-local'),
 };
 
@@ -123,15 +124,18 @@ function tick() {
   const warn = untilEnd <= LIFETIME_WARNING_MS;
   if (warn && ui.lifetime.hidden) announce('This pairing code stops working within the hour. Press r for a new code.');
   ui.lifetime.hidden = !warn;
+  // The warning carries its own New code button: the banner's is folded away once connected.
   if (warn) {
-    ui.lifetime.textContent = `This code stops working in ${duration(untilEnd)} (a session lasts at most ${lifetimeHours(session)} h). Press New code (r) for a new one, and give it to your assistant.`;
+    ui.lifetimeText.textContent = `This code stops working in ${duration(untilEnd)} (a session lasts at most ${lifetime(session)}). Give your assistant a new one:`;
   }
 }
 setInterval(tick, 1000);
 
-function lifetimeHours(session) {
+/** A session's maximum lifetime in words: "24 h", or "30 min" when configured under an hour. */
+function lifetime(session) {
   const span = Date.parse(session.maxExpiresAt) - (session.createdAt || Date.now());
-  return Number.isFinite(span) && span > 0 ? Math.max(1, Math.round(span / 3600000)) : 24;
+  if (!Number.isFinite(span) || span <= 0) return '24 h';
+  return span < 3600000 ? `${Math.max(1, Math.round(span / 60000))} min` : `${Math.round(span / 3600000)} h`;
 }
 
 function expire(message) {
@@ -499,6 +503,7 @@ async function endSession() {
 $('copy-prompt').addEventListener('click', (event) => sessions.current && copy(prompt(sessions.current), 'Prompt', event.currentTarget));
 $('copy-code').addEventListener('click', (event) => sessions.current && copy(displayCode(sessions.current.code), 'Code', event.currentTarget));
 ui.regenerate.addEventListener('click', regenerate);
+$('lifetime-new').addEventListener('click', regenerate);
 ui.end.addEventListener('click', endSession);
 document.addEventListener('keydown', (event) => {
   if (event.ctrlKey || event.metaKey || event.altKey) return;
