@@ -174,6 +174,20 @@ export async function until(frame, check, arg, timeout = PATIENCE_MS) {
   return handle.jsonValue();
 }
 
+/**
+ * Waits until `check` (run in this process; it may be async, e.g. read the clipboard) returns
+ * something truthy; returns it. For what `until` cannot see: a page's promises, the relay.
+ */
+export async function eventually(check, what, timeout = PATIENCE_MS) {
+  const deadline = Date.now() + timeout;
+  for (;;) {
+    const result = await check();
+    if (result) return result;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+}
+
 /** Opens the CODAP stand-in with the plugin, as CODAP does with `?di=`; returns both frames. */
 export async function openInCodap(context, host, relay) {
   const page = await context.newPage();
@@ -187,16 +201,12 @@ export async function openInCodap(context, host, relay) {
 
 /** The plugin's frame: found by URL prefix (CODAP's page URL contains the plugin URL in ?di=). */
 export async function pluginFrame(page, pluginUrl) {
-  const deadline = Date.now() + PATIENCE_MS;
-  for (;;) {
-    const frame = page.frames().find((f) => f !== page.mainFrame() && f.url().startsWith(pluginUrl));
-    if (frame) {
-      await frame.waitForLoadState('domcontentloaded');
-      return frame;
-    }
-    if (Date.now() > deadline) throw new Error('the plugin frame did not appear');
-    await new Promise((resolve) => setTimeout(resolve, 50));
-  }
+  const frame = await eventually(
+    () => page.frames().find((f) => f !== page.mainFrame() && f.url().startsWith(pluginUrl)),
+    'the plugin frame to appear',
+  );
+  await frame.waitForLoadState('domcontentloaded');
+  return frame;
 }
 
 /** The CODAP stand-in's state (see codap-mock/README.md). */

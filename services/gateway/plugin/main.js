@@ -36,6 +36,7 @@ const ui = {
   regenerate: $('regenerate'),
   end: $('end'),
   lifetime: $('lifetime'),
+  lifetimeText: $('lifetime-text'),
   connectLocal: $('connect-local'),
 };
 
@@ -123,15 +124,18 @@ function tick() {
   const warn = untilEnd <= LIFETIME_WARNING_MS;
   if (warn && ui.lifetime.hidden) announce('This pairing code stops working within the hour. Press r for a new code.');
   ui.lifetime.hidden = !warn;
+  // The warning carries its own New code button: the banner's is folded away once connected.
   if (warn) {
-    ui.lifetime.textContent = `This code stops working in ${duration(untilEnd)} (a session lasts at most ${lifetimeHours(session)} h). Press New code (r) for a new one, and give it to your assistant.`;
+    ui.lifetimeText.textContent = `This code stops working in ${duration(untilEnd)} (a session lasts at most ${lifetime(session)}). Give your assistant a new one:`;
   }
 }
 setInterval(tick, 1000);
 
-function lifetimeHours(session) {
+/** A session's maximum lifetime in words: "24 h", or "30 min" when configured under an hour. */
+function lifetime(session) {
   const span = Date.parse(session.maxExpiresAt) - (session.createdAt || Date.now());
-  return Number.isFinite(span) && span > 0 ? Math.max(1, Math.round(span / 3600000)) : 24;
+  if (!Number.isFinite(span) || span <= 0) return '24 h';
+  return span < 3600000 ? `${Math.max(1, Math.round(span / 60000))} min` : `${Math.round(span / 3600000)} h`;
 }
 
 function expire(message) {
@@ -224,13 +228,39 @@ function reach(base) {
   return url.protocol === 'https:' ? 'public' : 'not-https';
 }
 
-const UNREACHABLE = {
-  'this-computer':
-    'This relay is only reachable from this computer; ChatGPT and claude.ai cannot call it — use a desktop client or deploy the relay.',
-  'this-network':
-    'This relay is only reachable on this network; ChatGPT and claude.ai cannot call it — use a desktop client on this network or deploy the relay.',
-  'not-https':
-    'This relay is not served over HTTPS; ChatGPT and claude.ai cannot call it — deploy it behind HTTPS (PUBLIC_BASE_URL).',
+/**
+ * What the connect instructions and the prompt say, by who can reach the relay: cloud
+ * assistants (ChatGPT, claude.ai) call from their own servers and only over HTTPS, so for any
+ * other address they are not offered, and the notice says why.
+ */
+const REACH = {
+  public: {
+    notice: '',
+    connector: 'Add a custom connector once (Claude: Settings → Connectors; ChatGPT: Settings → Apps & Connectors, developer mode)',
+    agent: '(A plain chat cannot make requests: use a connector or a custom GPT there.)',
+    mcp: 'Claude, ChatGPT connectors',
+  },
+  'this-computer': {
+    notice:
+      'This relay is only reachable from this computer; ChatGPT and claude.ai cannot call it — use a desktop client or deploy the relay.',
+    connector: 'In a desktop client on this computer (Cursor, Claude Code, a local agent), add an MCP server (Streamable HTTP)',
+    agent: '(The agent has to run on this computer. A plain chat cannot make requests.)',
+    mcp: 'an MCP client on this computer',
+  },
+  'this-network': {
+    notice:
+      'This relay is only reachable on this network; ChatGPT and claude.ai cannot call it — use a desktop client on this network or deploy the relay.',
+    connector: 'In a desktop client on this network (Cursor, Claude Code, a local agent), add an MCP server (Streamable HTTP)',
+    agent: '(The agent has to run on this network. A plain chat cannot make requests.)',
+    mcp: 'an MCP client on this network',
+  },
+  'not-https': {
+    notice:
+      'This relay\'s address is plain http; ChatGPT and claude.ai only call https addresses — put the relay behind HTTPS (PUBLIC_BASE_URL) or use a desktop client.',
+    connector: 'In a desktop client (Cursor, Claude Code, a local agent), add an MCP server (Streamable HTTP)',
+    agent: '(A plain chat cannot make requests.)',
+    mcp: 'a desktop MCP client',
+  },
 };
 
 function showKind(kind) {
@@ -249,20 +279,19 @@ function showKind(kind) {
 
 /** The connect instructions for the session, with every URL from the public address. */
 function showConnect(session) {
-  const where = reach(publicBase);
-  const cloud = where === 'public';
+  const where = REACH[reach(publicBase)];
+  const cloud = where === REACH.public;
   $('mcp-url').textContent = `${publicBase}/mcp`;
   $('actions-url').textContent = `${publicBase}/openapi/actions.json`;
   $('session-url').textContent = session.connectorUrl || `${publicBase}/mcp`;
   for (const code of document.querySelectorAll('.code-inline')) code.textContent = displayCode(session.code);
   ui.connectLocal.hidden = cloud;
-  ui.connectLocal.textContent = cloud ? '' : UNREACHABLE[where];
+  ui.connectLocal.textContent = where.notice;
   // Instructions that cannot work are not shown: a custom GPT calls from OpenAI's servers.
   $('tab-gpt').hidden = !cloud;
   $('tab-connector').textContent = cloud ? 'Claude · ChatGPT' : 'Desktop client';
-  $('connector-where').textContent = cloud
-    ? 'Add a custom connector once (Claude: Settings → Connectors; ChatGPT: Settings → Apps & Connectors, developer mode)'
-    : 'In a desktop client on this computer (Cursor, Claude Code, a local agent), add an MCP server (Streamable HTTP)';
+  $('connector-where').textContent = where.connector;
+  $('agent-elsewhere').textContent = where.agent;
   let kind = null;
   try {
     kind = localStorage.getItem(KIND_KEY);
@@ -309,6 +338,7 @@ async function learnPublicBase() {
  */
 function prompt(session) {
   const code = displayCode(session.code);
+  const { mcp } = REACH[reach(publicBase)];
   const api = `${publicBase}/api/sessions/${code}`;
   const lines = [
     'For an AI agent that can make HTTP requests: you can use tools in my CODAP document (data tables and graphs) through a relay.',
@@ -317,7 +347,7 @@ function prompt(session) {
     `1. First GET ${api}/metadata: it lists the tools with the JSON Schema of their args.`,
     `2. Call a tool: POST ${api}/call with JSON {"functionName": "<name>", "args": {...}}. The answer is {"success": true, "result": ...} or an error that says what to fix.`,
     `3. A 202 answer means it is still running: GET ${api}/requests/<requestId> for the result. A 404 means the code expired: ask me for the new one.`,
-    `With MCP instead (Claude, ChatGPT connectors): connect to ${publicBase}/mcp and call connect_session with the code; or connect to this session alone: ${session.connectorUrl || `${publicBase}/mcp`}`,
+    `With MCP instead (${mcp}): connect to ${publicBase}/mcp and call connect_session with the code; or connect to this session alone: ${session.connectorUrl || `${publicBase}/mcp`}`,
   ];
   return lines.join('\n');
 }
@@ -473,6 +503,7 @@ async function endSession() {
 $('copy-prompt').addEventListener('click', (event) => sessions.current && copy(prompt(sessions.current), 'Prompt', event.currentTarget));
 $('copy-code').addEventListener('click', (event) => sessions.current && copy(displayCode(sessions.current.code), 'Code', event.currentTarget));
 ui.regenerate.addEventListener('click', regenerate);
+$('lifetime-new').addEventListener('click', regenerate);
 ui.end.addEventListener('click', endSession);
 document.addEventListener('keydown', (event) => {
   if (event.ctrlKey || event.metaKey || event.altKey) return;
