@@ -71,7 +71,6 @@ impl RecordingTab {
         self.ledger.lock().unwrap().other_frames.clone()
     }
 
-
     fn connections(&self) -> u32 {
         self.ledger.lock().unwrap().connections
     }
@@ -226,8 +225,10 @@ async fn five_hundred_calls_across_replicas_each_delivered_once() {
     // A late second delivery would show up after the last answer: give it the time a safety
     // net re-read takes (2 s) before counting.
     let counted = tokio::time::Instant::now() + Duration::from_secs(3);
-    tab.until("the time for a late delivery", |_| tokio::time::Instant::now() >= counted)
-        .await;
+    tab.until("the time for a late delivery", |_| {
+        tokio::time::Instant::now() >= counted
+    })
+    .await;
     let deliveries = tab.deliveries();
     assert_eq!(deliveries.len(), 500, "every call delivered exactly once");
     let distinct: std::collections::HashSet<&String> = deliveries.iter().collect();
@@ -265,8 +266,7 @@ async fn a_relay_killed_mid_call_loses_no_call_and_runs_none_twice() {
     // The tab is back, on relay B, and gets the held calls again: each once.
     tab.until("a second connection", |ledger| ledger.connections >= 2)
         .await;
-    let held: std::collections::BTreeSet<String> =
-        (0..10).map(|n| format!("held-{n}")).collect();
+    let held: std::collections::BTreeSet<String> = (0..10).map(|n| format!("held-{n}")).collect();
     tab.until("the held calls again", |ledger| {
         ledger.deliveries.iter().filter(|(on, _)| *on >= 2).count() >= 10
     })
@@ -294,10 +294,21 @@ async fn a_relay_killed_mid_call_loses_no_call_and_runs_none_twice() {
     // the repeat from what it ran, as the plugin does): never twice to one connection.
     let first = tab.delivered_on(1);
     assert_eq!(first.len(), 10, "{first:?}");
-    assert_eq!(first.iter().cloned().collect::<std::collections::BTreeSet<_>>(), held);
-    let again: Vec<String> = (2..=tab.connections()).flat_map(|c| tab.delivered_on(c)).collect();
+    assert_eq!(
+        first
+            .iter()
+            .cloned()
+            .collect::<std::collections::BTreeSet<_>>(),
+        held
+    );
+    let again: Vec<String> = (2..=tab.connections())
+        .flat_map(|c| tab.delivered_on(c))
+        .collect();
     assert_eq!(again.len(), 10, "{again:?}");
-    assert_eq!(again.into_iter().collect::<std::collections::BTreeSet<_>>(), held);
+    assert_eq!(
+        again.into_iter().collect::<std::collections::BTreeSet<_>>(),
+        held
+    );
     // Each call is completed, once: asking for it gives the tab's one answer.
     for n in 0..10 {
         let call = cluster
@@ -659,7 +670,11 @@ async fn a_redis_outage_is_503_meanwhile_and_nothing_is_lost() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // The same processes serve, with what was queued before the outage.
-    assert_eq!(cluster.processes(), processes, "a process stopped or restarted");
+    assert_eq!(
+        cluster.processes(),
+        processes,
+        "a process stopped or restarted"
+    );
     let tab = RecordingTab::start(vec![cluster.tab_url(0, &code, &token)]);
     until_tab_registered(&cluster, 0, &code).await;
     let answered = cluster
@@ -689,7 +704,9 @@ async fn a_redis_outage_is_503_meanwhile_and_nothing_is_lost() {
     assert_eq!(kept.delivered_on(1), ["through"]);
     let frames = kept.other_frames();
     assert!(
-        !frames.iter().any(|kind| kind == "expired" || kind == "error"),
+        !frames
+            .iter()
+            .any(|kind| kind == "expired" || kind == "error"),
         "{frames:?}"
     );
 }
