@@ -85,15 +85,3 @@ if [[ $mode == --test ]]; then
     echo "$wanted" >"$lock_stamp"
   fi
 fi
-
-# --- services the tests use ------------------------------------------------------------------
-if [[ $mode == --test ]]; then
-  if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
-    say "starting redis-server on 127.0.0.1:6379"
-    redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no
-    for _ in $(seq 50); do
-      redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 && break
-      sleep 0.1
-    done
-  fi
-fi

@@ -72,8 +72,61 @@ export async function startBlipProxy(relay) {
   };
 }
 
-/** Starts toolrelay (one process, in-memory) on an ephemeral port; `env` adds settings. */
+/** A free loopback port (for redis-server, which cannot pick one itself and say which). */
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const probe = net.createServer();
+    probe.once('error', reject);
+    probe.listen(0, '127.0.0.1', () => {
+      const { port } = probe.address();
+      probe.close(() => resolve(port));
+    });
+  });
+}
+
+/**
+ * A redis-server of the test's own on an ephemeral loopback port, nothing kept on disk;
+ * `stop()` ends it.
+ */
+export async function startRedis() {
+  const port = await freePort();
+  const child = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--maxmemory-policy', 'noeviction'], {
+    stdio: ['ignore', 'ignore', 'inherit'],
+  });
+  const exited = new Promise((resolve) => child.on('exit', resolve));
+  const deadline = Date.now() + PATIENCE_MS;
+  for (;;) {
+    const answered = await new Promise((resolve) => {
+      const socket = net.connect(port, '127.0.0.1');
+      socket.once('error', () => resolve(false));
+      socket.once('data', (data) => {
+        socket.destroy();
+        resolve(data.toString().startsWith('+PONG'));
+      });
+      socket.once('connect', () => socket.write('PING\r\n'));
+    });
+    if (answered) break;
+    if (child.exitCode !== null || Date.now() > deadline) {
+      child.kill('SIGKILL');
+      throw new Error(`redis-server on port ${port} did not answer: run scripts/setup.sh --test, which installs it`);
+    }
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+  return {
+    url: `redis://127.0.0.1:${port}`,
+    async stop() {
+      child.kill('SIGKILL');
+      await exited;
+    },
+  };
+}
+
+/**
+ * Starts toolrelay (one process) on an ephemeral port; `env` adds settings. In memory, or on
+ * a Redis of its own when TOOLRELAY_TEST_STORE=redis (as the Rust suites).
+ */
 export async function startRelay(env = {}) {
+  const redis = process.env.TOOLRELAY_TEST_STORE === 'redis' ? await startRedis() : null;
   const child = spawn(relayBinary(), [], {
     env: {
       ...process.env,
@@ -81,6 +134,7 @@ export async function startRelay(env = {}) {
       GRPC_LISTEN_ADDR: '127.0.0.1:0',
       LOG_FORMAT: 'json',
       RUST_LOG: 'info',
+      ...(redis ? { REDIS_URL: redis.url } : {}),
       ...env,
     },
     stdio: ['ignore', 'pipe', 'inherit'],
@@ -101,12 +155,20 @@ export async function startRelay(env = {}) {
     });
     child.on('exit', (code) => reject(new Error(`toolrelay exited with ${code}`)));
   });
-  const address = await listening;
+  let address;
+  try {
+    address = await listening;
+  } catch (error) {
+    child.kill('SIGKILL');
+    await redis?.stop();
+    throw error;
+  }
   return {
     base: `http://${address}`,
     async stop() {
       child.kill('SIGTERM');
       await new Promise((resolve) => (child.exitCode !== null ? resolve() : child.on('exit', resolve)));
+      await redis?.stop();
     },
   };
 }
