@@ -376,3 +376,118 @@ pub fn demo_tools() -> Value {
         ]
     }])
 }
+
+/// A backend provider attached to a session over the relay's gRPC `Connect` stream.
+pub struct GrpcProvider {
+    outbound: tokio::sync::mpsc::Sender<toolrelay::proto::v1::ProviderMessage>,
+    inbound: tonic::Streaming<toolrelay::proto::v1::RelayMessage>,
+}
+
+impl GrpcProvider {
+    /// Attaches to session `code` on the relay's gRPC port at `grpc`, registers `tools` (as
+    /// JSON, grouped like [`demo_tools`]) and waits until they are registered.
+    pub async fn attach(grpc: SocketAddr, code: &str, token: &str, tools: &Value) -> Self {
+        Self::connect(grpc, code, token, tools)
+            .await
+            .expect("the relay took the provider")
+    }
+
+    /// Like [`GrpcProvider::attach`], or the status the relay refused the stream with.
+    pub async fn connect(
+        grpc: SocketAddr,
+        code: &str,
+        token: &str,
+        tools: &Value,
+    ) -> Result<Self, tonic::Status> {
+        use toolrelay::proto::v1::{ProviderMessage, Register, provider_message, relay_message};
+        let channel = Endpoint::from_shared(format!("http://{grpc}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let (outbound, messages) = tokio::sync::mpsc::channel(16);
+        let register = provider_message::Kind::Register(Register {
+            tools: Vec::new(),
+            tools_json: tools.to_string(),
+        });
+        outbound
+            .send(ProviderMessage {
+                kind: Some(register),
+            })
+            .await
+            .unwrap();
+        let mut request = with_token(tokio_stream::wrappers::ReceiverStream::new(messages), token);
+        request
+            .metadata_mut()
+            .insert("x-session-code", code.parse().unwrap());
+        let inbound = RelayClient::new(channel)
+            .connect(request)
+            .await?
+            .into_inner();
+        let mut provider = Self { outbound, inbound };
+        loop {
+            match provider.next().await {
+                Some(relay_message::Kind::Registered(_)) => return Ok(provider),
+                Some(relay_message::Kind::Error(error)) => {
+                    panic!("registration refused: {error:?}")
+                }
+                Some(_) => {}
+                None => panic!("the relay ended the stream before registering"),
+            }
+        }
+    }
+
+    /// The next message other than a heartbeat, or `None` once the stream has ended.
+    pub async fn next(&mut self) -> Option<toolrelay::proto::v1::relay_message::Kind> {
+        use toolrelay::proto::v1::relay_message::Kind;
+        loop {
+            let message = tokio::time::timeout(PATIENCE, self.inbound.message())
+                .await
+                .expect("no message from the relay in time");
+            match message {
+                Ok(Some(message)) => match message.kind {
+                    Some(Kind::Heartbeat(_)) | None => {}
+                    Some(kind) => return Some(kind),
+                },
+                Ok(None) | Err(_) => return None,
+            }
+        }
+    }
+
+    /// Waits for the next call.
+    pub async fn next_request(&mut self) -> toolrelay::proto::v1::ToolRequest {
+        match self.next().await {
+            Some(toolrelay::proto::v1::relay_message::Kind::ToolRequest(request)) => request,
+            other => panic!("expected a tool request, got {other:?}"),
+        }
+    }
+
+    /// Answers a call successfully.
+    pub async fn answer(&mut self, request_id: &str, result: &Value) {
+        use toolrelay::proto::v1::{ProviderMessage, ToolResponse, provider_message};
+        let response = ToolResponse {
+            request_id: request_id.to_owned(),
+            success: true,
+            result: Some(toolrelay::json::to_value(result)),
+            error: None,
+        };
+        self.outbound
+            .send(ProviderMessage {
+                kind: Some(provider_message::Kind::Response(response)),
+            })
+            .await
+            .unwrap();
+    }
+
+    /// Reads until the relay ends the stream; returns the error names it sent on the way
+    /// (`shutting_down` when it is stopping).
+    pub async fn ended(&mut self) -> Vec<String> {
+        let mut errors = Vec::new();
+        while let Some(kind) = self.next().await {
+            if let toolrelay::proto::v1::relay_message::Kind::Error(error) = kind {
+                errors.push(error.error);
+            }
+        }
+        errors
+    }
+}

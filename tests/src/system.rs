@@ -194,36 +194,43 @@ impl System {
 
     /// Sends SIGTERM (how Kubernetes stops a pod) to the process serving the public port.
     pub async fn terminate(&mut self) {
-        let Running::Processes(children) = &mut self.running else {
-            panic!("terminate needs a system of child processes");
-        };
-        let pid = children.last().unwrap().id().expect("the process runs");
-        let status = Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .await
-            .unwrap();
-        assert!(status.success());
+        let process = self.public_process("terminate");
+        terminate(process).await;
     }
 
     /// Waits (with a deadline) for the process serving the public port to exit.
     pub async fn exited(&mut self) -> std::process::ExitStatus {
+        exited(self.public_process("exited")).await
+    }
+
+    /// Sends SIGTERM to the relay process of a split system.
+    pub async fn terminate_relay(&mut self) {
+        terminate(self.relay_process("terminate_relay")).await;
+    }
+
+    /// Waits (with a deadline) for the relay process of a split system to exit.
+    pub async fn relay_exited(&mut self) -> std::process::ExitStatus {
+        exited(self.relay_process("relay_exited")).await
+    }
+
+    fn public_process(&mut self, what: &str) -> &mut Child {
         let Running::Processes(children) = &mut self.running else {
-            panic!("exited needs a system of child processes");
+            panic!("{what} needs a system of child processes");
         };
-        tokio::time::timeout(Duration::from_secs(30), children.last_mut().unwrap().wait())
-            .await
-            .expect("the process exits")
-            .unwrap()
+        children.last_mut().unwrap()
+    }
+
+    fn relay_process(&mut self, what: &str) -> &mut Child {
+        let Running::Processes(children) = &mut self.running else {
+            panic!("{what} needs a split system");
+        };
+        assert_eq!(children.len(), 2, "{what} needs a split system");
+        &mut children[0]
     }
 
     /// Kills the relay process of a split system at once, as a crash would.
     pub async fn kill_relay(&mut self) {
-        let Running::Processes(children) = &mut self.running else {
-            panic!("kill_relay needs a split system");
-        };
-        assert_eq!(children.len(), 2, "kill_relay needs a split system");
-        children[0].kill().await.unwrap();
+        self.relay_process("kill_relay").kill().await.unwrap();
     }
 
     /// An absolute URL.
@@ -304,6 +311,25 @@ impl Drop for System {
             let _ = stop.send(());
         }
     }
+}
+
+/// Sends SIGTERM to a child process.
+async fn terminate(process: &Child) {
+    let pid = process.id().expect("the process runs");
+    let status = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .await
+        .unwrap();
+    assert!(status.success());
+}
+
+/// Waits (with a deadline) for a child process to exit.
+async fn exited(process: &mut Child) -> std::process::ExitStatus {
+    tokio::time::timeout(Duration::from_secs(30), process.wait())
+        .await
+        .expect("the process exits")
+        .unwrap()
 }
 
 fn client() -> reqwest::Client {
@@ -471,6 +497,22 @@ impl SseTab {
                 .expect("the stream ended");
             if event.kind != "heartbeat" {
                 return event;
+            }
+        }
+    }
+
+    /// Waits (with a deadline) until the server ends the stream; returns the events it sent
+    /// before (heartbeats left out).
+    pub async fn ended(&mut self) -> Vec<SseEvent> {
+        let mut events = Vec::new();
+        loop {
+            let event = tokio::time::timeout(PATIENCE, self.events.recv())
+                .await
+                .expect("the stream did not end in time");
+            match event {
+                Some(event) if event.kind == "heartbeat" => {}
+                Some(event) => events.push(event),
+                None => return events,
             }
         }
     }

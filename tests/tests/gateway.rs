@@ -29,6 +29,24 @@ async fn post_answer(system: &System, code: &str, token: &str, request_id: &str,
     assert_eq!(answer.body["accepted"], true);
 }
 
+/// Waits (with a deadline) until call `request_id` has `status`.
+async fn until_status(system: &System, code: &str, request_id: &str, status: &str) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let state = system
+            .get(&format!("/api/sessions/{code}/requests/{request_id}"))
+            .await;
+        if state.body["status"] == status {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "call {request_id} never became {status}: {state:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 // ---- scenarios, run in one process and split ----
 
 async fn an_llm_call_reaches_a_websocket_tab(system: &System) {
@@ -150,16 +168,20 @@ async fn request_then_response_with_wait_works_in_two_steps(system: &System) {
         json!({"requestId": "two-step", "status": "queued", "providerConnected": true})
     );
 
-    let waiting = system.get(&format!(
+    let waiting = tokio::spawn(system.get(&format!(
         "/api/sessions/{code}/response?requestId=two-step&wait=10"
-    ));
-    let tab_side = async {
-        let request = tab.next_request().await;
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        tab.answer(request["requestId"].as_str().unwrap(), json!("done later"))
-            .await;
-    };
-    let (responses, ()) = tokio::join!(waiting, tab_side);
+    )));
+    let request = tab.next_request().await;
+    // The relay has recorded the call as delivered, and the waiter, asked before, is still
+    // waiting: the answer comes to a caller that waits for it.
+    until_status(system, &code, "two-step", "delivered").await;
+    assert!(
+        !waiting.is_finished(),
+        "GET …/response?wait=10 did not wait"
+    );
+    tab.answer(request["requestId"].as_str().unwrap(), json!("done later"))
+        .await;
+    let responses = waiting.await.unwrap();
     assert_eq!(responses.status, StatusCode::OK);
     assert_eq!(
         responses.body,

@@ -24,10 +24,28 @@ use toolrelay_tests::{TestRelay, WsTab, error_name, with_token};
 type Mcp = RunningService<RoleClient, ClientConfig>;
 
 async fn mcp(system: &System) -> Mcp {
+    mcp_at(system, "/mcp").await
+}
+
+/// An MCP client of the server at `path` (`/mcp`, or a connector URL `/mcp/s/{handle}`).
+async fn mcp_at(system: &System, path: &str) -> Mcp {
     let transport = StreamableHttpClientTransport::from_config(
-        StreamableHttpClientTransportConfig::with_uri(system.url("/mcp")),
+        StreamableHttpClientTransportConfig::with_uri(system.url(path)),
     );
     ClientConfig::default().serve(transport).await.unwrap()
+}
+
+/// The error name of a refused `tools/list`.
+fn listing_error(error: &rmcp::ServiceError) -> String {
+    match error {
+        rmcp::ServiceError::McpError(error) => error
+            .data
+            .as_ref()
+            .and_then(|data| data["error"].as_str())
+            .unwrap_or_default()
+            .to_owned(),
+        other => panic!("not a refusal from the server: {other}"),
+    }
 }
 
 async fn mcp_call(mcp: &Mcp, name: &str, arguments: Value) -> CallToolResult {
@@ -132,7 +150,7 @@ async fn every_path_counts_against_one_budget_and_a_blocked_address_is_refused_o
 #[tokio::test]
 async fn every_grpc_rpc_that_takes_a_code_is_guarded() {
     // One miss per RPC fills the budget; then each RPC is refused.
-    const RPCS: u32 = 13;
+    const RPCS: u32 = 14;
     let relay = TestRelay::with_config(lookups(RPCS)).await;
     let mut client = relay.client().await;
     for round in 0..2 {
@@ -167,6 +185,13 @@ async fn every_grpc_rpc_that_takes_a_code_is_guarded() {
             "GetManifest",
             client
                 .get_manifest(pb::GetManifestRequest { code: c() })
+                .await
+                .unwrap_err(),
+        ));
+        outcomes.push((
+            "WatchManifest",
+            client
+                .watch_manifest(pb::GetManifestRequest { code: c() })
                 .await
                 .unwrap_err(),
         ));
@@ -380,4 +405,78 @@ async fn a_blocked_address_cannot_stream_or_answer_either() {
         .await;
     assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
     system.stop().await;
+}
+
+/// A connector URL that names no session: 32 hex digits, another for each `n`.
+fn unknown_handle(n: usize) -> String {
+    format!("{n:032x}")
+}
+
+/// Unknown connector URLs (`/mcp/s/{handle}`) count against the guard like unknown codes, and
+/// a blocked address gets nothing from a real connector URL either.
+async fn unknown_connector_urls_count_and_a_blocked_address_is_refused_there(system: System) {
+    const BUDGET: usize = 4;
+    let (code, _token) = system.create_session().await;
+    let pairing = mcp(&system).await;
+    let connected = mcp_call(&pairing, "connect_session", json!({"code": code})).await;
+    let handle = connected.structured_content.unwrap()["handle"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let real = mcp_at(&system, &format!("/mcp/s/{handle}")).await;
+    let tools = real.list_tools(None).await.unwrap();
+    assert!(!tools.tools.is_empty(), "the real connector URL works");
+
+    // Each probe of an unknown handle counts once or twice (its `initialize` also looks the
+    // session up, to watch its tools): the budget is spent within BUDGET + 1 probes, and not
+    // before half of them.
+    let mut refused_at = None;
+    for probe in 0..=BUDGET {
+        let stranger = mcp_at(&system, &format!("/mcp/s/{}", unknown_handle(probe))).await;
+        let error = listing_error(&stranger.list_tools(None).await.unwrap_err());
+        if error == "rate_limited" {
+            let called = mcp_call(&stranger, "echo", json!({"text": "x"})).await;
+            assert_eq!(mcp_error(&called), "rate_limited");
+            stranger.cancel().await.unwrap();
+            refused_at = Some(probe);
+            break;
+        }
+        assert_eq!(error, "unknown_handle", "probe {probe}");
+        stranger.cancel().await.unwrap();
+    }
+    let refused_at = refused_at.expect("unknown connector URLs never ran out of budget");
+    assert!(
+        refused_at >= BUDGET / 2,
+        "refused at probe {refused_at}: a probe counted more than twice"
+    );
+
+    // The address is blocked: the real connector URL, an open connection to it or a new one,
+    // and every other path refuse it.
+    let error = listing_error(&real.list_tools(None).await.unwrap_err());
+    assert_eq!(error, "rate_limited");
+    let called = mcp_call(&real, "echo", json!({"text": "x"})).await;
+    assert_eq!(mcp_error(&called), "rate_limited");
+    let again = mcp_at(&system, &format!("/mcp/s/{handle}")).await;
+    let error = listing_error(&again.list_tools(None).await.unwrap_err());
+    assert_eq!(error, "rate_limited");
+    let rest = system.get(&format!("/api/sessions/{code}/metadata")).await;
+    assert_eq!(rest.status, StatusCode::TOO_MANY_REQUESTS, "{rest:?}");
+    assert!(rest.header("retry-after").is_some(), "{rest:?}");
+
+    for client in [pairing, real, again] {
+        client.cancel().await.unwrap();
+    }
+    system.stop().await;
+}
+
+#[tokio::test]
+async fn unknown_connector_urls_count_against_the_guard_in_one_process() {
+    let system = System::with(lookups(4), |_| {}).await;
+    unknown_connector_urls_count_and_a_blocked_address_is_refused_there(system).await;
+}
+
+#[tokio::test]
+async fn unknown_connector_urls_count_against_the_guard_in_split_mode() {
+    let system = System::split_with(&[("RATE_LIMIT_LOOKUP_PER_IP", "4")], &[]).await;
+    unknown_connector_urls_count_and_a_blocked_address_is_refused_there(system).await;
 }

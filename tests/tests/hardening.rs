@@ -118,15 +118,19 @@ async fn deep_json_is_refused_where_it_enters_in_split_mode() {
     deep_json_is_refused_where_it_enters(System::split().await).await;
 }
 
-#[tokio::test]
-async fn an_answer_posted_too_deep_or_too_large_fails_the_call_with_the_reason() {
-    let system = System::start().await;
+async fn an_answer_posted_too_deep_or_too_large_fails_the_call_with_the_reason(system: System) {
     let (code, token) = system.create_session().await;
     system.put_manifest(&code, &token, demo_tools()).await;
     let respond = format!("/api/sessions/{code}/response?token={token}");
     let cases = [
         (
             json!({"requestId": "deep", "success": true, "result": nested(40)}),
+            StatusCode::BAD_REQUEST,
+            "nested_too_deeply",
+        ),
+        (
+            // Deeper than protobuf decodes: in split mode it must never reach the relay as is.
+            json!({"requestId": "deeper", "success": true, "result": nested(100)}),
             StatusCode::BAD_REQUEST,
             "nested_too_deeply",
         ),
@@ -159,6 +163,18 @@ async fn an_answer_posted_too_deep_or_too_large_fails_the_call_with_the_reason()
         assert_eq!(state.body["response"]["error"]["code"], name, "{state:?}");
     }
     system.stop().await;
+}
+
+#[tokio::test]
+async fn an_answer_posted_too_deep_or_too_large_fails_the_call_in_one_process() {
+    an_answer_posted_too_deep_or_too_large_fails_the_call_with_the_reason(System::start().await)
+        .await;
+}
+
+#[tokio::test]
+async fn an_answer_posted_too_deep_or_too_large_fails_the_call_in_split_mode() {
+    an_answer_posted_too_deep_or_too_large_fails_the_call_with_the_reason(System::split().await)
+        .await;
 }
 
 #[tokio::test]

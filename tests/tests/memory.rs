@@ -1,7 +1,10 @@
 //! Memory that an operator can bound: an idle tab's WebSocket costs a few kilobytes, not the
-//! 128 KiB buffers tungstenite reserves by default. Measured on the real binary's RSS.
+//! 128 KiB buffers tungstenite reserves by default, and an idle session without a tab costs a
+//! few kilobytes, not the 15 KB a per-session event buffer of 256 slots took. Measured on the
+//! real binary's RSS.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap should fail loudly
 
+use futures::StreamExt;
 use toolrelay_tests::WsTab;
 use toolrelay_tests::system::System;
 
@@ -37,4 +40,29 @@ async fn an_idle_tab_costs_a_few_kilobytes() {
     println!("{per_tab:.1} KiB per idle WebSocket tab");
     assert!(per_tab < 40.0, "{per_tab:.1} KiB per idle tab");
     drop(tabs);
+}
+
+#[tokio::test]
+async fn an_idle_session_costs_a_few_kilobytes() {
+    const WARM_UP: usize = 300;
+    const SESSIONS: usize = 3000;
+    // Sessions are created by a few clients at once, as many tabs would.
+    const AT_ONCE: usize = 4;
+    let system = System::binary(&[("RATE_LIMIT_SESSION_PER_IP", "100000")]).await;
+    let pid = system.pid().unwrap();
+    let create = |count: usize| {
+        futures::stream::iter(0..count)
+            .map(|_| system.create_session())
+            .buffer_unordered(AT_ONCE)
+            .collect::<Vec<_>>()
+    };
+    // The first sessions warm up the code paths, the connections and the allocator.
+    let warm = create(WARM_UP).await;
+    let before = rss_kib(pid);
+    let sessions = create(SESSIONS).await;
+    let per_session = (rss_kib(pid).saturating_sub(before)) as f64 / SESSIONS as f64;
+    println!("{per_session:.2} KiB per idle session without a tab");
+    // Measured ~1.5 KiB (debug build); with the event buffer back at 256 slots, ~15 KiB.
+    assert!(per_session < 6.0, "{per_session:.2} KiB per idle session");
+    assert_eq!(warm.len() + sessions.len(), WARM_UP + SESSIONS);
 }

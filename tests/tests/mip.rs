@@ -7,6 +7,9 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
+use tonic::transport::Endpoint;
+use toolrelay::json::to_struct;
+use toolrelay::proto::v1::{self as pb, relay_client::RelayClient};
 use toolrelay_relay::RelayConfig;
 use toolrelay_tests::remip::ReMip;
 use toolrelay_tests::system::{Answer, System};
@@ -574,11 +577,46 @@ async fn models_that_cannot_be_solved_honestly_are_refused() {
     );
 }
 
+/// Whether the relay's MIP slots are all taken, asked without taking one: a session's call to
+/// a saturated built-in tool is refused with 429 at once, and one that is taken looks its
+/// (unknown) problem up and fails before it needs a slot.
+async fn slots_taken(system: &System, code: &str) -> bool {
+    let probe = system
+        .post(
+            &format!("/api/sessions/{code}/call"),
+            json!({"functionName": "solve_mip_problem", "args": {"problemId": format!("prob_{}", "0".repeat(32))}}),
+        )
+        .await;
+    if probe.status == StatusCode::TOO_MANY_REQUESTS {
+        assert_eq!(probe.body["error"], "tool_busy", "{probe:?}");
+        return true;
+    }
+    assert_eq!(probe.body["error"]["code"], "NOT_FOUND", "{probe:?}");
+    false
+}
+
+/// Waits (with a deadline) until [`slots_taken`] says `taken`.
+async fn until_slots_taken(system: &System, code: &str, taken: bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while slots_taken(system, code).await != taken {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the MIP slot never became {}",
+            if taken { "taken" } else { "free" }
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test]
 async fn a_solve_whose_caller_left_keeps_its_slot_until_it_ends() {
+    const LIMIT_SECONDS: f64 = 3.0;
     let mut config = RelayConfig::default();
     config.builtin.mip.max_concurrent = 1;
+    // The probes of the slot are calls in a session of their own: many in a few seconds.
+    config.limits.calls_per_code = std::num::NonZeroU32::new(100_000).unwrap();
     let system = System::with(config, |_| {}).await;
+    let (probe_code, _) = system.create_session().await;
     let hard = ok(
         &system,
         "leaver",
@@ -586,17 +624,35 @@ async fn a_solve_whose_caller_left_keeps_its_slot_until_it_ends() {
         json!({"problemDefinitionCode": MARKET_SPLIT}),
     )
     .await;
-    // The caller gives up after half a second; HiGHS goes on for its 3 s.
-    let gave_up = system
-        .request(
-            reqwest::Method::POST,
-            "/api/tools/solve_mip_problem?scope=leaver",
-        )
-        .timeout(Duration::from_millis(500))
-        .json(&json!({"problemId": hard["problemId"], "timeLimitSeconds": 3}))
-        .send()
-        .await;
-    assert!(gave_up.unwrap_err().is_timeout());
+    assert!(!slots_taken(&system, &probe_code).await);
+
+    // The caller asks for the solve over gRPC and gives up (its stream is reset, and the
+    // relay drops its handler) as soon as the relay has started the solve; HiGHS goes on for
+    // its 3 s. (Over HTTP/1 the server finishes a handler whose client has gone, so a caller
+    // leaving there would show nothing.)
+    let sent = tokio::time::Instant::now();
+    let mut client = RelayClient::new(
+        Endpoint::from_shared(format!("http://{}", system.grpc))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let solve = pb::CallToolRequest {
+        name: "solve_mip_problem".into(),
+        args: Some(to_struct(
+            &json!({"problemId": hard["problemId"], "timeLimitSeconds": LIMIT_SECONDS}),
+        )),
+        scope: Some(pb::call_tool_request::Scope::CallerScope("leaver".into())),
+    };
+    let caller = tokio::spawn(async move { client.call_tool(solve).await });
+    until_slots_taken(&system, &probe_code, true).await;
+    caller.abort();
+    assert!(caller.await.unwrap_err().is_cancelled());
+
+    // The abandoned solve still holds the only slot, until its time is up: another caller is
+    // told to come back (unless this machine was so slow that the 3 s are over already).
+    let at_least = LIMIT_SECONDS - 0.5;
     let meanwhile = tool(
         &system,
         "other",
@@ -604,30 +660,26 @@ async fn a_solve_whose_caller_left_keeps_its_slot_until_it_ends() {
         json!({"problemDefinitionCode": PLAN}),
     )
     .await;
-    assert_eq!(
-        meanwhile.status,
-        StatusCode::TOO_MANY_REQUESTS,
-        "the abandoned solve still holds the only slot: {meanwhile:?}"
-    );
-    // Free again once its 3 s are over (asked again until then, with a deadline).
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let after = loop {
-        let after = tool(
-            &system,
-            "other",
-            "generate_mip_problem",
-            json!({"problemDefinitionCode": PLAN}),
-        )
-        .await;
-        if after.status != StatusCode::TOO_MANY_REQUESTS {
-            break after;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the slot was never freed"
+    if sent.elapsed().as_secs_f64() < at_least {
+        assert_eq!(
+            meanwhile.status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "the abandoned solve still holds the only slot: {meanwhile:?}"
         );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    }
+    until_slots_taken(&system, &probe_code, false).await;
+    let held = sent.elapsed().as_secs_f64();
+    assert!(
+        held >= at_least,
+        "the slot was freed {held:.2} s after the solve was sent, before its {LIMIT_SECONDS} s were up"
+    );
+    let after = tool(
+        &system,
+        "other",
+        "generate_mip_problem",
+        json!({"problemDefinitionCode": PLAN}),
+    )
+    .await;
     assert_eq!(after.status, StatusCode::OK, "{after:?}");
     system.stop().await;
 }
