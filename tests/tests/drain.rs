@@ -237,6 +237,13 @@ async fn split_drain(stopping: Stopping) {
             ))
             .await,
     );
+    assert_retry_later(
+        &system
+            .get(&format!(
+                "/api/sessions/{idle_code}/request?token={idle_token}"
+            ))
+            .await,
+    );
 
     // (b) The tab's answer crosses the draining process(es) to its caller.
     tab.answer(

@@ -373,6 +373,8 @@ impl RelayApi for RemoteRelay {
         token: Option<&str>,
         max: Option<usize>,
     ) -> Outcome<Vec<ToolRequest>> {
+        // A stopping gateway hands out no more calls, as one process does.
+        self.accepting()?;
         let message = pb::PollRequestsRequest {
             code: code.into(),
             max: max.map_or(0, |max| u32::try_from(max).unwrap_or(u32::MAX)),
