@@ -25,25 +25,54 @@ local announced_answer_bytes = 65536
 -- The session's TTL-bound keys (request keys carry their own TTL).
 local SESSION_KEYS = { 's', 'm', 'q', 'd', 'f' }
 
+-- The session's fields the scripts read, fetched once per script (`live` fetches them all in
+-- one HMGET) and kept up to date by the script's own writes.
+local CACHED = { 'expires_at', 'max_expires_at', 'keys_until', 'manifest_revision', 'p_conn' }
+local cache = nil
+
+local function fetch()
+  local values = redis.call('HMGET', S, unpack(CACHED))
+  cache = {}
+  for i, name in ipairs(CACHED) do cache[name] = values[i] end
+end
+
 local function session_field(name)
-  return redis.call('HGET', S, name)
+  if cache == nil then fetch() end
+  local value = cache[name]
+  if value == nil then
+    value = redis.call('HGET', S, name)
+    cache[name] = value
+  end
+  return value
 end
 
--- Gives `key` the session's expiry.
+local function forget_cached()
+  cache = nil
+end
+
+-- Gives `key` the TTL of the session's keys (a key just created has none).
 local function keep(key)
-  local expires = session_field('expires_at')
-  if expires then redis.call('PEXPIREAT', base .. key, expires) end
+  local until_ms = session_field('keys_until') or session_field('expires_at')
+  if until_ms then redis.call('PEXPIREAT', base .. key, until_ms) end
 end
 
-
--- Slides the expiry to `until` (never backwards, never past the maximum lifetime).
+-- Slides the expiry to `until` (never backwards, never past the maximum lifetime). The
+-- session's `expires_at` moves exactly; its keys' Redis TTLs are set a tenth of the time to
+-- live beyond it and moved only when the expiry passes them, so most slides are one HSET
+-- (an expired session whose keys linger that little longer is ended by `live` all the same).
 local function slide(until_ms)
   local expires = tonumber(session_field('expires_at'))
   local max = tonumber(session_field('max_expires_at'))
   if until_ms > max then until_ms = max end
-  if until_ms > expires then
-    redis.call('HSET', S, 'expires_at', until_ms)
-    for _, key in ipairs(SESSION_KEYS) do redis.call('PEXPIREAT', base .. key, until_ms) end
+  if until_ms <= expires then return end
+  redis.call('HSET', S, 'expires_at', until_ms)
+  cache.expires_at = tostring(until_ms)
+  local keys_until = tonumber(session_field('keys_until') or '0')
+  if until_ms > keys_until then
+    keys_until = math.min(max, until_ms + math.floor((until_ms - now) / 10))
+    redis.call('HSET', S, 'keys_until', keys_until)
+    cache.keys_until = tostring(keys_until)
+    for _, key in ipairs(SESSION_KEYS) do redis.call('PEXPIREAT', base .. key, keys_until) end
   end
 end
 
@@ -77,6 +106,7 @@ local function end_session()
     redis.call('DEL', base .. 'r:' .. id)
   end
   for _, key in ipairs(SESSION_KEYS) do redis.call('DEL', base .. key) end
+  forget_cached()
   redis.call('PUBLISH', base .. 'ev', 'e')
 end
 
@@ -115,24 +145,24 @@ local function keep_within()
   end
 end
 
--- Tells the session's subscribers that call `id` is finished, with the finished record when
--- it is small enough (each field as its byte length, ':', the field), so that a waiter need
--- not read it.
-local function announce_finished(id)
-  local r = base .. 'r:' .. id
-  if tonumber(redis.call('HSTRLEN', r, 'response')) > announced_answer_bytes then
+-- Tells the session's subscribers that call `id` is finished, with the finished record (the
+-- HGETALL `fields`) when its answer is small enough (each field as its byte length, ':', the
+-- field), so that a waiter need not read it.
+local function announce_finished(id, fields, response)
+  if string.len(response) > announced_answer_bytes then
     redis.call('PUBLISH', base .. 'ev', 'r:' .. id)
     return
   end
   local parts = {}
-  for _, field in ipairs(redis.call('HGETALL', r)) do
-    parts[#parts + 1] = string.len(field) .. ':' .. field
+  for i, field in ipairs(fields) do
+    parts[i] = string.len(field) .. ':' .. field
   end
   redis.call('PUBLISH', base .. 'ev', 'R:' .. table.concat(parts))
 end
 
 -- Gives a pending call its final answer and files it among the finished ones. Its arguments
 -- go; its hash still identifies it. It is kept `retention` ms, within the per-session cap.
+-- Returns the finished record (HGETALL).
 local function finish_record(id, status, response)
   local r = base .. 'r:' .. id
   local cost = 256 + string.len(id) + string.len(response)
@@ -142,14 +172,17 @@ local function finish_record(id, status, response)
   redis.call('PEXPIREAT', r, now + retention)
   redis.call('ZREM', base .. 'q', id)
   redis.call('ZREM', base .. 'd', id)
-  redis.call('RPUSH', base .. 'f', id)
-  keep('f')
+  local finished = redis.call('RPUSH', base .. 'f', id)
+  if finished == 1 then keep('f') end
   redis.call('ZADD', prefix .. 'answers', now, member)
   redis.call('INCRBY', prefix .. 'answer-bytes', cost)
-  while redis.call('LLEN', base .. 'f') > 1000 do
+  while finished > 1000 do
     forget(redis.call('LPOP', base .. 'f'))
+    finished = finished - 1
   end
-  announce_finished(id)
+  local fields = redis.call('HGETALL', r)
+  announce_finished(id, fields, response)
+  return fields
 end
 
 -- Expires the unanswered calls past their deadline (their answer is built by the reader).

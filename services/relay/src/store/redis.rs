@@ -155,7 +155,8 @@ if redis.call('EXISTS', r) == 1 then
   if redis.call('HGET', r, 'call_hash') == ARGV[13] then return answer('existing', r) end
   return answer('conflict')
 end
-if redis.call('ZCARD', base .. 'q') >= tonumber(ARGV[14]) then return answer('full') end
+local pending = redis.call('ZCARD', base .. 'q')
+if pending >= tonumber(ARGV[14]) then return answer('full') end
 local seq = redis.call('HINCRBY', S, 'next_seq', 1)
 local builtin = ARGV[11] == '1'
 -- A built-in call is held by 'relay' (not yet taken by a run) for BUILTIN_LEASE (10 s).
@@ -169,8 +170,11 @@ redis.call('HSET', r, 'id', id, 'seq', seq, 'tool_id', ARGV[6], 'function', ARGV
 redis.call('PEXPIREAT', r, session_field('max_expires_at'))
 redis.call('ZADD', base .. 'q', seq, id)
 redis.call('ZADD', base .. 'd', ARGV[10], id)
-keep('q')
-keep('d')
+-- The queue and its deadlines (which hold the same calls) were just created: give them a TTL.
+if pending == 0 then
+  keep('q')
+  keep('d')
+end
 slide(tonumber(ARGV[15]))
 redis.call('PUBLISH', base .. 'ev', 'q')
 return answer('queued', r)
@@ -210,12 +214,13 @@ local limit = tonumber(ARGV[7])
 for _, id in ipairs(redis.call('ZRANGE', base .. 'q', 0, -1)) do
   if #out >= limit then break end
   local r = base .. 'r:' .. id
-  local h = redis.call('HMGET', r, 'status', 'delivered_to', 'lease_until', 'deadline', 'builtin')
+  local h = redis.call('HMGET', r, 'status', 'delivered_to', 'lease_until', 'deadline', 'builtin',
+    'deliveries')
   local claimable = h[4] and h[5] ~= '1' and tonumber(h[4]) > now and (h[1] == 'queued'
     or (h[1] == 'delivered' and (h[2] ~= ARGV[5] or h[3] == '' or tonumber(h[3]) <= now)))
   if claimable then
-    redis.call('HSET', r, 'status', 'delivered', 'delivered_to', ARGV[5], 'lease_until', ARGV[6])
-    redis.call('HINCRBY', r, 'deliveries', 1)
+    redis.call('HSET', r, 'status', 'delivered', 'delivered_to', ARGV[5], 'lease_until', ARGV[6],
+      'deliveries', tonumber(h[6] or '0') + 1)
     table.insert(out, redis.call('HGETALL', r))
   end
 end
@@ -244,15 +249,15 @@ const FINISH: &str = r"
 if not live() then return { 'nosession' } end
 expire_due()
 local r = base .. 'r:' .. ARGV[5]
-if redis.call('EXISTS', r) == 0 then return { 'norequest' } end
 local status = redis.call('HGET', r, 'status')
+if not status then return { 'norequest' } end
 if status ~= 'queued' and status ~= 'delivered' then
   return { 'already', redis.call('HGETALL', r) }
 end
-finish_record(ARGV[5], ARGV[6], ARGV[7])
+local finished = finish_record(ARGV[5], ARGV[6], ARGV[7])
 keep_within()
 slide(tonumber(ARGV[8]))
-return { 'finished', redis.call('HGETALL', r) }
+return { 'finished', finished }
 ";
 
 /// Claim checks: KEYS ticket, scope set, all tickets, their bytes. ARGV now, value,
