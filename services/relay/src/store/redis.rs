@@ -11,7 +11,9 @@
 //!
 //! Every change that must not race is one Lua script (`redis.lua` holds their library), so a
 //! step such as "queue unless full, and slide the expiry" happens whole or not at all. Redis
-//! enforces the TTLs (sessions, finished calls, claim checks), so nothing outlives its session.
+//! enforces the TTLs (sessions, finished calls, claim checks), so nothing outlives its session
+//! by more than a tenth of its time to live (the slack that spares most calls moving the
+//! TTLs of five keys; `slide` in `redis.lua`).
 //!
 //! # Time
 //! Each replica passes its own clock's `now` into every script (clocks agree to milliseconds
