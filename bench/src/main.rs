@@ -154,30 +154,24 @@ async fn measure(cli: &Cli, bin_dir: &Path, redis: Option<&Redis>) -> anyhow::Re
                 let (calls_before, usec_before) = before.get(name).copied().unwrap_or_default();
                 (calls - calls_before, usec - usec_before)
             };
+            // Every command Redis ran, those inside the scripts included, and the time it spent
+            // on what replicas send (a script's time includes the commands it runs, which
+            // `commandstats` also lists on their own: they are not added twice).
             let all: u64 = after.keys().map(|name| spent(name).0).sum();
-            // What replicas send, a round trip each: the store's scripts (every store
-            // operation on a call's path is one), the health check's PING, and pub/sub
-            // subscriptions (a replica subscribes to a session's events when it first needs
-            // them). None of these runs inside a script. `all` also counts the commands run
-            // inside the scripts; the time of those is part of their script's.
-            let sent_by_replicas = [
-                "evalsha",
-                "eval",
-                "ping",
-                "subscribe",
-                "unsubscribe",
-                "ssubscribe",
-                "sunsubscribe",
-            ];
-            let (sent, busy) = sent_by_replicas
+            let busy: u64 = ["evalsha", "eval", "ping", "subscribe", "unsubscribe"]
                 .iter()
-                .map(|name| spent(name))
-                .fold((0, 0), |(calls, usec), (more_calls, more_usec)| {
-                    (calls + more_calls, usec + more_usec)
-                });
+                .map(|name| spent(name).1)
+                .sum();
+            // The round trips: what clients sent, watched with MONITOR over more calls (it
+            // shows a command run inside a script as `[0 lua]`, so those are left out).
+            let monitor = redis.monitor().await?;
+            for _ in 0..COUNTED_CALLS {
+                call(&http, &call_url, &body).await?;
+            }
+            let sent = monitor.count().await?;
             let calls = cli.calls as f64;
             (
-                format!("{:.2}", sent as f64 / calls),
+                format!("{:.2}", sent as f64 / COUNTED_CALLS as f64),
                 format!("{:.1}", all as f64 / calls),
                 format!("{:.0}", busy as f64 / calls),
             )
@@ -257,6 +251,26 @@ impl Redis {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// Starts watching the commands clients send (`redis-cli MONITOR`), from its `OK` on.
+    async fn monitor(&self) -> anyhow::Result<Monitor> {
+        let mut process = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string(), "MONITOR"])
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .context("cannot start redis-cli")?;
+        let mut lines = BufReader::new(process.stdout.take().context("no stdout")?).lines();
+        let ok = tokio::time::timeout(Duration::from_secs(10), lines.next_line()).await;
+        if !matches!(ok, Ok(Ok(Some(ref line))) if line == "OK") {
+            bail!("MONITOR did not start: {ok:?}");
+        }
+        Ok(Monitor {
+            port: self.port,
+            lines,
+            _process: process,
+        })
+    }
+
     /// `INFO commandstats`: how often each command ran, and the microseconds it took.
     async fn command_stats(
         &self,
@@ -281,6 +295,47 @@ impl Redis {
                 Some((name.to_owned(), (field("calls")?, field("usec")?)))
             })
             .collect())
+    }
+}
+
+/// Calls whose round trips to Redis are counted with MONITOR (after the measured ones, which
+/// MONITOR would slow down).
+const COUNTED_CALLS: usize = 200;
+
+/// A running `redis-cli MONITOR`.
+struct Monitor {
+    port: u16,
+    lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    _process: Child,
+}
+
+impl Monitor {
+    /// The commands clients sent since it started (not those scripts ran): read up to a
+    /// marker sent last, so that nothing still in the pipe is missed.
+    async fn count(mut self) -> anyhow::Result<usize> {
+        const MARKER: &str = "toolrelay-bench-counted";
+        let sent = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string(), "ECHO", MARKER])
+            .output()
+            .await?;
+        if !sent.status.success() {
+            bail!("redis-cli ECHO failed");
+        }
+        let mut count = 0;
+        let deadline = Duration::from_secs(30);
+        loop {
+            let line = tokio::time::timeout(deadline, self.lines.next_line())
+                .await
+                .context("MONITOR went quiet before the marker")??
+                .context("MONITOR ended before the marker")?;
+            if line.contains(MARKER) {
+                return Ok(count);
+            }
+            // `<time> [<db> <client address>] "COMMAND" …`, `[<db> lua]` inside a script.
+            if !line.contains(" lua]") {
+                count += 1;
+            }
+        }
     }
 }
 
@@ -390,6 +445,7 @@ impl System {
                         ("LISTEN_ADDR", "127.0.0.1:0"),
                         ("RELAY_URL", &relay_url),
                         limits[0],
+                        limits[1],
                     ],
                     "toolrelay-gateway listening",
                 )
