@@ -88,7 +88,8 @@ pub async fn test_relay(
             prefix: "test:".into(),
         };
     }
-    (server::relay(config).await.unwrap(), redis)
+    let metrics = toolrelay_relay::Metrics::new("toolrelay-test");
+    (server::relay(config, &metrics).await.unwrap(), redis)
 }
 
 impl TestRelay {

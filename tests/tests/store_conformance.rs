@@ -1,6 +1,7 @@
 //! One suite of store-level tests, run against both stores: [`MemoryStore`] and the Redis
 //! store on a `redis-server` the test starts. Time is explicit: each store reads a manual
-//! clock that the test moves; nothing waits on a timer.
+//! clock that the test moves; nothing waits on a timer. Each store counts what it expires
+//! into metrics of its own, which the tests read.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +16,7 @@ use toolrelay_relay::store::{
     BUILTIN_LEASE, Claim, EnqueueChecks, Enqueued, EventStream, Finished, NewRequest, ProviderInfo,
     RateBudget, RateCharge, SessionEvent, SessionRecord, Store, Transport,
 };
-use toolrelay_relay::{Clock, SessionCode, Timestamp};
+use toolrelay_relay::{Clock, Metrics, SessionCode, Timestamp};
 use toolrelay_tests::PATIENCE;
 use toolrelay_tests::redis::RedisServer;
 
@@ -26,6 +27,7 @@ struct Fixture {
     store: Arc<dyn Store>,
     clock: Clock,
     hand: ClockHand,
+    metrics: Metrics,
     _redis: Option<RedisServer>,
 }
 
@@ -45,10 +47,12 @@ fn wall_now() -> Timestamp {
 
 async fn memory(limits: StoreLimits) -> Fixture {
     let (clock, hand) = Clock::manual(wall_now());
+    let metrics = Metrics::default();
     Fixture {
-        store: MemoryStore::with_limits(clock.clone(), limits),
+        store: MemoryStore::observed(clock.clone(), limits, metrics.clone()),
         clock,
         hand,
+        metrics,
         _redis: None,
     }
 }
@@ -56,16 +60,37 @@ async fn memory(limits: StoreLimits) -> Fixture {
 async fn redis(limits: StoreLimits) -> Fixture {
     let server = RedisServer::start().await;
     let (clock, hand) = Clock::manual(wall_now());
-    let store = RedisStore::connect(&server.url(), "test:", clock.clone(), limits)
-        .await
-        .unwrap();
+    let metrics = Metrics::default();
+    let store = RedisStore::connect(
+        &server.url(),
+        "test:",
+        clock.clone(),
+        limits,
+        metrics.clone(),
+    )
+    .await
+    .unwrap();
     Fixture {
         store,
         clock,
         hand,
+        metrics,
         _redis: Some(server),
     }
 }
+
+/// The value of the series `series` (name and labels, as written) in `metrics`.
+async fn sample(metrics: &Metrics, series: &str) -> f64 {
+    let text = metrics.render().await;
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("{series} is not in\n{text}"))
+        .parse()
+        .unwrap()
+}
+
+const SESSIONS_EXPIRED: &str = "toolrelay_sessions_expired_total";
+const CALLS_EXPIRED: &str = "toolrelay_calls_total{status=\"expired\",transport=\"none\"}";
 
 /// Defines each test once per store.
 macro_rules! conformance {
@@ -650,6 +675,40 @@ conformance! {
         assert_eq!(store.mcp_session("m2").await.unwrap(), None, "expired");
     }
 
+    async fn usage_counts_live_sessions_and_waiting_calls_and_expiries_once(fixture) {
+        let (store, now) = (&fixture.store, fixture.now());
+        let minute = Duration::from_secs(60);
+        store.insert_session(session("AAAA2345", now, minute)).await.unwrap();
+        store.insert_session(session("BBBB2345", now, 2 * minute)).await.unwrap();
+        let (a, b) = (code_of("AAAA2345"), code_of("BBBB2345"));
+        for id in ["a1", "a2"] {
+            store.enqueue(&a, call(id, now, json!({})), 10, now).await.unwrap();
+        }
+        store.enqueue(&b, call("b1", now, json!({})), 10, now).await.unwrap();
+        let usage = store.usage().await.unwrap();
+        assert_eq!((usage.sessions, usage.unanswered), (2, 3));
+        store
+            .finish(&a, "a1", RequestStatus::Completed, answer("a1", json!(1)), now, now)
+            .await
+            .unwrap();
+        assert_eq!(store.usage().await.unwrap().unanswered, 2);
+        // A minute on: session a has expired (its waiting call goes with it), b's call too.
+        fixture.advance(minute + Duration::from_secs(1));
+        let usage = store.usage().await.unwrap();
+        assert_eq!((usage.sessions, usage.unanswered), (1, 0));
+        // Looking at b settles its call (a store may expire it lazily, when it looks).
+        let b1 = store.request(&b, "b1").await.unwrap().unwrap();
+        assert_eq!(b1.status, RequestStatus::Expired);
+        assert!(store.session(&a).await.unwrap().is_none());
+        assert!(store.session(&a).await.unwrap().is_none());
+        assert_eq!(sample(&fixture.metrics, SESSIONS_EXPIRED).await, 1.0);
+        assert_eq!(sample(&fixture.metrics, CALLS_EXPIRED).await, 1.0);
+        // A session its provider ends did not expire.
+        assert!(store.delete_session(&b).await.unwrap());
+        assert_eq!(store.usage().await.unwrap().sessions, 0);
+        assert_eq!(sample(&fixture.metrics, SESSIONS_EXPIRED).await, 1.0);
+    }
+
     async fn rate_budgets_allow_a_burst_then_refill_one_unit_per_interval(fixture) {
         // 3 a minute: one unit back every 20 s.
         let budget = RateBudget::per_minute(std::num::NonZeroU32::new(3).unwrap());
@@ -683,7 +742,8 @@ async fn replicas_share_sessions_calls_and_events_through_redis() {
     let server = RedisServer::start().await;
     let (clock, _hand) = Clock::manual(wall_now());
     let url = server.url();
-    let connect = || RedisStore::connect(&url, "shared:", clock.clone(), limits());
+    let connect =
+        || RedisStore::connect(&url, "shared:", clock.clone(), limits(), Metrics::default());
     let (a, b) = (connect().await.unwrap(), connect().await.unwrap());
     let now = clock.now();
     let budget = RateBudget::per_minute(std::num::NonZeroU32::new(2).unwrap());
@@ -736,10 +796,57 @@ async fn replicas_share_sessions_calls_and_events_through_redis() {
     );
     assert_eq!(record.response.unwrap().result, Some(json!(2)));
     // Keys stay under their prefix: another prefix is another world.
-    let other = RedisStore::connect(&server.url(), "other:", clock.clone(), limits())
+    let other = RedisStore::connect(
+        &server.url(),
+        "other:",
+        clock.clone(),
+        limits(),
+        Metrics::default(),
+    )
+    .await
+    .unwrap();
+    assert!(other.session(&code).await.unwrap().is_none());
+}
+
+/// Two replicas on one Redis count the same sessions alive and calls waiting, and a session
+/// that expires is counted by one of them only.
+#[tokio::test]
+async fn replicas_share_the_counts_and_count_an_expiry_once() {
+    let server = RedisServer::start().await;
+    let (clock, hand) = Clock::manual(wall_now());
+    let replica = async || {
+        let metrics = Metrics::default();
+        let store = RedisStore::connect(
+            &server.url(),
+            "m:",
+            clock.clone(),
+            limits(),
+            metrics.clone(),
+        )
         .await
         .unwrap();
-    assert!(other.session(&code).await.unwrap().is_none());
+        (store, metrics)
+    };
+    let ((a, a_metrics), (b, b_metrics)) = (replica().await, replica().await);
+    let now = clock.now();
+    a.insert_session(session("ABCD2345", now, HOUR))
+        .await
+        .unwrap();
+    let code = code_of("ABCD2345");
+    a.enqueue(&code, call("r1", now, json!({})), 10, now)
+        .await
+        .unwrap();
+    let usage = b.usage().await.unwrap();
+    assert_eq!((usage.sessions, usage.unanswered), (1, 1));
+    hand.advance(3 * HOUR);
+    for store in [&a, &b] {
+        let usage = store.usage().await.unwrap();
+        assert_eq!((usage.sessions, usage.unanswered), (0, 0));
+        assert!(store.session(&code).await.unwrap().is_none());
+    }
+    let counted =
+        sample(&a_metrics, SESSIONS_EXPIRED).await + sample(&b_metrics, SESSIONS_EXPIRED).await;
+    assert_eq!(counted, 1.0);
 }
 
 /// Redis gone and back: operations fail (they do not hang), streams do not end, and they say
@@ -748,9 +855,15 @@ async fn replicas_share_sessions_calls_and_events_through_redis() {
 async fn a_redis_outage_fails_operations_but_ends_no_stream() {
     let mut server = RedisServer::durable().await;
     let (clock, _hand) = Clock::manual(wall_now());
-    let store = RedisStore::connect(&server.url(), "t:", clock.clone(), limits())
-        .await
-        .unwrap();
+    let store = RedisStore::connect(
+        &server.url(),
+        "t:",
+        clock.clone(),
+        limits(),
+        Metrics::default(),
+    )
+    .await
+    .unwrap();
     let now = clock.now();
     store
         .insert_session(session("ABCD2345", now, HOUR))

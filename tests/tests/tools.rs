@@ -273,6 +273,7 @@ async fn every_error_of_the_tool_api_over_http() {
         config,
         clock,
         Registry::new(vec![Arc::new(BrokenEncoder)]),
+        toolrelay_relay::Metrics::default(),
     );
     let system = System::serving(relay, |_| {}).await;
     let failed = system.post("/api/tools/brokenEncoder", json!({})).await;

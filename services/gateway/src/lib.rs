@@ -11,7 +11,9 @@
 //!   [`mcp`] — the MCP endpoints (`/mcp`, `/mcp/s/{handle}`);
 //! * [`types`] — the JSON shapes of the API; [`error`] — error bodies and correlation ids;
 //! * [`limits`] — rate limits and client addresses; [`auth`] — API keys on the LLM side;
-//!   [`config`] — settings and flags.
+//!   [`observe`] — the HTTP metrics (the registry is the relay crate's
+//!   [`toolrelay_relay::metrics`], shared with the relay in one process); [`config`] —
+//!   settings and flags.
 //!
 //! The gateway keeps no session state: sessions, calls and answers live in the relay.
 
@@ -21,6 +23,7 @@ pub mod config;
 pub mod error;
 pub mod limits;
 pub mod mcp;
+pub mod observe;
 pub mod plugin;
 pub mod server;
 pub mod types;

@@ -15,8 +15,9 @@ use std::time::Duration;
 use poem::http::HeaderMap;
 use poem::web::RemoteAddr;
 use toolrelay_relay::clock::Clock;
+use toolrelay_relay::metrics::RateLimit;
 use toolrelay_relay::store::{RateBudget, Store};
-use toolrelay_relay::{ErrorInfo, RelayError};
+use toolrelay_relay::{ErrorInfo, Metrics, RelayError};
 
 use crate::config::RateLimits;
 use crate::error::ApiError;
@@ -27,21 +28,26 @@ pub struct Limiters {
     store: Arc<dyn Store>,
     clock: Clock,
     trusted_proxies: Vec<IpAddr>,
+    /// Where refusals are counted.
+    metrics: Metrics,
 }
 
 impl Limiters {
-    /// Limits with these per-minute budgets, counted in `store`.
+    /// Limits with these per-minute budgets, counted in `store`; refusals are counted in
+    /// `metrics`.
     pub fn new(
         budgets: RateLimits,
         trusted_proxies: Vec<IpAddr>,
         store: Arc<dyn Store>,
         clock: Clock,
+        metrics: Metrics,
     ) -> Self {
         Self {
             budgets,
             store,
             clock,
             trusted_proxies,
+            metrics,
         }
     }
 
@@ -88,10 +94,13 @@ impl Limiters {
             .await?
         {
             None => Ok(()),
-            Some(wait) => Err(ApiError::rate_limited(
-                "sessions created from your address",
-                wait,
-            )),
+            Some(wait) => {
+                self.metrics.rate_limited(RateLimit::Sessions);
+                Err(ApiError::rate_limited(
+                    "sessions created from your address",
+                    wait,
+                ))
+            }
         }
     }
 
@@ -99,6 +108,7 @@ impl Limiters {
     pub async fn tool_call(&self, ip: IpAddr) -> Result<(), ErrorInfo> {
         let wait = self.spend("tools", ip, self.budgets.tools_per_ip).await?;
         let Some(wait) = wait else { return Ok(()) };
+        self.metrics.rate_limited(RateLimit::Tools);
         Err(crate::error::rate_limited(
             "tool calls from your address",
             wait,
@@ -128,7 +138,7 @@ mod tests {
             clock.clone(),
             Duration::from_secs(60),
         );
-        let limiters = Limiters::new(limits(1), vec![proxy], store, clock);
+        let limiters = Limiters::new(limits(1), vec![proxy], store, clock, Metrics::default());
         let mut headers = HeaderMap::new();
         headers.insert(
             "x-forwarded-for",

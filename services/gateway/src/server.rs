@@ -1,6 +1,6 @@
 //! Assembling and serving the gateway: the route table, middleware, the OpenAPI documents, and
 //! `run(state, listener, shutdown)` (the one-process server also starts the relay's gRPC
-//! service next to it; see [`run_all`]).
+//! service next to it, and shares its metrics; see [`run_all`]).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -18,7 +18,8 @@ use toolrelay_relay::remote::{RemoteOptions, RemoteRelay};
 use toolrelay_relay::server::{local, open_store};
 use toolrelay_relay::store::Store;
 use toolrelay_relay::store::memory::StoreLimits;
-use toolrelay_relay::{Drain, Relay, RelayApi};
+use toolrelay_relay::store::observed::Observed;
+use toolrelay_relay::{Drain, Metrics, Relay, RelayApi};
 
 use crate::api::discovery::DiscoveryApi;
 use crate::api::legacy::LegacyApi;
@@ -29,6 +30,7 @@ use crate::api::{Gateway, State};
 use crate::config::{GatewayConfig, MAX_CALL_BODY, MAX_PROVIDER_BODY};
 use crate::error::{REQUEST_ID_HEADER, normalise_errors, open_cors};
 use crate::limits::Limiters;
+use crate::observe::{HttpMetrics, Routes};
 use crate::{mcp, plugin, websocket};
 
 /// Title of the API in its spec.
@@ -37,12 +39,13 @@ const TITLE: &str = "toolrelay";
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The gateway's state over `relay`, stopping with `drain`, keeping what it shares with other
-/// gateways (rate limits, MCP client sessions) in `store`.
+/// gateways (rate limits, MCP client sessions) in `store`, reporting to `metrics`.
 pub fn gateway(
     relay: Arc<dyn RelayApi>,
     config: GatewayConfig,
     drain: Drain,
     store: Arc<dyn Store>,
+    metrics: Metrics,
 ) -> State {
     Arc::new(Gateway {
         limits: Limiters::new(
@@ -50,13 +53,36 @@ pub fn gateway(
             config.trusted_proxies.clone(),
             Arc::clone(&store),
             Clock::new(),
+            metrics.clone(),
         ),
         store,
         relay,
         config,
         shutdown: tokio_util::sync::CancellationToken::new(),
         drain,
+        metrics,
     })
+}
+
+/// Routes served besides the OpenAPI operations (the plugin's files are labelled apart).
+const OTHER_ROUTES: [&str; 7] = [
+    "/",
+    "/mcp",
+    "/mcp/s/{handle}",
+    "/api/sessions/{code}/ws",
+    "/openapi.json",
+    "/openapi.yaml",
+    "/openapi/actions.json",
+];
+
+/// The route templates of the gateway's paths: the OpenAPI document's, and [`OTHER_ROUTES`].
+fn routes(openapi_json: &str) -> Routes {
+    let spec: serde_json::Value = serde_json::from_str(openapi_json).unwrap_or_default();
+    let documented = spec["paths"]
+        .as_object()
+        .map(|paths| paths.keys().map(String::as_str).collect::<Vec<_>>())
+        .unwrap_or_default();
+    Routes::new(documented.into_iter().chain(OTHER_ROUTES))
 }
 
 /// The whole API: every operation, for `/openapi.json`.
@@ -252,6 +278,10 @@ pub fn app(state: State) -> impl Endpoint<Output = Response> {
         actions_json,
     } = Documents::of(&state);
     let api = api_service(&state);
+    let http = Arc::new(HttpMetrics {
+        metrics: state.metrics.clone(),
+        routes: routes(&spec_json),
+    });
     let cors = Cors::new()
         .allow_origins(state.config.cors_origins.iter().map(String::as_str))
         .allow_methods([
@@ -297,6 +327,7 @@ pub fn app(state: State) -> impl Endpoint<Output = Response> {
         .with(cors)
         .around(normalise_errors)
         .around(open_cors)
+        .around(move |next, request| crate::observe::observe(Arc::clone(&http), next, request))
         .map_to_response()
 }
 
@@ -319,7 +350,7 @@ pub async fn run(state: State, listener: TcpListener) -> std::io::Result<()> {
 
 /// The gateway alone on `public`, in front of the relay at `relay_url` (gRPC), until
 /// `shutdown` completes and a drain of up to `drain_timeout` has run; `name` opens its
-/// "listening" log line.
+/// "listening" log line. Its metrics (`metrics`) are its own: the relay serves its own.
 pub async fn run_split(
     name: &str,
     relay_url: &str,
@@ -327,6 +358,7 @@ pub async fn run_split(
     drain_timeout: Duration,
     public: TcpListener,
     shutdown: impl Future<Output = ()>,
+    metrics: Metrics,
 ) -> Result<(), String> {
     let drain = Drain::new();
     let options = RemoteOptions {
@@ -339,10 +371,13 @@ pub async fn run_split(
         &config.store,
         &Clock::new(),
         StoreLimits::keeping(Duration::from_secs(60)),
+        &metrics,
     )
     .await?;
+    let store = Observed::wrap(store, metrics.clone());
+    observe_gateway(&metrics, &drain, &store);
     tracing::info!(listen = %local(&public), relay = %relay_url, "{name} listening");
-    let state = gateway(Arc::new(relay), config, drain.clone(), store);
+    let state = gateway(Arc::new(relay), config, drain.clone(), store, metrics);
     let serving = tokio::spawn(run(state, public));
     shutdown.await;
     tracing::info!("draining: refusing new work, waiting for delivered calls to be answered");
@@ -380,6 +415,7 @@ pub async fn run_all(
         config,
         relay.drain().clone(),
         Arc::clone(relay.store()),
+        relay.metrics().clone(),
     );
     let gateway_task = tokio::spawn(run(state, public));
     let relay_result = relay_task.await;
@@ -392,6 +428,22 @@ pub async fn run_all(
         (_, Ok(Err(error))) => Err(format!("the relay failed: {error}")),
         _ => Err("a server task panicked".into()),
     }
+}
+
+/// What a gateway alone reports when scraped: whether it drains, and whether its own store
+/// (rate limits, MCP sessions) answers. (In one process the relay reports both.)
+fn observe_gateway(metrics: &Metrics, drain: &Drain, store: &Arc<dyn Store>) {
+    let (handle, drain, store) = (metrics.clone(), drain.clone(), Arc::downgrade(store));
+    metrics.on_scrape(move || {
+        let (metrics, draining, store) = (handle.clone(), drain.is_draining(), store.upgrade());
+        Box::pin(async move {
+            metrics.draining(draining);
+            if let Some(store) = store {
+                // Sets `toolrelay_store_up`.
+                let _ = store.ping().await;
+            }
+        })
+    });
 }
 
 /// Accepts connections with Nagle's algorithm off (poem leaves it on): answers and frames are

@@ -27,13 +27,15 @@ fn repo_file(name: &str) -> PathBuf {
 }
 
 fn documents() -> Vec<(&'static str, String)> {
-    let relay = memory_relay(RelayConfig::default());
+    let metrics = toolrelay_relay::Metrics::default();
+    let relay = memory_relay(RelayConfig::default(), &metrics);
     let store = Arc::clone(relay.store());
     let state = gateway(
         Arc::new(relay),
         GatewayConfig::new(DOCUMENTED_BASE).unwrap(),
         toolrelay_relay::Drain::new(),
         store,
+        metrics,
     );
     let documents = Documents::of(&state);
     vec![

@@ -9,12 +9,14 @@
 //!   tokens; [`clock`] — time that tests can pause; [`error`] — the one error type.
 //! * Transports, each a thin adapter over the domain: [`grpc`] (tonic: consumers and backend
 //!   providers, plus health and reflection) and [`ws`] (the browser WebSocket,
-//!   tokio-tungstenite); [`remote`] — the same operations reached over gRPC from another
-//!   process (the gateway in a split deployment); [`limits`] — the brute-force guard and call
-//!   limits every transport applies through [`RelayApi`].
+//!   tokio-tungstenite), whose port also answers probes and scrapes ([`ops`]); [`remote`] —
+//!   the same operations reached over gRPC from another process (the gateway in a split
+//!   deployment); [`limits`] — the brute-force guard and call limits every transport applies
+//!   through [`RelayApi`].
 //! * [`server`] — `run(listeners, shutdown)`, used by the binaries and by tests; [`drain`] —
-//!   the graceful shutdown both servers of a process share;
-//!   [`config`] — settings and command-line flags.
+//!   the graceful shutdown both servers of a process share; [`metrics`] — the process's
+//!   Prometheus metrics, which everything above reports to; [`config`] — settings and
+//!   command-line flags.
 
 pub mod api;
 pub mod builtin;
@@ -27,6 +29,8 @@ pub mod error;
 pub mod grpc;
 pub mod limits;
 pub mod manifest;
+pub mod metrics;
+pub mod ops;
 pub mod pool;
 pub mod provider;
 pub mod relay;
@@ -43,6 +47,7 @@ pub use config::RelayConfig;
 pub use drain::Drain;
 pub use error::{ErrorCode, ErrorInfo, ErrorKind, RelayError};
 pub use limits::Caller;
+pub use metrics::Metrics;
 pub use provider::{Downlink, ProviderLink};
 pub use relay::{
     AnswerLimits, CallInput, NewSession, Relay, RequestView, ResponseOutcome, SessionStatus,

@@ -22,6 +22,7 @@ use ipnet::IpNet;
 use crate::clock::Clock;
 use crate::code::SessionCode;
 use crate::error::RelayError;
+use crate::metrics::{Metrics, RateLimit};
 use crate::store::{RateBudget, RateCharge, Store};
 
 /// gRPC metadata entry in which a trusted gateway names the client's address.
@@ -99,18 +100,21 @@ pub struct Limits {
     budgets: RateLimits,
     store: Arc<dyn Store>,
     clock: Clock,
+    /// Where refusals are counted.
+    metrics: Metrics,
     /// Until when an address is refused look-ups. A std mutex: held for a map access or a
     /// time check, never across an `.await`.
     blocked: Mutex<HashMap<IpAddr, Instant>>,
 }
 
 impl Limits {
-    /// Limits with these budgets, counted in `store`.
-    pub fn new(budgets: RateLimits, store: Arc<dyn Store>, clock: Clock) -> Self {
+    /// Limits with these budgets, counted in `store`; refusals are counted in `metrics`.
+    pub fn new(budgets: RateLimits, store: Arc<dyn Store>, clock: Clock, metrics: Metrics) -> Self {
         Self {
             budgets,
             store,
             clock,
+            metrics,
             blocked: Mutex::new(HashMap::new()),
         }
     }
@@ -147,18 +151,38 @@ impl Limits {
 
     /// Counts a call by `caller` to session `code` on its own (see [`Limits::call_charge`]).
     pub async fn call(&self, caller: &Caller, code: &str) -> Result<(), RelayError> {
-        spend_call(
-            &*self.store,
-            &self.call_charge(caller, code),
-            self.clock.now(),
-        )
-        .await
+        self.spend_call(&self.call_charge(caller, code), self.clock.now())
+            .await
+    }
+
+    /// Spends a call's unit of its budget; past the budget, the error to answer with.
+    pub async fn spend_call(
+        &self,
+        charge: &RateCharge,
+        now: crate::clock::Timestamp,
+    ) -> Result<(), RelayError> {
+        match self.store.spend(&charge.key, charge.budget, now).await? {
+            None => Ok(()),
+            Some(wait) => Err(self.calls_limited(wait)),
+        }
+    }
+
+    /// The answer to a call past its caller's budget of calls to the session (counted).
+    pub fn calls_limited(&self, wait: Duration) -> RelayError {
+        self.metrics.rate_limited(RateLimit::Calls);
+        RelayError::RateLimited {
+            what: "calls to this session",
+            retry_after: wait.max(Duration::from_secs(1)),
+        }
     }
 
     fn check(&self, address: IpAddr) -> Result<(), RelayError> {
         let blocked = locked(&self.blocked);
         match blocked.get(&address) {
-            Some(until) if *until > Instant::now() => Err(lookup_limited(*until - Instant::now())),
+            Some(until) if *until > Instant::now() => {
+                self.metrics.rate_limited(RateLimit::Lookups);
+                Err(lookup_limited(*until - Instant::now()))
+            }
             _ => Ok(()),
         }
     }
@@ -182,27 +206,8 @@ impl Limits {
         }
         blocked.insert(address, now + wait);
         tracing::warn!(%address, "address blocked from code look-ups: too many unknown codes");
+        self.metrics.rate_limited(RateLimit::Lookups);
         Err(lookup_limited(wait))
-    }
-}
-
-/// Spends a call's unit of its budget; past the budget, the error to answer with.
-pub async fn spend_call(
-    store: &dyn Store,
-    charge: &RateCharge,
-    now: crate::clock::Timestamp,
-) -> Result<(), RelayError> {
-    match store.spend(&charge.key, charge.budget, now).await? {
-        None => Ok(()),
-        Some(wait) => Err(calls_limited(wait)),
-    }
-}
-
-/// The answer to a call past its caller's budget of calls to the session.
-pub fn calls_limited(wait: Duration) -> RelayError {
-    RelayError::RateLimited {
-        what: "calls to this session",
-        retry_after: wait.max(Duration::from_secs(1)),
     }
 }
 
@@ -242,6 +247,7 @@ mod tests {
             },
             crate::store::memory::MemoryStore::new(clock.clone(), Duration::from_secs(60)),
             clock,
+            Metrics::default(),
         )
     }
 

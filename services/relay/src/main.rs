@@ -1,5 +1,6 @@
 //! `toolrelay-relay`: the relay on its own, for split deployments. Serves gRPC (consumers,
-//! the gateway, backend providers) and the browser WebSocket.
+//! the gateway, backend providers) and the browser WebSocket, whose port also answers
+//! `/healthz`, `/readyz` and `/metrics` over plain HTTP (for probes and Prometheus).
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -7,7 +8,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use toolrelay_relay::config::{ENV_GRPC_LISTEN, ENV_WS_LISTEN, LogArgs, RelayArgs, ServiceArgs};
 use toolrelay_relay::server::{self, Listeners, bind, local};
-use toolrelay_relay::telemetry;
+use toolrelay_relay::{Metrics, telemetry};
 
 /// jemalloc rather than glibc's malloc: parsing big MIP models on many threads left glibc's
 /// per-thread arenas holding hundreds of MB that were free (see scripts/mip-memory.py).
@@ -24,7 +25,8 @@ struct Cli {
     service: ServiceArgs,
     #[command(flatten)]
     log: LogArgs,
-    /// Address of the browser WebSocket (`/api/sessions/{code}/ws?token=…`).
+    /// Address of the browser WebSocket (`/api/sessions/{code}/ws?token=…`), which also
+    /// answers `GET /healthz`, `/readyz` and `/metrics`.
     #[arg(long, env = ENV_WS_LISTEN, default_value = "127.0.0.1:8081")]
     ws_listen: SocketAddr,
 }
@@ -40,7 +42,7 @@ async fn serve(cli: Cli) -> Result<(), String> {
     let config = cli.relay.relay_config(&cli.service)?;
     let grpc = bind(cli.relay.grpc_listen, ENV_GRPC_LISTEN).await?;
     let websocket = bind(cli.ws_listen, ENV_WS_LISTEN).await?;
-    let relay = server::relay(config).await?;
+    let relay = server::relay(config, &Metrics::new("toolrelay-relay")).await?;
     tracing::info!(grpc = %local(&grpc), websocket = %local(&websocket), "toolrelay-relay listening");
     let listeners = Listeners {
         grpc,

@@ -21,6 +21,7 @@ use crate::clock::Timestamp;
 use crate::code::{self, SessionCode};
 use crate::drain::Hold;
 use crate::error::{ErrorCode, RelayError};
+use crate::metrics::AnsweredBy;
 use crate::relay::Relay;
 use crate::store::{Claim, EventStream, ProviderInfo, SessionEvent, Transport};
 
@@ -192,6 +193,7 @@ impl Relay {
             relay: self.clone(),
             code: code.clone(),
             connection_id: connection_id.clone(),
+            transport,
             down: down_tx,
             outstanding: std::sync::Mutex::default(),
         };
@@ -246,6 +248,7 @@ struct Driver {
     relay: Relay,
     code: SessionCode,
     connection_id: String,
+    transport: Transport,
     down: mpsc::Sender<Downlink>,
     /// Calls delivered to this connection and not answered yet: each holds a stopping relay
     /// open until it is answered (by any path) or the drain ends. A std mutex: held for one
@@ -264,6 +267,7 @@ impl Driver {
         events: EventStream,
         mut uplink: mpsc::Receiver<ProviderFrame>,
     ) {
+        let _connected = self.relay.metrics().provider_connected(self.transport);
         let ending = self
             .serve(expires_at, max_expires_at, events, &mut uplink)
             .await;
@@ -271,7 +275,10 @@ impl Driver {
         uplink.close();
         while let Ok(frame) = uplink.try_recv() {
             if let ProviderFrame::Response(response) = frame
-                && let Err(error) = self.relay.accept_response(&self.code, response).await
+                && let Err(error) = self
+                    .relay
+                    .accept_response(&self.code, response, self.answered_by())
+                    .await
             {
                 tracing::debug!(code = %self.code, %error, "a last answer was refused");
             }
@@ -386,7 +393,7 @@ impl Driver {
                 .map(|tools| Some(Downlink::Registered { tools })),
             ProviderFrame::Response(response) => self
                 .relay
-                .accept_response(&self.code, response)
+                .accept_response(&self.code, response, self.answered_by())
                 .await
                 .map(|_| None),
             ProviderFrame::Ping => match self.relay.touch(&self.code, connection).await {
@@ -476,6 +483,10 @@ impl Driver {
                 return Ok(());
             }
         }
+    }
+
+    fn answered_by(&self) -> AnsweredBy {
+        AnsweredBy::Provider(self.transport)
     }
 
     fn outstanding(&self) -> std::sync::MutexGuard<'_, HashMap<String, Hold>> {

@@ -25,6 +25,8 @@ use crate::drain::Drain;
 use crate::error::RelayError;
 use crate::limits::Limits;
 use crate::manifest::{Manifest, ManifestCache, ManifestLimits};
+use crate::metrics::{AnsweredBy, Metrics, StoreState};
+use crate::store::observed::Observed;
 use crate::store::{
     BUILTIN_LEASE, EnqueueChecks, Enqueued, EventStream, Finished, NewRequest, RateCharge,
     RequestRecord, SessionEvent, SessionRecord, Store, Transport,
@@ -52,6 +54,8 @@ pub(crate) struct Inner {
     pub(crate) manifests: ManifestCache,
     /// This replica's name in the leases of the built-in calls it runs.
     pub(crate) replica: String,
+    /// The process's metrics.
+    pub(crate) metrics: Metrics,
 }
 
 /// A session just created: the only time its provider token is revealed.
@@ -145,23 +149,32 @@ pub struct ResponseOutcome {
 }
 
 impl Relay {
-    /// A relay over `store`, with the standard built-in tools. `config` must be valid
+    /// A relay over `store`, with the standard built-in tools, reporting to `metrics` (the
+    /// store should count what it expires there too). `config` must be valid
     /// ([`RelayConfig::validate`]).
-    pub fn new(store: Arc<dyn Store>, config: RelayConfig, clock: Clock) -> Self {
+    pub fn new(store: Arc<dyn Store>, config: RelayConfig, clock: Clock, metrics: Metrics) -> Self {
         let tools = Registry::standard(&config.builtin);
-        Self::with_tools(store, config, clock, tools)
+        Self::with_tools(store, config, clock, tools, metrics)
     }
 
-    /// A relay with these built-in tools.
+    /// A relay with these built-in tools. Its store's operations are measured, and what the
+    /// store holds is read into the metrics when they are scraped.
     pub fn with_tools(
         store: Arc<dyn Store>,
         config: RelayConfig,
         clock: Clock,
         tools: Registry,
+        metrics: Metrics,
     ) -> Self {
-        Self {
+        let store = Observed::wrap(store, metrics.clone());
+        let relay = Self {
             inner: Arc::new(Inner {
-                limits: Limits::new(config.limits, Arc::clone(&store), clock.clone()),
+                limits: Limits::new(
+                    config.limits,
+                    Arc::clone(&store),
+                    clock.clone(),
+                    metrics.clone(),
+                ),
                 store,
                 tools,
                 config,
@@ -169,7 +182,41 @@ impl Relay {
                 drain: Drain::new(),
                 replica: code::random_id(),
                 manifests: ManifestCache::default(),
+                metrics: metrics.clone(),
             }),
+        };
+        // Weak: the metrics outlive a relay that is dropped (tests make many).
+        let weak = Arc::downgrade(&relay.inner);
+        metrics.on_scrape(move || {
+            let relay = weak.upgrade().map(|inner| Relay { inner });
+            Box::pin(async move {
+                if let Some(relay) = relay {
+                    relay.observe_state().await;
+                }
+            })
+        });
+        relay
+    }
+
+    /// The process's metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    /// Reads what the metrics report about the store and the drain (when they are scraped).
+    async fn observe_state(&self) {
+        let metrics = &self.inner.metrics;
+        metrics.draining(self.inner.drain.is_draining());
+        // The ping sets `toolrelay_store_up`; the usage, what the store holds.
+        let _ = self.inner.store.ping().await;
+        match self.inner.store.usage().await {
+            Ok(usage) => metrics.store_state(StoreState {
+                sessions: usage.sessions,
+                unanswered: usage.unanswered,
+                answer_bytes: usage.answer_bytes,
+                answer_budget: self.inner.config.response_budget,
+            }),
+            Err(error) => tracing::debug!(%error, "the store's usage could not be read"),
         }
     }
 
@@ -246,6 +293,7 @@ impl Relay {
                 mcp_handle: record.mcp_handle.clone(),
             };
             if self.inner.store.insert_session(record).await? {
+                self.inner.metrics.session_created();
                 tracing::info!(code = %session.code, "session created");
                 return Ok(session);
             }
@@ -433,6 +481,7 @@ impl Relay {
         Context {
             scope,
             tickets: Tickets::new(Arc::clone(&self.inner.store), self.inner.clock.clone()),
+            metrics: self.inner.metrics.clone(),
         }
     }
 
@@ -513,7 +562,7 @@ impl Relay {
         if queued.is_err()
             && let Some(charge) = charge
         {
-            crate::limits::spend_call(&*self.inner.store, &charge, self.now()).await?;
+            self.inner.limits.spend_call(&charge, self.now()).await?;
         }
         queued
     }
@@ -620,7 +669,7 @@ impl Relay {
                     }
                     continue;
                 }
-                Enqueued::RateLimited(wait) => Err(crate::limits::calls_limited(wait)),
+                Enqueued::RateLimited(wait) => Err(self.inner.limits.calls_limited(wait)),
                 Enqueued::Conflict => Err(RelayError::RequestIdConflict { request_id }),
                 Enqueued::Full => Err(RelayError::QueueFull {
                     code: code.display(),
@@ -684,10 +733,15 @@ impl Relay {
         }
         let context = self.tool_context(Scope::Session(code.clone()));
         match self.inner.tools.ready(&request.function_name, &context) {
-            Err(failure) if failure.kind == FailureKind::Busy => Err(RelayError::ToolBusy {
-                message: failure.message,
-                retry_after: failure.retry_after.unwrap_or(Duration::from_secs(2)),
-            }),
+            Err(failure) if failure.kind == FailureKind::Busy => {
+                if let Some(tool) = crate::builtin::mip::metric_tool(&request.function_name) {
+                    self.inner.metrics.mip_refused(tool);
+                }
+                Err(RelayError::ToolBusy {
+                    message: failure.message,
+                    retry_after: failure.retry_after.unwrap_or(Duration::from_secs(2)),
+                })
+            }
             _ => Ok(()),
         }
     }
@@ -850,14 +904,20 @@ impl Relay {
         token: Option<&str>,
         response: ProviderResponse,
     ) -> Result<ResponseOutcome, RelayError> {
-        let (code, _) = self.authorized(code, token).await?;
-        self.accept_response(&code, response).await
+        let (code, session) = self.authorized(code, token).await?;
+        // Answers posted over HTTP come from the session's SSE or polling provider.
+        let by = session.provider.map_or(AnsweredBy::Nobody, |provider| {
+            AnsweredBy::Provider(provider.transport)
+        });
+        self.accept_response(&code, response, by).await
     }
 
+    /// Records a provider's (or a built-in tool's, `by`) answer to a call; the first wins.
     pub(crate) async fn accept_response(
         &self,
         code: &SessionCode,
         response: ProviderResponse,
+        by: AnsweredBy,
     ) -> Result<ResponseOutcome, RelayError> {
         let (response, refused) = contain_response(response, self.answer_limits());
         let (status, response) = normalise_response(response)?;
@@ -871,6 +931,7 @@ impl Relay {
             .await?;
         let outcome = match finished {
             Finished::Finished(record) => {
+                self.inner.metrics.call_finished(record.status, by);
                 // Which tool, how it ended, how long it took: never its arguments or result.
                 tracing::info!(
                     code = %code,
@@ -970,7 +1031,10 @@ impl Relay {
                     ),
                 },
             };
-            if let Err(error) = relay.accept_response(&code, response).await {
+            if let Err(error) = relay
+                .accept_response(&code, response, AnsweredBy::Builtin)
+                .await
+            {
                 tracing::warn!(code = %code, %error, "a built-in tool's answer was not recorded");
             }
         });

@@ -19,6 +19,7 @@ use crate::clock::Clock;
 use crate::config::{ENV_REDIS_URL, RelayConfig, StoreConfig};
 use crate::grpc::RelayService;
 use crate::limits::CORRELATION_ID_METADATA;
+use crate::metrics::Metrics;
 use crate::relay::Relay;
 use crate::store::Store;
 use crate::store::memory::{MemoryStore, StoreLimits};
@@ -48,35 +49,40 @@ pub enum ServeError {
     Grpc(#[from] tonic::transport::Error),
 }
 
-/// A relay over a fresh in-memory store (one process, nothing shared).
-pub fn memory_relay(config: RelayConfig) -> Relay {
+/// A relay over a fresh in-memory store (one process, nothing shared), reporting to `metrics`.
+pub fn memory_relay(config: RelayConfig, metrics: &Metrics) -> Relay {
     let clock = Clock::new();
-    let store = MemoryStore::with_limits(clock.clone(), store_limits(&config));
-    Relay::new(store, config, clock)
+    let store = MemoryStore::observed(clock.clone(), store_limits(&config), metrics.clone());
+    Relay::new(store, config, clock, metrics.clone())
 }
 
-/// A relay over the store its configuration names. With Redis this waits (saying so in the
-/// log) until Redis answers.
-pub async fn relay(config: RelayConfig) -> Result<Relay, String> {
+/// A relay over the store its configuration names, reporting to `metrics`. With Redis this
+/// waits (saying so in the log) until Redis answers.
+pub async fn relay(config: RelayConfig, metrics: &Metrics) -> Result<Relay, String> {
     if config.store == StoreConfig::Memory {
-        return Ok(memory_relay(config));
+        return Ok(memory_relay(config, metrics));
     }
     let clock = Clock::new();
-    let store = open_store(&config.store, &clock, store_limits(&config)).await?;
-    Ok(Relay::new(store, config, clock))
+    let store = open_store(&config.store, &clock, store_limits(&config), metrics).await?;
+    Ok(Relay::new(store, config, clock, metrics.clone()))
 }
 
-/// The store `config` names, within `limits`. With Redis this waits (saying so in the log)
-/// until Redis answers.
+/// The store `config` names, within `limits`, counting what it expires into `metrics`. With
+/// Redis this waits (saying so in the log) until Redis answers.
 pub async fn open_store(
     config: &StoreConfig,
     clock: &Clock,
     limits: StoreLimits,
+    metrics: &Metrics,
 ) -> Result<Arc<dyn Store>, String> {
     match config {
-        StoreConfig::Memory => Ok(MemoryStore::with_limits(clock.clone(), limits)),
+        StoreConfig::Memory => Ok(MemoryStore::observed(
+            clock.clone(),
+            limits,
+            metrics.clone(),
+        )),
         StoreConfig::Redis { url, prefix } => {
-            let store = RedisStore::connect(url, prefix, clock.clone(), limits)
+            let store = RedisStore::connect(url, prefix, clock.clone(), limits, metrics.clone())
                 .await
                 .map_err(|error| format!("{error} (set by {ENV_REDIS_URL})"))?;
             tracing::info!(prefix = %prefix, "state in Redis, shared with every replica using it");

@@ -5,8 +5,9 @@
 //! a refused upgrade: a refused attach is an `error` frame followed by a close with a 44xx code
 //! (4400 bad input, 4401 token missing, 4403 token wrong, 4404 no such session).
 //!
-//! [`serve_listener`] runs the standalone relay's listener; [`serve_upgraded`] serves a
-//! connection another HTTP server (the gateway in one-process mode) has already upgraded.
+//! [`serve_listener`] runs the standalone relay's listener, whose port also answers the plain
+//! HTTP of probes and scrapes ([`crate::ops`]); [`serve_upgraded`] serves a connection another
+//! HTTP server (the gateway in one-process mode) has already upgraded.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -93,6 +94,14 @@ pub async fn serve_listener(relay: Relay, listener: TcpListener, stop: Cancellat
 
 async fn serve_tcp(relay: Relay, stream: TcpStream, peer: SocketAddr) {
     crate::server::no_delay(&stream);
+    // `/healthz`, `/readyz` and `/metrics` share the port: peeked, so a WebSocket handshake
+    // reaches tungstenite untouched. Boxed, so that what answering them needs does not
+    // enlarge the task every open WebSocket keeps.
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, crate::ops::page_asked(&stream)).await {
+        Ok(Ok(Some(page))) => return Box::pin(crate::ops::answer(&relay, stream, page)).await,
+        Ok(Ok(None)) => {}
+        Ok(Err(_)) | Err(_) => return,
+    }
     let mut target = None;
     // The callback's signature is tungstenite's; its error type is an HTTP response.
     #[allow(clippy::result_large_err)]

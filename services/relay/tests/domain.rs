@@ -11,7 +11,7 @@ use toolrelay::wire::{ProviderFrame, ProviderResponse, RequestStatus};
 use toolrelay_relay::store::memory::MemoryStore;
 use toolrelay_relay::store::memory::MemoryStore as Mem;
 use toolrelay_relay::{
-    CallInput, Clock, Downlink, NewSession, ProviderLink, Relay, RelayConfig, Transport,
+    CallInput, Clock, Downlink, Metrics, NewSession, ProviderLink, Relay, RelayConfig, Transport,
 };
 
 fn relay(config: RelayConfig) -> Relay {
@@ -21,6 +21,7 @@ fn relay(config: RelayConfig) -> Relay {
         MemoryStore::new(clock.clone(), config.response_retention),
         config,
         clock,
+        Metrics::default(),
     )
 }
 
@@ -479,7 +480,7 @@ async fn calls_that_expire_unobserved_are_eventually_dropped() {
     config.validate().unwrap();
     let clock = Clock::new();
     let store = Mem::new(clock.clone(), config.response_retention);
-    let relay = Relay::new(store.clone(), config, clock);
+    let relay = Relay::new(store.clone(), config, clock, Metrics::default());
     let session = session_with_tools(&relay).await;
     let code = session.code.as_str();
     // 10 calls a minute for 3 hours, never answered, never looked at.
@@ -674,6 +675,7 @@ async fn overlapping_attaches_leave_one_connection_standing() {
         Arc::new(Slow(Mem::new(clock.clone(), config.response_retention))),
         config,
         clock,
+        Metrics::default(),
     );
     let session = relay.create_session().await.unwrap();
     let (code, token) = (session.code.as_str(), Some(session.provider_token.as_str()));

@@ -1,4 +1,4 @@
-//! Discovery, health and readiness.
+//! Discovery, health, readiness and metrics.
 
 use poem_openapi::payload::{Html, Json, PlainText};
 use poem_openapi::{ApiResponse, OpenApi};
@@ -11,6 +11,17 @@ use crate::types::Discovery;
 pub struct DiscoveryApi {
     /// Shared state.
     pub state: State,
+}
+
+/// The metrics.
+#[derive(ApiResponse)]
+pub enum MetricsText {
+    /// The metrics, in the Prometheus text format (version 0.0.4).
+    #[oai(
+        status = 200,
+        content_type = "text/plain; version=0.0.4; charset=utf-8"
+    )]
+    Metrics(PlainText<String>),
 }
 
 /// The relay is ready.
@@ -83,5 +94,15 @@ impl DiscoveryApi {
             return Err(toolrelay_relay::ErrorInfo::from(error).into());
         }
         Ok(Ready::Ready(PlainText("ready")))
+    }
+
+    /// Metrics
+    ///
+    /// This process's metrics, for Prometheus: HTTP requests by route, sessions, calls by
+    /// status and transport, queue depth, rate-limit refusals, the store, the MIP tools. Open
+    /// like the health checks; label values never carry codes, handles or tokens.
+    #[oai(path = "/metrics", method = "get", operation_id = "metrics")]
+    async fn metrics(&self) -> MetricsText {
+        MetricsText::Metrics(PlainText(self.state.metrics.render().await))
     }
 }

@@ -37,6 +37,8 @@ pub struct Gateway {
     pub shutdown: tokio_util::sync::CancellationToken,
     /// The process's drain (shared with the relay when it runs in this process).
     pub drain: Drain,
+    /// The process's metrics (shared with the relay when it runs in this process).
+    pub metrics: toolrelay_relay::Metrics,
 }
 
 /// The state as the API structs hold it.

@@ -8,7 +8,7 @@ use toolrelay_gateway::config::{ENV_LISTEN, ENV_RELAY_URL, GatewayArgs};
 use toolrelay_gateway::server;
 use toolrelay_relay::config::{LogArgs, ServiceArgs};
 use toolrelay_relay::server::{bind, exit_code, shutdown_signal};
-use toolrelay_relay::telemetry;
+use toolrelay_relay::{Metrics, telemetry};
 
 /// The toolrelay gateway: REST API, SSE and polling fallbacks, OpenAPI, in front of a relay.
 #[derive(Debug, Parser)]
@@ -53,6 +53,7 @@ async fn serve(cli: Cli) -> Result<(), String> {
         drain,
         public,
         shutdown_signal(),
+        Metrics::new("toolrelay-gateway"),
     )
     .await
 }

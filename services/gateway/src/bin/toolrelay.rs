@@ -10,7 +10,7 @@ use toolrelay_gateway::config::{ENV_LISTEN, GatewayArgs};
 use toolrelay_gateway::server;
 use toolrelay_relay::config::{ENV_GRPC_LISTEN, LogArgs, RelayArgs, ServiceArgs};
 use toolrelay_relay::server::{bind, exit_code, local, relay, shutdown_signal};
-use toolrelay_relay::telemetry;
+use toolrelay_relay::{Metrics, telemetry};
 
 /// jemalloc rather than glibc's malloc: parsing big MIP models on many threads left glibc's
 /// per-thread arenas holding hundreds of MB that were free (see scripts/mip-memory.py).
@@ -51,13 +51,14 @@ async fn serve(cli: Cli) -> Result<(), String> {
             drain,
             public,
             shutdown_signal(),
+            Metrics::new("toolrelay"),
         )
         .await;
     }
     let relay_config = cli.relay.relay_config(&cli.service)?;
     let grpc = bind(cli.relay.grpc_listen, ENV_GRPC_LISTEN).await?;
     // Built before the line saying it listens: building it checks the MIP sandbox.
-    let relay = relay(relay_config).await?;
+    let relay = relay(relay_config, &Metrics::new("toolrelay")).await?;
     tracing::info!(
         listen = %local(&public),
         grpc = %local(&grpc),

@@ -200,6 +200,8 @@ pub struct Context {
     pub scope: Scope,
     /// Where stateful tools keep what they return ids for.
     pub tickets: Tickets,
+    /// Where tools count their runs.
+    pub metrics: crate::metrics::Metrics,
 }
 
 /// The class of a tool failure, for transports to pick a status.
@@ -470,6 +472,7 @@ mod tests {
         let context = Context {
             scope: Scope::None,
             tickets: Tickets::new(store, clock),
+            metrics: crate::metrics::Metrics::default(),
         };
         let missing = registry
             .call("nope", json!({}), &context)

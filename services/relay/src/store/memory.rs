@@ -34,6 +34,7 @@ use super::{
 use crate::clock::{Clock, Timestamp};
 use crate::code::SessionCode;
 use crate::error::StoreError;
+use crate::metrics::Metrics;
 
 /// Events a slow subscriber may fall behind by before it gets [`SessionEvent::Missed`]: events
 /// are hints that readers follow by looking at the state, so a few are plenty.
@@ -82,6 +83,8 @@ impl StoreLimits {
 pub struct MemoryStore {
     clock: Clock,
     limits: StoreLimits,
+    /// Where expired sessions and calls are counted.
+    metrics: Metrics,
     tables: Mutex<Tables>,
     /// Rate budgets: each key's arrival time (µs, see [`RateBudget`]). Apart from the tables,
     /// so a rate check never waits for the sessions' lock.
@@ -127,6 +130,8 @@ struct Indexes {
     answers: VecDeque<(SessionCode, String)>,
     /// Their total cost.
     answer_bytes: usize,
+    /// Unfinished calls, in every session.
+    unanswered: usize,
 }
 
 /// A claim check, kept as DEFLATE-compressed JSON: a model's JSON repeats its field names for
@@ -218,6 +223,7 @@ impl Entry {
         self.next_seq += 1;
         let record = RequestRecord::queued(request.clone(), seq);
         self.pending.insert(seq, record.id.clone());
+        index.unanswered += 1;
         self.deadlines.insert((record.deadline, seq));
         index.deadlines.insert((record.deadline, code.clone(), seq));
         self.requests.insert(record.id.clone(), record.clone());
@@ -272,7 +278,9 @@ impl Entry {
         request.args = Value::Null;
         let (seq, deadline) = (request.seq, request.deadline);
         let record = request.clone();
-        self.pending.remove(&seq);
+        if self.pending.remove(&seq).is_some() {
+            index.unanswered -= 1;
+        }
         self.deadlines.remove(&(deadline, seq));
         index.deadlines.remove(&(deadline, code.clone(), seq));
         index.finished.push_back((now, code.clone(), id.to_owned()));
@@ -292,11 +300,13 @@ impl Entry {
         Some(record)
     }
 
-    /// Expires the unanswered calls past their deadline, waking their waiters.
-    fn expire_due(&mut self, code: &SessionCode, index: &mut Indexes, now: Timestamp) {
+    /// Expires the unanswered calls past their deadline, waking their waiters; returns how
+    /// many it expired.
+    fn expire_due(&mut self, code: &SessionCode, index: &mut Indexes, now: Timestamp) -> u64 {
+        let mut expired = 0;
         while let Some(&(deadline, seq)) = self.deadlines.first() {
             if deadline > now {
-                return;
+                return expired;
             }
             self.deadlines.pop_first();
             let Some(id) = self.pending.get(&seq).cloned() else {
@@ -307,7 +317,9 @@ impl Entry {
             };
             let response = request.expired_response();
             self.finish(code, index, &id, RequestStatus::Expired, response, now);
+            expired += 1;
         }
+        expired
     }
 
     /// Drops a finished call's answer, keeping its record; false when it had none kept.
@@ -343,6 +355,7 @@ impl Tables {
             self.handles.remove(&entry.session.mcp_handle);
         }
         self.index.answer_bytes -= entry.answer_costs.values().sum::<usize>();
+        self.index.unanswered -= entry.pending.len();
         entry.announce(SessionEvent::SessionEnded);
         true
     }
@@ -423,11 +436,18 @@ impl MemoryStore {
         )
     }
 
-    /// A store within these limits.
+    /// A store within these limits, whose expirations nobody counts.
     pub fn with_limits(clock: Clock, limits: StoreLimits) -> Arc<Self> {
+        Self::observed(clock, limits, Metrics::default())
+    }
+
+    /// A store within these limits, counting the sessions and calls it expires into
+    /// `metrics`.
+    pub fn observed(clock: Clock, limits: StoreLimits, metrics: Metrics) -> Arc<Self> {
         let store = Arc::new(Self {
             clock,
             limits,
+            metrics,
             tables: Mutex::new(Tables::default()),
             rates: Mutex::new(HashMap::new()),
             locks: Mutex::new(HashMap::new()),
@@ -466,13 +486,15 @@ impl MemoryStore {
         let mut tables = self.lock();
         if tables.sessions.get(code)?.session.expires_at <= now {
             tables.remove_session(code);
+            self.metrics.sessions_expired(1);
             return None;
         }
         let Tables {
             sessions, index, ..
         } = &mut *tables;
         let entry = sessions.get_mut(code)?;
-        entry.expire_due(code, index, now);
+        self.metrics
+            .calls_expired(entry.expire_due(code, index, now));
         let result = f(entry, index);
         tables.keep_within(self.limits.answer_budget);
         Some(result)
@@ -491,7 +513,9 @@ impl MemoryStore {
                 break;
             }
             tables.index.expiries.pop_first();
-            tables.remove_session(&code);
+            if tables.remove_session(&code) {
+                self.metrics.sessions_expired(1);
+            }
         }
         while let Some((deadline, code, _)) = tables.index.deadlines.first().cloned() {
             looked_at += 1;
@@ -500,7 +524,8 @@ impl MemoryStore {
             }
             tables.index.deadlines.pop_first();
             if let Some(entry) = tables.sessions.get_mut(&code) {
-                entry.expire_due(&code, &mut tables.index, now);
+                self.metrics
+                    .calls_expired(entry.expire_due(&code, &mut tables.index, now));
             }
         }
         while let Some((finished_at, code, id)) = tables.index.finished.front().cloned() {
@@ -562,6 +587,7 @@ impl Store for MemoryStore {
             }
             // Expired and not swept yet: gone for good now.
             tables.remove_session(&session.code);
+            self.metrics.sessions_expired(1);
         }
         let (events, _) = broadcast::channel(EVENT_BUFFER);
         tables
@@ -920,9 +946,14 @@ impl Store for MemoryStore {
     }
 
     async fn usage(&self) -> Result<StoreUsage, StoreError> {
+        // What is due goes first, so that expired sessions and calls do not count.
+        self.sweep_once();
+        let tables = self.lock();
         Ok(StoreUsage {
-            answer_bytes: self.answer_bytes(),
-            ticket_bytes: self.ticket_bytes(),
+            answer_bytes: tables.index.answer_bytes,
+            ticket_bytes: tables.ticket_bytes,
+            sessions: tables.sessions.len(),
+            unanswered: tables.index.unanswered,
         })
     }
 

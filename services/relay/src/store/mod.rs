@@ -15,6 +15,7 @@
 //! [`memory::MemoryStore`] is the default implementation.
 
 pub mod memory;
+pub mod observed;
 pub mod redis;
 
 use std::pin::Pin;
@@ -323,13 +324,18 @@ impl RequestRecord {
     }
 }
 
-/// Bytes held under the store's budgets, counted across every replica.
+/// What the store holds now, counted across every replica: the bytes its budgets bound, and
+/// the sessions and calls the metrics report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct StoreUsage {
     /// Finished calls' answers.
     pub answer_bytes: usize,
     /// Claim checks.
     pub ticket_bytes: usize,
+    /// Sessions alive.
+    pub sessions: usize,
+    /// Calls waiting for their answer (not finished, deadline not passed).
+    pub unanswered: usize,
 }
 
 /// What [`Store::enqueue`] did.
@@ -580,7 +586,9 @@ pub trait Store: Send + Sync + 'static {
     /// Whether the store answers (for readiness checks).
     async fn ping(&self) -> Result<(), StoreError>;
 
-    /// What the kept answers and claim checks cost now (what the byte budgets bound).
+    /// What the kept answers and claim checks cost now (what the byte budgets bound), and how
+    /// many sessions and unanswered calls there are. Not for a call's path: it may end
+    /// sessions found expired (counting them), and costs a round trip.
     async fn usage(&self) -> Result<StoreUsage, StoreError>;
 
     /// Keeps a claim-check value under `(scope, id)` until `expires_at`.

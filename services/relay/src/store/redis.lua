@@ -10,6 +10,9 @@
 --   ARGV[4]  the answer budget (bytes)
 --   ARGV[5…] the script's own arguments
 --
+-- Every script answers { calls it expired, sessions it found expired, its own answer }: the
+-- calling replica counts the first two in its metrics (store/redis.rs, `run`).
+--
 -- Payloads (arguments, answers, manifests) are opaque strings here: cjson would rewrite their
 -- numbers. Only timestamps and counters, all below 2^53, are read as numbers.
 
@@ -24,6 +27,13 @@ local announced_answer_bytes = 65536
 
 -- The session's TTL-bound keys (request keys carry their own TTL).
 local SESSION_KEYS = { 's', 'm', 'q', 'd', 'f' }
+-- Every live session's code by its expiry, and every unanswered call (`<code>\n<id>`) by its
+-- deadline: what the metrics count across replicas (sessions alive, calls waiting), read
+-- without looking at any session. Outside the sessions' slots, like the answer budget.
+local SESSIONS = prefix .. 'sessions'
+local UNANSWERED = prefix .. 'unanswered'
+-- What this script expired, for the calling replica to count.
+local expired_calls, expired_sessions = 0, 0
 
 -- The session's fields the scripts read, fetched once per script (`live` fetches them all in
 -- one HMGET) and kept up to date by the script's own writes.
@@ -56,10 +66,15 @@ local function keep(key)
   if until_ms then redis.call('PEXPIREAT', base .. key, until_ms) end
 end
 
+local function code_of()
+  return string.match(base, '{(.*)}:$')
+end
+
 -- Slides the expiry to `until` (never backwards, never past the maximum lifetime). The
--- session's `expires_at` moves exactly; its keys' Redis TTLs are set a tenth of the time to
--- live beyond it and moved only when the expiry passes them, so most slides are one HSET
--- (an expired session whose keys linger that little longer is ended by `live` all the same).
+-- session's `expires_at` moves exactly (and its place in SESSIONS with it); its keys' Redis
+-- TTLs are set a tenth of the time to live beyond it and moved only when the expiry passes
+-- them, so most slides are one HSET and one ZADD (an expired session whose keys linger that
+-- little longer is ended by `live` all the same).
 local function slide(until_ms)
   local expires = tonumber(session_field('expires_at'))
   local max = tonumber(session_field('max_expires_at'))
@@ -67,6 +82,7 @@ local function slide(until_ms)
   if until_ms <= expires then return end
   redis.call('HSET', S, 'expires_at', until_ms)
   cache.expires_at = tostring(until_ms)
+  redis.call('ZADD', SESSIONS, until_ms, code_of())
   local keys_until = tonumber(session_field('keys_until') or '0')
   if until_ms > keys_until then
     keys_until = math.min(max, until_ms + math.floor((until_ms - now) / 10))
@@ -76,8 +92,8 @@ local function slide(until_ms)
   end
 end
 
-local function code_of()
-  return string.match(base, '{(.*)}:$')
+local function unanswered_member(id)
+  return code_of() .. '\n' .. id
 end
 
 -- An answer's entry in the budget: `<seq>\n<code>\n<id>\n<cost>`. Answers finished in the same
@@ -100,14 +116,28 @@ local function forget(id)
 end
 
 -- Ends the session: its calls and keys go (with their answers' cost), subscribers hear it.
-local function end_session()
+-- `expired`: it ends because it expired (counted, unless a sweep counted it already).
+local function end_session(expired)
   for _, id in ipairs(redis.call('LRANGE', base .. 'f', 0, -1)) do forget(id) end
   for _, id in ipairs(redis.call('ZRANGE', base .. 'q', 0, -1)) do
     redis.call('DEL', base .. 'r:' .. id)
+    redis.call('ZREM', UNANSWERED, unanswered_member(id))
   end
   for _, key in ipairs(SESSION_KEYS) do redis.call('DEL', base .. key) end
   forget_cached()
+  if redis.call('ZREM', SESSIONS, code_of()) == 1 and expired then
+    expired_sessions = expired_sessions + 1
+  end
   redis.call('PUBLISH', base .. 'ev', 'e')
+end
+
+-- Forgets up to `limit` sessions past their expiry from SESSIONS (Redis drops their keys by
+-- itself), counting them as expired, and the unanswered calls past their deadline.
+local function sweep_expired(limit)
+  for _, code in ipairs(redis.call('ZRANGEBYSCORE', SESSIONS, '-inf', now, 'LIMIT', 0, limit)) do
+    expired_sessions = expired_sessions + redis.call('ZREM', SESSIONS, code)
+  end
+  redis.call('ZREMRANGEBYSCORE', UNANSWERED, '-inf', now)
 end
 
 -- Whether the session lives at `now`; one past its expiry is ended at once.
@@ -115,7 +145,7 @@ local function live()
   local expires = session_field('expires_at')
   if not expires then return false end
   if tonumber(expires) <= now then
-    end_session()
+    end_session(true)
     return false
   end
   return true
@@ -172,6 +202,7 @@ local function finish_record(id, status, response)
   redis.call('PEXPIREAT', r, now + retention)
   redis.call('ZREM', base .. 'q', id)
   redis.call('ZREM', base .. 'd', id)
+  redis.call('ZREM', UNANSWERED, unanswered_member(id))
   local finished = redis.call('RPUSH', base .. 'f', id)
   if finished == 1 then keep('f') end
   redis.call('ZADD', prefix .. 'answers', now, member)
@@ -192,6 +223,7 @@ local function expire_due()
     local status = redis.call('HGET', base .. 'r:' .. id, 'status')
     if status == 'queued' or status == 'delivered' then
       finish_record(id, 'expired', '')
+      expired_calls = expired_calls + 1
     else
       redis.call('ZREM', base .. 'd', id)
     end

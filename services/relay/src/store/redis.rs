@@ -7,7 +7,10 @@
 //! queue position), `d` (sorted set: their deadlines), `f` (list: finished calls),
 //! `r:<id>` (hash: one call), and the channel `ev` (its events). Outside sessions:
 //! `h:<handle>` (connector handle → code), `answers` + `answer-bytes` (the answer budget),
-//! `t:{<scope>}:<id>`, `ts:{<scope>}`, `tickets` + `ticket-bytes` (claim checks and theirs).
+//! `t:{<scope>}:<id>`, `ts:{<scope>}`, `tickets` + `ticket-bytes` (claim checks and theirs),
+//! `sessions` (sorted set: live sessions by expiry) and `unanswered` (sorted set: unanswered
+//! calls by deadline) — what the metrics count across replicas, kept by the same scripts that
+//! change sessions and calls, so reading them costs a scrape one round trip and a call none.
 //!
 //! Every change that must not race is one Lua script (`redis.lua` holds their library), so a
 //! step such as "queue unless full, and slide the expiry" happens whole or not at all. Redis
@@ -29,8 +32,9 @@
 //!
 //! # Cluster
 //! The tested topology is one primary (with AOF). Scripts touch only their session's slot,
-//! except the answer budget (`answers`, `answer-bytes`) and evicting another session's answer,
-//! which cross slots: on a Cluster those would need the budget kept per slot.
+//! except the answer budget (`answers`, `answer-bytes`), evicting another session's answer,
+//! and the metrics' `sessions` and `unanswered`, which cross slots: on a Cluster those would
+//! need to be kept per slot (and summed when read).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -55,6 +59,7 @@ use super::{
 use crate::clock::{Clock, Timestamp};
 use crate::code::SessionCode;
 use crate::error::StoreError;
+use crate::metrics::Metrics;
 
 /// How often every event stream also says [`SessionEvent::Missed`]: the longest a lost
 /// message can delay a call.
@@ -71,15 +76,19 @@ const HEARTBEAT: Duration = Duration::from_secs(5);
 
 const LIBRARY: &str = include_str!("redis.lua");
 
+/// Also forgets a few sessions that expired meanwhile (see `sweep_expired`), so that the set
+/// of sessions stays as large as the live ones even if nothing reads the metrics.
 const INSERT: &str = r"
 local existing = session_field('expires_at')
 if existing and tonumber(existing) > now then return 0 end
-if existing then end_session() end
+if existing then end_session(true) end
 redis.call('HSET', S, 'code', ARGV[5], 'token_hash', ARGV[6], 'created_at', ARGV[7],
   'expires_at', ARGV[8], 'max_expires_at', ARGV[9], 'mcp_handle', ARGV[10],
   'manifest_revision', 0, 'next_seq', 0)
 redis.call('PEXPIREAT', S, ARGV[8])
 redis.call('SET', KEYS[2], ARGV[5], 'PXAT', ARGV[9])
+redis.call('ZADD', SESSIONS, ARGV[8], ARGV[5])
+sweep_expired(10)
 return 1
 ";
 
@@ -100,7 +109,7 @@ return redis.call('HGETALL', S)
 
 const DELETE: &str = r"
 local was = live()
-if redis.call('EXISTS', S) == 1 then end_session() end
+if redis.call('EXISTS', S) == 1 then end_session(false) end
 if was then return 1 end
 return 0
 ";
@@ -172,6 +181,7 @@ redis.call('HSET', r, 'id', id, 'seq', seq, 'tool_id', ARGV[6], 'function', ARGV
 redis.call('PEXPIREAT', r, session_field('max_expires_at'))
 redis.call('ZADD', base .. 'q', seq, id)
 redis.call('ZADD', base .. 'd', ARGV[10], id)
+redis.call('ZADD', UNANSWERED, ARGV[10], unanswered_member(id))
 -- The queue and its deadlines (which hold the same calls) were just created: give them a TTL.
 if pending == 0 then
   keep('q')
@@ -316,6 +326,25 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 ";
 
+/// What the metrics read: KEYS the sessions by expiry, the unanswered calls by deadline, the
+/// answers' and the claim checks' bytes; ARGV now, most expired sessions to forget. Answers
+/// { sessions it forgot (they expired), sessions alive, calls waiting, answer bytes, ticket
+/// bytes }.
+const USAGE: &str = r"
+local now = tonumber(ARGV[1])
+local forgot = 0
+for _, code in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))) do
+  forgot = forgot + redis.call('ZREM', KEYS[1], code)
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+return { forgot, redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf'),
+  redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf'),
+  tonumber(redis.call('GET', KEYS[3]) or '0'), tonumber(redis.call('GET', KEYS[4]) or '0') }
+";
+
+/// Expired sessions a read of the metrics forgets at most (the rest at the next).
+const USAGE_SWEEP: usize = 1000;
+
 /// A rate budget: KEYS[1] its theoretical arrival time; ARGV now, interval, tolerance (µs).
 const SPEND: &str = r"
 return gcra(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]))
@@ -355,11 +384,18 @@ struct Scripts {
     spend: Script,
     lock: Script,
     unlock: Script,
+    usage: Script,
 }
 
 impl Scripts {
     fn new() -> Self {
-        let with_library = |body: &str| Script::new(&format!("{LIBRARY}\n{body}"));
+        // Each body runs as a function, so that its answer can go out with what the script
+        // expired (see `run`).
+        let with_library = |body: &str| {
+            Script::new(&format!(
+                "{LIBRARY}\nlocal function body()\n{body}\nend\nlocal answered = body()\nreturn {{ expired_calls, expired_sessions, answered }}"
+            ))
+        };
         Self {
             insert: with_library(INSERT),
             session: with_library(SESSION),
@@ -380,6 +416,7 @@ impl Scripts {
             spend: Script::new(&format!("{GCRA}\n{SPEND}")),
             lock: Script::new(LOCK),
             unlock: Script::new(UNLOCK),
+            usage: Script::new(USAGE),
         }
     }
 }
@@ -393,17 +430,21 @@ pub struct RedisStore {
     ticket_budget: usize,
     events: Arc<EventHub>,
     scripts: Scripts,
+    /// Where the sessions and calls its scripts expire are counted.
+    metrics: Metrics,
 }
 
 impl RedisStore {
-    /// A store on the Redis at `url`, its keys under `prefix`. Waits (retrying, and saying
-    /// so in the log) until Redis answers, so a replica started before its Redis comes up
-    /// rather than crash-looping.
+    /// A store on the Redis at `url`, its keys under `prefix`, counting the sessions and
+    /// calls it expires into `metrics`. Waits (retrying, and saying so in the log) until
+    /// Redis answers, so a replica started before its Redis comes up rather than
+    /// crash-looping.
     pub async fn connect(
         url: &str,
         prefix: &str,
         clock: Clock,
         limits: StoreLimits,
+        metrics: Metrics,
     ) -> Result<Arc<Self>, StoreError> {
         let unusable = |error: redis::RedisError| {
             StoreError(format!("REDIS_URL {url:?} is not usable: {error}"))
@@ -439,6 +480,7 @@ impl RedisStore {
             limits,
             events,
             scripts: Scripts::new(),
+            metrics,
         }))
     }
 
@@ -451,7 +493,7 @@ impl RedisStore {
         format!("{}rate:{key}", self.prefix)
     }
 
-    /// Runs a session script: the common arguments, then `args`.
+    /// Runs a session script: the common arguments, then `args`. Counts what it expired.
     async fn run<T: redis::FromRedisValue>(
         &self,
         script: &Script,
@@ -472,11 +514,30 @@ impl RedisStore {
             invocation.arg(arg);
         }
         let mut redis = self.redis.clone();
-        invocation
+        let answer: redis::Value = invocation
             .invoke_async(&mut redis)
             .await
-            .map_err(store_error)
+            .map_err(store_error)?;
+        let (calls, sessions, answer) = counted(answer)?;
+        self.metrics.calls_expired(calls);
+        self.metrics.sessions_expired(sessions);
+        T::from_redis_value(answer).map_err(unreadable)
     }
+}
+
+/// A session script's `{ expired calls, expired sessions, answer }`.
+fn counted(answer: redis::Value) -> Result<(u64, u64, redis::Value), StoreError> {
+    let redis::Value::Array(items) = answer else {
+        return Err(missing("count of what the script expired"));
+    };
+    let mut items = items.into_iter();
+    let mut count = || match items.next() {
+        Some(redis::Value::Int(count)) => Ok(count.unsigned_abs()),
+        _ => Err(missing("count of what the script expired")),
+    };
+    let (calls, sessions) = (count()?, count()?);
+    // A script answering nothing (nil) leaves the third place empty.
+    Ok((calls, sessions, items.next().unwrap_or(redis::Value::Nil)))
 }
 
 fn unreadable(error: redis::ParsingError) -> StoreError {
@@ -1063,15 +1124,30 @@ impl Store for RedisStore {
 
     async fn usage(&self) -> Result<StoreUsage, StoreError> {
         let mut redis = self.redis.clone();
-        let (answers, tickets): (Option<usize>, Option<usize>) = redis::cmd("MGET")
-            .arg(format!("{}answer-bytes", self.prefix))
-            .arg(format!("{}ticket-bytes", self.prefix))
-            .query_async(&mut redis)
+        let (forgot, sessions, unanswered, answer_bytes, ticket_bytes): (
+            u64,
+            usize,
+            usize,
+            usize,
+            usize,
+        ) = self
+            .scripts
+            .usage
+            .key(format!("{}sessions", self.prefix))
+            .key(format!("{}unanswered", self.prefix))
+            .key(format!("{}answer-bytes", self.prefix))
+            .key(format!("{}ticket-bytes", self.prefix))
+            .arg(self.clock.now().0)
+            .arg(USAGE_SWEEP)
+            .invoke_async(&mut redis)
             .await
             .map_err(store_error)?;
+        self.metrics.sessions_expired(forgot);
         Ok(StoreUsage {
-            answer_bytes: answers.unwrap_or(0),
-            ticket_bytes: tickets.unwrap_or(0),
+            answer_bytes,
+            ticket_bytes,
+            sessions,
+            unanswered,
         })
     }
 

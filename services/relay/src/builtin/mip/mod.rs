@@ -20,7 +20,7 @@ mod seccomp;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
@@ -29,6 +29,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use self::model::{Model, Solution};
 use self::sandbox::{Sandbox, SandboxConfig, busy};
 use super::{Context, FailureKind, Scope, SharedLock, Tool, ToolFailure};
+use crate::metrics::{MipOutcome, MipTool};
 
 /// Settings of the MIP tools.
 #[derive(Debug, Clone)]
@@ -210,6 +211,52 @@ fn scope_of(context: &Context, args: &Value) -> Result<String, ToolFailure> {
     }
 }
 
+/// The MIP tool called `name`, as the metrics name it.
+pub fn metric_tool(name: &str) -> Option<MipTool> {
+    match name {
+        "generate_mip_problem" => Some(MipTool::Generate),
+        "solve_mip_problem" => Some(MipTool::Solve),
+        "validate_mip_solution" => Some(MipTool::Validate),
+        _ => None,
+    }
+}
+
+/// Runs a call of `tool`, counting it by how it ended (`toolrelay_mip_runs_total`).
+async fn measured(
+    tool: MipTool,
+    context: &Context,
+    run: impl Future<Output = Result<Value, ToolFailure>>,
+) -> Result<Value, ToolFailure> {
+    let started = Instant::now();
+    let result = run.await;
+    context
+        .metrics
+        .mip_run(tool, outcome_of(&result), started.elapsed());
+    result
+}
+
+/// How a run ended, for the metrics: a solve answers `timeout` and `error` as results.
+fn outcome_of(result: &Result<Value, ToolFailure>) -> MipOutcome {
+    match result {
+        Ok(answer) => match answer["status"].as_str() {
+            Some("timeout") => MipOutcome::Timeout,
+            Some("error") => MipOutcome::Error,
+            _ => MipOutcome::Ok,
+        },
+        Err(failure) => match (failure.kind, failure.code.as_str()) {
+            (_, "RUN_STOPPED") => MipOutcome::Stopped,
+            (_, "SANDBOX_UNAVAILABLE" | "STORE_UNAVAILABLE") | (FailureKind::Unavailable, _) => {
+                MipOutcome::Unavailable
+            }
+            (FailureKind::Busy, _) => MipOutcome::Busy,
+            (FailureKind::BadInput | FailureKind::TooLarge | FailureKind::NotFound, _) => {
+                MipOutcome::Invalid
+            }
+            (FailureKind::Internal, _) => MipOutcome::Error,
+        },
+    }
+}
+
 fn python_failure(outcome: &Value) -> ToolFailure {
     let error = outcome["error"].as_str().unwrap_or("the code failed");
     let trace = outcome["traceback"].as_str().unwrap_or_default();
@@ -294,6 +341,12 @@ impl Tool for Generate {
     }
 
     async fn call(&self, args: Value, context: &Context) -> Result<Value, ToolFailure> {
+        measured(MipTool::Generate, context, self.generate(args, context)).await
+    }
+}
+
+impl Generate {
+    async fn generate(&self, args: Value, context: &Context) -> Result<Value, ToolFailure> {
         let scope = scope_of(context, &args)?;
         let code = text_arg(&args, "problemDefinitionCode")?;
         let mut outcome = {
@@ -364,6 +417,12 @@ impl Tool for Solve {
     }
 
     async fn call(&self, args: Value, context: &Context) -> Result<Value, ToolFailure> {
+        measured(MipTool::Solve, context, self.solve(args, context)).await
+    }
+}
+
+impl Solve {
+    async fn solve(&self, args: Value, context: &Context) -> Result<Value, ToolFailure> {
         let scope = scope_of(context, &args)?;
         let problem_id = text_arg(&args, "problemId")?;
         let problem = ticket(context, &scope, problem_id, "problem").await?;
@@ -444,6 +503,12 @@ impl Tool for Validate {
     }
 
     async fn call(&self, args: Value, context: &Context) -> Result<Value, ToolFailure> {
+        measured(MipTool::Validate, context, self.validate(args, context)).await
+    }
+}
+
+impl Validate {
+    async fn validate(&self, args: Value, context: &Context) -> Result<Value, ToolFailure> {
         let scope = scope_of(context, &args)?;
         let solution_id = text_arg(&args, "solutionId")?;
         let code = text_arg(&args, "validationCode")?;

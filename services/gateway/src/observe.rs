@@ -1,0 +1,185 @@
+//! The gateway's HTTP metrics (`toolrelay_http_requests_total`,
+//! `toolrelay_http_request_duration_seconds`, `toolrelay_http_errors_total`): the outermost
+//! middleware times every request until its response head, and counts it by route template,
+//! method and status — and an error answer by the name in its body.
+//!
+//! The route label is the template of the route a path matches (`/api/sessions/{code}/call`),
+//! found in a table made once from the route table — never the path, which carries codes and
+//! handles. A request refused before routing (an API key missing, a body too large) is
+//! counted under its route all the same; a path matching no route is `other`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use poem::http::header;
+use poem::{Endpoint, IntoResponse, Request, Response};
+use toolrelay_relay::Metrics;
+use toolrelay_relay::metrics::{RouteLabel, error_label};
+
+/// The route templates of the paths the gateway serves.
+pub struct Routes {
+    /// By number of `/`-separated segments.
+    by_length: HashMap<usize, Vec<Template>>,
+    /// The CODAP plugin's files: `/codap`, `/codap/`, `/codap/{file}`.
+    plugin: RouteLabel,
+    other: RouteLabel,
+}
+
+struct Template {
+    /// `None` for a parameter.
+    segments: Vec<Option<String>>,
+    literals: usize,
+    label: RouteLabel,
+}
+
+/// The plugin's files, under one label.
+const PLUGIN: &str = "/codap/*";
+
+impl Routes {
+    /// A table of `templates` (`{name}` marks a parameter segment), plus the plugin's files.
+    pub fn new<'a>(templates: impl IntoIterator<Item = &'a str>) -> Self {
+        let mut by_length: HashMap<usize, Vec<Template>> = HashMap::new();
+        for template in templates {
+            let segments: Vec<Option<String>> = template
+                .split('/')
+                .map(|segment| {
+                    let parameter = segment.starts_with('{') && segment.ends_with('}');
+                    (!parameter).then(|| segment.to_owned())
+                })
+                .collect();
+            let literals = segments.iter().filter(|segment| segment.is_some()).count();
+            by_length.entry(segments.len()).or_default().push(Template {
+                segments,
+                literals,
+                label: RouteLabel::new(template),
+            });
+        }
+        // The most specific template first: `/x/{a}/call` before `/x/{a}/{b}`.
+        for templates in by_length.values_mut() {
+            templates.sort_by_key(|template| std::cmp::Reverse(template.literals));
+        }
+        Self {
+            by_length,
+            plugin: RouteLabel::new(PLUGIN),
+            other: RouteLabel::other(),
+        }
+    }
+
+    /// The label of the route `path` matches: its template, or `other`.
+    pub fn label(&self, path: &str) -> &RouteLabel {
+        if path == "/codap" || path.starts_with("/codap/") {
+            return &self.plugin;
+        }
+        let length = path.split('/').count();
+        self.by_length
+            .get(&length)
+            .and_then(|templates| {
+                templates.iter().find(|template| {
+                    template
+                        .segments
+                        .iter()
+                        .zip(path.split('/'))
+                        .all(|(wanted, segment)| {
+                            wanted.as_deref().is_none_or(|literal| literal == segment)
+                                && (wanted.is_some() || !segment.is_empty())
+                        })
+                })
+            })
+            .map_or(&self.other, |template| &template.label)
+    }
+}
+
+/// What the middleware needs: where to count, and the route table.
+pub struct HttpMetrics {
+    /// The process's metrics.
+    pub metrics: Metrics,
+    /// The route templates.
+    pub routes: Routes,
+}
+
+/// Middleware: counts and times the request (see the module's documentation).
+pub async fn observe<E: Endpoint>(
+    http: Arc<HttpMetrics>,
+    next: E,
+    request: Request,
+) -> poem::Result<Response> {
+    let started = Instant::now();
+    let route = http.routes.label(request.uri().path()).clone();
+    let method = request.method().clone();
+    let mut response = next.call(request).await?.into_response();
+    let status = response.status();
+    http.metrics
+        .http_request(&route, method.as_str(), status.as_u16(), started.elapsed());
+    if status.is_client_error() || status.is_server_error() {
+        let error = error_name(&mut response).await;
+        http.metrics.http_error(&route, error);
+    }
+    Ok(response)
+}
+
+/// The error name in an error answer's body — the API's `{error: name}` or the tool API's
+/// `{error: {code}}` — as a label from a closed set (see [`error_label`]). The body is read
+/// and put back: error bodies are small and complete.
+async fn error_name(response: &mut Response) -> &'static str {
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.starts_with("application/json"));
+    if !is_json {
+        return "other";
+    }
+    let Ok(bytes) = response.take_body().into_bytes().await else {
+        return "other";
+    };
+    let name = match serde_json::from_slice::<serde_json::Value>(&bytes) {
+        Ok(body) => match &body["error"] {
+            serde_json::Value::String(name) => error_label(name, false),
+            error => error["code"]
+                .as_str()
+                .map_or("other", |code| error_label(code, true)),
+        },
+        Err(_) => "other",
+    };
+    response.set_body(bytes);
+    name
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_are_labelled_with_their_route_template() {
+        let routes = Routes::new([
+            "/",
+            "/api/sessions",
+            "/api/sessions/{code}",
+            "/api/sessions/{code}/call",
+            "/api/sessions/{code}/requests/{requestId}",
+            "/mcp",
+            "/mcp/s/{handle}",
+            "/healthz",
+        ]);
+        for (path, label) in [
+            ("/", "/"),
+            ("/api/sessions", "/api/sessions"),
+            ("/api/sessions/ABCD-EFGH", "/api/sessions/{code}"),
+            ("/api/sessions/ABCD-EFGH/call", "/api/sessions/{code}/call"),
+            (
+                "/api/sessions/ABCD-EFGH/requests/r1",
+                "/api/sessions/{code}/requests/{requestId}",
+            ),
+            ("/mcp/s/secret-handle", "/mcp/s/{handle}"),
+            ("/codap", "/codap/*"),
+            ("/codap/index.html", "/codap/*"),
+            ("/healthz", "/healthz"),
+            ("/api/sessions/ABCD-EFGH/nope", "other"),
+            ("/api/sessions//call", "other"),
+            ("/secret-token", "other"),
+        ] {
+            assert_eq!(routes.label(path).as_str(), label, "{path}");
+        }
+    }
+}
