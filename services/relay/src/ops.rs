@@ -1,14 +1,15 @@
 //! Plain HTTP on the standalone relay's WebSocket port, for Kubernetes probes and Prometheus:
 //! `GET /healthz` (200 while the process runs), `GET /readyz` (200 when the store answers and
-//! the relay is not draining, else 503) and `GET /metrics` (the Prometheus text format).
+//! the relay is not draining, else 503) and `GET /metrics` (the Prometheus text format);
+//! anything else is 404.
 //!
 //! How the port tells them from a WebSocket: the first bytes of each new connection are
-//! *peeked* (left in the socket) before the WebSocket handshake. A request line naming one of
-//! these paths is answered here, and the connection closed; anything else goes on to
-//! tungstenite exactly as it arrived, so the WebSocket path is the same code reading the same
-//! bytes as before. An HTTP server with upgrades (hyper) would also do, but would put its own
-//! connection handling in front of every tab, and keep its buffers around each upgraded one;
-//! the peek costs a WebSocket nothing once its handshake is done.
+//! *peeked* (left in the socket) before the WebSocket handshake. One that does not begin as
+//! every handshake here does (`GET /api/sessions/`) is plain HTTP, answered here and closed;
+//! the rest goes on to tungstenite exactly as it arrived, so the WebSocket path is the same
+//! code reading the same bytes as before. An HTTP server with upgrades (hyper) would also do,
+//! but would put its own connection handling in front of every tab and keep its buffers
+//! around each upgraded one; the peek costs a WebSocket nothing once its handshake is done.
 
 use std::time::Duration;
 
@@ -18,95 +19,66 @@ use tokio::net::TcpStream;
 use crate::api::RelayApi;
 use crate::relay::Relay;
 
-/// What a plain HTTP request on the WebSocket port asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Page {
-    /// `GET /healthz`.
-    Health,
-    /// `GET /readyz`.
-    Ready,
-    /// `GET /metrics`.
-    Metrics,
-}
-
-/// The request lines answered here, up to the path's end.
-const PAGES: [(&[u8], Page); 3] = [
-    (b"GET /healthz", Page::Health),
-    (b"GET /readyz", Page::Ready),
-    (b"GET /metrics", Page::Metrics),
-];
+/// How every WebSocket handshake on the port begins (`/api/sessions/{code}/ws?token=…`).
+const WEBSOCKET: &[u8] = b"GET /api/sessions/";
 /// How long to wait for more of a request line that has only begun to arrive.
 const MORE_BYTES: Duration = Duration::from_millis(5);
-/// Longest request head read (and thrown away) before answering.
+/// Longest request head read before answering.
 const MAX_HEAD: usize = 8 * 1024;
 
-/// Which page the connection asks for, judged from its first bytes without reading them;
-/// `None` for anything else (a WebSocket handshake), or when the peer closed.
-pub async fn page_asked(stream: &TcpStream) -> std::io::Result<Option<Page>> {
-    let mut first = [0_u8; 16];
+/// Whether the connection is plain HTTP (anything but a WebSocket handshake), judged from its
+/// first bytes without reading them; false too when the peer closed.
+pub async fn is_plain_http(stream: &TcpStream) -> std::io::Result<bool> {
+    let mut first = [0_u8; WEBSOCKET.len()];
     loop {
         let seen = stream.peek(&mut first).await?;
         if seen == 0 {
-            return Ok(None);
+            return Ok(false);
         }
-        match judge(&first[..seen]) {
-            Judged::Page(page) => return Ok(Some(page)),
-            Judged::Other => return Ok(None),
-            // Peeking again at once would return the same bytes: wait for more to arrive.
-            Judged::TooShort => tokio::time::sleep(MORE_BYTES).await,
+        if first[..seen] != WEBSOCKET[..seen] {
+            return Ok(true);
         }
+        if seen == WEBSOCKET.len() {
+            return Ok(false);
+        }
+        // Peeking again at once would return the same bytes: wait for more to arrive.
+        tokio::time::sleep(MORE_BYTES).await;
     }
 }
 
-enum Judged {
-    Page(Page),
-    Other,
-    TooShort,
-}
-
-/// What the first bytes of a connection are: one of the pages (its path ends with a space or a
-/// query), something else, or too short to tell.
-fn judge(seen: &[u8]) -> Judged {
-    let mut undecided = false;
-    for (line, page) in PAGES {
-        let common = seen.len().min(line.len());
-        if seen[..common] != line[..common] {
-            continue;
-        }
-        match seen.get(line.len()) {
-            Some(b' ' | b'?') => return Judged::Page(page),
-            Some(_) => {}
-            None => undecided = true,
-        }
-    }
-    if undecided {
-        Judged::TooShort
-    } else {
-        Judged::Other
-    }
-}
-
-/// Answers `page` on `stream` and closes it.
-pub async fn answer(relay: &Relay, mut stream: TcpStream, page: Page) {
-    // The whole request is read first: closing a socket with unread bytes in it resets the
+/// Answers one plain HTTP request on `stream` and closes it: `/healthz`, `/readyz`,
+/// `/metrics`, or 404.
+pub async fn answer(relay: &Relay, mut stream: TcpStream) {
+    // The whole head is read first: closing a socket with unread bytes in it resets the
     // connection, and the client could lose the answer.
-    if !read_head(&mut stream).await {
+    let Some(head) = read_head(&mut stream).await else {
         return;
-    }
-    let (status, content_type, body) = match page {
-        Page::Health => ("200 OK", "text/plain; charset=utf-8", "ok".to_owned()),
-        Page::Ready => match RelayApi::ready(relay).await {
-            Ok(()) => ("200 OK", "text/plain; charset=utf-8", "ready".to_owned()),
+    };
+    let plain = "text/plain; charset=utf-8";
+    let (status, content_type, body) = match request_line(&head) {
+        Some(("GET", "/healthz")) => ("200 OK", plain, "ok".to_owned()),
+        Some(("GET", "/readyz")) => match RelayApi::ready(relay).await {
+            Ok(()) => ("200 OK", plain, "ready".to_owned()),
             Err(error) => (
                 "503 Service Unavailable",
-                "text/plain; charset=utf-8",
+                plain,
                 format!("not ready: {}", error.message),
             ),
         },
-        Page::Metrics => (
+        Some(("GET", "/metrics")) => (
             "200 OK",
             crate::metrics::CONTENT_TYPE,
             relay.metrics().render().await,
+        ),
+        Some((_, "/healthz" | "/readyz" | "/metrics")) => (
+            "405 Method Not Allowed",
+            plain,
+            "use GET".to_owned(),
+        ),
+        _ => (
+            "404 Not Found",
+            plain,
+            "Not found: this port serves the provider WebSocket /api/sessions/{code}/ws?token=…, /healthz, /readyz and /metrics".to_owned(),
         ),
     };
     let head = format!(
@@ -123,20 +95,30 @@ pub async fn answer(relay: &Relay, mut stream: TcpStream, page: Page) {
     }
 }
 
-/// Reads the request head up to its blank line; false when it is too long or the peer left.
-async fn read_head(stream: &mut TcpStream) -> bool {
+/// The method and path (without its query) of a request head.
+fn request_line(head: &[u8]) -> Option<(&str, &str)> {
+    let line = head.split(|byte| *byte == b'\n').next()?;
+    let line = std::str::from_utf8(line).ok()?;
+    let mut parts = line.split(' ');
+    let (method, target) = (parts.next()?, parts.next()?);
+    let path = target.split('?').next()?;
+    Some((method, path))
+}
+
+/// Reads the request head up to its blank line; `None` when it is too long or the peer left.
+async fn read_head(stream: &mut TcpStream) -> Option<Vec<u8>> {
     let mut head = Vec::with_capacity(1024);
     let mut chunk = [0_u8; 1024];
     loop {
         match stream.read(&mut chunk).await {
-            Ok(0) | Err(_) => return false,
+            Ok(0) | Err(_) => return None,
             Ok(read) => head.extend_from_slice(&chunk[..read]),
         }
         if head.windows(4).any(|window| window == b"\r\n\r\n") {
-            return true;
+            return Some(head);
         }
         if head.len() > MAX_HEAD {
-            return false;
+            return None;
         }
     }
 }
@@ -145,28 +127,16 @@ async fn read_head(stream: &mut TcpStream) -> bool {
 mod tests {
     use super::*;
 
-    fn judged(bytes: &[u8]) -> Option<Option<Page>> {
-        match judge(bytes) {
-            Judged::Page(page) => Some(Some(page)),
-            Judged::Other => Some(None),
-            Judged::TooShort => None,
-        }
-    }
-
     #[test]
-    fn request_lines_are_told_apart_from_their_first_bytes() {
+    fn request_lines_give_their_method_and_path() {
         assert_eq!(
-            judged(b"GET /metrics HTTP/1.1\r\n"),
-            Some(Some(Page::Metrics))
+            request_line(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"),
+            Some(("GET", "/metrics"))
         );
-        assert_eq!(judged(b"GET /readyz?x=1 HTTP/1.1"), Some(Some(Page::Ready)));
-        assert_eq!(judged(b"GET /healthz HTTP/1.1\r"), Some(Some(Page::Health)));
-        assert_eq!(judged(b"GET /api/sessions/ABCD"), Some(None));
-        assert_eq!(judged(b"GET /metricsx HTTP/1.1"), Some(None));
-        assert_eq!(judged(b"POST /metrics HTTP/1.1"), Some(None));
-        // Not enough to tell yet: wait for more.
-        assert_eq!(judged(b"GET /"), None);
-        assert_eq!(judged(b"GET /metrics"), None);
-        assert_eq!(judged(b"G"), None);
+        assert_eq!(
+            request_line(b"GET /readyz?verbose=1 HTTP/1.1\r\n\r\n"),
+            Some(("GET", "/readyz"))
+        );
+        assert_eq!(request_line(b"garbage"), None);
     }
 }

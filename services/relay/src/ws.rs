@@ -97,9 +97,9 @@ async fn serve_tcp(relay: Relay, stream: TcpStream, peer: SocketAddr) {
     // `/healthz`, `/readyz` and `/metrics` share the port: peeked, so a WebSocket handshake
     // reaches tungstenite untouched. Boxed, so that what answering them needs does not
     // enlarge the task every open WebSocket keeps.
-    match tokio::time::timeout(HANDSHAKE_TIMEOUT, crate::ops::page_asked(&stream)).await {
-        Ok(Ok(Some(page))) => return Box::pin(crate::ops::answer(&relay, stream, page)).await,
-        Ok(Ok(None)) => {}
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, crate::ops::is_plain_http(&stream)).await {
+        Ok(Ok(true)) => return Box::pin(crate::ops::answer(&relay, stream)).await,
+        Ok(Ok(false)) => {}
         Ok(Err(_)) | Err(_) => return,
     }
     let mut target = None;
