@@ -25,6 +25,8 @@ pub struct System {
     pub base: String,
     /// The relay's gRPC address.
     pub grpc: std::net::SocketAddr,
+    /// The standalone relay's WebSocket (and probe) port, in a split system.
+    pub relay_ws: Option<std::net::SocketAddr>,
     /// HTTP client.
     pub http: reqwest::Client,
     /// What child processes logged (empty for a system in this process).
@@ -94,6 +96,7 @@ impl System {
         Self {
             base,
             grpc: grpc_address,
+            relay_ws: None,
             http: client(),
             logs: Logs::default(),
             running: Running::InProcess {
@@ -131,6 +134,7 @@ impl System {
         )
         .await;
         let grpc: std::net::SocketAddr = relay_line["grpc"].as_str().unwrap().parse().unwrap();
+        let relay_ws = relay_line["websocket"].as_str().unwrap().parse().unwrap();
         let relay_url = format!("http://{grpc}");
         let mut env = vec![
             ("LISTEN_ADDR", "127.0.0.1:0"),
@@ -151,9 +155,48 @@ impl System {
         Self {
             base,
             grpc,
+            relay_ws: Some(relay_ws),
             http: client(),
             logs,
             running: Running::Processes(vec![relay, gateway]),
+            redis,
+        }
+    }
+
+    /// The real `toolrelay-relay` binary alone, with extra environment variables (in Redis
+    /// mode, a Redis of its own unless `env` names one). `base` is its WebSocket port, which
+    /// also answers `/healthz`, `/readyz` and `/metrics`; `grpc` its gRPC service.
+    pub async fn relay_binary(env: &[(&str, &str)]) -> Self {
+        let mut all = vec![
+            ("GRPC_LISTEN_ADDR", "127.0.0.1:0"),
+            ("WS_LISTEN_ADDR", "127.0.0.1:0"),
+        ];
+        all.extend_from_slice(env);
+        let redis = if env.iter().any(|(name, _)| *name == "REDIS_URL") {
+            None
+        } else {
+            crate::test_redis().await
+        };
+        let redis_url = redis.as_ref().map(crate::redis::RedisServer::url);
+        if let Some(url) = &redis_url {
+            all.push(("REDIS_URL", url));
+        }
+        let logs = Logs::default();
+        let (child, line) = spawn_logged(
+            "toolrelay-relay",
+            &all,
+            "toolrelay-relay listening",
+            logs.clone(),
+        )
+        .await;
+        let websocket: std::net::SocketAddr = line["websocket"].as_str().unwrap().parse().unwrap();
+        Self {
+            base: format!("http://{websocket}"),
+            grpc: line["grpc"].as_str().unwrap().parse().unwrap(),
+            relay_ws: Some(websocket),
+            http: client(),
+            logs,
+            running: Running::Processes(vec![child]),
             redis,
         }
     }
@@ -177,6 +220,7 @@ impl System {
         Self {
             base: format!("http://{}", line["listen"].as_str().unwrap()),
             grpc: line["grpc"].as_str().unwrap().parse().unwrap(),
+            relay_ws: None,
             http: client(),
             logs,
             running: Running::Processes(vec![child]),
