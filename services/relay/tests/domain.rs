@@ -8,8 +8,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::time::advance;
 use toolrelay::wire::{ProviderFrame, ProviderResponse, RequestStatus};
-use toolrelay_relay::store::memory::MemoryStore;
 use toolrelay_relay::store::memory::MemoryStore as Mem;
+use toolrelay_relay::store::memory::{MemoryStore, StoreLimits};
 use toolrelay_relay::{
     CallInput, Clock, Downlink, Metrics, NewSession, ProviderLink, Relay, RelayConfig, Transport,
 };
@@ -17,12 +17,25 @@ use toolrelay_relay::{
 fn relay(config: RelayConfig) -> Relay {
     config.validate().unwrap();
     let clock = Clock::new();
+    // One registry for the relay and its store, as the binaries have.
+    let metrics = Metrics::default();
+    let limits = StoreLimits::keeping(config.response_retention);
     Relay::new(
-        MemoryStore::new(clock.clone(), config.response_retention),
+        MemoryStore::observed(clock.clone(), limits, metrics.clone()),
         config,
         clock,
-        Metrics::default(),
+        metrics,
     )
+}
+
+/// The value of the series `series` (name and labels as written) on the relay's page.
+async fn metric(relay: &Relay, series: &str) -> f64 {
+    let text = relay.metrics().render().await;
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("{series} is not in\n{text}"))
+        .parse()
+        .unwrap()
 }
 
 fn tools() -> Value {
@@ -961,5 +974,91 @@ async fn big_claim_checks_are_kept_compressed_and_counted_so() {
     assert!(
         store.ticket_bytes() > 3 * 30_000,
         "incompressible tickets were under-counted"
+    );
+}
+
+/// Each finished call is counted once, under the transport that answered it (an SSE or a
+/// polling tab answers by POST, a built-in tool by itself); a call nobody answers counts as
+/// expired; a connection counts while it lasts, and a session that expires is counted too.
+#[tokio::test(start_paused = true)]
+async fn finished_calls_are_counted_once_under_what_answered_them() {
+    let relay = relay(RelayConfig::default());
+    let session = session_with_tools(&relay).await;
+    let (code, token) = (session.code.as_str(), Some(session.provider_token.as_str()));
+    let calls = |status: &str, transport: &str| {
+        format!("toolrelay_calls_total{{status=\"{status}\",transport=\"{transport}\"}}")
+    };
+    let sse_connections = "toolrelay_providers_connected{transport=\"sse\"}";
+
+    let mut link = relay.attach(code, token, Transport::Sse).await.unwrap();
+    assert!(matches!(next(&mut link).await, Downlink::Welcome { .. }));
+    assert_eq!(metric(&relay, sse_connections).await, 1.0);
+    relay.submit(code, echo("over sse")).await.unwrap();
+    let id = request_id(next(&mut link).await);
+    relay
+        .post_response(code, token, answer(&id, json!("sse")))
+        .await
+        .unwrap();
+    let again = relay
+        .post_response(code, token, answer(&id, json!("twice")))
+        .await
+        .unwrap();
+    assert!(
+        !again.accepted,
+        "the first answer wins, and is the one counted"
+    );
+    drop(link);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while metric(&relay, sse_connections).await != 0.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the connection still counts"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    relay.submit(code, echo("polled")).await.unwrap();
+    let polled = relay.poll(code, token, None).await.unwrap();
+    relay
+        .post_response(code, token, answer(&polled[0].request_id, json!("polled")))
+        .await
+        .unwrap();
+
+    let encoded = relay
+        .call(
+            code,
+            CallInput {
+                function_name: "encodePlantUML".into(),
+                args: json!({"plantumlCode": "A -> B"}),
+                ..CallInput::default()
+            },
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(encoded.status, RequestStatus::Completed);
+
+    relay.submit(code, echo("nobody takes it")).await.unwrap();
+    advance(Duration::from_secs(61)).await;
+    relay.session_status(code).await.unwrap();
+
+    assert_eq!(metric(&relay, &calls("completed", "sse")).await, 1.0);
+    assert_eq!(metric(&relay, &calls("completed", "polling")).await, 1.0);
+    assert_eq!(metric(&relay, &calls("completed", "builtin")).await, 1.0);
+    assert_eq!(metric(&relay, &calls("expired", "none")).await, 1.0);
+    assert_eq!(metric(&relay, &calls("completed", "websocket")).await, 0.0);
+    assert_eq!(metric(&relay, "toolrelay_queue_depth").await, 0.0);
+    assert_eq!(metric(&relay, "toolrelay_sessions_active").await, 1.0);
+
+    advance(Duration::from_secs(601)).await;
+    assert!(relay.session_status(code).await.is_err());
+    assert_eq!(
+        metric(&relay, "toolrelay_sessions_expired_total").await,
+        1.0
+    );
+    assert_eq!(metric(&relay, "toolrelay_sessions_active").await, 0.0);
+    assert_eq!(
+        metric(&relay, "toolrelay_sessions_created_total").await,
+        1.0
     );
 }
