@@ -107,7 +107,11 @@ pub async fn observe<E: Endpoint>(
     let started = Instant::now();
     let route = http.routes.label(request.uri().path()).clone();
     let method = request.method().clone();
-    let mut response = next.call(request).await?.into_response();
+    // An error is answered as poem would answer it, so that it is counted too.
+    let mut response = match next.call(request).await {
+        Ok(response) => response.into_response(),
+        Err(error) => error.into_response(),
+    };
     let status = response.status();
     http.metrics
         .http_request(&route, method.as_str(), status.as_u16(), started.elapsed());

@@ -42,12 +42,9 @@ impl Observed {
     ) -> Result<T, StoreError> {
         let started = Instant::now();
         let result = run.await;
-        self.record(operation, started.elapsed(), result.is_ok());
+        self.metrics
+            .store_operation(operation, started.elapsed(), result.is_ok());
         result
-    }
-
-    fn record(&self, operation: Op, elapsed: Duration, ok: bool) {
-        self.metrics.store_operation(operation, elapsed, ok);
     }
 }
 
