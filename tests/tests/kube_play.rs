@@ -20,10 +20,11 @@ use toolrelay_tests::deploy::{
 use toolrelay_tests::system::{Answer, send};
 use toolrelay_tests::{demo_tools, repo_file};
 
-/// Where the overlay puts every process, on the host's loopback.
-const GATEWAYS: [&str; 2] = ["http://127.0.0.1:39080", "http://127.0.0.1:39090"];
-const RELAY_WEBSOCKETS: [&str; 2] = ["ws://127.0.0.1:39081", "ws://127.0.0.1:39082"];
-const PORTS: [u16; 7] = [39379, 39051, 39052, 39081, 39082, 39080, 39090];
+/// Where the overlay puts every process, on the host's loopback (below the ephemeral range,
+/// so that no outgoing connection holds one of these ports).
+const GATEWAYS: [&str; 2] = ["http://127.0.0.1:26080", "http://127.0.0.1:26090"];
+const RELAY_WEBSOCKETS: [&str; 2] = ["ws://127.0.0.1:26081", "ws://127.0.0.1:26082"];
+const PORTS: [u16; 7] = [26379, 26051, 26052, 26081, 26082, 26080, 26090];
 /// podman names a Deployment's pod `<name>-pod-0` and its containers `<pod>-<container>`.
 const RELAY_A: &str = "toolrelay-relay-a-pod-0-relay";
 const PATIENCE: Duration = Duration::from_secs(60);
