@@ -179,6 +179,15 @@ async fn until_ready(url: &str) {
     }
 }
 
+/// Waits until something accepts TCP connections at `address`.
+async fn until_listening(address: &str) {
+    let deadline = Instant::now() + PATIENCE;
+    while tokio::net::TcpStream::connect(address).await.is_err() {
+        assert!(Instant::now() < deadline, "nothing listens on {address}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn post(
     gateway: usize,
     path: &str,
@@ -264,6 +273,9 @@ async fn the_podman_overlay_runs_and_a_relay_killed_mid_call_loses_no_call() {
     for gateway in GATEWAYS {
         until_ready(&format!("{gateway}/readyz")).await;
     }
+    for relay in RELAY_WEBSOCKETS {
+        until_listening(relay.trim_start_matches("ws://")).await;
+    }
     eprintln!("kube play: ready after {:?}", started.elapsed());
 
     // A call through gateway A to a tab on relay A, with the Secret's API key.
@@ -317,8 +329,10 @@ async fn the_podman_overlay_runs_and_a_relay_killed_mid_call_loses_no_call() {
 
     let answer = waiting.await.unwrap();
     let answer = if answer.status.as_u16() == 200 && answer.body["success"] == true {
+        eprintln!("the caller got its answer directly");
         answer
     } else {
+        eprintln!("the caller's relay died under it ({answer:?}): asking again");
         // The caller's relay died under it: it asks again, with the same requestId, through
         // the other gateway.
         post(1, &format!("/api/sessions/{code}/call"), &key, call).await
