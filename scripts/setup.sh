@@ -19,6 +19,12 @@ apt_packages=(ca-certificates gcc make pkg-config bubblewrap util-linux cmake g+
   python3 python3-venv)
 if [[ $mode == --test ]]; then
   apt_packages+=(redis-server chromium)
+  # The container image and the Kubernetes manifests (scripts/image.sh; tests/tests/container.rs,
+  # kube_play.rs, manifests.rs): podman builds and runs images with no daemon (runc: the
+  # runtime that works in this kind of VM; catatonit: the init of the pause image `podman kube
+  # play` builds), debootstrap makes the debian:bookworm-slim base without a registry, and
+  # promtool (Debian's prometheus package) checks the alert rules.
+  apt_packages+=(podman runc catatonit debootstrap prometheus)
   # Node.js for the browser tests, unless one is installed already (e.g. from nodesource).
   command -v node >/dev/null && command -v npm >/dev/null || apt_packages+=(nodejs npm)
 fi

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the tests need (system packages, Redis), then runs every check: formatting,
-# clippy, and the whole test suite (unit tests and end-to-end tests over real sockets).
+# clippy, the whole test suite (unit tests and end-to-end tests over real sockets), and the
+# container image and Kubernetes manifests built and run with podman.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --test
@@ -20,3 +21,7 @@ step "cargo test: the relay and gateway suites again, on Redis (TOOLRELAY_TEST_S
 TOOLRELAY_TEST_STORE=redis cargo test --locked -p toolrelay-tests --test relay --test gateway
 step "browser tests (the CODAP plugin in chromium)"
 npm --prefix tests/browser test
+step "container image (scripts/image.sh: release build, base and venv cached under ~/.cache/toolrelay/image)"
+scripts/image.sh
+step "the image and the Kubernetes manifests run in podman (container, kube_play)"
+cargo test --locked -p toolrelay-tests --test container --test kube_play -- --ignored

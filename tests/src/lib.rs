@@ -12,6 +12,7 @@
 
 pub mod balancer;
 pub mod cluster;
+pub mod deploy;
 pub mod metrics;
 pub mod redis;
 pub mod remip;

@@ -1,0 +1,375 @@
+//! The rendered manifests run: `podman kube play` of `k8s/overlays/podman` (the base with the
+//! differences its README lists) starts Redis, two relays and two gateways from the image
+//! `scripts/image.sh` builds, with the ConfigMaps' and the Secret's environment; a call goes
+//! through; a relay is killed (`SIGKILL`) while its tab holds a call, the tab reconnects to
+//! the other relay, and the call completes once. So the manifests cannot drift from the
+//! binaries' real flags, environment and ports. `scripts/test.sh` runs it after the image.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::Message;
+use toolrelay_tests::deploy::{
+    a_call_goes_through, manifests, podman, podman_blocking, podman_ok, render, scratch,
+};
+use toolrelay_tests::system::{Answer, send};
+use toolrelay_tests::{demo_tools, repo_file};
+
+/// Where the overlay puts every process, on the host's loopback (below the ephemeral range,
+/// so that no outgoing connection holds one of these ports).
+const GATEWAYS: [&str; 2] = ["http://127.0.0.1:26080", "http://127.0.0.1:26090"];
+const RELAY_WEBSOCKETS: [&str; 2] = ["ws://127.0.0.1:26081", "ws://127.0.0.1:26082"];
+const PORTS: [u16; 7] = [26379, 26051, 26052, 26081, 26082, 26080, 26090];
+/// podman names a Deployment's pod `<name>-pod-0` and its containers `<pod>-<container>`.
+const RELAY_A: &str = "toolrelay-relay-a-pod-0-relay";
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// What was played, taken down when dropped (also after a failed assertion): the pods, the
+/// Redis volume and the secret.
+struct Played {
+    play: PathBuf,
+}
+
+impl Played {
+    fn down(&self) {
+        podman_blocking(&["kube", "down", self.play.to_str().unwrap()]);
+        podman_blocking(&["volume", "rm", "--force", "toolrelay-redis-data"]);
+        podman_blocking(&["secret", "rm", "toolrelay"]);
+    }
+}
+
+impl Drop for Played {
+    fn drop(&mut self) {
+        self.down();
+    }
+}
+
+/// A tab that connects to the first relay, and after a lost connection to the next (as the
+/// Ingress would send it elsewhere), registers the demo tools and answers `echo` — except
+/// while `holding`, when it keeps its answers back. Records every raw delivery with the
+/// connection it came on.
+struct Tab {
+    deliveries: Arc<Mutex<Vec<(u32, String)>>>,
+    connections: Arc<Mutex<u32>>,
+    holding: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Tab {
+    fn start(urls: Vec<String>) -> Self {
+        let deliveries = Arc::new(Mutex::new(Vec::new()));
+        let connections = Arc::new(Mutex::new(0));
+        let holding = Arc::new(AtomicBool::new(false));
+        let task = tokio::spawn(run_tab(
+            urls,
+            Arc::clone(&deliveries),
+            Arc::clone(&connections),
+            Arc::clone(&holding),
+        ));
+        Self {
+            deliveries,
+            connections,
+            holding,
+            task,
+        }
+    }
+
+    fn delivered(&self) -> Vec<(u32, String)> {
+        self.deliveries.lock().unwrap().clone()
+    }
+
+    async fn until(&self, what: &str, condition: impl Fn(&Self) -> bool) {
+        let deadline = Instant::now() + PATIENCE;
+        while !condition(self) {
+            assert!(Instant::now() < deadline, "the tab never saw {what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Tab {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn run_tab(
+    urls: Vec<String>,
+    deliveries: Arc<Mutex<Vec<(u32, String)>>>,
+    connections: Arc<Mutex<u32>>,
+    holding: Arc<AtomicBool>,
+) {
+    let mut answers: BTreeMap<String, Value> = BTreeMap::new();
+    for attempt in 0usize.. {
+        let url = &urls[attempt.min(urls.len() - 1)];
+        let Ok((mut socket, _)) = tokio_tungstenite::connect_async(url.as_str()).await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let connection = {
+            let mut connections = connections.lock().unwrap();
+            *connections += 1;
+            *connections
+        };
+        let register = json!({"type": "register", "tools": demo_tools()});
+        if socket
+            .send(Message::text(register.to_string()))
+            .await
+            .is_err()
+        {
+            continue;
+        }
+        let mut held: Vec<String> = Vec::new();
+        let mut tick = tokio::time::interval(Duration::from_millis(20));
+        loop {
+            tokio::select! {
+                message = socket.next() => {
+                    let Some(Ok(message)) = message else { break };
+                    let Message::Text(text) = message else { continue };
+                    let frame: Value = serde_json::from_str(&text).unwrap();
+                    if frame["type"] != "tool-request" {
+                        continue;
+                    }
+                    let id = frame["requestId"].as_str().unwrap().to_owned();
+                    deliveries.lock().unwrap().push((connection, id.clone()));
+                    // A call delivered again is answered from what ran, never run again.
+                    answers.entry(id.clone()).or_insert_with(|| json!({"text": frame["args"]["text"]}));
+                    held.push(id);
+                }
+                _ = tick.tick() => {}
+            }
+            if holding.load(Ordering::SeqCst) {
+                continue;
+            }
+            let mut lost = false;
+            for id in held.drain(..) {
+                let response = json!({"type": "response", "requestId": id, "success": true, "result": answers[&id]});
+                if socket
+                    .send(Message::text(response.to_string()))
+                    .await
+                    .is_err()
+                {
+                    lost = true;
+                    break;
+                }
+            }
+            if lost {
+                break;
+            }
+        }
+    }
+}
+
+/// Waits until `url` answers 200.
+async fn until_ready(url: &str) {
+    let http = reqwest::Client::new();
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let ready = http.get(url).send().await;
+        if ready.is_ok_and(|answer| answer.status().is_success()) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{url} never answered 200");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until something accepts TCP connections at `address`.
+async fn until_listening(address: &str) {
+    let deadline = Instant::now() + PATIENCE;
+    while tokio::net::TcpStream::connect(address).await.is_err() {
+        assert!(Instant::now() < deadline, "nothing listens on {address}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn post(
+    gateway: usize,
+    path: &str,
+    key: &str,
+    body: Value,
+) -> impl Future<Output = Answer> + use<> {
+    send(
+        reqwest::Client::new()
+            .post(format!("{}{path}", GATEWAYS[gateway]))
+            .bearer_auth(key)
+            .json(&body),
+    )
+}
+
+fn get(gateway: usize, path: &str, key: &str) -> impl Future<Output = Answer> + use<> {
+    send(
+        reqwest::Client::new()
+            .get(format!("{}{path}", GATEWAYS[gateway]))
+            .bearer_auth(key),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the image: scripts/test.sh builds it (scripts/image.sh) and runs this"]
+async fn the_podman_overlay_runs_and_a_relay_killed_mid_call_loses_no_call() {
+    for port in PORTS {
+        assert!(
+            std::net::TcpListener::bind(("127.0.0.1", port)).is_ok(),
+            "127.0.0.1:{port} is taken: another run of this test (podman pod ps), or another program"
+        );
+    }
+    let dir = scratch("kube-play");
+    // The overlay's Redis image, on the same local base as toolrelay's (cached after once).
+    let overlay = repo_file("k8s/overlays/podman");
+    podman_ok(&[
+        "build",
+        "--quiet",
+        "--pull=never",
+        "-f",
+        overlay.join("redis.Containerfile").to_str().unwrap(),
+        "-t",
+        "localhost/toolrelay-redis:bookworm",
+        overlay.to_str().unwrap(),
+    ])
+    .await;
+
+    let rendered = render("overlays/podman", &dir).await;
+    let prepared = manifests(&["play", rendered.to_str().unwrap(), dir.to_str().unwrap()]).await;
+    assert!(
+        prepared.status.success(),
+        "{}",
+        String::from_utf8_lossy(&prepared.stderr)
+    );
+    let secrets: Value = serde_json::from_slice(&prepared.stdout).unwrap();
+    let key = secrets["toolrelay"]["API_KEYS"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let played = Played {
+        play: dir.join("play.yaml"),
+    };
+    // What an interrupted run may have left.
+    played.down();
+    podman_ok(&[
+        "secret",
+        "create",
+        "toolrelay",
+        dir.join("secret-toolrelay.json").to_str().unwrap(),
+    ])
+    .await;
+    let started = Instant::now();
+    let play = podman()
+        .args(["kube", "play", "--replace"])
+        .arg(&played.play)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        play.status.success(),
+        "podman kube play: {}",
+        String::from_utf8_lossy(&play.stderr)
+    );
+    for gateway in GATEWAYS {
+        until_ready(&format!("{gateway}/readyz")).await;
+    }
+    for relay in RELAY_WEBSOCKETS {
+        until_listening(relay.trim_start_matches("ws://")).await;
+    }
+    eprintln!("kube play: ready after {:?}", started.elapsed());
+
+    // A call through gateway A to a tab on relay A, with the Secret's API key.
+    a_call_goes_through(GATEWAYS[0], RELAY_WEBSOCKETS[0], Some(&key)).await;
+
+    // A tab on relay A holding a call made through gateway A; relay A is killed.
+    let created = post(0, "/api/sessions", &key, json!({})).await;
+    assert_eq!(created.status.as_u16(), 201, "{created:?}");
+    let code = created.body["code"].as_str().unwrap().to_owned();
+    let token = created.body["providerToken"].as_str().unwrap();
+    let tab = Tab::start(
+        RELAY_WEBSOCKETS
+            .iter()
+            .map(|relay| format!("{relay}/api/sessions/{code}/ws?token={token}"))
+            .collect(),
+    );
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let tools = get(1, &format!("/api/sessions/{code}/metadata"), &key).await;
+        if tools.body["tools"][0]["id"] == "demo" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the tab's tools never showed: {tools:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tab.holding.store(true, Ordering::SeqCst);
+    let call = json!({"requestId": "held-1", "functionName": "echo", "args": {"text": "held"}, "timeoutMs": 30_000});
+    let waiting = tokio::spawn(post(
+        0,
+        &format!("/api/sessions/{code}/call"),
+        &key,
+        call.clone(),
+    ));
+    tab.until("the call", |tab| !tab.delivered().is_empty())
+        .await;
+    podman_ok(&["kill", RELAY_A]).await;
+    tab.holding.store(false, Ordering::SeqCst);
+    tab.until("a connection to the other relay", |tab| {
+        *tab.connections.lock().unwrap() >= 2
+    })
+    .await;
+    tab.until("the call again on the other relay", |tab| {
+        tab.delivered()
+            .iter()
+            .any(|(connection, _)| *connection >= 2)
+    })
+    .await;
+
+    let answer = waiting.await.unwrap();
+    let answer = if answer.status.as_u16() == 200 && answer.body["success"] == true {
+        eprintln!("the caller got its answer directly");
+        answer
+    } else {
+        eprintln!("the caller's relay died under it ({answer:?}): asking again");
+        // The caller's relay died under it: it asks again, with the same requestId, through
+        // the other gateway.
+        post(1, &format!("/api/sessions/{code}/call"), &key, call).await
+    };
+    assert_eq!(answer.status.as_u16(), 200, "{answer:?}");
+    assert_eq!(answer.body["result"], json!({"text": "held"}), "{answer:?}");
+    // Delivered once to the first connection and once to the one on relay B (the tab
+    // answers the repeat from what it ran): never twice to one connection, never run twice.
+    let delivered = tab.delivered();
+    assert_eq!(
+        delivered
+            .iter()
+            .filter(|(connection, _)| *connection == 1)
+            .count(),
+        1,
+        "{delivered:?}"
+    );
+    assert_eq!(
+        delivered
+            .iter()
+            .filter(|(connection, _)| *connection >= 2)
+            .count(),
+        1,
+        "{delivered:?}"
+    );
+    assert!(
+        delivered.iter().all(|(_, id)| id == "held-1"),
+        "{delivered:?}"
+    );
+    let recorded = get(1, &format!("/api/sessions/{code}/requests/held-1"), &key).await;
+    assert_eq!(recorded.body["status"], "completed", "{recorded:?}");
+    assert_eq!(
+        recorded.body["response"]["result"],
+        json!({"text": "held"}),
+        "{recorded:?}"
+    );
+    drop(tab);
+    drop(played);
+    std::fs::remove_dir_all(dir).unwrap();
+}
