@@ -755,6 +755,67 @@ async fn a_call_for_a_tab_that_is_not_there_says_so_at_once_and_stays_queued() {
     system.stop().await;
 }
 
+/// A call asked again with its requestId while the tab's tools are not (or no longer) there —
+/// the tab is reconnecting, or registered other tools — is still that call, not an unknown
+/// function; another call under the same id is still a conflict.
+#[tokio::test]
+async fn a_call_asked_again_while_its_tools_are_away_is_still_that_call() {
+    let system = System::start().await;
+    let (code, token) = system.create_session().await;
+    let mut tab = WsTab::attach_url(&system.ws_url(&code, &token)).await;
+    tab.register(demo_tools()).await;
+    let call = json!({"requestId": "again", "functionName": "echo", "args": {"text": "x"}, "timeoutMs": 1_000});
+    let first = system
+        .post(&format!("/api/sessions/{code}/request"), call.clone())
+        .await;
+    assert_eq!(first.status, StatusCode::ACCEPTED, "{first:?}");
+    let delivered = tab.next_request().await;
+    assert_eq!(delivered["requestId"], "again");
+    // The tab now offers other tools: `echo` is gone from the session.
+    tab.register(json!([{"name": "other", "description": "Another tool",
+        "inputSchema": {"type": "object", "properties": {}}}]))
+        .await;
+    let unknown = system
+        .post(
+            &format!("/api/sessions/{code}/call"),
+            json!({"functionName": "echo", "args": {"text": "x"}}),
+        )
+        .await;
+    assert_eq!(unknown.body["error"], "unknown_function", "{unknown:?}");
+    let again = system
+        .post(&format!("/api/sessions/{code}/call"), call.clone())
+        .await;
+    assert_eq!(again.status, StatusCode::ACCEPTED, "{again:?}");
+    assert_eq!(again.body["requestId"], "again", "{again:?}");
+    assert_eq!(again.body["status"], "delivered", "{again:?}");
+    let other = system
+        .post(
+            &format!("/api/sessions/{code}/call"),
+            json!({"requestId": "again", "functionName": "echo", "args": {"text": "y"}}),
+        )
+        .await;
+    assert_eq!(other.body["error"], "request_id_conflict", "{other:?}");
+    // The tab's answer to the call it was given completes it, once.
+    tab.answer("again", json!({"text": "x"})).await;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let state = system
+            .get(&format!("/api/sessions/{code}/requests/again"))
+            .await;
+        if state.body["status"] == "completed" {
+            assert_eq!(
+                state.body["response"]["result"],
+                json!({"text": "x"}),
+                "{state:?}"
+            );
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{state:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    system.stop().await;
+}
+
 /// Queues calls with these ids and answers each (over polling) with a string of `bytes`.
 async fn answered_calls(system: &System, code: &str, token: &str, ids: &[&str], bytes: usize) {
     for id in ids {

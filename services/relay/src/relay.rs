@@ -623,9 +623,21 @@ impl Relay {
                     (revision, self.manifest_of(&code, revision).await?)
                 }
             };
-            let (group, builtin) = self
+            let (group, builtin) = match self
                 .check_call(&code, &manifest, asked_tool.as_deref(), &request)
-                .await?;
+                .await
+            {
+                Ok(checked) => checked,
+                // A call asked again while its tab is away (its tools not registered again
+                // yet) or after the tools changed is still the call it was.
+                Err(error) if given_id => {
+                    return match self.earlier_call(&code, &request, now).await? {
+                        Some(earlier) => Ok(earlier),
+                        None => Err(error),
+                    };
+                }
+                Err(error) => return Err(error),
+            };
             // The provider dispatches on (tool, function): name the tool even when the caller
             // did not, so a call with and without `toolId` is the same call.
             request.tool_id = Some(group);
@@ -682,6 +694,36 @@ impl Relay {
         Err(RelayError::StoreUnavailable(crate::error::StoreError(
             "the session's manifest kept changing while a call was queued".into(),
         )))
+    }
+
+    /// The call already recorded under `request`'s id, if it is the same call (the tool it
+    /// was queued for standing in for an unnamed one); whether a tab is connected. A different
+    /// call under that id is a conflict.
+    async fn earlier_call(
+        &self,
+        code: &SessionCode,
+        request: &NewRequest,
+        now: Timestamp,
+    ) -> Result<Option<(RequestRecord, bool)>, RelayError> {
+        let Some(record) = self.inner.store.request(code, &request.id).await? else {
+            return Ok(None);
+        };
+        let tool_id = request.tool_id.as_deref().or(record.tool_id.as_deref());
+        if record.call_hash
+            != crate::store::call_hash(tool_id, &request.function_name, &request.args)
+        {
+            return Err(RelayError::RequestIdConflict {
+                request_id: record.id,
+            });
+        }
+        if record.evicted {
+            return Err(RelayError::ResponseEvicted {
+                request_id: record.id,
+            });
+        }
+        let (_, session) = self.live_session(code.as_str()).await?;
+        let connected = self.connected_transport(&session, now).is_some();
+        Ok(Some((record, connected)))
     }
 
     /// Checks a call against the session's manifest and the built-in tools: the group it
