@@ -179,15 +179,6 @@ async fn until_ready(url: &str) {
     }
 }
 
-/// Waits until something accepts TCP connections at `address`.
-async fn until_listening(address: &str) {
-    let deadline = Instant::now() + PATIENCE;
-    while tokio::net::TcpStream::connect(address).await.is_err() {
-        assert!(Instant::now() < deadline, "nothing listens on {address}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 fn post(
     gateway: usize,
     path: &str,
@@ -273,8 +264,13 @@ async fn the_podman_overlay_runs_and_a_relay_killed_mid_call_loses_no_call() {
     for gateway in GATEWAYS {
         until_ready(&format!("{gateway}/readyz")).await;
     }
+    // The relays answer their probes on their WebSocket port, as the Deployments ask.
     for relay in RELAY_WEBSOCKETS {
-        until_listening(relay.trim_start_matches("ws://")).await;
+        until_ready(&format!(
+            "http://{}/readyz",
+            relay.trim_start_matches("ws://")
+        ))
+        .await;
     }
     eprintln!("kube play: ready after {:?}", started.elapsed());
 

@@ -1,7 +1,7 @@
 //! The gateway's settings: a typed struct with defaults and validation, and the command-line
 //! flags (each mirroring an environment variable) that fill it.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::num::NonZeroU32;
 
 use clap::Args;
@@ -59,9 +59,10 @@ pub struct GatewayArgs {
     /// Built-in tool calls (outside a session) one client address may make per minute.
     #[arg(long, env = ENV_RATE_LIMIT_TOOL, default_value_t = NonZeroU32::new(60).unwrap_or(NonZeroU32::MIN))]
     pub rate_limit_tool_per_ip: NonZeroU32,
-    /// Proxy addresses whose X-Forwarded-For header is trusted, comma-separated.
-    #[arg(long, env = ENV_TRUSTED_PROXIES, value_delimiter = ',')]
-    pub trusted_proxies: Vec<IpAddr>,
+    /// Proxies (addresses or CIDR networks, comma-separated) whose X-Forwarded-For header is
+    /// trusted.
+    #[arg(long, env = ENV_TRUSTED_PROXIES, value_delimiter = ',', value_parser = toolrelay_relay::limits::parse_network)]
+    pub trusted_proxies: Vec<ipnet::IpNet>,
     /// API keys the LLM-facing routes (calls, metadata, built-in tools, MCP) require as
     /// `Authorization: Bearer <key>`, comma-separated. Unset: those routes are open.
     #[arg(long, env = ENV_API_KEYS, value_delimiter = ',', hide_env_values = true)]
@@ -81,7 +82,7 @@ pub struct GatewayConfig {
     /// Rate limits, per minute.
     pub limits: RateLimits,
     /// Proxies whose `X-Forwarded-For` is believed.
-    pub trusted_proxies: Vec<IpAddr>,
+    pub trusted_proxies: Vec<ipnet::IpNet>,
     /// Largest response a provider may send over the WebSocket.
     pub max_provider_body: usize,
     /// Deepest JSON nesting accepted (`MAX_JSON_DEPTH`).

@@ -15,6 +15,7 @@ use std::time::Duration;
 use poem::http::HeaderMap;
 use poem::web::RemoteAddr;
 use toolrelay_relay::clock::Clock;
+use toolrelay_relay::limits::is_within;
 use toolrelay_relay::metrics::RateLimit;
 use toolrelay_relay::store::{RateBudget, Store};
 use toolrelay_relay::{ErrorInfo, Metrics, RelayError};
@@ -27,7 +28,7 @@ pub struct Limiters {
     budgets: RateLimits,
     store: Arc<dyn Store>,
     clock: Clock,
-    trusted_proxies: Vec<IpAddr>,
+    trusted_proxies: Vec<ipnet::IpNet>,
     /// Where refusals are counted.
     metrics: Metrics,
 }
@@ -37,7 +38,7 @@ impl Limiters {
     /// `metrics`.
     pub fn new(
         budgets: RateLimits,
-        trusted_proxies: Vec<IpAddr>,
+        trusted_proxies: Vec<ipnet::IpNet>,
         store: Arc<dyn Store>,
         clock: Clock,
         metrics: Metrics,
@@ -73,7 +74,7 @@ impl Limiters {
         let peer = remote
             .as_socket_addr()
             .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |address| address.ip());
-        if !self.trusted_proxies.contains(&peer) {
+        if !is_within(&self.trusted_proxies, peer) {
             return peer;
         }
         headers
@@ -83,7 +84,7 @@ impl Limiters {
             .flat_map(|value| value.split(','))
             .rev()
             .filter_map(|hop| hop.trim().parse::<IpAddr>().ok())
-            .find(|hop| !self.trusted_proxies.contains(hop))
+            .find(|hop| !is_within(&self.trusted_proxies, *hop))
             .unwrap_or(peer)
     }
 
@@ -138,11 +139,15 @@ mod tests {
             clock.clone(),
             Duration::from_secs(60),
         );
-        let limiters = Limiters::new(limits(1), vec![proxy], store, clock, Metrics::default());
+        // A network of proxies (an ingress controller's pods), given as CIDR.
+        let proxies = vec![toolrelay_relay::limits::parse_network("10.0.0.0/24").unwrap()];
+        let limiters = Limiters::new(limits(1), proxies, store, clock, Metrics::default());
         let mut headers = HeaderMap::new();
         headers.insert(
             "x-forwarded-for",
-            "203.0.113.9, 198.51.100.7, 10.0.0.1".parse().unwrap(),
+            "203.0.113.9, 198.51.100.7, 10.0.0.2, 10.0.0.1"
+                .parse()
+                .unwrap(),
         );
         let via_proxy = RemoteAddr(poem::Addr::SocketAddr(SocketAddr::new(proxy, 40000)));
         assert_eq!(

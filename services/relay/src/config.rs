@@ -254,7 +254,7 @@ pub struct RelayArgs {
     pub response_budget_mb: u64,
     /// Gateways (addresses or CIDR networks, comma-separated) whose gRPC requests may name the
     /// client's address for rate limits. Default: loopback.
-    #[arg(long, env = ENV_TRUSTED_GATEWAYS, value_delimiter = ',', default_values_t = limits::loopback())]
+    #[arg(long, env = ENV_TRUSTED_GATEWAYS, value_delimiter = ',', default_values_t = limits::loopback(), value_parser = limits::parse_network)]
     pub trusted_gateways: Vec<IpNet>,
 }
 

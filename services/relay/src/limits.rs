@@ -64,7 +64,7 @@ impl Caller {
         let peer = peer.unwrap_or(IpAddr::from([0, 0, 0, 0]));
         let claimed = claimed.and_then(|value| value.trim().parse::<IpAddr>().ok());
         match claimed {
-            Some(client) if trusted.iter().any(|net| net.contains(&peer)) => Self::new(client),
+            Some(client) if is_within(trusted, peer) => Self::new(client),
             Some(_) => {
                 tracing::warn!(%peer, "a client address came from a peer not in TRUSTED_GATEWAYS; limits count against the peer");
                 Self::new(peer)
@@ -225,6 +225,22 @@ fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// One entry of a list of trusted peers (`TRUSTED_GATEWAYS`, `TRUSTED_PROXIES`): an address
+/// (`10.0.0.7`, `::1`) or a network in CIDR form (`10.0.0.0/8`).
+pub fn parse_network(text: &str) -> Result<IpNet, String> {
+    let text = text.trim();
+    text.parse::<IpNet>()
+        .or_else(|_| text.parse::<std::net::IpAddr>().map(IpNet::from))
+        .map_err(|_| {
+            format!("{text:?} is neither an IP address nor a CIDR network such as 10.0.0.0/8")
+        })
+}
+
+/// Whether `address` is in one of `networks`.
+pub fn is_within(networks: &[IpNet], address: std::net::IpAddr) -> bool {
+    networks.iter().any(|network| network.contains(&address))
+}
+
 /// The default `TRUSTED_GATEWAYS`: loopback, where a gateway on the same host runs.
 pub fn loopback() -> Vec<IpNet> {
     ["127.0.0.0/8", "::1/128"]
@@ -236,6 +252,21 @@ pub fn loopback() -> Vec<IpNet> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn trusted_peers_are_addresses_or_networks() {
+        let bare = parse_network("10.1.2.3").unwrap();
+        assert!(is_within(&[bare], "10.1.2.3".parse().unwrap()));
+        assert!(!is_within(&[bare], "10.1.2.4".parse().unwrap()));
+        let network = parse_network(" 10.1.0.0/16").unwrap();
+        assert!(is_within(&[network], "10.1.2.4".parse().unwrap()));
+        assert!(is_within(
+            &[parse_network("::1").unwrap()],
+            "::1".parse().unwrap()
+        ));
+        let error = parse_network("gateway.local").unwrap_err();
+        assert!(error.contains("CIDR"), "{error}");
+    }
 
     fn limits(n: u32) -> Limits {
         let n = NonZeroU32::new(n).unwrap();
