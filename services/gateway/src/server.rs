@@ -308,6 +308,10 @@ pub fn app(state: State) -> impl Endpoint<Output = Response> {
         .at("/codap", get(plugin::plugin_root))
         .at("/codap/", get(plugin::plugin_index))
         .at("/codap/:file", get(plugin::plugin_file))
+        .at("/sdk/:file", get(plugin::sdk_file))
+        .at("/demo", get(plugin::demo_root))
+        .at("/demo/", get(plugin::demo_index))
+        .at("/demo/:file", get(plugin::demo_file))
         .at(
             "/openapi.json",
             get(document.data(Document::json(spec_json))),
