@@ -301,6 +301,7 @@ pub fn app(state: State) -> impl Endpoint<Output = Response> {
         .max_age(3600);
     let (mcp_root, mcp_session) = mcp::endpoints(&state);
     let keys = state.config.api_keys.clone();
+    let open_providers = state.config.open_provider_routes;
     Route::new()
         .at("/mcp", mcp_root)
         .at("/mcp/s/:handle", mcp_session)
@@ -330,7 +331,7 @@ pub fn app(state: State) -> impl Endpoint<Output = Response> {
         .around(move |next, request| crate::auth::require_api_key(keys.clone(), next, request))
         .with(cors)
         .around(normalise_errors)
-        .around(open_cors)
+        .around(move |next, request| open_cors(open_providers, next, request))
         .around(move |next, request| crate::observe::observe(Arc::clone(&http), next, request))
         .map_to_response()
 }
