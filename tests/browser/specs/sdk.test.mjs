@@ -188,6 +188,57 @@ function webMcpPage(sdk) {
 </body></html>`;
 }
 
+/**
+ * A page whose model context came before the SDK (as MCP-B's polyfill or a browser's own would:
+ * registerTool, getTools, executeTool with JSON, toolchange), with a tool registered before
+ * the bridge and one after.
+ */
+function polyfilledPage(sdk) {
+  return `<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>A polyfilled WebMCP page</title></head>
+<body>
+<p id="said">nothing yet</p>
+<script>
+  // A stand-in for a polyfill's context: the bridge sees only its public methods.
+  const tools = new Map();
+  const context = new EventTarget();
+  context.registerTool = async (tool) => { tools.set(tool.name, tool); context.dispatchEvent(new Event('toolchange')); };
+  context.getTools = async () => [...tools.values()].map(({ name, description, inputSchema }) => ({ name, description, inputSchema }));
+  context.executeTool = async (tool, json) => JSON.stringify(await tools.get(tool.name).execute(JSON.parse(json)));
+  Object.defineProperty(document, 'modelContext', { value: context });
+  context.registerTool({ name: 'say', description: 'Shows a sentence.', inputSchema: { type: 'object', properties: { text: { type: 'string' } }, required: ['text'] },
+    execute: ({ text }) => { document.getElementById('said').textContent = text; return { structuredContent: { said: text }, content: [] }; } });
+</script>
+<script type="module">
+  import { connect, bridgeWebMCP } from '${sdk}';
+  window.relay = connect({ resume: false });
+  bridgeWebMCP(window.relay);
+  document.modelContext.registerTool({ name: 'shout', description: 'Shows a sentence loudly.', inputSchema: { type: 'object', properties: { text: { type: 'string' } } },
+    execute: ({ text }) => { document.getElementById('said').textContent = text.toUpperCase(); return { content: [{ type: 'text', text: 'done' }] }; } });
+</script>
+</body></html>`;
+}
+
+test('a page with a WebMCP context of its own (a polyfill) is bridged through getTools and executeTool', async () => {
+  const host = await startPageHost({ '/polyfilled.html': polyfilledPage(`${relay.base}/sdk/toolrelay.js`) });
+  const context = await browser.newContext();
+  try {
+    const page = await context.newPage();
+    watchErrors(page);
+    await page.goto(`${host.origin}/polyfilled.html`);
+    await until(page, () => window.relay?.ready);
+    const llm = new Llm(relay.base, await page.evaluate(() => window.relay.code));
+    await eventually(async () => (await functionNames(llm)).includes('shout'), 'both tools to be registered');
+    assert.deepEqual(await llm.ok('say', { text: 'hello' }), { said: 'hello' });
+    assert.equal(await page.textContent('#said'), 'hello');
+    await llm.ok('shout', { text: 'hello' });
+    assert.equal(await page.textContent('#said'), 'HELLO');
+  } finally {
+    await context.close();
+    await host.stop();
+  }
+});
+
 const CALLS = 8;
 
 /**
