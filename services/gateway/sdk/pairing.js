@@ -257,7 +257,9 @@ export class ToolrelayPairing extends HTMLElement {
       connection.addEventListener(name, wrapped);
       this.listeners.push([name, wrapped]);
     };
-    connection.confirm = (call) => this.ask(call);
+    // The switch decides about destructive calls (see Connection.run).
+    this.confirmHook = (call) => this.ask(call);
+    connection.confirm = this.confirmHook;
     this.publicBase = connection.base;
     this.discovered = this.learnPublicBase(connection.base);
     on('code', (detail) => {
@@ -301,7 +303,7 @@ export class ToolrelayPairing extends HTMLElement {
     if (!this.conn) return;
     for (const [name, listener] of this.listeners) this.conn.removeEventListener(name, listener);
     this.listeners = [];
-    if (this.conn.confirm) this.conn.confirm = null;
+    if (this.conn.confirm === this.confirmHook) this.conn.confirm = null;
   }
 
   /** The relay's public address, from its discovery document (it differs behind a proxy). */
