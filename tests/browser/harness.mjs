@@ -450,11 +450,23 @@ export class McpClient {
  * RequestState as JSON.
  */
 export function grpcCall(relay, code, functionName, args, requestId = '') {
-  const python = process.env.TOOLRELAY_TEST_PYTHON ?? path.join(process.env.HOME ?? '', '.cache/toolrelay/test-venv/bin/python');
-  const script = path.join(REPO, 'tests/python/grpc_call.py');
+  return python('grpc_call.py', [relay.grpc, code, functionName, JSON.stringify(args), requestId]);
+}
+
+/**
+ * Calls a tool on a session-scoped MCP endpoint with the official MCP Python SDK (an
+ * independent client); returns {tools, isError, structured, text}.
+ */
+export function officialMcpCall(url, name, args) {
+  return python('mcp_call.py', [url, name, JSON.stringify(args)]);
+}
+
+/** Runs one of tests/python's scripts in the test venv; returns the JSON it prints. */
+function python(script, args) {
+  const interpreter = process.env.TOOLRELAY_TEST_PYTHON ?? path.join(process.env.HOME ?? '', '.cache/toolrelay/test-venv/bin/python');
   return new Promise((resolve, reject) => {
-    execFile(python, [script, relay.grpc, code, functionName, JSON.stringify(args), requestId], { encoding: 'utf8', timeout: 60000 }, (error, stdout, stderr) => {
-      if (error) reject(new Error(`grpc_call.py: ${error.message} ${stderr}`));
+    execFile(interpreter, [path.join(REPO, 'tests/python', script), ...args], { encoding: 'utf8', timeout: 60000 }, (error, stdout, stderr) => {
+      if (error) reject(new Error(`${script}: ${error.message} ${stderr}`));
       else resolve(JSON.parse(stdout));
     });
   });

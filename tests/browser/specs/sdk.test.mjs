@@ -10,7 +10,7 @@ import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { after, before, test } from 'node:test';
-import { artifact, eventually, grpcCall, launchBrowser, Llm, McpClient, startBlipProxy, startPageHost, startRelay, until } from '../harness.mjs';
+import { artifact, eventually, grpcCall, launchBrowser, Llm, McpClient, officialMcpCall, startBlipProxy, startPageHost, startRelay, until } from '../harness.mjs';
 
 const AXE = readFileSync(path.join(path.dirname(fileURLToPath(import.meta.url)), '../node_modules/axe-core/axe.min.js'), 'utf8');
 // A call nobody answers expires this soon (REQUEST_TIMEOUT_SECONDS).
@@ -297,10 +297,12 @@ test('a WebMCP page on another origin pairs over WebSocket and answers HTTP, MCP
     await until(page, () => window.relay?.ready);
     assert.equal(await page.evaluate(() => window.relay.transportKind), 'websocket');
     const { code, connectorUrl } = await page.evaluate(() => window.relay.session);
-    mcp.client = new McpClient(connectorUrl.replace(proxy.base, relay.base));
+    // MCP with the official Python SDK, a client of its own.
+    const viaMcp = await officialMcpCall(connectorUrl, 'increment', { n: 10 });
+    assert.ok(viaMcp.tools.includes('read_counter'), JSON.stringify(viaMcp));
+    assert.deepEqual(viaMcp.structured, { value: 10 }, JSON.stringify(viaMcp));
+    mcp.client = new McpClient(connectorUrl);
     await mcp.client.connect();
-    const viaMcp = await mcp.client.callTool('increment', { n: 10 });
-    assert.ok(!viaMcp.isError, JSON.stringify(viaMcp));
     const viaGrpc = await grpcCall(relay, code, 'increment', { n: 100 });
     assert.equal(viaGrpc.response.success, true, JSON.stringify(viaGrpc));
     assert.deepEqual(viaGrpc.response.result, { value: 110 });
