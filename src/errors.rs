@@ -1,5 +1,5 @@
 //! Every error name that crosses a seam, as one type: the `error` of HTTP error bodies, the
-//! gRPC `x-error` trailer, the browser WebSocket's `error` frames, and the plugin's
+//! gRPC `x-error` trailer, the browser WebSocket's `error` frames, and the browser SDK's
 //! `errors.js` (checked against [`ErrorCode::ALL`] by a test). The relay, the gateway and a
 //! remote relay's client name and compare errors only through it.
 

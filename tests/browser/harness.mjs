@@ -2,7 +2,7 @@
 // plays CODAP (codap-mock/, with the real iframe-phone from npm) on another origin, Debian's
 // chromium driven by playwright-core, and an HTTP client playing the LLM.
 
-import { spawn, execFileSync } from 'node:child_process';
+import { spawn, execFile, execFileSync } from 'node:child_process';
 import { createReadStream, existsSync, mkdirSync } from 'node:fs';
 import http from 'node:http';
 import net from 'node:net';
@@ -147,7 +147,7 @@ export async function startRelay(env = {}) {
         const entry = JSON.parse(line);
         if (entry.message === 'toolrelay listening') {
           clearTimeout(timer);
-          resolve(entry.listen);
+          resolve({ listen: entry.listen, grpc: entry.grpc });
         }
       } catch {
         // not a log line
@@ -156,8 +156,9 @@ export async function startRelay(env = {}) {
     child.on('exit', (code) => reject(new Error(`toolrelay exited with ${code}`)));
   });
   let address;
+  let grpc;
   try {
-    address = await listening;
+    ({ listen: address, grpc } = await listening);
   } catch (error) {
     child.kill('SIGKILL');
     await redis?.stop();
@@ -165,6 +166,7 @@ export async function startRelay(env = {}) {
   }
   return {
     base: `http://${address}`,
+    grpc,
     async stop() {
       child.kill('SIGTERM');
       await new Promise((resolve) => (child.exitCode !== null ? resolve() : child.on('exit', resolve)));
@@ -321,4 +323,151 @@ export class Llm {
 export function artifact(name) {
   mkdirSync(ARTIFACTS, { recursive: true });
   return path.join(ARTIFACTS, name);
+}
+
+/**
+ * Pages of a test's own on another origin (another loopback port): `pages` maps a path to its
+ * HTML. For pages the relay does not serve, as the browser SDK's users' pages are.
+ */
+export async function startPageHost(pages) {
+  const server = http.createServer((request, response) => {
+    const page = pages[new URL(request.url, 'http://localhost').pathname];
+    if (page === undefined) {
+      response.writeHead(404).end('not found');
+      return;
+    }
+    response.writeHead(200, { 'content-type': 'text/html; charset=utf-8' }).end(page);
+  });
+  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+  return {
+    origin: `http://127.0.0.1:${server.address().port}`,
+    stop: () =>
+      new Promise((resolve) => {
+        server.closeAllConnections();
+        server.close(resolve);
+      }),
+  };
+}
+
+/**
+ * An MCP client (Streamable HTTP, JSON-RPC over POST; answers may come as JSON or as an event
+ * stream) for a session-scoped endpoint `/mcp/s/{handle}`, as a connector would use it.
+ */
+export class McpClient {
+  constructor(url) {
+    this.url = url;
+    this.id = 0;
+    this.session = null;
+    this.notifications = [];
+  }
+
+  headers(extra = {}) {
+    return {
+      accept: 'application/json, text/event-stream',
+      'content-type': 'application/json',
+      ...(this.session ? { 'mcp-session-id': this.session } : {}),
+      ...(this.protocol ? { 'mcp-protocol-version': this.protocol } : {}),
+      ...extra,
+    };
+  }
+
+  /** Sends one JSON-RPC request; returns its result (throws on an error). */
+  async request(method, params = {}) {
+    const id = (this.id += 1);
+    const response = await fetch(this.url, { method: 'POST', headers: this.headers(), body: JSON.stringify({ jsonrpc: '2.0', id, method, params }) });
+    if (!response.ok) throw new Error(`${method}: HTTP ${response.status} ${await response.text()}`);
+    this.session = response.headers.get('mcp-session-id') ?? this.session;
+    const type = response.headers.get('content-type') ?? '';
+    const text = await response.text();
+    const messages = type.includes('text/event-stream')
+      ? text.split('\n').filter((line) => line.startsWith('data:')).map((line) => line.slice(5).trim()).filter(Boolean).map((data) => JSON.parse(data))
+      : [JSON.parse(text)];
+    const answer = messages.find((message) => message.id === id);
+    if (!answer) throw new Error(`${method}: no answer in ${text}`);
+    if (answer.error) throw new Error(`${method}: ${JSON.stringify(answer.error)}`);
+    return answer.result;
+  }
+
+  async notify(method, params = {}) {
+    await fetch(this.url, { method: 'POST', headers: this.headers(), body: JSON.stringify({ jsonrpc: '2.0', method, params }) });
+  }
+
+  /** initialize, then initialized: a session with the server. */
+  async connect() {
+    const result = await this.request('initialize', {
+      protocolVersion: '2025-06-18',
+      capabilities: {},
+      clientInfo: { name: 'toolrelay-browser-tests', version: '1.0.0' },
+    });
+    this.protocol = result.protocolVersion;
+    await this.notify('notifications/initialized');
+    return result;
+  }
+
+  /** Opens the server's own event stream; what arrives on it is kept in `notifications`. */
+  async listen() {
+    this.listening = new AbortController();
+    const response = await fetch(this.url, { headers: this.headers({ accept: 'text/event-stream' }), signal: this.listening.signal });
+    if (!response.ok) throw new Error(`GET ${this.url}: HTTP ${response.status}`);
+    const reader = response.body.getReader();
+    const decoder = new TextDecoder();
+    let buffered = '';
+    (async () => {
+      for (;;) {
+        const { value, done } = await reader.read().catch(() => ({ done: true }));
+        if (done) return;
+        buffered += decoder.decode(value, { stream: true });
+        const lines = buffered.split('\n');
+        buffered = lines.pop();
+        for (const line of lines) {
+          if (!line.startsWith('data:')) continue;
+          try {
+            this.notifications.push(JSON.parse(line.slice(5).trim()));
+          } catch {
+            // a keep-alive
+          }
+        }
+      }
+    })();
+  }
+
+  close() {
+    this.listening?.abort();
+  }
+
+  async listTools() {
+    return (await this.request('tools/list')).tools;
+  }
+
+  callTool(name, args = {}) {
+    return this.request('tools/call', { name, arguments: args });
+  }
+}
+
+/**
+ * Calls a tool of a session over gRPC (`Relay/Call`), with the independent Python client
+ * (grpcio and the relay's reflection; scripts/setup.sh --test installs them); returns the
+ * RequestState as JSON.
+ */
+export function grpcCall(relay, code, functionName, args, requestId = '') {
+  return python('grpc_call.py', [relay.grpc, code, functionName, JSON.stringify(args), requestId]);
+}
+
+/**
+ * Calls a tool on a session-scoped MCP endpoint with the official MCP Python SDK (an
+ * independent client); returns {tools, isError, structured, text}.
+ */
+export function officialMcpCall(url, name, args) {
+  return python('mcp_call.py', [url, name, JSON.stringify(args)]);
+}
+
+/** Runs one of tests/python's scripts in the test venv; returns the JSON it prints. */
+function python(script, args) {
+  const interpreter = process.env.TOOLRELAY_TEST_PYTHON ?? path.join(process.env.HOME ?? '', '.cache/toolrelay/test-venv/bin/python');
+  return new Promise((resolve, reject) => {
+    execFile(interpreter, [path.join(REPO, 'tests/python', script), ...args], { encoding: 'utf8', timeout: 60000 }, (error, stdout, stderr) => {
+      if (error) reject(new Error(`${script}: ${error.message} ${stderr}`));
+      else resolve(JSON.parse(stdout));
+    });
+  });
 }

@@ -5,8 +5,10 @@
 use std::num::NonZeroU32;
 use std::time::Duration;
 
+use futures::StreamExt;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use toolrelay_gateway::config::RateLimits;
 use toolrelay_relay::RelayConfig;
 use toolrelay_tests::system::{SseTab, System, send};
@@ -646,9 +648,10 @@ async fn discovery_documents_and_health() {
 #[tokio::test]
 async fn cors_allows_the_configured_origins_only() {
     let system = System::start().await;
+    // Calling a tool (the provider routes are open to every origin: see below).
     let preflight = |origin: &str| {
         system
-            .request(Method::OPTIONS, "/api/sessions")
+            .request(Method::OPTIONS, "/api/sessions/ABCDEFGH/call")
             .header("origin", origin)
             .header("access-control-request-method", "POST")
             .send()
@@ -670,6 +673,149 @@ async fn cors_allows_the_configured_origins_only() {
             .is_none()
     );
     system.stop().await;
+}
+
+/// What a browser on `origin` is told about `method path`: the preflight's allowed origin.
+async fn preflight_allows(
+    system: &System,
+    origin: &str,
+    method: &str,
+    path: &str,
+) -> Option<String> {
+    let answer = system
+        .request(Method::OPTIONS, path)
+        .header("origin", origin)
+        .header("access-control-request-method", method)
+        .header(
+            "access-control-request-headers",
+            "authorization, content-type",
+        )
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        answer
+            .headers()
+            .get("access-control-allow-credentials")
+            .is_none(),
+        "never with credentials: {method} {path}"
+    );
+    answer
+        .headers()
+        .get("access-control-allow-origin")
+        .map(|value| value.to_str().unwrap().to_owned())
+}
+
+#[tokio::test]
+async fn a_page_on_any_origin_may_serve_tools_unless_cors_origin_narrows_it() {
+    let page = "http://127.0.0.1:1";
+    let system = System::start().await;
+    // Everything a page serving tools does, from an origin nobody configured.
+    let created = send(
+        system
+            .request(Method::POST, "/api/sessions")
+            .header("origin", page),
+    )
+    .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    assert_eq!(created.header("access-control-allow-origin"), Some("*"));
+    let code = created.body["code"].as_str().unwrap().to_owned();
+    let token = created.body["providerToken"].as_str().unwrap().to_owned();
+    for (method, path) in [
+        ("POST", "/api/sessions".to_owned()),
+        ("GET", format!("/api/sessions/{code}")),
+        ("DELETE", format!("/api/sessions/{code}")),
+        ("GET", format!("/api/sessions/{code}/stream")),
+        ("GET", format!("/api/sessions/{code}/request")),
+        ("PUT", format!("/api/sessions/{code}/manifest")),
+        ("POST", format!("/api/sessions/{code}/response")),
+    ] {
+        assert_eq!(
+            preflight_allows(&system, page, method, &path)
+                .await
+                .as_deref(),
+            Some("*"),
+            "{method} {path}"
+        );
+    }
+    let registered = send(
+        system
+            .request(Method::PUT, &format!("/api/sessions/{code}/manifest"))
+            .header("origin", page)
+            .bearer_auth(&token)
+            .json(&json!({"tools": demo_tools()})),
+    )
+    .await;
+    assert_eq!(registered.status, StatusCode::OK, "{registered:?}");
+    assert_eq!(registered.header("access-control-allow-origin"), Some("*"));
+    // The WebSocket has no CORS, but its upgrade request names the page's origin.
+    let mut upgrade = system.ws_url(&code, &token).into_client_request().unwrap();
+    upgrade
+        .headers_mut()
+        .insert("origin", page.parse().unwrap());
+    let (mut socket, _) = tokio_tungstenite::connect_async(upgrade).await.unwrap();
+    let welcome = socket.next().await.unwrap().unwrap();
+    assert!(welcome.to_text().unwrap().contains("welcome"), "{welcome}");
+    drop(socket);
+    let polled = send(
+        system
+            .request(Method::GET, &format!("/api/sessions/{code}/request"))
+            .header("origin", page)
+            .bearer_auth(&token),
+    )
+    .await;
+    assert_eq!(polled.status, StatusCode::OK, "{polled:?}");
+    assert_eq!(polled.header("access-control-allow-origin"), Some("*"));
+    // The SDK itself is open to every origin: pages import it as a module.
+    let sdk = send(
+        system
+            .request(Method::GET, "/sdk/toolrelay.js")
+            .header("origin", page),
+    )
+    .await;
+    assert_eq!(sdk.status, StatusCode::OK);
+    assert_eq!(sdk.header("access-control-allow-origin"), Some("*"));
+    assert!(
+        sdk.header("content-type")
+            .unwrap()
+            .starts_with("text/javascript")
+    );
+    // Calling tools is not a provider's business: those routes keep the allow-list.
+    for (method, path) in [
+        ("POST", format!("/api/sessions/{code}/call")),
+        ("POST", format!("/api/sessions/{code}/request")),
+        ("GET", format!("/api/sessions/{code}/metadata")),
+    ] {
+        assert_eq!(
+            preflight_allows(&system, page, method, &path).await,
+            None,
+            "{method} {path}"
+        );
+    }
+    system.stop().await;
+
+    // CORS_ORIGIN narrows the provider routes to the origins it names.
+    let narrowed = System::with(RelayConfig::default(), |config| {
+        config.cors_origins = vec!["https://lab.example.org".to_owned()];
+        config.open_provider_routes = false;
+    })
+    .await;
+    assert_eq!(
+        preflight_allows(&narrowed, page, "POST", "/api/sessions").await,
+        None
+    );
+    assert_eq!(
+        preflight_allows(
+            &narrowed,
+            "https://lab.example.org",
+            "POST",
+            "/api/sessions"
+        )
+        .await
+        .as_deref(),
+        Some("https://lab.example.org")
+    );
+    narrowed.stop().await;
 }
 
 #[tokio::test]

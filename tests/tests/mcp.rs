@@ -379,7 +379,7 @@ async fn a_call_with_no_tab_says_so_in_its_progress() {
     let handle = handle_of(&mcp, &code).await;
     let scoped = connect(&system.url(&format!("/mcp/s/{handle}"))).await;
     let unanswered = call(&scoped, "echo", json!({"text": "nobody is there"})).await;
-    assert_error(&unanswered, "request_expired", "plugin tab");
+    assert_error(&unanswered, "request_expired", "page serving it");
     let progress = scoped.service().progress.lock().unwrap().clone();
     assert!(!progress.is_empty());
     let message = progress[0].message.clone().unwrap_or_default();

@@ -246,7 +246,14 @@ async fn people_who_open_the_address_learn_what_it_is() {
             .starts_with("text/html")
     );
     let html = page.text().await.unwrap();
-    for link in ["/codap/", "/openapi/actions.json", "/mcp", "/openapi.json"] {
+    for link in [
+        "/codap/",
+        "/openapi/actions.json",
+        "/mcp",
+        "/openapi.json",
+        "/sdk/toolrelay.js",
+        "/demo/",
+    ] {
         assert!(html.contains(&system.url(link)), "{link} in {html}");
     }
     system.stop().await;

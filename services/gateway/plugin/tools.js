@@ -2,7 +2,7 @@
 // arguments into CODAP Data Interactive API requests. Results are CODAP's own values (ids
 // included); a request CODAP refuses becomes a failure with CODAP's message.
 
-import { ToolError } from './dispatcher.js';
+import { ToolError } from '../sdk/dispatcher.js';
 
 const NAME = 'Name exactly as created (names may contain spaces; match case).';
 const DATA_CONTEXT = { type: 'string', minLength: 1, description: `The data set (CODAP calls it a data context). ${NAME}` };

@@ -13,7 +13,8 @@ pub const ENV_LISTEN: &str = "LISTEN_ADDR";
 pub const ENV_RELAY_URL: &str = "RELAY_URL";
 /// `PUBLIC_BASE_URL`: the URL people and LLMs reach the gateway at.
 pub const ENV_PUBLIC_BASE_URL: &str = "PUBLIC_BASE_URL";
-/// `CORS_ORIGIN`: origins allowed to call the browser-facing routes, comma-separated.
+/// `CORS_ORIGIN`: origins allowed to call the browser-facing routes, comma-separated; when set,
+/// the provider routes (open to every origin by default) are narrowed to them too.
 pub const ENV_CORS_ORIGIN: &str = "CORS_ORIGIN";
 /// `RATE_LIMIT_SESSION_PER_IP`: sessions one address may create per minute.
 pub const ENV_RATE_LIMIT_SESSION: &str = "RATE_LIMIT_SESSION_PER_IP";
@@ -50,7 +51,8 @@ pub struct GatewayArgs {
     #[arg(long, env = ENV_PUBLIC_BASE_URL)]
     pub public_base_url: Option<String>,
     /// Origins allowed to call the browser-facing routes, comma-separated. Default: the CODAP
-    /// origins and the public base URL's.
+    /// origins and the public base URL's, and every origin on the provider routes (pages using
+    /// the browser SDK); setting it narrows those routes to the same origins.
     #[arg(long, env = ENV_CORS_ORIGIN, value_delimiter = ',')]
     pub cors_origin: Vec<String>,
     /// Sessions one client address may create per minute.
@@ -79,6 +81,9 @@ pub struct GatewayConfig {
     pub public_base_url: String,
     /// Origins allowed by CORS on the browser-facing routes.
     pub cors_origins: Vec<String>,
+    /// Whether any origin may call the provider routes (create a session, attach, register,
+    /// answer): true unless the operator narrowed CORS with `CORS_ORIGIN`.
+    pub open_provider_routes: bool,
     /// Rate limits, per minute.
     pub limits: RateLimits,
     /// Proxies whose `X-Forwarded-For` is believed.
@@ -110,6 +115,7 @@ impl GatewayConfig {
         let thirty = NonZeroU32::new(30).unwrap_or(NonZeroU32::MIN);
         Ok(Self {
             cors_origins: default_origins(&public_base_url),
+            open_provider_routes: true,
             public_base_url,
             limits: RateLimits {
                 sessions_per_ip: thirty,
@@ -152,6 +158,7 @@ impl GatewayArgs {
                 origins.push(own);
             }
             config.cors_origins = origins;
+            config.open_provider_routes = false;
         }
         config.limits = RateLimits {
             sessions_per_ip: self.rate_limit_session_per_ip,
@@ -214,6 +221,29 @@ mod tests {
         );
         assert!(checked_base_url("relay.example.org").is_err());
         assert!(checked_base_url("ftp://relay.example.org").is_err());
+    }
+
+    #[test]
+    fn cors_origin_narrows_the_provider_routes_too() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            gateway: GatewayArgs,
+            #[command(flatten)]
+            service: ServiceArgs,
+        }
+        let bound: SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        let config = |args: &[&str]| {
+            let cli = <Cli as clap::Parser>::try_parse_from(args).unwrap();
+            cli.gateway.gateway_config(bound, &cli.service).unwrap()
+        };
+        assert!(config(&["toolrelay"]).open_provider_routes);
+        let narrowed = config(&["toolrelay", "--cors-origin", "https://lab.example.org"]);
+        assert!(!narrowed.open_provider_routes);
+        assert_eq!(
+            narrowed.cors_origins,
+            ["https://lab.example.org", "http://127.0.0.1:8080"]
+        );
     }
 
     #[test]

@@ -261,9 +261,13 @@ fn tool_response_for(path: &str, error: &poem::Error) -> Response {
         .body(body.to_string())
 }
 
-/// Routes open to every origin (SPEC §10): the public tool API and the documents.
+/// Routes open to every origin (SPEC §10): the public tool API, the documents and the
+/// browser SDK's files.
 fn is_open_route(path: &str) -> bool {
-    is_tool_route(path) || path.starts_with("/openapi") || path.starts_with("/.well-known/")
+    is_tool_route(path)
+        || path.starts_with("/openapi")
+        || path.starts_with("/.well-known/")
+        || path.starts_with("/sdk/")
 }
 
 /// Whether the request's `Origin` names the host it was sent to.
@@ -284,11 +288,53 @@ fn is_same_origin(request: &Request) -> bool {
     }
 }
 
-/// Middleware: CORS `*` on the open routes (answering their preflight itself); other routes
-/// are left to the allow-list, except same-origin requests, which need none.
-pub async fn open_cors<E: Endpoint>(next: E, mut request: Request) -> poem::Result<Response> {
+/// The routes a page serving tools uses (SPEC §6): create a session, see or end it, attach
+/// (WebSocket, SSE, polling), register its manifest, answer. The provider token, never a cookie,
+/// guards them, so a page on any origin may use them (the browser SDK's point).
+fn is_provider_route(method: &str, path: &str) -> bool {
+    if path == "/api/sessions" {
+        return method == "POST";
+    }
+    let Some(rest) = path.strip_prefix("/api/sessions/") else {
+        return false;
+    };
+    match rest.split_once('/') {
+        None => matches!(method, "GET" | "DELETE"),
+        Some((_, "ws" | "stream" | "request")) => method == "GET",
+        Some((_, "manifest")) => method == "PUT",
+        Some((_, "response")) => method == "POST",
+        Some(_) => false,
+    }
+}
+
+/// Middleware: CORS `*` without credentials on the open routes — the public tool API, the
+/// documents, the SDK's files, and (unless `CORS_ORIGIN` narrowed them) the provider routes —
+/// answering their preflight itself; other routes are left to the allow-list, except
+/// same-origin requests, which need none.
+pub async fn open_cors<E: Endpoint>(
+    open_providers: bool,
+    next: E,
+    mut request: Request,
+) -> poem::Result<Response> {
     use poem::http::{HeaderValue, Method};
-    if !is_open_route(request.uri().path()) {
+    let preflight = request.method() == Method::OPTIONS
+        && request
+            .headers()
+            .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
+    // A preflight asks for the method the real request will use.
+    let method = if preflight {
+        request
+            .headers()
+            .get(header::ACCESS_CONTROL_REQUEST_METHOD)
+            .and_then(|value| value.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
+    } else {
+        request.method().as_str().to_owned()
+    };
+    let path = request.uri().path();
+    let open = is_open_route(path) || (open_providers && is_provider_route(&method, path));
+    if !open {
         // A same-origin request (the plugin calling the relay that serves it) needs no CORS,
         // whatever name the relay is reached by.
         if is_same_origin(&request) {
@@ -296,18 +342,17 @@ pub async fn open_cors<E: Endpoint>(next: E, mut request: Request) -> poem::Resu
         }
         return next.call(request).await.map(IntoResponse::into_response);
     }
-    if request.method() == Method::OPTIONS
-        && request
-            .headers()
-            .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD)
-    {
+    if preflight {
         return Ok(Response::builder()
             .status(StatusCode::NO_CONTENT)
             .header(header::ACCESS_CONTROL_ALLOW_ORIGIN, "*")
-            .header(header::ACCESS_CONTROL_ALLOW_METHODS, "GET, POST, OPTIONS")
+            .header(
+                header::ACCESS_CONTROL_ALLOW_METHODS,
+                "GET, POST, PUT, DELETE, OPTIONS",
+            )
             .header(
                 header::ACCESS_CONTROL_ALLOW_HEADERS,
-                "Content-Type, Authorization, X-Request-Id",
+                "Content-Type, Authorization, X-Request-Id, Last-Event-ID",
             )
             .header(header::ACCESS_CONTROL_MAX_AGE, "86400")
             .finish());
@@ -315,9 +360,14 @@ pub async fn open_cors<E: Endpoint>(next: E, mut request: Request) -> poem::Resu
     // The allow-list does not apply here: the origin is not checked.
     request.headers_mut().remove(header::ORIGIN);
     let mut response = next.call(request).await?.into_response();
-    response.headers_mut().insert(
+    let headers = response.headers_mut();
+    headers.insert(
         header::ACCESS_CONTROL_ALLOW_ORIGIN,
         HeaderValue::from_static("*"),
+    );
+    headers.insert(
+        header::ACCESS_CONTROL_EXPOSE_HEADERS,
+        HeaderValue::from_static("x-request-id, retry-after"),
     );
     Ok(response)
 }

@@ -1,5 +1,7 @@
-//! The CODAP plugin: static files embedded in the binary (no build step) and served at
-//! `/codap/`. CODAP loads it with `https://codap.concord.org/app/?di=<relay>/codap/`.
+//! The pages and scripts the relay serves, embedded in the binary (no build step): the CODAP
+//! plugin at `/codap/` (CODAP loads it with `https://codap.concord.org/app/?di=<relay>/codap/`),
+//! the browser SDK at `/sdk/` (open to every origin: pages elsewhere import it) and the demo
+//! page at `/demo/`. The plugin and the demo are built on the SDK.
 
 use poem::http::{StatusCode, header};
 use poem::web::{Data, Path};
@@ -7,8 +9,11 @@ use poem::{Response, handler};
 
 use crate::api::State;
 
-/// The plugin's files: name, content type, content.
-const FILES: &[(&str, &str, &str)] = &[
+/// A file served as is: name, content type, content.
+type File = (&'static str, &'static str, &'static str);
+
+/// The plugin's own files (`/codap/`); it imports the SDK from `/sdk/`.
+const PLUGIN: &[File] = &[
     (
         "index.html",
         "text/html; charset=utf-8",
@@ -30,29 +35,77 @@ const FILES: &[(&str, &str, &str)] = &[
         include_str!("../plugin/codap.js"),
     ),
     (
-        "dispatcher.js",
-        "text/javascript; charset=utf-8",
-        include_str!("../plugin/dispatcher.js"),
-    ),
-    (
-        "session.js",
-        "text/javascript; charset=utf-8",
-        include_str!("../plugin/session.js"),
-    ),
-    (
         "tools.js",
         "text/javascript; charset=utf-8",
         include_str!("../plugin/tools.js"),
     ),
+];
+
+/// The browser SDK (`/sdk/`): any page, on any origin, imports `/sdk/toolrelay.js`.
+const SDK: &[File] = &[
+    (
+        "toolrelay.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../sdk/toolrelay.js"),
+    ),
+    (
+        "connection.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../sdk/connection.js"),
+    ),
     (
         "transport.js",
         "text/javascript; charset=utf-8",
-        include_str!("../plugin/transport.js"),
+        include_str!("../sdk/transport.js"),
+    ),
+    (
+        "session.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../sdk/session.js"),
+    ),
+    (
+        "dispatcher.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../sdk/dispatcher.js"),
     ),
     (
         "errors.js",
         "text/javascript; charset=utf-8",
-        include_str!("../plugin/errors.js"),
+        include_str!("../sdk/errors.js"),
+    ),
+    (
+        "pairing.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../sdk/pairing.js"),
+    ),
+    (
+        "pairing.css",
+        "text/css; charset=utf-8",
+        include_str!("../sdk/pairing.css"),
+    ),
+    (
+        "webmcp.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../sdk/webmcp.js"),
+    ),
+];
+
+/// The demo page (`/demo/`): a shared list an assistant fills through the SDK.
+const DEMO: &[File] = &[
+    (
+        "index.html",
+        "text/html; charset=utf-8",
+        include_str!("../demo/index.html"),
+    ),
+    (
+        "demo.css",
+        "text/css; charset=utf-8",
+        include_str!("../demo/demo.css"),
+    ),
+    (
+        "app.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../demo/app.js"),
     ),
 ];
 
@@ -76,37 +129,76 @@ fn escape_html(text: &str) -> String {
 /// `/codap` → `/codap/`, so relative URLs resolve.
 #[handler]
 pub fn plugin_root() -> Response {
-    Response::builder()
-        .status(StatusCode::MOVED_PERMANENTLY)
-        .header(header::LOCATION, "/codap/")
-        .finish()
+    moved("/codap/")
 }
 
 /// `/codap/` — the page.
 #[handler]
 pub fn plugin_index(Data(state): Data<&State>) -> Response {
-    serve("index.html", state)
+    serve(PLUGIN, "index.html", Framing::Codap(state))
 }
 
 /// `/codap/{file}`.
 #[handler]
 pub fn plugin_file(Path(file): Path<String>, Data(state): Data<&State>) -> Response {
-    serve(&file, state)
+    serve(PLUGIN, &file, Framing::Codap(state))
 }
 
-fn serve(name: &str, state: &State) -> Response {
-    let Some((_, content_type, body)) = FILES.iter().find(|(file, _, _)| *file == name) else {
+/// `/sdk/{file}`.
+#[handler]
+pub fn sdk_file(Path(file): Path<String>) -> Response {
+    serve(SDK, &file, Framing::Own)
+}
+
+/// `/demo` → `/demo/`.
+#[handler]
+pub fn demo_root() -> Response {
+    moved("/demo/")
+}
+
+/// `/demo/` — the demo page.
+#[handler]
+pub fn demo_index() -> Response {
+    serve(DEMO, "index.html", Framing::Own)
+}
+
+/// `/demo/{file}`.
+#[handler]
+pub fn demo_file(Path(file): Path<String>) -> Response {
+    serve(DEMO, &file, Framing::Own)
+}
+
+fn moved(to: &str) -> Response {
+    Response::builder()
+        .status(StatusCode::MOVED_PERMANENTLY)
+        .header(header::LOCATION, to)
+        .finish()
+}
+
+/// Who may show a page in a frame.
+enum Framing<'a> {
+    /// CODAP (the configured origins) and the relay itself.
+    Codap(&'a State),
+    /// The relay itself.
+    Own,
+}
+
+fn serve(files: &[File], name: &str, framing: Framing) -> Response {
+    let Some((_, content_type, body)) = files.iter().find(|(file, _, _)| *file == name) else {
         return Response::builder()
             .status(StatusCode::NOT_FOUND)
             .content_type("text/plain; charset=utf-8")
-            .body("No such file in the plugin.");
+            .body("No such file here.");
     };
-    // Only CODAP (the configured origins) and the relay itself may frame the plugin: its
-    // buttons end sessions and allow changes, so a foreign page must not overlay them.
-    let ancestors = std::iter::once("'self'")
-        .chain(state.config.cors_origins.iter().map(String::as_str))
-        .collect::<Vec<_>>()
-        .join(" ");
+    // Only CODAP and the relay may frame the plugin: its buttons end sessions and allow
+    // changes, so a foreign page must not overlay them.
+    let ancestors = match framing {
+        Framing::Codap(state) => std::iter::once("'self'")
+            .chain(state.config.cors_origins.iter().map(String::as_str))
+            .collect::<Vec<_>>()
+            .join(" "),
+        Framing::Own => "'self'".to_owned(),
+    };
     let policy = format!(
         "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self' ws: wss:; frame-ancestors {ancestors}"
     );
@@ -122,28 +214,45 @@ fn serve(name: &str, state: &State) -> Response {
 mod tests {
     use super::*;
 
+    /// Where `import … from '<target>'` in a file of `dir` points: a directory and a file.
+    fn imported(dir: &'static str, line: &str) -> Option<(&'static str, String)> {
+        let target = line.split('\'').nth(1)?;
+        let (dir, file) = if let Some(file) = target.strip_prefix("./") {
+            (dir, file)
+        } else if let Some(file) = target.strip_prefix("../sdk/") {
+            ("sdk", file)
+        } else {
+            ("sdk", target.strip_prefix("/sdk/")?)
+        };
+        Some((dir, file.to_owned()))
+    }
+
     #[test]
-    fn every_module_the_page_imports_is_served() {
-        let served: Vec<&str> = FILES.iter().map(|(name, _, _)| *name).collect();
-        for (_, _, body) in FILES {
-            for line in body.lines().filter(|line| line.starts_with("import ")) {
-                let target = line
-                    .rsplit("'./")
-                    .next()
-                    .and_then(|rest| rest.split('\'').next())
-                    .unwrap_or_default();
-                assert!(
-                    served.contains(&target),
-                    "{target} is imported but not served"
-                );
+    fn every_module_a_page_imports_is_served() {
+        let sets: [(&str, &[File]); 3] = [("plugin", PLUGIN), ("sdk", SDK), ("demo", DEMO)];
+        for (dir, files) in sets {
+            for (name, _, body) in files {
+                for line in body.lines().filter(|line| line.starts_with("import ")) {
+                    let (into, file) = imported(dir, line)
+                        .unwrap_or_else(|| panic!("{dir}/{name} imports from elsewhere: {line}"));
+                    let served = sets
+                        .iter()
+                        .find(|(set, _)| *set == into)
+                        .is_some_and(|(_, files)| files.iter().any(|(f, _, _)| *f == file));
+                    assert!(
+                        served,
+                        "{dir}/{name} imports {into}/{file}, which is not served"
+                    );
+                }
             }
         }
-        assert!(FILES[0].2.contains("main.js") && FILES[0].2.contains("plugin.css"));
+        assert!(PLUGIN[0].2.contains("main.js") && PLUGIN[0].2.contains("plugin.css"));
+        assert!(DEMO[0].2.contains("app.js"));
     }
 
     #[test]
     fn the_plugins_error_names_are_the_relays() {
-        let (_, _, errors) = FILES
+        let (_, _, errors) = SDK
             .iter()
             .find(|(name, _, _)| *name == "errors.js")
             .expect("errors.js is served");
@@ -160,7 +269,7 @@ mod tests {
             .collect();
         assert_eq!(
             listed, expected,
-            "plugin/errors.js must list ErrorCode::ALL, in order"
+            "sdk/errors.js must list ErrorCode::ALL, in order"
         );
     }
 }

@@ -301,6 +301,7 @@ pub fn app(state: State) -> impl Endpoint<Output = Response> {
         .max_age(3600);
     let (mcp_root, mcp_session) = mcp::endpoints(&state);
     let keys = state.config.api_keys.clone();
+    let open_providers = state.config.open_provider_routes;
     Route::new()
         .at("/mcp", mcp_root)
         .at("/mcp/s/:handle", mcp_session)
@@ -308,6 +309,10 @@ pub fn app(state: State) -> impl Endpoint<Output = Response> {
         .at("/codap", get(plugin::plugin_root))
         .at("/codap/", get(plugin::plugin_index))
         .at("/codap/:file", get(plugin::plugin_file))
+        .at("/sdk/:file", get(plugin::sdk_file))
+        .at("/demo", get(plugin::demo_root))
+        .at("/demo/", get(plugin::demo_index))
+        .at("/demo/:file", get(plugin::demo_file))
         .at(
             "/openapi.json",
             get(document.data(Document::json(spec_json))),
@@ -326,7 +331,7 @@ pub fn app(state: State) -> impl Endpoint<Output = Response> {
         .around(move |next, request| crate::auth::require_api_key(keys.clone(), next, request))
         .with(cors)
         .around(normalise_errors)
-        .around(open_cors)
+        .around(move |next, request| open_cors(open_providers, next, request))
         .around(move |next, request| crate::observe::observe(Arc::clone(&http), next, request))
         .map_to_response()
 }

@@ -287,7 +287,7 @@ impl RequestRecord {
             )
         } else {
             format!(
-                "The tool did not answer within {waited} s. Check that the plugin tab is open and connected (its status dot is green), then call again with a new requestId."
+                "The tool did not answer within {waited} s. Check that the page serving it (the CODAP plugin, say) is open and connected (its status dot is green), then call again with a new requestId."
             )
         };
         ToolResponse {
@@ -707,7 +707,7 @@ mod tests {
     #[test]
     fn an_expired_call_blames_what_did_not_answer() {
         let tab = call(false).expired_response().error.unwrap().message;
-        assert!(tab.contains("plugin tab"), "{tab}");
+        assert!(tab.contains("page serving it"), "{tab}");
         let builtin = call(true).expired_response().error.unwrap().message;
         assert!(
             !builtin.contains("plugin") && builtin.contains("built-in tool solve_mip_problem"),

@@ -1,4 +1,4 @@
-// The tab's connection to the relay: WebSocket first, server-sent events when WebSocket fails,
+// A page's connection to the relay: WebSocket first, server-sent events when WebSocket fails,
 // 1-second polling when SSE fails too. Reconnects with jittered backoff. Calls are
 // de-duplicated by requestId (the relay delivers at least once), and every result or error is
 // posted back — again, if the relay asks again because an answer was lost.
@@ -218,6 +218,10 @@ export class Transport extends EventTarget {
         this.polling = true;
         this.connected();
         await this.putManifest();
+      } else {
+        // An answer that could not go while the network was away goes now: a blip short
+        // enough to miss every poll is no reconnection.
+        for (const answer of [...this.unsent.values()]) this.send(answer);
       }
       for (const call of await response.json()) this.handle(call);
       this.pollTimer = setTimeout(() => this.poll(), POLL_INTERVAL_MS);
@@ -226,6 +230,17 @@ export class Transport extends EventTarget {
       this.polling = false;
       this.failed(worked);
     }
+  }
+
+  /** The tools changed while connected: register them again on the live connection. */
+  reregister() {
+    const socket = this.socket;
+    if (socket && socket.readyState === WebSocket.OPEN) {
+      socket.send(JSON.stringify({ type: 'register', tools: this.manifest() }));
+    } else if (this.events || this.polling) {
+      this.putManifest();
+    }
+    // Otherwise the next connection registers them.
   }
 
   // ---- calls and answers ----

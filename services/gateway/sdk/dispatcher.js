@@ -1,5 +1,7 @@
-// window.mcpDispatcher: the registry of the tab's tools and the one way to call them. Every
-// call is checked against the function's JSON Schema before it runs.
+// The registry of a page's tools and the one way to call them (the CODAP plugin exposes it as
+// window.mcpDispatcher). Every call is checked against the function's JSON Schema before it
+// runs. Tools come grouped ({id, description, functions:[{name, description, parameters,
+// run}]}) or flat ({name, description, inputSchema, execute}); flat ones join a group.
 
 /** The ways `value` breaks `schema` (a practical subset of JSON Schema), as messages. */
 export function validate(schema, value, path = 'args') {
@@ -79,6 +81,41 @@ export class Dispatcher {
     this.tools[id] = entry;
   }
 
+  /**
+   * Adds a tool given either way: a group `{id, functions}` or a flat `{name, inputSchema,
+   * execute}` (which joins the group `group`). A function of the same name is replaced.
+   */
+  add(tool, group = 'page', groupDescription = 'Tools of this page') {
+    if (Array.isArray(tool.functions)) {
+      for (const fn of tool.functions) this.remove(fn.name);
+      this.register(tool.id, tool.description ?? '', tool.functions.map(normalised));
+      return;
+    }
+    this.remove(tool.name);
+    if (!this.tools[group]) this.tools[group] = { description: groupDescription, functions: {} };
+    this.tools[group].functions[tool.name] = normalised(tool);
+  }
+
+  /** Removes a group by id, or a function by name; says whether anything went. */
+  remove(name) {
+    if (this.tools[name]) {
+      delete this.tools[name];
+      return true;
+    }
+    for (const [id, tool] of Object.entries(this.tools)) {
+      if (!tool.functions[name]) continue;
+      delete tool.functions[name];
+      if (Object.keys(tool.functions).length === 0) delete this.tools[id];
+      return true;
+    }
+    return false;
+  }
+
+  /** Every function's name. */
+  names() {
+    return Object.values(this.tools).flatMap((tool) => Object.keys(tool.functions));
+  }
+
   /** The grouped manifest the relay takes. */
   manifest() {
     return Object.entries(this.tools).map(([id, tool]) => ({
@@ -109,4 +146,21 @@ export class Dispatcher {
     if (problems.length) throw new ToolError('invalid_arguments', `Invalid arguments: ${problems.join('; ')}.`);
     return fn.run(args ?? {});
   }
+}
+
+/** A function as the dispatcher keeps it: `parameters` and `run`, whatever it was given as. */
+function normalised(fn) {
+  if (typeof fn.name !== 'string' || !/^[A-Za-z0-9_]{1,64}$/.test(fn.name)) {
+    throw new TypeError(`A tool needs a name of 1 to 64 letters, digits or _: ${JSON.stringify(fn.name)}`);
+  }
+  const run = fn.run ?? fn.execute;
+  if (typeof run !== 'function') throw new TypeError(`The tool ${fn.name} needs an execute(args) function.`);
+  return {
+    name: fn.name,
+    description: fn.description ?? '',
+    parameters: fn.parameters ?? fn.inputSchema ?? { type: 'object', properties: {} },
+    // WebMCP tools say it with MCP's annotations.
+    destructive: fn.destructive ?? fn.annotations?.destructiveHint === true,
+    run: (args) => run.call(fn, args),
+  };
 }

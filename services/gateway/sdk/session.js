@@ -1,8 +1,7 @@
-// The pairing session: created on load, kept in localStorage under `mcp-session-<code>` so a
-// reload reconnects to it, and never taken over by a second plugin tab (each tab marks the
-// session it holds and refreshes that mark; a session marked by a live tab is left alone).
-
-const PREFIX = 'mcp-session-';
+// The pairing session: created on load, kept in localStorage under `<prefix><code>` (the CODAP
+// plugin's prefix is `mcp-session-`) so a reload reconnects to it, and never taken over by a
+// second tab of the same page (each tab marks the session it holds and refreshes that mark; a
+// session marked by a live tab is left alone).
 const MARK_EVERY_MS = 2000;
 // A mark older than this belongs to a tab that is gone.
 const MARK_STALE_MS = 6000;
@@ -22,24 +21,32 @@ function read(key) {
 }
 
 export class Sessions {
-  constructor(base) {
+  /**
+   * @param {string} base  the relay's origin
+   * @param {{prefix?: string, remember?: boolean}} options  the localStorage key prefix (pages
+   *   that share an origin need their own); `remember: false` keeps nothing (a new code per load)
+   */
+  constructor(base, { prefix = 'mcp-session-', remember = true } = {}) {
     this.base = base;
+    this.prefix = prefix;
+    this.remember = remember;
     this.current = null;
     this.markTimer = null;
     addEventListener('pagehide', () => this.release());
   }
 
   key(code) {
-    return `${PREFIX}${code}`;
+    return `${this.prefix}${code}`;
   }
 
   /** A stored session no live tab holds, still known to the relay; else a new one. */
   async open() {
+    if (!this.remember) return { session: await this.create(), restored: false };
     const now = Date.now();
     const candidates = [];
     for (let i = 0; i < localStorage.length; i += 1) {
       const key = localStorage.key(i);
-      if (!key || !key.startsWith(PREFIX)) continue;
+      if (!key || !key.startsWith(this.prefix)) continue;
       const stored = read(key);
       if (!stored || !stored.code || !stored.token || Date.parse(stored.expiresAt) <= now) {
         localStorage.removeItem(key);
@@ -85,13 +92,13 @@ export class Sessions {
   }
 
   mark() {
-    if (!this.current) return;
+    if (!this.current || !this.remember) return;
     localStorage.setItem(this.key(this.current.code), JSON.stringify({ ...this.current, tab: TAB, markedAt: Date.now() }));
   }
 
   /** Leaves the stored session for the next page (a reload) to pick up at once. */
   release() {
-    if (!this.current) return;
+    if (!this.current || !this.remember) return;
     clearInterval(this.markTimer);
     localStorage.setItem(this.key(this.current.code), JSON.stringify({ ...this.current, tab: null, markedAt: 0 }));
   }

@@ -1,0 +1,603 @@
+// <toolrelay-pairing>: what a person needs to pair a page with an assistant — the code, how to
+// connect each kind of assistant, copy buttons, the countdown, a status dot, the activity
+// list, End session and the "ask me before changes" switch (for tools flagged `destructive`).
+// Set its `connection` property to a Connection (connect() from toolrelay.js).
+//
+// It renders into its own children (no shadow DOM), so the page's tests and styles reach it;
+// its styles come from pairing.css next to this file. Children it has before it renders (a
+// notice of the page's own, say) are kept at the top of its body. One per page: its parts
+// have fixed ids.
+//
+// Attributes: heading (default "AI assistant"), level (of its heading, default 2), subject
+// (what the copied prompt offers, default "the tools of a web page I have open"), keys (c
+// copies the prompt, r makes a new code), standalone (it is the whole page: header and main).
+
+import { displayCode } from './connection.js';
+
+const ACTIVITY_SHOWN = 20;
+// The last hour of a session's maximum lifetime gets a warning.
+const LIFETIME_WARNING_MS = 60 * 60 * 1000;
+// How long a button says "Copied".
+const COPIED_MS = 1500;
+// Which kind of assistant the connect instructions show first.
+const KIND_KEY = 'toolrelay-assistant-kind';
+const STYLES = new URL('./pairing.css', import.meta.url).href;
+
+/** `ms` as m:ss, or h:mm:ss past an hour. */
+function duration(ms) {
+  const total = Math.floor(ms / 1000);
+  const two = (n) => String(n).padStart(2, '0');
+  const hours = Math.floor(total / 3600);
+  const minutes = Math.floor((total % 3600) / 60);
+  return hours > 0 ? `${hours}:${two(minutes)}:${two(total % 60)}` : `${two(minutes)}:${two(total % 60)}`;
+}
+
+/** A session's maximum lifetime in words: "24 h", or "30 min" when configured under an hour. */
+function lifetime(session) {
+  const span = Date.parse(session.maxExpiresAt) - (session.createdAt || Date.now());
+  if (!Number.isFinite(span) || span <= 0) return '24 h';
+  return span < 3600000 ? `${Math.max(1, Math.round(span / 60000))} min` : `${Math.round(span / 3600000)} h`;
+}
+
+/** A few words on what a call did: "createGraph · Heights: Age × Height". */
+function summarize(name, args) {
+  const a = args && typeof args === 'object' ? args : {};
+  const words = (value) => (typeof value === 'string' || typeof value === 'number' ? String(value) : null);
+  const axes = [a.xAttribute, a.yAttribute].map(words).filter(Boolean);
+  const where = words(a.dataContext) ?? words(a.name) ?? words(a.title) ?? words(a.component) ?? words(a.text);
+  const parts = [];
+  if (where && axes.length) parts.push(`${where}: ${axes.join(' × ')}`);
+  else if (where) parts.push(where);
+  if (Array.isArray(a.items)) parts.push(`${a.items.length} item${a.items.length === 1 ? '' : 's'}`);
+  if (Array.isArray(a.attributes)) parts.push(a.attributes.map((x) => x?.name ?? x).filter(words).join(', '));
+  else if (words(a.attribute)) parts.push(String(a.attribute));
+  if (words(a.formula)) parts.push(String(a.formula));
+  const detail = parts.filter(Boolean).join(' · ');
+  return detail ? `${name} · ${detail}` : name;
+}
+
+/** Who can reach the relay at `base`: cloud assistants need a public HTTPS address. */
+export function reach(base) {
+  let url;
+  try {
+    url = new URL(base);
+  } catch {
+    return 'this-computer';
+  }
+  const host = url.hostname.replace(/^\[|\]$/g, '').toLowerCase();
+  if (host === 'localhost' || host.endsWith('.localhost') || /^127\./.test(host) || host === '::1') return 'this-computer';
+  const privateNet =
+    /^10\./.test(host) ||
+    /^192\.168\./.test(host) ||
+    /^172\.(1[6-9]|2\d|3[01])\./.test(host) ||
+    /^169\.254\./.test(host) ||
+    host.endsWith('.local') ||
+    host.endsWith('.internal') ||
+    /^f[cd][0-9a-f]{2}:/.test(host) ||
+    /^fe80:/.test(host);
+  if (privateNet) return 'this-network';
+  return url.protocol === 'https:' ? 'public' : 'not-https';
+}
+
+/**
+ * What the connect instructions and the prompt say, by who can reach the relay: cloud
+ * assistants (ChatGPT, claude.ai) call from their own servers and only over HTTPS, so for any
+ * other address they are not offered, and the notice says why.
+ */
+const REACH = {
+  public: {
+    notice: '',
+    connector: 'Add a custom connector once (Claude: Settings → Connectors; ChatGPT: Settings → Apps & Connectors, developer mode)',
+    agent: '(A plain chat cannot make requests: use a connector or a custom GPT there.)',
+    mcp: 'Claude, ChatGPT connectors',
+  },
+  'this-computer': {
+    notice:
+      'This relay is only reachable from this computer; ChatGPT and claude.ai cannot call it — use a desktop client or deploy the relay.',
+    connector: 'In a desktop client on this computer (Cursor, Claude Code, a local agent), add an MCP server (Streamable HTTP)',
+    agent: '(The agent has to run on this computer. A plain chat cannot make requests.)',
+    mcp: 'an MCP client on this computer',
+  },
+  'this-network': {
+    notice:
+      'This relay is only reachable on this network; ChatGPT and claude.ai cannot call it — use a desktop client on this network or deploy the relay.',
+    connector: 'In a desktop client on this network (Cursor, Claude Code, a local agent), add an MCP server (Streamable HTTP)',
+    agent: '(The agent has to run on this network. A plain chat cannot make requests.)',
+    mcp: 'an MCP client on this network',
+  },
+  'not-https': {
+    notice:
+      "This relay's address is plain http; ChatGPT and claude.ai only call https addresses — put the relay behind HTTPS (PUBLIC_BASE_URL) or use a desktop client.",
+    connector: 'In a desktop client (Cursor, Claude Code, a local agent), add an MCP server (Streamable HTTP)',
+    agent: '(A plain chat cannot make requests.)',
+    mcp: 'a desktop MCP client',
+  },
+};
+
+function template(heading, level, standalone) {
+  const h = `h${level}`;
+  const sub = `h${Math.min(level + 1, 6)}`;
+  const head = standalone ? 'header' : 'div';
+  const body = standalone ? 'main' : 'div';
+  return `
+  <${head} class="bar">
+    <${h} class="title">${escape(heading)}</${h}>
+    <span class="link">
+      <span id="dot" class="dot" role="img" aria-label="Disconnected" title="Disconnected"></span>
+      <span id="link-label">Connecting…</span>
+    </span>
+  </${head}>
+  <${body} class="body">
+    <section class="banner" aria-labelledby="code-label">
+      <div class="code-row">
+        <p id="code-label" class="label">Pairing code</p>
+        <p id="code" class="code">····-····</p>
+        <button type="button" id="copy-code" class="secondary small" data-label="Copy code">Copy code</button>
+      </div>
+      <p id="countdown" class="countdown">Starting…</p>
+      <p id="lifetime" class="notice" hidden><span id="lifetime-text"></span> <button type="button" id="lifetime-new" class="secondary small">New code</button></p>
+      <div class="actions">
+        <button type="button" id="copy-prompt" class="primary" data-label="Copy prompt">Copy prompt</button>
+        <button type="button" id="regenerate" class="secondary">New code</button>
+      </div>
+      <details id="connect" class="connect" open>
+        <summary>Connect your assistant</summary>
+        <p id="connect-local" class="notice" hidden></p>
+        <div class="kinds" role="tablist" aria-label="Kind of assistant">
+          <button type="button" role="tab" id="tab-connector" class="kind" aria-controls="panel-connector" data-kind="connector">Claude · ChatGPT</button>
+          <button type="button" role="tab" id="tab-gpt" class="kind" aria-controls="panel-gpt" data-kind="gpt">Custom GPT</button>
+          <button type="button" role="tab" id="tab-agent" class="kind" aria-controls="panel-agent" data-kind="agent">HTTP agent</button>
+        </div>
+        <div role="tabpanel" id="panel-connector" class="panel" aria-labelledby="tab-connector">
+          <ol>
+            <li><span id="connector-where">Add a custom connector once</span> with this URL:
+              <span class="url"><code id="mcp-url"></code><button type="button" class="secondary small" data-copy="mcp-url" data-label="Copy">Copy</button></span></li>
+            <li>In the chat, give it the pairing code <strong class="code-inline"></strong>.</li>
+          </ol>
+          <p class="quiet">Or add just this session:
+            <span class="url"><code id="session-url"></code><button type="button" class="secondary small" data-copy="session-url" data-label="Copy">Copy</button></span></p>
+        </div>
+        <div role="tabpanel" id="panel-gpt" class="panel" aria-labelledby="tab-gpt" hidden>
+          <ol>
+            <li>In your GPT's Configure → Actions, import from this URL:
+              <span class="url"><code id="actions-url"></code><button type="button" class="secondary small" data-copy="actions-url" data-label="Copy">Copy</button></span></li>
+            <li>In the chat, give it the pairing code <strong class="code-inline"></strong>.</li>
+          </ol>
+        </div>
+        <div role="tabpanel" id="panel-agent" class="panel" aria-labelledby="tab-agent" hidden>
+          <p>For an agent that can make HTTP requests: press <strong>Copy prompt</strong> and paste it into the agent. <span id="agent-elsewhere">(A plain chat cannot make requests: use a connector or a custom GPT there.)</span></p>
+        </div>
+      </details>
+    </section>
+    <section id="held" class="held" hidden aria-labelledby="held-title">
+      <${sub} id="held-title">The assistant wants to change data</${sub}>
+      <p id="held-text"></p>
+      <div class="actions">
+        <button type="button" id="allow" class="primary">Allow</button>
+        <button type="button" id="deny" class="secondary">Deny</button>
+      </div>
+    </section>
+    <section class="activity" aria-labelledby="activity-title">
+      <${sub} id="activity-title">Activity</${sub}>
+      <p id="no-activity" class="quiet">No calls yet.</p>
+      <ol id="activity" tabindex="0" aria-labelledby="activity-title"></ol>
+    </section>
+    <section class="settings" aria-label="Settings">
+      <label class="check"><input type="checkbox" id="confirm"> Ask me before changing or deleting data</label>
+      <button type="button" id="end" class="danger">End session</button>
+    </section>
+  </${body}>
+  <div id="announcer" class="visually-hidden" role="status" aria-live="polite"></div>`;
+}
+
+function escape(text) {
+  return String(text).replace(/[&<>"]/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;' })[c]);
+}
+
+export class ToolrelayPairing extends HTMLElement {
+  constructor() {
+    super();
+    this.conn = null;
+    this.publicBase = null;
+    this.linkState = 'disconnected';
+    this.heldQueue = Promise.resolve();
+    this.listeners = [];
+    this.discovered = Promise.resolve();
+  }
+
+  connectedCallback() {
+    if (this.rendered) return;
+    this.rendered = true;
+    if (![...document.querySelectorAll('link[rel="stylesheet"]')].some((link) => link.href === STYLES)) {
+      document.head.append(Object.assign(document.createElement('link'), { rel: 'stylesheet', href: STYLES }));
+    }
+    const kept = [...this.childNodes];
+    const level = Math.min(Math.max(Number(this.getAttribute('level')) || 2, 1), 5);
+    this.innerHTML = template(this.getAttribute('heading') || 'AI assistant', level, this.hasAttribute('standalone'));
+    this.querySelector('.body').prepend(...kept);
+    this.wire();
+    this.dataset.state = 'fresh';
+    this.setLink('disconnected');
+    this.timer = setInterval(() => this.tick(), 1000);
+    if (this.conn) this.attach(this.conn);
+  }
+
+  disconnectedCallback() {
+    clearInterval(this.timer);
+  }
+
+  $(id) {
+    return this.querySelector(`#${id}`);
+  }
+
+  /** The Connection this element shows. */
+  get connection() {
+    return this.conn;
+  }
+
+  set connection(connection) {
+    this.detach();
+    this.conn = connection;
+    if (this.rendered && connection) this.attach(connection);
+  }
+
+  get state() {
+    return this.dataset.state;
+  }
+
+  get link() {
+    return this.linkState;
+  }
+
+  // ---- following the connection ----
+
+  attach(connection) {
+    const on = (name, listener) => {
+      const wrapped = (event) => listener(event.detail);
+      connection.addEventListener(name, wrapped);
+      this.listeners.push([name, wrapped]);
+    };
+    // The switch decides about destructive calls (see Connection.run).
+    this.confirmHook = (call) => this.ask(call);
+    connection.confirm = this.confirmHook;
+    this.publicBase = connection.base;
+    this.discovered = this.learnPublicBase(connection.base);
+    on('code', (detail) => {
+      this.showSession();
+      this.announce(detail.restored ? `Reconnecting to session ${detail.display}.` : `New pairing code ${detail.display}.`);
+    });
+    on('status', ({ state, transport, message }) => {
+      if (state === 'connected') {
+        this.setLink(connection.handled > 0 ? 'connected' : 'idle', transport);
+        this.announce(`Connected to the relay over ${transport}.`);
+      } else if (state === 'disconnected') {
+        this.setLink('disconnected');
+      } else if (state === 'unreachable') {
+        this.$('countdown').textContent = message;
+        this.announce('Could not reach the relay. Retrying in a few seconds.');
+      } else if (state === 'expired') {
+        this.expired(message);
+      } else if (state === 'ended') {
+        this.setState('ended');
+        this.setLink('disconnected');
+        this.$('countdown').textContent = `Session ended. Press New code${this.hasAttribute('keys') ? ' (r)' : ''} to pair again.`;
+        this.announce('Session ended.');
+      } else if (state === 'replaced') {
+        this.setLink('disconnected');
+        this.announce('Another tab took over this session.');
+      }
+    });
+    on('fallback', ({ transport }) => this.announce(`Trying ${transport} instead.`));
+    on('call-started', () => {
+      if (connection.handled === 1) {
+        this.setState('active');
+        this.announce('The assistant made its first call.');
+      }
+      if (this.linkState === 'idle') this.setLink('connected', connection.transportKind ?? '');
+    });
+    on('call-finished', ({ name, args, success, error }) => this.record(name, args, success, error?.message));
+    if (connection.session) this.showSession();
+  }
+
+  detach() {
+    if (!this.conn) return;
+    for (const [name, listener] of this.listeners) this.conn.removeEventListener(name, listener);
+    this.listeners = [];
+    if (this.conn.confirm === this.confirmHook) this.conn.confirm = null;
+  }
+
+  /** The relay's public address, from its discovery document (it differs behind a proxy). */
+  async learnPublicBase(base) {
+    try {
+      const response = await fetch(`${base}/.well-known/codap-mcp.json`);
+      const discovery = await response.json();
+      if (typeof discovery.mcpEndpoint === 'string' && discovery.mcpEndpoint.endsWith('/mcp')) {
+        this.publicBase = discovery.mcpEndpoint.slice(0, -'/mcp'.length);
+      }
+    } catch {
+      // The relay's own address stands in.
+    }
+    if (this.conn?.session) this.showConnect(this.conn.session);
+  }
+
+  // ---- what the user sees ----
+
+  announce(text) {
+    this.$('announcer').textContent = text;
+  }
+
+  emitState() {
+    this.dispatchEvent(new CustomEvent('pairing-state', { bubbles: true, detail: { state: this.dataset.state, link: this.linkState } }));
+  }
+
+  setState(state) {
+    this.dataset.state = state;
+    // A code that no longer works is not offered for copying.
+    const gone = state === 'expired' || state === 'ended';
+    for (const id of ['copy-prompt', 'copy-code', 'end']) this.$(id).disabled = gone;
+    this.emitState();
+  }
+
+  setLink(state, transportName) {
+    this.linkState = state;
+    const labels = {
+      connected: `Connected to the assistant (${transportName})`,
+      idle: `Ready (${transportName}): waiting for the assistant`,
+      disconnected: 'Disconnected: reconnecting…',
+    };
+    const label = labels[state];
+    this.dataset.link = state;
+    this.$('dot').title = label;
+    this.$('dot').setAttribute('aria-label', label);
+    this.$('link-label').textContent = state === 'disconnected' ? 'Disconnected' : state === 'connected' ? 'Connected' : 'Ready';
+    this.emitState();
+    this.tick();
+  }
+
+  showSession() {
+    const session = this.conn.session;
+    this.$('code').textContent = displayCode(session.code);
+    this.setState('fresh');
+    this.showConnect(session);
+    this.tick();
+  }
+
+  /**
+   * The session's time: while this page is connected the session does not expire (its
+   * heartbeats keep it alive), so there is nothing to count; once it is not, the idle time-out
+   * really runs. The maximum lifetime holds either way: its last hour is announced.
+   */
+  tick() {
+    const session = this.conn?.session;
+    const state = this.dataset.state;
+    if (!session || state === 'expired' || state === 'ended') return;
+    const now = Date.now();
+    const end = Date.parse(session.maxExpiresAt);
+    const untilEnd = Number.isNaN(end) ? Infinity : end - now;
+    const idleLeft = Date.parse(session.expiresAt) - now;
+    if (untilEnd <= 0 || (this.linkState === 'disconnected' && idleLeft <= 0)) {
+      this.conn.expire('The pairing code has expired.');
+      return;
+    }
+    this.$('countdown').textContent =
+      this.linkState === 'disconnected'
+        ? `Not connected — expires in ${duration(Math.min(idleLeft, untilEnd))}`
+        : `Connected — stays open while this ${this.hasAttribute('standalone') ? 'tab' : 'page'} is open`;
+    const warn = untilEnd <= LIFETIME_WARNING_MS;
+    const notice = this.$('lifetime');
+    if (warn && notice.hidden) this.announce('This pairing code stops working within the hour. Press New code for a new one.');
+    notice.hidden = !warn;
+    // The warning carries its own New code button: the banner's is folded away once connected.
+    if (warn) {
+      this.$('lifetime-text').textContent = `This code stops working in ${duration(untilEnd)} (a session lasts at most ${lifetime(session)}). Give your assistant a new one:`;
+    }
+  }
+
+  expired(message) {
+    this.setState('expired');
+    this.setLink('disconnected');
+    this.$('lifetime').hidden = true;
+    this.$('countdown').textContent = `Expired. Press New code${this.hasAttribute('keys') ? ' (r)' : ''} to pair again.`;
+    this.announce(`Session expired. ${message} Press ${this.hasAttribute('keys') ? 'r' : 'New code'} for a new code.`);
+  }
+
+  record(name, args, ok, reason) {
+    this.$('no-activity').hidden = true;
+    const item = document.createElement('li');
+    item.className = ok ? 'done' : 'failed';
+    const what = document.createElement('span');
+    what.className = 'what';
+    what.textContent = summarize(name, args);
+    what.title = what.textContent;
+    const time = document.createElement('time');
+    const now = new Date();
+    time.dateTime = now.toISOString();
+    time.textContent = now.toLocaleTimeString([], { hour: '2-digit', minute: '2-digit', second: '2-digit', hourCycle: 'h23' });
+    const outcome = document.createElement('span');
+    outcome.className = ok ? 'ok' : 'error';
+    outcome.textContent = ok ? 'ok' : 'error';
+    item.append(what, time, outcome);
+    if (!ok && reason) {
+      const why = document.createElement('span');
+      why.className = 'reason';
+      why.textContent = reason.length > 160 ? `${reason.slice(0, 157)}…` : reason;
+      item.append(why);
+    }
+    const list = this.$('activity');
+    list.prepend(item);
+    while (list.children.length > ACTIVITY_SHOWN) list.lastElementChild.remove();
+  }
+
+  // ---- connecting an assistant ----
+
+  showKind(kind) {
+    for (const tab of this.querySelectorAll('.kind')) {
+      const selected = tab.dataset.kind === kind;
+      tab.setAttribute('aria-selected', String(selected));
+      tab.tabIndex = selected ? 0 : -1;
+      this.$(tab.getAttribute('aria-controls')).hidden = !selected;
+    }
+    try {
+      localStorage.setItem(KIND_KEY, kind);
+    } catch {
+      // Private browsing: the choice is not remembered.
+    }
+  }
+
+  /** The connect instructions for the session, with every URL from the public address. */
+  showConnect(session) {
+    const base = this.publicBase;
+    const where = REACH[reach(base)];
+    const cloud = where === REACH.public;
+    this.$('mcp-url').textContent = `${base}/mcp`;
+    this.$('actions-url').textContent = `${base}/openapi/actions.json`;
+    this.$('session-url').textContent = session.connectorUrl || `${base}/mcp`;
+    for (const code of this.querySelectorAll('.code-inline')) code.textContent = displayCode(session.code);
+    this.$('connect-local').hidden = cloud;
+    this.$('connect-local').textContent = where.notice;
+    // Instructions that cannot work are not shown: a custom GPT calls from OpenAI's servers.
+    this.$('tab-gpt').hidden = !cloud;
+    this.$('tab-connector').textContent = cloud ? 'Claude · ChatGPT' : 'Desktop client';
+    this.$('connector-where').textContent = where.connector;
+    this.$('agent-elsewhere').textContent = where.agent;
+    let kind = null;
+    try {
+      kind = localStorage.getItem(KIND_KEY);
+    } catch {
+      kind = null;
+    }
+    if (!['connector', 'gpt', 'agent'].includes(kind) || (kind === 'gpt' && !cloud)) kind = 'connector';
+    this.showKind(kind);
+  }
+
+  /**
+   * The prompt for an agent that can make HTTP requests (assistants with a connector need only
+   * the code): short enough to paste, and every URL the public one.
+   */
+  prompt() {
+    const session = this.conn?.session;
+    if (!session) return null;
+    const base = this.publicBase;
+    const code = displayCode(session.code);
+    const { mcp } = REACH[reach(base)];
+    const api = `${base}/api/sessions/${code}`;
+    const subject = this.getAttribute('subject') || 'the tools of a web page I have open';
+    return [
+      `For an AI agent that can make HTTP requests: you can use ${subject} through a relay.`,
+      `Pairing code: ${code}`,
+      `Relay: ${base}`,
+      `1. First GET ${api}/metadata: it lists the tools with the JSON Schema of their args.`,
+      `2. Call a tool: POST ${api}/call with JSON {"functionName": "<name>", "args": {...}}. The answer is {"success": true, "result": ...} or an error that says what to fix.`,
+      `3. A 202 answer means it is still running: GET ${api}/requests/<requestId> for the result. A 404 means the code expired: ask me for the new one.`,
+      `With MCP instead (${mcp}): connect to ${base}/mcp and call connect_session with the code; or connect to this session alone: ${session.connectorUrl || `${base}/mcp`}`,
+    ].join('\n');
+  }
+
+  /** Shows "Copied" on the button that copied, for a moment. */
+  acknowledge(button) {
+    if (!button) return;
+    clearTimeout(button.copiedTimer);
+    button.classList.add('done');
+    button.textContent = 'Copied ✓';
+    button.copiedTimer = setTimeout(() => {
+      button.classList.remove('done');
+      button.textContent = button.dataset.label;
+      const key = button.getAttribute('aria-keyshortcuts');
+      if (key) button.append(' ', Object.assign(document.createElement('kbd'), { textContent: key }));
+    }, COPIED_MS);
+  }
+
+  async copy(text, what, button) {
+    let copied = false;
+    try {
+      await navigator.clipboard.writeText(text);
+      copied = true;
+    } catch {
+      const area = document.createElement('textarea');
+      area.value = text;
+      area.setAttribute('readonly', '');
+      area.style.position = 'fixed';
+      area.style.opacity = '0';
+      document.body.append(area);
+      area.select();
+      copied = document.execCommand('copy');
+      area.remove();
+    }
+    if (copied) {
+      if (this.dataset.state === 'fresh') this.setState('copied');
+      this.acknowledge(button);
+      this.announce(`${what} copied. Paste it into your assistant.`);
+    } else {
+      this.announce(`Could not copy the ${what.toLowerCase()}; select it and copy by hand.`);
+    }
+  }
+
+  // ---- asking before changes ----
+
+  /** Asks the user about a call that changes or deletes data; resolves true when allowed. */
+  ask(call) {
+    if (!this.$('confirm').checked) return Promise.resolve(true);
+    const ask = () =>
+      new Promise((resolve) => {
+        this.$('held-text').textContent = `${call.functionName} ${JSON.stringify(call.args)}`;
+        this.$('held').hidden = false;
+        this.announce(`The assistant wants to run ${call.functionName}. Allow or deny.`);
+        const decide = (allowed) => {
+          this.$('held').hidden = true;
+          this.$('allow').onclick = null;
+          this.$('deny').onclick = null;
+          resolve(allowed);
+        };
+        this.$('allow').onclick = () => decide(true);
+        this.$('deny').onclick = () => decide(false);
+        this.$('allow').focus();
+      });
+    // One question at a time.
+    const answer = this.heldQueue.then(ask);
+    this.heldQueue = answer.catch(() => false);
+    return answer;
+  }
+
+  // ---- controls ----
+
+  wire() {
+    const keys = this.hasAttribute('keys');
+    if (keys) {
+      for (const [id, key] of [['copy-prompt', 'c'], ['regenerate', 'r']]) {
+        const button = this.$(id);
+        button.setAttribute('aria-keyshortcuts', key);
+        button.append(' ', Object.assign(document.createElement('kbd'), { textContent: key }));
+      }
+    }
+    for (const tab of this.querySelectorAll('.kind')) {
+      tab.addEventListener('click', () => this.showKind(tab.dataset.kind));
+      tab.addEventListener('keydown', (event) => {
+        if (event.key !== 'ArrowRight' && event.key !== 'ArrowLeft') return;
+        const tabs = [...this.querySelectorAll('.kind')].filter((t) => !t.hidden);
+        const next = tabs[(tabs.indexOf(tab) + (event.key === 'ArrowRight' ? 1 : tabs.length - 1)) % tabs.length];
+        this.showKind(next.dataset.kind);
+        next.focus();
+        event.preventDefault();
+      });
+    }
+    for (const button of this.querySelectorAll('[data-copy]')) {
+      button.addEventListener('click', () => this.copy(this.$(button.dataset.copy).textContent, 'URL', button));
+    }
+    const regenerate = () => this.conn?.regenerate();
+    this.$('copy-prompt').addEventListener('click', (event) => this.conn?.session && this.copy(this.prompt(), 'Prompt', event.currentTarget));
+    this.$('copy-code').addEventListener('click', (event) => this.conn?.session && this.copy(displayCode(this.conn.session.code), 'Code', event.currentTarget));
+    this.$('regenerate').addEventListener('click', regenerate);
+    this.$('lifetime-new').addEventListener('click', regenerate);
+    this.$('end').addEventListener('click', () => this.conn?.end());
+    if (!keys) return;
+    document.addEventListener('keydown', (event) => {
+      if (event.ctrlKey || event.metaKey || event.altKey) return;
+      const target = event.target;
+      if (target instanceof HTMLInputElement || target instanceof HTMLTextAreaElement || target?.isContentEditable) return;
+      if (event.key === 'c' && this.conn?.session && !this.$('copy-prompt').disabled) this.copy(this.prompt(), 'Prompt', this.$('copy-prompt'));
+      if (event.key === 'r') regenerate();
+    });
+  }
+}
+
+if (!customElements.get('toolrelay-pairing')) customElements.define('toolrelay-pairing', ToolrelayPairing);

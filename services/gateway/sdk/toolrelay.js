@@ -1,0 +1,17 @@
+// toolrelay's browser SDK: give a web page tools that assistants (ChatGPT, Claude, a backend)
+// call through the relay that serves this file. No build step and nothing to install:
+//
+//   import { connect } from 'https://relay.example.org/sdk/toolrelay.js';
+//   const relay = connect({ tools: [{ name, description, inputSchema, execute(args) { … } }] });
+//   relay.addEventListener('code', (event) => show(event.detail.display));
+//
+// Layout: connection.js pairs and runs calls, transport.js carries them (WebSocket → SSE →
+// polling), session.js keeps the session across reloads, dispatcher.js checks arguments,
+// pairing.js is the <toolrelay-pairing> element, webmcp.js bridges WebMCP pages.
+
+export { connect, Connection, displayCode } from './connection.js';
+export { Dispatcher, ToolError, validate } from './dispatcher.js';
+export { ErrorCode } from './errors.js';
+export { Sessions } from './session.js';
+export { Transport } from './transport.js';
+export { bridgeWebMCP } from './webmcp.js';

@@ -1,0 +1,185 @@
+// WebMCP pages reach remote assistants: tools a page registers the WebMCP way
+// (`document.modelContext.registerTool`, or the older `navigator.modelContext` with
+// `provideContext`) are served through a toolrelay Connection as well.
+//
+// Follows the W3C Web Machine Learning community group's WebMCP draft (index.bs of
+// webmachinelearning/webmcp as of 2026-06-17: `document.modelContext.registerTool(tool,
+// {signal})` returning a promise, unregistering by AbortSignal, `toolchange` events) and keeps
+// what MCP-B's polyfill (@mcp-b/webmcp-polyfill) still accepts from earlier drafts:
+// `navigator.modelContext` as an alias, `unregisterTool(name)`, and from the MCP-B global
+// runtime `provideContext({tools})` / `clearContext()`. Declarative (form) tools, resources,
+// prompts, sampling and elicitation are not bridged.
+
+import { ToolError } from './dispatcher.js';
+
+/** What an MCP-style result becomes for the relay: its structured content, or the result itself. */
+function unwrap(result) {
+  if (!result || typeof result !== 'object' || !Array.isArray(result.content)) return result;
+  const text = result.content
+    .filter((part) => part && part.type === 'text')
+    .map((part) => part.text)
+    .join('\n');
+  if (result.isError) throw new ToolError('tool_error', text || 'The tool failed.');
+  if (result.structuredContent !== undefined) return result.structuredContent;
+  return result;
+}
+
+/** `name` as the relay takes it: letters, digits and _, at most 64. */
+export function relayName(name) {
+  return String(name).replace(/[^A-Za-z0-9_]/g, '_').slice(0, 64) || 'tool';
+}
+
+/** A string answer that is JSON (what `executeTool` returns) as the value it holds. */
+function parsed(value) {
+  if (typeof value !== 'string') return value;
+  try {
+    return JSON.parse(value);
+  } catch {
+    return value;
+  }
+}
+
+/**
+ * A minimal model context, installed when the page has none: the draft's core (registerTool
+ * with an AbortSignal, toolchange events), the MCP-B compatibility methods, and getTools /
+ * executeTool so other scripts can list and run what is registered.
+ */
+class ModelContext extends EventTarget {
+  constructor() {
+    super();
+    this.registered = new Map(); // name → tool
+    this.provided = new Set(); // names registered by provideContext
+    this.ontoolchange = null;
+  }
+
+  changed() {
+    const event = new Event('toolchange');
+    this.dispatchEvent(event);
+    if (typeof this.ontoolchange === 'function') this.ontoolchange(event);
+  }
+
+  registerTool(tool, options = {}) {
+    const { signal } = options;
+    if (signal?.aborted) return Promise.reject(signal.reason);
+    if (!tool || typeof tool.name !== 'string' || tool.name === '') return Promise.reject(new TypeError('A tool needs a name.'));
+    if (typeof tool.description !== 'string' || tool.description === '') return Promise.reject(new TypeError(`The tool ${tool.name} needs a description.`));
+    if (typeof tool.execute !== 'function') return Promise.reject(new TypeError(`The tool ${tool.name} needs an execute function.`));
+    if (this.registered.has(tool.name)) {
+      return Promise.reject(new DOMException(`A tool named ${tool.name} is already registered.`, 'InvalidStateError'));
+    }
+    this.registered.set(tool.name, tool);
+    signal?.addEventListener('abort', () => this.unregisterTool(tool.name), { once: true });
+    this.changed();
+    // Earlier drafts returned {unregister()}: the promise carries it too.
+    return Object.assign(Promise.resolve(), { unregister: () => this.unregisterTool(tool.name) });
+  }
+
+  unregisterTool(nameOrTool) {
+    const name = typeof nameOrTool === 'string' ? nameOrTool : nameOrTool?.name;
+    if (this.registered.delete(name)) {
+      this.provided.delete(name);
+      this.changed();
+    }
+  }
+
+  provideContext({ tools = [] } = {}) {
+    for (const name of this.provided) this.registered.delete(name);
+    this.provided.clear();
+    for (const tool of tools) {
+      this.registered.set(tool.name, tool);
+      this.provided.add(tool.name);
+    }
+    this.changed();
+  }
+
+  clearContext() {
+    this.registered.clear();
+    this.provided.clear();
+    this.changed();
+  }
+
+  async getTools() {
+    return [...this.registered.values()].map(({ name, title, description, inputSchema, annotations }) => ({
+      name,
+      title,
+      description,
+      inputSchema: inputSchema ?? { type: 'object', properties: {} },
+      annotations,
+    }));
+  }
+
+  async executeTool(toolOrName, inputJson = '{}') {
+    const name = typeof toolOrName === 'string' ? toolOrName : toolOrName?.name;
+    const tool = this.registered.get(name);
+    if (!tool) throw new DOMException(`No tool named ${name}.`, 'NotFoundError');
+    return tool.execute(typeof inputJson === 'string' ? JSON.parse(inputJson) : inputJson, {});
+  }
+}
+
+/** The page's model context, or one installed on `document` and `navigator` (the same object). */
+function modelContext() {
+  const existing = globalThis.document?.modelContext ?? globalThis.navigator?.modelContext;
+  if (existing) return { context: existing, ours: existing instanceof ModelContext };
+  const context = new ModelContext();
+  for (const target of [globalThis.document, globalThis.navigator]) {
+    if (target) Object.defineProperty(target, 'modelContext', { value: context, configurable: true });
+  }
+  return { context, ours: true };
+}
+
+/**
+ * Serves the page's WebMCP tools through `connection` (from `connect()`), now and as they come
+ * and go. Returns a function that stops the bridge.
+ */
+export function bridgeWebMCP(connection) {
+  const { context, ours } = modelContext();
+  const bridged = new Set();
+
+  // The relay takes names of letters, digits and _ (WebMCP's often have - or .).
+  const asTool = (tool, run) => ({
+    name: relayName(tool.name),
+    description: tool.description || tool.title || tool.name,
+    inputSchema: tool.inputSchema ?? { type: 'object', properties: {} },
+    annotations: tool.annotations,
+    execute: async (args) => unwrap(parsed(await run(args))),
+  });
+
+  /** Makes the bridged set what the context holds now. */
+  async function sync() {
+    let tools;
+    if (ours) {
+      tools = [...context.registered.values()].map((tool) => asTool(tool, (args) => tool.execute(args, {})));
+    } else if (typeof context.getTools === 'function' && typeof context.executeTool === 'function') {
+      tools = (await context.getTools()).map((tool) => asTool(tool, (args) => context.executeTool(tool, JSON.stringify(args ?? {}))));
+    } else {
+      return; // A context that cannot list its tools: only registrations made from now on are seen.
+    }
+    const names = new Set(tools.map((tool) => tool.name));
+    let changed = false;
+    for (const name of bridged) {
+      if (!names.has(name)) {
+        connection.dispatcher.remove(name);
+        bridged.delete(name);
+        changed = true;
+      }
+    }
+    for (const tool of tools) {
+      connection.dispatcher.add(tool, connection.group);
+      bridged.add(tool.name);
+      changed = true;
+    }
+    if (changed) connection.transport?.reregister();
+  }
+
+  const onChange = () => {
+    sync().catch((error) => connection.emit('problem', { message: `WebMCP tools could not be read: ${error.message}` }));
+  };
+  context.addEventListener?.('toolchange', onChange);
+  onChange();
+  return () => {
+    context.removeEventListener?.('toolchange', onChange);
+    for (const name of bridged) connection.dispatcher.remove(name);
+    bridged.clear();
+    connection.transport?.reregister();
+  };
+}

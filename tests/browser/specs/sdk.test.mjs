@@ -1,0 +1,325 @@
+// The browser SDK (/sdk/toolrelay.js) on pages that are not the plugin: the demo page the
+// relay serves, and a plain WebMCP page on another origin that imports the SDK from the relay.
+// An assistant calls their tools over HTTP /call, over MCP (/mcp/s/{handle}) and over gRPC;
+// each call runs once and the page shows it — over WebSocket, SSE and polling, through a
+// network that drops mid-run — including a tool that throws, one that never answers and one
+// added after pairing.
+
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { after, before, test } from 'node:test';
+import { artifact, eventually, grpcCall, launchBrowser, Llm, McpClient, officialMcpCall, startBlipProxy, startPageHost, startRelay, until } from '../harness.mjs';
+
+const AXE = readFileSync(path.join(path.dirname(fileURLToPath(import.meta.url)), '../node_modules/axe-core/axe.min.js'), 'utf8');
+// A call nobody answers expires this soon (REQUEST_TIMEOUT_SECONDS).
+const REQUEST_TIMEOUT_SECONDS = 3;
+
+let relay;
+// The same, where calls expire after REQUEST_TIMEOUT_SECONDS.
+let impatient;
+let browser;
+
+// No CORS_ORIGIN: provider routes are open to every origin, as by default.
+before(async () => {
+  relay = await startRelay();
+  impatient = await startRelay({ REQUEST_TIMEOUT_SECONDS: String(REQUEST_TIMEOUT_SECONDS) });
+  browser = await launchBrowser();
+});
+after(async () => {
+  await browser?.close();
+  await relay?.stop();
+  await impatient?.stop();
+});
+
+function watchErrors(page) {
+  page.on('pageerror', (error) => console.log('page error:', error.message));
+}
+
+async function accessibilityViolations(page) {
+  await page.evaluate(AXE);
+  return page.evaluate(async () => {
+    const result = await window.axe.run(document, { runOnly: { type: 'tag', values: ['wcag2a', 'wcag2aa', 'wcag21a', 'wcag21aa'] } });
+    return result.violations.map((v) => `${v.id}: ${v.help} (${v.nodes.map((n) => n.target.join(' ')).join(', ')})`);
+  });
+}
+
+/** The names of the session's functions, as /metadata lists them. */
+async function functionNames(llm) {
+  const { body } = await llm.metadata();
+  return body.tools.flatMap((tool) => tool.functions.map((f) => f.name));
+}
+
+/** The text of an MCP tool result. */
+function mcpText(result) {
+  return result.content.map((part) => part.text).join('\n');
+}
+
+test('the demo page: tools called over HTTP, MCP and gRPC run once each and show; errors, time-outs and a tool added later', async () => {
+  const context = await browser.newContext();
+  const mcp = { client: null };
+  try {
+    const page = await context.newPage();
+    watchErrors(page);
+    await page.goto(`${impatient.base}/demo/`);
+    await until(page, () => window.demo?.relay.ready);
+    const { code, connectorUrl } = await page.evaluate(() => window.demo.relay.session);
+    assert.match(await page.textContent('#code'), /^[A-Z2-7]{4}-[A-Z2-7]{4}$/);
+    assert.equal(await page.evaluate(() => window.demo.relay.transportKind), 'websocket');
+    const llm = new Llm(impatient.base, code);
+    const names = await functionNames(llm);
+    for (const name of ['addItem', 'listItems', 'removeItem']) assert.ok(names.includes(name), `${name} in ${names}`);
+
+    // One call over each way in.
+    const viaHttp = await llm.ok('addItem', { text: 'from HTTP' });
+    assert.deepEqual(viaHttp, { id: 1, text: 'from HTTP', by: 'assistant' });
+    mcp.client = new McpClient(connectorUrl);
+    await mcp.client.connect();
+    const listed = (await mcp.client.listTools()).map((tool) => tool.name);
+    assert.ok(listed.includes('addItem'), `MCP lists the page's tools: ${listed}`);
+    const viaMcp = await mcp.client.callTool('addItem', { text: 'from MCP' });
+    assert.ok(!viaMcp.isError, JSON.stringify(viaMcp));
+    const viaGrpc = await grpcCall(impatient, code, 'addItem', { text: 'from gRPC' }, 'grpc-add-1');
+    assert.equal(viaGrpc.status, 'REQUEST_STATUS_COMPLETED', JSON.stringify(viaGrpc));
+    assert.equal(viaGrpc.response.success, true);
+    // Asked again with its id, the gRPC call is answered from the relay and not run again.
+    const again = await grpcCall(impatient, code, 'addItem', { text: 'from gRPC' }, 'grpc-add-1');
+    assert.deepEqual(again.response, viaGrpc.response);
+    const shown = await page.$$eval('#list li', (items) => items.map((li) => li.firstChild.textContent));
+    assert.deepEqual(shown, ['from HTTP', 'from MCP', 'from gRPC'], 'each call ran once, and the page shows it');
+    await until(page, () => document.querySelectorAll('#activity li.done').length === 3);
+
+    // A tool that throws answers with its message; the call does not hang.
+    const missing = await llm.call('removeItem', { id: 99 });
+    assert.equal(missing.success, false);
+    assert.equal(missing.error.code, 'tool_error');
+    assert.match(missing.error.message, /There is no item 99/);
+    await until(page, () => /There is no item 99/.test(document.querySelector('#activity li.failed .reason')?.textContent));
+
+    // Ask me before changes: a destructive tool waits for the person.
+    await page.check('#confirm');
+    const removal = llm.call('removeItem', { id: 1 });
+    await until(page, () => !document.getElementById('held').hidden);
+    assert.deepEqual(await accessibilityViolations(page), [], 'no WCAG AA violations while asking');
+    await page.click('#allow');
+    assert.equal((await removal).success, true);
+    assert.equal(await page.locator('#list li').count(), 2);
+
+    // A tool added after pairing: in the metadata, and MCP clients are told the list changed.
+    await mcp.client.listen();
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    await page.evaluate(() =>
+      window.demo.relay.addTool({
+        name: 'countItems',
+        description: 'How many items the list has.',
+        inputSchema: { type: 'object', properties: {} },
+        execute: () => ({ count: window.demo.items.length }),
+      }),
+    );
+    const deadline = Date.now() + 10000;
+    while (!mcp.client.notifications.some((n) => n.method === 'notifications/tools/list_changed')) {
+      assert.ok(Date.now() < deadline, `list_changed arrives: ${JSON.stringify(mcp.client.notifications)}`);
+      await new Promise((resolve) => setTimeout(resolve, 50));
+    }
+    assert.ok((await mcp.client.listTools()).some((tool) => tool.name === 'countItems'));
+    assert.ok((await functionNames(llm)).includes('countItems'));
+    assert.deepEqual(await llm.ok('countItems'), { count: 2 });
+    // And removed again.
+    await page.evaluate(() => window.demo.relay.removeTool('countItems'));
+    await eventually(async () => !(await functionNames(llm)).includes('countItems'), 'countItems to leave the metadata');
+
+    // A tool that never answers: the call expires with an error that says so.
+    await page.evaluate(() =>
+      window.demo.relay.addTool({ name: 'never', description: 'Never answers.', execute: () => new Promise(() => {}) }),
+    );
+    await eventually(async () => (await functionNames(llm)).includes('never'), 'the tool to be registered');
+    const started = Date.now();
+    const { status, body: expired } = await llm.request('POST', '/call', { functionName: 'never', args: {}, timeoutMs: 20000 });
+    assert.equal(status, 200, JSON.stringify(expired));
+    assert.equal(expired.success, false);
+    assert.equal(expired.error.code, 'request_expired', JSON.stringify(expired));
+    assert.match(expired.error.message, new RegExp(`did not answer within ${REQUEST_TIMEOUT_SECONDS} s`));
+    assert.ok(Date.now() - started < 15000, 'it expired at the relay\'s time-out');
+
+    await page.screenshot({ path: artifact('demo.png') });
+    assert.deepEqual(await accessibilityViolations(page), [], 'no WCAG AA violations on the demo');
+  } finally {
+    mcp.client?.close();
+    await context.close();
+  }
+});
+
+/** A WebMCP page (tools registered with document/navigator.modelContext) bridged by the SDK at `sdk`. */
+function webMcpPage(sdk) {
+  return `<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>A WebMCP counter</title></head>
+<body>
+<h1>Counter: <output id="value">0</output></h1>
+<script type="module">
+  import { connect, bridgeWebMCP } from '${sdk}';
+  window.relay = connect({ resume: false });
+  bridgeWebMCP(window.relay);
+</script>
+<script type="module">
+  // The page's own WebMCP code, which knows nothing of toolrelay.
+  window.counter = { value: 0, runs: [] };
+  const show = () => { document.getElementById('value').textContent = String(window.counter.value); };
+  await document.modelContext.registerTool({
+    name: 'increment',
+    description: 'Adds n to the counter; returns the new value.',
+    inputSchema: { type: 'object', properties: { n: { type: 'integer' }, tag: { type: 'string' } }, required: ['n'] },
+    async execute({ n, tag }) {
+      window.counter.runs.push(tag ?? null);
+      // A moment's work, so that answers are on their way when the network drops.
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      window.counter.value += n;
+      show();
+      return { content: [{ type: 'text', text: String(window.counter.value) }], structuredContent: { value: window.counter.value } };
+    },
+  });
+  navigator.modelContext.provideContext({
+    tools: [
+      { name: 'read-counter', description: 'The counter.', execute: async () => ({ content: [{ type: 'text', text: JSON.stringify({ value: window.counter.value }) }] }) },
+      { name: 'refuse', description: 'Always fails.', execute: async () => ({ isError: true, content: [{ type: 'text', text: 'The counter refuses.' }] }) },
+    ],
+  });
+</script>
+</body></html>`;
+}
+
+/**
+ * A page whose model context came before the SDK (as MCP-B's polyfill or a browser's own would:
+ * registerTool, getTools, executeTool with JSON, toolchange), with a tool registered before
+ * the bridge and one after.
+ */
+function polyfilledPage(sdk) {
+  return `<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>A polyfilled WebMCP page</title></head>
+<body>
+<p id="said">nothing yet</p>
+<script>
+  // A stand-in for a polyfill's context: the bridge sees only its public methods.
+  const tools = new Map();
+  const context = new EventTarget();
+  context.registerTool = async (tool) => { tools.set(tool.name, tool); context.dispatchEvent(new Event('toolchange')); };
+  context.getTools = async () => [...tools.values()].map(({ name, description, inputSchema }) => ({ name, description, inputSchema }));
+  context.executeTool = async (tool, json) => JSON.stringify(await tools.get(tool.name).execute(JSON.parse(json)));
+  Object.defineProperty(document, 'modelContext', { value: context });
+  context.registerTool({ name: 'say', description: 'Shows a sentence.', inputSchema: { type: 'object', properties: { text: { type: 'string' } }, required: ['text'] },
+    execute: ({ text }) => { document.getElementById('said').textContent = text; return { structuredContent: { said: text }, content: [] }; } });
+</script>
+<script type="module">
+  import { connect, bridgeWebMCP } from '${sdk}';
+  window.relay = connect({ resume: false });
+  bridgeWebMCP(window.relay);
+  document.modelContext.registerTool({ name: 'shout', description: 'Shows a sentence loudly.', inputSchema: { type: 'object', properties: { text: { type: 'string' } } },
+    execute: ({ text }) => { document.getElementById('said').textContent = text.toUpperCase(); return { content: [{ type: 'text', text: 'done' }] }; } });
+</script>
+</body></html>`;
+}
+
+test('a page with a WebMCP context of its own (a polyfill) is bridged through getTools and executeTool', async () => {
+  const host = await startPageHost({ '/polyfilled.html': polyfilledPage(`${relay.base}/sdk/toolrelay.js`) });
+  const context = await browser.newContext();
+  try {
+    const page = await context.newPage();
+    watchErrors(page);
+    await page.goto(`${host.origin}/polyfilled.html`);
+    await until(page, () => window.relay?.ready);
+    const llm = new Llm(relay.base, await page.evaluate(() => window.relay.code));
+    await eventually(async () => (await functionNames(llm)).includes('shout'), 'both tools to be registered');
+    assert.deepEqual(await llm.ok('say', { text: 'hello' }), { said: 'hello' });
+    assert.equal(await page.textContent('#said'), 'hello');
+    await llm.ok('shout', { text: 'hello' });
+    assert.equal(await page.textContent('#said'), 'HELLO');
+  } finally {
+    await context.close();
+    await host.stop();
+  }
+});
+
+const CALLS = 8;
+
+/**
+ * Opens the WebMCP page on the second origin, its SDK (and so its relay traffic) through a
+ * proxy whose network the test cuts mid-run; `block` lists transports the browser may not use.
+ */
+async function runWebMcp(block, expected) {
+  const proxy = await startBlipProxy(relay);
+  const host = await startPageHost({ '/counter.html': webMcpPage(`${proxy.base}/sdk/toolrelay.js`) });
+  const context = await browser.newContext();
+  try {
+    if (block.includes('websocket')) await context.routeWebSocket(/\/api\/sessions\/[^/]+\/ws/, (ws) => ws.close());
+    if (block.includes('sse')) await context.route(/\/api\/sessions\/[^/]+\/stream/, (route) => route.abort());
+    const page = await context.newPage();
+    watchErrors(page);
+    await page.goto(`${host.origin}/counter.html`);
+    await until(page, (kind) => window.relay?.ready && window.relay.transportKind === kind, expected, 30000);
+    const code = await page.evaluate(() => window.relay.code);
+    const llm = new Llm(relay.base, code);
+    const names = (await functionNames(llm)).sort();
+    assert.deepEqual(names.filter((name) => ['increment', 'read_counter', 'refuse'].includes(name)), ['increment', 'read_counter', 'refuse']);
+
+    // Calls in flight while the page's network drops and comes back.
+    const calls = Array.from({ length: CALLS }, (_, n) => llm.call('increment', { n: 1, tag: `call-${n}` }, `${expected}-${n}`));
+    await until(page, () => window.counter.runs.length >= 2, undefined, 20000);
+    const seen = await page.evaluate(() => window.relay.interruptions);
+    proxy.cut();
+    await until(page, (before) => window.relay.interruptions > before, seen, 20000);
+    proxy.restore();
+    const answers = await Promise.all(calls);
+    await until(page, () => window.relay.ready, undefined, 20000);
+    for (const answer of answers) assert.equal(answer.success, true, JSON.stringify(answer));
+    const runs = await page.evaluate(() => window.counter.runs.slice().sort());
+    assert.deepEqual(runs, Array.from({ length: CALLS }, (_, n) => `call-${n}`).sort(), 'every call ran exactly once');
+    assert.equal(await page.textContent('#value'), String(CALLS), 'and the page shows it');
+    assert.deepEqual(await llm.ok('read_counter'), { content: [{ type: 'text', text: JSON.stringify({ value: CALLS }) }] });
+    const refused = await llm.call('refuse');
+    assert.equal(refused.success, false);
+    assert.match(refused.error.message, /The counter refuses\./);
+  } finally {
+    await context.close();
+    await host.stop();
+    await proxy.close();
+  }
+}
+
+test('a WebMCP page on another origin pairs over WebSocket and answers HTTP, MCP and gRPC; a dropped connection loses nothing', async () => {
+  const proxy = await startBlipProxy(relay);
+  const host = await startPageHost({ '/counter.html': webMcpPage(`${proxy.base}/sdk/toolrelay.js`) });
+  const context = await browser.newContext();
+  const mcp = { client: null };
+  try {
+    const page = await context.newPage();
+    watchErrors(page);
+    await page.goto(`${host.origin}/counter.html`);
+    await until(page, () => window.relay?.ready);
+    assert.equal(await page.evaluate(() => window.relay.transportKind), 'websocket');
+    const { code, connectorUrl } = await page.evaluate(() => window.relay.session);
+    // MCP with the official Python SDK, a client of its own.
+    const viaMcp = await officialMcpCall(connectorUrl, 'increment', { n: 10 });
+    assert.ok(viaMcp.tools.includes('read_counter'), JSON.stringify(viaMcp));
+    assert.deepEqual(viaMcp.structured, { value: 10 }, JSON.stringify(viaMcp));
+    mcp.client = new McpClient(connectorUrl);
+    await mcp.client.connect();
+    const viaGrpc = await grpcCall(relay, code, 'increment', { n: 100 });
+    assert.equal(viaGrpc.response.success, true, JSON.stringify(viaGrpc));
+    assert.deepEqual(viaGrpc.response.result, { value: 110 });
+    const refused = await mcp.client.callTool('refuse', {});
+    assert.equal(refused.isError, true);
+    assert.match(mcpText(refused), /The counter refuses\./);
+    assert.equal(await page.textContent('#value'), '110');
+  } finally {
+    mcp.client?.close();
+    await context.close();
+    await host.stop();
+    await proxy.close();
+  }
+  await runWebMcp([], 'websocket');
+});
+
+test('a WebMCP page on another origin falls back to SSE, then to polling, through a dropping network', async () => {
+  await runWebMcp(['websocket'], 'sse');
+  await runWebMcp(['websocket', 'sse'], 'polling');
+});
