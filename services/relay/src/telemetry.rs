@@ -4,18 +4,30 @@
 //! Secrets stay out of the logs: provider tokens travel in headers or `?token=` (never logged),
 //! connector handles are cut from logged paths ([`redacted_path`]), and rmcp — which logs whole
 //! MCP messages, connector URLs included — is held to warnings unless `RUST_LOG` names it.
+//!
+//! Lines are written to stdout by a thread of their own, not by the async worker that logged
+//! them: a write per finished call on the workers was a tenth of the relay's CPU under load
+//! (BENCHMARKS.md). Nothing is dropped: when the writer falls behind, loggers wait for it.
 
 use std::io::IsTerminal;
 
+use tracing_appender::non_blocking::{NonBlockingBuilder, WorkerGuard};
 use tracing_subscriber::EnvFilter;
 
 use crate::config::LogFormat;
 
-/// Installs the global subscriber. Call once, at start.
-pub fn init(format: LogFormat) {
+/// Installs the global subscriber. Call once, at start, and keep what it returns until the
+/// end of `main`: dropping it writes out the lines still queued.
+#[must_use = "dropping the guard at once stops the log writer"]
+pub fn init(format: LogFormat) -> WorkerGuard {
     let filter = EnvFilter::new(directives(std::env::var("RUST_LOG").ok().as_deref()));
+    let (writer, guard) = NonBlockingBuilder::default()
+        .lossy(false)
+        .thread_name("toolrelay-log")
+        .finish(std::io::stdout());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_writer(writer)
         .with_ansi(std::io::stdout().is_terminal());
     let installed = match format {
         LogFormat::Text => builder.try_init(),
@@ -24,6 +36,7 @@ pub fn init(format: LogFormat) {
     if let Err(error) = installed {
         eprintln!("logging was already set up: {error}");
     }
+    guard
 }
 
 /// The filter directives for a `RUST_LOG` value: `info` by default, and rmcp at `warn` unless

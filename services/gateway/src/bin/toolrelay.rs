@@ -34,7 +34,7 @@ struct Cli {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    telemetry::init(cli.log.log_format);
+    let _log = telemetry::init(cli.log.log_format);
     exit_code("toolrelay", serve(cli).await)
 }
 
