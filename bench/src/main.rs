@@ -125,6 +125,9 @@ struct Bench {
     /// Concurrent creating clients in the create scenario, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,50")]
     create_callers: Vec<usize>,
+    /// Run toolrelay without its `info` line per finished call (deployed: with it).
+    #[arg(long)]
+    no_call_log: bool,
     /// Leave the floor out.
     #[arg(long)]
     no_floor: bool,
@@ -273,12 +276,17 @@ struct Running {
     redis: Option<Redis>,
 }
 
-async fn start(target: Target, bin_dir: &std::path::Path) -> anyhow::Result<Running> {
+async fn start(
+    target: Target,
+    bench: &Bench,
+    bin_dir: &std::path::Path,
+) -> anyhow::Result<Running> {
     let redis = match target {
         Target::Toolrelay { redis: true, .. } => Some(Redis::start().await?),
         _ => None,
     };
-    let system = System::start(target, bin_dir, redis.as_ref().map(Redis::url).as_deref()).await?;
+    let redis_url = redis.as_ref().map(Redis::url);
+    let system = System::start(target, bin_dir, redis_url.as_deref(), !bench.no_call_log).await?;
     Ok(Running { system, redis })
 }
 
@@ -312,7 +320,7 @@ async fn latency(
     target: Target,
     floor: &mut FloorFigures,
 ) -> anyhow::Result<()> {
-    let running = start(target, bin_dir).await?;
+    let running = start(target, bench, bin_dir).await?;
     let system = &running.system;
     for &transport in &bench.transport {
         for &caller in &bench.caller {
@@ -407,7 +415,7 @@ async fn throughput(
     target: Target,
     floor: &mut FloorFigures,
 ) -> anyhow::Result<()> {
-    let running = start(target, bin_dir).await?;
+    let running = start(target, bench, bin_dir).await?;
     let system = &running.system;
     for &transport in &bench.transport {
         for &caller in &bench.caller {
@@ -485,7 +493,7 @@ async fn idle(
         }
         let cells = format!("{} | {}", target.cells(), transport_name(transport));
         let measured = async {
-            let running = start(target, bin_dir).await?;
+            let running = start(target, bench, bin_dir).await?;
             let system = &running.system;
             // A settled baseline: what the relay holds before any session.
             tokio::time::sleep(Duration::from_secs(1)).await;
@@ -529,7 +537,7 @@ async fn create(
 ) -> anyhow::Result<()> {
     for &count in &bench.create_callers {
         let measured = async {
-            let running = start(target, bin_dir).await?;
+            let running = start(target, bench, bin_dir).await?;
             let system = &running.system;
             let mut creators =
                 Worker::callers(system, CallerKind::Create, &[], count, count.max(10)).await?;

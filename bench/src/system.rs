@@ -61,7 +61,15 @@ impl System {
         target: Target,
         bin_dir: &Path,
         redis_url: Option<&str>,
+        call_log: bool,
     ) -> anyhow::Result<Self> {
+        // toolrelay logs every finished call at `info` (its default level); without it, the
+        // relay's own events stay at `warn`.
+        let quiet = if call_log {
+            ""
+        } else {
+            ",toolrelay_relay::relay=warn"
+        };
         // The bench makes thousands of calls a minute from one address to one session, and
         // creates thousands of sessions from one address.
         let limits = [
@@ -75,6 +83,7 @@ impl System {
                     bin_dir,
                     "toolrelay-floor",
                     &[("LISTEN_ADDR", "127.0.0.1:0")],
+                    "",
                     "toolrelay-floor listening",
                 )
                 .await?;
@@ -93,7 +102,7 @@ impl System {
                 ];
                 env.extend(limits);
                 let (child, line) =
-                    spawn(bin_dir, "toolrelay", &env, "toolrelay listening").await?;
+                    spawn(bin_dir, "toolrelay", &env, quiet, "toolrelay listening").await?;
                 Ok(Self {
                     base: format!("http://{}", field(&line, "listen")?),
                     grpc: Some(format!("http://{}", field(&line, "grpc")?)),
@@ -112,6 +121,7 @@ impl System {
                     bin_dir,
                     "toolrelay-relay",
                     &env,
+                    quiet,
                     "toolrelay-relay listening",
                 )
                 .await?;
@@ -123,6 +133,7 @@ impl System {
                     bin_dir,
                     "toolrelay-gateway",
                     &env,
+                    quiet,
                     "toolrelay-gateway listening",
                 )
                 .await?;
@@ -347,13 +358,17 @@ pub async fn spawn(
     bin_dir: &Path,
     name: &str,
     env: &[(&str, &str)],
+    extra_log: &str,
     ready: &str,
 ) -> anyhow::Result<(Child, Value)> {
     let path = bin_dir.join(name);
     let mut child = Command::new(&path)
         .envs(env.iter().copied())
         .env("LOG_FORMAT", "json")
-        .env("RUST_LOG", format!("warn,{}=info", name.replace('-', "_")))
+        .env(
+            "RUST_LOG",
+            format!("warn,{}=info{extra_log}", name.replace('-', "_")),
+        )
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .kill_on_drop(true)
