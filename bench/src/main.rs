@@ -95,7 +95,7 @@ struct Bench {
     /// Where toolrelay keeps its state.
     #[arg(long, value_enum, default_value_t = StoreChoice::Memory)]
     store: StoreChoice,
-    /// How tabs attach, comma-separated (the floor has WebSocket only; idle: ws and sse).
+    /// How tabs attach, comma-separated (the floor has WebSocket only; idle: ws, sse, grpc).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "ws")]
     transport: Vec<Transport>,
     /// How callers call, comma-separated (the floor has HTTP only).
@@ -486,7 +486,7 @@ async fn idle(
     floor: &mut FloorFigures,
 ) -> anyhow::Result<()> {
     for &transport in &bench.transport {
-        if !matches!(transport, Transport::Ws | Transport::Sse)
+        if !matches!(transport, Transport::Ws | Transport::Sse | Transport::Grpc)
             || !supports(target, transport, CallerKind::Http)
         {
             continue;
