@@ -186,8 +186,9 @@ pub enum ProviderFrame {
         /// The tools, grouped (`[{id, functions}]`) or flat (`[{name, inputSchema}]`).
         tools: Value,
     },
-    /// Answers a call.
-    Response(ProviderResponse),
+    /// Answers a call (boxed: the other frames are small, and every provider's channel holds
+    /// a block of frames from the start).
+    Response(Box<ProviderResponse>),
     /// Keeps the session alive; answered with a `heartbeat`.
     Ping,
 }
@@ -271,12 +272,12 @@ mod tests {
         .unwrap();
         assert_eq!(
             frame,
-            ProviderFrame::Response(ProviderResponse {
+            ProviderFrame::Response(Box::new(ProviderResponse {
                 request_id: "r1".into(),
                 success: Some(false),
                 result: None,
                 error: Some(json!("no such case")),
-            })
+            }))
         );
         let ping: ProviderFrame = serde_json::from_str(r#"{"type":"ping"}"#).unwrap();
         assert_eq!(ping, ProviderFrame::Ping);

@@ -194,7 +194,7 @@ pub(crate) fn provider_frame(message: pb::ProviderMessage) -> Option<ProviderFra
             tools: registered_tools(&register.tools, &register.tools_json),
         },
         pb::provider_message::Kind::Response(response) => {
-            ProviderFrame::Response(provider_response(response))
+            ProviderFrame::Response(Box::new(provider_response(response)))
         }
         pb::provider_message::Kind::Ping(_) => ProviderFrame::Ping,
     })
@@ -338,7 +338,7 @@ pub(crate) fn provider_message(frame: ProviderFrame) -> pb::ProviderMessage {
             tools: Vec::new(),
             tools_json: tools.to_string(),
         }),
-        ProviderFrame::Response(response) => Kind::Response(provider_message_response(response)),
+        ProviderFrame::Response(response) => Kind::Response(provider_message_response(*response)),
         ProviderFrame::Ping => Kind::Ping(pb::Ping {}),
     };
     pb::ProviderMessage { kind: Some(kind) }
@@ -353,7 +353,7 @@ pub(crate) fn downlink_message(message: pb::RelayMessage) -> Option<Downlink> {
         },
         Kind::ToolRequest(request) => Downlink::ToolRequest {
             seq: request.seq,
-            request: tool_request(request),
+            request: Box::new(tool_request(request)),
         },
         Kind::Heartbeat(heartbeat) => Downlink::Heartbeat {
             expires_at: timestamp(heartbeat.expires_at),
@@ -516,7 +516,10 @@ mod tests {
                 code: SessionCode::parse("ABCD2345").unwrap(),
                 expires_at: at(1_700_000_000_000),
             },
-            Downlink::ToolRequest { request, seq: 9 },
+            Downlink::ToolRequest {
+                request: Box::new(request),
+                seq: 9,
+            },
             Downlink::Heartbeat {
                 expires_at: at(1_700_000_001_000),
                 answers_ping: true,
@@ -542,12 +545,12 @@ mod tests {
             ProviderFrame::Register {
                 tools: json!([{"name": "f", "description": "d", "inputSchema": {"type": "object"}}]),
             },
-            ProviderFrame::Response(ProviderResponse {
+            ProviderFrame::Response(Box::new(ProviderResponse {
                 request_id: "r1".into(),
                 success: Some(true),
                 result: Some(json!({"n": 1})),
                 error: None,
-            }),
+            })),
             ProviderFrame::Ping,
         ];
         for frame in frames {

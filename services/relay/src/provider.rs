@@ -46,8 +46,9 @@ pub enum Downlink {
     },
     /// A call to run.
     ToolRequest {
-        /// The call.
-        request: ToolRequest,
+        /// The call (boxed: the other messages are small, and every connection's channel
+        /// holds a block of messages from the start).
+        request: Box<ToolRequest>,
         /// Its position in the session's queue.
         seq: u64,
     },
@@ -116,7 +117,7 @@ impl Downlink {
                 expires_at: expires_at.rfc3339(),
                 protocol_version: PROTOCOL_VERSION.to_owned(),
             },
-            Self::ToolRequest { request, .. } => RelayFrame::ToolRequest(request.clone()),
+            Self::ToolRequest { request, .. } => RelayFrame::ToolRequest(request.as_ref().clone()),
             Self::Heartbeat { expires_at, .. } => RelayFrame::Heartbeat {
                 expires_at: expires_at.rfc3339(),
             },
@@ -277,7 +278,7 @@ impl Driver {
             if let ProviderFrame::Response(response) = frame
                 && let Err(error) = self
                     .relay
-                    .accept_response(&self.code, response, self.answered_by())
+                    .accept_response(&self.code, *response, self.answered_by())
                     .await
             {
                 tracing::debug!(code = %self.code, %error, "a last answer was refused");
@@ -393,7 +394,7 @@ impl Driver {
                 .map(|tools| Some(Downlink::Registered { tools })),
             ProviderFrame::Response(response) => self
                 .relay
-                .accept_response(&self.code, response, self.answered_by())
+                .accept_response(&self.code, *response, self.answered_by())
                 .await
                 .map(|_| None),
             ProviderFrame::Ping => match self.relay.touch(&self.code, connection).await {
@@ -474,7 +475,7 @@ impl Driver {
             }
             for record in claimed {
                 self.send(Downlink::ToolRequest {
-                    request: record.tool_request(),
+                    request: Box::new(record.tool_request()),
                     seq: record.seq,
                 })
                 .await?;
@@ -525,5 +526,27 @@ impl Driver {
 
     async fn send(&self, message: Downlink) -> Result<(), Gone> {
         self.down.send(message).await.map_err(|_| Gone)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every connection's two channels allocate a block of 32 messages when they are made, so
+    /// the size of a message is paid 64 times by every idle tab (BENCHMARKS.md): the large
+    /// ones travel boxed.
+    #[test]
+    fn channel_messages_stay_small() {
+        assert!(
+            std::mem::size_of::<Downlink>() <= 80,
+            "{}",
+            std::mem::size_of::<Downlink>()
+        );
+        assert!(
+            std::mem::size_of::<ProviderFrame>() <= 80,
+            "{}",
+            std::mem::size_of::<ProviderFrame>()
+        );
     }
 }

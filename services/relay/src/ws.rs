@@ -335,9 +335,9 @@ fn read_frame(
 ) -> (Option<ProviderFrame>, Option<(String, String)>) {
     match serde_json::from_str::<ProviderFrame>(body) {
         Ok(ProviderFrame::Response(response)) => {
-            let (response, refused) = contain_response(response, limits);
+            let (response, refused) = contain_response(*response, limits);
             let refusal = refused.map(|error| (error.name().to_owned(), error.to_string()));
-            (Some(ProviderFrame::Response(response)), refusal)
+            (Some(ProviderFrame::Response(Box::new(response))), refusal)
         }
         Ok(frame) => (Some(frame), None),
         Err(error) => {
@@ -346,7 +346,7 @@ fn read_frame(
             );
             match unreadable_answer(body, &error, limits) {
                 Some((response, refusal)) => (
-                    Some(ProviderFrame::Response(response)),
+                    Some(ProviderFrame::Response(Box::new(response))),
                     Some((refusal.name().to_owned(), refusal.to_string())),
                 ),
                 None => (None, Some(("invalid_frame".to_owned(), message))),

@@ -256,7 +256,10 @@ async fn a_call_waits_for_the_provider_and_gets_its_answer() {
     let id = request_id(next(&mut link).await);
     advance(Duration::from_secs(3)).await;
     link.uplink
-        .send(ProviderFrame::Response(answer(&id, json!({"text": "hi"}))))
+        .send(ProviderFrame::Response(Box::new(answer(
+            &id,
+            json!({"text": "hi"}),
+        ))))
         .await
         .unwrap();
     let view = caller.await.unwrap().unwrap();
@@ -427,7 +430,10 @@ async fn an_answer_sent_just_before_disconnecting_is_not_lost() {
         let call = relay.submit(code, echo("x")).await.unwrap();
         let id = request_id(next(&mut link).await);
         link.uplink
-            .send(ProviderFrame::Response(answer(&id, json!("done"))))
+            .send(ProviderFrame::Response(Box::new(answer(
+                &id,
+                json!("done"),
+            ))))
             .await
             .unwrap();
         drop(link); // socket closed right after the answer
