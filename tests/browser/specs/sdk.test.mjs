@@ -239,6 +239,86 @@ test('a page with a WebMCP context of its own (a polyfill) is bridged through ge
   }
 });
 
+/**
+ * A page with a native-like model context (as Chrome's own: registerTool with {signal},
+ * unregisterTool, provideContext, clearContext; no getTools, no executeTool), defined before
+ * the SDK; the page registers its tools after bridging.
+ */
+function nativePage(sdk) {
+  return `<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>A page with a native model context</title></head>
+<body>
+<p id="said">nothing yet</p>
+<script>
+  // A stand-in for the browser's own context: it keeps its tools to itself.
+  const tools = new Map();
+  window.nativeTools = tools;
+  const context = {
+    registerTool(tool, { signal } = {}) {
+      if (tools.has(tool.name)) return Promise.reject(new DOMException('duplicate', 'InvalidStateError'));
+      tools.set(tool.name, tool);
+      signal?.addEventListener('abort', () => tools.delete(tool.name), { once: true });
+      return Promise.resolve();
+    },
+    unregisterTool(name) { tools.delete(name); },
+    provideContext({ tools: given = [] } = {}) { tools.clear(); for (const tool of given) tools.set(tool.name, tool); },
+    clearContext() { tools.clear(); },
+  };
+  Object.defineProperty(navigator, 'modelContext', { value: context });
+</script>
+<script type="module">
+  import { connect, bridgeWebMCP } from '${sdk}';
+  window.relay = connect({ resume: false });
+  bridgeWebMCP(window.relay);
+  const show = (text) => { document.getElementById('said').textContent = text; };
+  window.shoutControl = new AbortController();
+  await navigator.modelContext.registerTool({ name: 'say', description: 'Shows a sentence.',
+    inputSchema: { type: 'object', properties: { text: { type: 'string' } }, required: ['text'] },
+    execute: ({ text }) => { show(text); return { structuredContent: { said: text }, content: [] }; } });
+  await navigator.modelContext.registerTool({ name: 'shout', description: 'Shows a sentence loudly.',
+    inputSchema: { type: 'object', properties: { text: { type: 'string' } } },
+    execute: ({ text }) => { show(text.toUpperCase()); return { content: [{ type: 'text', text: 'done' }] }; } }, { signal: window.shoutControl.signal });
+  window.registered = true;
+</script>
+</body></html>`;
+}
+
+test('a page with a native-like WebMCP context (registerTool, no getTools) is bridged by wrapping its methods; an aborted signal unregisters', async () => {
+  const host = await startPageHost({ '/native.html': nativePage(`${relay.base}/sdk/toolrelay.js`) });
+  const context = await browser.newContext();
+  try {
+    const page = await context.newPage();
+    watchErrors(page);
+    await page.goto(`${host.origin}/native.html`);
+    await until(page, () => window.relay?.ready && window.registered);
+    // The native context got them too.
+    assert.deepEqual(await page.evaluate(() => [...window.nativeTools.keys()]), ['say', 'shout']);
+    const llm = new Llm(relay.base, await page.evaluate(() => window.relay.code));
+    await eventually(async () => (await functionNames(llm)).includes('shout'), 'both tools to be registered');
+    assert.deepEqual(await llm.ok('say', { text: 'hello' }), { said: 'hello' });
+    assert.equal(await page.textContent('#said'), 'hello');
+    await llm.ok('shout', { text: 'hello' });
+    assert.equal(await page.textContent('#said'), 'HELLO');
+
+    await page.evaluate(() => window.shoutControl.abort());
+    await eventually(async () => !(await functionNames(llm)).includes('shout'), 'shout to be gone from /metadata');
+    assert.ok((await functionNames(llm)).includes('say'));
+    assert.deepEqual(await page.evaluate(() => [...window.nativeTools.keys()]), ['say']);
+
+    // provideContext and clearContext pass through, and the relay follows.
+    await page.evaluate(() => navigator.modelContext.provideContext({ tools: [{ name: 'ping', description: 'Pong.', execute: () => ({ structuredContent: { pong: true }, content: [] }) }] }));
+    await eventually(async () => (await functionNames(llm)).includes('ping'), 'ping to be registered');
+    assert.deepEqual(await llm.ok('ping', {}), { pong: true });
+    await page.evaluate(() => navigator.modelContext.clearContext());
+    assert.equal(await page.evaluate(() => window.nativeTools.size), 0);
+    // (/metadata lists the relay's built-in tools as well.)
+    await eventually(async () => !(await functionNames(llm)).some((name) => ['say', 'ping'].includes(name)), 'say and ping to be gone after clearContext');
+  } finally {
+    await context.close();
+    await host.stop();
+  }
+});
+
 const CALLS = 8;
 
 /**
