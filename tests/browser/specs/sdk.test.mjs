@@ -1,6 +1,7 @@
 // The browser SDK (/sdk/toolrelay.js) on pages that are not the plugin: the demo page the
 // relay serves, and a plain WebMCP page on another origin that imports the SDK from the relay.
-// An assistant calls their tools over HTTP /call, over MCP (/mcp/s/{handle}) and over gRPC;
+// An assistant calls their tools over HTTP /call, over MCP (/mcp/s/{handle}; rmcp's client,
+// the tests crate's mcp-call, and the official Python SDK's) and over gRPC;
 // each call runs once and the page shows it — over WebSocket, SSE and polling, through a
 // network that drops mid-run — including a tool that throws, one that never answers and one
 // added after pairing.
@@ -10,7 +11,7 @@ import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { after, before, test } from 'node:test';
-import { artifact, eventually, grpcCall, launchBrowser, Llm, McpClient, officialMcpCall, startBlipProxy, startPageHost, startRelay, until } from '../harness.mjs';
+import { artifact, eventually, grpcCall, launchBrowser, Llm, McpClient, officialMcpCall, rmcpCall, rmcpWatchListChanged, startBlipProxy, startPageHost, startRelay, until } from '../harness.mjs';
 
 const AXE = readFileSync(path.join(path.dirname(fileURLToPath(import.meta.url)), '../node_modules/axe-core/axe.min.js'), 'utf8');
 // A call nobody answers expires this soon (REQUEST_TIMEOUT_SECONDS).
@@ -78,8 +79,10 @@ test('the demo page: tools called over HTTP, MCP and gRPC run once each and show
     await mcp.client.connect();
     const listed = (await mcp.client.listTools()).map((tool) => tool.name);
     assert.ok(listed.includes('addItem'), `MCP lists the page's tools: ${listed}`);
-    const viaMcp = await mcp.client.callTool('addItem', { text: 'from MCP' });
+    // The call itself with rmcp's client (the tests crate's mcp-call), as an MCP host would.
+    const viaMcp = await rmcpCall(connectorUrl, 'addItem', { text: 'from MCP' });
     assert.ok(!viaMcp.isError, JSON.stringify(viaMcp));
+    assert.match(JSON.stringify(viaMcp), /from MCP/);
     const viaGrpc = await grpcCall(impatient, code, 'addItem', { text: 'from gRPC' }, 'grpc-add-1');
     assert.equal(viaGrpc.status, 'REQUEST_STATUS_COMPLETED', JSON.stringify(viaGrpc));
     assert.equal(viaGrpc.response.success, true);
@@ -108,6 +111,7 @@ test('the demo page: tools called over HTTP, MCP and gRPC run once each and show
 
     // A tool added after pairing: in the metadata, and MCP clients are told the list changed.
     await mcp.client.listen();
+    const rmcpWatch = await rmcpWatchListChanged(connectorUrl, 10);
     await new Promise((resolve) => setTimeout(resolve, 300));
     await page.evaluate(() =>
       window.demo.relay.addTool({
@@ -123,6 +127,9 @@ test('the demo page: tools called over HTTP, MCP and gRPC run once each and show
       await new Promise((resolve) => setTimeout(resolve, 50));
     }
     assert.ok((await mcp.client.listTools()).some((tool) => tool.name === 'countItems'));
+    // rmcp's client is told too, and then lists the new tool.
+    const rmcpListed = await rmcpWatch.changed;
+    assert.ok(rmcpListed.includes('countItems'), `rmcp lists countItems after list_changed: ${rmcpListed}`);
     assert.ok((await functionNames(llm)).includes('countItems'));
     assert.deepEqual(await llm.ok('countItems'), { count: 2 });
     // And removed again.
