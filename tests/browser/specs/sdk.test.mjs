@@ -326,6 +326,51 @@ test('a page with a native-like WebMCP context (registerTool, no getTools) is br
   }
 });
 
+/** A page of another origin with <toolrelay-pairing>, both imported from the relay at `base`. */
+function pairingPage(base) {
+  return `<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>A page with the pairing element</title></head>
+<body>
+<main><h1>Notes</h1><p>A page of its own origin that pairs with an assistant.</p></main>
+<toolrelay-pairing heading="Assistant" subject="the notes"></toolrelay-pairing>
+<script type="module">
+  import { connect } from '${base}/sdk/toolrelay.js';
+  import '${base}/sdk/pairing.js';
+  window.relay = connect({ resume: false });
+  window.relay.addTool({ name: 'ping', description: 'Pong.', execute: () => ({ pong: true }) });
+  document.querySelector('toolrelay-pairing').connection = window.relay;
+</script>
+</body></html>`;
+}
+
+test('<toolrelay-pairing> on a page of another origin loads its styles from the relay, shows the code, and has no WCAG AA violation', async () => {
+  const host = await startPageHost({ '/pairing.html': pairingPage(relay.base) });
+  const context = await browser.newContext();
+  try {
+    const page = await context.newPage();
+    watchErrors(page);
+    const styles = [];
+    page.on('response', (response) => {
+      if (response.url().endsWith('/pairing.css')) styles.push({ url: response.url(), status: response.status() });
+    });
+    await page.goto(`${host.origin}/pairing.html`);
+    await until(page, () => window.relay?.ready);
+    const code = await page.evaluate(() => window.relay.code);
+    await until(page, () => /^[A-Z2-7]{4}-[A-Z2-7]{4}$/.test(document.getElementById('code').textContent));
+    assert.equal((await page.textContent('#code')).replace('-', ''), code.replace('-', ''), 'the element shows the code of the session');
+    // Its stylesheet is the relay's, loaded, and applied; the page's origin was never asked.
+    assert.deepEqual(styles, [{ url: `${relay.base}/sdk/pairing.css`, status: 200 }]);
+    assert.equal(await page.evaluate(() => document.querySelector('link[rel="stylesheet"]').href), `${relay.base}/sdk/pairing.css`);
+    assert.equal(await page.evaluate(() => document.styleSheets.length), 1);
+    assert.deepEqual(await accessibilityViolations(page), [], 'no WCAG AA violations on the other origin');
+    // And the code is the session's: an assistant given it calls the page's tool.
+    assert.deepEqual(await new Llm(relay.base, code).ok('ping'), { pong: true });
+  } finally {
+    await context.close();
+    await host.stop();
+  }
+});
+
 const CALLS = 8;
 
 /**
