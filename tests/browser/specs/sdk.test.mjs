@@ -371,6 +371,36 @@ test('<toolrelay-pairing> on a page of another origin loads its styles from the 
   }
 });
 
+test('with CORS_ORIGIN narrowed to other origins, a page from an origin not listed cannot pair, and connect says why', async () => {
+  const narrowed = await startRelay({ CORS_ORIGIN: 'http://listed.example.test' });
+  const host = await startPageHost({
+    '/refused.html': `<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>A page not listed</title></head>
+<body>
+<script type="module">
+  import { connect } from '${narrowed.base}/sdk/toolrelay.js';
+  window.statuses = [];
+  window.relay = connect({ resume: false });
+  window.relay.addEventListener('status', (event) => window.statuses.push(event.detail));
+</script>
+</body></html>`,
+  });
+  const context = await browser.newContext();
+  try {
+    const page = await context.newPage();
+    watchErrors(page);
+    await page.goto(`${host.origin}/refused.html`);
+    const refused = await until(page, () => window.statuses?.find((status) => status.state === 'unreachable'));
+    assert.match(refused.message, /does not allow pages from http:\/\/127\.0\.0\.1:\d+ \(its CORS_ORIGIN\)/, refused.message);
+    assert.equal(await page.evaluate(() => window.relay.ready), false);
+    assert.equal(await page.evaluate(() => window.relay.code ?? null), null);
+  } finally {
+    await context.close();
+    await host.stop();
+    await narrowed.stop();
+  }
+});
+
 const CALLS = 8;
 
 /**
