@@ -19,10 +19,15 @@ const PATIENCE_MS = 15000;
 /** The toolrelay binary cargo built (scripts/test.sh builds it first). */
 function relayBinary() {
   if (process.env.TOOLRELAY_BIN) return process.env.TOOLRELAY_BIN;
+  return debugBinary('toolrelay');
+}
+
+/** A debug binary of the workspace, in cargo's target directory (CARGO_TARGET_DIR included). */
+function debugBinary(name) {
   const metadata = JSON.parse(
     execFileSync('cargo', ['metadata', '--no-deps', '--format-version', '1'], { cwd: REPO, encoding: 'utf8' }),
   );
-  const binary = path.join(metadata.target_directory, 'debug', 'toolrelay');
+  const binary = path.join(metadata.target_directory, 'debug', name);
   if (!existsSync(binary)) {
     throw new Error(`${binary} is missing: run cargo build --workspace --bins (scripts/test.sh does)`);
   }
@@ -459,6 +464,46 @@ export function grpcCall(relay, code, functionName, args, requestId = '') {
  */
 export function officialMcpCall(url, name, args) {
   return python('mcp_call.py', [url, name, JSON.stringify(args)]);
+}
+
+/**
+ * Calls a tool on a session-scoped MCP endpoint with rmcp's client (the `mcp-call` binary of
+ * the tests crate); returns the CallToolResult as JSON.
+ */
+export function rmcpCall(url, name, args) {
+  return new Promise((resolve, reject) => {
+    execFile(debugBinary('mcp-call'), [url, name, JSON.stringify(args)], { encoding: 'utf8', timeout: 60000 }, (error, stdout, stderr) => {
+      if (error) reject(new Error(`mcp-call: ${error.message} ${stderr}`));
+      else resolve(JSON.parse(stdout));
+    });
+  });
+}
+
+/**
+ * Connects rmcp's client to `url` and waits (at most `seconds`) for
+ * notifications/tools/list_changed. Resolves once connected, with `changed`: a promise of the
+ * tool names listed after the notification.
+ */
+export function rmcpWatchListChanged(url, seconds = 10) {
+  const child = spawn(debugBinary('mcp-call'), ['--watch-list-changed', url, String(seconds)], { stdio: ['ignore', 'pipe', 'pipe'] });
+  let stderr = '';
+  child.stderr.on('data', (chunk) => { stderr += chunk; });
+  const lines = readline.createInterface({ input: child.stdout });
+  const exited = new Promise((resolve) => child.on('close', (code) => resolve(code)));
+  return new Promise((resolveReady, rejectReady) => {
+    let ready = false;
+    let tools = null;
+    lines.on('line', (line) => {
+      const message = JSON.parse(line);
+      if (message.ready) {
+        ready = true;
+        resolveReady({ changed: exited.then((code) => (code === 0 && tools ? tools : Promise.reject(new Error(`mcp-call --watch-list-changed: exit ${code} ${stderr}`)))) });
+      } else if (message.tools) {
+        tools = message.tools;
+      }
+    });
+    exited.then((code) => { if (!ready) rejectReady(new Error(`mcp-call --watch-list-changed: exit ${code} before connecting ${stderr}`)); });
+  });
 }
 
 /** Runs one of tests/python's scripts in the test venv; returns the JSON it prints. */

@@ -123,7 +123,11 @@ export class Connection extends EventTarget {
     try {
       opened = fresh ? { session: await this.sessions.create(), restored: false } : await this.sessions.open();
     } catch (error) {
-      this.setState('unreachable', { message: `Could not reach the relay: ${error.message}` });
+      // A browser tells a refused origin (CORS) and a network failure apart to nobody: say both.
+      const message = error instanceof TypeError
+        ? `Could not reach the relay at ${this.base}: ${error.message}. Either it is down, or it does not allow pages from ${globalThis.location?.origin ?? 'this origin'} (its CORS_ORIGIN).`
+        : `Could not reach the relay: ${error.message}`;
+      this.setState('unreachable', { message });
       this.retryTimer = setTimeout(() => this.start(fresh), RETRY_PAIRING_MS);
       return;
     }

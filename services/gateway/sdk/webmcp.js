@@ -128,12 +128,91 @@ function modelContext() {
 }
 
 /**
+ * Watches a context that cannot list or run its tools (a browser's native one: registerTool,
+ * unregisterTool, provideContext, clearContext only): its methods are wrapped so that every
+ * tool registered from now on is remembered here, then passed on to the original method.
+ * Tools registered before cannot be seen. Returns the remembered tools (name → tool) and a
+ * function that puts the original methods back.
+ */
+function watchRegistrations(context, changed) {
+  const seen = new Map(); // name → tool
+  const provided = new Set(); // names given by provideContext
+  const originals = {};
+  const forget = (name) => {
+    if (seen.delete(name)) {
+      provided.delete(name);
+      changed();
+    }
+  };
+  const wrap = (method, wrapper) => {
+    const original = context[method];
+    if (typeof original !== 'function') return;
+    originals[method] = Object.prototype.hasOwnProperty.call(context, method) ? { own: original } : {};
+    Object.defineProperty(context, method, {
+      value: (...args) => wrapper((...again) => original.apply(context, again), ...args),
+      configurable: true,
+      writable: true,
+    });
+  };
+
+  wrap('registerTool', (original, tool, options = {}) => {
+    const result = original(tool, options);
+    const { signal } = options ?? {};
+    if (tool && typeof tool.name === 'string' && typeof tool.execute === 'function' && !signal?.aborted) {
+      const { name } = tool;
+      seen.set(name, tool);
+      provided.delete(name);
+      signal?.addEventListener?.('abort', () => seen.get(name) === tool && forget(name), { once: true });
+      // The context refused it (a duplicate, a bad tool): not registered, so not bridged.
+      Promise.resolve(result).catch(() => seen.get(name) === tool && forget(name));
+      changed();
+    }
+    return result;
+  });
+  wrap('unregisterTool', (original, nameOrTool) => {
+    const result = original(nameOrTool);
+    forget(typeof nameOrTool === 'string' ? nameOrTool : nameOrTool?.name);
+    return result;
+  });
+  wrap('provideContext', (original, options = {}) => {
+    const result = original(options);
+    for (const name of provided) seen.delete(name);
+    provided.clear();
+    for (const tool of options?.tools ?? []) {
+      if (!tool || typeof tool.name !== 'string' || typeof tool.execute !== 'function') continue;
+      seen.set(tool.name, tool);
+      provided.add(tool.name);
+    }
+    changed();
+    return result;
+  });
+  wrap('clearContext', (original, ...args) => {
+    const result = original(...args);
+    seen.clear();
+    provided.clear();
+    changed();
+    return result;
+  });
+
+  const restore = () => {
+    for (const [method, { own }] of Object.entries(originals)) {
+      if (own) Object.defineProperty(context, method, { value: own, configurable: true, writable: true });
+      else delete context[method];
+    }
+  };
+  return { seen, restore };
+}
+
+/**
  * Serves the page's WebMCP tools through `connection` (from `connect()`), now and as they come
  * and go. Returns a function that stops the bridge.
  */
 export function bridgeWebMCP(connection) {
   const { context, ours } = modelContext();
   const bridged = new Set();
+  const lists = ours || (typeof context.getTools === 'function' && typeof context.executeTool === 'function');
+  // A context that cannot list its tools: only registrations made from now on are seen.
+  const watched = lists ? null : watchRegistrations(context, () => onChange());
 
   // The relay takes names of letters, digits and _ (WebMCP's often have - or .).
   const asTool = (tool, run) => ({
@@ -149,10 +228,10 @@ export function bridgeWebMCP(connection) {
     let tools;
     if (ours) {
       tools = [...context.registered.values()].map((tool) => asTool(tool, (args) => tool.execute(args, {})));
-    } else if (typeof context.getTools === 'function' && typeof context.executeTool === 'function') {
+    } else if (!watched) {
       tools = (await context.getTools()).map((tool) => asTool(tool, (args) => context.executeTool(tool, JSON.stringify(args ?? {}))));
     } else {
-      return; // A context that cannot list its tools: only registrations made from now on are seen.
+      tools = [...watched.seen.values()].map((tool) => asTool(tool, (args) => tool.execute(args ?? {}, {})));
     }
     const names = new Set(tools.map((tool) => tool.name));
     let changed = false;
@@ -178,6 +257,7 @@ export function bridgeWebMCP(connection) {
   onChange();
   return () => {
     context.removeEventListener?.('toolchange', onChange);
+    watched?.restore();
     for (const name of bridged) connection.dispatcher.remove(name);
     bridged.clear();
     connection.transport?.reregister();

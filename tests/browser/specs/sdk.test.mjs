@@ -1,6 +1,7 @@
 // The browser SDK (/sdk/toolrelay.js) on pages that are not the plugin: the demo page the
 // relay serves, and a plain WebMCP page on another origin that imports the SDK from the relay.
-// An assistant calls their tools over HTTP /call, over MCP (/mcp/s/{handle}) and over gRPC;
+// An assistant calls their tools over HTTP /call, over MCP (/mcp/s/{handle}; rmcp's client,
+// the tests crate's mcp-call, and the official Python SDK's) and over gRPC;
 // each call runs once and the page shows it — over WebSocket, SSE and polling, through a
 // network that drops mid-run — including a tool that throws, one that never answers and one
 // added after pairing.
@@ -10,7 +11,7 @@ import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { after, before, test } from 'node:test';
-import { artifact, eventually, grpcCall, launchBrowser, Llm, McpClient, officialMcpCall, startBlipProxy, startPageHost, startRelay, until } from '../harness.mjs';
+import { artifact, eventually, grpcCall, launchBrowser, Llm, McpClient, officialMcpCall, rmcpCall, rmcpWatchListChanged, startBlipProxy, startPageHost, startRelay, until } from '../harness.mjs';
 
 const AXE = readFileSync(path.join(path.dirname(fileURLToPath(import.meta.url)), '../node_modules/axe-core/axe.min.js'), 'utf8');
 // A call nobody answers expires this soon (REQUEST_TIMEOUT_SECONDS).
@@ -78,8 +79,10 @@ test('the demo page: tools called over HTTP, MCP and gRPC run once each and show
     await mcp.client.connect();
     const listed = (await mcp.client.listTools()).map((tool) => tool.name);
     assert.ok(listed.includes('addItem'), `MCP lists the page's tools: ${listed}`);
-    const viaMcp = await mcp.client.callTool('addItem', { text: 'from MCP' });
+    // The call itself with rmcp's client (the tests crate's mcp-call), as an MCP host would.
+    const viaMcp = await rmcpCall(connectorUrl, 'addItem', { text: 'from MCP' });
     assert.ok(!viaMcp.isError, JSON.stringify(viaMcp));
+    assert.match(JSON.stringify(viaMcp), /from MCP/);
     const viaGrpc = await grpcCall(impatient, code, 'addItem', { text: 'from gRPC' }, 'grpc-add-1');
     assert.equal(viaGrpc.status, 'REQUEST_STATUS_COMPLETED', JSON.stringify(viaGrpc));
     assert.equal(viaGrpc.response.success, true);
@@ -108,6 +111,7 @@ test('the demo page: tools called over HTTP, MCP and gRPC run once each and show
 
     // A tool added after pairing: in the metadata, and MCP clients are told the list changed.
     await mcp.client.listen();
+    const rmcpWatch = await rmcpWatchListChanged(connectorUrl, 10);
     await new Promise((resolve) => setTimeout(resolve, 300));
     await page.evaluate(() =>
       window.demo.relay.addTool({
@@ -123,6 +127,9 @@ test('the demo page: tools called over HTTP, MCP and gRPC run once each and show
       await new Promise((resolve) => setTimeout(resolve, 50));
     }
     assert.ok((await mcp.client.listTools()).some((tool) => tool.name === 'countItems'));
+    // rmcp's client is told too, and then lists the new tool.
+    const rmcpListed = await rmcpWatch.changed;
+    assert.ok(rmcpListed.includes('countItems'), `rmcp lists countItems after list_changed: ${rmcpListed}`);
     assert.ok((await functionNames(llm)).includes('countItems'));
     assert.deepEqual(await llm.ok('countItems'), { count: 2 });
     // And removed again.
@@ -236,6 +243,161 @@ test('a page with a WebMCP context of its own (a polyfill) is bridged through ge
   } finally {
     await context.close();
     await host.stop();
+  }
+});
+
+/**
+ * A page with a native-like model context (as Chrome's own: registerTool with {signal},
+ * unregisterTool, provideContext, clearContext; no getTools, no executeTool), defined before
+ * the SDK; the page registers its tools after bridging.
+ */
+function nativePage(sdk) {
+  return `<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>A page with a native model context</title></head>
+<body>
+<p id="said">nothing yet</p>
+<script>
+  // A stand-in for the browser's own context: it keeps its tools to itself.
+  const tools = new Map();
+  window.nativeTools = tools;
+  const context = {
+    registerTool(tool, { signal } = {}) {
+      if (tools.has(tool.name)) return Promise.reject(new DOMException('duplicate', 'InvalidStateError'));
+      tools.set(tool.name, tool);
+      signal?.addEventListener('abort', () => tools.delete(tool.name), { once: true });
+      return Promise.resolve();
+    },
+    unregisterTool(name) { tools.delete(name); },
+    provideContext({ tools: given = [] } = {}) { tools.clear(); for (const tool of given) tools.set(tool.name, tool); },
+    clearContext() { tools.clear(); },
+  };
+  Object.defineProperty(navigator, 'modelContext', { value: context });
+</script>
+<script type="module">
+  import { connect, bridgeWebMCP } from '${sdk}';
+  window.relay = connect({ resume: false });
+  bridgeWebMCP(window.relay);
+  const show = (text) => { document.getElementById('said').textContent = text; };
+  window.shoutControl = new AbortController();
+  await navigator.modelContext.registerTool({ name: 'say', description: 'Shows a sentence.',
+    inputSchema: { type: 'object', properties: { text: { type: 'string' } }, required: ['text'] },
+    execute: ({ text }) => { show(text); return { structuredContent: { said: text }, content: [] }; } });
+  await navigator.modelContext.registerTool({ name: 'shout', description: 'Shows a sentence loudly.',
+    inputSchema: { type: 'object', properties: { text: { type: 'string' } } },
+    execute: ({ text }) => { show(text.toUpperCase()); return { content: [{ type: 'text', text: 'done' }] }; } }, { signal: window.shoutControl.signal });
+  window.registered = true;
+</script>
+</body></html>`;
+}
+
+test('a page with a native-like WebMCP context (registerTool, no getTools) is bridged by wrapping its methods; an aborted signal unregisters', async () => {
+  const host = await startPageHost({ '/native.html': nativePage(`${relay.base}/sdk/toolrelay.js`) });
+  const context = await browser.newContext();
+  try {
+    const page = await context.newPage();
+    watchErrors(page);
+    await page.goto(`${host.origin}/native.html`);
+    await until(page, () => window.relay?.ready && window.registered);
+    // The native context got them too.
+    assert.deepEqual(await page.evaluate(() => [...window.nativeTools.keys()]), ['say', 'shout']);
+    const llm = new Llm(relay.base, await page.evaluate(() => window.relay.code));
+    await eventually(async () => (await functionNames(llm)).includes('shout'), 'both tools to be registered');
+    assert.deepEqual(await llm.ok('say', { text: 'hello' }), { said: 'hello' });
+    assert.equal(await page.textContent('#said'), 'hello');
+    await llm.ok('shout', { text: 'hello' });
+    assert.equal(await page.textContent('#said'), 'HELLO');
+
+    await page.evaluate(() => window.shoutControl.abort());
+    await eventually(async () => !(await functionNames(llm)).includes('shout'), 'shout to be gone from /metadata');
+    assert.ok((await functionNames(llm)).includes('say'));
+    assert.deepEqual(await page.evaluate(() => [...window.nativeTools.keys()]), ['say']);
+
+    // provideContext and clearContext pass through, and the relay follows.
+    await page.evaluate(() => navigator.modelContext.provideContext({ tools: [{ name: 'ping', description: 'Pong.', execute: () => ({ structuredContent: { pong: true }, content: [] }) }] }));
+    await eventually(async () => (await functionNames(llm)).includes('ping'), 'ping to be registered');
+    assert.deepEqual(await llm.ok('ping', {}), { pong: true });
+    await page.evaluate(() => navigator.modelContext.clearContext());
+    assert.equal(await page.evaluate(() => window.nativeTools.size), 0);
+    // (/metadata lists the relay's built-in tools as well.)
+    await eventually(async () => !(await functionNames(llm)).some((name) => ['say', 'ping'].includes(name)), 'say and ping to be gone after clearContext');
+  } finally {
+    await context.close();
+    await host.stop();
+  }
+});
+
+/** A page of another origin with <toolrelay-pairing>, both imported from the relay at `base`. */
+function pairingPage(base) {
+  return `<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>A page with the pairing element</title></head>
+<body>
+<main><h1>Notes</h1><p>A page of its own origin that pairs with an assistant.</p></main>
+<toolrelay-pairing heading="Assistant" subject="the notes"></toolrelay-pairing>
+<script type="module">
+  import { connect } from '${base}/sdk/toolrelay.js';
+  import '${base}/sdk/pairing.js';
+  window.relay = connect({ resume: false });
+  window.relay.addTool({ name: 'ping', description: 'Pong.', execute: () => ({ pong: true }) });
+  document.querySelector('toolrelay-pairing').connection = window.relay;
+</script>
+</body></html>`;
+}
+
+test('<toolrelay-pairing> on a page of another origin loads its styles from the relay, shows the code, and has no WCAG AA violation', async () => {
+  const host = await startPageHost({ '/pairing.html': pairingPage(relay.base) });
+  const context = await browser.newContext();
+  try {
+    const page = await context.newPage();
+    watchErrors(page);
+    const styles = [];
+    page.on('response', (response) => {
+      if (response.url().endsWith('/pairing.css')) styles.push({ url: response.url(), status: response.status() });
+    });
+    await page.goto(`${host.origin}/pairing.html`);
+    await until(page, () => window.relay?.ready);
+    const code = await page.evaluate(() => window.relay.code);
+    await until(page, () => /^[A-Z2-7]{4}-[A-Z2-7]{4}$/.test(document.getElementById('code').textContent));
+    assert.equal((await page.textContent('#code')).replace('-', ''), code.replace('-', ''), 'the element shows the code of the session');
+    // Its stylesheet is the relay's, loaded, and applied; the page's origin was never asked.
+    assert.deepEqual(styles, [{ url: `${relay.base}/sdk/pairing.css`, status: 200 }]);
+    assert.equal(await page.evaluate(() => document.querySelector('link[rel="stylesheet"]').href), `${relay.base}/sdk/pairing.css`);
+    assert.equal(await page.evaluate(() => document.styleSheets.length), 1);
+    assert.deepEqual(await accessibilityViolations(page), [], 'no WCAG AA violations on the other origin');
+    // And the code is the session's: an assistant given it calls the page's tool.
+    assert.deepEqual(await new Llm(relay.base, code).ok('ping'), { pong: true });
+  } finally {
+    await context.close();
+    await host.stop();
+  }
+});
+
+test('with CORS_ORIGIN narrowed to other origins, a page from an origin not listed cannot pair, and connect says why', async () => {
+  const narrowed = await startRelay({ CORS_ORIGIN: 'http://listed.example.test' });
+  const host = await startPageHost({
+    '/refused.html': `<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>A page not listed</title></head>
+<body>
+<script type="module">
+  import { connect } from '${narrowed.base}/sdk/toolrelay.js';
+  window.statuses = [];
+  window.relay = connect({ resume: false });
+  window.relay.addEventListener('status', (event) => window.statuses.push(event.detail));
+</script>
+</body></html>`,
+  });
+  const context = await browser.newContext();
+  try {
+    const page = await context.newPage();
+    watchErrors(page);
+    await page.goto(`${host.origin}/refused.html`);
+    const refused = await until(page, () => window.statuses?.find((status) => status.state === 'unreachable'));
+    assert.match(refused.message, /does not allow pages from http:\/\/127\.0\.0\.1:\d+ \(its CORS_ORIGIN\)/, refused.message);
+    assert.equal(await page.evaluate(() => window.relay.ready), false);
+    assert.equal(await page.evaluate(() => window.relay.code ?? null), null);
+  } finally {
+    await context.close();
+    await host.stop();
+    await narrowed.stop();
   }
 });
 
