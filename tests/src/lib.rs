@@ -249,6 +249,26 @@ pub fn repo_file(path: &str) -> std::path::PathBuf {
         .join(path)
 }
 
+/// Runs the test venv's Python on `tests/python/{script}` with a temporary file (named after
+/// `name`, removed afterwards) holding `contents` as its argument.
+pub async fn python_on_file(script: &str, name: &str, contents: &[u8]) -> std::process::Output {
+    static FILES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let file = std::env::temp_dir().join(format!(
+        "toolrelay-{}-{}-{name}",
+        std::process::id(),
+        FILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    std::fs::write(&file, contents).unwrap();
+    let output = tokio::process::Command::new(test_python())
+        .arg(repo_file(&format!("tests/python/{script}")))
+        .arg(&file)
+        .output()
+        .await
+        .unwrap();
+    std::fs::remove_file(&file).unwrap();
+    output
+}
+
 /// A browser tab attached to a session over the provider WebSocket.
 pub struct WsTab {
     socket: WebSocketStream<MaybeTlsStream<TcpStream>>,

@@ -6,8 +6,6 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use crate::{repo_file, test_python};
-
 /// A parsed `/metrics` page.
 #[derive(Debug)]
 pub struct Scrape {
@@ -49,19 +47,8 @@ impl Scrape {
 
     /// Parses `text` with the Prometheus parser; panics when it does not parse.
     pub async fn parse(text: String, content_type: String) -> Self {
-        let file = std::env::temp_dir().join(format!(
-            "toolrelay-metrics-{}-{}.txt",
-            std::process::id(),
-            crate::free_port()
-        ));
-        std::fs::write(&file, &text).unwrap();
-        let output = tokio::process::Command::new(test_python())
-            .arg(repo_file("tests/python/parse_metrics.py"))
-            .arg(&file)
-            .output()
-            .await
-            .unwrap();
-        std::fs::remove_file(&file).unwrap();
+        let output =
+            crate::python_on_file("parse_metrics.py", "metrics.txt", text.as_bytes()).await;
         assert!(
             output.status.success(),
             "the Prometheus parser refused the page: {}\n{text}",

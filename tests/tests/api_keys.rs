@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use toolrelay_gateway::auth::ApiKeys;
 use toolrelay_relay::RelayConfig;
 use toolrelay_tests::system::{Answer, System, send};
-use toolrelay_tests::{WsTab, demo_tools, repo_file, test_python};
+use toolrelay_tests::{WsTab, demo_tools, python_on_file, repo_file};
 
 const KEY: &str = "test-key-0123456789abcdef";
 
@@ -211,18 +211,7 @@ async fn actions_declare_the_bearer_scheme_only_when_keys_are_set() {
         assert!(item["responses"].get("403").is_none(), "{operation}");
     }
     // Still valid OpenAPI.
-    let file = std::env::temp_dir().join(format!(
-        "toolrelay-keyed-actions-{}.json",
-        std::process::id()
-    ));
-    std::fs::write(&file, &body).unwrap();
-    let output = tokio::process::Command::new(test_python())
-        .arg(repo_file("tests/python/validate_openapi.py"))
-        .arg(&file)
-        .output()
-        .await
-        .unwrap();
-    std::fs::remove_file(&file).unwrap();
+    let output = python_on_file("validate_openapi.py", "keyed-actions.json", body.as_bytes()).await;
     assert!(
         output.status.success(),
         "{}",
