@@ -183,8 +183,9 @@ pub struct FlatManifest {
 pub enum ProviderFrame {
     /// Replaces the session's manifest; `tools` is grouped or flat.
     Register {
-        /// The tools, grouped (`[{id, functions}]`) or flat (`[{name, inputSchema}]`).
-        tools: Value,
+        /// The tools, grouped (`[{id, functions}]`) or flat (`[{name, inputSchema}]`)
+        /// (boxed, as the answer is).
+        tools: Box<Value>,
     },
     /// Answers a call (boxed: the other frames are small, and every provider's channel holds
     /// a block of frames from the start).

@@ -14,6 +14,7 @@ pub mod balancer;
 pub mod cluster;
 pub mod deploy;
 pub mod metrics;
+pub mod recording;
 pub mod redis;
 pub mod remip;
 pub mod system;

@@ -424,6 +424,23 @@ impl Logs {
         self.0.lock().unwrap().clone()
     }
 
+    /// Waits (up to [`crate::PATIENCE`]) for a line that `wanted` picks, and returns it: a
+    /// process writes its log lines from a thread of its own, a little after the event.
+    pub async fn until(&self, what: &str, wanted: impl Fn(&str) -> bool) -> String {
+        let deadline = tokio::time::Instant::now() + crate::PATIENCE;
+        loop {
+            if let Some(line) = self.lines().into_iter().find(|line| wanted(line)) {
+                return line;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no log line {what}: {:#?}",
+                self.lines()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
     fn push(&self, line: String) {
         self.0.lock().unwrap().push(line);
     }

@@ -5,20 +5,16 @@
 //! the other relay, and the call completes once. So the manifests cannot drift from the
 //! binaries' real flags, environment and ports. `scripts/test.sh` runs it after the image.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::{SinkExt, StreamExt};
 use serde_json::{Value, json};
-use tokio_tungstenite::tungstenite::Message;
 use toolrelay_tests::deploy::{
     a_call_goes_through, manifests, podman, podman_blocking, podman_ok, render, scratch,
 };
+use toolrelay_tests::recording::RecordingTab;
+use toolrelay_tests::repo_file;
 use toolrelay_tests::system::{Answer, send};
-use toolrelay_tests::{demo_tools, repo_file};
 
 /// Where the overlay puts every process, on the host's loopback (below the ephemeral range,
 /// so that no outgoing connection holds one of these ports).
@@ -46,122 +42,6 @@ impl Played {
 impl Drop for Played {
     fn drop(&mut self) {
         self.down();
-    }
-}
-
-/// A tab that connects to the first relay, and after a lost connection to the next (as the
-/// Ingress would send it elsewhere), registers the demo tools and answers `echo` — except
-/// while `holding`, when it keeps its answers back. Records every raw delivery with the
-/// connection it came on.
-struct Tab {
-    deliveries: Arc<Mutex<Vec<(u32, String)>>>,
-    connections: Arc<Mutex<u32>>,
-    holding: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Tab {
-    fn start(urls: Vec<String>) -> Self {
-        let deliveries = Arc::new(Mutex::new(Vec::new()));
-        let connections = Arc::new(Mutex::new(0));
-        let holding = Arc::new(AtomicBool::new(false));
-        let task = tokio::spawn(run_tab(
-            urls,
-            Arc::clone(&deliveries),
-            Arc::clone(&connections),
-            Arc::clone(&holding),
-        ));
-        Self {
-            deliveries,
-            connections,
-            holding,
-            task,
-        }
-    }
-
-    fn delivered(&self) -> Vec<(u32, String)> {
-        self.deliveries.lock().unwrap().clone()
-    }
-
-    async fn until(&self, what: &str, condition: impl Fn(&Self) -> bool) {
-        let deadline = Instant::now() + PATIENCE;
-        while !condition(self) {
-            assert!(Instant::now() < deadline, "the tab never saw {what}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-}
-
-impl Drop for Tab {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-async fn run_tab(
-    urls: Vec<String>,
-    deliveries: Arc<Mutex<Vec<(u32, String)>>>,
-    connections: Arc<Mutex<u32>>,
-    holding: Arc<AtomicBool>,
-) {
-    let mut answers: BTreeMap<String, Value> = BTreeMap::new();
-    for attempt in 0usize.. {
-        let url = &urls[attempt.min(urls.len() - 1)];
-        let Ok((mut socket, _)) = tokio_tungstenite::connect_async(url.as_str()).await else {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            continue;
-        };
-        let connection = {
-            let mut connections = connections.lock().unwrap();
-            *connections += 1;
-            *connections
-        };
-        let register = json!({"type": "register", "tools": demo_tools()});
-        if socket
-            .send(Message::text(register.to_string()))
-            .await
-            .is_err()
-        {
-            continue;
-        }
-        let mut held: Vec<String> = Vec::new();
-        let mut tick = tokio::time::interval(Duration::from_millis(20));
-        loop {
-            tokio::select! {
-                message = socket.next() => {
-                    let Some(Ok(message)) = message else { break };
-                    let Message::Text(text) = message else { continue };
-                    let frame: Value = serde_json::from_str(&text).unwrap();
-                    if frame["type"] != "tool-request" {
-                        continue;
-                    }
-                    let id = frame["requestId"].as_str().unwrap().to_owned();
-                    deliveries.lock().unwrap().push((connection, id.clone()));
-                    // A call delivered again is answered from what ran, never run again.
-                    answers.entry(id.clone()).or_insert_with(|| json!({"text": frame["args"]["text"]}));
-                    held.push(id);
-                }
-                _ = tick.tick() => {}
-            }
-            if holding.load(Ordering::SeqCst) {
-                continue;
-            }
-            let mut lost = false;
-            for id in held.drain(..) {
-                let response = json!({"type": "response", "requestId": id, "success": true, "result": answers[&id]});
-                if socket
-                    .send(Message::text(response.to_string()))
-                    .await
-                    .is_err()
-                {
-                    lost = true;
-                    break;
-                }
-            }
-            if lost {
-                break;
-            }
-        }
     }
 }
 
@@ -282,7 +162,9 @@ async fn the_podman_overlay_runs_and_a_relay_killed_mid_call_loses_no_call() {
     assert_eq!(created.status.as_u16(), 201, "{created:?}");
     let code = created.body["code"].as_str().unwrap().to_owned();
     let token = created.body["providerToken"].as_str().unwrap();
-    let tab = Tab::start(
+    // The tab connects to relay A, and after a lost connection to B, as the Ingress would
+    // send it elsewhere.
+    let tab = RecordingTab::start(
         RELAY_WEBSOCKETS
             .iter()
             .map(|relay| format!("{relay}/api/sessions/{code}/ws?token={token}"))
@@ -300,7 +182,7 @@ async fn the_podman_overlay_runs_and_a_relay_killed_mid_call_loses_no_call() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    tab.holding.store(true, Ordering::SeqCst);
+    tab.hold(true);
     let call = json!({"requestId": "held-1", "functionName": "echo", "args": {"text": "held"}, "timeoutMs": 30_000});
     let waiting = tokio::spawn(post(
         0,
@@ -308,16 +190,17 @@ async fn the_podman_overlay_runs_and_a_relay_killed_mid_call_loses_no_call() {
         &key,
         call.clone(),
     ));
-    tab.until("the call", |tab| !tab.delivered().is_empty())
+    tab.until("the call", PATIENCE, |ledger| !ledger.deliveries.is_empty())
         .await;
     podman_ok(&["kill", RELAY_A]).await;
-    tab.holding.store(false, Ordering::SeqCst);
-    tab.until("a connection to the other relay", |tab| {
-        *tab.connections.lock().unwrap() >= 2
+    tab.hold(false);
+    tab.until("a connection to the other relay", PATIENCE, |ledger| {
+        ledger.connections >= 2
     })
     .await;
-    tab.until("the call again on the other relay", |tab| {
-        tab.delivered()
+    tab.until("the call again on the other relay", PATIENCE, |ledger| {
+        ledger
+            .deliveries
             .iter()
             .any(|(connection, _)| *connection >= 2)
     })

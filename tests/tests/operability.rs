@@ -139,33 +139,22 @@ async fn calls_and_refusals_are_logged_with_their_correlation_id_across_processe
     assert_eq!(refused.status, StatusCode::NOT_FOUND);
 
     // The relay (another process) logs the call under the gateway's correlation id.
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    let finished = loop {
-        let found = system
-            .logs
-            .lines()
-            .into_iter()
-            .find(|line| line.contains("call finished") && line.contains("corr-call-0001"));
-        if let Some(line) = found {
-            break line;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no call line: {:#?}",
-            system.logs.lines()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let finished = system
+        .logs
+        .until("of the call", |line| {
+            line.contains("call finished") && line.contains("corr-call-0001")
+        })
+        .await;
     let entry: serde_json::Value = serde_json::from_str(&finished).unwrap();
     assert_eq!(entry["function"], "echo", "{entry}");
     assert_eq!(entry["status"], "completed", "{entry}");
     assert!(entry["duration_ms"].is_u64(), "{entry}");
     let refusal = system
         .logs
-        .lines()
-        .into_iter()
-        .find(|line| line.contains("request refused") && line.contains("corr-miss-0002"))
-        .expect("the refusal is logged");
+        .until("of the refusal", |line| {
+            line.contains("request refused") && line.contains("corr-miss-0002")
+        })
+        .await;
     let refusal: serde_json::Value = serde_json::from_str(&refusal).unwrap();
     assert_eq!(refusal["status"], 404, "{refusal}");
     system.terminate().await;

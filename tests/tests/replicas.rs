@@ -1,170 +1,16 @@
 //! Several replicas on one Redis, as real processes: calls cross replicas, and a replica (or
 //! Redis) lost mid-call loses no call and runs none twice.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{SinkExt, StreamExt};
+use futures::StreamExt;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use tokio_tungstenite::tungstenite::Message;
 use toolrelay_tests::cluster::Cluster;
+use toolrelay_tests::recording::RecordingTab;
 use toolrelay_tests::system::{Answer, send};
 use toolrelay_tests::{PATIENCE, demo_tools};
-
-/// What the test tab saw: every raw delivery with the connection it came on (no
-/// de-duplication, so a double delivery shows), and which frames it got besides calls.
-#[derive(Default)]
-struct Ledger {
-    deliveries: Vec<(u32, String)>,
-    connections: u32,
-    other_frames: Vec<String>,
-}
-
-/// A tab that connects to the first URL, and after a lost connection to the next (what the
-/// load balancer would do), registers the demo tools, and runs `echo`. While `holding`, it
-/// runs calls but keeps their answers back (a slow tool); a call delivered again after a
-/// reconnect is answered from what it ran, never run again.
-struct RecordingTab {
-    ledger: Arc<Mutex<Ledger>>,
-    holding: Arc<std::sync::atomic::AtomicBool>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl RecordingTab {
-    fn start(urls: Vec<String>) -> Self {
-        let ledger = Arc::new(Mutex::new(Ledger::default()));
-        let holding = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let task = tokio::spawn(run_tab(urls, Arc::clone(&ledger), Arc::clone(&holding)));
-        Self {
-            ledger,
-            holding,
-            task,
-        }
-    }
-
-    fn hold(&self, holding: bool) {
-        self.holding
-            .store(holding, std::sync::atomic::Ordering::SeqCst);
-    }
-
-    /// Every delivery's call id, in order.
-    fn deliveries(&self) -> Vec<String> {
-        let ledger = self.ledger.lock().unwrap();
-        ledger.deliveries.iter().map(|(_, id)| id.clone()).collect()
-    }
-
-    /// The call ids delivered on the tab's `connection`th connection (from 1), in order.
-    fn delivered_on(&self, connection: u32) -> Vec<String> {
-        let ledger = self.ledger.lock().unwrap();
-        ledger
-            .deliveries
-            .iter()
-            .filter(|(on, _)| *on == connection)
-            .map(|(_, id)| id.clone())
-            .collect()
-    }
-
-    /// The `type`s of the frames other than calls the tab got.
-    fn other_frames(&self) -> Vec<String> {
-        self.ledger.lock().unwrap().other_frames.clone()
-    }
-
-    fn connections(&self) -> u32 {
-        self.ledger.lock().unwrap().connections
-    }
-
-    /// Waits until `condition` holds of the ledger.
-    async fn until(&self, what: &str, condition: impl Fn(&Ledger) -> bool) {
-        let deadline = tokio::time::Instant::now() + 3 * PATIENCE;
-        while !condition(&self.ledger.lock().unwrap()) {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the tab never saw {what}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-}
-
-impl Drop for RecordingTab {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-async fn run_tab(
-    urls: Vec<String>,
-    ledger: Arc<Mutex<Ledger>>,
-    holding: Arc<std::sync::atomic::AtomicBool>,
-) {
-    let mut answers: HashMap<String, Value> = HashMap::new();
-    for attempt in 0.. {
-        let url = &urls[(attempt as usize).min(urls.len() - 1)];
-        let Ok((mut socket, _)) = tokio_tungstenite::connect_async(url.as_str()).await else {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            continue;
-        };
-        let connection = {
-            let mut ledger = ledger.lock().unwrap();
-            ledger.connections += 1;
-            ledger.connections
-        };
-        let register = json!({"type": "register", "tools": demo_tools()});
-        if socket
-            .send(Message::text(register.to_string()))
-            .await
-            .is_err()
-        {
-            continue;
-        }
-        let mut held: Vec<String> = Vec::new();
-        let mut release = tokio::time::interval(Duration::from_millis(20));
-        loop {
-            tokio::select! {
-                message = socket.next() => {
-                    let Some(Ok(message)) = message else { break };
-                    let Message::Text(text) = message else { continue };
-                    let frame: Value = serde_json::from_str(&text).unwrap();
-                    if frame["type"] != "tool-request" {
-                        let kind = frame["type"].as_str().unwrap_or_default().to_owned();
-                        ledger.lock().unwrap().other_frames.push(kind);
-                        continue;
-                    }
-                    let id = frame["requestId"].as_str().unwrap().to_owned();
-                    {
-                        let mut ledger = ledger.lock().unwrap();
-                        ledger.deliveries.push((connection, id.clone()));
-                    }
-                    answers
-                        .entry(id.clone())
-                        .or_insert_with(|| json!({"text": frame["args"]["text"]}));
-                    held.push(id);
-                }
-                _ = release.tick() => {}
-            }
-            if holding.load(std::sync::atomic::Ordering::SeqCst) {
-                continue;
-            }
-            let mut lost = false;
-            for id in held.drain(..) {
-                let response = json!({"type": "response", "requestId": id, "success": true, "result": answers[&id]});
-                if socket
-                    .send(Message::text(response.to_string()))
-                    .await
-                    .is_err()
-                {
-                    lost = true;
-                    break;
-                }
-            }
-            if lost {
-                break;
-            }
-        }
-    }
-}
 
 fn echo(id: &str, text: &str) -> Value {
     json!({"requestId": id, "functionName": "echo", "args": {"text": text}, "timeoutMs": 30_000})
@@ -225,7 +71,7 @@ async fn five_hundred_calls_across_replicas_each_delivered_once() {
     // A late second delivery would show up after the last answer: give it the time a safety
     // net re-read takes (2 s) before counting.
     let counted = tokio::time::Instant::now() + Duration::from_secs(3);
-    tab.until("the time for a late delivery", |_| {
+    tab.until("the time for a late delivery", 3 * PATIENCE, |_| {
         tokio::time::Instant::now() >= counted
     })
     .await;
@@ -259,15 +105,19 @@ async fn a_relay_killed_mid_call_loses_no_call_and_runs_none_twice() {
             ))
         })
         .collect();
-    tab.until("ten calls", |ledger| ledger.deliveries.len() >= 10)
-        .await;
+    tab.until("ten calls", 3 * PATIENCE, |ledger| {
+        ledger.deliveries.len() >= 10
+    })
+    .await;
     cluster.kill_relay(0).await;
     tab.hold(false);
     // The tab is back, on relay B, and gets the held calls again: each once.
-    tab.until("a second connection", |ledger| ledger.connections >= 2)
-        .await;
+    tab.until("a second connection", 3 * PATIENCE, |ledger| {
+        ledger.connections >= 2
+    })
+    .await;
     let held: std::collections::BTreeSet<String> = (0..10).map(|n| format!("held-{n}")).collect();
-    tab.until("the held calls again", |ledger| {
+    tab.until("the held calls again", 3 * PATIENCE, |ledger| {
         ledger.deliveries.iter().filter(|(on, _)| *on >= 2).count() >= 10
     })
     .await;
@@ -338,8 +188,10 @@ async fn a_gateway_killed_mid_call_is_answered_through_the_other() {
             .json(&echo("slow", "s"))
             .send(),
     );
-    tab.until("the call", |ledger| !ledger.deliveries.is_empty())
-        .await;
+    tab.until("the call", 3 * PATIENCE, |ledger| {
+        !ledger.deliveries.is_empty()
+    })
+    .await;
     cluster.kill_gateway(0).await;
     // The caller's connection is gone with the gateway.
     let lost = waiting.await.unwrap();
@@ -362,13 +214,12 @@ async fn a_gateway_balances_over_relays_and_moves_waiting_callers_off_a_dead_one
     for _ in 0..6 {
         cluster.create_session(0).await;
     }
+    // Each relay made at least one of the sessions (its log line written a little later).
     for (n, logs) in cluster.relay_logs.iter().enumerate() {
-        let made = logs
-            .lines()
-            .iter()
-            .filter(|line| line.contains("\"session created\""))
-            .count();
-        assert!(made >= 1, "relay {n} made none of the sessions");
+        logs.until(&format!("of a session made by relay {n}"), |line| {
+            line.contains("\"session created\"")
+        })
+        .await;
     }
 
     let (code, token) = cluster.create_session(0).await;
@@ -387,8 +238,10 @@ async fn a_gateway_balances_over_relays_and_moves_waiting_callers_off_a_dead_one
             ))
         })
         .collect();
-    tab.until("ten calls", |ledger| ledger.deliveries.len() >= 10)
-        .await;
+    tab.until("ten calls", 3 * PATIENCE, |ledger| {
+        ledger.deliveries.len() >= 10
+    })
+    .await;
     cluster.kill_relay(0).await;
     tab.hold(false);
     for (n, waiting) in waiting.into_iter().enumerate() {

@@ -398,6 +398,8 @@ conformance! {
             fixture.store.enqueue(&code, call(id, now, json!({})), 10, now).await.unwrap();
         }
         let mut events = fixture.store.subscribe(&code).await.unwrap().unwrap();
+        let mut waiting_r1 = fixture.store.listen_for_answer(&code, "r1").await.unwrap();
+        let mut waiting_r2 = fixture.store.listen_for_answer(&code, "r2").await.unwrap();
         let result = json!({"n": 12345678901234567890u64, "x": 0.30000000000000004, "s": "é\u{0}"});
         let until = Timestamp(now.0 + 2 * 3_600_000);
         let Finished::Finished(record) = fixture
@@ -408,10 +410,17 @@ conformance! {
         else {
             panic!("not finished")
         };
-        // The finished call comes with the event: a waiter need not read it.
+        // The finished call comes with its waiter's event: a waiter need not read it. The
+        // session's stream hears of the answer too (by id); a waiter for another call does not.
         assert_eq!(
-            next_event(&mut events).await,
+            next_event(&mut waiting_r2).await,
             SessionEvent::ResponseReady { id: "r2".into(), record: Some(Box::new(record.clone())) }
+        );
+        assert_eq!(next_event(&mut events).await, SessionEvent::ResponseReady { id: "r2".into(), record: None });
+        assert_eq!(
+            futures::FutureExt::now_or_never(waiting_r1.next()),
+            None,
+            "a waiter woken by another call's answer"
         );
         assert_eq!(record.status, RequestStatus::Completed);
         assert_eq!(record.response.as_ref().unwrap().result, Some(result.clone()));
@@ -763,6 +772,7 @@ async fn replicas_share_sessions_calls_and_events_through_redis() {
         .unwrap();
     let mut heard_on_b = b.subscribe(&code).await.unwrap().unwrap();
     let mut heard_on_a = a.subscribe(&code).await.unwrap().unwrap();
+    let mut waiting_on_a = a.listen_for_answer(&code, "r1").await.unwrap();
     a.enqueue(&code, call("r1", now, json!({"x": 1})), 10, now)
         .await
         .unwrap();
@@ -787,11 +797,19 @@ async fn replicas_share_sessions_calls_and_events_through_redis() {
         SessionEvent::RequestQueued
     );
     let record = a.request(&code, "r1").await.unwrap().unwrap();
+    // The waiter on A gets the finished call with its event; A's session stream the id.
+    assert_eq!(
+        next_event(&mut waiting_on_a).await,
+        SessionEvent::ResponseReady {
+            id: "r1".into(),
+            record: Some(Box::new(record.clone()))
+        }
+    );
     assert_eq!(
         next_event(&mut heard_on_a).await,
         SessionEvent::ResponseReady {
             id: "r1".into(),
-            record: Some(Box::new(record.clone()))
+            record: None
         }
     );
     assert_eq!(record.response.unwrap().result, Some(json!(2)));

@@ -191,7 +191,7 @@ pub(crate) fn manifest_message(grouped: &GroupedManifest) -> pb::Manifest {
 pub(crate) fn provider_frame(message: pb::ProviderMessage) -> Option<ProviderFrame> {
     Some(match message.kind? {
         pb::provider_message::Kind::Register(register) => ProviderFrame::Register {
-            tools: registered_tools(&register.tools, &register.tools_json),
+            tools: Box::new(registered_tools(&register.tools, &register.tools_json)),
         },
         pb::provider_message::Kind::Response(response) => {
             ProviderFrame::Response(Box::new(provider_response(response)))
@@ -543,7 +543,9 @@ mod tests {
         }
         let frames = [
             ProviderFrame::Register {
-                tools: json!([{"name": "f", "description": "d", "inputSchema": {"type": "object"}}]),
+                tools: Box::new(
+                    json!([{"name": "f", "description": "d", "inputSchema": {"type": "object"}}]),
+                ),
             },
             ProviderFrame::Response(Box::new(ProviderResponse {
                 request_id: "r1".into(),

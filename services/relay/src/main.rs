@@ -12,6 +12,7 @@ use toolrelay_relay::{Metrics, telemetry};
 
 /// jemalloc rather than glibc's malloc: parsing big MIP models on many threads left glibc's
 /// per-thread arenas holding hundreds of MB that were free (see scripts/mip-memory.py).
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

@@ -544,21 +544,23 @@ impl Relay {
         call: CallInput,
         charge: Option<RateCharge>,
     ) -> Result<RequestView, RelayError> {
-        let (record, connected) = self.queue(code, call, charge).await?;
+        let (record, connected) = self.queue(code, call, charge, None).await?;
         Ok(RequestView::of(record, connected))
     }
 
     /// [`Relay::submit`]'s work: the call's record, and whether a tab is there to run it.
     /// `charge` is spent whatever happens: with the queueing, or on its own when the call is
-    /// refused before it gets there (an unknown code, bad arguments).
+    /// refused before it gets there (an unknown code, bad arguments). A call that names no
+    /// request id gets `fresh_id` (a random one when `None`).
     async fn queue(
         &self,
         code: &str,
         call: CallInput,
         charge: Option<RateCharge>,
+        fresh_id: Option<String>,
     ) -> Result<(RequestRecord, bool), RelayError> {
         let mut charge = charge;
-        let queued = self.try_queue(code, call, &mut charge).await;
+        let queued = self.try_queue(code, call, &mut charge, fresh_id).await;
         if queued.is_err()
             && let Some(charge) = charge
         {
@@ -578,6 +580,7 @@ impl Relay {
         code: &str,
         call: CallInput,
         charge: &mut Option<RateCharge>,
+        fresh_id: Option<String>,
     ) -> Result<(RequestRecord, bool), RelayError> {
         self.accepting()?;
         let code = SessionCode::parse(code)?;
@@ -592,7 +595,7 @@ impl Relay {
         let request_id = match call.request_id {
             Some(id) if is_valid_request_id(&id) => id,
             Some(_) => return Err(RelayError::InvalidRequestId),
-            None => code::random_id(),
+            None => fresh_id.unwrap_or_else(code::random_id),
         };
         let args = match call.args {
             Value::Null => Value::Object(Default::default()),
@@ -796,13 +799,19 @@ impl Relay {
         wait: Duration,
     ) -> Result<RequestView, RelayError> {
         let code = SessionCode::parse(code)?;
-        let events = self.subscribe(&code).await?;
+        // Whether the session exists, the first look at the call says.
+        let events = self
+            .inner
+            .store
+            .listen_for_answer(&code, request_id)
+            .await?;
         self.wait_for_answer(&code, request_id, wait, events, None)
             .await
     }
 
-    /// Waits, on `events` (subscribed before `known` was read, if it was), up to `wait` for a
-    /// call's final answer; returns its state either way.
+    /// Waits, on `events` (the call's answer and what ends a wait, listened to before `known`
+    /// was read, if it was), up to `wait` for a call's final answer; returns its state either
+    /// way.
     async fn wait_for_answer(
         &self,
         code: &SessionCode,
@@ -840,24 +849,21 @@ impl Relay {
                 .inner
                 .clock
                 .instant(wait_until.min(record.deadline).min(lease));
-            loop {
-                tokio::select! {
-                    event = events.next() => match event {
-                        Some(SessionEvent::ResponseReady { id, record }) if id == request_id => {
-                            known = record.map(|record| *record);
-                            break;
-                        }
-                        Some(SessionEvent::Missed) => break,
-                        Some(SessionEvent::SessionEnded) | None => return Err(not_found(code)),
-                        Some(_) => continue,
-                    },
-                    () = tokio::time::sleep_until(wake) => break,
-                    () = &mut drained => {
-                        return Err(RelayError::Drained {
-                            code: code.display(),
-                            request_id: request_id.to_owned(),
-                        });
+            // Any event is this call's (its answer; lost events: look again), or the end.
+            tokio::select! {
+                event = events.next() => match event {
+                    Some(SessionEvent::ResponseReady { id, record }) if id == request_id => {
+                        known = record.map(|record| *record);
                     }
+                    Some(SessionEvent::SessionEnded) | None => return Err(not_found(code)),
+                    Some(_) => {}
+                },
+                () = tokio::time::sleep_until(wake) => {}
+                () = &mut drained => {
+                    return Err(RelayError::Drained {
+                        code: code.display(),
+                        request_id: request_id.to_owned(),
+                    });
                 }
             }
         }
@@ -883,11 +889,16 @@ impl Relay {
         charge: Option<RateCharge>,
     ) -> Result<RequestView, RelayError> {
         let parsed = SessionCode::parse(code)?;
-        // Subscribed before the call is queued, so no answer can slip past: the wait starts
-        // from the record the queueing returned, without reading it again. Whether the
-        // session exists, the queueing says.
-        let events = self.inner.store.listen(&parsed).await?;
-        let (record, connected) = self.queue(code, call, charge).await?;
+        // Listening for the answer before the call is queued, so it cannot slip past: the
+        // wait starts from the record the queueing returned, without reading it again.
+        // Whether the session exists, the queueing says.
+        let request_id = call.request_id.clone().unwrap_or_else(code::random_id);
+        let events = self
+            .inner
+            .store
+            .listen_for_answer(&parsed, &request_id)
+            .await?;
+        let (record, connected) = self.queue(code, call, charge, Some(request_id)).await?;
         // With no tab to run it, the call stays queued, and the caller learns so at once
         // rather than after a wait that cannot end well.
         if record.status.is_terminal() || !(connected || record.builtin) {

@@ -272,15 +272,15 @@ pub async fn serve_link<S>(
                 if let Downlink::ToolRequest { request, .. } = &message {
                     delivered.insert(request.request_id.clone(), settings.drain.hold());
                 }
-                if !send(&mut socket, text(&message.to_frame())).await {
+                let ending = message.is_final().then_some(match message {
+                    Downlink::Restarting => (CloseCode::Restart, "relay restarting"),
+                    Downlink::Replaced => (CloseCode::Normal, "replaced"),
+                    _ => (CloseCode::Normal, "session ended"),
+                });
+                if !send(&mut socket, text(&message.into_frame())).await {
                     return;
                 }
-                if message.is_final() {
-                    let (code, reason) = match message {
-                        Downlink::Restarting => (CloseCode::Restart, "relay restarting"),
-                        Downlink::Replaced => (CloseCode::Normal, "replaced"),
-                        _ => (CloseCode::Normal, "session ended"),
-                    };
+                if let Some((code, reason)) = ending {
                     close(&mut socket, code, reason).await;
                     return;
                 }

@@ -174,7 +174,7 @@ fn legacy_answer(id: String, result: Value) -> ProviderResponse {
 }
 
 /// The first design's event shapes: `tool-request {id, tool, args}`, `heartbeat {}`.
-fn legacy_event(message: &Downlink) -> Value {
+fn legacy_event(message: Downlink) -> Value {
     match message {
         Downlink::ToolRequest { request, seq } => json!({
             "type": "tool-request",

@@ -238,12 +238,12 @@ impl TabApi {
 /// The SSE stream of a provider link, each message shaped by `shape`. The stream owns the
 /// link: when the tab goes away the stream is dropped and the provider detached. It ends when
 /// the process's drain does, so that the tab reconnects to another replica.
-pub fn events(link: ProviderLink, shape: fn(&Downlink) -> Value, state: &State) -> Events {
+pub fn events(link: ProviderLink, shape: fn(Downlink) -> Value, state: &State) -> Events {
     let uplink = link.uplink;
     let stream = ReceiverStream::new(link.downlink)
         .map(move |message| {
             let _attached = &uplink;
-            shape(&message)
+            shape(message)
         })
         .take_until(state.drain.ended());
     EventStream::new(stream.boxed()).to_event(sse_event)
@@ -251,13 +251,20 @@ pub fn events(link: ProviderLink, shape: fn(&Downlink) -> Value, state: &State) 
 
 /// A provider message as the JSON of an SSE event: the browser protocol's frame, with the
 /// event's type and id alongside (removed again by [`sse_event`]).
-pub fn event_value(message: &Downlink) -> Value {
-    let mut frame = serde_json::to_value(message.to_frame()).unwrap_or(Value::Null);
-    if let (Downlink::ToolRequest { seq, .. }, Value::Object(object)) = (message, &mut frame) {
-        object.insert(EVENT_ID.into(), json!(seq.to_string()));
-    }
-    if let (Downlink::Welcome { .. }, Value::Object(object)) = (message, &mut frame) {
-        object.insert("type".into(), json!("connected"));
+pub fn event_value(message: Downlink) -> Value {
+    let seq = match &message {
+        Downlink::ToolRequest { seq, .. } => Some(*seq),
+        _ => None,
+    };
+    let welcome = matches!(message, Downlink::Welcome { .. });
+    let mut frame = serde_json::to_value(message.into_frame()).unwrap_or(Value::Null);
+    if let Value::Object(object) = &mut frame {
+        if let Some(seq) = seq {
+            object.insert(EVENT_ID.into(), json!(seq.to_string()));
+        }
+        if welcome {
+            object.insert("type".into(), json!("connected"));
+        }
     }
     frame
 }

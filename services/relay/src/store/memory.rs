@@ -21,12 +21,10 @@ use async_trait::async_trait;
 use flate2::Compression;
 use flate2::read::DeflateDecoder;
 use flate2::write::DeflateEncoder;
-use futures::StreamExt;
 use serde_json::Value;
-use tokio::sync::broadcast;
-use tokio_stream::wrappers::BroadcastStream;
 use toolrelay::wire::{RequestStatus, ToolResponse};
 
+use super::events::SessionChannel;
 use super::{
     BUILTIN_CONNECTION, Claim, EnqueueChecks, Enqueued, EventStream, Finished, NewRequest,
     ProviderInfo, RateBudget, RequestRecord, SessionEvent, SessionRecord, Store, StoreUsage,
@@ -36,9 +34,6 @@ use crate::code::SessionCode;
 use crate::error::StoreError;
 use crate::metrics::Metrics;
 
-/// Events a slow subscriber may fall behind by before it gets [`SessionEvent::Missed`]: events
-/// are hints that readers follow by looking at the state, so a few are plenty.
-const EVENT_BUFFER: usize = 16;
 /// How often the sweeper runs.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 /// Finished calls kept per session at most (the oldest go first).
@@ -195,21 +190,24 @@ struct Entry {
     /// What each kept answer costs against the budget.
     answer_costs: HashMap<String, usize>,
     next_seq: u64,
-    events: broadcast::Sender<SessionEvent>,
+    /// Who listens on this session.
+    listeners: Arc<SessionChannel>,
 }
 
 impl Entry {
-    /// Queues a call unless its id is taken or the queue is full (see [`Store::enqueue`]).
+    /// Queues a call (`record`, made by [`RequestRecord::queued`] outside the store's lock,
+    /// its queue position still to be given) unless its id is taken or the queue is full
+    /// (see [`Store::enqueue`]).
     fn enqueue(
         &mut self,
         code: &SessionCode,
         index: &mut Indexes,
-        request: &NewRequest,
+        mut record: RequestRecord,
         max_pending: usize,
         until: Timestamp,
     ) -> Enqueued {
-        if let Some(existing) = self.requests.get(&request.id) {
-            return if existing.same_call(request) {
+        if let Some(existing) = self.requests.get(&record.id) {
+            return if existing.call_hash == record.call_hash {
                 Enqueued::Existing(existing.clone())
             } else {
                 Enqueued::Conflict
@@ -221,7 +219,7 @@ impl Entry {
         }
         let seq = self.next_seq;
         self.next_seq += 1;
-        let record = RequestRecord::queued(request.clone(), seq);
+        record.seq = seq;
         self.pending.insert(seq, record.id.clone());
         index.unanswered += 1;
         self.deadlines.insert((record.deadline, seq));
@@ -244,8 +242,7 @@ impl Entry {
     }
 
     fn announce(&self, event: SessionEvent) {
-        // No subscribers is normal: nobody is waiting.
-        let _ = self.events.send(event);
+        self.listeners.announce(event);
     }
 
     /// Gives a pending call its final answer and files it under the finished ones; the caller
@@ -293,9 +290,14 @@ impl Entry {
                 self.forget(index, &oldest);
             }
         }
+        // The waiting caller gets the finished call with its wake-up, and need not read it.
+        let announced = self
+            .listeners
+            .waiting_for(id)
+            .then(|| Box::new(record.clone()));
         self.announce(SessionEvent::ResponseReady {
             id: id.to_owned(),
-            record: Some(Box::new(record.clone())),
+            record: announced,
         });
         Some(record)
     }
@@ -589,7 +591,6 @@ impl Store for MemoryStore {
             tables.remove_session(&session.code);
             self.metrics.sessions_expired(1);
         }
-        let (events, _) = broadcast::channel(EVENT_BUFFER);
         tables
             .handles
             .insert(session.mcp_handle.clone(), session.code.clone());
@@ -608,7 +609,7 @@ impl Store for MemoryStore {
                 finished: VecDeque::new(),
                 answer_costs: HashMap::new(),
                 next_seq: 1,
-                events,
+                listeners: SessionChannel::new(),
             },
         );
         Ok(true)
@@ -712,6 +713,9 @@ impl Store for MemoryStore {
         {
             return Ok((Enqueued::RateLimited(wait), None));
         }
+        // The record (its arguments copied, the call hashed) is made before the lock that
+        // every session shares is taken.
+        let record = RequestRecord::queued(request.clone(), 0);
         let outcome = self.with_live(code, |entry, index| {
             let stale = checks
                 .manifest_revision
@@ -719,7 +723,7 @@ impl Store for MemoryStore {
             let enqueued = if stale {
                 Enqueued::StaleManifest
             } else {
-                entry.enqueue(code, index, request, max_pending, until)
+                entry.enqueue(code, index, record, max_pending, until)
             };
             (enqueued, Some(entry.session.clone()))
         });
@@ -856,11 +860,17 @@ impl Store for MemoryStore {
     }
 
     async fn subscribe(&self, code: &SessionCode) -> Result<Option<EventStream>, StoreError> {
-        Ok(self.with_live(code, |entry, _| {
-            let events = BroadcastStream::new(entry.events.subscribe())
-                .map(|event| event.unwrap_or(SessionEvent::Missed));
-            Box::pin(events) as EventStream
-        }))
+        Ok(self.with_live(code, |entry, _| entry.listeners.subscribe()))
+    }
+
+    async fn listen_for_answer(
+        &self,
+        code: &SessionCode,
+        id: &str,
+    ) -> Result<EventStream, StoreError> {
+        Ok(self
+            .with_live(code, |entry, _| entry.listeners.wait_for(id))
+            .unwrap_or_else(|| Box::pin(futures::stream::empty())))
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

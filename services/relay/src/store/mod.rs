@@ -14,6 +14,7 @@
 //!
 //! [`memory::MemoryStore`] is the default implementation.
 
+mod events;
 pub mod memory;
 pub mod observed;
 pub mod redis;
@@ -23,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use serde_json::Value;
 use toolrelay::wire::{RequestStatus, ToolError, ToolRequest, ToolResponse};
 
@@ -171,16 +172,32 @@ pub struct RequestRecord {
 /// the same call hashes the same whatever order its fields came in.
 pub fn call_hash(tool_id: Option<&str>, function_name: &str, args: &Value) -> String {
     use sha2::{Digest, Sha256};
+    /// Bytes written into the hash.
+    struct Fed<'a>(&'a mut Sha256);
+    impl std::io::Write for Fed<'_> {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.update(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    /// A scalar (or a key) as JSON, written straight into the hash (no copy of it made).
+    fn scalar(hasher: &mut Sha256, value: &impl serde::Serialize) {
+        // Writing into a hash cannot fail, and these serialise infallibly.
+        let _ = serde_json::to_writer(Fed(hasher), value);
+    }
     fn feed(hasher: &mut Sha256, value: &Value) {
         match value {
             Value::Object(map) => {
-                let mut keys: Vec<&String> = map.keys().collect();
-                keys.sort();
+                let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+                entries.sort_unstable_by_key(|(key, _)| *key);
                 hasher.update(b"{");
-                for key in keys {
-                    feed(hasher, &Value::String(key.clone()));
+                for (key, value) in entries {
+                    scalar(hasher, key);
                     hasher.update(b":");
-                    feed(hasher, &map[key]);
+                    feed(hasher, value);
                     hasher.update(b",");
                 }
                 hasher.update(b"}");
@@ -193,15 +210,12 @@ pub fn call_hash(tool_id: Option<&str>, function_name: &str, args: &Value) -> St
                 }
                 hasher.update(b"]");
             }
-            scalar => hasher.update(scalar.to_string().as_bytes()),
+            other => scalar(hasher, other),
         }
     }
     let mut hasher = Sha256::new();
-    feed(
-        &mut hasher,
-        &Value::String(tool_id.unwrap_or_default().to_owned()),
-    );
-    feed(&mut hasher, &Value::String(function_name.to_owned()));
+    scalar(&mut hasher, &tool_id.unwrap_or_default());
+    scalar(&mut hasher, &function_name);
     feed(&mut hasher, args);
     data_encoding::HEXLOWER.encode(&hasher.finalize())
 }
@@ -583,6 +597,25 @@ pub trait Store: Send + Sync + 'static {
             .unwrap_or_else(|| Box::pin(futures::stream::empty())))
     }
 
+    /// From now on, the answer to the session's call `id` ([`SessionEvent::ResponseReady`]),
+    /// the session's end and lost events, and nothing else: a waiting caller is woken by its
+    /// own answer, not by every event of its session. Like [`Store::listen`], without looking
+    /// the session up.
+    async fn listen_for_answer(
+        &self,
+        code: &SessionCode,
+        id: &str,
+    ) -> Result<EventStream, StoreError> {
+        let id = id.to_owned();
+        Ok(Box::pin(self.listen(code).await?.filter(move |event| {
+            std::future::ready(match event {
+                SessionEvent::ResponseReady { id: answered, .. } => *answered == id,
+                SessionEvent::SessionEnded | SessionEvent::Missed => true,
+                _ => false,
+            })
+        })))
+    }
+
     /// Whether the store answers (for readiness checks).
     async fn ping(&self) -> Result<(), StoreError>;
 
@@ -687,6 +720,20 @@ impl RateBudget {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The hash is kept in Redis: it must not change between versions (this is what the
+    /// first implementation gave), nor with the order of an object's keys.
+    #[test]
+    fn a_call_hashes_as_it_always_did() {
+        let args = serde_json::json!({"b": [1, "x", null, true], "a": {"z": 1.5, "y": "q\"é"}});
+        let expected = "271c39a7dec27942beec6dc1106b3674376057f05ecbac47ed74d8d94d5f186a";
+        assert_eq!(call_hash(Some("demo"), "echo", &args), expected);
+        let reordered: Value =
+            serde_json::from_str(r#"{"a": {"y": "q\"é", "z": 1.5}, "b": [1, "x", null, true]}"#)
+                .unwrap();
+        assert_eq!(call_hash(Some("demo"), "echo", &reordered), expected);
+        assert_ne!(call_hash(None, "echo", &args), expected);
+    }
 
     fn call(builtin: bool) -> RequestRecord {
         RequestRecord::queued(

@@ -200,6 +200,15 @@ impl Store for Observed {
         self.timed(Op::Listen, self.inner.listen(code)).await
     }
 
+    async fn listen_for_answer(
+        &self,
+        code: &SessionCode,
+        id: &str,
+    ) -> Result<EventStream, StoreError> {
+        self.timed(Op::Listen, self.inner.listen_for_answer(code, id))
+            .await
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
         self.timed(Op::Ping, self.inner.ping()).await
     }

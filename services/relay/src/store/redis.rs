@@ -45,10 +45,9 @@ use futures::StreamExt;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{AsyncCommands, Script};
 use serde_json::Value;
-use tokio::sync::broadcast;
-use tokio_stream::wrappers::BroadcastStream;
 use toolrelay::wire::{RequestStatus, ToolResponse};
 
+use super::events::SessionChannel;
 use super::memory::{
     MAX_TICKETS_PER_SCOPE, StoreLimits, TICKET_OVERHEAD, pack_ticket, unpack_ticket,
 };
@@ -67,8 +66,6 @@ pub const SAFETY_NET: Duration = Duration::from_secs(2);
 /// Finished calls whose answer is at most this many bytes are announced whole on the
 /// session's channel, so a waiting caller need not read them (`redis.lua` spells it too).
 pub const ANNOUNCED_ANSWER_BYTES: usize = 64 * 1024;
-/// Events a slow local subscriber may fall behind by before it gets `Missed`.
-const EVENT_BUFFER: usize = 16;
 /// How long a command may take before the store counts as unreachable.
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
 /// How often the event connection is pinged, to notice a Redis that went away silently.
@@ -1019,6 +1016,14 @@ impl Store for RedisStore {
         Ok(self.events.subscribe(&self.base(code)).await)
     }
 
+    async fn listen_for_answer(
+        &self,
+        code: &SessionCode,
+        id: &str,
+    ) -> Result<EventStream, StoreError> {
+        Ok(self.events.wait_for(&self.base(code), id).await)
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
         let mut redis = self.redis.clone();
         let _: String = redis::cmd("PING")
@@ -1244,7 +1249,7 @@ fn announced_record(mut rest: &str) -> SessionEvent {
 /// holding it. So a reader that has its stream knows that Redis confirmed the subscription
 /// (when Redis is there), and no unsubscription can overtake a subscription.
 pub struct EventHub {
-    channels: Mutex<HashMap<String, broadcast::Sender<SessionEvent>>>,
+    channels: Mutex<HashMap<String, Arc<SessionChannel>>>,
     sink: tokio::sync::Mutex<Option<redis::aio::PubSubSink>>,
     /// Wakes the listener to reconnect when a subscription failed on a live connection.
     reconnect: tokio::sync::Notify,
@@ -1261,9 +1266,7 @@ impl EventHub {
         hub
     }
 
-    fn channels(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<String, broadcast::Sender<SessionEvent>>> {
+    fn channels(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<SessionChannel>>> {
         // A std mutex: held for one map operation, never across an `.await`.
         self.channels
             .lock()
@@ -1274,16 +1277,33 @@ impl EventHub {
     /// is returned when Redis is there; it never ends on a Redis error, and says `Missed`
     /// every [`SAFETY_NET`].
     async fn subscribe(&self, base: &str) -> EventStream {
+        self.listen(base, |channel| channel.subscribe()).await
+    }
+
+    /// [`EventHub::subscribe`] for one call's waiter ([`Store::listen_for_answer`]).
+    async fn wait_for(&self, base: &str, id: &str) -> EventStream {
+        self.listen(base, |channel| channel.wait_for(id)).await
+    }
+
+    /// `listen` on the session's channel, subscribed on Redis (see [`EventHub::subscribe`]).
+    async fn listen(
+        &self,
+        base: &str,
+        listen: impl FnOnce(&Arc<SessionChannel>) -> EventStream,
+    ) -> EventStream {
         let channel = format!("{base}ev");
         let mut sink = self.sink.lock().await;
-        let (receiver, new) = {
+        // The listener is there before Redis is asked (under the sink's lock, so the sweep
+        // cannot take the channel away in between).
+        let (events, new) = {
             let mut channels = self.channels();
             match channels.get(&channel) {
-                Some(sender) => (sender.subscribe(), false),
+                Some(listeners) => (listen(listeners), false),
                 None => {
-                    let (sender, receiver) = broadcast::channel(EVENT_BUFFER);
-                    channels.insert(channel.clone(), sender);
-                    (receiver, true)
+                    let listeners = SessionChannel::new();
+                    let events = listen(&listeners);
+                    channels.insert(channel.clone(), listeners);
+                    (events, true)
                 }
             }
         };
@@ -1299,8 +1319,6 @@ impl EventHub {
             }
         }
         drop(sink);
-        let events =
-            BroadcastStream::new(receiver).map(|event| event.unwrap_or(SessionEvent::Missed));
         let mut ticks = tokio::time::interval(SAFETY_NET);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ticks.reset();
@@ -1341,22 +1359,24 @@ impl EventHub {
                 }
             }
         };
-        if let Some(sender) = self.channels().get(channel) {
-            let _ = sender.send(event);
+        let listeners = self.channels().get(channel).cloned();
+        if let Some(listeners) = listeners {
+            listeners.announce(event);
         }
     }
 
     /// Forgets channels nobody listens to; returns those still wanted.
     fn wanted(&self) -> Vec<String> {
         let mut channels = self.channels();
-        channels.retain(|_, sender| sender.receiver_count() > 0);
+        channels.retain(|_, listeners| listeners.in_use());
         channels.keys().cloned().collect()
     }
 
     /// Tells every local subscriber to look again: messages may have been lost.
     fn missed_all(&self) {
-        for sender in self.channels().values() {
-            let _ = sender.send(SessionEvent::Missed);
+        let everyone: Vec<_> = self.channels().values().cloned().collect();
+        for listeners in everyone {
+            listeners.announce(SessionEvent::Missed);
         }
     }
 
@@ -1385,7 +1405,7 @@ impl EventHub {
             let mut channels = self.channels();
             let unused: Vec<String> = channels
                 .iter()
-                .filter(|(_, sender)| sender.receiver_count() == 0)
+                .filter(|(_, listeners)| !listeners.in_use())
                 .map(|(channel, _)| channel.clone())
                 .collect();
             for channel in &unused {

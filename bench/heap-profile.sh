@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Where an idle tab's memory goes: runs `toolrelay` (one process, memory store) under
+# heaptrack, attaches idle tabs with `toolrelay-bench tabs`, and prints the allocation sites
+# that make up the heap at its peak (the tabs all attached), with their bytes per tab.
+#
+#   bench/heap-profile.sh [ws|sse|grpc] [TABS]      (default: ws 2000)
+#
+# Needs heaptrack (Debian: apt-get install heaptrack). toolrelay is built with glibc's malloc
+# for the run (feature `system-allocator`: heaptrack cannot see jemalloc's allocations), so
+# the bytes are glibc's requests, not jemalloc's size classes: they say where memory goes, the
+# bench's `idle` scenario says how much. By hand only, like the rest of the bench.
+set -euo pipefail
+transport=${1:-ws}
+tabs=${2:-2000}
+cd "$(dirname "$0")/.."
+target=${CARGO_TARGET_DIR:-target}
+command -v heaptrack >/dev/null || { echo "heaptrack is missing: apt-get install heaptrack" >&2; exit 1; }
+
+work=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+cargo build --release -p toolrelay-bench --bin toolrelay-bench
+cargo build --release -p toolrelay-gateway --bin toolrelay --features system-allocator
+cp "$target/release/toolrelay" "$work/toolrelay"
+# Leave the ordinary (jemalloc) build in place for the bench.
+cargo build --release -p toolrelay-gateway --bin toolrelay
+
+LISTEN_ADDR=127.0.0.1:0 GRPC_LISTEN_ADDR=127.0.0.1:0 LOG_FORMAT=json \
+  RUST_LOG=warn,toolrelay=info heaptrack -o "$work/heap" "$work/toolrelay" >"$work/log" 2>&1 &
+relay=$!
+for _ in $(seq 200); do grep -q '"toolrelay listening"' "$work/log" 2>/dev/null && break; sleep 0.1; done
+line=$(grep '"toolrelay listening"' "$work/log") || { cat "$work/log" >&2; exit 1; }
+field() { python3 -c 'import json,sys; print(json.loads(sys.argv[1])["fields"][sys.argv[2]])' "$line" "$1"; }
+base="http://$(field listen)"
+grpc="http://$(field grpc)"
+
+# The tabs stay attached until their stdin closes.
+mkfifo "$work/hold"
+"$target/release/toolrelay-bench" tabs --base "$base" --grpc "$grpc" --transport "$transport" \
+  --sessions "$tabs" <"$work/hold" >"$work/tabs" &
+exec 3>"$work/hold"
+for _ in $(seq 1200); do grep -q '"ready"' "$work/tabs" 2>/dev/null && break; sleep 0.1; done
+grep -q '"ready"' "$work/tabs" || { echo "the tabs did not attach" >&2; exit 1; }
+echo "$tabs idle $transport tabs attached" >&2
+sleep 2
+exec 3>&-
+wait %2 2>/dev/null || true
+kill -TERM "$relay"
+wait "$relay" || true
+
+data=$(ls "$work"/heap.*)
+heaptrack_print --file "$data" --print-peaks 1 --print-allocators 0 --print-temporary 0 \
+  --print-leaks 0 --peak-limit 25 --sub-peak-limit 4 --merge-backtraces 0 \
+  | python3 -c '
+import re, sys
+tabs = int(sys.argv[1])
+for line in sys.stdin:
+    line = line.rstrip("\n")
+    # "PEAK MEMORY CONSUMERS" entries start with a size: add the bytes per tab.
+    match = re.match(r"^(\d+(?:\.\d+)?)([KMG]?)B? peak memory consumed over", line)
+    if match:
+        size = float(match.group(1)) * {"": 1, "K": 1e3, "M": 1e6, "G": 1e9}[match.group(2)]
+        line += f"   [{size / tabs:,.0f} B per tab]"
+    print(line)
+' "$tabs"

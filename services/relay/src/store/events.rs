@@ -1,0 +1,321 @@
+//! A session's listeners on this replica, shared by the stores: streams of all the session's
+//! events (its tab, manifest watchers) and callers waiting for one call's answer.
+//!
+//! A waiting caller is woken by its own call's answer alone (and by what ends every wait: the
+//! session ending, events lost), never by the session's other calls: with many callers on one
+//! session, a broadcast would wake each of them for every call of the others.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use futures::StreamExt;
+use tokio::sync::{Notify, broadcast};
+use tokio_stream::wrappers::BroadcastStream;
+
+use super::{EventStream, SessionEvent};
+
+/// Events a slow subscriber may fall behind by before it gets [`SessionEvent::Missed`]: events
+/// are hints that readers follow by looking at the state, so a few are plenty. (Answers go to
+/// their waiters apart, so what a session's stream carries is its tab's work.)
+const EVENT_BUFFER: usize = 16;
+
+/// Callers waiting for an answer, by call id: each with its token and mailbox.
+type Waiters = HashMap<String, Vec<(u64, Arc<Mailbox>)>>;
+
+/// One session's listeners.
+pub(crate) struct SessionChannel {
+    events: broadcast::Sender<SessionEvent>,
+    /// Callers waiting for an answer.
+    waiters: Mutex<Waiters>,
+    next_waiter: AtomicU64,
+}
+
+impl SessionChannel {
+    pub(crate) fn new() -> Arc<Self> {
+        let (events, _) = broadcast::channel(EVENT_BUFFER);
+        Arc::new(Self {
+            events,
+            waiters: Mutex::new(HashMap::new()),
+            next_waiter: AtomicU64::new(0),
+        })
+    }
+
+    fn waiters(&self) -> MutexGuard<'_, Waiters> {
+        // Held for one map operation, never across an `.await`.
+        self.waiters
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Every event of the session from now on.
+    pub(crate) fn subscribe(&self) -> EventStream {
+        Box::pin(
+            BroadcastStream::new(self.events.subscribe())
+                .map(|event| event.unwrap_or(SessionEvent::Missed)),
+        )
+    }
+
+    /// From now on, the answer to call `id` ([`SessionEvent::ResponseReady`]), and
+    /// [`SessionEvent::SessionEnded`] and [`SessionEvent::Missed`]; nothing else.
+    pub(crate) fn wait_for(self: &Arc<Self>, id: &str) -> EventStream {
+        let mailbox = Arc::new(Mailbox::default());
+        let token = self.next_waiter.fetch_add(1, Ordering::Relaxed);
+        self.waiters()
+            .entry(id.to_owned())
+            .or_default()
+            .push((token, mailbox.clone()));
+        let waiting = Waiting {
+            channel: self.clone(),
+            id: id.to_owned(),
+            token,
+            mailbox,
+        };
+        Box::pin(futures::stream::unfold(waiting, |waiting| async move {
+            let event = waiting.mailbox.next().await;
+            Some((event, waiting))
+        }))
+    }
+
+    /// Tells the listeners who want to know: the session's streams hear of everything (of an
+    /// answer, its id only); an answer's waiters of it, with the finished call when the store
+    /// sent it along; every waiter of the session's end and of lost events.
+    pub(crate) fn announce(&self, event: SessionEvent) {
+        match event {
+            SessionEvent::ResponseReady { id, record } => {
+                let waiting = self.waiters().get(&id).cloned().unwrap_or_default();
+                if let Some(((_, last), others)) = waiting.split_last() {
+                    for (_, mailbox) in others {
+                        mailbox.put(SessionEvent::ResponseReady {
+                            id: id.clone(),
+                            record: record.clone(),
+                        });
+                    }
+                    last.put(SessionEvent::ResponseReady {
+                        id: id.clone(),
+                        record,
+                    });
+                }
+                // No subscribers is normal: nobody is listening.
+                let _ = self
+                    .events
+                    .send(SessionEvent::ResponseReady { id, record: None });
+            }
+            SessionEvent::SessionEnded | SessionEvent::Missed => {
+                for waiting in self.waiters().values() {
+                    for (_, mailbox) in waiting {
+                        mailbox.put(event.clone());
+                    }
+                }
+                let _ = self.events.send(event);
+            }
+            event => {
+                let _ = self.events.send(event);
+            }
+        }
+    }
+
+    /// Whether a caller on this replica waits for call `id`'s answer.
+    pub(crate) fn waiting_for(&self, id: &str) -> bool {
+        self.waiters().contains_key(id)
+    }
+
+    /// Whether anyone on this replica listens.
+    pub(crate) fn in_use(&self) -> bool {
+        self.events.receiver_count() > 0 || !self.waiters().is_empty()
+    }
+
+    fn forget(&self, id: &str, token: u64) {
+        let mut waiters = self.waiters();
+        if let Some(waiting) = waiters.get_mut(id) {
+            waiting.retain(|(other, _)| *other != token);
+            if waiting.is_empty() {
+                waiters.remove(id);
+            }
+        }
+    }
+}
+
+/// A waiter's registration; withdrawn when its stream is dropped.
+struct Waiting {
+    channel: Arc<SessionChannel>,
+    id: String,
+    token: u64,
+    mailbox: Arc<Mailbox>,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.channel.forget(&self.id, self.token);
+    }
+}
+
+/// What a waiter has yet to read: one event, enough since every event tells it to look at the
+/// call again (an answer that came with its record is kept over any later event).
+#[derive(Default)]
+struct Mailbox {
+    event: Mutex<Option<SessionEvent>>,
+    ready: Notify,
+}
+
+impl Mailbox {
+    fn slot(&self) -> MutexGuard<'_, Option<SessionEvent>> {
+        self.event
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn put(&self, event: SessionEvent) {
+        {
+            let mut slot = self.slot();
+            let keeps_record = matches!(
+                *slot,
+                Some(SessionEvent::ResponseReady {
+                    record: Some(_),
+                    ..
+                })
+            );
+            if !keeps_record {
+                *slot = Some(event);
+            }
+        }
+        self.ready.notify_one();
+    }
+
+    async fn next(&self) -> SessionEvent {
+        loop {
+            if let Some(event) = self.slot().take() {
+                return event;
+            }
+            // A `put` since the slot was empty left a permit: this returns at once.
+            self.ready.notified().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{NewRequest, RequestRecord};
+
+    fn answered(id: &str) -> SessionEvent {
+        SessionEvent::ResponseReady {
+            id: id.to_owned(),
+            record: None,
+        }
+    }
+
+    /// The finished call an answer's event carries, if any.
+    fn carried(event: &SessionEvent) -> Option<&RequestRecord> {
+        match event {
+            SessionEvent::ResponseReady { record, .. } => record.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// Polls a stream once without waiting: what is there now, if anything.
+    fn ready(stream: &mut EventStream) -> Option<SessionEvent> {
+        futures::FutureExt::now_or_never(stream.next()).flatten()
+    }
+
+    #[tokio::test]
+    async fn a_waiter_hears_of_its_own_answer_and_of_nothing_else() {
+        let channel = SessionChannel::new();
+        let mut mine = channel.wait_for("a");
+        let mut other = channel.wait_for("b");
+        let mut session = channel.subscribe();
+        channel.announce(SessionEvent::RequestQueued);
+        channel.announce(SessionEvent::ProviderChanged("c1".into()));
+        channel.announce(SessionEvent::ManifestChanged);
+        channel.announce(answered("b"));
+        assert_eq!(ready(&mut mine), None, "woken by another call's events");
+        assert_eq!(ready(&mut other), Some(answered("b")));
+        channel.announce(answered("a"));
+        assert_eq!(ready(&mut mine), Some(answered("a")));
+        // The session's stream hears of everything, in order.
+        let mut heard = Vec::new();
+        while let Some(event) = ready(&mut session) {
+            heard.push(event);
+        }
+        assert_eq!(
+            heard,
+            vec![
+                SessionEvent::RequestQueued,
+                SessionEvent::ProviderChanged("c1".into()),
+                SessionEvent::ManifestChanged,
+                answered("b"),
+                answered("a"),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn every_waiter_hears_of_the_end_and_of_lost_events() {
+        let channel = SessionChannel::new();
+        let mut first = channel.wait_for("a");
+        let mut second = channel.wait_for("b");
+        channel.announce(SessionEvent::Missed);
+        assert_eq!(ready(&mut first), Some(SessionEvent::Missed));
+        assert_eq!(ready(&mut second), Some(SessionEvent::Missed));
+        channel.announce(SessionEvent::SessionEnded);
+        assert_eq!(ready(&mut first), Some(SessionEvent::SessionEnded));
+        assert_eq!(ready(&mut second), Some(SessionEvent::SessionEnded));
+    }
+
+    #[tokio::test]
+    async fn an_answer_with_its_record_is_not_overwritten_and_reaches_each_waiter() {
+        let channel = SessionChannel::new();
+        let mut first = channel.wait_for("a");
+        let mut second = channel.wait_for("a");
+        let record = RequestRecord::queued(
+            NewRequest {
+                id: "a".into(),
+                tool_id: None,
+                function_name: "f".into(),
+                args: serde_json::json!({}),
+                created_at: crate::clock::Timestamp(1),
+                deadline: crate::clock::Timestamp(2),
+                builtin: false,
+                correlation_id: None,
+            },
+            1,
+        );
+        channel.announce(SessionEvent::ResponseReady {
+            id: "a".into(),
+            record: Some(Box::new(record.clone())),
+        });
+        channel.announce(SessionEvent::Missed);
+        for waiter in [&mut first, &mut second] {
+            let event = ready(waiter).expect("the answer");
+            assert_eq!(carried(&event), Some(&record));
+            assert_eq!(ready(waiter), None);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_waiter_that_is_gone_is_forgotten() {
+        let channel = SessionChannel::new();
+        let waiter = channel.wait_for("a");
+        assert!(channel.in_use());
+        drop(waiter);
+        assert!(!channel.in_use(), "a dropped waiter still counted");
+        let session = channel.subscribe();
+        assert!(channel.in_use());
+        drop(session);
+        assert!(!channel.in_use());
+    }
+
+    #[tokio::test]
+    async fn a_waiter_sleeping_before_its_answer_is_woken_by_it() {
+        let channel = SessionChannel::new();
+        let mut waiter = channel.wait_for("a");
+        let woken = tokio::spawn(async move { waiter.next().await });
+        tokio::task::yield_now().await;
+        channel.announce(answered("a"));
+        let event = tokio::time::timeout(std::time::Duration::from_secs(10), woken)
+            .await
+            .expect("woken")
+            .expect("the task");
+        assert_eq!(event, Some(answered("a")));
+    }
+}
