@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Where an idle tab's memory goes: runs `toolrelay` (one process, memory store) under
 # heaptrack, attaches idle tabs with `toolrelay-bench tabs`, and prints the allocation sites
-# that make up the heap at its peak (the tabs all attached), with their bytes per tab.
+# that hold the heap while the tabs are idle, with their bytes per tab.
 #
 #   bench/heap-profile.sh [ws|sse|grpc] [TABS]      (default: ws 2000)
 #
@@ -24,12 +24,14 @@ cp "$target/release/toolrelay" "$work/toolrelay"
 # Leave the ordinary (jemalloc) build in place for the bench.
 cargo build --release -p toolrelay-gateway --bin toolrelay
 
-LISTEN_ADDR=127.0.0.1:0 GRPC_LISTEN_ADDR=127.0.0.1:0 LOG_FORMAT=json \
+# The bench's own limits (bench/src/system.rs): no rate limit gets in the way.
+RATE_LIMIT_REQUEST_PER_CODE=100000000 RATE_LIMIT_SESSION_PER_IP=100000000 \
+  LISTEN_ADDR=127.0.0.1:0 GRPC_LISTEN_ADDR=127.0.0.1:0 LOG_FORMAT=json \
   RUST_LOG=warn,toolrelay=info heaptrack -o "$work/heap" "$work/toolrelay" >"$work/log" 2>&1 &
 relay=$!
 for _ in $(seq 200); do grep -q '"toolrelay listening"' "$work/log" 2>/dev/null && break; sleep 0.1; done
 line=$(grep '"toolrelay listening"' "$work/log") || { cat "$work/log" >&2; exit 1; }
-field() { python3 -c 'import json,sys; print(json.loads(sys.argv[1])["fields"][sys.argv[2]])' "$line" "$1"; }
+field() { python3 -c 'import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])' "$line" "$1"; }
 base="http://$(field listen)"
 grpc="http://$(field grpc)"
 
@@ -42,23 +44,26 @@ for _ in $(seq 1200); do grep -q '"ready"' "$work/tabs" 2>/dev/null && break; sl
 grep -q '"ready"' "$work/tabs" || { echo "the tabs did not attach" >&2; exit 1; }
 echo "$tabs idle $transport tabs attached" >&2
 sleep 2
-exec 3>&-
-wait %2 2>/dev/null || true
-kill -TERM "$relay"
+# Killed while the tabs are idle: what is still allocated then ("leaked", to heaptrack) is the
+# idle tabs' memory and the process's own.
+pkill -KILL -f "^$work/toolrelay" || true
 wait "$relay" || true
+exec 3>&-
+wait 2>/dev/null || true
 
 data=$(ls "$work"/heap.*)
-heaptrack_print --file "$data" --print-peaks 1 --print-allocators 0 --print-temporary 0 \
-  --print-leaks 0 --peak-limit 25 --sub-peak-limit 4 --merge-backtraces 0 \
+heaptrack_print --file "$data" --print-peaks 0 --print-allocators 0 --print-temporary 0 \
+  --print-leaks 1 --peak-limit 30 --sub-peak-limit 3 --disable-builtin-suppressions \
   | python3 -c '
 import re, sys
 tabs = int(sys.argv[1])
+units = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9}
 for line in sys.stdin:
     line = line.rstrip("\n")
-    # "PEAK MEMORY CONSUMERS" entries start with a size: add the bytes per tab.
-    match = re.match(r"^(\d+(?:\.\d+)?)([KMG]?)B? peak memory consumed over", line)
+    # Each allocation site starts with its size: add the bytes per tab.
+    match = re.match(r"^(\d+(?:\.\d+)?)([KMG]?)B? leaked over (\d+) calls", line)
     if match:
-        size = float(match.group(1)) * {"": 1, "K": 1e3, "M": 1e6, "G": 1e9}[match.group(2)]
+        size = float(match.group(1)) * units[match.group(2)]
         line += f"   [{size / tabs:,.0f} B per tab]"
     print(line)
 ' "$tabs"

@@ -160,7 +160,7 @@ pub async fn normalise_errors<E: Endpoint>(next: E, request: Request) -> poem::R
         .filter(|id| {
             !id.is_empty() && id.len() <= MAX_REQUEST_ID && id.bytes().all(|b| b.is_ascii_graphic())
         })
-        .map_or_else(toolrelay_relay::code::random_id, str::to_owned);
+        .map_or_else(toolrelay_relay::code::unique_id, str::to_owned);
     let path = request.uri().path().to_owned();
     let span = tracing::info_span!(
         "request",

@@ -1,6 +1,10 @@
-//! Session codes, provider tokens and random ids, all from the operating system's CSPRNG.
+//! Session codes, provider tokens and random ids, all from the operating system's CSPRNG;
+//! and ids that need only be unique (a call's, a request's correlation id), made without a
+//! system call.
 
 use std::fmt;
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use data_encoding::{BASE32_NOPAD, BASE64URL_NOPAD, HEXLOWER};
 use sha2::{Digest, Sha256};
@@ -80,6 +84,31 @@ pub fn random_id() -> String {
     HEXLOWER.encode(&random_bytes::<16>())
 }
 
+/// An id that is not a secret (a call's, a correlation id), 32 hex characters: unique in this
+/// process, and across replicas by a random 64-bit half drawn once per process. The other half
+/// is a counter passed through a bijection with a random key, so ids do not show how many
+/// came before. Two per call on the hot path: no system call, unlike [`random_id`].
+pub fn unique_id() -> String {
+    static PROCESS: LazyLock<(u64, u64)> = LazyLock::new(|| {
+        let bytes = random_bytes::<16>();
+        let half = |range: std::ops::Range<usize>| {
+            u64::from_le_bytes(bytes[range].try_into().unwrap_or_default())
+        };
+        (half(0..8), half(8..16))
+    });
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let (prefix, key) = *PROCESS;
+    let count = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix:016x}{:016x}", mix(count ^ key))
+}
+
+/// splitmix64's finaliser: a bijection of `u64`, so distinct counts give distinct ids.
+fn mix(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
 fn random_bytes<const N: usize>() -> [u8; N] {
     let mut bytes = [0u8; N];
     getrandom::fill(&mut bytes).expect("the operating system's random number generator failed");
@@ -89,6 +118,23 @@ fn random_bytes<const N: usize>() -> [u8; N] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unique_ids_are_distinct_hex_and_share_the_process_half() {
+        let ids: Vec<String> = (0..10_000).map(|_| unique_id()).collect();
+        let distinct: std::collections::HashSet<&String> = ids.iter().collect();
+        assert_eq!(distinct.len(), ids.len());
+        assert!(
+            ids.iter()
+                .all(|id| id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()))
+        );
+        assert!(ids.iter().all(|id| id[..16] == ids[0][..16]));
+        // Consecutive ids do not count up visibly.
+        assert_ne!(
+            u64::from_str_radix(&ids[1][16..], 16).unwrap(),
+            u64::from_str_radix(&ids[0][16..], 16).unwrap() + 1
+        );
+    }
 
     #[test]
     fn generated_codes_are_eight_base32_characters() {

@@ -9,9 +9,10 @@
 //! with 1012 so that they reconnect elsewhere, and the servers stop.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::Notify;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 /// The drain state of a process. Cheap to clone; clones share it.
@@ -24,18 +25,25 @@ pub struct Drain {
 struct Inner {
     draining: CancellationToken,
     ended: CancellationToken,
-    held: watch::Sender<usize>,
+    /// What is held now. A counter, not a channel: every call takes and releases holds, and
+    /// only a draining process needs to hear when the count reaches zero.
+    held: AtomicUsize,
+    /// Told when the count reaches zero while draining.
+    settled: Notify,
 }
 
 /// Something in flight that the drain waits for; dropping it lets the drain go on.
 #[derive(Debug)]
 pub struct Hold {
-    held: watch::Sender<usize>,
+    inner: Arc<Inner>,
 }
 
 impl Drop for Hold {
     fn drop(&mut self) {
-        self.held.send_modify(|held| *held = held.saturating_sub(1));
+        let inner = &self.inner;
+        if inner.held.fetch_sub(1, Ordering::AcqRel) == 1 && inner.draining.is_cancelled() {
+            inner.settled.notify_waiters();
+        }
     }
 }
 
@@ -52,7 +60,8 @@ impl Drain {
             inner: Arc::new(Inner {
                 draining: CancellationToken::new(),
                 ended: CancellationToken::new(),
-                held: watch::Sender::new(0),
+                held: AtomicUsize::new(0),
+                settled: Notify::new(),
             }),
         }
     }
@@ -85,23 +94,33 @@ impl Drain {
 
     /// Holds the drain open until the returned value is dropped.
     pub fn hold(&self) -> Hold {
-        self.inner.held.send_modify(|held| *held += 1);
+        self.inner.held.fetch_add(1, Ordering::AcqRel);
         Hold {
-            held: self.inner.held.clone(),
+            inner: Arc::clone(&self.inner),
         }
     }
 
     /// How much is held now.
     pub fn held(&self) -> usize {
-        *self.inner.held.borrow()
+        self.inner.held.load(Ordering::Acquire)
     }
 
     /// Begins the drain, waits until nothing is held or `deadline` has passed, then ends it.
     /// Returns how much was still held at the end.
     pub async fn run(&self, deadline: Duration) -> usize {
         self.begin();
-        let mut held = self.inner.held.subscribe();
-        let settled = held.wait_for(|held| *held == 0);
+        let settled = async {
+            loop {
+                // Listening before looking, so a release in between is not missed.
+                let released = self.inner.settled.notified();
+                let mut released = std::pin::pin!(released);
+                released.as_mut().enable();
+                if self.held() == 0 {
+                    return;
+                }
+                released.await;
+            }
+        };
         if tokio::time::timeout(deadline, settled).await.is_err() {
             tracing::warn!(
                 held = self.held(),

@@ -284,10 +284,12 @@ impl Driver {
         uplink.close();
         while let Ok(frame) = uplink.try_recv() {
             if let ProviderFrame::Response(response) = frame
-                && let Err(error) = self
-                    .relay
-                    .accept_response(&self.code, *response, self.answered_by())
-                    .await
+                && let Err(error) = Box::pin(self.relay.accept_response(
+                    &self.code,
+                    *response,
+                    self.answered_by(),
+                ))
+                .await
             {
                 tracing::debug!(code = %self.code, %error, "a last answer was refused");
             }
@@ -317,19 +319,21 @@ impl Driver {
         mut events: EventStream,
         uplink: &mut mpsc::Receiver<ProviderFrame>,
     ) -> Result<Ending, Gone> {
+        // What the loop awaits besides its events is boxed: the future of this function is
+        // what an idle tab's task keeps, and the work it waits for is short-lived.
         let config = self.relay.config();
         let clock = self.relay.clock();
-        self.send(Downlink::Welcome {
+        Box::pin(self.send(Downlink::Welcome {
             code: self.code.clone(),
             expires_at,
-        })
+        }))
         .await?;
-        self.deliver().await?;
+        Box::pin(self.deliver()).await?;
 
         let period = config.heartbeat_interval;
         let mut heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let end_of_life = clock.instant(max_expires_at);
+        let mut end_of_life = Box::pin(tokio::time::sleep_until(clock.instant(max_expires_at)));
         let mut drained = std::pin::pin!(self.relay.inner.drain.ended());
 
         loop {
@@ -339,30 +343,30 @@ impl Driver {
                 biased;
                 frame = uplink.recv() => match frame {
                     Some(frame) => {
-                        if let Some(ending) = self.handle(frame).await? {
+                        if let Some(ending) = Box::pin(self.handle(frame)).await? {
                             return Ok(ending);
                         }
                     }
                     None => return Ok(Ending::Disconnected),
                 },
                 () = &mut drained => {
-                    self.send(Downlink::Restarting).await?;
+                    Box::pin(self.send(Downlink::Restarting)).await?;
                     return Ok(Ending::Closed);
                 }
                 event = events.next() => match event {
-                    Some(SessionEvent::RequestQueued) => self.deliver().await?,
+                    Some(SessionEvent::RequestQueued) => Box::pin(self.deliver()).await?,
                     // A lost event may have been the one that replaced this connection.
                     Some(event @ (SessionEvent::Missed | SessionEvent::ProviderChanged(_))) => {
-                        if let Some(ending) = self.check_still_provider().await? {
+                        if let Some(ending) = Box::pin(self.check_still_provider()).await? {
                             return Ok(ending);
                         }
                         if event == SessionEvent::Missed {
-                            self.forget_answered().await;
+                            Box::pin(self.forget_answered()).await;
                         }
-                        self.deliver().await?;
+                        Box::pin(self.deliver()).await?;
                     }
                     Some(SessionEvent::SessionEnded) | None => {
-                        return self.expire("The session has ended. Start a new session to pair again.").await;
+                        return Box::pin(self.expire("The session has ended. Start a new session to pair again.")).await;
                     }
                     Some(SessionEvent::ResponseReady { id, .. }) => {
                         self.outstanding().remove(&id);
@@ -370,21 +374,21 @@ impl Driver {
                     Some(SessionEvent::ManifestChanged) => {}
                 },
                 _ = heartbeat.tick() => {
-                    match self.relay.touch(&self.code, Some(&self.connection_id)).await {
+                    match Box::pin(self.relay.touch(&self.code, Some(&self.connection_id))).await {
                         Ok(session) if self.is_provider_of(&session) => {
-                            self.send(Downlink::Heartbeat { expires_at: session.expires_at, answers_ping: false }).await?;
+                            Box::pin(self.send(Downlink::Heartbeat { expires_at: session.expires_at, answers_ping: false })).await?;
                             // Also retries a claim that failed on a store error.
-                            self.deliver().await?;
+                            Box::pin(self.deliver()).await?;
                         }
-                        Ok(_) => return self.replaced().await,
+                        Ok(_) => return Box::pin(self.replaced()).await,
                         Err(RelayError::SessionNotFound { .. }) => {
-                            return self.expire("The session has expired. Start a new session to pair again.").await;
+                            return Box::pin(self.expire("The session has expired. Start a new session to pair again.")).await;
                         }
                         Err(error) => tracing::warn!(code = %self.code, %error, "heartbeat could not slide the session"),
                     }
                 }
-                () = tokio::time::sleep_until(end_of_life) => {
-                    return self.expire("The session reached its maximum lifetime. Start a new session to pair again.").await;
+                () = &mut end_of_life => {
+                    return Box::pin(self.expire("The session reached its maximum lifetime. Start a new session to pair again.")).await;
                 }
                 () = self.down.closed() => return Ok(Ending::Disconnected),
             }
@@ -544,6 +548,36 @@ mod tests {
     /// Every connection's two channels allocate a block of 32 messages when they are made, so
     /// the size of a message is paid 32 times by every idle tab (BENCHMARKS.md): the large
     /// ones travel boxed. A tab's frames are an answer or a manifest, both boxed, or a ping.
+    /// An idle tab's driver task is resident for as long as the tab stays: its future (the
+    /// state machine of `Driver::run`) is what every idle tab pays (BENCHMARKS.md).
+    #[tokio::test]
+    async fn an_idle_drivers_task_stays_small() {
+        use crate::clock::Clock;
+        use crate::metrics::Metrics;
+        use crate::store::memory::{MemoryStore, StoreLimits};
+        let config = crate::config::RelayConfig::default();
+        let clock = Clock::new();
+        let limits = StoreLimits::keeping(config.response_retention);
+        let store = MemoryStore::observed(clock.clone(), limits, Metrics::default());
+        let relay = Relay::new(store, config, clock, Metrics::default());
+        let (down, _downlink) = mpsc::channel(1);
+        let (_uplink, up_rx) = mpsc::channel(1);
+        let driver = Driver {
+            relay,
+            code: SessionCode::generate(),
+            connection_id: "c".into(),
+            transport: Transport::WebSocket,
+            down,
+            outstanding: std::sync::Mutex::default(),
+        };
+        let now = Timestamp(0);
+        let events: EventStream = Box::pin(futures::stream::empty());
+        let running = driver.run(now, now, events, up_rx);
+        let size = std::mem::size_of_val(&running);
+        // 2,248 bytes before the work it awaits was boxed.
+        assert!(size <= 1200, "a driver's future is {size} bytes");
+    }
+
     #[test]
     fn channel_messages_stay_small() {
         let down = std::mem::size_of::<Downlink>();

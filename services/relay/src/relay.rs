@@ -595,7 +595,7 @@ impl Relay {
         let request_id = match call.request_id {
             Some(id) if is_valid_request_id(&id) => id,
             Some(_) => return Err(RelayError::InvalidRequestId),
-            None => fresh_id.unwrap_or_else(code::random_id),
+            None => fresh_id.unwrap_or_else(code::unique_id),
         };
         let args = match call.args {
             Value::Null => Value::Object(Default::default()),
@@ -892,7 +892,7 @@ impl Relay {
         // Listening for the answer before the call is queued, so it cannot slip past: the
         // wait starts from the record the queueing returned, without reading it again.
         // Whether the session exists, the queueing says.
-        let request_id = call.request_id.clone().unwrap_or_else(code::random_id);
+        let request_id = call.request_id.clone().unwrap_or_else(code::unique_id);
         let events = self
             .inner
             .store

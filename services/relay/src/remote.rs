@@ -260,7 +260,7 @@ impl RelayApi for RemoteRelay {
         // Named here, so that asking another replica again is the same call.
         let message = pb::SubmitRequest {
             code: code.into(),
-            request_id: call.request_id.unwrap_or_else(crate::code::random_id),
+            request_id: call.request_id.unwrap_or_else(crate::code::unique_id),
             tool_id: call.tool_id.unwrap_or_default(),
             function_name: call.function_name,
             args: Some(to_struct(&call.args)),
@@ -308,7 +308,7 @@ impl RelayApi for RemoteRelay {
         self.check_depth(&call.args, "The arguments are")?;
         // Chosen here, so that a caller cut off by the drain can be told which call to ask for,
         // and so that asking another replica again is the same call.
-        let request_id = call.request_id.unwrap_or_else(crate::code::random_id);
+        let request_id = call.request_id.unwrap_or_else(crate::code::unique_id);
         let message = pb::CallRequest {
             code: code.into(),
             request_id: request_id.clone(),

@@ -237,7 +237,7 @@ fn rpc_span(request: &tonic::codegen::http::Request<()>) -> tracing::Span {
         .get(CORRELATION_ID_METADATA)
         .and_then(|value| value.to_str().ok())
         .filter(|id| !id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_graphic()))
-        .map_or_else(crate::code::random_id, str::to_owned);
+        .map_or_else(crate::code::unique_id, str::to_owned);
     tracing::info_span!("rpc", %correlation_id, method = %request.uri().path())
 }
 

@@ -7,7 +7,9 @@
 //!
 //! Lines are written to stdout by a thread of their own, not by the async worker that logged
 //! them: a write per finished call on the workers was a tenth of the relay's CPU under load
-//! (BENCHMARKS.md). Nothing is dropped: when the writer falls behind, loggers wait for it.
+//! (BENCHMARKS.md). The thread writes what is queued in one go, then flushes (so a busy relay
+//! makes one write for many lines, and a quiet one writes each line at once). Nothing is
+//! dropped: when the writer falls behind, loggers wait for it.
 
 use std::io::IsTerminal;
 
@@ -24,7 +26,10 @@ pub fn init(format: LogFormat) -> WorkerGuard {
     let (writer, guard) = NonBlockingBuilder::default()
         .lossy(false)
         .thread_name("toolrelay-log")
-        .finish(std::io::stdout());
+        .finish(std::io::BufWriter::with_capacity(
+            64 * 1024,
+            std::io::stdout(),
+        ));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(writer)

@@ -223,13 +223,15 @@ pub async fn serve_link<S>(
                 error: error.code.as_str().to_owned(),
                 message: error.message.clone(),
             };
-            if send(&mut socket, text(&frame)).await {
-                close(&mut socket, code, "refused").await;
+            if Box::pin(send(&mut socket, text(&frame))).await {
+                Box::pin(close(&mut socket, code, "refused")).await;
             }
             return;
         }
     };
 
+    // What the loop awaits besides the socket and the link is boxed: this future is what an
+    // idle tab's task keeps, and a write is short-lived.
     // A frame read from the socket and not yet taken by the driver. While one waits, the loop
     // stops reading but keeps writing, so a full uplink can never block the downlink.
     let mut pending: Option<ProviderFrame> = None;
@@ -246,14 +248,14 @@ pub async fn serve_link<S>(
             () = &mut drained => {
                 // The process is stopping (a gateway whose relay goes on included): the tab
                 // hears why, and reconnects elsewhere.
-                if send(&mut socket, text(&Downlink::Restarting.to_frame())).await {
-                    close(&mut socket, CloseCode::Restart, "relay restarting").await;
+                if Box::pin(send(&mut socket, text(&Downlink::Restarting.to_frame()))).await {
+                    Box::pin(close(&mut socket, CloseCode::Restart, "relay restarting")).await;
                 }
                 return;
             }
             message = link.downlink.recv() => {
                 let Some(message) = message else {
-                    close(&mut socket, CloseCode::Normal, "closed").await;
+                    Box::pin(close(&mut socket, CloseCode::Normal, "closed")).await;
                     return;
                 };
                 // Only the relay's own heartbeats measure silence: a reply to the tab's ping
@@ -262,10 +264,10 @@ pub async fn serve_link<S>(
                     silent = if heard { 0 } else { silent + 1 };
                     heard = false;
                     if silent >= SILENT_HEARTBEATS {
-                        close(&mut socket, CloseCode::Away, "no answer to pings").await;
+                        Box::pin(close(&mut socket, CloseCode::Away, "no answer to pings")).await;
                         return;
                     }
-                    if !send(&mut socket, Message::Ping(Default::default())).await {
+                    if !Box::pin(send(&mut socket, Message::Ping(Default::default()))).await {
                         return;
                     }
                 }
@@ -277,11 +279,11 @@ pub async fn serve_link<S>(
                     Downlink::Replaced => (CloseCode::Normal, "replaced"),
                     _ => (CloseCode::Normal, "session ended"),
                 });
-                if !send(&mut socket, text(&message.into_frame())).await {
+                if !Box::pin(send(&mut socket, text(&message.into_frame()))).await {
                     return;
                 }
                 if let Some((code, reason)) = ending {
-                    close(&mut socket, code, reason).await;
+                    Box::pin(close(&mut socket, code, reason)).await;
                     return;
                 }
             }
@@ -310,14 +312,14 @@ pub async fn serve_link<S>(
                     Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => None,
                     Some(Err(WsError::Capacity(CapacityError::MessageTooLong { size, max_size }))) => {
                         tracing::debug!(size, max_size, "a provider sent a frame over the limit");
-                        close(&mut socket, CloseCode::Size, "frame too large").await;
+                        Box::pin(close(&mut socket, CloseCode::Size, "frame too large")).await;
                         return;
                     }
                     Some(Ok(Message::Close(_)) | Err(_)) | None => return,
                 };
                 if let Some((error, message)) = refusal {
                     let frame = RelayFrame::Error { error, message };
-                    if !send(&mut socket, text(&frame)).await {
+                    if !Box::pin(send(&mut socket, text(&frame))).await {
                         return;
                     }
                 }

@@ -17,8 +17,9 @@ use super::{EventStream, SessionEvent};
 
 /// Events a slow subscriber may fall behind by before it gets [`SessionEvent::Missed`]: events
 /// are hints that readers follow by looking at the state, so a few are plenty. (Answers go to
-/// their waiters apart, so what a session's stream carries is its tab's work.)
-const EVENT_BUFFER: usize = 16;
+/// their waiters apart, so what a session's stream carries is its tab's work: two events a
+/// call.) Every session with a tab keeps the buffer: 8 slots are ~0.6 KB.
+const EVENT_BUFFER: usize = 8;
 
 /// Callers waiting for an answer, by call id: each with its token and mailbox.
 type Waiters = HashMap<String, Vec<(u64, Arc<Mailbox>)>>;
