@@ -519,13 +519,19 @@ impl Relay {
             }
         }
         let count = manifest.functions().len();
+        let json = manifest.to_json();
+        // Another session's copy of the same tools, if there is one: one compiled copy each.
+        let manifest = self
+            .inner
+            .manifests
+            .shared(&json, || Ok::<_, RelayError>(manifest))?;
         let revision = self
             .inner
             .store
-            .set_manifest(code, manifest.to_json())
+            .set_manifest(code, json)
             .await?
             .ok_or_else(|| not_found(code))?;
-        self.inner.manifests.put(code, revision, Arc::new(manifest));
+        self.inner.manifests.put(code, revision, manifest);
         self.touch(code, connection).await?;
         tracing::info!(code = %code, functions = count, "manifest registered");
         Ok(count)
@@ -1174,14 +1180,15 @@ impl Relay {
             .await?
             .ok_or_else(|| not_found(code))?;
         let manifest = match json {
-            Some(json) => Manifest::from_json(&json, self.manifest_limits()).map_err(|error| {
-                RelayError::StoreUnavailable(crate::error::StoreError(format!(
-                    "a stored manifest cannot be read: {error}"
-                )))
+            Some(json) => self.inner.manifests.shared(&json, || {
+                Manifest::from_json(&json, self.manifest_limits()).map_err(|error| {
+                    RelayError::StoreUnavailable(crate::error::StoreError(format!(
+                        "a stored manifest cannot be read: {error}"
+                    )))
+                })
             })?,
-            None => Manifest::default(),
+            None => Arc::new(Manifest::default()),
         };
-        let manifest = Arc::new(manifest);
         self.inner
             .manifests
             .put(code, revision, Arc::clone(&manifest));
