@@ -15,7 +15,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use tokio::sync::mpsc;
 use toolrelay::PROTOCOL_VERSION;
-use toolrelay::wire::{ProviderFrame, RelayFrame, ToolRequest};
+use toolrelay::wire::{ProviderFrame, ProviderResponse, RelayFrame, ToolRequest};
 
 use crate::clock::Timestamp;
 use crate::code::{self, SessionCode};
@@ -157,6 +157,48 @@ pub struct ProviderLink {
     pub downlink: mpsc::Receiver<Downlink>,
     /// Messages from the provider. Dropping it means the provider went away.
     pub uplink: mpsc::Sender<ProviderFrame>,
+    /// Where the transport may hand the provider's answers straight to the relay instead of
+    /// sending them up `uplink` (`None`: send them up, as a gateway relaying to a relay
+    /// elsewhere must).
+    pub answers: Option<Answers>,
+}
+
+/// A provider's answers recorded by the transport's own task: an answer needs nothing of the
+/// driver, and going through it would cost a hand-off between tasks for every call.
+#[derive(Clone)]
+pub struct Answers {
+    relay: Relay,
+    code: SessionCode,
+    by: AnsweredBy,
+}
+
+impl Answers {
+    /// Records an answer; the `error` frame to send the provider if it was refused. (That the
+    /// session has ended, the driver tells the provider itself.)
+    pub async fn accept(&self, response: ProviderResponse) -> Option<RelayFrame> {
+        match self
+            .relay
+            .accept_response(&self.code, response, self.by)
+            .await
+        {
+            Ok(_) | Err(RelayError::SessionNotFound { .. }) => None,
+            Err(error) => Some(
+                Downlink::Error {
+                    error: error.code(),
+                    message: error.to_string(),
+                }
+                .into_frame(),
+            ),
+        }
+    }
+}
+
+impl std::fmt::Debug for Answers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Answers")
+            .field("code", &self.code)
+            .finish_non_exhaustive()
+    }
 }
 
 /// How a driver's connection ended.
@@ -208,6 +250,11 @@ impl Relay {
         };
         tokio::spawn(driver.run(session.expires_at, session.max_expires_at, events, up_rx));
         Ok(ProviderLink {
+            answers: Some(Answers {
+                relay: self.clone(),
+                code: code.clone(),
+                by: AnsweredBy::Provider(transport),
+            }),
             code,
             connection_id,
             downlink,

@@ -574,6 +574,8 @@ impl RelayApi for RemoteRelay {
             connection_id: String::new(),
             downlink,
             uplink,
+            // Answers go up the `Connect` stream to the relay that holds the session.
+            answers: None,
         })
     }
 }

@@ -298,10 +298,24 @@ pub async fn serve_link<S>(
                 let refusal = match incoming {
                     Some(Ok(Message::Text(body))) => {
                         let (frame, refusal) = read_frame(&body, settings.answers);
-                        if let Some(ProviderFrame::Response(response)) = &frame {
-                            delivered.remove(&response.request_id);
+                        match (frame, &link.answers) {
+                            // An answer goes straight to the relay where it can (one task
+                            // hand-off less per call); what it says back is sent at once.
+                            (Some(ProviderFrame::Response(response)), Some(answers)) => {
+                                delivered.remove(&response.request_id);
+                                if let Some(frame) = Box::pin(answers.accept(*response)).await
+                                    && !Box::pin(send(&mut socket, text(&frame))).await
+                                {
+                                    return;
+                                }
+                            }
+                            (frame, _) => {
+                                if let Some(ProviderFrame::Response(response)) = &frame {
+                                    delivered.remove(&response.request_id);
+                                }
+                                pending = frame;
+                            }
                         }
-                        pending = frame;
                         refusal
                     }
                     Some(Ok(Message::Binary(_))) => Some((
