@@ -84,8 +84,13 @@ impl SessionChannel {
     pub(crate) fn announce(&self, event: SessionEvent) {
         match event {
             SessionEvent::ResponseReady { id, record } => {
-                let waiting = self.waiters().get(&id).cloned().unwrap_or_default();
-                if let Some(((_, last), others)) = waiting.split_last() {
+                // Mailboxes are filled under the map's lock (each put is one short lock of its
+                // own, never the other way round): no copy of the list per answer.
+                if let Some(((_, last), others)) = self
+                    .waiters()
+                    .get(&id)
+                    .and_then(|waiting| waiting.split_last())
+                {
                     for (_, mailbox) in others {
                         mailbox.put(SessionEvent::ResponseReady {
                             id: id.clone(),
