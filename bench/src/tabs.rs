@@ -200,16 +200,14 @@ async fn ws_tab(base: &str, session: &Session, ready: oneshot::Sender<()>) -> an
 }
 
 async fn put_manifest(http: &reqwest::Client, base: &str, session: &Session) -> anyhow::Result<()> {
-    let response = http
-        .put(format!("{base}/api/sessions/{}/manifest", session.code))
-        .bearer_auth(&session.token)
-        .json(&json!({"tools": [echo_tool()]}))
-        .send()
-        .await?;
-    if !response.status().is_success() {
-        bail!("PUT manifest: HTTP {}", response.status());
-    }
-    Ok(())
+    let url = format!("{base}/api/sessions/{}/manifest", session.code);
+    as_tab(
+        http.put(url),
+        session,
+        &json!({"tools": [echo_tool()]}),
+        "PUT manifest",
+    )
+    .await
 }
 
 async fn post_answer(
@@ -218,14 +216,24 @@ async fn post_answer(
     session: &Session,
     request: &Value,
 ) -> anyhow::Result<()> {
-    let response = http
-        .post(format!("{base}/api/sessions/{}/response", session.code))
+    let url = format!("{base}/api/sessions/{}/response", session.code);
+    as_tab(http.post(url), session, &answer(request), "POST response").await
+}
+
+/// Sends `body` with the session's provider token; fails unless the relay accepts it.
+async fn as_tab(
+    request: reqwest::RequestBuilder,
+    session: &Session,
+    body: &Value,
+    what: &str,
+) -> anyhow::Result<()> {
+    let response = request
         .bearer_auth(&session.token)
-        .json(&answer(request))
+        .json(body)
         .send()
         .await?;
     if !response.status().is_success() {
-        bail!("POST response: HTTP {}", response.status());
+        bail!("{what}: HTTP {}", response.status());
     }
     Ok(())
 }
