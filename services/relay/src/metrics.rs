@@ -74,6 +74,7 @@ struct Inner {
     /// By [`connection_index`].
     providers: [Gauge; 3],
     rate_limited: [Counter; RateLimit::ALL.len()],
+    refused: [Counter; Refusal::ALL.len()],
     store_durations: Vec<Histogram>,
     store_errors: Vec<Counter>,
     store_up: Gauge,
@@ -169,6 +170,15 @@ impl Metrics {
             "toolrelay_rate_limited",
             "Requests refused by a rate limit, by limit, counted where they were refused",
             rate_family,
+        );
+
+        let refused_family = Family::<[(&'static str, &'static str); 1], Counter>::default();
+        let refused = Refusal::ALL
+            .map(|reason| refused_family.get_or_create_owned(&[("reason", reason.as_str())]));
+        registry.register(
+            "toolrelay_refused",
+            "Connections and requests refused by a protection (connection caps, header timeouts, MCP session caps, Fetch Metadata, Host checks, missing gateway proof), by reason",
+            refused_family,
         );
 
         let store_family = Family::<[(&'static str, &'static str); 1], Histogram, fn() -> Histogram>::new_with_constructor(
@@ -278,6 +288,7 @@ impl Metrics {
                 queue_depth,
                 providers,
                 rate_limited,
+                refused,
                 store_durations,
                 store_errors,
                 store_up,
@@ -359,6 +370,11 @@ impl Metrics {
     /// A request was refused by the rate limit `limit`.
     pub fn rate_limited(&self, limit: RateLimit) {
         self.inner.rate_limited[limit as usize].inc();
+    }
+
+    /// A connection or request was refused by the protection `reason`.
+    pub fn refused(&self, reason: Refusal) {
+        self.inner.refused[reason as usize].inc();
     }
 
     /// What the store holds now, and the budget of its answers.
@@ -550,6 +566,58 @@ impl RateLimit {
             Self::Calls => "calls",
             Self::Tools => "tools",
             Self::Lookups => "lookups",
+        }
+    }
+}
+
+/// Why a protection refused a connection or request: `toolrelay_refused_total{reason}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// A connection over the cap of connections from one client address.
+    ConnectionsPerAddress,
+    /// A connection over the cap of connections in total.
+    ConnectionsTotal,
+    /// A connection that did not send its request head in time.
+    HeaderTimeout,
+    /// A connection whose request head was larger than allowed.
+    HeaderTooLarge,
+    /// An MCP `initialize` over the cap of live MCP sessions from one client address.
+    McpSessionsPerAddress,
+    /// An MCP `initialize` over the cap of live MCP sessions in total.
+    McpSessionsTotal,
+    /// A cross-site request refused by the Fetch Metadata policy before any code look-up.
+    FetchMetadata,
+    /// A request whose `Host` is neither the public host nor an allowed name.
+    Host,
+    /// A gRPC request naming a client address without a valid gateway secret.
+    GatewayProof,
+}
+
+impl Refusal {
+    const ALL: [Self; 9] = [
+        Self::ConnectionsPerAddress,
+        Self::ConnectionsTotal,
+        Self::HeaderTimeout,
+        Self::HeaderTooLarge,
+        Self::McpSessionsPerAddress,
+        Self::McpSessionsTotal,
+        Self::FetchMetadata,
+        Self::Host,
+        Self::GatewayProof,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ConnectionsPerAddress => "connections_per_address",
+            Self::ConnectionsTotal => "connections_total",
+            Self::HeaderTimeout => "header_timeout",
+            Self::HeaderTooLarge => "header_too_large",
+            Self::McpSessionsPerAddress => "mcp_sessions_per_address",
+            Self::McpSessionsTotal => "mcp_sessions_total",
+            Self::FetchMetadata => "fetch_metadata",
+            Self::Host => "host",
+            Self::GatewayProof => "gateway_proof",
         }
     }
 }
@@ -756,6 +824,7 @@ mod tests {
         );
         metrics.calls_expired(2);
         metrics.rate_limited(RateLimit::Lookups);
+        metrics.refused(Refusal::HeaderTimeout);
         let connected = metrics.provider_connected(Transport::Sse);
         metrics.mip_run(MipTool::Solve, MipOutcome::Ok, Duration::from_millis(30));
         let text = metrics.render().await;
@@ -768,6 +837,8 @@ mod tests {
             "toolrelay_calls_total{status=\"failed\",transport=\"none\"} 0",
             "toolrelay_rate_limited_total{limit=\"lookups\"} 1",
             "toolrelay_rate_limited_total{limit=\"sessions\"} 0",
+            "toolrelay_refused_total{reason=\"header_timeout\"} 1",
+            "toolrelay_refused_total{reason=\"gateway_proof\"} 0",
             "toolrelay_providers_connected{transport=\"sse\"} 1",
             "toolrelay_mip_runs_total{tool=\"solve\",outcome=\"ok\"} 1",
             "toolrelay_mip_run_duration_seconds_count{tool=\"solve\"} 1",
