@@ -241,6 +241,24 @@ pub fn is_within(networks: &[IpNet], address: std::net::IpAddr) -> bool {
     networks.iter().any(|network| network.contains(&address))
 }
 
+/// The default length of the IPv6 prefix one client is keyed by (`GUARD_IPV6_PREFIX`): a /64 is
+/// what one home or office line is handed, so one client has one budget, not 2^64.
+pub const DEFAULT_IPV6_PREFIX: u8 = 64;
+
+/// The key every per-address budget and cap counts `address` under: an IPv4 address (an
+/// IPv4-mapped IPv6 address is keyed as the IPv4 address it maps) as it is, another IPv6
+/// address by its first `ipv6_prefix` bits (the rest zeroed).
+pub fn client_key(address: IpAddr, ipv6_prefix: u8) -> IpAddr {
+    match address.to_canonical() {
+        IpAddr::V4(v4) => IpAddr::V4(v4),
+        IpAddr::V6(v6) => {
+            let prefix = u32::from(ipv6_prefix.min(128));
+            let mask = u128::MAX.checked_shl(128 - prefix).unwrap_or(0);
+            IpAddr::V6((u128::from(v6) & mask).into())
+        }
+    }
+}
+
 /// The default `TRUSTED_GATEWAYS`: loopback, where a gateway on the same host runs.
 pub fn loopback() -> Vec<IpNet> {
     ["127.0.0.0/8", "::1/128"]
@@ -252,6 +270,19 @@ pub fn loopback() -> Vec<IpNet> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn clients_are_keyed_by_ipv4_address_or_ipv6_prefix() {
+        let key = |text: &str, prefix| client_key(text.parse().unwrap(), prefix).to_string();
+        assert_eq!(key("127.0.0.1", 64), "127.0.0.1");
+        assert_eq!(key("::ffff:127.0.0.1", 64), "127.0.0.1");
+        assert_eq!(key("2001:db8::1", 64), "2001:db8::");
+        assert_eq!(key("2001:db8::2", 64), "2001:db8::");
+        assert_eq!(key("2001:db8:0:1::2", 64), "2001:db8:0:1::");
+        assert_eq!(key("2001:db8::1", 128), "2001:db8::1");
+        assert_eq!(key("2001:db8::1", 0), "::");
+        assert_eq!(key("::1", 64), "::");
+    }
 
     #[test]
     fn trusted_peers_are_addresses_or_networks() {
