@@ -453,6 +453,45 @@ mod tests {
         )
     }
 
+    #[tokio::test]
+    async fn only_a_client_that_reached_the_relay_itself_is_asked_for_a_key_and_charged() {
+        let key = "0123456789abcdef0123";
+        let keys = crate::access::ApiKeys::load(&[key.to_owned()], None).unwrap();
+        let limits = Limits {
+            api_keys: keys,
+            ..limits(1)
+        };
+        let address = "192.0.2.5".parse().unwrap();
+        let name = |result: Result<(), RelayError>| result.err().map(|error| error.name());
+        assert_eq!(
+            name(limits.admit(&Caller::direct(address, None))),
+            Some("api_key_required")
+        );
+        let wrong = Caller::direct(address, Some("fedcba9876543210fedc".into()));
+        assert_eq!(name(limits.admit(&wrong)), Some("invalid_api_key"));
+        let keyed = Caller::direct(address, Some(key.into()));
+        assert_eq!(name(limits.admit(&keyed)), None);
+        let admitted = Caller::new(address);
+        assert_eq!(name(limits.admit(&admitted)), None);
+        assert!(!format!("{keyed:?}").contains(key), "{keyed:?}");
+
+        // A gateway's clients were charged by the gateway; a direct client pays here.
+        for _ in 0..3 {
+            limits.admit_session(&admitted).await.unwrap();
+            limits.admit_tool_call(&admitted).await.unwrap();
+        }
+        limits.admit_session(&keyed).await.unwrap();
+        assert_eq!(
+            name(limits.admit_session(&keyed).await),
+            Some("rate_limited")
+        );
+        limits.admit_tool_call(&keyed).await.unwrap();
+        assert_eq!(
+            name(limits.admit_tool_call(&keyed).await),
+            Some("rate_limited")
+        );
+    }
+
     fn caller(address: &str) -> Caller {
         Caller::new(address.parse().unwrap())
     }
