@@ -89,6 +89,7 @@ impl Cluster {
                 ("GRPC_LISTEN_ADDR", "127.0.0.1:0"),
                 ("WS_LISTEN_ADDR", "127.0.0.1:0"),
                 ("REDIS_URL", url.as_str()),
+                ("GATEWAY_SECRET", crate::GATEWAY_SECRET),
             ];
             all.extend_from_slice(env);
             let logs = Logs::default();
@@ -116,6 +117,7 @@ impl Cluster {
                 ("LISTEN_ADDR", "127.0.0.1:0"),
                 ("RELAY_URL", relay_url.as_str()),
                 ("REDIS_URL", url.as_str()),
+                ("GATEWAY_SECRET", crate::GATEWAY_SECRET),
             ];
             all.extend_from_slice(env);
             let (child, line) = spawn_logged(

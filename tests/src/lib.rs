@@ -41,6 +41,9 @@ use toolrelay_relay::server::{self, Listeners};
 /// How long a test waits for something that should happen promptly.
 pub const PATIENCE: Duration = Duration::from_secs(10);
 
+/// The gateway secret the split systems share (`GATEWAY_SECRET` of their relays and gateways).
+pub const GATEWAY_SECRET: &str = "test-gateway-secret-0123456789";
+
 /// The relay's built-in tools, in the order every listing gives them.
 pub const BUILTIN_TOOLS: [&str; 6] = [
     "encodePlantUML",

@@ -113,11 +113,13 @@ impl System {
         Self::split_with(&[], &[]).await
     }
 
-    /// [`System::split`] with extra environment variables for the relay and the gateway.
+    /// [`System::split`] with extra environment variables for the relay and the gateway (both
+    /// share [`crate::GATEWAY_SECRET`] unless these say otherwise).
     pub async fn split_with(relay_env: &[(&str, &str)], gateway_env: &[(&str, &str)]) -> Self {
         let mut env = vec![
             ("GRPC_LISTEN_ADDR", "127.0.0.1:0"),
             ("WS_LISTEN_ADDR", "127.0.0.1:0"),
+            ("GATEWAY_SECRET", crate::GATEWAY_SECRET),
         ];
         env.extend_from_slice(relay_env);
         let redis = crate::test_redis().await;
@@ -139,6 +141,7 @@ impl System {
         let mut env = vec![
             ("LISTEN_ADDR", "127.0.0.1:0"),
             ("RELAY_URL", relay_url.as_str()),
+            ("GATEWAY_SECRET", crate::GATEWAY_SECRET),
         ];
         if let Some(url) = &redis_url {
             env.push(("REDIS_URL", url));

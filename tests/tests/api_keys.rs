@@ -219,3 +219,133 @@ async fn actions_declare_the_bearer_scheme_only_when_keys_are_set() {
     );
     system.stop().await;
 }
+
+async fn grpc_client(
+    address: std::net::SocketAddr,
+) -> toolrelay::proto::v1::relay_client::RelayClient<tonic::transport::Channel> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    toolrelay::proto::v1::relay_client::RelayClient::new(channel)
+}
+
+/// A gRPC request carrying `key` (when given) as `authorization: Bearer`.
+fn keyed<T>(message: T, key: Option<&str>) -> tonic::Request<T> {
+    match key {
+        Some(key) => toolrelay_tests::with_token(message, key),
+        None => tonic::Request::new(message),
+    }
+}
+
+/// The consumer RPCs of session `code`, each with `key`: how each ended.
+async fn consumer_rpcs(
+    grpc: std::net::SocketAddr,
+    code: &str,
+    key: Option<&str>,
+) -> Vec<Result<(), tonic::Status>> {
+    use toolrelay::proto::v1 as pb;
+    let mut client = grpc_client(grpc).await;
+    let session = pb::GetSessionRequest { code: code.into() };
+    let manifest = pb::GetManifestRequest { code: code.into() };
+    let responses = pb::ListResponsesRequest {
+        code: code.into(),
+        request_id: String::new(),
+    };
+    let tool = pb::CallToolRequest {
+        name: "encodePlantUML".into(),
+        args: Some(toolrelay::json::to_struct(
+            &json!({"plantumlCode": "@startuml\nA -> B\n@enduml"}),
+        )),
+        scope: None,
+    };
+    vec![
+        client.get_session(keyed(session, key)).await.map(drop),
+        client.get_manifest(keyed(manifest, key)).await.map(drop),
+        client.list_responses(keyed(responses, key)).await.map(drop),
+        client
+            .list_tools(keyed(pb::ListToolsRequest {}, key))
+            .await
+            .map(drop),
+        client.call_tool(keyed(tool, key)).await.map(drop),
+    ]
+}
+
+fn refused_as(results: &[Result<(), tonic::Status>], name: &str) {
+    for result in results {
+        let status = result.as_ref().unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+        assert_eq!(toolrelay_tests::error_name(status), name, "{status:?}");
+    }
+}
+
+/// With keys set, a client on the relay's gRPC port needs one on every consumer RPC, as over
+/// HTTP; the provider side keeps its token.
+#[tokio::test]
+async fn grpc_consumers_need_a_key_and_providers_their_token() {
+    let keys = ApiKeys::load(&[KEY.to_owned()], None).unwrap();
+    let relay = RelayConfig {
+        api_keys: keys.clone(),
+        ..RelayConfig::default()
+    };
+    let system = System::with(relay, |config| config.api_keys = keys).await;
+    let mut client = grpc_client(system.grpc).await;
+    let created = client
+        .create_session(toolrelay::proto::v1::CreateSessionRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let register = toolrelay::proto::v1::RegisterManifestRequest {
+        code: created.code.clone(),
+        tools: Vec::new(),
+        tools_json: demo_tools().to_string(),
+    };
+    client
+        .register_manifest(toolrelay_tests::with_token(
+            register,
+            &created.provider_token,
+        ))
+        .await
+        .unwrap();
+
+    refused_as(
+        &consumer_rpcs(system.grpc, &created.code, None).await,
+        "api_key_required",
+    );
+    refused_as(
+        &consumer_rpcs(system.grpc, &created.code, Some("not-a-key-0123456789")).await,
+        "invalid_api_key",
+    );
+    for result in consumer_rpcs(system.grpc, &created.code, Some(KEY)).await {
+        result.unwrap();
+    }
+    system.stop().await;
+}
+
+/// A split gateway proves itself to the relay (the gateway secret): its callers' keys are
+/// checked once, by the gateway, while a client on the relay's own gRPC port needs a key.
+#[tokio::test]
+async fn a_split_relay_takes_the_keys_too_and_a_proven_gateway_needs_none() {
+    let system = System::split_with(&[("API_KEYS", KEY)], &[("API_KEYS", KEY)]).await;
+    let (code, token) = system.create_session().await;
+    let mut tab = WsTab::attach_url(&system.ws_url(&code, &token)).await;
+    tab.register(demo_tools()).await;
+    let call = json!({"functionName": "echo", "args": {"text": "through"}});
+    let path = format!("/api/sessions/{code}/call");
+    let answering = async {
+        let request = tab.next_request().await;
+        let id = request["requestId"].as_str().unwrap().to_owned();
+        tab.answer(&id, json!({"text": "through"})).await;
+    };
+    let (called, ()) = tokio::join!(
+        with_key(&system, Method::POST, &path, Some(KEY), Some(call)),
+        answering
+    );
+    assert_eq!(called.status, StatusCode::OK, "{called:?}");
+    refused_as(
+        &consumer_rpcs(system.grpc, &code, None).await,
+        "api_key_required",
+    );
+    system.stop().await;
+}

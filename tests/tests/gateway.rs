@@ -364,6 +364,7 @@ async fn rate_limits_answer_429_at_the_configured_numbers() {
         limits: toolrelay_relay::limits::RateLimits {
             calls_per_code: NonZeroU32::new(4).unwrap(),
             lookups_per_ip: NonZeroU32::new(5).unwrap(),
+            ..toolrelay_relay::limits::RateLimits::default()
         },
         ..RelayConfig::default()
     };

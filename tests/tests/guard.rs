@@ -1,7 +1,8 @@
 //! The brute-force guard on pairing codes holds on every path that takes a code: REST, the
 //! legacy aliases, MCP, the browser WebSocket and every gRPC RPC count against one budget per
 //! client address, and a blocked address is refused on all of them. In split mode the relay
-//! keys on the client address a trusted gateway passes, and on the gateway itself otherwise.
+//! keys on the client address a gateway passes only with the gateway secret, and on the peer
+//! itself otherwise.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap should fail loudly
 
 use std::num::NonZeroU32;
@@ -17,7 +18,9 @@ use tonic::transport::Channel;
 use toolrelay::json::to_struct;
 use toolrelay::proto::v1::{self as pb, relay_client::RelayClient};
 use toolrelay_relay::RelayConfig;
+use toolrelay_relay::access::GatewaySecrets;
 use toolrelay_relay::limits::RateLimits;
+use toolrelay_tests::metrics::Scrape;
 use toolrelay_tests::system::{System, send};
 use toolrelay_tests::{TestRelay, WsTab, error_name, with_token};
 
@@ -333,7 +336,8 @@ async fn miss_as(system: &System, address: &str, n: usize) -> Vec<StatusCode> {
 }
 
 #[tokio::test]
-async fn in_split_mode_the_relay_keys_on_the_client_a_trusted_gateway_names() {
+async fn in_split_mode_the_relay_keys_on_the_client_a_proven_gateway_names() {
+    // The split system's relay and gateway share a gateway secret.
     let system = System::split_with(
         &[("RATE_LIMIT_LOOKUP_PER_IP", "3")],
         &[("TRUSTED_PROXIES", "127.0.0.1")],
@@ -354,30 +358,104 @@ async fn in_split_mode_the_relay_keys_on_the_client_a_trusted_gateway_names() {
     assert_eq!(statuses, [StatusCode::NOT_FOUND]);
     system.stop().await;
 
-    // A relay that does not trust the gateway keys on the gateway: its clients share one
-    // budget, and a client address named by an untrusted peer counts for nothing.
+    // A gateway without the relay's secret (here a wrong one) is not believed: the relay keys
+    // on the gateway, so its clients share one budget; and a client address a peer names
+    // without the secret counts for nothing.
     let system = System::split_with(
+        &[("RATE_LIMIT_LOOKUP_PER_IP", "3")],
         &[
-            ("RATE_LIMIT_LOOKUP_PER_IP", "3"),
-            ("TRUSTED_GATEWAYS", "192.0.2.1/32"),
+            ("TRUSTED_PROXIES", "127.0.0.1"),
+            ("GATEWAY_SECRET", "not-the-relays-secret-0123456789"),
         ],
-        &[("TRUSTED_PROXIES", "127.0.0.1")],
     )
     .await;
     miss_as(&system, "198.51.100.1", 3).await;
     let statuses = miss_as(&system, "198.51.100.2", 1).await;
     assert_eq!(statuses, [StatusCode::TOO_MANY_REQUESTS]);
     let mut client = grpc(system.grpc).await;
-    let mut forged = tonic::Request::new(pb::GetSessionRequest { code: unknown(0) });
-    forged
-        .metadata_mut()
-        .insert("x-toolrelay-client", "203.0.113.77".parse().unwrap());
-    let status = client.get_session(forged).await.unwrap_err();
+    let forged = probe_as(&mut client, 0, "203.0.113.77", None).await;
     assert_eq!(
-        error_name(&status),
-        "rate_limited",
+        forged, "rate_limited",
         "the forged address is ignored: the peer (loopback) is blocked"
     );
+    system.stop().await;
+}
+
+const SECRET: &str = "guard-gateway-secret-0123456789";
+const NEXT: &str = "guard-gateway-secret-next-0123456789";
+
+/// The error name of a `GetSession` of unknown code `n` over gRPC, naming the client `named`
+/// and, when given, proving itself a gateway with `proof`.
+async fn probe_as(
+    client: &mut RelayClient<Channel>,
+    n: usize,
+    named: &str,
+    proof: Option<&str>,
+) -> String {
+    let mut request = tonic::Request::new(pb::GetSessionRequest { code: unknown(n) });
+    let metadata = request.metadata_mut();
+    metadata.insert("x-toolrelay-client", named.parse().unwrap());
+    if let Some(proof) = proof {
+        metadata.insert("x-toolrelay-gateway", proof.parse().unwrap());
+    }
+    error_name(&client.get_session(request).await.unwrap_err())
+}
+
+/// A peer of the gRPC port picks the address the guard sees only with a gateway secret: with
+/// either secret of the list (rotation) the address it names is believed; without one, or
+/// with a wrong one, naming a fresh address on every probe buys nothing, the peer itself is
+/// blocked after its budget, and each such claim is counted as a `gateway_proof` refusal.
+#[tokio::test]
+async fn a_grpc_peer_names_the_client_only_with_a_gateway_secret() {
+    let config = RelayConfig {
+        gateway_secrets: GatewaySecrets::load(&[NEXT.to_owned(), SECRET.to_owned()], None).unwrap(),
+        ..lookups(3)
+    };
+    let system = System::with(config, |_| {}).await;
+    let mut client = grpc(system.grpc).await;
+
+    // Proven (with the second secret of the list): the named client spends its own budget.
+    let mut names = Vec::new();
+    for n in 0..4 {
+        names.push(probe_as(&mut client, n, "203.0.113.1", Some(SECRET)).await);
+    }
+    assert_eq!(
+        names,
+        [
+            "session_not_found",
+            "session_not_found",
+            "session_not_found",
+            "rate_limited"
+        ]
+    );
+    // The first secret of the list is believed too: another client has its own budget, the
+    // blocked one stays blocked.
+    let other = probe_as(&mut client, 4, "203.0.113.2", Some(NEXT)).await;
+    assert_eq!(other, "session_not_found");
+    let blocked = probe_as(&mut client, 5, "203.0.113.1", Some(NEXT)).await;
+    assert_eq!(blocked, "rate_limited");
+
+    // A wrong secret, then none: a fresh address per probe, and still the peer is blocked.
+    let mut names = Vec::new();
+    for n in 0..4 {
+        let named = format!("198.51.100.{n}");
+        names.push(probe_as(&mut client, n, &named, Some("a-wrong-secret-0123456789")).await);
+    }
+    assert_eq!(
+        names,
+        [
+            "session_not_found",
+            "session_not_found",
+            "session_not_found",
+            "rate_limited"
+        ]
+    );
+    let unproven = probe_as(&mut client, 4, "198.51.100.9", None).await;
+    assert_eq!(unproven, "rate_limited");
+
+    let scrape = Scrape::fetch(&system.http, &system.url("/metrics")).await;
+    let refused = scrape.value("toolrelay_refused_total", &[("reason", "gateway_proof")]);
+    assert!(refused >= 5.0, "gateway_proof refusals counted: {refused}");
     system.stop().await;
 }
 

@@ -1074,3 +1074,102 @@ async fn a_tab_that_pings_often_is_not_taken_for_silent() {
     assert_eq!(result_of(&state), json!({"text": "still here"}));
     relay.stop().await;
 }
+
+/// The seconds of a refusal's `retry-after` entry.
+fn retry_after(status: &tonic::Status) -> u64 {
+    status
+        .metadata()
+        .get("retry-after")
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_default()
+}
+
+fn assert_over_budget(refused: &tonic::Status) {
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert_eq!(error_name(refused), "rate_limited", "{refused:?}");
+    assert!(retry_after(refused) >= 1, "{refused:?}");
+}
+
+fn encode_plantuml() -> pb::CallToolRequest {
+    pb::CallToolRequest {
+        name: "encodePlantUML".into(),
+        args: Some(to_struct(
+            &json!({"plantumlCode": "@startuml\nA -> B\n@enduml"}),
+        )),
+        scope: None,
+    }
+}
+
+/// A client on the gRPC port spends the budgets it would spend over HTTP — sessions and
+/// built-in tool calls per address — against its own address, whatever client address it
+/// names without a gateway's proof; past them, `ResourceExhausted` with `retry-after`.
+#[tokio::test]
+async fn grpc_clients_spend_the_session_and_tool_budgets_of_their_own_address() {
+    let mut config = RelayConfig::default();
+    config.limits.sessions_per_ip = std::num::NonZeroU32::new(2).unwrap();
+    config.limits.tools_per_ip = std::num::NonZeroU32::new(2).unwrap();
+    let relay = TestRelay::with_config(config).await;
+    let mut client = relay.client().await;
+    for _ in 0..2 {
+        client
+            .create_session(pb::CreateSessionRequest {})
+            .await
+            .unwrap();
+    }
+    let refused = client
+        .create_session(pb::CreateSessionRequest {})
+        .await
+        .unwrap_err();
+    assert_over_budget(&refused);
+    let mut named = tonic::Request::new(pb::CreateSessionRequest {});
+    named
+        .metadata_mut()
+        .insert("x-toolrelay-client", "203.0.113.9".parse().unwrap());
+    assert_over_budget(&client.create_session(named).await.unwrap_err());
+
+    for _ in 0..2 {
+        let ran = client.call_tool(encode_plantuml()).await.unwrap();
+        assert!(ran.into_inner().success);
+    }
+    assert_over_budget(&client.call_tool(encode_plantuml()).await.unwrap_err());
+}
+
+/// On the one-process server, HTTP and its gRPC listener spend one budget of sessions per
+/// address, and a session made over HTTP is counted once (by the gateway), not again by the
+/// relay behind it.
+#[tokio::test]
+async fn one_process_http_and_grpc_share_the_session_budget_and_spend_it_once() {
+    let three = std::num::NonZeroU32::new(3).unwrap();
+    let mut config = RelayConfig::default();
+    config.limits.sessions_per_ip = three;
+    let system = toolrelay_tests::system::System::with(config, |gateway| {
+        gateway.limits.sessions_per_ip = three;
+    })
+    .await;
+    for _ in 0..2 {
+        system.create_session().await;
+    }
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", system.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = pb::relay_client::RelayClient::new(channel);
+    client
+        .create_session(pb::CreateSessionRequest {})
+        .await
+        .unwrap();
+    let refused = client
+        .create_session(pb::CreateSessionRequest {})
+        .await
+        .unwrap_err();
+    assert_over_budget(&refused);
+    let over = system.post("/api/sessions", json!({})).await;
+    assert_eq!(
+        over.status,
+        reqwest::StatusCode::TOO_MANY_REQUESTS,
+        "{over:?}"
+    );
+    system.stop().await;
+}

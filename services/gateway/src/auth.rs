@@ -2,70 +2,17 @@
 //! metadata, session status, answers, the built-in tools, MCP and the legacy LLM aliases —
 //! need `Authorization: Bearer <key>`, and answer 401 otherwise. The tab's routes keep the
 //! provider token; discovery, health, the landing page, the plugin and the OpenAPI documents
-//! stay open. Keys are kept only as SHA-256 hashes and never logged.
+//! stay open. Keys are kept only as SHA-256 hashes and never logged ([`ApiKeys`]; the relay
+//! checks the same keys on its gRPC port).
 
-use std::collections::HashSet;
-use std::path::Path;
 use std::sync::Arc;
 
 use poem::http::{Method, StatusCode, header};
 use poem::{Endpoint, IntoResponse, Request, Response};
 use toolrelay_relay::ErrorCode;
-use toolrelay_relay::code::hash_token;
+pub use toolrelay_relay::access::ApiKeys;
 
 use crate::error::error_response;
-
-/// Shortest key accepted: a key is a secret, not a password to remember.
-const MIN_KEY_CHARS: usize = 16;
-
-/// The accepted API keys, as hashes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ApiKeys {
-    hashes: HashSet<String>,
-}
-
-impl ApiKeys {
-    /// Keys from a list (`API_KEYS`) and a file of one key per line (`API_KEYS_FILE`, `#`
-    /// comments and blank lines skipped); `None` when neither names a key. Errors name the
-    /// variable to fix.
-    pub fn load(list: &[String], file: Option<&Path>) -> Result<Option<Arc<Self>>, String> {
-        let mut keys: Vec<(String, &str)> = list
-            .iter()
-            .map(|key| (key.trim().to_owned(), "API_KEYS"))
-            .filter(|(key, _)| !key.is_empty())
-            .collect();
-        if let Some(path) = file {
-            let text = std::fs::read_to_string(path).map_err(|error| {
-                format!("API_KEYS_FILE: cannot read {}: {error}", path.display())
-            })?;
-            keys.extend(
-                text.lines()
-                    .map(str::trim)
-                    .filter(|line| !line.is_empty() && !line.starts_with('#'))
-                    .map(|key| (key.to_owned(), "API_KEYS_FILE")),
-            );
-        }
-        if keys.is_empty() {
-            return Ok(None);
-        }
-        for (key, variable) in &keys {
-            let printable = key.bytes().all(|b| b.is_ascii_graphic());
-            if key.chars().count() < MIN_KEY_CHARS || !printable {
-                return Err(format!(
-                    "{variable}: every key must be at least {MIN_KEY_CHARS} printable characters without spaces (for example from `openssl rand -hex 24`)"
-                ));
-            }
-        }
-        Ok(Some(Arc::new(Self {
-            hashes: keys.iter().map(|(key, _)| hash_token(key)).collect(),
-        })))
-    }
-
-    /// Whether `key` is one of them.
-    pub fn accepts(&self, key: &str) -> bool {
-        self.hashes.contains(&hash_token(key))
-    }
-}
 
 /// Whether a request is on the LLM side (calls, metadata, status, answers, built-in tools,
 /// MCP, the legacy LLM aliases): the routes an API key guards.
@@ -190,24 +137,5 @@ mod tests {
         for (method, path) in open {
             assert!(!is_llm_route(&method, path), "{method} {path}");
         }
-    }
-
-    #[test]
-    fn keys_come_from_the_list_and_the_file_and_must_be_long() {
-        assert_eq!(ApiKeys::load(&[], None).unwrap(), None);
-        let file = std::env::temp_dir().join(format!("toolrelay-keys-{}", std::process::id()));
-        std::fs::write(&file, "# staff\n0123456789abcdef0123\n\n").unwrap();
-        let keys = ApiKeys::load(&["fedcba9876543210fedc".into()], Some(&file))
-            .unwrap()
-            .unwrap();
-        std::fs::remove_file(&file).unwrap();
-        assert!(keys.accepts("0123456789abcdef0123"));
-        assert!(keys.accepts("fedcba9876543210fedc"));
-        assert!(!keys.accepts("0123456789abcdef012"));
-        let short = ApiKeys::load(&["short".into()], None).unwrap_err();
-        assert!(
-            short.contains("API_KEYS") && short.contains("16"),
-            "{short}"
-        );
     }
 }

@@ -5,7 +5,12 @@ use std::net::SocketAddr;
 use std::num::NonZeroU32;
 
 use clap::Args;
+use toolrelay_relay::access::GatewaySecrets;
 use toolrelay_relay::config::{DEFAULT_MAX_JSON_DEPTH, ServiceArgs, StoreConfig, check_json_depth};
+pub use toolrelay_relay::config::{
+    ENV_API_KEYS, ENV_API_KEYS_FILE, ENV_GATEWAY_SECRET, ENV_GATEWAY_SECRET_FILE,
+    ENV_RATE_LIMIT_SESSION, ENV_RATE_LIMIT_TOOL,
+};
 
 /// `LISTEN_ADDR`: the public HTTP address.
 pub const ENV_LISTEN: &str = "LISTEN_ADDR";
@@ -16,17 +21,8 @@ pub const ENV_PUBLIC_BASE_URL: &str = "PUBLIC_BASE_URL";
 /// `CORS_ORIGIN`: origins allowed to call the browser-facing routes, comma-separated; when set,
 /// the provider routes (open to every origin by default) are narrowed to them too.
 pub const ENV_CORS_ORIGIN: &str = "CORS_ORIGIN";
-/// `RATE_LIMIT_SESSION_PER_IP`: sessions one address may create per minute.
-pub const ENV_RATE_LIMIT_SESSION: &str = "RATE_LIMIT_SESSION_PER_IP";
-/// `RATE_LIMIT_TOOL_PER_IP`: built-in tool calls (outside a session) one address may make per
-/// minute.
-pub const ENV_RATE_LIMIT_TOOL: &str = "RATE_LIMIT_TOOL_PER_IP";
 /// `TRUSTED_PROXIES`: addresses whose `X-Forwarded-For` is believed, comma-separated.
 pub const ENV_TRUSTED_PROXIES: &str = "TRUSTED_PROXIES";
-/// `API_KEYS`: keys the LLM-facing routes require, comma-separated (unset: open).
-pub const ENV_API_KEYS: &str = "API_KEYS";
-/// `API_KEYS_FILE`: a file of such keys, one per line.
-pub const ENV_API_KEYS_FILE: &str = "API_KEYS_FILE";
 
 /// The CODAP origins allowed by default, besides the gateway's own.
 const CODAP_ORIGINS: [&str; 2] = ["https://codap.concord.org", "https://codap3.concord.org"];
@@ -55,23 +51,10 @@ pub struct GatewayArgs {
     /// the browser SDK); setting it narrows those routes to the same origins.
     #[arg(long, env = ENV_CORS_ORIGIN, value_delimiter = ',')]
     pub cors_origin: Vec<String>,
-    /// Sessions one client address may create per minute.
-    #[arg(long, env = ENV_RATE_LIMIT_SESSION, default_value_t = NonZeroU32::new(30).unwrap_or(NonZeroU32::MIN))]
-    pub rate_limit_session_per_ip: NonZeroU32,
-    /// Built-in tool calls (outside a session) one client address may make per minute.
-    #[arg(long, env = ENV_RATE_LIMIT_TOOL, default_value_t = NonZeroU32::new(60).unwrap_or(NonZeroU32::MIN))]
-    pub rate_limit_tool_per_ip: NonZeroU32,
     /// Proxies (addresses or CIDR networks, comma-separated) whose X-Forwarded-For header is
     /// trusted.
     #[arg(long, env = ENV_TRUSTED_PROXIES, value_delimiter = ',', value_parser = toolrelay_relay::limits::parse_network)]
     pub trusted_proxies: Vec<ipnet::IpNet>,
-    /// API keys the LLM-facing routes (calls, metadata, built-in tools, MCP) require as
-    /// `Authorization: Bearer <key>`, comma-separated. Unset: those routes are open.
-    #[arg(long, env = ENV_API_KEYS, value_delimiter = ',', hide_env_values = true)]
-    pub api_keys: Vec<String>,
-    /// A file of API keys, one per line (`#` starts a comment).
-    #[arg(long, env = ENV_API_KEYS_FILE)]
-    pub api_keys_file: Option<std::path::PathBuf>,
 }
 
 /// The gateway's settings.
@@ -94,6 +77,9 @@ pub struct GatewayConfig {
     pub max_json_depth: usize,
     /// Keys the LLM-facing routes require, when the operator set some.
     pub api_keys: Option<std::sync::Arc<crate::auth::ApiKeys>>,
+    /// The secrets a gateway in front of a relay elsewhere proves itself with (it sends the
+    /// first), so that the relay believes the client addresses it names.
+    pub gateway_secrets: Option<std::sync::Arc<GatewaySecrets>>,
     /// Where a gateway alone keeps what it shares with other gateways (rate limits, MCP
     /// sessions): `REDIS_URL`. In one process, the relay's store serves.
     pub store: StoreConfig,
@@ -125,6 +111,7 @@ impl GatewayConfig {
             max_provider_body: MAX_PROVIDER_BODY,
             max_json_depth: DEFAULT_MAX_JSON_DEPTH,
             api_keys: None,
+            gateway_secrets: None,
             store: StoreConfig::Memory,
         })
     }
@@ -161,13 +148,13 @@ impl GatewayArgs {
             config.open_provider_routes = false;
         }
         config.limits = RateLimits {
-            sessions_per_ip: self.rate_limit_session_per_ip,
-            tools_per_ip: self.rate_limit_tool_per_ip,
+            sessions_per_ip: service.rate_limit_session_per_ip,
+            tools_per_ip: service.rate_limit_tool_per_ip,
         };
         check_json_depth(service.max_json_depth)?;
         config.max_json_depth = service.max_json_depth;
-        config.api_keys =
-            crate::auth::ApiKeys::load(&self.api_keys, self.api_keys_file.as_deref())?;
+        config.api_keys = service.api_keys()?;
+        config.gateway_secrets = service.gateway_secrets()?;
         config.trusted_proxies.clone_from(&self.trusted_proxies);
         config.store = service.store_config();
         Ok(config)

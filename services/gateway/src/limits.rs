@@ -1,7 +1,9 @@
 //! The gateway's own rate limits (SPEC §10) and the client address every limit is keyed on.
 //!
 //! Budgets per minute, kept in the store so every gateway sharing it (`REDIS_URL`) shares
-//! them: sessions created per address, and built-in tool calls per address. The limits on
+//! them: sessions created per address, and built-in tool calls per address (the relay's
+//! [`ClientBudgets`], which the relay also spends for a gRPC client that reaches it
+//! directly). The limits on
 //! paths that take a session code — the brute-force guard and calls per session — are the
 //! relay's ([`toolrelay_relay::limits`]), applied on every path; the gateway only tells it who
 //! the client is. The client address is the peer's, or — only
@@ -10,27 +12,21 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
-use std::time::Duration;
 
 use poem::http::HeaderMap;
 use poem::web::RemoteAddr;
 use toolrelay_relay::clock::Clock;
-use toolrelay_relay::limits::is_within;
-use toolrelay_relay::metrics::RateLimit;
-use toolrelay_relay::store::{RateBudget, Store};
-use toolrelay_relay::{ErrorInfo, Metrics, RelayError};
+use toolrelay_relay::limits::{ClientBudgets, is_within};
+use toolrelay_relay::store::Store;
+use toolrelay_relay::{ErrorInfo, Metrics};
 
 use crate::config::RateLimits;
 use crate::error::ApiError;
 
 /// The gateway's rate limits.
 pub struct Limiters {
-    budgets: RateLimits,
-    store: Arc<dyn Store>,
-    clock: Clock,
+    budgets: ClientBudgets,
     trusted_proxies: Vec<ipnet::IpNet>,
-    /// Where refusals are counted.
-    metrics: Metrics,
 }
 
 impl Limiters {
@@ -43,30 +39,15 @@ impl Limiters {
         clock: Clock,
         metrics: Metrics,
     ) -> Self {
+        let budgets = toolrelay_relay::limits::RateLimits {
+            sessions_per_ip: budgets.sessions_per_ip,
+            tools_per_ip: budgets.tools_per_ip,
+            ..toolrelay_relay::limits::RateLimits::default()
+        };
         Self {
-            budgets,
-            store,
-            clock,
+            budgets: ClientBudgets::new(budgets, store, clock, metrics),
             trusted_proxies,
-            metrics,
         }
-    }
-
-    /// Spends one unit of `ip`'s budget `what`: how long to wait when it is spent.
-    async fn spend(
-        &self,
-        what: &str,
-        ip: IpAddr,
-        budget: std::num::NonZeroU32,
-    ) -> Result<Option<Duration>, ErrorInfo> {
-        self.store
-            .spend(
-                &format!("{what}:{ip}"),
-                RateBudget::per_minute(budget),
-                self.clock.now(),
-            )
-            .await
-            .map_err(|error| ErrorInfo::from(RelayError::from(error)))
     }
 
     /// The address a request counts against.
@@ -90,30 +71,16 @@ impl Limiters {
 
     /// Counts a session creation.
     pub async fn create_session(&self, ip: IpAddr) -> Result<(), ApiError> {
-        match self
-            .spend("sessions", ip, self.budgets.sessions_per_ip)
-            .await?
-        {
-            None => Ok(()),
-            Some(wait) => {
-                self.metrics.rate_limited(RateLimit::Sessions);
-                Err(ApiError::rate_limited(
-                    "sessions created from your address",
-                    wait,
-                ))
-            }
-        }
+        Ok(self
+            .budgets
+            .create_session(ip)
+            .await
+            .map_err(ErrorInfo::from)?)
     }
 
     /// Counts a call of a built-in tool outside a session (limited per address like calls).
     pub async fn tool_call(&self, ip: IpAddr) -> Result<(), ErrorInfo> {
-        let wait = self.spend("tools", ip, self.budgets.tools_per_ip).await?;
-        let Some(wait) = wait else { return Ok(()) };
-        self.metrics.rate_limited(RateLimit::Tools);
-        Err(crate::error::rate_limited(
-            "tool calls from your address",
-            wait,
-        ))
+        Ok(self.budgets.tool_call(ip).await?)
     }
 }
 
@@ -122,6 +89,7 @@ mod tests {
     use super::*;
     use std::net::SocketAddr;
     use std::num::NonZeroU32;
+    use std::time::Duration;
 
     fn limits(n: u32) -> RateLimits {
         let n = NonZeroU32::new(n).unwrap();

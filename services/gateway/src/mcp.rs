@@ -481,9 +481,17 @@ impl RelayMcp {
             return failure(limited.code.as_str(), &limited.message);
         }
         let scope = mcp_session_of(context).map_or(Scope::None, Scope::Mcp);
-        match self.state.relay.call_tool(name, arguments, scope).await {
-            Ok(value) => success(value),
-            Err(error) => failure(&error.code, &error.message),
+        let caller = caller_of(context);
+        match self
+            .state
+            .relay
+            .call_tool(&caller, name, arguments, scope)
+            .await
+        {
+            Ok(Ok(value)) => success(value),
+            Ok(Err(error)) => failure(&error.code, &error.message),
+            // The relay could not be reached (the gateway's own callers are let in).
+            Err(refused) => failure(&refused.code.as_str().to_uppercase(), &refused.message),
         }
     }
 
@@ -613,7 +621,7 @@ impl ServerHandler for RelayMcp {
         let builtins = self
             .state
             .relay
-            .tools()
+            .tools(&caller_of(&context))
             .await
             .map_err(|error| McpError::internal_error(error.message, None))?;
         let mut tools: Vec<Tool> = builtins

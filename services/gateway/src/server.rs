@@ -369,7 +369,14 @@ pub async fn run_split(
     let options = RemoteOptions {
         max_json_depth: config.max_json_depth,
         drain: drain.clone(),
+        gateway_secrets: config.gateway_secrets.clone(),
     };
+    if config.gateway_secrets.is_none() {
+        tracing::warn!(
+            "{} is not set: the relay will not believe the client addresses this gateway names, and will count every client against this gateway's address (set the same secret on the relay and its gateways)",
+            crate::config::ENV_GATEWAY_SECRET
+        );
+    }
     let relay = RemoteRelay::connect_lazy(relay_url, options)
         .map_err(|error| format!("{}: {error}", crate::config::ENV_RELAY_URL))?;
     let store = open_store(

@@ -4,9 +4,11 @@
 //! one-process deployment); [`RemoteRelay`](crate::remote::RemoteRelay) implements it over
 //! gRPC (split deployment). Errors are [`ErrorInfo`] in both cases.
 //!
-//! Every operation that takes a session code (or connector handle) names its [`Caller`], so
-//! the relay applies the brute-force guard and the call limits on every path
-//! ([`crate::limits`]).
+//! Every operation names its [`Caller`], so the relay applies its checks on every path — the
+//! gateway's HTTP and MCP routes, the browser WebSocket, the gRPC port — in one place, here
+//! ([`crate::limits`]): the brute-force guard on codes and handles, the budget of calls per
+//! session, and for a client that reached the gRPC port directly (not through a gateway that
+//! did it) its API key and budgets of sessions and tool calls. Transports only convert.
 
 use std::time::Duration;
 
@@ -31,7 +33,7 @@ pub trait RelayApi: Send + Sync + 'static {
     /// Whether the relay can serve (its store answers).
     async fn ready(&self) -> Outcome<()>;
     /// Creates a session.
-    async fn create_session(&self) -> Outcome<NewSession>;
+    async fn create_session(&self, caller: &Caller) -> Outcome<NewSession>;
     /// Where a session stands.
     async fn session_status(&self, caller: &Caller, code: &str) -> Outcome<SessionStatus>;
     /// The code of the session an MCP connector handle belongs to.
@@ -111,10 +113,16 @@ pub trait RelayApi: Send + Sync + 'static {
         code: &str,
     ) -> Outcome<futures::stream::BoxStream<'static, ()>>;
     /// The built-in tools.
-    async fn tools(&self) -> Outcome<Vec<ToolInfo>>;
-    /// Runs a built-in tool outside any session; a relay that cannot be reached is an
-    /// `Internal` failure.
-    async fn call_tool(&self, name: &str, args: Value, scope: Scope) -> Result<Value, ToolFailure>;
+    async fn tools(&self, caller: &Caller) -> Outcome<Vec<ToolInfo>>;
+    /// Runs a built-in tool outside any session: the tool's result or failure, once the call
+    /// is let in (a refused call, or a relay that cannot be reached, is the outer error).
+    async fn call_tool(
+        &self,
+        caller: &Caller,
+        name: &str,
+        args: Value,
+        scope: Scope,
+    ) -> Outcome<Result<Value, ToolFailure>>;
 }
 
 #[async_trait]
@@ -126,17 +134,20 @@ impl RelayApi for Relay {
         Ok(Relay::ready(self).await?)
     }
 
-    async fn create_session(&self) -> Outcome<NewSession> {
+    async fn create_session(&self, caller: &Caller) -> Outcome<NewSession> {
+        self.limits().admit_session(caller).await?;
         Ok(Relay::create_session(self).await?)
     }
 
     async fn session_status(&self, caller: &Caller, code: &str) -> Outcome<SessionStatus> {
+        self.limits().admit(caller)?;
         Ok(self
             .guarded(caller, Relay::session_status(self, code))
             .await?)
     }
 
     async fn resolve_handle(&self, caller: &Caller, handle: &str) -> Outcome<String> {
+        self.limits().admit(caller)?;
         let code = self
             .guarded(caller, Relay::resolve_handle(self, handle))
             .await?;
@@ -150,6 +161,7 @@ impl RelayApi for Relay {
     }
 
     async fn manifest(&self, caller: &Caller, code: &str) -> Outcome<GroupedManifest> {
+        self.limits().admit(caller)?;
         Ok(self.guarded(caller, Relay::manifest(self, code)).await?)
     }
 
@@ -166,6 +178,7 @@ impl RelayApi for Relay {
     }
 
     async fn submit(&self, caller: &Caller, code: &str, call: CallInput) -> Outcome<RequestView> {
+        self.limits().admit(caller)?;
         // The caller's budget is spent as the call is queued: one round trip to the store.
         let charge = self.limits().call_charge(caller, code);
         let call = traced(call, caller);
@@ -184,6 +197,7 @@ impl RelayApi for Relay {
         request_id: &str,
         wait: Duration,
     ) -> Outcome<RequestView> {
+        self.limits().admit(caller)?;
         Ok(self
             .guarded(caller, Relay::await_response(self, code, request_id, wait))
             .await?)
@@ -196,6 +210,7 @@ impl RelayApi for Relay {
         call: CallInput,
         wait: Option<Duration>,
     ) -> Outcome<RequestView> {
+        self.limits().admit(caller)?;
         let charge = self.limits().call_charge(caller, code);
         let call = traced(call, caller);
         Ok(self
@@ -212,6 +227,7 @@ impl RelayApi for Relay {
         code: &str,
         request_id: Option<&str>,
     ) -> Outcome<Vec<ToolResponse>> {
+        self.limits().admit(caller)?;
         Ok(self
             .guarded(caller, Relay::responses(self, code, request_id))
             .await?)
@@ -223,6 +239,7 @@ impl RelayApi for Relay {
         code: &str,
         request_id: &str,
     ) -> Outcome<RequestView> {
+        self.limits().admit(caller)?;
         Ok(self
             .guarded(caller, Relay::request_status(self, code, request_id))
             .await?)
@@ -269,17 +286,26 @@ impl RelayApi for Relay {
         caller: &Caller,
         code: &str,
     ) -> Outcome<futures::stream::BoxStream<'static, ()>> {
+        self.limits().admit(caller)?;
         Ok(self
             .guarded(caller, Relay::manifest_changes(self, code))
             .await?)
     }
 
-    async fn tools(&self) -> Outcome<Vec<ToolInfo>> {
+    async fn tools(&self, caller: &Caller) -> Outcome<Vec<ToolInfo>> {
+        self.limits().admit(caller)?;
         Ok(Relay::tools(self))
     }
 
-    async fn call_tool(&self, name: &str, args: Value, scope: Scope) -> Result<Value, ToolFailure> {
-        Relay::call_tool(self, name, args, scope).await
+    async fn call_tool(
+        &self,
+        caller: &Caller,
+        name: &str,
+        args: Value,
+        scope: Scope,
+    ) -> Outcome<Result<Value, ToolFailure>> {
+        self.limits().admit_tool_call(caller).await?;
+        Ok(Relay::call_tool(self, name, args, scope).await)
     }
 }
 

@@ -5,13 +5,15 @@ use std::net::SocketAddr;
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use clap::Args;
-use ipnet::IpNet;
+use std::sync::Arc;
 
+use clap::Args;
+
+use crate::access::{ApiKeys, GatewaySecrets};
 use crate::builtin::BuiltinConfig;
 use crate::builtin::mip::MipConfig;
 use crate::builtin::mip::sandbox::SandboxConfig;
-use crate::limits::{self, RateLimits};
+use crate::limits::RateLimits;
 
 /// `SESSION_TTL_SECONDS`: idle time after which a session expires.
 pub const ENV_SESSION_TTL: &str = "SESSION_TTL_SECONDS";
@@ -42,9 +44,24 @@ pub const ENV_RATE_LIMIT_REQUEST: &str = "RATE_LIMIT_REQUEST_PER_CODE";
 /// `RATE_LIMIT_LOOKUP_PER_IP`: look-ups of unknown session codes one address may make per
 /// minute (the brute-force guard).
 pub const ENV_RATE_LIMIT_LOOKUP: &str = "RATE_LIMIT_LOOKUP_PER_IP";
-/// `TRUSTED_GATEWAYS`: addresses or networks (CIDR) whose gRPC requests may name the client's
-/// address; comma-separated.
+/// `TRUSTED_GATEWAYS`: no longer used (a gateway proves itself with `GATEWAY_SECRET`); a relay
+/// that finds it set without a secret refuses to start, so an upgrade cannot silently count
+/// every client against its gateway.
 pub const ENV_TRUSTED_GATEWAYS: &str = "TRUSTED_GATEWAYS";
+/// `RATE_LIMIT_SESSION_PER_IP`: sessions one address may create per minute.
+pub const ENV_RATE_LIMIT_SESSION: &str = "RATE_LIMIT_SESSION_PER_IP";
+/// `RATE_LIMIT_TOOL_PER_IP`: built-in tool calls (outside a session) one address may make per
+/// minute.
+pub const ENV_RATE_LIMIT_TOOL: &str = "RATE_LIMIT_TOOL_PER_IP";
+/// `API_KEYS`: keys consumers need, comma-separated (unset: open).
+pub const ENV_API_KEYS: &str = "API_KEYS";
+/// `API_KEYS_FILE`: a file of such keys, one per line.
+pub const ENV_API_KEYS_FILE: &str = "API_KEYS_FILE";
+/// `GATEWAY_SECRET`: the secrets a gateway proves itself to the relay with, comma-separated
+/// (relays accept each; a gateway sends the first).
+pub const ENV_GATEWAY_SECRET: &str = "GATEWAY_SECRET";
+/// `GATEWAY_SECRET_FILE`: a file holding such a list.
+pub const ENV_GATEWAY_SECRET_FILE: &str = "GATEWAY_SECRET_FILE";
 /// `MAX_JSON_DEPTH`: deepest nesting of JSON the system accepts anywhere.
 pub const ENV_MAX_JSON_DEPTH: &str = "MAX_JSON_DEPTH";
 /// `DRAIN_SECONDS`: how long a stopping server waits for delivered calls to be answered.
@@ -93,10 +110,14 @@ pub struct RelayConfig {
     pub default_call_wait: Duration,
     /// Deepest nesting of JSON accepted in arguments, answers and manifests.
     pub max_json_depth: usize,
-    /// Budgets of the brute-force guard and of calls per address and session.
+    /// Budgets of the brute-force guard, of calls per address and session, and of sessions
+    /// and tool calls per address (spent for gRPC clients that reach the relay directly).
     pub limits: RateLimits,
-    /// Peers whose requests may name the client's address (the gateways).
-    pub trusted_gateways: Vec<IpNet>,
+    /// Keys a gRPC consumer reaching the relay directly needs (`API_KEYS`), when set.
+    pub api_keys: Option<Arc<ApiKeys>>,
+    /// Secrets with which a gateway proves itself (`GATEWAY_SECRET`); without them no client
+    /// address a gRPC peer names is believed.
+    pub gateway_secrets: Option<Arc<GatewaySecrets>>,
     /// How long a stopping relay waits for delivered calls to be answered.
     pub drain_timeout: Duration,
     /// Settings of the built-in tools.
@@ -137,7 +158,8 @@ impl Default for RelayConfig {
             default_call_wait: Duration::from_secs(25),
             max_json_depth: DEFAULT_MAX_JSON_DEPTH,
             limits: RateLimits::default(),
-            trusted_gateways: limits::loopback(),
+            api_keys: None,
+            gateway_secrets: None,
             drain_timeout: Duration::from_secs(10),
             builtin: BuiltinConfig::default(),
             store: StoreConfig::Memory,
@@ -252,10 +274,10 @@ pub struct RelayArgs {
     /// known, and a repeated requestId is not run again).
     #[arg(long, env = ENV_RESPONSE_BUDGET, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub response_budget_mb: u64,
-    /// Gateways (addresses or CIDR networks, comma-separated) whose gRPC requests may name the
-    /// client's address for rate limits. Default: loopback.
-    #[arg(long, env = ENV_TRUSTED_GATEWAYS, value_delimiter = ',', default_values_t = limits::loopback(), value_parser = limits::parse_network)]
-    pub trusted_gateways: Vec<IpNet>,
+    /// No longer used: a gateway proves itself with GATEWAY_SECRET. Set without a secret, the
+    /// relay refuses to start.
+    #[arg(long, env = ENV_TRUSTED_GATEWAYS, hide = true)]
+    pub trusted_gateways: Option<String>,
 }
 
 /// Settings every server binary has: the JSON nesting limit and the drain on shutdown.
@@ -275,9 +297,40 @@ pub struct ServiceArgs {
     /// What every key in Redis starts with.
     #[arg(long, env = ENV_REDIS_PREFIX, default_value = "toolrelay:")]
     pub redis_prefix: String,
+    /// Sessions one client address may create per minute.
+    #[arg(long, env = ENV_RATE_LIMIT_SESSION, default_value_t = RateLimits::default().sessions_per_ip)]
+    pub rate_limit_session_per_ip: NonZeroU32,
+    /// Built-in tool calls (outside a session) one client address may make per minute.
+    #[arg(long, env = ENV_RATE_LIMIT_TOOL, default_value_t = RateLimits::default().tools_per_ip)]
+    pub rate_limit_tool_per_ip: NonZeroU32,
+    /// API keys the LLM-facing routes (calls, metadata, built-in tools, MCP) and gRPC consumer
+    /// RPCs require as `Authorization: Bearer <key>`, comma-separated. Unset: they are open.
+    #[arg(long, env = ENV_API_KEYS, value_delimiter = ',', hide_env_values = true)]
+    pub api_keys: Vec<String>,
+    /// A file of API keys, one per line (`#` starts a comment).
+    #[arg(long, env = ENV_API_KEYS_FILE)]
+    pub api_keys_file: Option<std::path::PathBuf>,
+    /// Secrets a gateway proves itself to the relay with, comma-separated: the relay believes
+    /// the client address a gateway names only with one of them; a gateway sends the first.
+    #[arg(long, env = ENV_GATEWAY_SECRET, value_delimiter = ',', hide_env_values = true)]
+    pub gateway_secret: Vec<String>,
+    /// A file holding the gateway secrets (comma- or line-separated), e.g. a mounted Secret.
+    #[arg(long, env = ENV_GATEWAY_SECRET_FILE)]
+    pub gateway_secret_file: Option<std::path::PathBuf>,
 }
 
 impl ServiceArgs {
+    /// The API keys (`API_KEYS`, `API_KEYS_FILE`), when set; errors name the variable.
+    pub fn api_keys(&self) -> Result<Option<Arc<ApiKeys>>, String> {
+        ApiKeys::load(&self.api_keys, self.api_keys_file.as_deref())
+    }
+
+    /// The gateway secrets (`GATEWAY_SECRET`, `GATEWAY_SECRET_FILE`), when set; errors name
+    /// the variable.
+    pub fn gateway_secrets(&self) -> Result<Option<Arc<GatewaySecrets>>, String> {
+        GatewaySecrets::load(&self.gateway_secret, self.gateway_secret_file.as_deref())
+    }
+
     /// The drain deadline.
     pub fn drain_timeout(&self) -> Duration {
         Duration::from_secs(self.drain_seconds)
@@ -306,14 +359,28 @@ pub struct LogArgs {
 impl RelayArgs {
     /// The domain settings these flags describe, validated.
     pub fn relay_config(&self, service: &ServiceArgs) -> Result<RelayConfig, String> {
+        let gateway_secrets = service.gateway_secrets()?;
+        if self.trusted_gateways.is_some() {
+            if gateway_secrets.is_none() {
+                return Err(format!(
+                    "{ENV_TRUSTED_GATEWAYS} is no longer used: a gateway proves itself with {ENV_GATEWAY_SECRET}. Set {ENV_GATEWAY_SECRET} (or {ENV_GATEWAY_SECRET_FILE}) to the same secret on the relay and its gateways, and remove {ENV_TRUSTED_GATEWAYS}"
+                ));
+            }
+            tracing::warn!(
+                "{ENV_TRUSTED_GATEWAYS} is no longer used (gateways prove themselves with {ENV_GATEWAY_SECRET}): remove it"
+            );
+        }
         let config = RelayConfig {
             max_json_depth: service.max_json_depth,
             drain_timeout: service.drain_timeout(),
             limits: RateLimits {
                 lookups_per_ip: self.rate_limit_lookup_per_ip,
                 calls_per_code: self.rate_limit_request_per_code,
+                sessions_per_ip: service.rate_limit_session_per_ip,
+                tools_per_ip: service.rate_limit_tool_per_ip,
             },
-            trusted_gateways: self.trusted_gateways.clone(),
+            api_keys: service.api_keys()?,
+            gateway_secrets,
             response_budget: usize::try_from(self.response_budget_mb)
                 .unwrap_or(usize::MAX / (1024 * 1024))
                 .saturating_mul(1024 * 1024),
@@ -386,9 +453,9 @@ mod tests {
         let cli = Cli::try_parse_from(["relay", "--max-json-depth", "64"]).unwrap();
         let message = cli.config().unwrap_err();
         assert!(message.contains(ENV_MAX_JSON_DEPTH), "{message}");
-        let cli = Cli::try_parse_from(["relay", "--trusted-gateways", "10.0.0.0/8,192.0.2.7/32"])
-            .unwrap();
-        assert_eq!(cli.config().unwrap().trusted_gateways.len(), 2);
+        let cli = Cli::try_parse_from(["relay", "--trusted-gateways", "10.0.0.0/8"]).unwrap();
+        let message = cli.config().unwrap_err();
+        assert!(message.contains(ENV_GATEWAY_SECRET), "{message}");
     }
 
     #[test]

@@ -148,6 +148,14 @@ pub enum RelayError {
         /// The call's id, to ask for its answer later.
         request_id: String,
     },
+    /// A consumer reached the relay directly without an API key, and the operator set some.
+    #[error(
+        "This relay needs an API key: send it as authorization: Bearer <key> (its operator gives them out)."
+    )]
+    ApiKeyRequired,
+    /// The API key is not one the relay accepts.
+    #[error("The API key is not one this relay accepts. Check the key its operator gave you.")]
+    InvalidApiKey,
     /// Too many requests of one kind from one address.
     #[error("Too many {what} from your address. Wait {} s, then try again.", retry_after.as_secs().max(1))]
     RateLimited {
@@ -208,6 +216,8 @@ impl RelayError {
             Self::StoreUnavailable(_) => ErrorCode::StoreUnavailable,
             Self::ShuttingDown => ErrorCode::ShuttingDown,
             Self::Drained { .. } => ErrorCode::ShuttingDown,
+            Self::ApiKeyRequired => ErrorCode::ApiKeyRequired,
+            Self::InvalidApiKey => ErrorCode::InvalidApiKey,
             Self::RateLimited { .. } => ErrorCode::RateLimited,
             Self::NestedTooDeeply { .. } => ErrorCode::NestedTooDeeply,
             Self::ResponseTooLarge { .. } => ErrorCode::ResponseTooLarge,

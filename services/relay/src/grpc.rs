@@ -1,10 +1,16 @@
-//! The gRPC transport (tonic): the `toolrelay.v1.Relay` service over the domain, plus the
-//! standard health and reflection services.
+//! The gRPC transport (tonic): the `toolrelay.v1.Relay` service over the relay's operations
+//! ([`RelayApi`]), plus the standard health and reflection services.
 //!
-//! Conversions between protobuf and domain types, and the one mapping from [`RelayError`] to
-//! a gRPC status, live here and nowhere else.
+//! Each handler converts: the request's metadata into its [`Caller`] (who the peer is, or —
+//! with a gateway's proof — the client the gateway names; see [`crate::access`]), the message
+//! into the operation's arguments, the outcome into a reply or a status. Every check (API
+//! keys, budgets, the brute-force guard) is the operation's. Conversions between protobuf and
+//! domain types, and the one mapping from an error to a gRPC status, live here and nowhere
+//! else.
 
+use std::net::IpAddr;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
@@ -16,6 +22,8 @@ use toolrelay::json::{from_struct, to_struct, to_value};
 use toolrelay::proto::v1 as pb;
 use toolrelay::proto::v1::relay_server::{Relay as RelayRpc, RelayServer};
 
+use crate::access::{GATEWAY_PROOF_METADATA, Gateways};
+use crate::api::RelayApi;
 use crate::builtin::Scope;
 use crate::code::SessionCode;
 use crate::convert::{
@@ -23,10 +31,10 @@ use crate::convert::{
     provider_response, registered_tools, relay_message, request_state, response_message,
     session_info, status_enum, timestamp_message, tool_message,
 };
-use crate::error::{ErrorKind, RelayError};
+use crate::error::{ErrorInfo, ErrorKind, RelayError};
 use crate::limits::{CLIENT_ADDRESS_METADATA, CORRELATION_ID_METADATA, Caller};
 use crate::provider::ProviderLink;
-use crate::relay::{CallInput, Relay};
+use crate::relay::Relay;
 use crate::store::Transport;
 
 /// Metadata entry with the session code on `Connect`.
@@ -40,39 +48,52 @@ pub const RETRY_AFTER_METADATA: &str = "retry-after";
 /// Largest message the service accepts (a provider's response may be up to 1 MiB of JSON).
 const MAX_MESSAGE_BYTES: usize = 2 * 1024 * 1024;
 
-/// The `Relay` gRPC service over a [`Relay`].
+/// The `Relay` gRPC service over the relay's operations.
 #[derive(Clone)]
 pub struct RelayService {
-    relay: Relay,
+    api: Arc<dyn RelayApi>,
+    /// Whose word about a client is believed.
+    gateways: Arc<Gateways>,
 }
 
 impl RelayService {
-    /// The service, ready to add to a tonic server.
+    /// The service over `relay`, ready to add to a tonic server.
     pub fn server(relay: Relay) -> RelayServer<Self> {
-        RelayServer::new(Self { relay })
+        let gateways = Gateways::new(
+            relay.config().gateway_secrets.clone(),
+            relay.metrics().clone(),
+        );
+        let service = Self {
+            api: Arc::new(relay),
+            gateways: Arc::new(gateways),
+        };
+        RelayServer::new(service)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES)
     }
-}
 
-impl RelayService {
-    /// Who makes `request`: the client a trusted gateway names, or the peer itself.
+    /// Who makes `request`: the client a proven gateway names, or the peer itself.
     fn caller<T>(&self, request: &Request<T>) -> Caller {
-        let caller = Caller::behind(
-            request.remote_addr().map(|address| address.ip()),
-            metadata_str(request.metadata(), CLIENT_ADDRESS_METADATA).as_deref(),
-            &self.relay.config().trusted_gateways,
+        let metadata = request.metadata();
+        let peer = request
+            .remote_addr()
+            .map_or(IpAddr::from([0, 0, 0, 0]), |address| address.ip());
+        let caller = self.gateways.caller(
+            peer,
+            metadata_str(metadata, CLIENT_ADDRESS_METADATA).as_deref(),
+            metadata_str(metadata, GATEWAY_PROOF_METADATA).as_deref(),
+            bearer(metadata),
         );
-        match metadata_str(request.metadata(), CORRELATION_ID_METADATA) {
+        match metadata_str(metadata, CORRELATION_ID_METADATA) {
             Some(id) => caller.with_correlation_id(id),
             None => caller,
         }
     }
 }
 
-/// The gRPC status for a relay error: its message, the `x-error` name and `retry-after`.
-pub fn status(error: RelayError) -> Status {
-    let code = match error.kind() {
+/// The gRPC status for an error: its message, the `x-error` name and `retry-after`.
+pub fn status(error: ErrorInfo) -> Status {
+    let code = match error.kind {
         ErrorKind::BadRequest => Code::InvalidArgument,
         ErrorKind::Unauthenticated => Code::Unauthenticated,
         ErrorKind::Forbidden => Code::PermissionDenied,
@@ -82,20 +103,22 @@ pub fn status(error: RelayError) -> Status {
         ErrorKind::TooLarge | ErrorKind::TooManyRequests => Code::ResourceExhausted,
         ErrorKind::Unavailable => Code::Unavailable,
     };
-    if let RelayError::StoreUnavailable(cause) = &error {
-        tracing::error!(%cause, "store unavailable");
-    }
     let mut metadata = MetadataMap::new();
     metadata.insert(
         ERROR_METADATA,
-        MetadataValue::from_static(error.code().as_str()),
+        MetadataValue::from_static(error.code.as_str()),
     );
-    if let Some(retry_after) = error.retry_after()
+    if let Some(retry_after) = error.retry_after
         && let Ok(value) = retry_after.as_secs().max(1).to_string().parse()
     {
         metadata.insert(RETRY_AFTER_METADATA, value);
     }
-    Status::with_metadata(code, error.to_string(), metadata)
+    Status::with_metadata(code, error.message, metadata)
+}
+
+/// [`status`] for an error of this process.
+fn relay_status(error: RelayError) -> Status {
+    status(error.into())
 }
 
 type Reply<T> = Result<Response<T>, Status>;
@@ -104,9 +127,10 @@ type Reply<T> = Result<Response<T>, Status>;
 impl RelayRpc for RelayService {
     async fn create_session(
         &self,
-        _: Request<pb::CreateSessionRequest>,
+        request: Request<pb::CreateSessionRequest>,
     ) -> Reply<pb::CreateSessionResponse> {
-        let session = self.relay.create_session().await.map_err(status)?;
+        let caller = self.caller(&request);
+        let session = self.api.create_session(&caller).await.map_err(status)?;
         Ok(Response::new(pb::CreateSessionResponse {
             code: session.code.as_str().to_owned(),
             provider_token: session.provider_token,
@@ -120,8 +144,8 @@ impl RelayRpc for RelayService {
     async fn get_session(&self, request: Request<pb::GetSessionRequest>) -> Reply<pb::SessionInfo> {
         let caller = self.caller(&request);
         let status_of = self
-            .relay
-            .guarded(&caller, self.relay.session_status(&request.get_ref().code))
+            .api
+            .session_status(&caller, &request.get_ref().code)
             .await
             .map_err(status)?;
         Ok(Response::new(session_info(status_of)))
@@ -133,16 +157,13 @@ impl RelayRpc for RelayService {
     ) -> Reply<pb::SessionInfo> {
         let caller = self.caller(&request);
         let code = self
-            .relay
-            .guarded(
-                &caller,
-                self.relay.resolve_handle(&request.get_ref().handle),
-            )
+            .api
+            .resolve_handle(&caller, &request.get_ref().handle)
             .await
             .map_err(status)?;
         let status_of = self
-            .relay
-            .session_status(code.as_str())
+            .api
+            .session_status(&caller, &code)
             .await
             .map_err(status)?;
         Ok(Response::new(session_info(status_of)))
@@ -154,12 +175,8 @@ impl RelayRpc for RelayService {
     ) -> Reply<pb::DeleteSessionResponse> {
         let caller = self.caller(&request);
         let token = bearer(request.metadata());
-        self.relay
-            .guarded(
-                &caller,
-                self.relay
-                    .end_session(&request.get_ref().code, token.as_deref()),
-            )
+        self.api
+            .end_session(&caller, &request.get_ref().code, token.as_deref())
             .await
             .map_err(status)?;
         Ok(Response::new(pb::DeleteSessionResponse {}))
@@ -168,8 +185,8 @@ impl RelayRpc for RelayService {
     async fn get_manifest(&self, request: Request<pb::GetManifestRequest>) -> Reply<pb::Manifest> {
         let caller = self.caller(&request);
         let manifest = self
-            .relay
-            .guarded(&caller, self.relay.manifest(&request.get_ref().code))
+            .api
+            .manifest(&caller, &request.get_ref().code)
             .await
             .map_err(status)?;
         Ok(Response::new(manifest_message(&manifest)))
@@ -184,11 +201,8 @@ impl RelayRpc for RelayService {
     ) -> Reply<Self::WatchManifestStream> {
         let caller = self.caller(&request);
         let changes = self
-            .relay
-            .guarded(
-                &caller,
-                self.relay.manifest_changes(&request.get_ref().code),
-            )
+            .api
+            .manifest_changes(&caller, &request.get_ref().code)
             .await
             .map_err(status)?;
         Ok(Response::new(Box::pin(
@@ -199,21 +213,15 @@ impl RelayRpc for RelayService {
     async fn submit(&self, request: Request<pb::SubmitRequest>) -> Reply<pb::RequestState> {
         let caller = self.caller(&request);
         let request = request.into_inner();
-        let call = CallInput {
-            correlation_id: caller.correlation_id.clone(),
-            ..call_input(
-                request.request_id,
-                request.tool_id,
-                request.function_name,
-                request.args,
-            )
-        };
-        // The caller's budget is spent as the call is queued: one round trip to the store.
-        let charge = self.relay.limits().call_charge(&caller, &request.code);
-        let submitted = self.relay.submit_charged(&request.code, call, Some(charge));
+        let call = call_input(
+            request.request_id,
+            request.tool_id,
+            request.function_name,
+            request.args,
+        );
         let view = self
-            .relay
-            .guarded(&caller, submitted)
+            .api
+            .submit(&caller, &request.code, call)
             .await
             .map_err(status)?;
         Ok(Response::new(request_state(view)))
@@ -227,12 +235,8 @@ impl RelayRpc for RelayService {
         let request = request.into_inner();
         let wait = Duration::from_millis(u64::from(request.wait_ms));
         let view = self
-            .relay
-            .guarded(
-                &caller,
-                self.relay
-                    .await_response(&request.code, &request.request_id, wait),
-            )
+            .api
+            .await_response(&caller, &request.code, &request.request_id, wait)
             .await
             .map_err(status)?;
         Ok(Response::new(request_state(view)))
@@ -243,20 +247,17 @@ impl RelayRpc for RelayService {
         let request = request.into_inner();
         let wait =
             (request.timeout_ms > 0).then(|| Duration::from_millis(u64::from(request.timeout_ms)));
-        let call = CallInput {
-            correlation_id: caller.correlation_id.clone(),
-            ..call_input(
-                request.request_id,
-                request.tool_id,
-                request.function_name,
-                request.args,
-            )
-        };
-        let charge = self.relay.limits().call_charge(&caller, &request.code);
-        let called = self
-            .relay
-            .call_charged(&request.code, call, wait, Some(charge));
-        let view = self.relay.guarded(&caller, called).await.map_err(status)?;
+        let call = call_input(
+            request.request_id,
+            request.tool_id,
+            request.function_name,
+            request.args,
+        );
+        let view = self
+            .api
+            .call(&caller, &request.code, call, wait)
+            .await
+            .map_err(status)?;
         Ok(Response::new(request_state(view)))
     }
 
@@ -268,11 +269,8 @@ impl RelayRpc for RelayService {
         let request = request.into_inner();
         let filter = non_empty(request.request_id);
         let responses = self
-            .relay
-            .guarded(
-                &caller,
-                self.relay.responses(&request.code, filter.as_deref()),
-            )
+            .api
+            .responses(&caller, &request.code, filter.as_deref())
             .await
             .map_err(status)?;
         Ok(Response::new(pb::ListResponsesResponse {
@@ -287,12 +285,8 @@ impl RelayRpc for RelayService {
         let caller = self.caller(&request);
         let request = request.into_inner();
         let view = self
-            .relay
-            .guarded(
-                &caller,
-                self.relay
-                    .request_status(&request.code, &request.request_id),
-            )
+            .api
+            .request_status(&caller, &request.code, &request.request_id)
             .await
             .map_err(status)?;
         Ok(Response::new(request_state(view)))
@@ -323,11 +317,8 @@ impl RelayRpc for RelayService {
         let ProviderLink {
             downlink, uplink, ..
         } = self
-            .relay
-            .guarded(
-                &caller,
-                self.relay.attach(&code, token.as_deref(), transport),
-            )
+            .api
+            .attach(&caller, &code, token.as_deref(), transport)
             .await
             .map_err(status)?;
 
@@ -363,11 +354,8 @@ impl RelayRpc for RelayService {
         let request = request.into_inner();
         let max = (request.max > 0).then(|| usize::try_from(request.max).unwrap_or(usize::MAX));
         let requests = self
-            .relay
-            .guarded(
-                &caller,
-                self.relay.poll(&request.code, token.as_deref(), max),
-            )
+            .api
+            .poll(&caller, &request.code, token.as_deref(), max)
             .await
             .map_err(status)?;
         Ok(Response::new(pb::PollRequestsResponse {
@@ -395,14 +383,12 @@ impl RelayRpc for RelayService {
             .response
             .ok_or_else(|| Status::invalid_argument("PostResponse needs a response"))?;
         let outcome = self
-            .relay
-            .guarded(
+            .api
+            .post_response(
                 &caller,
-                self.relay.post_response(
-                    &request.code,
-                    token.as_deref(),
-                    provider_response(response),
-                ),
+                &request.code,
+                token.as_deref(),
+                provider_response(response),
             )
             .await
             .map_err(status)?;
@@ -413,9 +399,14 @@ impl RelayRpc for RelayService {
         }))
     }
 
-    async fn list_tools(&self, _: Request<pb::ListToolsRequest>) -> Reply<pb::ListToolsResponse> {
+    async fn list_tools(
+        &self,
+        request: Request<pb::ListToolsRequest>,
+    ) -> Reply<pb::ListToolsResponse> {
+        let caller = self.caller(&request);
+        let tools = self.api.tools(&caller).await.map_err(status)?;
         Ok(Response::new(pb::ListToolsResponse {
-            tools: self.relay.tools().into_iter().map(tool_message).collect(),
+            tools: tools.into_iter().map(tool_message).collect(),
         }))
     }
 
@@ -423,17 +414,23 @@ impl RelayRpc for RelayService {
         &self,
         request: Request<pb::CallToolRequest>,
     ) -> Reply<pb::CallToolResponse> {
+        let caller = self.caller(&request);
         let request = request.into_inner();
         let scope = match request.scope {
             Some(pb::call_tool_request::Scope::SessionCode(code)) => {
-                Scope::Session(SessionCode::parse(&code).map_err(status)?)
+                Scope::Session(SessionCode::parse(&code).map_err(relay_status)?)
             }
             Some(pb::call_tool_request::Scope::McpSession(id)) => Scope::Mcp(id),
             Some(pb::call_tool_request::Scope::CallerScope(id)) => Scope::Caller(id),
             None => Scope::None,
         };
         let args = request.args.as_ref().map_or(Value::Null, from_struct);
-        let reply = match self.relay.call_tool(&request.name, args, scope).await {
+        let ran = self
+            .api
+            .call_tool(&caller, &request.name, args, scope)
+            .await
+            .map_err(status)?;
+        let reply = match ran {
             Ok(result) => pb::CallToolResponse {
                 success: true,
                 result: Some(to_value(&result)),
@@ -464,12 +461,8 @@ impl RelayRpc for RelayService {
         let request = request.into_inner();
         let tools = registered_tools(&request.tools, &request.tools_json);
         let count = self
-            .relay
-            .guarded(
-                &caller,
-                self.relay
-                    .register_manifest(&request.code, token.as_deref(), &tools),
-            )
+            .api
+            .register_manifest(&caller, &request.code, token.as_deref(), &tools)
             .await
             .map_err(status)?;
         Ok(Response::new(pb::RegisterManifestResponse {
@@ -486,7 +479,7 @@ fn metadata_str(metadata: &MetadataMap, key: &str) -> Option<String> {
         .filter(|value| !value.is_empty())
 }
 
-/// The provider token from `authorization: Bearer <token>`.
+/// The credential of `authorization: Bearer <credential>`: a provider token, or an API key.
 pub(crate) fn bearer(metadata: &MetadataMap) -> Option<String> {
     let value = metadata_str(metadata, "authorization")?;
     let (scheme, token) = value.split_once(' ')?;

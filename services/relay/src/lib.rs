@@ -12,12 +12,14 @@
 //!   tokio-tungstenite), whose port also answers probes and scrapes ([`ops`]); [`remote`] —
 //!   the same operations reached over gRPC from another process (the gateway in a split
 //!   deployment); [`limits`] — the brute-force guard and call limits every transport applies
-//!   through [`RelayApi`].
+//!   through [`RelayApi`]; [`access`] — API keys and the proof a gateway gives before the
+//!   relay believes the client it names.
 //! * [`server`] — `run(listeners, shutdown)`, used by the binaries and by tests; [`drain`] —
 //!   the graceful shutdown both servers of a process share; [`metrics`] — the process's
 //!   Prometheus metrics, which everything above reports to; [`config`] — settings and
 //!   command-line flags.
 
+pub mod access;
 pub mod api;
 pub mod builtin;
 pub mod clock;

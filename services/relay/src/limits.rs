@@ -4,11 +4,15 @@
 //!
 //! * the brute-force guard: an address that looks up too many unknown codes (or handles) in a
 //!   minute is refused every look-up until its budget refills;
-//! * calls per address and session.
+//! * calls per address and session;
+//! * what a front door lets in ([`ClientBudgets`]): sessions created and built-in tool calls
+//!   per address, which the gateway spends for HTTP and MCP, and the relay for a gRPC peer
+//!   that reached it directly, together with that peer's API key ([`Limits::admit`]).
 //!
 //! Who the client is: [`Caller`]. The gateway passes the address it saw (in process, or in the
 //! gRPC metadata entry [`CLIENT_ADDRESS_METADATA`]); the relay believes that entry only from
-//! a peer in `TRUSTED_GATEWAYS`, and otherwise keys on the peer's own address.
+//! a peer that proves itself a gateway ([`crate::access`]), and otherwise keys on the peer's
+//! own address.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -19,35 +23,75 @@ use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
 
+use crate::access::ApiKeys;
 use crate::clock::Clock;
 use crate::code::SessionCode;
 use crate::error::RelayError;
 use crate::metrics::{Metrics, RateLimit};
 use crate::store::{RateBudget, RateCharge, Store};
 
-/// gRPC metadata entry in which a trusted gateway names the client's address.
+/// gRPC metadata entry in which a gateway names the client's address.
 pub const CLIENT_ADDRESS_METADATA: &str = "x-toolrelay-client";
 /// gRPC metadata entry carrying the correlation id of the request (as in HTTP).
 pub const CORRELATION_ID_METADATA: &str = "x-request-id";
 /// Addresses blocked by the guard are forgotten once this many pile up and expire.
 const BLOCKED_PRUNE_AT: usize = 10_000;
 
-/// Who makes a request: the address limits are keyed on, and the correlation id its log lines
-/// carry.
+/// Who makes a request: the address limits are keyed on, what the relay still has to check
+/// before letting it in, and the correlation id its log lines carry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Caller {
     /// The client's address.
     pub address: IpAddr,
+    /// Whether a front end let the client in, or the relay has to.
+    pub admission: Admission,
     /// The request's correlation id (`x-request-id`), passed on to a relay in another process.
     pub correlation_id: Option<String>,
 }
 
+/// Who let a caller in.
+#[derive(Clone, PartialEq, Eq)]
+pub enum Admission {
+    /// A front end did — the gateway, in this process or proven over gRPC: it checked the
+    /// client's API key and spent its budgets of sessions and tool calls.
+    Gateway,
+    /// Nobody yet: the client reached the relay's gRPC port itself. The relay checks the
+    /// credential it presented (`authorization: Bearer`, an API key on consumer RPCs) and
+    /// spends its budgets.
+    Direct {
+        /// The bearer credential the request carried.
+        bearer: Option<String>,
+    },
+}
+
+impl std::fmt::Debug for Admission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The credential is a secret: never in a log line.
+        match self {
+            Self::Gateway => f.write_str("Gateway"),
+            Self::Direct { bearer } => f
+                .debug_struct("Direct")
+                .field("bearer", &bearer.as_ref().map(|_| "…"))
+                .finish(),
+        }
+    }
+}
+
 impl Caller {
-    /// A client at `address`.
+    /// A client at `address` that a front end let in (see [`Admission::Gateway`]).
     pub fn new(address: IpAddr) -> Self {
         Self {
             address,
+            admission: Admission::Gateway,
             correlation_id: None,
+        }
+    }
+
+    /// A client at `address` that reached the relay itself, presenting `bearer`.
+    pub fn direct(address: IpAddr, bearer: Option<String>) -> Self {
+        Self {
+            admission: Admission::Direct { bearer },
+            ..Self::new(address)
         }
     }
 
@@ -56,21 +100,6 @@ impl Caller {
     pub fn with_correlation_id(mut self, id: impl Into<String>) -> Self {
         self.correlation_id = Some(id.into());
         self
-    }
-
-    /// The caller of a request that arrived from `peer` and may name a client address in its
-    /// metadata: that address only when `peer` is a trusted gateway.
-    pub fn behind(peer: Option<IpAddr>, claimed: Option<&str>, trusted: &[IpNet]) -> Self {
-        let peer = peer.unwrap_or(IpAddr::from([0, 0, 0, 0]));
-        let claimed = claimed.and_then(|value| value.trim().parse::<IpAddr>().ok());
-        match claimed {
-            Some(client) if is_within(trusted, peer) => Self::new(client),
-            Some(_) => {
-                tracing::warn!(%peer, "a client address came from a peer not in TRUSTED_GATEWAYS; limits count against the peer");
-                Self::new(peer)
-            }
-            None => Self::new(peer),
-        }
     }
 }
 
@@ -81,14 +110,80 @@ pub struct RateLimits {
     pub lookups_per_ip: NonZeroU32,
     /// Calls per client address and session.
     pub calls_per_code: NonZeroU32,
+    /// Sessions created per client address.
+    pub sessions_per_ip: NonZeroU32,
+    /// Built-in tool calls (outside a session) per client address.
+    pub tools_per_ip: NonZeroU32,
 }
 
 impl Default for RateLimits {
     fn default() -> Self {
+        let per_minute = |n| NonZeroU32::new(n).unwrap_or(NonZeroU32::MIN);
         Self {
-            lookups_per_ip: NonZeroU32::new(30).unwrap_or(NonZeroU32::MIN),
-            calls_per_code: NonZeroU32::new(60).unwrap_or(NonZeroU32::MIN),
+            lookups_per_ip: per_minute(30),
+            calls_per_code: per_minute(60),
+            sessions_per_ip: per_minute(30),
+            tools_per_ip: per_minute(60),
         }
+    }
+}
+
+/// What a front door lets in per client and minute: sessions created and built-in tool calls,
+/// counted in the store (so every gateway and relay sharing it shares them) under the
+/// client's key ([`client_key`]).
+pub struct ClientBudgets {
+    budgets: RateLimits,
+    store: Arc<dyn Store>,
+    clock: Clock,
+    /// Where refusals are counted.
+    metrics: Metrics,
+}
+
+impl ClientBudgets {
+    /// The budgets of `budgets` (its sessions and tool calls), counted in `store`; refusals
+    /// are counted in `metrics`.
+    pub fn new(budgets: RateLimits, store: Arc<dyn Store>, clock: Clock, metrics: Metrics) -> Self {
+        Self {
+            budgets,
+            store,
+            clock,
+            metrics,
+        }
+    }
+
+    /// Counts a session created by the client at `address`.
+    pub async fn create_session(&self, address: IpAddr) -> Result<(), RelayError> {
+        self.spend(RateLimit::Sessions, address, self.budgets.sessions_per_ip)
+            .await
+    }
+
+    /// Counts a built-in tool call outside a session by the client at `address`.
+    pub async fn tool_call(&self, address: IpAddr) -> Result<(), RelayError> {
+        self.spend(RateLimit::Tools, address, self.budgets.tools_per_ip)
+            .await
+    }
+
+    async fn spend(
+        &self,
+        what: RateLimit,
+        address: IpAddr,
+        budget: NonZeroU32,
+    ) -> Result<(), RelayError> {
+        let (prefix, counted) = match what {
+            RateLimit::Sessions => ("sessions", "sessions created"),
+            _ => ("tools", "tool calls"),
+        };
+        let key = format!("{prefix}:{}", client_key(address, DEFAULT_IPV6_PREFIX));
+        let spent = self
+            .store
+            .spend(&key, RateBudget::per_minute(budget), self.clock.now())
+            .await?;
+        let Some(wait) = spent else { return Ok(()) };
+        self.metrics.rate_limited(what);
+        Err(RelayError::RateLimited {
+            what: counted,
+            retry_after: wait.max(Duration::from_secs(1)),
+        })
     }
 }
 
@@ -98,6 +193,10 @@ impl Default for RateLimits {
 /// another on the address's next unknown code).
 pub struct Limits {
     budgets: RateLimits,
+    /// Sessions and tool calls of clients that reached the relay directly.
+    front_door: ClientBudgets,
+    /// The keys a client reaching the relay directly needs, when the operator set some.
+    api_keys: Option<Arc<ApiKeys>>,
     store: Arc<dyn Store>,
     clock: Clock,
     /// Where refusals are counted.
@@ -108,14 +207,60 @@ pub struct Limits {
 }
 
 impl Limits {
-    /// Limits with these budgets, counted in `store`; refusals are counted in `metrics`.
-    pub fn new(budgets: RateLimits, store: Arc<dyn Store>, clock: Clock, metrics: Metrics) -> Self {
+    /// Limits with these budgets, counted in `store`, asking clients that reach the relay
+    /// directly for one of `api_keys`; refusals are counted in `metrics`.
+    pub fn new(
+        budgets: RateLimits,
+        api_keys: Option<Arc<ApiKeys>>,
+        store: Arc<dyn Store>,
+        clock: Clock,
+        metrics: Metrics,
+    ) -> Self {
         Self {
             budgets,
+            front_door: ClientBudgets::new(
+                budgets,
+                Arc::clone(&store),
+                clock.clone(),
+                metrics.clone(),
+            ),
+            api_keys,
             store,
             clock,
             metrics,
             blocked: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Lets `caller` use a consumer operation: a client that reached the relay directly needs
+    /// one of the API keys, when the operator set some (a gateway checked its own clients').
+    pub fn admit(&self, caller: &Caller) -> Result<(), RelayError> {
+        let (Some(keys), Admission::Direct { bearer }) = (&self.api_keys, &caller.admission) else {
+            return Ok(());
+        };
+        match bearer {
+            Some(key) if keys.accepts(key) => Ok(()),
+            Some(_) => Err(RelayError::InvalidApiKey),
+            None => Err(RelayError::ApiKeyRequired),
+        }
+    }
+
+    /// Lets `caller` create a session: a client that reached the relay directly spends its
+    /// budget of sessions (a gateway spent its own clients').
+    pub async fn admit_session(&self, caller: &Caller) -> Result<(), RelayError> {
+        match caller.admission {
+            Admission::Gateway => Ok(()),
+            Admission::Direct { .. } => self.front_door.create_session(caller.address).await,
+        }
+    }
+
+    /// Lets `caller` run a built-in tool outside a session: [`Limits::admit`], and a client
+    /// that reached the relay directly spends its budget of tool calls.
+    pub async fn admit_tool_call(&self, caller: &Caller) -> Result<(), RelayError> {
+        self.admit(caller)?;
+        match caller.admission {
+            Admission::Gateway => Ok(()),
+            Admission::Direct { .. } => self.front_door.tool_call(caller.address).await,
         }
     }
 
@@ -225,7 +370,7 @@ fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// One entry of a list of trusted peers (`TRUSTED_GATEWAYS`, `TRUSTED_PROXIES`): an address
+/// One entry of a list of trusted peers (`TRUSTED_PROXIES`): an address
 /// (`10.0.0.7`, `::1`) or a network in CIDR form (`10.0.0.0/8`).
 pub fn parse_network(text: &str) -> Result<IpNet, String> {
     let text = text.trim();
@@ -257,14 +402,6 @@ pub fn client_key(address: IpAddr, ipv6_prefix: u8) -> IpAddr {
             IpAddr::V6((u128::from(v6) & mask).into())
         }
     }
-}
-
-/// The default `TRUSTED_GATEWAYS`: loopback, where a gateway on the same host runs.
-pub fn loopback() -> Vec<IpNet> {
-    ["127.0.0.0/8", "::1/128"]
-        .iter()
-        .filter_map(|net| net.parse().ok())
-        .collect()
 }
 
 #[cfg(test)]
@@ -306,11 +443,53 @@ mod tests {
             RateLimits {
                 lookups_per_ip: n,
                 calls_per_code: n,
+                sessions_per_ip: n,
+                tools_per_ip: n,
             },
+            None,
             crate::store::memory::MemoryStore::new(clock.clone(), Duration::from_secs(60)),
             clock,
             Metrics::default(),
         )
+    }
+
+    #[tokio::test]
+    async fn only_a_client_that_reached_the_relay_itself_is_asked_for_a_key_and_charged() {
+        let key = "0123456789abcdef0123";
+        let keys = crate::access::ApiKeys::load(&[key.to_owned()], None).unwrap();
+        let limits = Limits {
+            api_keys: keys,
+            ..limits(1)
+        };
+        let address = "192.0.2.5".parse().unwrap();
+        let name = |result: Result<(), RelayError>| result.err().map(|error| error.name());
+        assert_eq!(
+            name(limits.admit(&Caller::direct(address, None))),
+            Some("api_key_required")
+        );
+        let wrong = Caller::direct(address, Some("fedcba9876543210fedc".into()));
+        assert_eq!(name(limits.admit(&wrong)), Some("invalid_api_key"));
+        let keyed = Caller::direct(address, Some(key.into()));
+        assert_eq!(name(limits.admit(&keyed)), None);
+        let admitted = Caller::new(address);
+        assert_eq!(name(limits.admit(&admitted)), None);
+        assert!(!format!("{keyed:?}").contains(key), "{keyed:?}");
+
+        // A gateway's clients were charged by the gateway; a direct client pays here.
+        for _ in 0..3 {
+            limits.admit_session(&admitted).await.unwrap();
+            limits.admit_tool_call(&admitted).await.unwrap();
+        }
+        limits.admit_session(&keyed).await.unwrap();
+        assert_eq!(
+            name(limits.admit_session(&keyed).await),
+            Some("rate_limited")
+        );
+        limits.admit_tool_call(&keyed).await.unwrap();
+        assert_eq!(
+            name(limits.admit_tool_call(&keyed).await),
+            Some("rate_limited")
+        );
     }
 
     fn caller(address: &str) -> Caller {
@@ -359,28 +538,5 @@ mod tests {
         );
         limits.call(&who, "ZZZZZZZZ").await.unwrap();
         limits.call(&caller("192.0.2.6"), "ABCDEFGH").await.unwrap();
-    }
-
-    #[test]
-    fn a_claimed_address_counts_only_from_a_trusted_gateway() {
-        let trusted: Vec<IpNet> = vec!["10.0.0.0/8".parse().unwrap()];
-        let gateway: IpAddr = "10.1.2.3".parse().unwrap();
-        let stranger: IpAddr = "203.0.113.9".parse().unwrap();
-        assert_eq!(
-            Caller::behind(Some(gateway), Some("198.51.100.7"), &trusted),
-            caller("198.51.100.7")
-        );
-        assert_eq!(
-            Caller::behind(Some(stranger), Some("198.51.100.7"), &trusted),
-            Caller::new(stranger)
-        );
-        assert_eq!(
-            Caller::behind(Some(gateway), Some("not an address"), &trusted),
-            Caller::new(gateway)
-        );
-        assert_eq!(
-            Caller::behind(Some(gateway), None, &trusted),
-            Caller::new(gateway)
-        );
     }
 }

@@ -171,6 +171,7 @@ impl Relay {
             inner: Arc::new(Inner {
                 limits: Limits::new(
                     config.limits,
+                    config.api_keys.clone(),
                     Arc::clone(&store),
                     clock.clone(),
                     metrics.clone(),

@@ -6,6 +6,7 @@
 //! stream whose messages are translated to and from [`Downlink`] and [`ProviderFrame`], so a
 //! transport serving a tab cannot tell a remote relay from a local one.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -24,9 +25,11 @@ use toolrelay::wire::{
 
 use async_trait::async_trait;
 
+use crate::access::{GATEWAY_PROOF_METADATA, GatewaySecrets};
 use crate::api::{Outcome, RelayApi};
 use crate::builtin::{FailureKind, Scope, ToolFailure, ToolInfo};
 use crate::code::SessionCode;
+use crate::config::ENV_GATEWAY_SECRET;
 use crate::convert::{
     downlink_message, failure_kind_of, grouped_manifest, provider_message,
     provider_message_response, request_view, session_status, status_of, timestamp, tool_info,
@@ -55,6 +58,18 @@ const LINGER: Duration = Duration::from_secs(5);
 pub struct RemoteRelay {
     pool: RelayPool,
     options: RemoteOptions,
+    /// The gateway secret every request carries, when there is one.
+    proof: Option<Proof>,
+}
+
+/// The gateway secret as a metadata value (kept out of `Debug`).
+#[derive(Clone)]
+struct Proof(MetadataValue<tonic::metadata::Ascii>);
+
+impl std::fmt::Debug for Proof {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Proof(…)")
+    }
 }
 
 /// What a front end in front of a remote relay enforces itself.
@@ -67,6 +82,11 @@ pub struct RemoteOptions {
     /// This process's drain: while it runs, new calls, sessions and attaches are refused; a
     /// waiting caller holds it open and, when it ends, is told to ask for its answer again.
     pub drain: Drain,
+    /// The secrets this front end proves itself with (it sends the first), so that the relay
+    /// believes the client addresses it names and leaves alone what it checked itself (API
+    /// keys, budgets of sessions and tool calls). Without, the relay counts every client
+    /// against this process's address.
+    pub gateway_secrets: Option<Arc<GatewaySecrets>>,
 }
 
 impl RemoteRelay {
@@ -75,10 +95,46 @@ impl RemoteRelay {
     /// the relay is still coming up; a malformed URL is an error now. Must be called within a
     /// Tokio runtime.
     pub fn connect_lazy(urls: &str, options: RemoteOptions) -> Result<Self, String> {
+        let proof = match &options.gateway_secrets {
+            None => None,
+            // Checked at start to be printable ASCII.
+            Some(secrets) => Some(Proof(
+                MetadataValue::try_from(secrets.current())
+                    .map_err(|_| format!("{ENV_GATEWAY_SECRET} must be printable ASCII"))?,
+            )),
+        };
         Ok(Self {
             pool: RelayPool::new(urls)?,
             options,
+            proof,
         })
+    }
+
+    /// A request proving this front end a gateway, naming the client (for the relay's limits)
+    /// and carrying the provider token as `authorization: Bearer …`, when there is one.
+    fn request<T>(&self, message: T, caller: &Caller, token: Option<&str>) -> Request<T> {
+        let mut request = Request::new(message);
+        let metadata = request.metadata_mut();
+        if let Some(Proof(proof)) = &self.proof {
+            metadata.insert(GATEWAY_PROOF_METADATA, proof.clone());
+        }
+        if let Ok(address) = MetadataValue::try_from(caller.address.to_string()) {
+            metadata.insert(CLIENT_ADDRESS_METADATA, address);
+        }
+        // The relay's log lines for this call carry the gateway's correlation id.
+        if let Some(id) = caller
+            .correlation_id
+            .as_deref()
+            .and_then(|id| MetadataValue::try_from(id).ok())
+        {
+            metadata.insert(CORRELATION_ID_METADATA, id);
+        }
+        if let Some(value) =
+            token.and_then(|token| MetadataValue::try_from(format!("Bearer {token}")).ok())
+        {
+            metadata.insert("authorization", value);
+        }
+        request
     }
 
     /// Runs one unary RPC on a replica, and again on another when this one did not answer
@@ -160,13 +216,13 @@ impl RelayApi for RemoteRelay {
         }
     }
 
-    async fn create_session(&self) -> Outcome<NewSession> {
+    async fn create_session(&self, caller: &Caller) -> Outcome<NewSession> {
         self.accepting()?;
         // Asking again at worst leaves a session nobody uses, which expires.
         let created = self
             .rpc(
                 Retry::Safe,
-                || Request::new(pb::CreateSessionRequest {}),
+                || self.request(pb::CreateSessionRequest {}, caller, None),
                 |mut client, request| async move { client.create_session(request).await },
             )
             .await?;
@@ -186,7 +242,7 @@ impl RelayApi for RemoteRelay {
         let info = self
             .rpc(
                 Retry::Safe,
-                || request(message.clone(), caller, None),
+                || self.request(message.clone(), caller, None),
                 |mut client, request| async move { client.get_session(request).await },
             )
             .await?;
@@ -200,7 +256,7 @@ impl RelayApi for RemoteRelay {
         let info = self
             .rpc(
                 Retry::Safe,
-                || request(message.clone(), caller, None),
+                || self.request(message.clone(), caller, None),
                 |mut client, request| async move { client.resolve_handle(request).await },
             )
             .await?;
@@ -212,7 +268,7 @@ impl RelayApi for RemoteRelay {
         let message = pb::DeleteSessionRequest { code: code.into() };
         self.rpc(
             Retry::IfNotSent,
-            || request(message.clone(), caller, token),
+            || self.request(message.clone(), caller, token),
             |mut client, request| async move { client.delete_session(request).await },
         )
         .await?;
@@ -224,7 +280,7 @@ impl RelayApi for RemoteRelay {
         let manifest = self
             .rpc(
                 Retry::Safe,
-                || request(message.clone(), caller, None),
+                || self.request(message.clone(), caller, None),
                 |mut client, request| async move { client.get_manifest(request).await },
             )
             .await?;
@@ -247,7 +303,7 @@ impl RelayApi for RemoteRelay {
         let reply = self
             .rpc(
                 Retry::Safe,
-                || request(message.clone(), caller, token),
+                || self.request(message.clone(), caller, token),
                 |mut client, request| async move { client.register_manifest(request).await },
             )
             .await?;
@@ -268,7 +324,7 @@ impl RelayApi for RemoteRelay {
         let state = self
             .rpc(
                 Retry::Safe,
-                || request(message.clone(), caller, None),
+                || self.request(message.clone(), caller, None),
                 |mut client, request| async move { client.submit(request).await },
             )
             .await?;
@@ -290,7 +346,7 @@ impl RelayApi for RemoteRelay {
         // A wait cut off by its replica's death goes on, on another replica.
         let reply = self.rpc(
             Retry::Safe,
-            || request(message.clone(), caller, None),
+            || self.request(message.clone(), caller, None),
             |mut client, request| async move { client.await_response(request).await },
         );
         let state = self.waiting(code, request_id, reply).await?;
@@ -319,7 +375,7 @@ impl RelayApi for RemoteRelay {
         };
         let reply = self.rpc(
             Retry::Safe,
-            || request(message.clone(), caller, None),
+            || self.request(message.clone(), caller, None),
             |mut client, request| async move { client.call(request).await },
         );
         let state = self.waiting(code, &request_id, reply).await?;
@@ -339,7 +395,7 @@ impl RelayApi for RemoteRelay {
         let reply = self
             .rpc(
                 Retry::Safe,
-                || request(message.clone(), caller, None),
+                || self.request(message.clone(), caller, None),
                 |mut client, request| async move { client.list_responses(request).await },
             )
             .await?;
@@ -359,7 +415,7 @@ impl RelayApi for RemoteRelay {
         let state = self
             .rpc(
                 Retry::Safe,
-                || request(message.clone(), caller, None),
+                || self.request(message.clone(), caller, None),
                 |mut client, request| async move { client.get_request_status(request).await },
             )
             .await?;
@@ -383,7 +439,7 @@ impl RelayApi for RemoteRelay {
         let reply = self
             .rpc(
                 Retry::IfNotSent,
-                || request(message.clone(), caller, token),
+                || self.request(message.clone(), caller, token),
                 |mut client, request| async move { client.poll_requests(request).await },
             )
             .await?;
@@ -408,7 +464,7 @@ impl RelayApi for RemoteRelay {
         let reply = self
             .rpc(
                 Retry::IfNotSent,
-                || request(message.clone(), caller, token),
+                || self.request(message.clone(), caller, token),
                 |mut client, request| async move { client.post_response(request).await },
             )
             .await?;
@@ -431,7 +487,7 @@ impl RelayApi for RemoteRelay {
         let changes = self
             .rpc(
                 Retry::Safe,
-                || request(message.clone(), caller, None),
+                || self.request(message.clone(), caller, None),
                 |mut client, request| async move { client.watch_manifest(request).await },
             )
             .await?;
@@ -442,25 +498,31 @@ impl RelayApi for RemoteRelay {
             .boxed())
     }
 
-    async fn tools(&self) -> Outcome<Vec<ToolInfo>> {
+    async fn tools(&self, caller: &Caller) -> Outcome<Vec<ToolInfo>> {
         let reply = self
             .rpc(
                 Retry::Safe,
-                || Request::new(pb::ListToolsRequest {}),
+                || self.request(pb::ListToolsRequest {}, caller, None),
                 |mut client, request| async move { client.list_tools(request).await },
             )
             .await?;
         Ok(reply.tools.into_iter().map(tool_info).collect())
     }
 
-    async fn call_tool(&self, name: &str, args: Value, scope: Scope) -> Result<Value, ToolFailure> {
+    async fn call_tool(
+        &self,
+        caller: &Caller,
+        name: &str,
+        args: Value,
+        scope: Scope,
+    ) -> Outcome<Result<Value, ToolFailure>> {
         use pb::call_tool_request::Scope as PbScope;
         if let Err(error) = self.check_depth(&args, "The arguments are") {
-            return Err(ToolFailure::new(
+            return Ok(Err(ToolFailure::new(
                 FailureKind::BadInput,
                 "NESTED_TOO_DEEPLY",
                 error.message,
-            ));
+            )));
         }
         let request = pb::CallToolRequest {
             name: name.to_owned(),
@@ -476,30 +538,21 @@ impl RelayApi for RemoteRelay {
         let reply = self
             .rpc(
                 Retry::IfNotSent,
-                || Request::new(request.clone()),
+                || self.request(request.clone(), caller, None),
                 |mut client, request| async move { client.call_tool(request).await },
             )
-            .await;
-        let reply = match reply {
-            Ok(reply) => reply,
-            Err(error) => {
-                return Err(ToolFailure {
-                    retry_after: error.retry_after.or(Some(Duration::from_secs(2))),
-                    ..ToolFailure::new(FailureKind::Unavailable, "RELAY_UNAVAILABLE", error.message)
-                });
-            }
-        };
+            .await?;
         if reply.success {
-            return Ok(reply.result.as_ref().map_or(Value::Null, from_value));
+            return Ok(Ok(reply.result.as_ref().map_or(Value::Null, from_value)));
         }
         let failure = reply.failure.unwrap_or_default();
-        Err(ToolFailure {
+        Ok(Err(ToolFailure {
             kind: failure_kind_of(failure.kind()),
             code: failure.code,
             message: failure.message,
             retry_after: (failure.retry_after_seconds > 0)
                 .then(|| Duration::from_secs(u64::from(failure.retry_after_seconds))),
-        })
+        }))
     }
 
     async fn attach(
@@ -520,7 +573,7 @@ impl RelayApi for RemoteRelay {
                 || {
                     let (uplink, from_provider) = mpsc::channel::<ProviderFrame>(LINK_BUFFER);
                     let outbound = ReceiverStream::new(from_provider).map(provider_message);
-                    let mut request = request((uplink, outbound), caller, token);
+                    let mut request = self.request((uplink, outbound), caller, token);
                     let metadata = request.metadata_mut();
                     metadata.insert(SESSION_CODE_METADATA, code_value.clone());
                     metadata.insert(
@@ -578,30 +631,6 @@ impl RelayApi for RemoteRelay {
             answers: None,
         })
     }
-}
-
-/// A request naming the client (for the relay's limits) and carrying the provider token as
-/// `authorization: Bearer …`, when there is one.
-fn request<T>(message: T, caller: &Caller, token: Option<&str>) -> Request<T> {
-    let mut request = Request::new(message);
-    let metadata = request.metadata_mut();
-    if let Ok(address) = MetadataValue::try_from(caller.address.to_string()) {
-        metadata.insert(CLIENT_ADDRESS_METADATA, address);
-    }
-    // The relay's log lines for this call carry the gateway's correlation id.
-    if let Some(id) = caller
-        .correlation_id
-        .as_deref()
-        .and_then(|id| MetadataValue::try_from(id).ok())
-    {
-        metadata.insert(CORRELATION_ID_METADATA, id);
-    }
-    if let Some(value) =
-        token.and_then(|token| MetadataValue::try_from(format!("Bearer {token}")).ok())
-    {
-        metadata.insert("authorization", value);
-    }
-    request
 }
 
 /// The relay's answer as an error: its `x-error` code and message when the relay gave them,

@@ -16,7 +16,7 @@ use toolrelay::proto::FILE_DESCRIPTOR_SET;
 use toolrelay::proto::v1::relay_server::RelayServer;
 
 use crate::clock::Clock;
-use crate::config::{ENV_REDIS_URL, RelayConfig, StoreConfig};
+use crate::config::{ENV_GATEWAY_SECRET, ENV_REDIS_URL, RelayConfig, StoreConfig};
 use crate::grpc::RelayService;
 use crate::limits::CORRELATION_ID_METADATA;
 use crate::metrics::Metrics;
@@ -175,6 +175,11 @@ pub async fn run(
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;
 
+    if relay.config().gateway_secrets.is_none() {
+        tracing::info!(
+            "{ENV_GATEWAY_SECRET} is not set: the gRPC port believes no client address a peer names, and counts every request against its peer (a gateway in another process needs the same secret)"
+        );
+    }
     // HTTP/2 keepalive finds `Connect` streams whose peer vanished without closing them.
     let keepalive = relay.config().heartbeat_interval;
     let grpc = tonic::transport::Server::builder()

@@ -55,7 +55,7 @@ impl TabApi {
     )]
     async fn create_session(&self, client: Client) -> Result<SessionCreated, ApiError> {
         self.state.limits.create_session(client.0.address).await?;
-        let session = self.state.relay.create_session().await?;
+        let session = self.state.relay.create_session(&client.0).await?;
         let created = CreatedSession::new(session, &self.state.config.public_base_url);
         Ok(SessionCreated::Created(Json(created)))
     }

@@ -6,8 +6,8 @@ use poem_openapi::param::{Path, Query};
 use poem_openapi::payload::Json;
 use poem_openapi::{ApiResponse, Object, OpenApi};
 use serde_json::Value;
-use toolrelay_relay::ErrorKind;
 use toolrelay_relay::builtin::{FailureKind, Scope, ToolFailure};
+use toolrelay_relay::{ErrorInfo, ErrorKind};
 
 use super::{Client, State, Tag};
 use crate::error::ApiError;
@@ -116,8 +116,8 @@ impl ToolsApi {
     /// Tools that run in the relay itself (no tab needed), each with the JSON Schema of its
     /// input. They are also in every session's metadata.
     #[oai(path = "/api/tools", method = "get", operation_id = "listTools")]
-    async fn list_tools(&self) -> Result<Json<ToolList>, ApiError> {
-        let tools = self.state.relay.tools().await?;
+    async fn list_tools(&self, client: Client) -> Result<Json<ToolList>, ApiError> {
+        let tools = self.state.relay.tools(&client.0).await?;
         Ok(Json(ToolList {
             tools: tools
                 .into_iter()
@@ -151,30 +151,41 @@ impl ToolsApi {
         client: Client,
     ) -> ToolOutcome {
         if let Err(limited) = self.state.limits.tool_call(client.0.address).await {
-            let busy = limited.kind == ErrorKind::TooManyRequests;
-            return ToolFailure {
-                kind: if busy {
-                    FailureKind::Busy
-                } else {
-                    FailureKind::Unavailable
-                },
-                code: limited.code.as_str().to_uppercase(),
-                message: limited.message,
-                retry_after: limited.retry_after,
-            }
-            .into();
+            return refused(limited).into();
         }
         let scope = scope
             .0
             .filter(|scope| !scope.is_empty())
             .map_or(Scope::None, Scope::Caller);
-        match self.state.relay.call_tool(&tool_name, body.0, scope).await {
-            Ok(result) => ToolOutcome::Done(Json(ToolResult {
+        let ran = self
+            .state
+            .relay
+            .call_tool(&client.0, &tool_name, body.0, scope)
+            .await;
+        match ran {
+            Ok(Ok(result)) => ToolOutcome::Done(Json(ToolResult {
                 success: true,
                 result: Some(result),
                 error: None,
             })),
-            Err(failure) => failure.into(),
+            Ok(Err(failure)) => failure.into(),
+            Err(refusal) => refused(refusal).into(),
         }
+    }
+}
+
+/// A tool call that was not let in (over its budget, or the relay unreachable), as a tool
+/// failure.
+fn refused(error: ErrorInfo) -> ToolFailure {
+    let busy = error.kind == ErrorKind::TooManyRequests;
+    ToolFailure {
+        kind: if busy {
+            FailureKind::Busy
+        } else {
+            FailureKind::Unavailable
+        },
+        code: error.code.as_str().to_uppercase(),
+        message: error.message,
+        retry_after: error.retry_after,
     }
 }
