@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
+use std::time::Duration;
 
 use clap::Args;
 use toolrelay_relay::config::{DEFAULT_MAX_JSON_DEPTH, ServiceArgs, StoreConfig, check_json_depth};
@@ -27,6 +28,12 @@ pub const ENV_TRUSTED_PROXIES: &str = "TRUSTED_PROXIES";
 pub const ENV_API_KEYS: &str = "API_KEYS";
 /// `API_KEYS_FILE`: a file of such keys, one per line.
 pub const ENV_API_KEYS_FILE: &str = "API_KEYS_FILE";
+/// `MCP_SESSIONS_PER_IP`: live MCP client sessions one client address may hold.
+pub const ENV_MCP_SESSIONS_PER_IP: &str = "MCP_SESSIONS_PER_IP";
+/// `MCP_MAX_SESSIONS`: live MCP client sessions of every client together, across gateways.
+pub const ENV_MCP_MAX_SESSIONS: &str = "MCP_MAX_SESSIONS";
+/// `MCP_SESSION_IDLE_SECONDS`: how long an unused MCP client session lives.
+pub const ENV_MCP_SESSION_IDLE: &str = "MCP_SESSION_IDLE_SECONDS";
 
 /// The CODAP origins allowed by default, besides the gateway's own.
 const CODAP_ORIGINS: [&str; 2] = ["https://codap.concord.org", "https://codap3.concord.org"];
@@ -72,6 +79,17 @@ pub struct GatewayArgs {
     /// A file of API keys, one per line (`#` starts a comment).
     #[arg(long, env = ENV_API_KEYS_FILE)]
     pub api_keys_file: Option<std::path::PathBuf>,
+    /// Live MCP client sessions one client address (an IPv6 /64) may hold; past it,
+    /// `initialize` gets 429.
+    #[arg(long, env = ENV_MCP_SESSIONS_PER_IP, default_value_t = McpSessions::default().per_address)]
+    pub mcp_sessions_per_ip: NonZeroU32,
+    /// Live MCP client sessions of every client together, across the gateways sharing a
+    /// store; past it, `initialize` gets 503.
+    #[arg(long, env = ENV_MCP_MAX_SESSIONS, default_value_t = McpSessions::default().total)]
+    pub mcp_max_sessions: NonZeroU32,
+    /// Seconds an unused MCP client session lives (in the gateway and in the store).
+    #[arg(long, env = ENV_MCP_SESSION_IDLE, default_value_t = McpSessions::default().idle.as_secs())]
+    pub mcp_session_idle_seconds: u64,
 }
 
 /// The gateway's settings.
@@ -94,6 +112,8 @@ pub struct GatewayConfig {
     pub max_json_depth: usize,
     /// Keys the LLM-facing routes require, when the operator set some.
     pub api_keys: Option<std::sync::Arc<crate::auth::ApiKeys>>,
+    /// Caps and idle time of MCP client sessions.
+    pub mcp_sessions: McpSessions,
     /// Where a gateway alone keeps what it shares with other gateways (rate limits, MCP
     /// sessions): `REDIS_URL`. In one process, the relay's store serves.
     pub store: StoreConfig,
@@ -106,6 +126,30 @@ pub struct RateLimits {
     pub sessions_per_ip: NonZeroU32,
     /// Built-in tool calls per client address.
     pub tools_per_ip: NonZeroU32,
+}
+
+/// Caps and idle time of MCP client sessions.
+#[derive(Debug, Clone, Copy)]
+pub struct McpSessions {
+    /// Live sessions per client address (`MCP_SESSIONS_PER_IP`).
+    pub per_address: NonZeroU32,
+    /// Live sessions in total (`MCP_MAX_SESSIONS`).
+    pub total: NonZeroU32,
+    /// How long an unused session lives (`MCP_SESSION_IDLE_SECONDS`).
+    pub idle: Duration,
+    /// The IPv6 prefix one client is keyed by.
+    pub ipv6_prefix: u8,
+}
+
+impl Default for McpSessions {
+    fn default() -> Self {
+        Self {
+            per_address: NonZeroU32::new(100).unwrap_or(NonZeroU32::MIN),
+            total: NonZeroU32::new(10_000).unwrap_or(NonZeroU32::MIN),
+            idle: Duration::from_secs(120),
+            ipv6_prefix: toolrelay_relay::limits::DEFAULT_IPV6_PREFIX,
+        }
+    }
 }
 
 impl GatewayConfig {
@@ -125,6 +169,7 @@ impl GatewayConfig {
             max_provider_body: MAX_PROVIDER_BODY,
             max_json_depth: DEFAULT_MAX_JSON_DEPTH,
             api_keys: None,
+            mcp_sessions: McpSessions::default(),
             store: StoreConfig::Memory,
         })
     }
@@ -169,6 +214,15 @@ impl GatewayArgs {
         config.api_keys =
             crate::auth::ApiKeys::load(&self.api_keys, self.api_keys_file.as_deref())?;
         config.trusted_proxies.clone_from(&self.trusted_proxies);
+        if self.mcp_session_idle_seconds == 0 {
+            return Err(format!("{ENV_MCP_SESSION_IDLE}: must be at least 1 second"));
+        }
+        config.mcp_sessions = McpSessions {
+            per_address: self.mcp_sessions_per_ip,
+            total: self.mcp_max_sessions,
+            idle: Duration::from_secs(self.mcp_session_idle_seconds),
+            ..McpSessions::default()
+        };
         config.store = service.store_config();
         Ok(config)
     }
