@@ -58,6 +58,13 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 const SESSION_CHANNEL_CAPACITY: usize = 4;
 /// How long a new session may wait for its `initialize` to be answered.
 const SESSION_INIT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Sessions a gateway keeps running at most (both endpoints together). A running session
+/// costs ~80 KiB in rmcp (its worker, its service loop and seven channels, each of which
+/// allocates a block of 32 messages at once, whatever its capacity); past this many, the one
+/// used longest ago is stopped here, and its next request takes it over again from the store,
+/// as another gateway would. So 10,000 live sessions cost the store a few hundred bytes each
+/// and the gateway at most ~80 MiB.
+const RUNNING_SESSIONS: usize = 1_000;
 /// How often a watcher of a session's tools checks that its MCP client is still there.
 const CLIENT_CHECK_EVERY: Duration = Duration::from_secs(30);
 /// How soon a watcher of a session's tools whose relay could not be reached asks again
@@ -93,6 +100,7 @@ impl Drop for SessionEnd {
 
 /// The two MCP endpoints, ready to mount.
 pub fn endpoints(state: &State) -> (impl Endpoint + 'static, impl Endpoint + 'static) {
+    let running = Arc::new(std::sync::Mutex::new(Running::default()));
     let make = |scoped: bool| {
         let state = state.clone();
         let namespace = if scoped { "s:" } else { "" };
@@ -115,6 +123,7 @@ pub fn endpoints(state: &State) -> (impl Endpoint + 'static, impl Endpoint + 'st
             sessions: Arc::clone(&sessions),
             namespace,
             clock: Clock::new(),
+            running: Arc::clone(&running),
         };
         let service = StreamableHttpService::new(
             move || {
@@ -156,6 +165,15 @@ struct Keeper {
     sessions: Arc<LocalSessionManager>,
     namespace: &'static str,
     clock: Clock,
+    running: Arc<std::sync::Mutex<Running>>,
+}
+
+/// The sessions running in this gateway, by last use (some may have ended since).
+#[derive(Default)]
+struct Running {
+    uses: u64,
+    by_use: std::collections::BTreeMap<u64, (Arc<LocalSessionManager>, &'static str, String)>,
+    last_use: std::collections::HashMap<(&'static str, String), u64>,
 }
 
 impl Keeper {
@@ -227,6 +245,49 @@ impl Keeper {
         if let Ok(false) = kept {
             // rmcp then answers 404, and the client starts a new session.
             let _ = self.sessions.close_session(&id.into()).await;
+        } else {
+            self.used(id);
+        }
+    }
+
+    /// Session `id` runs here now (it began, or a request for it came): the one used longest
+    /// ago stops if too many run.
+    fn used(&self, id: &str) {
+        let stopping = {
+            // A std mutex: held for a few map operations, never across an await.
+            let mut running = self
+                .running
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            running.uses += 1;
+            let now = running.uses;
+            if let Some(before) = running
+                .last_use
+                .insert((self.namespace, id.to_owned()), now)
+            {
+                running.by_use.remove(&before);
+            }
+            running.by_use.insert(
+                now,
+                (Arc::clone(&self.sessions), self.namespace, id.to_owned()),
+            );
+            if running.by_use.len() > RUNNING_SESSIONS {
+                running
+                    .by_use
+                    .pop_first()
+                    .map(|(_, (sessions, namespace, id))| {
+                        running.last_use.remove(&(namespace, id.clone()));
+                        (sessions, id)
+                    })
+            } else {
+                None
+            }
+        };
+        if let Some((sessions, id)) = stopping {
+            // Only here: the store keeps it, so its next request takes it over again.
+            tokio::spawn(async move {
+                let _ = sessions.close_session(&id.as_str().into()).await;
+            });
         }
     }
 }
@@ -387,10 +448,15 @@ fn with_context<E: Endpoint + 'static>(keeper: Keeper, endpoint: E) -> impl Endp
                 .scope(opened.clone(), endpoint.call(request))
                 .await
                 .map(IntoResponse::into_response);
-            let created = response
-                .as_ref()
-                .is_ok_and(|response| response.headers().contains_key("mcp-session-id"));
-            if !created {
+            let created = response.as_ref().ok().and_then(|response| {
+                response
+                    .headers()
+                    .get("mcp-session-id")
+                    .and_then(|value| value.to_str().ok())
+            });
+            if let Some(id) = created {
+                keeper.used(id);
+            } else {
                 // No session took the place: free it.
                 let _ = keeper.state.store.delete_mcp_session(&opened.slot).await;
             }
