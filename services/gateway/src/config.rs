@@ -301,6 +301,48 @@ mod tests {
     }
 
     #[test]
+    fn mcp_session_settings_are_read_and_checked() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            gateway: GatewayArgs,
+            #[command(flatten)]
+            service: ServiceArgs,
+        }
+        let bound: SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        let config = |args: &[&str]| {
+            let cli = <Cli as clap::Parser>::try_parse_from(args).unwrap();
+            cli.gateway.gateway_config(bound, &cli.service)
+        };
+        let defaults = config(&["toolrelay"]).unwrap().mcp_sessions;
+        assert_eq!(
+            (
+                defaults.per_address.get(),
+                defaults.total.get(),
+                defaults.idle
+            ),
+            (100, 10_000, Duration::from_secs(120))
+        );
+        let set = config(&[
+            "toolrelay",
+            "--mcp-sessions-per-ip",
+            "3",
+            "--mcp-max-sessions",
+            "50",
+            "--mcp-session-idle-seconds",
+            "5",
+        ])
+        .unwrap()
+        .mcp_sessions;
+        assert_eq!(
+            (set.per_address.get(), set.total.get(), set.idle),
+            (3, 50, Duration::from_secs(5))
+        );
+        let error = config(&["toolrelay", "--mcp-session-idle-seconds", "0"]).unwrap_err();
+        assert!(error.contains(ENV_MCP_SESSION_IDLE), "{error}");
+    }
+
+    #[test]
     fn default_origins_are_codap_and_our_own() {
         let config = GatewayConfig::new("https://relay.example.org/base").unwrap();
         assert_eq!(
