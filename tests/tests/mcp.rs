@@ -1007,3 +1007,23 @@ async fn a_flood_of_initialize_from_100_addresses_stays_bounded_in_memory() {
     .await;
     on_redis.stop().await;
 }
+
+#[tokio::test]
+async fn the_python_sdk_ends_its_session_without_a_complaint() {
+    let system = System::start().await;
+    let output = tokio::process::Command::new(toolrelay_tests::test_python())
+        .arg(toolrelay_tests::repo_file("tests/python/mcp_call.py"))
+        .arg(system.url("/mcp"))
+        .arg("encodePlantUML")
+        .arg(json!({"plantumlCode": "@startuml\nA -> B\n@enduml"}).to_string())
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let answer: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(answer["isError"], false, "{answer}");
+    // The SDK ends its session with DELETE on leaving, and logs anything but 200 or 204.
+    assert!(!stderr.contains("Session termination failed"), "{stderr}");
+    system.stop().await;
+}
