@@ -93,6 +93,20 @@ impl RedisServer {
         redis::cmd("PING").query_async(&mut connection).await
     }
 
+    /// What it holds in memory now (`INFO memory`'s `used_memory`, bytes).
+    pub async fn used_memory(&self) -> u64 {
+        let mut connection = self.connection().await.unwrap();
+        let info: String = redis::cmd("INFO")
+            .arg("memory")
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        info.lines()
+            .find_map(|line| line.strip_prefix("used_memory:"))
+            .and_then(|bytes| bytes.trim().parse().ok())
+            .unwrap()
+    }
+
     /// Stops it (SIGKILL: what a crash or a pulled plug does).
     pub async fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {

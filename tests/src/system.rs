@@ -402,11 +402,23 @@ async fn answer(response: reqwest::Response) -> Answer {
     }
 }
 
+/// The variable naming the directory the tests take the binaries from (scripts/test.sh points
+/// the floods at the release build); unset, the binaries built next to the test executables.
+pub const ENV_BINARIES: &str = "TOOLRELAY_BINARIES";
+
 /// A workspace binary, built next to the test executables (`cargo test --workspace` and
-/// `scripts/test.sh` build every binary).
+/// `scripts/test.sh` build every binary), or in [`ENV_BINARIES`].
 pub fn binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().and_then(|deps| deps.parent()).unwrap();
+    let dir = std::env::var_os(ENV_BINARIES).map_or_else(
+        || {
+            let exe = std::env::current_exe().unwrap();
+            exe.parent()
+                .and_then(|deps| deps.parent())
+                .unwrap()
+                .to_owned()
+        },
+        PathBuf::from,
+    );
     let path = dir.join(name);
     assert!(
         path.exists(),

@@ -13,8 +13,9 @@ use toolrelay_relay::clock::ClockHand;
 use toolrelay_relay::store::memory::{MAX_TICKETS_PER_SCOPE, MemoryStore, StoreLimits};
 use toolrelay_relay::store::redis::RedisStore;
 use toolrelay_relay::store::{
-    BUILTIN_LEASE, Claim, EnqueueChecks, Enqueued, EventStream, Finished, NewRequest, ProviderInfo,
-    RateBudget, RateCharge, SessionEvent, SessionRecord, Store, Transport,
+    BUILTIN_LEASE, Claim, EnqueueChecks, Enqueued, EventStream, Finished, McpSessionCaps,
+    McpSessionsFull, NewRequest, ProviderInfo, RateBudget, RateCharge, SessionEvent, SessionRecord,
+    Store, Transport,
 };
 use toolrelay_relay::{Clock, Metrics, SessionCode, Timestamp};
 use toolrelay_tests::PATIENCE;
@@ -670,18 +671,55 @@ conformance! {
     async fn mcp_sessions_are_kept_until_they_expire_or_are_deleted(fixture) {
         let store = &fixture.store;
         let until = fixture.now().plus(HOUR);
+        let caps = McpSessionCaps { per_address: 10, total: 10 };
         assert_eq!(store.mcp_session("m1").await.unwrap(), None);
-        store.put_mcp_session("m1", r#"{"n":12345678901234567890}"#.into(), until).await.unwrap();
-        store.put_mcp_session("m2", "two".into(), fixture.now().plus(Duration::from_secs(60))).await.unwrap();
+        for slot in ["p1", "p2"] {
+            store.open_mcp_session(slot, "10.0.0.1", caps, until).await.unwrap().unwrap();
+        }
+        store.put_mcp_session("m1", "p1", "10.0.0.1", r#"{"n":12345678901234567890}"#.into(), until).await.unwrap();
+        store.put_mcp_session("m2", "p2", "10.0.0.1", "two".into(), fixture.now().plus(Duration::from_secs(60))).await.unwrap();
         assert_eq!(
             store.mcp_session("m1").await.unwrap().as_deref(),
             Some(r#"{"n":12345678901234567890}"#)
         );
         store.delete_mcp_session("m1").await.unwrap();
         assert_eq!(store.mcp_session("m1").await.unwrap(), None);
+        assert!(!store.touch_mcp_session("m1", until).await.unwrap(), "deleted");
         assert_eq!(store.mcp_session("m2").await.unwrap().as_deref(), Some("two"));
-        fixture.advance(Duration::from_secs(61));
+        // Used, it lives on from its use.
+        fixture.advance(Duration::from_secs(50));
+        assert!(store.touch_mcp_session("m2", fixture.now().plus(Duration::from_secs(60))).await.unwrap());
+        fixture.advance(Duration::from_secs(50));
+        assert_eq!(store.mcp_session("m2").await.unwrap().as_deref(), Some("two"), "touched");
+        fixture.advance(Duration::from_secs(11));
         assert_eq!(store.mcp_session("m2").await.unwrap(), None, "expired");
+        assert!(!store.touch_mcp_session("m2", until).await.unwrap(), "expired");
+    }
+
+    async fn mcp_sessions_are_capped_per_address_and_in_total_until_they_go(fixture) {
+        let store = &fixture.store;
+        let minute = fixture.now().plus(Duration::from_secs(60));
+        let caps = McpSessionCaps { per_address: 2, total: 3 };
+        let open = |slot: &'static str, address: &'static str| store.open_mcp_session(slot, address, caps, minute);
+        open("a1", "10.0.0.1").await.unwrap().unwrap();
+        open("a2", "10.0.0.1").await.unwrap().unwrap();
+        assert_eq!(open("a3", "10.0.0.1").await.unwrap(), Err(McpSessionsFull::PerAddress));
+        // A place taken by its session still counts; another address has its own share.
+        store.put_mcp_session("s1", "a1", "10.0.0.1", "one".into(), minute).await.unwrap();
+        assert_eq!(open("a3", "10.0.0.1").await.unwrap(), Err(McpSessionsFull::PerAddress));
+        open("b1", "10.0.0.2").await.unwrap().unwrap();
+        assert_eq!(open("c1", "10.0.0.3").await.unwrap(), Err(McpSessionsFull::Total));
+        // Ended sessions and unused places free theirs.
+        store.delete_mcp_session("s1").await.unwrap();
+        store.delete_mcp_session("b1").await.unwrap();
+        open("c1", "10.0.0.3").await.unwrap().unwrap();
+        open("a3", "10.0.0.1").await.unwrap().unwrap();
+        assert_eq!(open("c2", "10.0.0.3").await.unwrap(), Err(McpSessionsFull::Total));
+        // Expired ones too.
+        fixture.advance(Duration::from_secs(61));
+        for (slot, address) in [("a4", "10.0.0.1"), ("a5", "10.0.0.1"), ("c2", "10.0.0.3")] {
+            open(slot, address).await.unwrap().unwrap();
+        }
     }
 
     async fn usage_counts_live_sessions_and_waiting_calls_and_expiries_once(fixture) {

@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
+use std::time::Duration;
 
 use clap::Args;
 use toolrelay_relay::access::GatewaySecrets;
@@ -23,6 +24,12 @@ pub const ENV_PUBLIC_BASE_URL: &str = "PUBLIC_BASE_URL";
 pub const ENV_CORS_ORIGIN: &str = "CORS_ORIGIN";
 /// `TRUSTED_PROXIES`: addresses whose `X-Forwarded-For` is believed, comma-separated.
 pub const ENV_TRUSTED_PROXIES: &str = "TRUSTED_PROXIES";
+/// `MCP_SESSIONS_PER_IP`: live MCP client sessions one client address may hold.
+pub const ENV_MCP_SESSIONS_PER_IP: &str = "MCP_SESSIONS_PER_IP";
+/// `MCP_MAX_SESSIONS`: live MCP client sessions of every client together, across gateways.
+pub const ENV_MCP_MAX_SESSIONS: &str = "MCP_MAX_SESSIONS";
+/// `MCP_SESSION_IDLE_SECONDS`: how long an unused MCP client session lives.
+pub const ENV_MCP_SESSION_IDLE: &str = "MCP_SESSION_IDLE_SECONDS";
 
 /// The CODAP origins allowed by default, besides the gateway's own.
 const CODAP_ORIGINS: [&str; 2] = ["https://codap.concord.org", "https://codap3.concord.org"];
@@ -55,6 +62,17 @@ pub struct GatewayArgs {
     /// trusted.
     #[arg(long, env = ENV_TRUSTED_PROXIES, value_delimiter = ',', value_parser = toolrelay_relay::limits::parse_network)]
     pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// Live MCP client sessions one client address (an IPv6 /64) may hold; past it,
+    /// `initialize` gets 429.
+    #[arg(long, env = ENV_MCP_SESSIONS_PER_IP, default_value_t = McpSessions::default().per_address)]
+    pub mcp_sessions_per_ip: NonZeroU32,
+    /// Live MCP client sessions of every client together, across the gateways sharing a
+    /// store; past it, `initialize` gets 503.
+    #[arg(long, env = ENV_MCP_MAX_SESSIONS, default_value_t = McpSessions::default().total)]
+    pub mcp_max_sessions: NonZeroU32,
+    /// Seconds an unused MCP client session lives (in the gateway and in the store).
+    #[arg(long, env = ENV_MCP_SESSION_IDLE, default_value_t = McpSessions::default().idle.as_secs())]
+    pub mcp_session_idle_seconds: u64,
 }
 
 /// The gateway's settings.
@@ -80,6 +98,8 @@ pub struct GatewayConfig {
     /// The secrets a gateway in front of a relay elsewhere proves itself with (it sends the
     /// first), so that the relay believes the client addresses it names.
     pub gateway_secrets: Option<std::sync::Arc<GatewaySecrets>>,
+    /// Caps and idle time of MCP client sessions.
+    pub mcp_sessions: McpSessions,
     /// Where a gateway alone keeps what it shares with other gateways (rate limits, MCP
     /// sessions): `REDIS_URL`. In one process, the relay's store serves.
     pub store: StoreConfig,
@@ -92,6 +112,30 @@ pub struct RateLimits {
     pub sessions_per_ip: NonZeroU32,
     /// Built-in tool calls per client address.
     pub tools_per_ip: NonZeroU32,
+}
+
+/// Caps and idle time of MCP client sessions.
+#[derive(Debug, Clone, Copy)]
+pub struct McpSessions {
+    /// Live sessions per client address (`MCP_SESSIONS_PER_IP`).
+    pub per_address: NonZeroU32,
+    /// Live sessions in total (`MCP_MAX_SESSIONS`).
+    pub total: NonZeroU32,
+    /// How long an unused session lives (`MCP_SESSION_IDLE_SECONDS`).
+    pub idle: Duration,
+    /// The IPv6 prefix one client is keyed by.
+    pub ipv6_prefix: u8,
+}
+
+impl Default for McpSessions {
+    fn default() -> Self {
+        Self {
+            per_address: NonZeroU32::new(100).unwrap_or(NonZeroU32::MIN),
+            total: NonZeroU32::new(10_000).unwrap_or(NonZeroU32::MIN),
+            idle: Duration::from_secs(120),
+            ipv6_prefix: toolrelay_relay::limits::DEFAULT_IPV6_PREFIX,
+        }
+    }
 }
 
 impl GatewayConfig {
@@ -112,6 +156,7 @@ impl GatewayConfig {
             max_json_depth: DEFAULT_MAX_JSON_DEPTH,
             api_keys: None,
             gateway_secrets: None,
+            mcp_sessions: McpSessions::default(),
             store: StoreConfig::Memory,
         })
     }
@@ -156,6 +201,15 @@ impl GatewayArgs {
         config.api_keys = service.api_keys()?;
         config.gateway_secrets = service.gateway_secrets()?;
         config.trusted_proxies.clone_from(&self.trusted_proxies);
+        if self.mcp_session_idle_seconds == 0 {
+            return Err(format!("{ENV_MCP_SESSION_IDLE}: must be at least 1 second"));
+        }
+        config.mcp_sessions = McpSessions {
+            per_address: self.mcp_sessions_per_ip,
+            total: self.mcp_max_sessions,
+            idle: Duration::from_secs(self.mcp_session_idle_seconds),
+            ..McpSessions::default()
+        };
         config.store = service.store_config();
         Ok(config)
     }
@@ -231,6 +285,48 @@ mod tests {
             narrowed.cors_origins,
             ["https://lab.example.org", "http://127.0.0.1:8080"]
         );
+    }
+
+    #[test]
+    fn mcp_session_settings_are_read_and_checked() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            gateway: GatewayArgs,
+            #[command(flatten)]
+            service: ServiceArgs,
+        }
+        let bound: SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        let config = |args: &[&str]| {
+            let cli = <Cli as clap::Parser>::try_parse_from(args).unwrap();
+            cli.gateway.gateway_config(bound, &cli.service)
+        };
+        let defaults = config(&["toolrelay"]).unwrap().mcp_sessions;
+        assert_eq!(
+            (
+                defaults.per_address.get(),
+                defaults.total.get(),
+                defaults.idle
+            ),
+            (100, 10_000, Duration::from_secs(120))
+        );
+        let set = config(&[
+            "toolrelay",
+            "--mcp-sessions-per-ip",
+            "3",
+            "--mcp-max-sessions",
+            "50",
+            "--mcp-session-idle-seconds",
+            "5",
+        ])
+        .unwrap()
+        .mcp_sessions;
+        assert_eq!(
+            (set.per_address.get(), set.total.get(), set.idle),
+            (3, 50, Duration::from_secs(5))
+        );
+        let error = config(&["toolrelay", "--mcp-session-idle-seconds", "0"]).unwrap_err();
+        assert!(error.contains(ENV_MCP_SESSION_IDLE), "{error}");
     }
 
     #[test]

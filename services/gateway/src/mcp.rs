@@ -12,6 +12,11 @@
 //! the tab sends progress notifications when the client asked for them, and fails cleanly at
 //! the relay's request timeout. Hosts and origins are checked by rmcp (allowed hosts from
 //! `PUBLIC_BASE_URL`, allowed origins from `CORS_ORIGIN`).
+//!
+//! Client sessions are bounded (see [`Keeper`]): at most `MCP_SESSIONS_PER_IP` live ones per
+//! client address and `MCP_MAX_SESSIONS` in all, counted in the store so the caps hold across
+//! gateways; a session unused for `MCP_SESSION_IDLE_SECONDS` ends in the gateway (rmcp's
+//! keep-alive) and in the store (its expiry slides on every request).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,11 +25,13 @@ use futures::StreamExt;
 use poem::endpoint::TowerCompatExt;
 use poem::{Endpoint, EndpointExt, IntoResponse, Request};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ClientJsonRpcMessage, ContentBlock,
-    Implementation, InitializeRequestParams, InitializeResult, JsonObject, ListToolsResult,
-    PaginatedRequestParams, ProgressNotificationParam, ServerCapabilities, ServerConfig, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ClientJsonRpcMessage, ClientRequest,
+    ContentBlock, Implementation, InitializeRequestParams, InitializeResult, JsonObject,
+    ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ServerCapabilities,
+    ServerConfig, Tool,
 };
 use rmcp::service::RequestContext;
+use rmcp::transport::streamable_http_server::session::SessionManager;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::session::store::{
     SessionState, SessionStore, SessionStoreError,
@@ -32,9 +39,13 @@ use rmcp::transport::streamable_http_server::session::store::{
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
 use toolrelay_relay::builtin::Scope;
-use toolrelay_relay::clock::Clock;
-use toolrelay_relay::store::Store;
+use toolrelay_relay::clock::{Clock, Timestamp};
+use toolrelay_relay::code::random_id;
+use toolrelay_relay::limits::client_key;
+use toolrelay_relay::metrics::Refusal;
+use toolrelay_relay::store::{McpSessionCaps, McpSessionsFull, Store};
 use toolrelay_relay::{CallInput, Caller, ErrorInfo, ErrorKind, SessionCode};
 
 use crate::api::State;
@@ -42,8 +53,18 @@ use crate::types::CallResponse;
 
 /// How often a call waiting for the tab reports progress.
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
-/// How long another gateway can take over an MCP client session after it began.
-const MCP_SESSION_LIFETIME: Duration = Duration::from_secs(24 * 3600);
+/// Messages a session's channels hold before the sender waits (rmcp's default is 16; a
+/// session's calls are few, and every slot is memory held by every idle session).
+const SESSION_CHANNEL_CAPACITY: usize = 4;
+/// How long a new session may wait for its `initialize` to be answered.
+const SESSION_INIT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Sessions a gateway keeps running at most (both endpoints together). A running session
+/// costs ~80 KiB in rmcp (its worker, its service loop and seven channels, each of which
+/// allocates a block of 32 messages at once, whatever its capacity); past this many, the one
+/// used longest ago is stopped here, and its next request takes it over again from the store,
+/// as another gateway would. So 10,000 live sessions cost the store a few hundred bytes each
+/// and the gateway at most ~80 MiB.
+const RUNNING_SESSIONS: usize = 1_000;
 /// How often a watcher of a session's tools checks that its MCP client is still there.
 const CLIENT_CHECK_EVERY: Duration = Duration::from_secs(30);
 /// How soon a watcher of a session's tools whose relay could not be reached asks again
@@ -59,40 +80,232 @@ struct McpRequest {
     caller: Caller,
 }
 
-/// The MCP server of `/mcp` (scoped = false) or `/mcp/s/{handle}` (scoped = true).
-#[derive(Clone)]
+/// The MCP server of `/mcp` (scoped = false) or `/mcp/s/{handle}` (scoped = true), one per
+/// client session.
 pub struct RelayMcp {
     state: State,
     scoped: bool,
+    ended: SessionEnd,
+}
+
+/// Cancelled when a session's server is dropped (rmcp drops it when the session ends): ends
+/// the session's watcher with it.
+struct SessionEnd(CancellationToken);
+
+impl Drop for SessionEnd {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
 }
 
 /// The two MCP endpoints, ready to mount.
 pub fn endpoints(state: &State) -> (impl Endpoint + 'static, impl Endpoint + 'static) {
+    let running = Arc::new(std::sync::Mutex::new(Running::default()));
     let make = |scoped: bool| {
         let state = state.clone();
+        let namespace = if scoped { "s:" } else { "" };
         let mut config = server_config(&state);
         // A client's next request may reach another gateway (a round-robin balancer): that
         // gateway takes the session over from what the store keeps.
         config.session_store = Some(Arc::new(SharedSessions {
             store: Arc::clone(&state.store),
             clock: Clock::new(),
-            namespace: if scoped { "s:" } else { "" },
+            namespace,
+            idle: state.config.mcp_sessions.idle,
         }));
-        StreamableHttpService::new(
+        let mut sessions = LocalSessionManager::default();
+        sessions.session_config.keep_alive = Some(state.config.mcp_sessions.idle);
+        sessions.session_config.channel_capacity = SESSION_CHANNEL_CAPACITY;
+        sessions.session_config.init_timeout = Some(SESSION_INIT_TIMEOUT);
+        let sessions = Arc::new(sessions);
+        let keeper = Keeper {
+            state: state.clone(),
+            sessions: Arc::clone(&sessions),
+            namespace,
+            clock: Clock::new(),
+            running: Arc::clone(&running),
+        };
+        let service = StreamableHttpService::new(
             move || {
                 Ok(RelayMcp {
                     state: state.clone(),
                     scoped,
+                    ended: SessionEnd(CancellationToken::new()),
                 })
             },
-            Arc::new(LocalSessionManager::default()),
+            sessions,
             config,
-        )
+        );
+        with_context(keeper, service.compat())
     };
-    (
-        with_context(state.clone(), make(false).compat()),
-        with_context(state.clone(), make(true).compat()),
-    )
+    (make(false), make(true))
+}
+
+tokio::task_local! {
+    /// The place [`Keeper::open`] took for the session an `initialize` is creating, for
+    /// [`SharedSessions::store`] (rmcp stores the session in the request's task).
+    static OPENED: Opened;
+}
+
+/// A place taken in the session caps.
+#[derive(Debug, Clone)]
+struct Opened {
+    slot: String,
+    /// The client's key (`limits::client_key`).
+    address: String,
+}
+
+/// Keeps MCP client sessions bounded: takes a place in the caps for each `initialize`,
+/// refusing it when the client or everyone has no more; slides a session's expiry on each
+/// request; and ends in this gateway a session the store has let go (expired or deleted
+/// elsewhere), so that a session lives no longer here than in the store.
+#[derive(Clone)]
+struct Keeper {
+    state: State,
+    sessions: Arc<LocalSessionManager>,
+    namespace: &'static str,
+    clock: Clock,
+    running: Arc<std::sync::Mutex<Running>>,
+}
+
+/// The sessions running in this gateway, by last use (some may have ended since).
+#[derive(Default)]
+struct Running {
+    uses: u64,
+    by_use: std::collections::BTreeMap<u64, (Arc<LocalSessionManager>, &'static str, String)>,
+    last_use: std::collections::HashMap<(&'static str, String), u64>,
+}
+
+impl Keeper {
+    fn expiry(&self) -> Timestamp {
+        self.clock.now().plus(self.state.config.mcp_sessions.idle)
+    }
+
+    /// A place for a new session of `caller`, or the refusal to answer its `initialize`
+    /// (`request_id`) with.
+    async fn open(&self, caller: &Caller, request_id: &Value) -> Result<Opened, poem::Response> {
+        let limits = self.state.config.mcp_sessions;
+        let address = client_key(caller.address, limits.ipv6_prefix).to_string();
+        let slot = format!("{}opening:{}", self.namespace, random_id());
+        let caps = McpSessionCaps {
+            per_address: limits.per_address.get(),
+            total: limits.total.get(),
+        };
+        let wait = limits.idle.as_secs().max(1);
+        match self
+            .state
+            .store
+            .open_mcp_session(&slot, &address, caps, self.expiry())
+            .await
+        {
+            Ok(Ok(())) => Ok(Opened { slot, address }),
+            Ok(Err(McpSessionsFull::PerAddress)) => {
+                self.state.metrics.refused(Refusal::McpSessionsPerAddress);
+                Err(refusal(
+                    poem::http::StatusCode::TOO_MANY_REQUESTS,
+                    request_id,
+                    wait,
+                    &format!(
+                        "Too many MCP sessions from your address (MCP_SESSIONS_PER_IP = {}): end sessions you no longer use (DELETE /mcp with their Mcp-Session-Id) or wait for idle ones to end.",
+                        caps.per_address
+                    ),
+                ))
+            }
+            Ok(Err(McpSessionsFull::Total)) => {
+                self.state.metrics.refused(Refusal::McpSessionsTotal);
+                Err(refusal(
+                    poem::http::StatusCode::SERVICE_UNAVAILABLE,
+                    request_id,
+                    wait,
+                    &format!(
+                        "The relay holds as many MCP sessions as it may (MCP_MAX_SESSIONS = {}): try again later.",
+                        caps.total
+                    ),
+                ))
+            }
+            Err(error) => {
+                tracing::warn!(%error, "the store could not open an MCP session");
+                Err(refusal(
+                    poem::http::StatusCode::SERVICE_UNAVAILABLE,
+                    request_id,
+                    1,
+                    "The relay cannot open an MCP session right now: try again in a moment.",
+                ))
+            }
+        }
+    }
+
+    /// A request of session `id` came: it lives on from now, unless the store let it go.
+    async fn touch(&self, id: &str) {
+        let kept = self
+            .state
+            .store
+            .touch_mcp_session(&format!("{}{id}", self.namespace), self.expiry())
+            .await;
+        if let Ok(false) = kept {
+            // rmcp then answers 404, and the client starts a new session.
+            let _ = self.sessions.close_session(&id.into()).await;
+        } else {
+            self.used(id);
+        }
+    }
+
+    /// Session `id` runs here now (it began, or a request for it came): the one used longest
+    /// ago stops if too many run.
+    fn used(&self, id: &str) {
+        let stopping = {
+            // A std mutex: held for a few map operations, never across an await.
+            let mut running = self
+                .running
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            running.uses += 1;
+            let now = running.uses;
+            if let Some(before) = running
+                .last_use
+                .insert((self.namespace, id.to_owned()), now)
+            {
+                running.by_use.remove(&before);
+            }
+            running.by_use.insert(
+                now,
+                (Arc::clone(&self.sessions), self.namespace, id.to_owned()),
+            );
+            if running.by_use.len() > RUNNING_SESSIONS {
+                running
+                    .by_use
+                    .pop_first()
+                    .map(|(_, (sessions, namespace, id))| {
+                        running.last_use.remove(&(namespace, id.clone()));
+                        (sessions, id)
+                    })
+            } else {
+                None
+            }
+        };
+        if let Some((sessions, id)) = stopping {
+            // Only here: the store keeps it, so its next request takes it over again.
+            tokio::spawn(async move {
+                let _ = sessions.close_session(&id.as_str().into()).await;
+            });
+        }
+    }
+}
+
+/// A JSON-RPC error refusing a new session, with `Retry-After`.
+fn refusal(
+    status: poem::http::StatusCode,
+    request_id: &Value,
+    retry_after: u64,
+    message: &str,
+) -> poem::Response {
+    let body =
+        json!({"jsonrpc": "2.0", "id": request_id, "error": {"code": -32000, "message": message}});
+    poem::Response::builder()
+        .status(status)
+        .header(poem::http::header::RETRY_AFTER, retry_after)
+        .content_type("application/json")
+        .body(body.to_string())
 }
 
 /// MCP client sessions kept in the gateway's store (Redis when gateways share one), so any
@@ -103,6 +316,8 @@ struct SharedSessions {
     clock: Clock,
     /// Keeps `/mcp` and `/mcp/s/{handle}` sessions apart.
     namespace: &'static str,
+    /// How long an unused session is kept.
+    idle: Duration,
 }
 
 #[async_trait::async_trait]
@@ -119,12 +334,20 @@ impl SessionStore for SharedSessions {
     }
 
     async fn store(&self, id: &str, state: &SessionState) -> Result<(), SessionStoreError> {
-        let expires_at = self.clock.now().plus(MCP_SESSION_LIFETIME);
+        let id = format!("{}{id}", self.namespace);
+        // Always in an `initialize` the keeper let through; a session stored otherwise is
+        // kept, counted under no address.
+        let opened = OPENED.try_with(Opened::clone).unwrap_or_else(|_| Opened {
+            slot: id.clone(),
+            address: "unknown".to_owned(),
+        });
         self.store
             .put_mcp_session(
-                &format!("{}{id}", self.namespace),
+                &id,
+                &opened.slot,
+                &opened.address,
                 serde_json::to_string(state)?,
-                expires_at,
+                self.clock.now().plus(self.idle),
             )
             .await?;
         Ok(())
@@ -174,43 +397,96 @@ fn with_port(origin: &str) -> String {
     }
 }
 
-/// Copies the path's `{handle}` and the client address into the request for the handler, and
+/// Copies the path's `{handle}` and the client address into the request for the handler;
 /// answers a body that is not a JSON-RPC message with a JSON-RPC error (rmcp answers it with
-/// a plain-text 415).
-fn with_context<E: Endpoint + 'static>(state: State, endpoint: E) -> impl Endpoint {
+/// a plain-text 415); keeps sessions within their caps and idle time ([`Keeper`]); and
+/// answers an ended session's `DELETE` with 200 (rmcp's 202 makes clients report a failure).
+fn with_context<E: Endpoint + 'static>(keeper: Keeper, endpoint: E) -> impl Endpoint {
     endpoint.around(move |endpoint, mut request: Request| {
-        let state = state.clone();
+        let keeper = keeper.clone();
         async move {
+            let mut initialize = None;
             if request.method() == poem::http::Method::POST {
                 // The body is in memory already (the body-limit middleware read it).
                 let body = request.take_body().into_bytes().await?;
-                if let Some(refusal) = unreadable_message(&body) {
-                    return Ok(refusal);
+                match read_message(&body) {
+                    Err(refusal) => return Ok(*refusal),
+                    Ok(message) => initialize = initialize_id(&message),
                 }
                 request.set_body(body);
             }
+            let caller = keeper.state.caller(&request);
+            let session = request
+                .headers()
+                .get("mcp-session-id")
+                .and_then(|value| value.to_str().ok())
+                .map(str::to_owned);
             let context = McpRequest {
                 handle: request.raw_path_param("handle").map(str::to_owned),
-                caller: state.caller(&request),
+                caller: caller.clone(),
             };
             request.extensions_mut().insert(context);
-            endpoint
-                .call(request)
+            let deleting = request.method() == poem::http::Method::DELETE;
+            if let Some(session) = &session {
+                keeper.touch(session).await;
+            }
+            let opening = match (&initialize, &session) {
+                (Some(request_id), None) => match keeper.open(&caller, request_id).await {
+                    Ok(opened) => Some(opened),
+                    Err(refusal) => return Ok(refusal),
+                },
+                _ => None,
+            };
+            let Some(opened) = opening else {
+                let mut response = endpoint.call(request).await?.into_response();
+                if deleting && response.status() == poem::http::StatusCode::ACCEPTED {
+                    response.set_status(poem::http::StatusCode::OK);
+                }
+                return Ok(response);
+            };
+            let response = OPENED
+                .scope(opened.clone(), endpoint.call(request))
                 .await
-                .map(IntoResponse::into_response)
+                .map(IntoResponse::into_response);
+            let created = response.as_ref().ok().and_then(|response| {
+                response
+                    .headers()
+                    .get("mcp-session-id")
+                    .and_then(|value| value.to_str().ok())
+            });
+            if let Some(id) = created {
+                keeper.used(id);
+            } else {
+                // No session took the place: free it.
+                let _ = keeper.state.store.delete_mcp_session(&opened.slot).await;
+            }
+            response
         }
     })
 }
 
-/// The JSON-RPC error for a body that is not JSON (-32700) or not a JSON-RPC message (-32600).
-fn unreadable_message(body: &[u8]) -> Option<poem::Response> {
+/// The request id of an `initialize` request.
+fn initialize_id(message: &ClientJsonRpcMessage) -> Option<Value> {
+    match message {
+        ClientJsonRpcMessage::Request(request)
+            if matches!(request.request, ClientRequest::InitializeRequest(_)) =>
+        {
+            serde_json::to_value(&request.id).ok()
+        }
+        _ => None,
+    }
+}
+
+/// The JSON-RPC message in `body`, or the JSON-RPC error for a body that is not JSON (-32700)
+/// or not a JSON-RPC message (-32600).
+fn read_message(body: &[u8]) -> Result<ClientJsonRpcMessage, Box<poem::Response>> {
     let (code, message) = match serde_json::from_slice::<Value>(body) {
         Err(error) => (
             -32700,
             format!("Parse error: the body is not JSON ({error})"),
         ),
         Ok(value) => match serde_json::from_value::<ClientJsonRpcMessage>(value) {
-            Ok(_) => return None,
+            Ok(message) => return Ok(message),
             Err(error) => (
                 -32600,
                 format!("Invalid Request: the body is not a JSON-RPC 2.0 message ({error})"),
@@ -218,12 +494,12 @@ fn unreadable_message(body: &[u8]) -> Option<poem::Response> {
         },
     };
     let body = json!({"jsonrpc": "2.0", "id": null, "error": {"code": code, "message": message}});
-    Some(
+    Err(Box::new(
         poem::Response::builder()
             .status(poem::http::StatusCode::BAD_REQUEST)
             .content_type("application/json")
             .body(body.to_string()),
-    )
+    ))
 }
 
 /// The client of an MCP request (an unknown one, if the gateway's context is missing, shares
@@ -319,7 +595,9 @@ impl RelayMcp {
         };
         let peer = context.peer.clone();
         let relay = Arc::clone(&self.state.relay);
+        // The server's end or the session's.
         let stopping = self.state.shutdown.clone();
+        let ended = self.ended.0.clone();
         tokio::spawn(async move {
             let handle = request.handle.unwrap_or_default();
             let mut still_there = tokio::time::interval(CLIENT_CHECK_EVERY);
@@ -339,6 +617,7 @@ impl RelayMcp {
                         tokio::select! {
                             () = tokio::time::sleep(retry) => {}
                             () = stopping.cancelled() => return,
+                            () = ended.cancelled() => return,
                         }
                         retry = (retry * 2).min(Duration::from_secs(5));
                         if peer.is_transport_closed() {
@@ -370,6 +649,7 @@ impl RelayMcp {
                             }
                         }
                         () = stopping.cancelled() => return,
+                        () = ended.cancelled() => return,
                     }
                 }
             }

@@ -653,13 +653,35 @@ async fn overlapping_attaches_leave_one_connection_standing() {
         ) -> Result<Option<RequestRecord>, StoreError> {
             self.0.lease_builtin(code, id, holder, now, until).await
         }
+        async fn open_mcp_session(
+            &self,
+            slot: &str,
+            address: &str,
+            caps: toolrelay_relay::store::McpSessionCaps,
+            expires_at: Timestamp,
+        ) -> Result<Result<(), toolrelay_relay::store::McpSessionsFull>, StoreError> {
+            self.0
+                .open_mcp_session(slot, address, caps, expires_at)
+                .await
+        }
         async fn put_mcp_session(
             &self,
             id: &str,
+            slot: &str,
+            address: &str,
             state: String,
             expires_at: Timestamp,
         ) -> Result<(), StoreError> {
-            self.0.put_mcp_session(id, state, expires_at).await
+            self.0
+                .put_mcp_session(id, slot, address, state, expires_at)
+                .await
+        }
+        async fn touch_mcp_session(
+            &self,
+            id: &str,
+            expires_at: Timestamp,
+        ) -> Result<bool, StoreError> {
+            self.0.touch_mcp_session(id, expires_at).await
         }
         async fn mcp_session(&self, id: &str) -> Result<Option<String>, StoreError> {
             self.0.mcp_session(id).await

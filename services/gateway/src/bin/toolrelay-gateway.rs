@@ -10,6 +10,13 @@ use toolrelay_relay::config::{LogArgs, ServiceArgs};
 use toolrelay_relay::server::{bind, exit_code, shutdown_signal};
 use toolrelay_relay::{Metrics, telemetry};
 
+/// jemalloc, as in `toolrelay` and `toolrelay-relay`: glibc's malloc kept the memory of 10,000
+/// MCP sessions after they ended (its arenas are not given back); jemalloc's background thread
+/// returns it.
+#[cfg(not(feature = "system-allocator"))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// The toolrelay gateway: REST API, SSE and polling fallbacks, OpenAPI, in front of a relay.
 #[derive(Debug, Parser)]
 #[command(

@@ -636,20 +636,40 @@ pub trait Store: Send + Sync + 'static {
     /// A claim-check value, if it exists in this scope and has not expired.
     async fn ticket(&self, scope: &str, id: &str) -> Result<Option<Arc<Value>>, StoreError>;
 
+    /// Opens a place, named `slot`, for a new MCP client session of the client `address` (its
+    /// key: `limits::client_key`) until `expires_at`, unless that client has
+    /// `caps.per_address` live sessions already or every client together `caps.total`
+    /// (sessions past their expiry do not count). Shared by every gateway using the store.
+    async fn open_mcp_session(
+        &self,
+        slot: &str,
+        address: &str,
+        caps: McpSessionCaps,
+        expires_at: Timestamp,
+    ) -> Result<Result<(), McpSessionsFull>, StoreError>;
+
     /// Keeps an MCP client session's state (opaque text: what a gateway needs to take the
-    /// session over) under its id until `expires_at`, so any gateway sharing the store can
-    /// serve the session's next request.
+    /// session over) under its id until `expires_at`, in the place [`Store::open_mcp_session`]
+    /// opened as `slot` for `address` (from now on the place goes by `id`), so any gateway
+    /// sharing the store can serve the session's next request.
     async fn put_mcp_session(
         &self,
         id: &str,
+        slot: &str,
+        address: &str,
         state: String,
         expires_at: Timestamp,
     ) -> Result<(), StoreError>;
 
+    /// Moves a kept MCP client session's expiry to `expires_at` (it was used): whether it is
+    /// kept.
+    async fn touch_mcp_session(&self, id: &str, expires_at: Timestamp) -> Result<bool, StoreError>;
+
     /// An MCP client session's state, if kept and not expired.
     async fn mcp_session(&self, id: &str) -> Result<Option<String>, StoreError>;
 
-    /// Forgets an MCP client session's state (the client ended the session).
+    /// Forgets an MCP client session's state and frees its place (the client ended the
+    /// session); also frees a place opened as `id` that no session took.
     async fn delete_mcp_session(&self, id: &str) -> Result<(), StoreError>;
 
     /// Takes the lock `key` for `holder` until `until` (or until it is released), or renews
@@ -670,6 +690,25 @@ pub trait Store: Send + Sync + 'static {
         budget: RateBudget,
         now: Timestamp,
     ) -> Result<Option<Duration>, StoreError>;
+}
+
+/// Caps on the live MCP client sessions, across every gateway sharing the store
+/// (`MCP_SESSIONS_PER_IP`, `MCP_MAX_SESSIONS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct McpSessionCaps {
+    /// Live sessions one client address may hold.
+    pub per_address: u32,
+    /// Live sessions of every client together.
+    pub total: u32,
+}
+
+/// Which cap refused a new MCP client session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum McpSessionsFull {
+    /// The client address holds its share.
+    PerAddress,
+    /// Every place is taken.
+    Total,
 }
 
 /// A rate budget: `limit` units per `period`, all of which may be spent at once (a token

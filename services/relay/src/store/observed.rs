@@ -11,8 +11,8 @@ use serde_json::Value;
 use toolrelay::wire::{RequestStatus, ToolResponse};
 
 use super::{
-    Claim, EnqueueChecks, Enqueued, EventStream, Finished, NewRequest, ProviderInfo, RateBudget,
-    RequestRecord, SessionRecord, Store, StoreUsage,
+    Claim, EnqueueChecks, Enqueued, EventStream, Finished, McpSessionCaps, McpSessionsFull,
+    NewRequest, ProviderInfo, RateBudget, RequestRecord, SessionRecord, Store, StoreUsage,
 };
 use crate::clock::Timestamp;
 use crate::code::SessionCode;
@@ -235,15 +235,40 @@ impl Store for Observed {
         self.timed(Op::Ticket, self.inner.ticket(scope, id)).await
     }
 
+    async fn open_mcp_session(
+        &self,
+        slot: &str,
+        address: &str,
+        caps: McpSessionCaps,
+        expires_at: Timestamp,
+    ) -> Result<Result<(), McpSessionsFull>, StoreError> {
+        self.timed(
+            Op::OpenMcpSession,
+            self.inner.open_mcp_session(slot, address, caps, expires_at),
+        )
+        .await
+    }
+
     async fn put_mcp_session(
         &self,
         id: &str,
+        slot: &str,
+        address: &str,
         state: String,
         expires_at: Timestamp,
     ) -> Result<(), StoreError> {
         self.timed(
             Op::PutMcpSession,
-            self.inner.put_mcp_session(id, state, expires_at),
+            self.inner
+                .put_mcp_session(id, slot, address, state, expires_at),
+        )
+        .await
+    }
+
+    async fn touch_mcp_session(&self, id: &str, expires_at: Timestamp) -> Result<bool, StoreError> {
+        self.timed(
+            Op::TouchMcpSession,
+            self.inner.touch_mcp_session(id, expires_at),
         )
         .await
     }

@@ -52,8 +52,9 @@ use super::memory::{
     MAX_TICKETS_PER_SCOPE, StoreLimits, TICKET_OVERHEAD, pack_ticket, unpack_ticket,
 };
 use super::{
-    Claim, EnqueueChecks, Enqueued, EventStream, Finished, NewRequest, ProviderInfo, RateBudget,
-    RequestRecord, SessionEvent, SessionRecord, Store, StoreUsage, Transport,
+    Claim, EnqueueChecks, Enqueued, EventStream, Finished, McpSessionCaps, McpSessionsFull,
+    NewRequest, ProviderInfo, RateBudget, RequestRecord, SessionEvent, SessionRecord, Store,
+    StoreUsage, Transport,
 };
 use crate::clock::{Clock, Timestamp};
 use crate::code::SessionCode;
@@ -339,6 +340,78 @@ return { forgot, redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf'),
   tonumber(redis.call('GET', KEYS[3]) or '0'), tonumber(redis.call('GET', KEYS[4]) or '0') }
 ";
 
+/// MCP client sessions. Each is kept at `<prefix>mcp:<id>` as "expires_at\naddress\nstate"
+/// (Redis drops it by its own clock, the replica's clock decides, as for every other
+/// deadline) and counted by its expiry in `<prefix>mcp-live` (every client) and
+/// `<prefix>mcp-live:<address>` (one client), where a place opened for a session that has not
+/// answered its `initialize` yet is counted too. Each script's KEYS[1] is the first set, ARGV[1]
+/// the prefix, ARGV[2] now (ms).
+const MCP_LIBRARY: &str = r"
+local live, prefix, now = KEYS[1], ARGV[1], tonumber(ARGV[2])
+local function drop_expired(set)
+  redis.call('ZREMRANGEBYSCORE', set, '-inf', now)
+end
+local function count(member, address, expires_at)
+  redis.call('ZADD', live, expires_at, member)
+  local mine = live .. ':' .. address
+  redis.call('ZADD', mine, expires_at, member)
+  redis.call('PEXPIREAT', mine, expires_at, 'GT')
+  if redis.call('PTTL', mine) < 0 then redis.call('PEXPIREAT', mine, expires_at) end
+end
+local function uncount(member, address)
+  redis.call('ZREM', live, member)
+  redis.call('ZREM', live .. ':' .. address, member)
+end
+local function kept(id)
+  local text = redis.call('GET', prefix .. 'mcp:' .. id)
+  if not text then return nil end
+  local expires_at, address, state = string.match(text, '^(%d+)\n([^\n]*)\n(.*)$')
+  return tonumber(expires_at), address, state
+end
+";
+
+/// Opens place ARGV[3] for client ARGV[4] until ARGV[5], unless it holds ARGV[6] places or
+/// everyone ARGV[7]: 0, or 1 (the client's cap) or 2 (the total).
+const OPEN_MCP: &str = r"
+local slot, address, expires_at = ARGV[3], ARGV[4], ARGV[5]
+local mine = live .. ':' .. address
+drop_expired(mine)
+if redis.call('ZCARD', mine) >= tonumber(ARGV[6]) then return 1 end
+drop_expired(live)
+if redis.call('ZCARD', live) >= tonumber(ARGV[7]) then return 2 end
+count(slot, address, expires_at)
+return 0
+";
+
+/// Keeps session ARGV[3] in place ARGV[4] of client ARGV[5] until ARGV[6], its state ARGV[7].
+const PUT_MCP: &str = r"
+local id, slot, address, expires_at = ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+uncount(slot, address)
+count(id, address, expires_at)
+redis.call('SET', prefix .. 'mcp:' .. id, expires_at .. '\n' .. address .. '\n' .. ARGV[7], 'PXAT', expires_at)
+return 0
+";
+
+/// Moves session ARGV[3]'s expiry to ARGV[4]: 1 if kept, else 0.
+const TOUCH_MCP: &str = r"
+local id, expires_at = ARGV[3], ARGV[4]
+local was, address, state = kept(id)
+if not was or was <= now then return 0 end
+redis.call('SET', prefix .. 'mcp:' .. id, expires_at .. '\n' .. address .. '\n' .. state, 'PXAT', expires_at)
+count(id, address, expires_at)
+return 1
+";
+
+/// Forgets session (or place) ARGV[3].
+const DELETE_MCP: &str = r"
+local id = ARGV[3]
+local _, address = kept(id)
+redis.call('DEL', prefix .. 'mcp:' .. id)
+redis.call('ZREM', live, id)
+if address then redis.call('ZREM', live .. ':' .. address, id) end
+return 0
+";
+
 /// Expired sessions a read of the metrics forgets at most (the rest at the next).
 const USAGE_SWEEP: usize = 1000;
 
@@ -382,6 +455,10 @@ struct Scripts {
     lock: Script,
     unlock: Script,
     usage: Script,
+    open_mcp: Script,
+    put_mcp: Script,
+    touch_mcp: Script,
+    delete_mcp: Script,
 }
 
 impl Scripts {
@@ -414,6 +491,10 @@ impl Scripts {
             lock: Script::new(LOCK),
             unlock: Script::new(UNLOCK),
             usage: Script::new(USAGE),
+            open_mcp: Script::new(&format!("{MCP_LIBRARY}\n{OPEN_MCP}")),
+            put_mcp: Script::new(&format!("{MCP_LIBRARY}\n{PUT_MCP}")),
+            touch_mcp: Script::new(&format!("{MCP_LIBRARY}\n{TOUCH_MCP}")),
+            delete_mcp: Script::new(&format!("{MCP_LIBRARY}\n{DELETE_MCP}")),
         }
     }
 }
@@ -486,6 +567,13 @@ impl RedisStore {
     }
 
     /// The key of rate budget `key`.
+    /// An MCP session script with its common keys and arguments (see [`MCP_LIBRARY`]).
+    fn mcp_script<'a>(&self, script: &'a Script) -> redis::ScriptInvocation<'a> {
+        let mut invocation = script.key(format!("{}mcp-live", self.prefix));
+        invocation.arg(&self.prefix).arg(self.clock.now().0);
+        invocation
+    }
+
     fn rate_key(&self, key: &str) -> String {
         format!("{}rate:{key}", self.prefix)
     }
@@ -1037,21 +1125,58 @@ impl Store for RedisStore {
         Ok(())
     }
 
+    async fn open_mcp_session(
+        &self,
+        slot: &str,
+        address: &str,
+        caps: McpSessionCaps,
+        expires_at: Timestamp,
+    ) -> Result<Result<(), McpSessionsFull>, StoreError> {
+        let full: i64 = self
+            .mcp_script(&self.scripts.open_mcp)
+            .arg(slot)
+            .arg(address)
+            .arg(expires_at.0)
+            .arg(caps.per_address)
+            .arg(caps.total)
+            .invoke_async(&mut self.redis.clone())
+            .await
+            .map_err(store_error)?;
+        Ok(match full {
+            1 => Err(McpSessionsFull::PerAddress),
+            2 => Err(McpSessionsFull::Total),
+            _ => Ok(()),
+        })
+    }
+
     async fn put_mcp_session(
         &self,
         id: &str,
+        slot: &str,
+        address: &str,
         state: String,
         expires_at: Timestamp,
     ) -> Result<(), StoreError> {
-        let mut redis = self.redis.clone();
-        redis::cmd("SET")
-            .arg(format!("{}mcp:{id}", self.prefix))
-            .arg(format!("{}\n{state}", expires_at.0))
-            .arg("PXAT")
+        self.mcp_script(&self.scripts.put_mcp)
+            .arg(id)
+            .arg(slot)
+            .arg(address)
             .arg(expires_at.0)
-            .query_async::<()>(&mut redis)
+            .arg(state)
+            .invoke_async::<()>(&mut self.redis.clone())
             .await
             .map_err(store_error)
+    }
+
+    async fn touch_mcp_session(&self, id: &str, expires_at: Timestamp) -> Result<bool, StoreError> {
+        let kept: i64 = self
+            .mcp_script(&self.scripts.touch_mcp)
+            .arg(id)
+            .arg(expires_at.0)
+            .invoke_async(&mut self.redis.clone())
+            .await
+            .map_err(store_error)?;
+        Ok(kept == 1)
     }
 
     async fn mcp_session(&self, id: &str) -> Result<Option<String>, StoreError> {
@@ -1061,19 +1186,17 @@ impl Store for RedisStore {
             .query_async(&mut redis)
             .await
             .map_err(store_error)?;
-        // Kept as "expires_at\nstate": Redis drops it by its own clock, the replica's clock
-        // decides (as for every other deadline).
         Ok(kept.and_then(|kept| {
-            let (expires_at, state) = kept.split_once('\n')?;
+            let (expires_at, rest) = kept.split_once('\n')?;
+            let (_address, state) = rest.split_once('\n')?;
             (expires_at.parse::<i64>().ok()? > self.clock.now().0).then(|| state.to_owned())
         }))
     }
 
     async fn delete_mcp_session(&self, id: &str) -> Result<(), StoreError> {
-        let mut redis = self.redis.clone();
-        redis::cmd("DEL")
-            .arg(format!("{}mcp:{id}", self.prefix))
-            .query_async::<()>(&mut redis)
+        self.mcp_script(&self.scripts.delete_mcp)
+            .arg(id)
+            .invoke_async::<()>(&mut self.redis.clone())
             .await
             .map_err(store_error)
     }
