@@ -523,7 +523,7 @@ async fn overlapping_attaches_leave_one_connection_standing() {
     use toolrelay::wire::ToolResponse;
     use toolrelay_relay::error::StoreError;
     use toolrelay_relay::store::{
-        Claim, EnqueueChecks, Enqueued, EventStream, Finished, NewRequest, ProviderInfo,
+        Answerer, Claim, EnqueueChecks, Enqueued, EventStream, Finished, NewRequest, ProviderInfo,
         RequestRecord, SessionRecord, Store, StoreUsage,
     };
     use toolrelay_relay::{SessionCode, Timestamp};
@@ -615,10 +615,11 @@ async fn overlapping_attaches_leave_one_connection_standing() {
             id: &str,
             s: RequestStatus,
             r: toolrelay::wire::ToolResponse,
+            a: Answerer<'_>,
             n: Timestamp,
             u: Timestamp,
         ) -> Result<Finished, StoreError> {
-            self.0.finish(c, id, s, r, n, u).await
+            self.0.finish(c, id, s, r, a, n, u).await
         }
         async fn subscribe(&self, c: &SessionCode) -> Result<Option<EventStream>, StoreError> {
             self.0.subscribe(c).await
