@@ -11,7 +11,8 @@ use toolrelay::wire::{ProviderFrame, ProviderResponse, RequestStatus};
 use toolrelay_relay::store::memory::MemoryStore as Mem;
 use toolrelay_relay::store::memory::{MemoryStore, StoreLimits};
 use toolrelay_relay::{
-    CallInput, Clock, Downlink, Metrics, NewSession, ProviderLink, Relay, RelayConfig, Transport,
+    CallInput, Clock, Downlink, Metrics, NewSession, ProviderLink, Relay, RelayConfig, RelayError,
+    Transport,
 };
 
 fn relay(config: RelayConfig) -> Relay {
@@ -228,17 +229,21 @@ async fn an_unanswered_call_expires_with_a_clear_error() {
     assert_eq!(error.code, "request_expired");
     assert!(error.message.contains("60 s"), "{}", error.message);
 
-    // A late answer is not accepted; the caller keeps seeing the expiry.
+    // An answer to it is not accepted (no tab was given it); the caller keeps seeing the
+    // expiry.
     let late = relay
         .post_response(
             code,
             Some(&session.provider_token),
             answer(&view.request_id, json!("late")),
         )
-        .await
-        .unwrap();
-    assert!(!late.accepted);
-    assert_eq!(late.status, RequestStatus::Expired);
+        .await;
+    assert!(
+        matches!(late, Err(RelayError::NotDelivered { .. })),
+        "{late:?}"
+    );
+    let view = relay.request_status(code, &view.request_id).await.unwrap();
+    assert_eq!(view.status, RequestStatus::Expired);
 }
 
 #[tokio::test(start_paused = true)]
@@ -766,6 +771,11 @@ async fn an_answer_after_the_deadline_does_not_complete_the_call() {
     let session = session_with_tools(&relay).await;
     let code = session.code.as_str();
     let call = relay.submit(code, echo("slow")).await.unwrap();
+    let polled = relay
+        .poll(code, Some(&session.provider_token), None)
+        .await
+        .unwrap();
+    assert_eq!(polled.len(), 1);
     advance(Duration::from_secs(61)).await;
     let late = relay
         .post_response(
