@@ -85,13 +85,7 @@ impl StoreLimits {
 /// `share` (a fraction, 0 to 1) of `budget` bytes.
 pub fn share_of(budget: usize, share: f64) -> usize {
     // Budgets are far below 2^52 bytes: the float holds them exactly.
-    #[allow(
-        clippy::cast_precision_loss,
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss
-    )]
-    let bytes = (budget as f64 * share.clamp(0.0, 1.0)) as usize;
-    bytes
+    (budget as f64 * share.clamp(0.0, 1.0)) as usize
 }
 
 /// Sessions and calls in this process's memory.
