@@ -1036,8 +1036,10 @@ async fn answers_are_read_in_pages_that_fit_what_an_llm_can_take() {
 
 #[tokio::test]
 async fn answers_past_the_budget_are_evicted_but_their_calls_never_run_twice() {
+    // One session, allowed the whole budget (its share is another test's).
     let relay = RelayConfig {
         response_budget: 300 * 1024,
+        response_session_share: 1.0,
         ..RelayConfig::default()
     };
     let system = System::with(relay, |_| {}).await;

@@ -382,3 +382,222 @@ async fn a_hostile_schema_is_refused_and_the_costliest_accepted_one_cannot_stall
         "/healthz waited {slowest:?} for a check to finish"
     );
 }
+
+/// Polls as the session's tab until `id` is handed out (a poll also makes the poller the
+/// session's provider, so a call made after the first poll finds a tab).
+async fn poll_until_handed_out(system: &System, code: &str, token: &str, id: &str) {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let polled = system
+            .get(&format!("/api/sessions/{code}/request?token={token}"))
+            .await;
+        assert_eq!(polled.status, StatusCode::OK, "{polled:?}");
+        let calls = polled.body.as_array().unwrap();
+        if calls.iter().any(|call| call["requestId"] == id) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{id} was never handed out");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn a_tab_answers_neither_a_builtin_call_nor_one_it_was_not_given(system: System) {
+    let (code, token) = system.create_session().await;
+    system.put_manifest(&code, &token, demo_tools()).await;
+    let respond = format!("/api/sessions/{code}/response?token={token}");
+    let queue = |body: Value| system.post(&format!("/api/sessions/{code}/request"), body);
+    let forge = |id: &str| {
+        system.post(
+            &respond,
+            json!({"requestId": id, "success": true, "result": {"problemId": "forged", "text": "forged"}}),
+        )
+    };
+
+    // The relay's own call, running for a while: its id is known, its answer is not the tab's.
+    let slow = "import time, pulp\nprob = pulp.LpProblem('p')\ntime.sleep(2)";
+    let queued = queue(json!({"requestId": "mip-1", "functionName": "generate_mip_problem", "args": {"problemDefinitionCode": slow}})).await;
+    assert_eq!(queued.status, StatusCode::ACCEPTED, "{queued:?}");
+    let forged = forge("mip-1").await;
+    assert_error(&forged, StatusCode::NOT_FOUND, "request_not_found");
+
+    // A call of the tab's that was never handed to it: refused, and still waiting.
+    let queued =
+        queue(json!({"requestId": "echo-1", "functionName": "echo", "args": {"text": "real"}}))
+            .await;
+    assert_eq!(queued.status, StatusCode::ACCEPTED, "{queued:?}");
+    let forged = forge("echo-1").await;
+    assert_error(&forged, StatusCode::NOT_FOUND, "request_not_found");
+    let state = system
+        .get(&format!("/api/sessions/{code}/requests/echo-1"))
+        .await;
+    assert_eq!(state.body["status"], "queued", "{state:?}");
+    // Once handed out, the tab answers it.
+    poll_until_handed_out(&system, &code, &token, "echo-1").await;
+    let answered = system
+        .post(
+            &respond,
+            json!({"requestId": "echo-1", "success": true, "result": {"text": "real"}}),
+        )
+        .await;
+    assert_eq!(answered.status, StatusCode::OK, "{answered:?}");
+    assert_eq!(answered.body["accepted"], true, "{answered:?}");
+
+    // The callers get the real answers, never the forged ones.
+    for (id, forged) in [("mip-1", "/problemId"), ("echo-1", "/text")] {
+        let answers = system
+            .get(&format!(
+                "/api/sessions/{code}/response?requestId={id}&wait=20"
+            ))
+            .await;
+        assert_eq!(answers.status, StatusCode::OK, "{answers:?}");
+        let answer = &answers.body[0];
+        assert_eq!(answer["requestId"], id, "{answers:?}");
+        assert_ne!(
+            answer.pointer(&format!("/result{forged}")),
+            Some(&json!("forged")),
+            "{answers:?}"
+        );
+    }
+    system.stop().await;
+}
+
+#[tokio::test]
+async fn a_tab_answers_neither_a_builtin_call_nor_one_it_was_not_given_in_one_process() {
+    a_tab_answers_neither_a_builtin_call_nor_one_it_was_not_given(System::start().await).await;
+}
+
+#[tokio::test]
+async fn a_tab_answers_neither_a_builtin_call_nor_one_it_was_not_given_in_split_mode() {
+    a_tab_answers_neither_a_builtin_call_nor_one_it_was_not_given(System::split().await).await;
+}
+
+/// A session flooding the relay with answers evicts its own oldest ones, never another
+/// session's: the answer budget (here 1 MB) is shared, each session's share is an eighth.
+#[tokio::test]
+async fn one_sessions_answers_cannot_evict_another_sessions() {
+    let config = toolrelay_relay::RelayConfig {
+        response_budget: 1024 * 1024,
+        ..toolrelay_relay::RelayConfig::default()
+    };
+    let system = System::with(config, |_| {}).await;
+    let answer_with = |code: &str, token: &str, id: &str, bytes: usize| {
+        let (code, token, id) = (code.to_owned(), token.to_owned(), id.to_owned());
+        let system = &system;
+        async move {
+            let queued = system
+                .post(
+                    &format!("/api/sessions/{code}/request"),
+                    json!({"requestId": id, "functionName": "echo", "args": {"text": "x"}}),
+                )
+                .await;
+            assert_eq!(queued.status, StatusCode::ACCEPTED, "{queued:?}");
+            poll_until_handed_out(system, &code, &token, &id).await;
+            let answered = system
+                .post(
+                    &format!("/api/sessions/{code}/response?token={token}"),
+                    json!({"requestId": id, "success": true, "result": {"text": "x".repeat(bytes)}}),
+                )
+                .await;
+            assert_eq!(answered.status, StatusCode::OK, "{answered:?}");
+        }
+    };
+    let (quiet, quiet_token) = system.create_session().await;
+    system
+        .put_manifest(&quiet, &quiet_token, demo_tools())
+        .await;
+    answer_with(&quiet, &quiet_token, "kept", 32 * 1024).await;
+    // Another session answers 1.5 MB: more than the whole budget.
+    let (noisy, noisy_token) = system.create_session().await;
+    system
+        .put_manifest(&noisy, &noisy_token, demo_tools())
+        .await;
+    for n in 0..24 {
+        answer_with(&noisy, &noisy_token, &format!("flood-{n}"), 64 * 1024).await;
+    }
+    let kept = system
+        .get(&format!("/api/sessions/{quiet}/response?requestId=kept"))
+        .await;
+    assert_eq!(
+        kept.status,
+        StatusCode::OK,
+        "the quiet session's answer: {kept:?}"
+    );
+    assert_eq!(
+        kept.body[0]["result"]["text"].as_str().unwrap().len(),
+        32 * 1024
+    );
+    // The noisy session lost its own oldest answers, and kept its newest.
+    let oldest = system
+        .get(&format!("/api/sessions/{noisy}/response?requestId=flood-0"))
+        .await;
+    assert_error(&oldest, StatusCode::GONE, "response_evicted");
+    let newest = system
+        .get(&format!(
+            "/api/sessions/{noisy}/response?requestId=flood-23"
+        ))
+        .await;
+    assert_eq!(newest.status, StatusCode::OK, "{newest:?}");
+    system.stop().await;
+}
+
+/// A tab's answer nested deeper than the JSON parser reads (128 levels) is refused with 400
+/// `nested_too_deeply` on both answer routes, and its caller gets the failed answer at once
+/// (not `request_expired` after a minute).
+async fn an_answer_too_deep_to_read_still_fails_the_call_at_once(system: System) {
+    let (code, token) = system.create_session().await;
+    system.put_manifest(&code, &token, demo_tools()).await;
+    let routes = [
+        (
+            "tab-route",
+            format!("/api/sessions/{code}/response?token={token}"),
+            json!({"requestId": "tab-route", "success": true, "result": nested(200)}),
+        ),
+        (
+            "legacy-route",
+            format!("/response?token={token}"),
+            json!({"code": code, "id": "legacy-route", "result": nested(200)}),
+        ),
+    ];
+    // The tab polls once first, so that the calls find it connected.
+    let polled = system
+        .get(&format!("/api/sessions/{code}/request?token={token}"))
+        .await;
+    assert_eq!(polled.status, StatusCode::OK, "{polled:?}");
+    for (id, route, body) in routes {
+        let calling = system.post(
+            &format!("/api/sessions/{code}/call"),
+            json!({"requestId": id, "functionName": "echo", "args": {"text": "x"}, "timeoutMs": 40_000}),
+        );
+        let tab_side = async {
+            poll_until_handed_out(&system, &code, &token, id).await;
+            let refused = system.post(&route, body).await;
+            assert_error(&refused, StatusCode::BAD_REQUEST, "nested_too_deeply");
+        };
+        let (answer, ()) = tokio::time::timeout(Duration::from_secs(20), async {
+            tokio::join!(calling, tab_side)
+        })
+        .await
+        .expect("the caller got its answer long before the call's deadline");
+        assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+        assert_eq!(answer.body["success"], false, "{answer:?}");
+        assert_eq!(
+            answer.body["error"]["code"], "nested_too_deeply",
+            "{answer:?}"
+        );
+        let state = system
+            .get(&format!("/api/sessions/{code}/requests/{id}"))
+            .await;
+        assert_eq!(state.body["status"], "failed", "{state:?}");
+    }
+    system.stop().await;
+}
+
+#[tokio::test]
+async fn an_answer_too_deep_to_read_still_fails_the_call_at_once_in_one_process() {
+    an_answer_too_deep_to_read_still_fails_the_call_at_once(System::start().await).await;
+}
+
+#[tokio::test]
+async fn an_answer_too_deep_to_read_still_fails_the_call_at_once_in_split_mode() {
+    an_answer_too_deep_to_read_still_fails_the_call_at_once(System::split().await).await;
+}

@@ -13,7 +13,7 @@ use toolrelay_relay::clock::ClockHand;
 use toolrelay_relay::store::memory::{MAX_TICKETS_PER_SCOPE, MemoryStore, StoreLimits};
 use toolrelay_relay::store::redis::RedisStore;
 use toolrelay_relay::store::{
-    BUILTIN_LEASE, Claim, EnqueueChecks, Enqueued, EventStream, Finished, McpSessionCaps,
+    Answerer, BUILTIN_LEASE, Claim, EnqueueChecks, Enqueued, EventStream, Finished, McpSessionCaps,
     McpSessionsFull, NewRequest, ProviderInfo, RateBudget, RateCharge, SessionEvent, SessionRecord,
     Store, Transport,
 };
@@ -124,6 +124,7 @@ fn limits() -> StoreLimits {
     StoreLimits {
         retention: HOUR,
         answer_budget: 64 * 1024,
+        session_answer_budget: 48 * 1024,
         ticket_budget: 64 * 1024,
     }
 }
@@ -405,7 +406,7 @@ conformance! {
         let until = Timestamp(now.0 + 2 * 3_600_000);
         let Finished::Finished(record) = fixture
             .store
-            .finish(&code, "r2", RequestStatus::Completed, answer("r2", result.clone()), now, until)
+            .finish(&code, "r2", RequestStatus::Completed, answer("r2", result.clone()), Answerer::Relay, now, until)
             .await
             .unwrap()
         else {
@@ -427,14 +428,14 @@ conformance! {
         assert_eq!(record.response.as_ref().unwrap().result, Some(result.clone()));
         assert_eq!(fixture.store.session(&code).await.unwrap().unwrap().expires_at, until);
         assert!(matches!(
-            fixture.store.finish(&code, "r2", RequestStatus::Failed, answer("r2", json!(1)), now, now).await.unwrap(),
+            fixture.store.finish(&code, "r2", RequestStatus::Failed, answer("r2", json!(1)), Answerer::Relay, now, now).await.unwrap(),
             Finished::AlreadyFinished(kept) if kept.response.as_ref().unwrap().result == Some(result.clone())
         ));
         assert_eq!(
-            fixture.store.finish(&code, "nope", RequestStatus::Completed, answer("nope", json!(1)), now, now).await.unwrap(),
+            fixture.store.finish(&code, "nope", RequestStatus::Completed, answer("nope", json!(1)), Answerer::Relay, now, now).await.unwrap(),
             Finished::NoRequest
         );
-        fixture.store.finish(&code, "r1", RequestStatus::Completed, answer("r1", json!(1)), now, now).await.unwrap();
+        fixture.store.finish(&code, "r1", RequestStatus::Completed, answer("r1", json!(1)), Answerer::Relay, now, now).await.unwrap();
         let responses = fixture.store.responses(&code).await.unwrap().unwrap();
         assert_eq!(responses.iter().map(|r| r.request_id.as_str()).collect::<Vec<_>>(), ["r1", "r2"]);
         assert_eq!(fixture.store.pending_count(&code).await.unwrap(), Some(0));
@@ -458,7 +459,7 @@ conformance! {
         assert_eq!(record.status, RequestStatus::Expired);
         assert_eq!(record.response.unwrap().error.unwrap().code, "request_expired");
         assert!(matches!(
-            fixture.store.finish(&code, "r1", RequestStatus::Completed, answer("r1", json!(1)), later, later).await.unwrap(),
+            fixture.store.finish(&code, "r1", RequestStatus::Completed, answer("r1", json!(1)), Answerer::Relay, later, later).await.unwrap(),
             Finished::AlreadyFinished(kept) if kept.status == RequestStatus::Expired
         ));
         assert_eq!(fixture.store.pending_count(&code).await.unwrap(), Some(0));
@@ -474,7 +475,7 @@ conformance! {
             fixture.store.enqueue(&code, call(&id, now, json!({})), 100, now).await.unwrap();
             fixture
                 .store
-                .finish(&code, &id, RequestStatus::Completed, answer(&id, json!("x".repeat(8 * 1024))), now, now)
+                .finish(&code, &id, RequestStatus::Completed, answer(&id, json!("x".repeat(8 * 1024))), Answerer::Relay, now, now)
                 .await
                 .unwrap();
             let used = fixture.store.usage().await.unwrap().answer_bytes;
@@ -493,6 +494,124 @@ conformance! {
         // Ending the session gives its bytes back.
         fixture.store.delete_session(&code).await.unwrap();
         assert_eq!(fixture.store.usage().await.unwrap().answer_bytes, 0);
+    }
+
+    async fn a_session_over_its_share_of_the_answer_budget_evicts_its_own_oldest_answers(fixture) {
+        let now = fixture.now();
+        let share = limits().session_answer_budget;
+        let quiet = code_of("QUIET234");
+        let noisy = code_of("NOISY234");
+        for code in [&quiet, &noisy] {
+            let record = session(code.as_str(), now, HOUR);
+            assert!(fixture.store.insert_session(record).await.unwrap());
+        }
+        let answered = |code: &SessionCode, id: String, bytes: usize| {
+            let store = Arc::clone(&fixture.store);
+            let code = code.clone();
+            async move {
+                store.enqueue(&code, call(&id, now, json!({})), 100, now).await.unwrap();
+                let answer = answer(&id, json!("x".repeat(bytes)));
+                let finished = store
+                    .finish(&code, &id, RequestStatus::Completed, answer, Answerer::Relay, now, now)
+                    .await
+                    .unwrap();
+                assert!(matches!(finished, Finished::Finished(_)), "{finished:?}");
+            }
+        };
+        // A quiet session's two small answers, then a noisy one's flood of larger ones: within
+        // the budget it has room for, but over the noisy session's share.
+        for n in 0..2 {
+            answered(&quiet, format!("q{n}"), 2 * 1024).await;
+        }
+        let quiet_bytes = fixture.store.usage().await.unwrap().answer_bytes;
+        for n in 0..20 {
+            answered(&noisy, format!("n{n}"), 8 * 1024).await;
+            let noisy_bytes = fixture.store.usage().await.unwrap().answer_bytes - quiet_bytes;
+            assert!(noisy_bytes <= share, "the noisy session keeps {noisy_bytes} bytes after {n}");
+        }
+        // The quiet session lost nothing.
+        for n in 0..2 {
+            let kept = fixture.store.request(&quiet, &format!("q{n}")).await.unwrap().unwrap();
+            assert!(!kept.evicted && kept.response.is_some(), "q{n} was evicted");
+        }
+        assert_eq!(fixture.store.responses(&quiet).await.unwrap().unwrap().len(), 2);
+        // The noisy one kept its newest answers, within its share, and lost its oldest.
+        let mut evicted = Vec::new();
+        for n in 0..20 {
+            let record = fixture.store.request(&noisy, &format!("n{n}")).await.unwrap().unwrap();
+            assert_eq!(record.status, RequestStatus::Completed);
+            evicted.push(record.evicted);
+        }
+        let kept = evicted.iter().filter(|evicted| !**evicted).count();
+        assert!((3..=6).contains(&kept), "{kept} answers kept: {evicted:?}");
+        assert!(evicted[..20 - kept].iter().all(|evicted| *evicted), "oldest first: {evicted:?}");
+        // Ending the noisy session gives its bytes back, and its share counts from nothing.
+        fixture.store.delete_session(&noisy).await.unwrap();
+        assert_eq!(fixture.store.usage().await.unwrap().answer_bytes, quiet_bytes);
+    }
+
+    async fn a_tab_answers_only_the_calls_delivered_to_it_and_never_a_builtin_one(fixture) {
+        let code = with_session(&fixture).await;
+        let now = fixture.now();
+        for id in ["r1", "r2", "r3"] {
+            fixture.store.enqueue(&code, call(id, now, json!({})), 10, now).await.unwrap();
+        }
+        let mut builtin = call("b1", now, json!({}));
+        builtin.builtin = true;
+        fixture.store.enqueue(&code, builtin, 10, now).await.unwrap();
+        assert_eq!(fixture.store.claim(&code, &claim("tab-1", now, HOUR)).await.unwrap().len(), 3);
+        fixture.store.enqueue(&code, call("r4", now, json!({})), 10, now).await.unwrap();
+        let finish = |id: &'static str, answerer: Answerer<'static>| {
+            let store = Arc::clone(&fixture.store);
+            let code = code.clone();
+            async move {
+                let answer = answer(id, json!("forged"));
+                store
+                    .finish(&code, id, RequestStatus::Completed, answer, answerer, now, now)
+                    .await
+                    .unwrap()
+            }
+        };
+        // Refused, and nothing changed: a call delivered to another connection, one not
+        // delivered yet, and the relay's own call, whoever asks.
+        let refused = [
+            ("r1", Answerer::Connection("tab-2")),
+            ("r4", Answerer::Connection("tab-1")),
+            ("r4", Answerer::Provider),
+            ("b1", Answerer::Connection("tab-1")),
+            ("b1", Answerer::Connection("relay")),
+            ("b1", Answerer::Provider),
+        ];
+        for (id, answerer) in refused {
+            assert_eq!(finish(id, answerer).await, Finished::NotDelivered, "{id} by {answerer:?}");
+        }
+        for (id, status) in [
+            ("r1", RequestStatus::Delivered),
+            ("r4", RequestStatus::Queued),
+            ("b1", RequestStatus::Delivered),
+        ] {
+            let record = fixture.store.request(&code, id).await.unwrap().unwrap();
+            assert_eq!((record.status, record.response), (status, None), "{id}");
+        }
+        assert_eq!(fixture.store.pending_count(&code).await.unwrap(), Some(5));
+        // Accepted: the connection the call was delivered to, and the current provider for
+        // the calls delivered to it (an answer posted over HTTP).
+        assert!(matches!(finish("r1", Answerer::Connection("tab-1")).await, Finished::Finished(_)));
+        assert!(matches!(finish("r2", Answerer::Provider).await, Finished::Finished(_)));
+        // A call the next provider took over is its own, no longer the old connection's.
+        fixture.store.set_provider(&code, provider("tab-2", now)).await.unwrap();
+        assert_eq!(finish("r3", Answerer::Provider).await, Finished::NotDelivered);
+        let moved = fixture.store.claim(&code, &claim("tab-2", now, HOUR)).await.unwrap();
+        assert_eq!(moved.iter().map(|record| record.id.as_str()).collect::<Vec<_>>(), ["r3", "r4"]);
+        assert_eq!(finish("r3", Answerer::Connection("tab-1")).await, Finished::NotDelivered);
+        assert!(matches!(finish("r3", Answerer::Connection("tab-2")).await, Finished::Finished(_)));
+        // A repeated answer from the right connection is told the call is answered.
+        assert!(matches!(finish("r3", Answerer::Provider).await, Finished::AlreadyFinished(_)));
+        // The relay answers its own call.
+        let Finished::Finished(record) = finish("b1", Answerer::Relay).await else {
+            panic!("the relay's answer to its own call was refused")
+        };
+        assert_eq!(record.response.unwrap().result, Some(json!("forged")));
     }
 
     async fn claim_checks_are_scoped_expire_and_stay_within_their_budgets(fixture) {
@@ -539,7 +658,7 @@ conformance! {
         let mut first = fixture.store.subscribe(&code).await.unwrap().unwrap();
         let mut second = fixture.store.subscribe(&code).await.unwrap().unwrap();
         fixture.store.enqueue(&code, call("r1", now, json!({})), 10, now).await.unwrap();
-        fixture.store.finish(&code, "r1", RequestStatus::Completed, answer("r1", json!(1)), now, now).await.unwrap();
+        fixture.store.finish(&code, "r1", RequestStatus::Completed, answer("r1", json!(1)), Answerer::Relay, now, now).await.unwrap();
         for events in [&mut first, &mut second] {
             assert_eq!(next_event(events).await, SessionEvent::RequestQueued);
             assert!(matches!(
@@ -658,7 +777,7 @@ conformance! {
         // Answered, it is leased to nobody.
         fixture
             .store
-            .finish(&code, "b1", RequestStatus::Completed, answer("b1", json!({"ok": true})), now, now)
+            .finish(&code, "b1", RequestStatus::Completed, answer("b1", json!({"ok": true})), Answerer::Relay, now, now)
             .await
             .unwrap();
         assert!(lease("b/1", now).await.unwrap().is_none());
@@ -735,7 +854,7 @@ conformance! {
         let usage = store.usage().await.unwrap();
         assert_eq!((usage.sessions, usage.unanswered), (2, 3));
         store
-            .finish(&a, "a1", RequestStatus::Completed, answer("a1", json!(1)), now, now)
+            .finish(&a, "a1", RequestStatus::Completed, answer("a1", json!(1)), Answerer::Relay, now, now)
             .await
             .unwrap();
         assert_eq!(store.usage().await.unwrap().unanswered, 2);
@@ -825,6 +944,7 @@ async fn replicas_share_sessions_calls_and_events_through_redis() {
         "r1",
         RequestStatus::Completed,
         answer("r1", json!(2)),
+        Answerer::Connection("tab-b"),
         now,
         now,
     )

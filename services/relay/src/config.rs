@@ -68,6 +68,9 @@ pub const ENV_MAX_JSON_DEPTH: &str = "MAX_JSON_DEPTH";
 pub const ENV_DRAIN_SECONDS: &str = "DRAIN_SECONDS";
 /// `RESPONSE_BUDGET_MB`: megabytes of finished calls' answers the in-memory store keeps.
 pub const ENV_RESPONSE_BUDGET: &str = "RESPONSE_BUDGET_MB";
+/// `RESPONSE_SESSION_SHARE`: the share of `RESPONSE_BUDGET_MB` one session's answers may take
+/// (`1/8`, or `0.125`); past it, that session's own oldest answers go first.
+pub const ENV_RESPONSE_SESSION_SHARE: &str = "RESPONSE_SESSION_SHARE";
 
 /// `REDIS_URL`: the Redis holding the state shared by several replicas (unset: in memory).
 pub const ENV_REDIS_URL: &str = "REDIS_URL";
@@ -100,6 +103,9 @@ pub struct RelayConfig {
     pub response_retention: Duration,
     /// Bytes of finished calls' answers kept at most (the oldest are evicted first).
     pub response_budget: usize,
+    /// The share of `response_budget` one session's answers may take (0 to 1); past it, the
+    /// session's own oldest answers are evicted first.
+    pub response_session_share: f64,
     /// Largest manifest, in bytes of JSON.
     pub max_manifest_bytes: usize,
     /// Most functions in a manifest.
@@ -152,6 +158,7 @@ impl Default for RelayConfig {
             poll_lease: Duration::from_secs(30),
             response_retention: Duration::from_secs(3600),
             response_budget: crate::store::memory::ANSWER_BUDGET,
+            response_session_share: crate::store::memory::ANSWER_SESSION_SHARE,
             max_manifest_bytes: 256 * 1024,
             max_functions: 256,
             max_response_bytes: 1024 * 1024,
@@ -194,6 +201,12 @@ impl RelayConfig {
             return Err(format!("{ENV_MAX_PENDING} must be at least 1"));
         }
         check_json_depth(self.max_json_depth)?;
+        let share = self.response_session_share;
+        if !(share > 0.0 && share <= 1.0) {
+            return Err(format!(
+                "{ENV_RESPONSE_SESSION_SHARE} ({share}) must be a share of {ENV_RESPONSE_BUDGET} above 0 and at most 1, such as 1/8 or 0.125"
+            ));
+        }
         if let Some(url) = &self.builtin.mip.remip_url
             && !url.starts_with("http://")
         {
@@ -274,10 +287,32 @@ pub struct RelayArgs {
     /// known, and a repeated requestId is not run again).
     #[arg(long, env = ENV_RESPONSE_BUDGET, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub response_budget_mb: u64,
+    /// The share of the answer budget one session's answers may take, as a fraction (`1/8`)
+    /// or a decimal (`0.125`); past it, that session's own oldest answers go first.
+    #[arg(long, env = ENV_RESPONSE_SESSION_SHARE, default_value = "1/8", value_parser = parse_share)]
+    pub response_session_share: f64,
     /// No longer used: a gateway proves itself with GATEWAY_SECRET. Set without a secret, the
     /// relay refuses to start.
     #[arg(long, env = ENV_TRUSTED_GATEWAYS, hide = true)]
     pub trusted_gateways: Option<String>,
+}
+
+/// A share such as `1/8` or `0.125` (checked to lie in (0, 1] by [`RelayConfig::validate`]).
+fn parse_share(text: &str) -> Result<f64, String> {
+    let number = |part: &str| {
+        part.trim()
+            .parse::<f64>()
+            .map_err(|error| error.to_string())
+    };
+    let share = match text.split_once('/') {
+        Some((numerator, denominator)) => number(numerator)? / number(denominator)?,
+        None => number(text)?,
+    };
+    if share.is_finite() {
+        Ok(share)
+    } else {
+        Err(format!("{text} is not a share such as 1/8 or 0.125"))
+    }
 }
 
 /// Settings every server binary has: the JSON nesting limit and the drain on shutdown.
@@ -384,6 +419,7 @@ impl RelayArgs {
             response_budget: usize::try_from(self.response_budget_mb)
                 .unwrap_or(usize::MAX / (1024 * 1024))
                 .saturating_mul(1024 * 1024),
+            response_session_share: self.response_session_share,
             session_ttl: Duration::from_secs(self.session_ttl_seconds),
             session_max_lifetime: Duration::from_secs(self.session_max_lifetime_seconds),
             request_timeout: Duration::from_secs(self.request_timeout_seconds),
@@ -456,6 +492,22 @@ mod tests {
         let cli = Cli::try_parse_from(["relay", "--trusted-gateways", "10.0.0.0/8"]).unwrap();
         let message = cli.config().unwrap_err();
         assert!(message.contains(ENV_GATEWAY_SECRET), "{message}");
+    }
+
+    #[test]
+    fn a_sessions_share_of_the_answer_budget_is_a_fraction_or_a_decimal() {
+        let cli = Cli::try_parse_from(["relay"]).unwrap();
+        assert!((cli.config().unwrap().response_session_share - 0.125).abs() < 1e-12);
+        let cli = Cli::try_parse_from(["relay", "--response-session-share", "0.5"]).unwrap();
+        assert!((cli.config().unwrap().response_session_share - 0.5).abs() < 1e-12);
+        for bad in ["0", "3/2", "-1/4"] {
+            let flag = format!("--response-session-share={bad}");
+            let cli = Cli::try_parse_from(["relay", flag.as_str()]).unwrap();
+            let message = cli.config().unwrap_err();
+            assert!(message.contains(ENV_RESPONSE_SESSION_SHARE), "{message}");
+        }
+        assert!(Cli::try_parse_from(["relay", "--response-session-share", "1/0"]).is_err());
+        assert!(Cli::try_parse_from(["relay", "--response-session-share", "half"]).is_err());
     }
 
     #[test]

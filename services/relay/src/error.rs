@@ -90,6 +90,17 @@ pub enum RelayError {
         /// The id.
         request_id: String,
     },
+    /// A provider's answer to a call it may not answer: the relay's own (built-in), or one not
+    /// delivered to it. Named `request_not_found`: to the provider, no such call of its own.
+    #[error(
+        "Session {code} has no call {request_id} waiting for this tab's answer: a tab answers only the calls it received (tool-request), never the relay's built-in ones. The answer was not kept."
+    )]
+    NotDelivered {
+        /// The code, as people see it.
+        code: String,
+        /// The id the answer named.
+        request_id: String,
+    },
     /// The session already has the maximum of unanswered calls.
     #[error(
         "Session {code} already has {limit} calls waiting for the tab. Wait for some to finish, then try again."
@@ -207,7 +218,7 @@ impl RelayError {
             Self::InvalidArguments { .. } => ErrorCode::InvalidArguments,
             Self::InvalidRequestId => ErrorCode::InvalidRequestId,
             Self::RequestIdConflict { .. } => ErrorCode::RequestIdConflict,
-            Self::RequestNotFound { .. } => ErrorCode::RequestNotFound,
+            Self::RequestNotFound { .. } | Self::NotDelivered { .. } => ErrorCode::RequestNotFound,
             Self::QueueFull { .. } => ErrorCode::QueueFull,
             Self::ToolBusy { .. } => ErrorCode::ToolBusy,
             Self::InvalidManifest { .. } => ErrorCode::InvalidManifest,

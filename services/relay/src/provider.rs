@@ -23,7 +23,7 @@ use crate::drain::Hold;
 use crate::error::{ErrorCode, RelayError};
 use crate::metrics::AnsweredBy;
 use crate::relay::Relay;
-use crate::store::{Claim, EventStream, ProviderInfo, SessionEvent, Transport};
+use crate::store::{Answerer, Claim, EventStream, ProviderInfo, SessionEvent, Transport};
 
 /// Frames a slow provider may fall behind by before the driver waits for it.
 const DOWNLINK_BUFFER: usize = 128;
@@ -169,6 +169,8 @@ pub struct ProviderLink {
 pub struct Answers {
     relay: Relay,
     code: SessionCode,
+    /// The connection whose answers these are: it answers only the calls delivered to it.
+    connection_id: String,
     by: AnsweredBy,
 }
 
@@ -178,7 +180,12 @@ impl Answers {
     pub async fn accept(&self, response: ProviderResponse) -> Option<RelayFrame> {
         match self
             .relay
-            .accept_response(&self.code, response, self.by)
+            .accept_response(
+                &self.code,
+                response,
+                self.by,
+                Answerer::Connection(&self.connection_id),
+            )
             .await
         {
             Ok(_) | Err(RelayError::SessionNotFound { .. }) => None,
@@ -253,6 +260,7 @@ impl Relay {
             answers: Some(Answers {
                 relay: self.clone(),
                 code: code.clone(),
+                connection_id: connection_id.clone(),
                 by: AnsweredBy::Provider(transport),
             }),
             code,
@@ -335,6 +343,7 @@ impl Driver {
                     &self.code,
                     *response,
                     self.answered_by(),
+                    Answerer::Connection(&self.connection_id),
                 ))
                 .await
             {
@@ -453,7 +462,12 @@ impl Driver {
                 .map(|tools| Some(Downlink::Registered { tools })),
             ProviderFrame::Response(response) => self
                 .relay
-                .accept_response(&self.code, *response, self.answered_by())
+                .accept_response(
+                    &self.code,
+                    *response,
+                    self.answered_by(),
+                    Answerer::Connection(&self.connection_id),
+                )
                 .await
                 .map(|_| None),
             ProviderFrame::Ping => match self.relay.touch(&self.code, connection).await {

@@ -28,8 +28,8 @@ use crate::manifest::{Manifest, ManifestCache, ManifestLimits};
 use crate::metrics::{AnsweredBy, Metrics, StoreState};
 use crate::store::observed::Observed;
 use crate::store::{
-    BUILTIN_LEASE, EnqueueChecks, Enqueued, EventStream, Finished, NewRequest, RateCharge,
-    RequestRecord, SessionEvent, SessionRecord, Store, Transport,
+    Answerer, BUILTIN_LEASE, EnqueueChecks, Enqueued, EventStream, Finished, NewRequest,
+    RateCharge, RequestRecord, SessionEvent, SessionRecord, Store, Transport,
 };
 
 /// How many times creation tries a fresh code when the random one is taken.
@@ -965,19 +965,24 @@ impl Relay {
         response: ProviderResponse,
     ) -> Result<ResponseOutcome, RelayError> {
         let (code, session) = self.authorized(code, token).await?;
-        // Answers posted over HTTP come from the session's SSE or polling provider.
+        // Answers posted over HTTP come from the session's SSE or polling provider, and are
+        // accepted for the calls delivered to it.
         let by = session.provider.map_or(AnsweredBy::Nobody, |provider| {
             AnsweredBy::Provider(provider.transport)
         });
-        self.accept_response(&code, response, by).await
+        self.accept_response(&code, response, by, Answerer::Provider)
+            .await
     }
 
     /// Records a provider's (or a built-in tool's, `by`) answer to a call; the first wins.
+    /// The store takes it only from an `answerer` that may answer the call (see
+    /// [`Answerer::may_answer`]): a tab never answers a built-in call, nor one it did not get.
     pub(crate) async fn accept_response(
         &self,
         code: &SessionCode,
         response: ProviderResponse,
         by: AnsweredBy,
+        answerer: Answerer<'_>,
     ) -> Result<ResponseOutcome, RelayError> {
         let (response, refused) = contain_response(response, self.answer_limits());
         let (status, response) = normalise_response(response)?;
@@ -987,7 +992,7 @@ impl Relay {
         let finished = self
             .inner
             .store
-            .finish(code, &request_id, status, response, now, until)
+            .finish(code, &request_id, status, response, answerer, now, until)
             .await?;
         let outcome = match finished {
             Finished::Finished(record) => {
@@ -1015,6 +1020,12 @@ impl Relay {
             },
             Finished::NoRequest => {
                 return Err(RelayError::RequestNotFound {
+                    code: code.display(),
+                    request_id,
+                });
+            }
+            Finished::NotDelivered => {
+                return Err(RelayError::NotDelivered {
                     code: code.display(),
                     request_id,
                 });
@@ -1092,7 +1103,7 @@ impl Relay {
                 },
             };
             if let Err(error) = relay
-                .accept_response(&code, response, AnsweredBy::Builtin)
+                .accept_response(&code, response, AnsweredBy::Builtin, Answerer::Relay)
                 .await
             {
                 tracing::warn!(code = %code, %error, "a built-in tool's answer was not recorded");
@@ -1253,37 +1264,49 @@ pub fn contain_response(
         .map(toolrelay::json::depth)
         .max()
         .unwrap_or(0);
-    let refusal = if depth > limits.max_depth {
-        RelayError::NestedTooDeeply {
-            what: "The tool's answer is",
-            limit: limits.max_depth,
-        }
-    } else {
-        let size = serde_json::to_vec(&response).map_or(usize::MAX, |bytes| bytes.len());
-        if size <= limits.max_bytes {
-            return (response, None);
-        }
-        RelayError::ResponseTooLarge {
-            size,
-            limit: limits.max_bytes,
-        }
+    if depth > limits.max_depth {
+        let (failed, refusal) = too_deep_response(response.request_id, limits.max_depth);
+        return (failed, Some(refusal));
+    }
+    let size = serde_json::to_vec(&response).map_or(usize::MAX, |bytes| bytes.len());
+    if size <= limits.max_bytes {
+        return (response, None);
+    }
+    let refusal = RelayError::ResponseTooLarge {
+        size,
+        limit: limits.max_bytes,
     };
-    let message = match &refusal {
-        RelayError::NestedTooDeeply { limit, .. } => format!(
-            "The tool's answer was nested more than {limit} levels deep and could not be kept. Ask for the data in a flatter shape, or for less of it."
-        ),
-        _ => format!(
-            "The tool's answer was over {} bytes and could not be kept. Ask for less data (fewer items, fewer attributes) and call again.",
-            limits.max_bytes
-        ),
+    let message = format!(
+        "The tool's answer was over {} bytes and could not be kept. Ask for less data (fewer items, fewer attributes) and call again.",
+        limits.max_bytes
+    );
+    (
+        failed_response(response.request_id, &refusal, message),
+        Some(refusal),
+    )
+}
+
+/// The failed answer the caller gets for a provider's answer to `request_id` nested more than
+/// `limit` levels deep (one too deep for the JSON parser to read at all, too), with the error
+/// for the provider.
+pub fn too_deep_response(request_id: String, limit: usize) -> (ProviderResponse, RelayError) {
+    let refusal = RelayError::NestedTooDeeply {
+        what: "The tool's answer is",
+        limit,
     };
-    let failed = ProviderResponse {
-        request_id: response.request_id,
+    let message = format!(
+        "The tool's answer was nested more than {limit} levels deep and could not be kept. Ask for the data in a flatter shape, or for less of it."
+    );
+    (failed_response(request_id, &refusal, message), refusal)
+}
+
+fn failed_response(request_id: String, refusal: &RelayError, message: String) -> ProviderResponse {
+    ProviderResponse {
+        request_id,
         success: Some(false),
         result: None,
         error: Some(serde_json::json!({"code": refusal.name(), "message": message})),
-    };
-    (failed, Some(refusal))
+    }
 }
 
 /// Whole milliseconds, as logs show them.

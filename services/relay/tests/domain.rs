@@ -11,7 +11,8 @@ use toolrelay::wire::{ProviderFrame, ProviderResponse, RequestStatus};
 use toolrelay_relay::store::memory::MemoryStore as Mem;
 use toolrelay_relay::store::memory::{MemoryStore, StoreLimits};
 use toolrelay_relay::{
-    CallInput, Clock, Downlink, Metrics, NewSession, ProviderLink, Relay, RelayConfig, Transport,
+    CallInput, Clock, Downlink, Metrics, NewSession, ProviderLink, Relay, RelayConfig, RelayError,
+    Transport,
 };
 
 fn relay(config: RelayConfig) -> Relay {
@@ -228,17 +229,21 @@ async fn an_unanswered_call_expires_with_a_clear_error() {
     assert_eq!(error.code, "request_expired");
     assert!(error.message.contains("60 s"), "{}", error.message);
 
-    // A late answer is not accepted; the caller keeps seeing the expiry.
+    // An answer to it is not accepted (no tab was given it); the caller keeps seeing the
+    // expiry.
     let late = relay
         .post_response(
             code,
             Some(&session.provider_token),
             answer(&view.request_id, json!("late")),
         )
-        .await
-        .unwrap();
-    assert!(!late.accepted);
-    assert_eq!(late.status, RequestStatus::Expired);
+        .await;
+    assert!(
+        matches!(late, Err(RelayError::NotDelivered { .. })),
+        "{late:?}"
+    );
+    let view = relay.request_status(code, &view.request_id).await.unwrap();
+    assert_eq!(view.status, RequestStatus::Expired);
 }
 
 #[tokio::test(start_paused = true)]
@@ -523,7 +528,7 @@ async fn overlapping_attaches_leave_one_connection_standing() {
     use toolrelay::wire::ToolResponse;
     use toolrelay_relay::error::StoreError;
     use toolrelay_relay::store::{
-        Claim, EnqueueChecks, Enqueued, EventStream, Finished, NewRequest, ProviderInfo,
+        Answerer, Claim, EnqueueChecks, Enqueued, EventStream, Finished, NewRequest, ProviderInfo,
         RequestRecord, SessionRecord, Store, StoreUsage,
     };
     use toolrelay_relay::{SessionCode, Timestamp};
@@ -615,10 +620,11 @@ async fn overlapping_attaches_leave_one_connection_standing() {
             id: &str,
             s: RequestStatus,
             r: toolrelay::wire::ToolResponse,
+            a: Answerer<'_>,
             n: Timestamp,
             u: Timestamp,
         ) -> Result<Finished, StoreError> {
-            self.0.finish(c, id, s, r, n, u).await
+            self.0.finish(c, id, s, r, a, n, u).await
         }
         async fn subscribe(&self, c: &SessionCode) -> Result<Option<EventStream>, StoreError> {
             self.0.subscribe(c).await
@@ -787,6 +793,11 @@ async fn an_answer_after_the_deadline_does_not_complete_the_call() {
     let session = session_with_tools(&relay).await;
     let code = session.code.as_str();
     let call = relay.submit(code, echo("slow")).await.unwrap();
+    let polled = relay
+        .poll(code, Some(&session.provider_token), None)
+        .await
+        .unwrap();
+    assert_eq!(polled.len(), 1);
     advance(Duration::from_secs(61)).await;
     let late = relay
         .post_response(

@@ -10,7 +10,7 @@ use toolrelay::wire::ProviderResponse;
 use toolrelay_relay::{Downlink, Transport};
 
 use super::llm::call_input;
-use super::tab::{EVENT_ID, Events, events};
+use super::tab::{AnswerBody, EVENT_ID, Events, TooDeepAnswer, events};
 use super::{Client, State, Tag, provider_token};
 use crate::error::ApiError;
 use crate::types::{Arguments, FlatMetadata, Status};
@@ -89,7 +89,7 @@ impl LegacyApi {
     #[oai(path = "/response", method = "post", operation_id = "legacyResponse")]
     async fn response(
         &self,
-        body: Json<LegacyResponse>,
+        body: AnswerBody<LegacyResponse>,
         /// `Bearer <providerToken>`.
         #[oai(name = "Authorization")]
         authorization: Header<Option<String>>,
@@ -99,13 +99,30 @@ impl LegacyApi {
     ) -> Result<LegacyAccepted, ApiError> {
         let caller = &client.0;
         let token = provider_token(authorization.as_deref(), token.0);
-        let body = body.0;
-        let response = legacy_answer(body.id, body.result);
-        let outcome = self
-            .state
-            .relay
-            .post_response(caller, &body.code, token.as_deref(), response)
-            .await?;
+        let outcome = match body.0 {
+            Ok(body) => {
+                let response = legacy_answer(body.id, body.result);
+                self.state
+                    .relay
+                    .post_response(caller, &body.code, token.as_deref(), response)
+                    .await?
+            }
+            Err(too_deep) => {
+                #[derive(serde::Deserialize)]
+                struct Head {
+                    code: String,
+                    id: String,
+                }
+                let head: Head = too_deep.head(&self.state)?;
+                let answer = TooDeepAnswer {
+                    caller,
+                    code: &head.code,
+                    token: token.as_deref(),
+                    request_id: head.id,
+                };
+                answer.fail_the_call(&self.state).await?
+            }
+        };
         Ok(LegacyAccepted::Accepted(Json(LegacyStatus {
             id: outcome.request_id,
             status: outcome.status.into(),

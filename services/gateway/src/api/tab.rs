@@ -5,13 +5,21 @@
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use poem::web::sse::Event;
+use poem::{FromRequest, Request, RequestBody};
+use poem_openapi::error::ParseRequestPayloadError;
 use poem_openapi::param::{Header, Path, Query};
-use poem_openapi::payload::{EventStream, Json};
+use poem_openapi::payload::{EventStream, Json, ParsePayload, Payload};
+use poem_openapi::registry::{MetaSchemaRef, Registry};
+use poem_openapi::types::{ParseFromJSON, Type};
 use poem_openapi::{ApiResponse, OpenApi};
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tokio_stream::wrappers::ReceiverStream;
 use toolrelay::wire::ProviderResponse;
-use toolrelay_relay::{Downlink, ProviderLink, Transport};
+use toolrelay_relay::relay::too_deep_response;
+use toolrelay_relay::{
+    Caller, Downlink, ErrorInfo, ProviderLink, RelayError, ResponseOutcome, Transport,
+};
 
 use super::{Client, State, Tag, provider_token};
 use crate::error::ApiError;
@@ -171,7 +179,7 @@ impl TabApi {
         &self,
         /// The pairing code.
         code: Path<String>,
-        body: Json<TabResponse>,
+        body: AnswerBody<TabResponse>,
         /// `Bearer <providerToken>`.
         #[oai(name = "Authorization")]
         authorization: Header<Option<String>>,
@@ -181,18 +189,35 @@ impl TabApi {
     ) -> Result<Json<ResponseAccepted>, ApiError> {
         let caller = &client.0;
         let token = provider_token(authorization.as_deref(), token.0);
-        let body = body.0;
-        let response = ProviderResponse {
-            request_id: body.request_id,
-            success: body.success,
-            result: body.result,
-            error: body.error,
+        let outcome = match body.0 {
+            Ok(body) => {
+                let response = ProviderResponse {
+                    request_id: body.request_id,
+                    success: body.success,
+                    result: body.result,
+                    error: body.error,
+                };
+                self.state
+                    .relay
+                    .post_response(caller, &code, token.as_deref(), response)
+                    .await?
+            }
+            Err(too_deep) => {
+                #[derive(serde::Deserialize)]
+                #[serde(rename_all = "camelCase")]
+                struct Head {
+                    request_id: String,
+                }
+                let head: Head = too_deep.head(&self.state)?;
+                let answer = TooDeepAnswer {
+                    caller,
+                    code: &code,
+                    token: token.as_deref(),
+                    request_id: head.request_id,
+                };
+                answer.fail_the_call(&self.state).await?
+            }
         };
-        let outcome = self
-            .state
-            .relay
-            .post_response(caller, &code, token.as_deref(), response)
-            .await?;
         Ok(Json(ResponseAccepted {
             request_id: outcome.request_id,
             status: outcome.status.into(),
@@ -285,3 +310,102 @@ pub fn sse_event(mut value: Value) -> Event {
         None => event,
     }
 }
+
+/// A tab's answer as a request body: JSON, read as [`Json`] reads it, except that an answer
+/// nested too deeply for the JSON parser to read at all (serde_json stops at 128 levels) is kept
+/// as [`TooDeep`], so that the call it answers can still be failed at once (as an answer nested
+/// past `MAX_JSON_DEPTH` but readable is) instead of being handed out again until it expires.
+pub struct AnswerBody<T>(pub Result<T, TooDeep>);
+
+/// A body nested past what the JSON parser reads: kept to find the answered call's id in.
+pub struct TooDeep(Vec<u8>);
+
+impl TooDeep {
+    /// The body's top-level fields that `H` names (the call's id), or the 400
+    /// `nested_too_deeply` such a body gets when they cannot be read.
+    ///
+    /// Safe however deep the body: serde_json hands a field `H` does not name to
+    /// `deserialize_ignored_any`, which skips the value in a loop that keeps one byte per open
+    /// bracket (`Deserializer::ignore_value`), neither recursing nor counting levels; the body
+    /// is bounded by the gateway's body limit, and so is that. (`IgnoredAny` on a deserializer
+    /// without such a skip would recurse: this relies on serde_json's.)
+    pub fn head<H: DeserializeOwned>(&self, state: &State) -> Result<H, ApiError> {
+        serde_json::from_slice(&self.0).map_err(|_| {
+            let error = RelayError::NestedTooDeeply {
+                what: "The JSON body is",
+                limit: state.config.max_json_depth,
+            };
+            ErrorInfo::from(error).into()
+        })
+    }
+}
+
+/// A tab's answer to `request_id` that was too deep to read.
+pub struct TooDeepAnswer<'a> {
+    /// Who posted it.
+    pub caller: &'a Caller,
+    /// The session.
+    pub code: &'a str,
+    /// The provider token it came with.
+    pub token: Option<&'a str>,
+    /// The call it answers.
+    pub request_id: String,
+}
+
+impl TooDeepAnswer<'_> {
+    /// Gives the call the failed answer that says why (`nested_too_deeply`), as the relay does
+    /// for any answer nested too deeply, and the tab that error (400) once the caller has its
+    /// answer; the outcome when the call had its answer already.
+    pub async fn fail_the_call(self, state: &State) -> Result<ResponseOutcome, ApiError> {
+        let (failed, refusal) = too_deep_response(self.request_id, state.config.max_json_depth);
+        let outcome = state
+            .relay
+            .post_response(self.caller, self.code, self.token, failed)
+            .await?;
+        if outcome.accepted {
+            return Err(ErrorInfo::from(refusal).into());
+        }
+        Ok(outcome)
+    }
+}
+
+impl<T: Type> Payload for AnswerBody<T> {
+    const CONTENT_TYPE: &'static str = Json::<T>::CONTENT_TYPE;
+
+    fn check_content_type(content_type: &str) -> bool {
+        Json::<T>::check_content_type(content_type)
+    }
+
+    fn schema_ref() -> MetaSchemaRef {
+        T::schema_ref()
+    }
+
+    fn register(registry: &mut Registry) {
+        T::register(registry);
+    }
+}
+
+impl<T: ParseFromJSON> ParsePayload for AnswerBody<T> {
+    const IS_REQUIRED: bool = T::IS_REQUIRED;
+
+    async fn from_request(request: &Request, body: &mut RequestBody) -> poem::Result<Self> {
+        let data = Vec::<u8>::from_request(request, body).await?;
+        let unreadable = |reason: String| ParseRequestPayloadError { reason };
+        let value = if data.is_empty() {
+            Value::Null
+        } else {
+            match serde_json::from_slice(&data) {
+                Ok(value) => value,
+                Err(error) if error.to_string().contains("recursion limit exceeded") => {
+                    return Ok(Self(Err(TooDeep(data))));
+                }
+                Err(error) => return Err(unreadable(error.to_string()).into()),
+            }
+        };
+        let parsed =
+            T::parse_from_json(Some(value)).map_err(|error| unreadable(error.into_message()))?;
+        Ok(Self(Ok(parsed)))
+    }
+}
+
+poem_openapi::impl_apirequest_for_payload!(AnswerBody<T>, T: ParseFromJSON);

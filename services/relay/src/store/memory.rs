@@ -26,9 +26,9 @@ use toolrelay::wire::{RequestStatus, ToolResponse};
 
 use super::events::SessionChannel;
 use super::{
-    BUILTIN_CONNECTION, Claim, EnqueueChecks, Enqueued, EventStream, Finished, McpSessionCaps,
-    McpSessionsFull, NewRequest, ProviderInfo, RateBudget, RequestRecord, SessionEvent,
-    SessionRecord, Store, StoreUsage,
+    Answerer, BUILTIN_CONNECTION, Claim, EnqueueChecks, Enqueued, EventStream, Finished,
+    McpSessionCaps, McpSessionsFull, NewRequest, ProviderInfo, RateBudget, RequestRecord,
+    SessionEvent, SessionRecord, Store, StoreUsage,
 };
 use crate::clock::{Clock, Timestamp};
 use crate::code::SessionCode;
@@ -47,6 +47,9 @@ pub const MAX_TICKETS_PER_SCOPE: usize = 200;
 pub const TICKET_BUDGET: usize = 256 * 1024 * 1024;
 /// Bytes of finished calls' answers kept in all at most, by default (the oldest go first).
 pub const ANSWER_BUDGET: usize = 64 * 1024 * 1024;
+/// The share of [`ANSWER_BUDGET`] one session's answers may take, by default (past it, its own
+/// oldest go first): one session's answers cannot evict every other session's.
+pub const ANSWER_SESSION_SHARE: f64 = 1.0 / 8.0;
 /// What a ticket costs besides its compressed JSON and its keys: the map entry, the `Arc`
 /// header, the expiry.
 pub(super) const TICKET_OVERHEAD: usize = 96;
@@ -60,6 +63,9 @@ pub struct StoreLimits {
     pub retention: Duration,
     /// Bytes of answers kept at most ([`ANSWER_BUDGET`] by default).
     pub answer_budget: usize,
+    /// Bytes of answers one session keeps at most (an eighth of [`ANSWER_BUDGET`] by
+    /// default, [`ANSWER_SESSION_SHARE`]); past it, its own oldest answers go first.
+    pub session_answer_budget: usize,
     /// Bytes of claim checks kept at most ([`TICKET_BUDGET`] by default).
     pub ticket_budget: usize,
 }
@@ -70,9 +76,16 @@ impl StoreLimits {
         Self {
             retention,
             answer_budget: ANSWER_BUDGET,
+            session_answer_budget: share_of(ANSWER_BUDGET, ANSWER_SESSION_SHARE),
             ticket_budget: TICKET_BUDGET,
         }
     }
+}
+
+/// `share` (a fraction, 0 to 1) of `budget` bytes.
+pub fn share_of(budget: usize, share: f64) -> usize {
+    // Budgets are far below 2^52 bytes: the float holds them exactly.
+    (budget as f64 * share.clamp(0.0, 1.0)) as usize
 }
 
 /// Sessions and calls in this process's memory.
@@ -241,8 +254,15 @@ struct Entry {
     deadlines: BTreeSet<(Timestamp, u64)>,
     /// Finished calls, oldest first, for the per-session cap.
     finished: VecDeque<String>,
-    /// What each kept answer costs against the budget.
-    answer_costs: HashMap<String, usize>,
+    /// What each kept answer costs against the budgets, and its place in `kept`.
+    answer_costs: HashMap<String, (usize, u64)>,
+    /// The kept answers by when they were kept, oldest first: the session's own share of
+    /// the answer budget evicts from the front.
+    kept: BTreeMap<u64, String>,
+    /// What the kept answers cost together.
+    answer_bytes: usize,
+    /// The place in `kept` of the next answer.
+    next_kept: u64,
     next_seq: u64,
     /// Who listens on this session.
     listeners: Arc<SessionChannel>,
@@ -337,7 +357,11 @@ impl Entry {
         index.finished.push_back((now, code.clone(), id.to_owned()));
         index.answers.push_back((code.clone(), id.to_owned()));
         index.answer_bytes += cost;
-        self.answer_costs.insert(id.to_owned(), cost);
+        self.answer_costs
+            .insert(id.to_owned(), (cost, self.next_kept));
+        self.kept.insert(self.next_kept, id.to_owned());
+        self.next_kept += 1;
+        self.answer_bytes += cost;
         self.finished.push_back(id.to_owned());
         while self.finished.len() > MAX_FINISHED_PER_SESSION {
             if let Some(oldest) = self.finished.pop_front() {
@@ -380,15 +404,28 @@ impl Entry {
 
     /// Drops a finished call's answer, keeping its record; false when it had none kept.
     fn evict(&mut self, index: &mut Indexes, id: &str) -> bool {
-        let Some(cost) = self.answer_costs.remove(id) else {
+        let Some((cost, place)) = self.answer_costs.remove(id) else {
             return false;
         };
+        self.kept.remove(&place);
+        self.answer_bytes -= cost;
         index.answer_bytes -= cost;
         if let Some(request) = self.requests.get_mut(id) {
             request.response = None;
             request.evicted = true;
         }
         true
+    }
+
+    /// Evicts the session's oldest answers until those it keeps fit `budget` (its share).
+    fn keep_within(&mut self, index: &mut Indexes, budget: usize) {
+        while self.answer_bytes > budget {
+            let Some((_, oldest)) = self.kept.first_key_value() else {
+                return;
+            };
+            let oldest = oldest.clone();
+            self.evict(index, &oldest);
+        }
     }
 
     /// Forgets a finished call altogether.
@@ -410,7 +447,7 @@ impl Tables {
         if self.handles.get(&entry.session.mcp_handle) == Some(code) {
             self.handles.remove(&entry.session.mcp_handle);
         }
-        self.index.answer_bytes -= entry.answer_costs.values().sum::<usize>();
+        self.index.answer_bytes -= entry.answer_bytes;
         self.index.unanswered -= entry.pending.len();
         entry.announce(SessionEvent::SessionEnded);
         true
@@ -552,6 +589,7 @@ impl MemoryStore {
         self.metrics
             .calls_expired(entry.expire_due(code, index, now));
         let result = f(entry, index);
+        entry.keep_within(index, self.limits.session_answer_budget);
         tables.keep_within(self.limits.answer_budget);
         Some(result)
     }
@@ -662,6 +700,9 @@ impl Store for MemoryStore {
                 deadlines: BTreeSet::new(),
                 finished: VecDeque::new(),
                 answer_costs: HashMap::new(),
+                kept: BTreeMap::new(),
+                answer_bytes: 0,
+                next_kept: 0,
                 next_seq: 1,
                 listeners: SessionChannel::new(),
             },
@@ -892,6 +933,7 @@ impl Store for MemoryStore {
         id: &str,
         status: RequestStatus,
         response: ToolResponse,
+        answerer: Answerer<'_>,
         now: Timestamp,
         until: Timestamp,
     ) -> Result<Finished, StoreError> {
@@ -899,6 +941,11 @@ impl Store for MemoryStore {
             let Some(request) = entry.requests.get(id) else {
                 return Finished::NoRequest;
             };
+            let provider = entry.session.provider.as_ref();
+            let provider = provider.map(|provider| provider.connection_id.as_str());
+            if !answerer.may_answer(request, provider) {
+                return Finished::NotDelivered;
+            }
             if request.status.is_terminal() {
                 return Finished::AlreadyFinished(request.clone());
             }
@@ -1189,6 +1236,7 @@ mod tests {
                     "done",
                     RequestStatus::Completed,
                     answer("done", 10),
+                    Answerer::Relay,
                     now,
                     now,
                 )
@@ -1221,6 +1269,7 @@ mod tests {
             clock.clone(),
             StoreLimits {
                 answer_budget: BUDGET,
+                session_answer_budget: BUDGET,
                 ..StoreLimits::keeping(Duration::from_secs(3600))
             },
         );
@@ -1243,6 +1292,7 @@ mod tests {
                     &id,
                     RequestStatus::Completed,
                     answer(&id, 100 * 1024),
+                    Answerer::Relay,
                     now,
                     now,
                 )

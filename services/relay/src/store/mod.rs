@@ -408,6 +408,34 @@ pub struct Claim {
     pub limit: usize,
 }
 
+/// Who gives a call its answer: what [`Store::finish`] checks in the same step as it records
+/// the answer, so that a provider answers only the calls handed to it, on every replica.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answerer<'a> {
+    /// The relay itself (a built-in tool's run): any call.
+    Relay,
+    /// The provider connection with this id (a WebSocket or a gRPC `Connect` stream): a call
+    /// that is not built-in and was delivered to it.
+    Connection(&'a str),
+    /// The session's provider as it is now, whichever connection that is (an answer posted by
+    /// the holder of the provider token, for calls it received by SSE or polling): a call
+    /// that is not built-in and was delivered to that connection.
+    Provider,
+}
+
+impl Answerer<'_> {
+    /// Whether it may answer `request` of a session whose provider is the connection
+    /// `provider`.
+    pub fn may_answer(self, request: &RequestRecord, provider: Option<&str>) -> bool {
+        let connection = match self {
+            Self::Relay => return true,
+            Self::Connection(connection) => Some(connection),
+            Self::Provider => provider,
+        };
+        !request.builtin && connection.is_some() && request.delivered_to.as_deref() == connection
+    }
+}
+
 /// What [`Store::finish`] did.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Finished {
@@ -417,6 +445,9 @@ pub enum Finished {
     AlreadyFinished(RequestRecord),
     /// The session has no such call.
     NoRequest,
+    /// The answerer may not answer this call ([`Answerer::may_answer`]): it is built-in, or
+    /// was not delivered to that connection; nothing changed.
+    NotDelivered,
     /// The session does not exist (or expired).
     NoSession,
 }
@@ -570,16 +601,19 @@ pub trait Store: Send + Sync + 'static {
         claim: &Claim,
     ) -> Result<Vec<RequestRecord>, StoreError>;
 
-    /// Gives a call its final answer, unless it has one, and slides the session's expiry to
-    /// `until` in the same step (an answer is activity); announces it. A call whose deadline
-    /// has passed becomes `expired` instead, and an answer other than that is refused
+    /// Gives a call its final answer, unless it has one or `answerer` may not answer it
+    /// ([`Finished::NotDelivered`]), and slides the session's expiry to `until` in the same
+    /// step (an answer is activity); announces it. A call whose deadline has passed becomes
+    /// `expired` instead, and an answer other than that is refused
     /// ([`Finished::AlreadyFinished`]).
+    #[allow(clippy::too_many_arguments)] // each is one part of the one atomic step
     async fn finish(
         &self,
         code: &SessionCode,
         id: &str,
         status: RequestStatus,
         response: ToolResponse,
+        answerer: Answerer<'_>,
         now: Timestamp,
         until: Timestamp,
     ) -> Result<Finished, StoreError>;

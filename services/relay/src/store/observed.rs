@@ -11,8 +11,9 @@ use serde_json::Value;
 use toolrelay::wire::{RequestStatus, ToolResponse};
 
 use super::{
-    Claim, EnqueueChecks, Enqueued, EventStream, Finished, McpSessionCaps, McpSessionsFull,
-    NewRequest, ProviderInfo, RateBudget, RequestRecord, SessionRecord, Store, StoreUsage,
+    Answerer, Claim, EnqueueChecks, Enqueued, EventStream, Finished, McpSessionCaps,
+    McpSessionsFull, NewRequest, ProviderInfo, RateBudget, RequestRecord, SessionRecord, Store,
+    StoreUsage,
 };
 use crate::clock::Timestamp;
 use crate::code::SessionCode;
@@ -182,12 +183,14 @@ impl Store for Observed {
         id: &str,
         status: RequestStatus,
         response: ToolResponse,
+        answerer: Answerer<'_>,
         now: Timestamp,
         until: Timestamp,
     ) -> Result<Finished, StoreError> {
         self.timed(
             Op::Finish,
-            self.inner.finish(code, id, status, response, now, until),
+            self.inner
+                .finish(code, id, status, response, answerer, now, until),
         )
         .await
     }

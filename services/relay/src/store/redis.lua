@@ -3,7 +3,7 @@
 -- (store/redis.rs) and it reads:
 --
 --   KEYS[1]  the session's key base, `<prefix>{<CODE>}:` (the hash tag keeps a session in one
---            Cluster slot); the session's keys are base .. s | m | q | d | f | r:<id>
+--            Cluster slot); the session's keys are base .. s | m | q | d | f | a | r:<id>
 --   ARGV[1]  now (ms since the epoch, the calling replica's clock)
 --   ARGV[2]  the global prefix (answer budget keys)
 --   ARGV[3]  how long finished calls are kept (ms)
@@ -25,8 +25,10 @@ local S = base .. 's'
 -- Finished calls whose answer is at most this long are announced whole (ANNOUNCED_ANSWER_BYTES).
 local announced_answer_bytes = 65536
 
--- The session's TTL-bound keys (request keys carry their own TTL).
-local SESSION_KEYS = { 's', 'm', 'q', 'd', 'f' }
+-- The session's TTL-bound keys (request keys carry their own TTL). `a` holds the session's kept
+-- answers (sorted set: the budget's members by when they were kept), and the session hash's
+-- `answer_bytes` what they cost: the session's share of the budget, counted in its own slot.
+local SESSION_KEYS = { 's', 'm', 'q', 'd', 'f', 'a' }
 -- Every live session's code by its expiry, and every unanswered call (`<code>\n<id>`) by its
 -- deadline: what the metrics count across replicas (sessions alive, calls waiting), read
 -- without looking at any session. Outside the sessions' slots, like the answer budget.
@@ -103,15 +105,27 @@ local function answer_member(id, cost)
   return string.format('%016d', seq) .. '\n' .. code_of() .. '\n' .. id .. '\n' .. cost
 end
 
+-- Stops counting an answer (its budget member) against the session of key base `owner`, if it
+-- is counted there; the session's keys exist whenever its `a` does (they share their TTL).
+local function uncount_in_session(owner, member)
+  if redis.call('ZREM', owner .. 'a', member) == 1 then
+    redis.call('HINCRBY', owner .. 's', 'answer_bytes', -tonumber(string.match(member, '\n(%d+)$')))
+  end
+end
+
+-- Stops counting an answer against the budget and this session's share.
+local function uncount(member)
+  if redis.call('ZREM', prefix .. 'answers', member) == 1 then
+    redis.call('DECRBY', prefix .. 'answer-bytes', string.match(member, '\n(%d+)$'))
+  end
+  uncount_in_session(base, member)
+end
+
 -- Forgets a finished call: its record, and its answer's cost if still counted.
 local function forget(id)
   local r = base .. 'r:' .. id
   local fields = redis.call('HMGET', r, 'member', 'evicted')
-  if fields[1] and fields[2] ~= '1' then
-    if redis.call('ZREM', prefix .. 'answers', fields[1]) == 1 then
-      redis.call('DECRBY', prefix .. 'answer-bytes', string.match(fields[1], '\n(%d+)$'))
-    end
-  end
+  if fields[1] and fields[2] ~= '1' then uncount(fields[1]) end
   redis.call('DEL', r)
 end
 
@@ -162,6 +176,7 @@ local function keep_within()
     local cost = string.match(member, '\n(%d+)$')
     redis.call('ZREM', answers, member)
     redis.call('DECRBY', bytes, cost)
+    uncount_in_session(prefix .. '{' .. string.match(member, '^%d+\n(.-)\n') .. '}:', member)
   end
   local rounds = 0
   while tonumber(redis.call('GET', bytes) or '0') > budget and rounds < 1000 do
@@ -169,7 +184,28 @@ local function keep_within()
     if #popped == 0 then break end
     local code, id, cost = string.match(popped[1], '^%d+\n(.-)\n(.-)\n(%d+)$')
     redis.call('DECRBY', bytes, cost)
-    local r = prefix .. '{' .. code .. '}:r:' .. id
+    local owner = prefix .. '{' .. code .. '}:'
+    uncount_in_session(owner, popped[1])
+    local r = owner .. 'r:' .. id
+    if redis.call('EXISTS', r) == 1 then redis.call('HSET', r, 'response', '', 'evicted', '1') end
+    rounds = rounds + 1
+  end
+end
+
+-- Evicts this session's oldest answers until those it keeps fit `share` (its share of the
+-- budget), counted in its own keys; their records stay, marked evicted. Also stops counting
+-- its answers older than `retention`, whose records have expired by themselves.
+local function keep_share(share)
+  local kept = base .. 'a'
+  for _, member in ipairs(redis.call('ZRANGEBYSCORE', kept, '-inf', now - retention, 'LIMIT', 0, 100)) do
+    uncount(member)
+  end
+  local rounds = 0
+  while tonumber(redis.call('HGET', S, 'answer_bytes') or '0') > share and rounds < 1000 do
+    local oldest = redis.call('ZRANGE', kept, 0, 0)[1]
+    if not oldest then break end
+    uncount(oldest)
+    local r = base .. 'r:' .. string.match(oldest, '^%d+\n.-\n(.-)\n%d+$')
     if redis.call('EXISTS', r) == 1 then redis.call('HSET', r, 'response', '', 'evicted', '1') end
     rounds = rounds + 1
   end
@@ -207,6 +243,9 @@ local function finish_record(id, status, response)
   if finished == 1 then keep('f') end
   redis.call('ZADD', prefix .. 'answers', now, member)
   redis.call('INCRBY', prefix .. 'answer-bytes', cost)
+  redis.call('ZADD', base .. 'a', now, member)
+  if redis.call('ZCARD', base .. 'a') == 1 then keep('a') end
+  redis.call('HINCRBY', S, 'answer_bytes', cost)
   while finished > 1000 do
     forget(redis.call('LPOP', base .. 'f'))
     finished = finished - 1

@@ -5,7 +5,8 @@
 //! `<prefix>{<CODE>}:…`, so a Redis Cluster keeps a session in one slot:
 //! `s` (hash: the session), `m` (its manifest JSON), `q` (sorted set: unanswered calls by
 //! queue position), `d` (sorted set: their deadlines), `f` (list: finished calls),
-//! `r:<id>` (hash: one call), and the channel `ev` (its events). Outside sessions:
+//! `a` (sorted set: its kept answers, whose cost the session hash counts: its share of the
+//! answer budget), `r:<id>` (hash: one call), and the channel `ev` (its events). Outside sessions:
 //! `h:<handle>` (connector handle → code), `answers` + `answer-bytes` (the answer budget),
 //! `t:{<scope>}:<id>`, `ts:{<scope>}`, `tickets` + `ticket-bytes` (claim checks and theirs),
 //! `sessions` (sorted set: live sessions by expiry) and `unanswered` (sorted set: unanswered
@@ -52,9 +53,9 @@ use super::memory::{
     MAX_TICKETS_PER_SCOPE, StoreLimits, TICKET_OVERHEAD, pack_ticket, unpack_ticket,
 };
 use super::{
-    Claim, EnqueueChecks, Enqueued, EventStream, Finished, McpSessionCaps, McpSessionsFull,
-    NewRequest, ProviderInfo, RateBudget, RequestRecord, SessionEvent, SessionRecord, Store,
-    StoreUsage, Transport,
+    Answerer, Claim, EnqueueChecks, Enqueued, EventStream, Finished, McpSessionCaps,
+    McpSessionsFull, NewRequest, ProviderInfo, RateBudget, RequestRecord, SessionEvent,
+    SessionRecord, Store, StoreUsage, Transport,
 };
 use crate::clock::{Clock, Timestamp};
 use crate::code::SessionCode;
@@ -255,16 +256,25 @@ if not renewal and not unstarted then redis.call('HINCRBY', r, 'deliveries', 1) 
 return redis.call('HGETALL', r)
 ";
 
+/// ARGV[5..] id, status, answer, until, who answers (`relay`, `connection` or `provider`, as
+/// [`Answerer`]), the answering connection, the session's share of the answer budget (bytes).
 const FINISH: &str = r"
 if not live() then return { 'nosession' } end
 expire_due()
 local r = base .. 'r:' .. ARGV[5]
-local status = redis.call('HGET', r, 'status')
+local h = redis.call('HMGET', r, 'status', 'builtin', 'delivered_to')
+local status = h[1]
 if not status then return { 'norequest' } end
+if ARGV[9] ~= 'relay' then
+  local answerer = ARGV[10]
+  if ARGV[9] == 'provider' then answerer = session_field('p_conn') or '' end
+  if h[2] == '1' or answerer == '' or h[3] ~= answerer then return { 'notdelivered' } end
+end
 if status ~= 'queued' and status ~= 'delivered' then
   return { 'already', redis.call('HGETALL', r) }
 end
 local finished = finish_record(ARGV[5], ARGV[6], ARGV[7])
+keep_share(tonumber(ARGV[11]))
 keep_within()
 slide(tonumber(ARGV[8]))
 return { 'finished', finished }
@@ -1067,11 +1077,17 @@ impl Store for RedisStore {
         id: &str,
         status: RequestStatus,
         response: ToolResponse,
+        answerer: Answerer<'_>,
         _now: Timestamp, // the scripts take `now` from the clock, as every script does
         until: Timestamp,
     ) -> Result<Finished, StoreError> {
         let response = serde_json::to_string(&response)
             .map_err(|error| StoreError(format!("an answer cannot be stored: {error}")))?;
+        let (answerer, connection) = match answerer {
+            Answerer::Relay => ("relay", ""),
+            Answerer::Connection(connection) => ("connection", connection),
+            Answerer::Provider => ("provider", ""),
+        };
         let answer: redis::Value = self
             .run(
                 &self.scripts.finish,
@@ -1082,6 +1098,9 @@ impl Store for RedisStore {
                     status.as_str().to_owned(),
                     response,
                     until.0.to_string(),
+                    answerer.to_owned(),
+                    connection.to_owned(),
+                    self.limits.session_answer_budget.to_string(),
                 ],
             )
             .await?;
@@ -1090,6 +1109,7 @@ impl Store for RedisStore {
             "finished" => Finished::Finished(record.ok_or_else(|| missing("call"))?),
             "already" => Finished::AlreadyFinished(record.ok_or_else(|| missing("call"))?),
             "norequest" => Finished::NoRequest,
+            "notdelivered" => Finished::NotDelivered,
             _ => Finished::NoSession,
         })
     }
