@@ -472,16 +472,17 @@ impl RelayMcp {
         arguments: Value,
         context: &RequestContext<RoleServer>,
     ) -> CallToolResult {
-        if let Err(limited) = self
-            .state
-            .limits
-            .tool_call(caller_of(context).address)
-            .await
-        {
+        let caller = caller_of(context);
+        if let Err(limited) = self.state.limits.tool_call(caller.address).await {
             return failure(limited.code.as_str(), &limited.message);
         }
         let scope = mcp_session_of(context).map_or(Scope::None, Scope::Mcp);
-        match self.state.relay.call_tool(name, arguments, scope).await {
+        match self
+            .state
+            .relay
+            .call_tool(&caller, name, arguments, scope)
+            .await
+        {
             Ok(value) => success(value),
             Err(error) => failure(&error.code, &error.message),
         }

@@ -112,9 +112,16 @@ pub trait RelayApi: Send + Sync + 'static {
     ) -> Outcome<futures::stream::BoxStream<'static, ()>>;
     /// The built-in tools.
     async fn tools(&self) -> Outcome<Vec<ToolInfo>>;
-    /// Runs a built-in tool outside any session; a relay that cannot be reached is an
-    /// `Internal` failure.
-    async fn call_tool(&self, name: &str, args: Value, scope: Scope) -> Result<Value, ToolFailure>;
+    /// Runs a built-in tool outside any session, for `caller` (the MIP tools share their
+    /// slots fairly by the client's address); a relay that cannot be reached is an
+    /// `Unavailable` failure.
+    async fn call_tool(
+        &self,
+        caller: &Caller,
+        name: &str,
+        args: Value,
+        scope: Scope,
+    ) -> Result<Value, ToolFailure>;
 }
 
 #[async_trait]
@@ -278,8 +285,14 @@ impl RelayApi for Relay {
         Ok(Relay::tools(self))
     }
 
-    async fn call_tool(&self, name: &str, args: Value, scope: Scope) -> Result<Value, ToolFailure> {
-        Relay::call_tool(self, name, args, scope).await
+    async fn call_tool(
+        &self,
+        caller: &Caller,
+        name: &str,
+        args: Value,
+        scope: Scope,
+    ) -> Result<Value, ToolFailure> {
+        Relay::call_tool(self, name, args, scope, caller.address).await
     }
 }
 

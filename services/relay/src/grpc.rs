@@ -423,6 +423,7 @@ impl RelayRpc for RelayService {
         &self,
         request: Request<pb::CallToolRequest>,
     ) -> Reply<pb::CallToolResponse> {
+        let caller = self.caller(&request);
         let request = request.into_inner();
         let scope = match request.scope {
             Some(pb::call_tool_request::Scope::SessionCode(code)) => {
@@ -433,7 +434,11 @@ impl RelayRpc for RelayService {
             None => Scope::None,
         };
         let args = request.args.as_ref().map_or(Value::Null, from_struct);
-        let reply = match self.relay.call_tool(&request.name, args, scope).await {
+        let reply = match self
+            .relay
+            .call_tool(&request.name, args, scope, caller.address)
+            .await
+        {
             Ok(result) => pb::CallToolResponse {
                 success: true,
                 result: Some(to_value(&result)),

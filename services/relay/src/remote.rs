@@ -453,7 +453,13 @@ impl RelayApi for RemoteRelay {
         Ok(reply.tools.into_iter().map(tool_info).collect())
     }
 
-    async fn call_tool(&self, name: &str, args: Value, scope: Scope) -> Result<Value, ToolFailure> {
+    async fn call_tool(
+        &self,
+        caller: &Caller,
+        name: &str,
+        args: Value,
+        scope: Scope,
+    ) -> Result<Value, ToolFailure> {
         use pb::call_tool_request::Scope as PbScope;
         if let Err(error) = self.check_depth(&args, "The arguments are") {
             return Err(ToolFailure::new(
@@ -476,7 +482,7 @@ impl RelayApi for RemoteRelay {
         let reply = self
             .rpc(
                 Retry::IfNotSent,
-                || Request::new(request.clone()),
+                || self::request(request.clone(), caller, None),
                 |mut client, request| async move { client.call_tool(request).await },
             )
             .await;

@@ -168,7 +168,12 @@ impl ToolsApi {
             .0
             .filter(|scope| !scope.is_empty())
             .map_or(Scope::None, Scope::Caller);
-        match self.state.relay.call_tool(&tool_name, body.0, scope).await {
+        match self
+            .state
+            .relay
+            .call_tool(&client.0, &tool_name, body.0, scope)
+            .await
+        {
             Ok(result) => ToolOutcome::Done(Json(ToolResult {
                 success: true,
                 result: Some(result),
