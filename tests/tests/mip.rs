@@ -569,6 +569,57 @@ async fn a_client_holding_every_slot_does_not_lock_others_out() {
 }
 
 #[tokio::test]
+async fn a_split_gateway_gives_the_relay_the_client_address_to_take_turns_by() {
+    // As above, over gRPC: were every call from the gateway keyed by the gateway's address,
+    // the hog's waiting call, first in line, would go first.
+    let system = System::split_with(
+        &[
+            ("MIP_MAX_CONCURRENT", "2"),
+            ("MIP_QUEUE_WAIT_SECONDS", "60"),
+        ],
+        &[("TRUSTED_PROXIES", "127.0.0.1")],
+    )
+    .await;
+    let hog = |scope: &'static str, seconds: u32| {
+        tool(
+            &system,
+            scope,
+            "generate_mip_problem",
+            json!({"problemDefinitionCode": timed(seconds)}),
+        )
+    };
+    let hogging = async { tokio::join!(hog("hog-1", 4), hog("hog-2", 8)) };
+    let crowding = async {
+        until_mip_slots(&system, (2, 0)).await;
+        let third = hog("hog-3", 0);
+        let elsewhere = async {
+            until_mip_slots(&system, (2, 1)).await;
+            let elsewhere = send(
+                system
+                    .request(
+                        reqwest::Method::POST,
+                        "/api/tools/generate_mip_problem?scope=mine",
+                    )
+                    .header("x-forwarded-for", "2001:db8::1")
+                    .json(&json!({"problemDefinitionCode": timed(0)})),
+            );
+            let ((), elsewhere) = tokio::join!(until_mip_slots(&system, (2, 2)), elsewhere);
+            elsewhere
+        };
+        tokio::join!(third, elsewhere)
+    };
+    let ((first, second), (third, elsewhere)) = tokio::join!(hogging, crowding);
+    for answer in [&first, &second, &third, &elsewhere] {
+        assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    }
+    assert!(
+        began(&elsewhere) < began(&third),
+        "another client's call ran before the hog's third: {elsewhere:?} {third:?}"
+    );
+    system.stop().await;
+}
+
+#[tokio::test]
 async fn one_caller_runs_one_model_at_a_time() {
     let system = System::binary(&[]).await;
     let slow = "import time, pulp\nprob = pulp.LpProblem('p')\ntime.sleep(3)";
@@ -664,14 +715,14 @@ async fn models_that_cannot_be_solved_honestly_are_refused() {
     );
 }
 
-/// The relay's MIP slots in use and the calls waiting for one, as its `/metrics` says.
+/// The relay's MIP slots in use and the calls waiting for one, as its `/metrics` says (the
+/// relay's own port in a split system).
 async fn mip_slots(system: &System) -> (u64, u64) {
-    let page = system
-        .http
-        .get(system.url("/metrics"))
-        .send()
-        .await
-        .unwrap();
+    let url = match system.relay_ws {
+        Some(relay) => format!("http://{relay}/metrics"),
+        None => system.url("/metrics"),
+    };
+    let page = system.http.get(url).send().await.unwrap();
     let text = page.text().await.unwrap();
     let value = |name: &str| {
         text.lines()
