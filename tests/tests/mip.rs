@@ -12,7 +12,7 @@ use toolrelay::json::to_struct;
 use toolrelay::proto::v1::{self as pb, relay_client::RelayClient};
 use toolrelay_relay::RelayConfig;
 use toolrelay_tests::remip::ReMip;
-use toolrelay_tests::system::{Answer, System};
+use toolrelay_tests::system::{Answer, System, send};
 
 /// A small production plan: integers, a binary, a continuous variable, an equality, an
 /// unnamed constraint and an objective constant (7).
@@ -434,8 +434,9 @@ async fn ids_are_found_only_in_the_scope_that_made_them() {
 
 #[tokio::test]
 async fn work_past_the_limits_gets_429_with_retry_after() {
-    let system = System::binary(&[("MIP_MAX_CONCURRENT", "1")]).await;
-    let slow = "import time, pulp\nprob = pulp.LpProblem('p')\ntime.sleep(3)";
+    let system =
+        System::binary(&[("MIP_MAX_CONCURRENT", "1"), ("MIP_QUEUE_WAIT_SECONDS", "1")]).await;
+    let slow = "import time, pulp\nprob = pulp.LpProblem('p')\ntime.sleep(4)";
     let running = tool(
         &system,
         "first",
@@ -444,6 +445,7 @@ async fn work_past_the_limits_gets_429_with_retry_after() {
     );
     let crowding = async {
         until_a_run_is_under_way(&system).await;
+        // Another caller waits its second for the slot, then is told to come back.
         let other = tool(
             &system,
             "second",
@@ -451,24 +453,24 @@ async fn work_past_the_limits_gets_429_with_retry_after() {
             json!({"problemDefinitionCode": PLAN}),
         )
         .await;
+        // So is a call through a session (as the call's answer: it was queued).
         let (code, _) = system.create_session().await;
         let in_session = system
             .post(
                 &format!("/api/sessions/{code}/call"),
-                json!({"functionName": "solve_mip_problem", "args": {"problemId": "prob_0"}}),
+                json!({"functionName": "generate_mip_problem", "args": {"problemDefinitionCode": PLAN}}),
             )
             .await;
         (other, in_session)
     };
     let (first, (other, in_session)) = tokio::join!(running, crowding);
     assert_eq!(first.status, StatusCode::OK, "{first:?}");
-    for busy in [&other, &in_session] {
-        assert_eq!(busy.status, StatusCode::TOO_MANY_REQUESTS, "{busy:?}");
-        let wait: u64 = busy.header("retry-after").unwrap().parse().unwrap();
-        assert!((1..=10).contains(&wait), "Retry-After {wait}");
-    }
+    assert_eq!(other.status, StatusCode::TOO_MANY_REQUESTS, "{other:?}");
+    let wait: u64 = other.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=10).contains(&wait), "Retry-After {wait}");
     assert_eq!(other.body["error"]["code"], "BUSY");
-    assert_eq!(in_session.body["error"], "tool_busy", "{in_session:?}");
+    assert_eq!(in_session.body["success"], false, "{in_session:?}");
+    assert_eq!(in_session.body["error"]["code"], "BUSY", "{in_session:?}");
 
     // Free again once the run is over.
     let after = tool(
@@ -479,6 +481,142 @@ async fn work_past_the_limits_gets_429_with_retry_after() {
     )
     .await;
     assert_eq!(after.status, StatusCode::OK, "{after:?}");
+}
+
+/// Python that prints when it ran (the Unix time, in seconds), then sleeps `seconds`.
+fn timed(seconds: u32) -> String {
+    format!(
+        "import time, pulp\nprint(time.time())\nprob = pulp.LpProblem('p')\ntime.sleep({seconds})"
+    )
+}
+
+/// When the run of a generate call answered `answer` began (as it printed).
+fn began(answer: &Answer) -> f64 {
+    let stdout = answer.body["result"]["stdout"].as_str();
+    stdout
+        .and_then(|printed| printed.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no start time in {answer:?}"))
+}
+
+#[tokio::test]
+async fn a_client_holding_every_slot_does_not_lock_others_out() {
+    // Both slots taken by one client, under two scopes of its choosing, with a third call of
+    // its own waiting: another client's call and a call through a session wait for their
+    // turns instead of being refused, and are served ahead of the third (which then would
+    // be the client's second model at once, while they run none).
+    let system = System::binary(&[
+        ("MIP_MAX_CONCURRENT", "2"),
+        ("MIP_QUEUE_WAIT_SECONDS", "60"),
+        ("TRUSTED_PROXIES", "127.0.0.1"),
+    ])
+    .await;
+    let hog = |scope: &'static str, seconds: u32| {
+        tool(
+            &system,
+            scope,
+            "generate_mip_problem",
+            json!({"problemDefinitionCode": timed(seconds)}),
+        )
+    };
+    let (code, _) = system.create_session().await;
+    let hogging = async {
+        // The second outlasts the others' runs: each of them has a slot freed by the first.
+        tokio::join!(hog("hog-1", 4), hog("hog-2", 12))
+    };
+    let crowding = async {
+        until_mip_slots(&system, (2, 0)).await;
+        // The client alone used both slots; its third call waits.
+        let third = hog("hog-3", 0);
+        let others = async {
+            until_mip_slots(&system, (2, 1)).await;
+            let elsewhere = send(
+                system
+                    .request(
+                        reqwest::Method::POST,
+                        "/api/tools/generate_mip_problem?scope=mine",
+                    )
+                    .header("x-forwarded-for", "2001:db8::1")
+                    .json(&json!({"problemDefinitionCode": timed(0)})),
+            );
+            let in_session = system.post(
+                &format!("/api/sessions/{code}/call"),
+                json!({"functionName": "generate_mip_problem", "args": {"problemDefinitionCode": timed(0)}, "timeoutMs": 40000}),
+            );
+            let waiting = async {
+                // Both wait behind the hog's running models (and not refused).
+                until_mip_slots(&system, (2, 3)).await;
+            };
+            let (elsewhere, in_session, ()) = tokio::join!(elsewhere, in_session, waiting);
+            (elsewhere, in_session)
+        };
+        tokio::join!(third, others)
+    };
+    let ((first, second), (third, (elsewhere, in_session))) = tokio::join!(hogging, crowding);
+    for answer in [&first, &second, &third, &elsewhere] {
+        assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    }
+    assert_eq!(in_session.status, StatusCode::OK, "{in_session:?}");
+    assert_eq!(in_session.body["success"], true, "{in_session:?}");
+    let hog_started = began(&third);
+    for other in [&elsewhere, &in_session] {
+        assert!(
+            began(other) < hog_started,
+            "another client's call ran before the hog's third: {other:?} {third:?}"
+        );
+    }
+    assert_eq!(mip_slots(&system).await, (0, 0));
+    system.stop().await;
+}
+
+#[tokio::test]
+async fn a_split_gateway_gives_the_relay_the_client_address_to_take_turns_by() {
+    // As above, over gRPC: were every call from the gateway keyed by the gateway's address,
+    // the hog's waiting call, first in line, would go first.
+    let system = System::split_with(
+        &[
+            ("MIP_MAX_CONCURRENT", "2"),
+            ("MIP_QUEUE_WAIT_SECONDS", "60"),
+        ],
+        &[("TRUSTED_PROXIES", "127.0.0.1")],
+    )
+    .await;
+    let hog = |scope: &'static str, seconds: u32| {
+        tool(
+            &system,
+            scope,
+            "generate_mip_problem",
+            json!({"problemDefinitionCode": timed(seconds)}),
+        )
+    };
+    let hogging = async { tokio::join!(hog("hog-1", 4), hog("hog-2", 8)) };
+    let crowding = async {
+        until_mip_slots(&system, (2, 0)).await;
+        let third = hog("hog-3", 0);
+        let elsewhere = async {
+            until_mip_slots(&system, (2, 1)).await;
+            let elsewhere = send(
+                system
+                    .request(
+                        reqwest::Method::POST,
+                        "/api/tools/generate_mip_problem?scope=mine",
+                    )
+                    .header("x-forwarded-for", "2001:db8::1")
+                    .json(&json!({"problemDefinitionCode": timed(0)})),
+            );
+            let ((), elsewhere) = tokio::join!(until_mip_slots(&system, (2, 2)), elsewhere);
+            elsewhere
+        };
+        tokio::join!(third, elsewhere)
+    };
+    let ((first, second), (third, elsewhere)) = tokio::join!(hogging, crowding);
+    for answer in [&first, &second, &third, &elsewhere] {
+        assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    }
+    assert!(
+        began(&elsewhere) < began(&third),
+        "another client's call ran before the hog's third: {elsewhere:?} {third:?}"
+    );
+    system.stop().await;
 }
 
 #[tokio::test]
@@ -577,32 +715,37 @@ async fn models_that_cannot_be_solved_honestly_are_refused() {
     );
 }
 
-/// Whether the relay's MIP slots are all taken, asked without taking one: a session's call to
-/// a saturated built-in tool is refused with 429 at once, and one that is taken looks its
-/// (unknown) problem up and fails before it needs a slot.
-async fn slots_taken(system: &System, code: &str) -> bool {
-    let probe = system
-        .post(
-            &format!("/api/sessions/{code}/call"),
-            json!({"functionName": "solve_mip_problem", "args": {"problemId": format!("prob_{}", "0".repeat(32))}}),
-        )
-        .await;
-    if probe.status == StatusCode::TOO_MANY_REQUESTS {
-        assert_eq!(probe.body["error"], "tool_busy", "{probe:?}");
-        return true;
-    }
-    assert_eq!(probe.body["error"]["code"], "NOT_FOUND", "{probe:?}");
-    false
+/// The relay's MIP slots in use and the calls waiting for one, as its `/metrics` says (the
+/// relay's own port in a split system).
+async fn mip_slots(system: &System) -> (u64, u64) {
+    let url = match system.relay_ws {
+        Some(relay) => format!("http://{relay}/metrics"),
+        None => system.url("/metrics"),
+    };
+    let page = system.http.get(url).send().await.unwrap();
+    let text = page.text().await.unwrap();
+    let value = |name: &str| {
+        text.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in /metrics"))
+    };
+    (
+        value("toolrelay_mip_slots_busy"),
+        value("toolrelay_mip_waiting"),
+    )
 }
 
-/// Waits (with a deadline) until [`slots_taken`] says `taken`.
-async fn until_slots_taken(system: &System, code: &str, taken: bool) {
+/// Waits (with a deadline) until the relay's MIP slots and waiting calls are `wanted`.
+async fn until_mip_slots(system: &System, wanted: (u64, u64)) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while slots_taken(system, code).await != taken {
+    loop {
+        let now = mip_slots(system).await;
+        if now == wanted {
+            return;
+        }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "the MIP slot never became {}",
-            if taken { "taken" } else { "free" }
+            "the MIP slots and waiting calls never became {wanted:?} (now {now:?})"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -613,10 +756,9 @@ async fn a_solve_whose_caller_left_keeps_its_slot_until_it_ends() {
     const LIMIT_SECONDS: f64 = 3.0;
     let mut config = RelayConfig::default();
     config.builtin.mip.max_concurrent = 1;
-    // The probes of the slot are calls in a session of their own: many in a few seconds.
-    config.limits.calls_per_code = std::num::NonZeroU32::new(100_000).unwrap();
+    // A call that finds the slot taken is refused at once rather than waiting for its turn.
+    config.builtin.mip.queue_wait = Duration::ZERO;
     let system = System::with(config, |_| {}).await;
-    let (probe_code, _) = system.create_session().await;
     let hard = ok(
         &system,
         "leaver",
@@ -624,7 +766,7 @@ async fn a_solve_whose_caller_left_keeps_its_slot_until_it_ends() {
         json!({"problemDefinitionCode": MARKET_SPLIT}),
     )
     .await;
-    assert!(!slots_taken(&system, &probe_code).await);
+    assert_eq!(mip_slots(&system).await, (0, 0));
 
     // The caller asks for the solve over gRPC and gives up (its stream is reset, and the
     // relay drops its handler) as soon as the relay has started the solve; HiGHS goes on for
@@ -646,7 +788,7 @@ async fn a_solve_whose_caller_left_keeps_its_slot_until_it_ends() {
         scope: Some(pb::call_tool_request::Scope::CallerScope("leaver".into())),
     };
     let caller = tokio::spawn(async move { client.call_tool(solve).await });
-    until_slots_taken(&system, &probe_code, true).await;
+    until_mip_slots(&system, (1, 0)).await;
     caller.abort();
     assert!(caller.await.unwrap_err().is_cancelled());
 
@@ -667,7 +809,7 @@ async fn a_solve_whose_caller_left_keeps_its_slot_until_it_ends() {
             "the abandoned solve still holds the only slot: {meanwhile:?}"
         );
     }
-    until_slots_taken(&system, &probe_code, false).await;
+    until_mip_slots(&system, (0, 0)).await;
     let held = sent.elapsed().as_secs_f64();
     assert!(
         held >= at_least,

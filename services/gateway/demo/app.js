@@ -31,7 +31,7 @@ const relay = connect({
     { name: 'addItem', description: 'Adds an item to the list; returns it with its id.',
       inputSchema: { type: 'object', properties: { text: { type: 'string', minLength: 1 } }, required: ['text'] },
       execute: ({ text }) => add(text, 'assistant') },
-    { name: 'listItems', description: 'The items on the list, oldest first.',
+    { name: 'listItems', description: 'The items on the list, oldest first.', readOnly: true,
       inputSchema: { type: 'object', properties: {} },
       execute: () => items },
     { name: 'removeItem', description: 'Removes the item with this id.', destructive: true,

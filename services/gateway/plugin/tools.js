@@ -1,6 +1,11 @@
 // The CODAP tool set: each function is a JSON Schema for the LLM and a handler that turns the
 // arguments into CODAP Data Interactive API requests. Results are CODAP's own values (ids
 // included); a request CODAP refuses becomes a failure with CODAP's message.
+//
+// Every function says whether it only reads (`readOnly`: true, false, or a function of the
+// arguments): the "ask me before changing data" switch holds every call that is not read-only
+// (creates, selections and layout changes included). `destructive` marks what changes or
+// deletes what is there; creates are not destructive.
 
 import { ToolError } from '../sdk/dispatcher.js';
 
@@ -70,18 +75,21 @@ export function codapTools(codap) {
       functions: [
         {
           name: 'listDataContexts',
+          readOnly: true,
           description: 'Lists the data sets in the document: [{name, title, id}].',
           parameters: object({}),
           run: () => ask('get', 'dataContextList'),
         },
         {
           name: 'getDataContext',
+          readOnly: true,
           description: 'Describes a data set: its collections (levels) and their attributes (columns), with formulas.',
           parameters: object({ dataContext: DATA_CONTEXT }, ['dataContext']),
           run: ({ dataContext }) => ask('get', dc(dataContext)),
         },
         {
           name: 'createDataContext',
+          readOnly: false,
           description:
             'Creates a data set with its collections and attributes. Most data sets need ONE collection, e.g. ' +
             '{"name": "People", "collections": [{"name": "People", "attributes": [{"name": "name"}, {"name": "age", "type": "numeric"}]}]}. ' +
@@ -117,6 +125,7 @@ export function codapTools(codap) {
         },
         {
           name: 'deleteDataContext',
+          readOnly: false,
           description: 'Deletes a data set with all its data, tables and graphs of it. Cannot be undone by you.',
           parameters: object({ dataContext: DATA_CONTEXT }, ['dataContext']),
           destructive: true,
@@ -130,6 +139,7 @@ export function codapTools(codap) {
       functions: [
         {
           name: 'createCollection',
+          readOnly: false,
           description: 'Adds a collection (level) to a data set. With "parent" it becomes a child level of that collection.',
           parameters: object(
             {
@@ -146,6 +156,7 @@ export function codapTools(codap) {
         },
         {
           name: 'deleteCollection',
+          readOnly: false,
           description: 'Deletes a collection and its attributes.',
           parameters: object({ dataContext: DATA_CONTEXT, collection: COLLECTION }, ['dataContext', 'collection']),
           destructive: true,
@@ -159,6 +170,7 @@ export function codapTools(codap) {
       functions: [
         {
           name: 'createAttributes',
+          readOnly: false,
           description: `Adds attributes (columns) to a collection; give "formula" for a computed one. ${FORMULA_HELP}`,
           parameters: object(
             { dataContext: DATA_CONTEXT, collection: COLLECTION, attributes: { type: 'array', minItems: 1, items: ATTRIBUTE } },
@@ -169,6 +181,7 @@ export function codapTools(codap) {
         },
         {
           name: 'updateAttribute',
+          readOnly: false,
           description: 'Changes an attribute: rename it, set or change its formula, type, unit or precision.',
           parameters: object(
             {
@@ -190,6 +203,7 @@ export function codapTools(codap) {
         },
         {
           name: 'deleteAttribute',
+          readOnly: false,
           description: 'Deletes an attribute (column) and its values.',
           parameters: object(
             { dataContext: DATA_CONTEXT, collection: COLLECTION, attribute: { type: 'string', minLength: 1 } },
@@ -208,6 +222,7 @@ export function codapTools(codap) {
       functions: [
         {
           name: 'createItems',
+          readOnly: false,
           description: 'Adds rows. Each item gives values by attribute name across all collections, e.g. [{"name": "Ada", "age": 36}]. Returns the new ids.',
           parameters: object({ dataContext: DATA_CONTEXT, items: { type: 'array', minItems: 1, items: ROW } }, ['dataContext', 'items']),
           destructive: false,
@@ -215,6 +230,7 @@ export function codapTools(codap) {
         },
         {
           name: 'getItems',
+          readOnly: true,
           description: 'Reads rows: [{id, values}], formula values included.',
           parameters: object(
             { dataContext: DATA_CONTEXT, search: SEARCH, limit: { type: 'integer', minimum: 1, description: 'At most this many rows.' } },
@@ -227,6 +243,7 @@ export function codapTools(codap) {
         },
         {
           name: 'updateItems',
+          readOnly: false,
           description: 'Changes values of rows by item id: [{"id": 12, "values": {"age": 37}}].',
           parameters: object(
             {
@@ -240,6 +257,7 @@ export function codapTools(codap) {
         },
         {
           name: 'deleteItems',
+          readOnly: false,
           description: 'Deletes rows, by item ids or by a search condition.',
           parameters: {
             ...object({ dataContext: DATA_CONTEXT, itemIds: IDS, search: SEARCH }, ['dataContext']),
@@ -254,6 +272,7 @@ export function codapTools(codap) {
         },
         {
           name: 'countItems',
+          readOnly: true,
           description: 'Counts the rows of a data set.',
           parameters: object({ dataContext: DATA_CONTEXT }, ['dataContext']),
           run: ({ dataContext }) => ask('get', `${dc(dataContext)}.itemCount`),
@@ -266,6 +285,7 @@ export function codapTools(codap) {
       functions: [
         {
           name: 'getCases',
+          readOnly: true,
           description: 'Reads the cases of a collection: [{id, parent, values, children}], formula values included.',
           parameters: object(
             {
@@ -285,12 +305,14 @@ export function codapTools(codap) {
         },
         {
           name: 'countCases',
+          readOnly: true,
           description: 'Counts the cases of a collection.',
           parameters: object({ dataContext: DATA_CONTEXT, collection: COLLECTION }, ['dataContext', 'collection']),
           run: ({ dataContext, collection }) => ask('get', `${dc(dataContext)}.collection[${collection}].caseCount`),
         },
         {
           name: 'updateCases',
+          readOnly: false,
           description: 'Changes values of cases by case id: [{"id": 40, "values": {"age": 37}}].',
           parameters: object(
             {
@@ -305,6 +327,7 @@ export function codapTools(codap) {
         },
         {
           name: 'deleteCases',
+          readOnly: false,
           description: 'Deletes cases (and, for a parent case, its children) by case id.',
           parameters: object({ dataContext: DATA_CONTEXT, collection: COLLECTION, caseIds: IDS }, ['dataContext', 'collection', 'caseIds']),
           destructive: true,
@@ -321,12 +344,14 @@ export function codapTools(codap) {
       functions: [
         {
           name: 'selectCases',
+          readOnly: false,
           description: 'Selects cases by id (replacing the selection, or adding to it with extend).',
           parameters: object({ dataContext: DATA_CONTEXT, caseIds: { type: 'array', items: { type: 'integer' } }, extend: { type: 'boolean' } }, ['dataContext', 'caseIds']),
           run: ({ dataContext, caseIds, extend }) => ask(extend ? 'update' : 'create', `${dc(dataContext)}.selectionList`, caseIds),
         },
         {
           name: 'getSelection',
+          readOnly: true,
           description: 'The selected cases: [{collectionName, collectionID, caseID}].',
           parameters: object({ dataContext: DATA_CONTEXT }, ['dataContext']),
           run: ({ dataContext }) => ask('get', `${dc(dataContext)}.selectionList`),
@@ -339,12 +364,14 @@ export function codapTools(codap) {
       functions: [
         {
           name: 'createCaseTable',
+          readOnly: false,
           description: 'Shows a data set as a case table.',
           parameters: object({ dataContext: DATA_CONTEXT, title: { type: 'string' } }, ['dataContext']),
           run: ({ dataContext, title }) => ask('create', 'component', { type: 'caseTable', dataContext, title }),
         },
         {
           name: 'createGraph',
+          readOnly: false,
           description: 'Makes a graph of a data set with its axes set, e.g. {"dataContext": "People", "xAttribute": "age", "yAttribute": "height"}. Returns its id.',
           parameters: object(
             {
@@ -368,12 +395,14 @@ export function codapTools(codap) {
         },
         {
           name: 'createMap',
+          readOnly: false,
           description: 'Shows a data set with latitude/longitude (or boundary) attributes on a map.',
           parameters: object({ dataContext: DATA_CONTEXT, title: { type: 'string' } }, ['dataContext']),
           run: ({ dataContext, title }) => ask('create', 'component', { type: 'map', dataContext, title }),
         },
         {
           name: 'createSlider',
+          readOnly: false,
           description: 'Adds a slider: a named global value usable in formulas (e.g. "height * scale").',
           parameters: object(
             {
@@ -390,27 +419,32 @@ export function codapTools(codap) {
         },
         {
           name: 'createText',
+          readOnly: false,
           description: 'Adds a text box, e.g. to explain a graph.',
           parameters: object({ text: { type: 'string' }, title: { type: 'string' } }, ['text']),
           run: ({ text, title }) => ask('create', 'component', { type: 'text', text, title }),
         },
         {
           name: 'listComponents',
+          readOnly: true,
           description: 'Lists the components of the document: [{id, name, title, type}].',
           parameters: object({}),
           run: () => ask('get', 'componentList'),
         },
         {
           name: 'updateComponent',
+          readOnly: false,
           description: 'Changes a component (by id or name), e.g. {"title": "Height by age"} or a graph\'s {"xAttributeName": "weight"}.',
           parameters: object(
             { component: { type: ['integer', 'string'] }, changes: { type: 'object', additionalProperties: true } },
             ['component', 'changes'],
           ),
+          destructive: true,
           run: ({ component, changes }) => ask('update', `component[${component}]`, changes),
         },
         {
           name: 'deleteComponent',
+          readOnly: false,
           description: 'Removes a component (by id or name) from the document; its data stays.',
           parameters: object({ component: { type: ['integer', 'string'] } }, ['component']),
           destructive: true,
@@ -424,12 +458,14 @@ export function codapTools(codap) {
       functions: [
         {
           name: 'getGraphImage',
+          readOnly: true,
           description: 'A PNG image of a graph (by id or name) as a data: URI.',
           parameters: object({ graph: { type: ['integer', 'string'] } }, ['graph']),
           run: ({ graph }) => ask('get', `dataDisplay[${graph}]`),
         },
         {
           name: 'evaluateFormula',
+          readOnly: true,
           description: `Evaluates a formula for some records without changing the document. ${FORMULA_HELP}`,
           parameters: object(
             { formula: { type: 'string', minLength: 1 }, records: { type: 'array', items: ROW, description: 'Values to evaluate with; default one empty record.' } },
@@ -446,6 +482,8 @@ export function codapTools(codap) {
       functions: [
         {
           name: 'codapRequest',
+          // Only `get` reads; create, update, delete and notify change the document.
+          readOnly: ({ action }) => action === 'get',
           description:
             'Sends one request of the CODAP Data Interactive Plugin API: {action: get|create|update|delete|notify, resource, values}, e.g. {"action": "get", "resource": "globalList"}. Use the specific tools when one fits.',
           parameters: object(

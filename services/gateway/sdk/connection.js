@@ -11,7 +11,7 @@
 //   call-finished  {requestId, name, args, success, result?, error?}
 //   expiry         {expiresAt}
 
-import { Dispatcher, ToolError } from './dispatcher.js';
+import { Dispatcher, ToolError, heldForConfirmation } from './dispatcher.js';
 import { Sessions } from './session.js';
 import { Transport } from './transport.js';
 
@@ -41,7 +41,8 @@ export class Connection extends EventTarget {
    * @param {string} [options.group]  the group flat tools join (default `page`)
    * @param {string} [options.storageKey]  localStorage prefix for the session (default per path)
    * @param {boolean} [options.resume]  reconnect to this page's session after a reload (default true)
-   * @param {(call: object) => Promise<boolean>} [options.confirm]  asked before a destructive call
+   * @param {(call: object) => Promise<boolean>} [options.confirm]  asked before a call of a
+   *   function not marked read-only
    */
   constructor(options = {}) {
     super();
@@ -214,8 +215,7 @@ export class Connection extends EventTarget {
     let answer;
     try {
       const fn = this.dispatcher.find(toolId, functionName);
-      const destructive = typeof fn?.destructive === 'function' ? fn.destructive(args ?? {}) : fn?.destructive;
-      if (destructive && this.confirm && !(await this.confirm(call))) {
+      if (fn && this.confirm && heldForConfirmation(fn, args) && !(await this.confirm(call))) {
         throw new ToolError('declined_by_user', 'The user declined this change. Ask them before trying again.');
       }
       const result = await this.dispatcher.call(toolId, functionName, args);

@@ -61,6 +61,16 @@ function check(schema, value, path, problems) {
   }
 }
 
+/**
+ * Whether a call of `fn` with `args` waits for the person when they asked to be asked before
+ * changes: every call but those of a function marked read-only (`readOnly: true`, or a
+ * function of the arguments saying so for these). Unmarked functions count as changing data.
+ */
+export function heldForConfirmation(fn, args = {}) {
+  const readOnly = typeof fn?.readOnly === 'function' ? fn.readOnly(args ?? {}) : fn?.readOnly;
+  return readOnly !== true;
+}
+
 /** A tool failure with a stable code, passed to the LLM as {code, message}. */
 export class ToolError extends Error {
   constructor(code, message) {
@@ -71,7 +81,7 @@ export class ToolError extends Error {
 
 export class Dispatcher {
   constructor() {
-    /** toolId → {description, functions: {name → {description, parameters, destructive, run}}} */
+    /** toolId → {description, functions: {name → {description, parameters, readOnly, destructive, run}}} */
     this.tools = {};
   }
 
@@ -160,6 +170,7 @@ function normalised(fn) {
     description: fn.description ?? '',
     parameters: fn.parameters ?? fn.inputSchema ?? { type: 'object', properties: {} },
     // WebMCP tools say it with MCP's annotations.
+    readOnly: fn.readOnly ?? fn.annotations?.readOnlyHint === true,
     destructive: fn.destructive ?? fn.annotations?.destructiveHint === true,
     run: (args) => run.call(fn, args),
   };

@@ -1,6 +1,7 @@
 // <toolrelay-pairing>: what a person needs to pair a page with an assistant — the code, how to
 // connect each kind of assistant, copy buttons, the countdown, a status dot, the activity
-// list, End session and the "ask me before changes" switch (for tools flagged `destructive`).
+// list, End session and the "ask me before changes" switch (it holds every call of a tool not
+// marked `readOnly`).
 // Set its `connection` property to a Connection (connect() from toolrelay.js).
 //
 // It renders into its own children (no shadow DOM), so the page's tests and styles reach it;
@@ -257,7 +258,7 @@ export class ToolrelayPairing extends HTMLElement {
       connection.addEventListener(name, wrapped);
       this.listeners.push([name, wrapped]);
     };
-    // The switch decides about destructive calls (see Connection.run).
+    // The switch decides about every call but read-only ones (see Connection.run).
     this.confirmHook = (call) => this.ask(call);
     connection.confirm = this.confirmHook;
     this.publicBase = connection.base;

@@ -752,16 +752,11 @@ impl RelayMcp {
         arguments: Value,
         context: &RequestContext<RoleServer>,
     ) -> CallToolResult {
-        if let Err(limited) = self
-            .state
-            .limits
-            .tool_call(caller_of(context).address)
-            .await
-        {
+        let caller = caller_of(context);
+        if let Err(limited) = self.state.limits.tool_call(caller.address).await {
             return failure(limited.code.as_str(), &limited.message);
         }
         let scope = mcp_session_of(context).map_or(Scope::None, Scope::Mcp);
-        let caller = caller_of(context);
         match self
             .state
             .relay

@@ -115,7 +115,8 @@ pub trait RelayApi: Send + Sync + 'static {
     /// The built-in tools.
     async fn tools(&self, caller: &Caller) -> Outcome<Vec<ToolInfo>>;
     /// Runs a built-in tool outside any session: the tool's result or failure, once the call
-    /// is let in (a refused call, or a relay that cannot be reached, is the outer error).
+    /// is let in (a refused call, or a relay that cannot be reached, is the outer error). The MIP tools share
+    /// their slots fairly by `caller`'s address.
     async fn call_tool(
         &self,
         caller: &Caller,
@@ -305,7 +306,7 @@ impl RelayApi for Relay {
         scope: Scope,
     ) -> Outcome<Result<Value, ToolFailure>> {
         self.limits().admit_tool_call(caller).await?;
-        Ok(Relay::call_tool(self, name, args, scope).await)
+        Ok(Relay::call_tool(self, name, args, scope, caller.address).await)
     }
 }
 

@@ -37,6 +37,8 @@ pub const ENV_MIP_PYTHON: &str = "MIP_PYTHON";
 pub const ENV_REMIP_URL: &str = "REMIP_URL";
 /// `MIP_MAX_CONCURRENT`: sandbox runs and solves at once.
 pub const ENV_MIP_MAX_CONCURRENT: &str = "MIP_MAX_CONCURRENT";
+/// `MIP_QUEUE_WAIT_SECONDS`: how long a MIP call waits for its turn when every slot is taken.
+pub const ENV_MIP_QUEUE_WAIT: &str = "MIP_QUEUE_WAIT_SECONDS";
 /// `LOG_FORMAT`: `text` (default) or `json`.
 pub const ENV_LOG_FORMAT: &str = "LOG_FORMAT";
 /// `RATE_LIMIT_REQUEST_PER_CODE`: calls one address may make to one session per minute.
@@ -277,6 +279,9 @@ pub struct RelayArgs {
     /// Sandbox runs and solves at once.
     #[arg(long, env = ENV_MIP_MAX_CONCURRENT, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=64))]
     pub mip_max_concurrent: u64,
+    /// Seconds a MIP call waits for its turn when every slot is taken (then 429 BUSY).
+    #[arg(long, env = ENV_MIP_QUEUE_WAIT, default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=600))]
+    pub mip_queue_wait_seconds: u64,
     /// Calls one client address may make to one session per minute.
     #[arg(long, env = ENV_RATE_LIMIT_REQUEST, default_value_t = RateLimits::default().calls_per_code)]
     pub rate_limit_request_per_code: NonZeroU32,
@@ -435,6 +440,7 @@ impl RelayArgs {
                     },
                     remip_url: self.remip_url.clone(),
                     max_concurrent: usize::try_from(self.mip_max_concurrent).unwrap_or(2),
+                    queue_wait: Duration::from_secs(self.mip_queue_wait_seconds),
                 },
             },
             store: service.store_config(),

@@ -80,6 +80,8 @@ struct Inner {
     store_up: Gauge,
     mip_runs: [[Counter; MipOutcome::ALL.len()]; MipTool::ALL.len()],
     mip_durations: [Histogram; MipTool::ALL.len()],
+    mip_slots_busy: Gauge,
+    mip_waiting: Gauge,
     answer_bytes: Gauge,
     answer_budget: Gauge,
     draining: Gauge,
@@ -235,6 +237,18 @@ impl Metrics {
             "How long runs of the MIP tools took, by tool",
             mip_duration_family,
         );
+        let mip_slots_busy = Gauge::default();
+        registry.register(
+            "toolrelay_mip_slots_busy",
+            "MIP slots of this process in use (at most MIP_MAX_CONCURRENT)",
+            mip_slots_busy.clone(),
+        );
+        let mip_waiting = Gauge::default();
+        registry.register(
+            "toolrelay_mip_waiting",
+            "MIP calls waiting for a slot (each for at most MIP_QUEUE_WAIT_SECONDS)",
+            mip_waiting.clone(),
+        );
 
         let answer_bytes = Gauge::default();
         registry.register(
@@ -294,6 +308,8 @@ impl Metrics {
                 store_up,
                 mip_runs,
                 mip_durations,
+                mip_slots_busy,
+                mip_waiting,
                 answer_bytes,
                 answer_budget,
                 draining,
@@ -414,7 +430,13 @@ impl Metrics {
         self.inner.mip_durations[tool as usize].observe(elapsed.as_secs_f64());
     }
 
-    /// A call of a MIP tool was refused before it was queued: as much runs as may.
+    /// `busy` MIP slots are in use and `waiting` calls wait for one.
+    pub fn mip_slots(&self, busy: usize, waiting: usize) {
+        self.inner.mip_slots_busy.set(gauge(busy));
+        self.inner.mip_waiting.set(gauge(waiting));
+    }
+
+    /// A call of a MIP tool was refused before it was queued: its scope runs one already.
     pub fn mip_refused(&self, tool: MipTool) {
         self.inner.mip_runs[tool as usize][MipOutcome::Busy as usize].inc();
     }

@@ -4,6 +4,7 @@
 //! Each operation takes the session code as the caller typed it, normalises it, and returns a
 //! [`RelayError`] whose message tells the caller what to do next.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -153,7 +154,7 @@ impl Relay {
     /// store should count what it expires there too). `config` must be valid
     /// ([`RelayConfig::validate`]).
     pub fn new(store: Arc<dyn Store>, config: RelayConfig, clock: Clock, metrics: Metrics) -> Self {
-        let tools = Registry::standard(&config.builtin);
+        let tools = Registry::standard(&config.builtin, &metrics);
         Self::with_tools(store, config, clock, tools, metrics)
     }
 
@@ -453,12 +454,14 @@ impl Relay {
         self.inner.tools.list()
     }
 
-    /// Runs a built-in tool outside any session, for `scope` (stateful tools need one).
+    /// Runs a built-in tool outside any session, for `scope` (stateful tools need one), for
+    /// the client at `client` (the MIP tools share their slots fairly by it).
     pub async fn call_tool(
         &self,
         name: &str,
         args: Value,
         scope: Scope,
+        client: IpAddr,
     ) -> Result<Value, ToolFailure> {
         let limit = self.inner.config.max_json_depth;
         if toolrelay::json::depth(&args) > limit {
@@ -472,15 +475,17 @@ impl Relay {
                 error.to_string(),
             ));
         }
-        self.inner
-            .tools
-            .call(name, args, &self.tool_context(scope))
-            .await
+        let context = Context {
+            client: Some(client),
+            ..self.tool_context(scope)
+        };
+        self.inner.tools.call(name, args, &context).await
     }
 
     fn tool_context(&self, scope: Scope) -> Context {
         Context {
             scope,
+            client: None,
             tickets: Tickets::new(Arc::clone(&self.inner.store), self.inner.clock.clone()),
             metrics: self.inner.metrics.clone(),
         }
@@ -772,8 +777,10 @@ impl Relay {
         }
     }
 
-    /// A new call to a built-in tool that is saturated gets 429 now, rather than a queued
-    /// request that fails with BUSY (a repeated call returns its own state).
+    /// A new call to a built-in tool that would be refused (a MIP tool while the session runs
+    /// a model already) gets 429 now, rather than a queued request that fails with BUSY (a
+    /// repeated call returns its own state). A call that only has to wait for its turn is
+    /// queued.
     async fn check_builtin_ready(
         &self,
         code: &SessionCode,

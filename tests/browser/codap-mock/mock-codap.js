@@ -1519,10 +1519,10 @@
   }
 
   // ---------------------------------------------------------------------------
-  // Components: caseTable, graph, map, slider, text
+  // Components: caseTable, graph, map, slider, text, webView
   // ---------------------------------------------------------------------------
 
-  const COMPONENT_TYPES = ['caseTable', 'graph', 'map', 'slider', 'text'];
+  const COMPONENT_TYPES = ['caseTable', 'graph', 'map', 'slider', 'text', 'webView'];
   const GRAPH_ATTRS = ['xAttributeName', 'yAttributeName', 'y2AttributeName', 'legendAttributeName'];
 
   function findComponent(key) {

@@ -246,6 +246,45 @@ test('ask me before changing data, and ending the session', async () => {
   }
 });
 
+test('ask me holds every change, raw CODAP requests and layout changes included', async () => {
+  const context = await browser.newContext();
+  try {
+    const { page, plugin, code } = await openInCodap(context, host, relay);
+    const llm = new Llm(relay.base, code);
+    const text = await llm.ok('createText', { text: 'Notes' });
+    const components = () => page.evaluate(() => window.codap.model.components.map((c) => c.type));
+    await plugin.check('#confirm');
+
+    // A web view pointing anywhere waits for the person, and CODAP sees nothing of it.
+    const webView = { type: 'webView', name: 'elsewhere', URL: 'https://example.com/' };
+    const asked = llm.call('codapRequest', { action: 'create', resource: 'component', values: webView });
+    await until(plugin, () => !document.getElementById('held').hidden);
+    assert.match(await plugin.textContent('#held-text'), /codapRequest.*webView/);
+    assert.deepEqual(await components(), ['text'], 'nothing created while held');
+    // Reading goes on meanwhile, also through codapRequest.
+    assert.deepEqual(
+      (await llm.ok('codapRequest', { action: 'get', resource: 'componentList' })).map((c) => c.type),
+      ['text'],
+    );
+    await plugin.click('#deny');
+    const refusal = await asked;
+    assert.equal(refusal.success, false);
+    assert.equal(refusal.error.code, 'declined_by_user');
+    assert.deepEqual(await components(), ['text']);
+
+    // Changing a component's layout is held too.
+    const retitled = llm.call('updateComponent', { component: text.id, changes: { title: 'Changed' } });
+    await until(plugin, () => !document.getElementById('held').hidden);
+    assert.match(await plugin.textContent('#held-text'), /updateComponent/);
+    await plugin.click('#deny');
+    assert.equal((await retitled).error.code, 'declined_by_user');
+    const titles = await page.evaluate(() => window.codap.model.components.map((c) => c.title));
+    assert.notDeepEqual(titles, ['Changed']);
+  } finally {
+    await context.close();
+  }
+});
+
 test('outside CODAP the plugin says so and still pairs', async () => {
   const context = await browser.newContext({ bypassCSP: true });
   try {

@@ -100,7 +100,7 @@ test('the demo page: tools called over HTTP, MCP and gRPC run once each and show
     assert.match(missing.error.message, /There is no item 99/);
     await until(page, () => /There is no item 99/.test(document.querySelector('#activity li.failed .reason')?.textContent));
 
-    // Ask me before changes: a destructive tool waits for the person.
+    // Ask me before changes: a tool not marked read-only waits for the person.
     await page.check('#confirm');
     const removal = llm.call('removeItem', { id: 1 });
     await until(page, () => !document.getElementById('held').hidden);
@@ -117,6 +117,8 @@ test('the demo page: tools called over HTTP, MCP and gRPC run once each and show
         window.demo.relay.addTool({
           name: 'countItems',
           description: 'How many items the list has.',
+          // A read: the "ask me" switch, still on, lets it through.
+          readOnly: true,
           inputSchema: { type: 'object', properties: {} },
           execute: () => ({ count: window.demo.items.length }),
         }),

@@ -198,6 +198,9 @@ fn store_failure(error: crate::error::StoreError) -> ToolFailure {
 pub struct Context {
     /// Who the call is for.
     pub scope: Scope,
+    /// The address of the client that made the call, when it was made outside a session and
+    /// the relay knows it: what the MIP tools share their slots fairly by.
+    pub client: Option<std::net::IpAddr>,
     /// Where stateful tools keep what they return ids for.
     pub tickets: Tickets,
     /// Where tools count their runs.
@@ -318,13 +321,13 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// Every built-in tool.
-    pub fn standard(config: &BuiltinConfig) -> Self {
+    /// Every built-in tool, reporting to `metrics`.
+    pub fn standard(config: &BuiltinConfig, metrics: &crate::metrics::Metrics) -> Self {
         let mut tools: Vec<Arc<dyn Tool>> = vec![
             Arc::new(plantuml::EncodePlantUml::new(&config.plantuml_server)),
             Arc::new(plantuml::DecodePlantUml),
         ];
-        tools.extend(mip::tools(&config.mip));
+        tools.extend(mip::tools(&config.mip, metrics));
         Self::new(tools)
     }
 
@@ -447,7 +450,10 @@ mod tests {
 
     #[test]
     fn the_standard_tools_are_well_formed() {
-        let registry = Registry::standard(&BuiltinConfig::default());
+        let registry = Registry::standard(
+            &BuiltinConfig::default(),
+            &crate::metrics::Metrics::default(),
+        );
         for tool in registry.list() {
             assert!(is_valid_name(&tool.name), "{}", tool.name);
             assert_eq!(tool.input_schema["type"], "object", "{}", tool.name);
@@ -466,11 +472,15 @@ mod tests {
 
     #[tokio::test]
     async fn unknown_tools_and_bad_arguments_are_refused() {
-        let registry = Registry::standard(&BuiltinConfig::default());
+        let registry = Registry::standard(
+            &BuiltinConfig::default(),
+            &crate::metrics::Metrics::default(),
+        );
         let clock = Clock::new();
         let store = crate::store::memory::MemoryStore::new(clock.clone(), Duration::from_secs(60));
         let context = Context {
             scope: Scope::None,
+            client: None,
             tickets: Tickets::new(store, clock),
             metrics: crate::metrics::Metrics::default(),
         };

@@ -10,13 +10,14 @@
 //!
 //! Ids are kept for an hour in the relay's store, namespaced by scope (the session, the MCP
 //! session, or a `scope` the caller names). Sandbox runs and solves are limited in number at
-//! once, and to one at a time per caller.
+//! once, shared fairly between clients ([`turns`]), and to one at a time per scope.
 
 pub mod highs;
 pub mod model;
 pub mod remip;
 pub mod sandbox;
 mod seccomp;
+pub mod turns;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -24,12 +25,13 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use self::model::{Model, Solution};
-use self::sandbox::{Sandbox, SandboxConfig, busy};
+use self::sandbox::{Sandbox, SandboxConfig};
+use self::turns::{Turn, Turns};
 use super::{Context, FailureKind, Scope, SharedLock, Tool, ToolFailure};
-use crate::metrics::{MipOutcome, MipTool};
+use crate::limits::{DEFAULT_IPV6_PREFIX, client_key};
+use crate::metrics::{Metrics, MipOutcome, MipTool};
 
 /// Settings of the MIP tools.
 #[derive(Debug, Clone)]
@@ -40,6 +42,8 @@ pub struct MipConfig {
     pub remip_url: Option<String>,
     /// Sandbox runs and solves at once (`MIP_MAX_CONCURRENT`).
     pub max_concurrent: usize,
+    /// How long a call waits for its turn when every slot is taken (`MIP_QUEUE_WAIT_SECONDS`).
+    pub queue_wait: Duration,
 }
 
 impl Default for MipConfig {
@@ -48,9 +52,13 @@ impl Default for MipConfig {
             sandbox: SandboxConfig::default(),
             remip_url: None,
             max_concurrent: 2,
+            queue_wait: DEFAULT_QUEUE_WAIT,
         }
     }
 }
+
+/// How long a call waits for its turn by default.
+pub const DEFAULT_QUEUE_WAIT: Duration = Duration::from_secs(10);
 
 /// Solve time when the caller gives none.
 const DEFAULT_TIME_LIMIT: f64 = 30.0;
@@ -66,8 +74,10 @@ const SCOPE_PROPERTY: &str = "Only outside a session: any string you choose that
 struct Mip {
     sandbox: Sandbox,
     remip: Option<(reqwest::Client, String)>,
-    slots: Arc<Semaphore>,
-    /// Scopes with a run or solve under way. A std mutex: taken for an insert or remove.
+    /// The slots of this replica, shared fairly between clients.
+    turns: Turns,
+    /// Scopes with a run or solve under way or waiting for its turn. A std mutex: taken for an
+    /// insert or remove.
     busy_scopes: Mutex<HashSet<String>>,
 }
 
@@ -75,7 +85,8 @@ struct Mip {
 struct Admission {
     mip: Arc<Mip>,
     scope: String,
-    _permit: OwnedSemaphorePermit,
+    /// The slot, given back (to the next waiter) when the admission ends.
+    turn: Option<Turn>,
     /// The scope's lock in the store, so that one run per scope holds across replicas.
     shared: Option<SharedLock>,
 }
@@ -85,6 +96,8 @@ impl Admission {
     /// the caller's next call (on any replica) finds it free. Dropping does the same, with the
     /// shared lock released in the background.
     async fn release(mut self) {
+        // The slot first: the next waiter need not wait for the store.
+        self.turn.take();
         if let Some(lock) = self.shared.take() {
             lock.release().await;
         }
@@ -107,27 +120,35 @@ fn scope_busy() -> ToolFailure {
     }
 }
 
+/// Whose turn a run takes ([`turns`]): the session for a call through a session, else the
+/// client's address (IPv6 by /64), else (a caller the relay does not know) the scope.
+fn turn_key(context: &Context, scope: &str) -> String {
+    match (&context.scope, context.client) {
+        (Scope::Session(_), _) | (_, None) => scope.to_owned(),
+        (_, Some(address)) => format!("client:{}", client_key(address, DEFAULT_IPV6_PREFIX)),
+    }
+}
+
 impl Mip {
     /// Admits one run for `scope`, or says to come back later (HTTP 429 with Retry-After):
-    /// a slot of this replica, and the scope's lock — here, then in the store, where every
-    /// replica looks.
+    /// the scope's lock here, a turn for one of this replica's slots (waiting for it up to
+    /// `MIP_QUEUE_WAIT_SECONDS`), then the scope's lock in the store, where every replica looks.
     async fn admit(
         self: &Arc<Self>,
         scope: &str,
         context: &Context,
     ) -> Result<Admission, ToolFailure> {
-        let permit = Arc::clone(&self.slots)
-            .try_acquire_owned()
-            .map_err(|_| busy())?;
         if !self.scopes().insert(scope.to_owned()) {
             return Err(scope_busy());
         }
+        // Made first, so that a failure below frees the scope.
         let mut admission = Admission {
             mip: Arc::clone(self),
             scope: scope.to_owned(),
-            _permit: permit,
+            turn: None,
             shared: None,
         };
+        admission.turn = Some(self.turns.take(&turn_key(context, scope)).await?);
         match context.tickets.lock(&format!("mip:{scope}")).await? {
             Some(lock) => admission.shared = Some(lock),
             None => return Err(scope_busy()),
@@ -135,11 +156,9 @@ impl Mip {
         Ok(admission)
     }
 
-    /// Whether [`Mip::admit`] would admit a run for the context's scope now.
+    /// Whether [`Mip::admit`] would take a run for the context's scope now (it may wait for
+    /// its turn): not while the scope has one under way here.
     fn ready(&self, context: &Context) -> Result<(), ToolFailure> {
-        if self.slots.available_permits() == 0 {
-            return Err(busy());
-        }
         match context.scope.key() {
             Some(scope) if self.scopes().contains(&scope) => Err(scope_busy()),
             _ => Ok(()),
@@ -173,15 +192,17 @@ impl Mip {
     }
 }
 
-/// The four MIP tools over one shared sandbox and solver.
-pub fn tools(config: &MipConfig) -> Vec<Arc<dyn Tool>> {
+/// The four MIP tools over one shared sandbox and solver, reporting their slots to `metrics`.
+pub fn tools(config: &MipConfig, metrics: &Metrics) -> Vec<Arc<dyn Tool>> {
+    let gauges = metrics.clone();
     let mip = Arc::new(Mip {
         sandbox: Sandbox::new(config.sandbox.clone()),
         remip: config
             .remip_url
             .as_ref()
             .map(|url| (reqwest::Client::new(), url.trim_end_matches('/').to_owned())),
-        slots: Arc::new(Semaphore::new(config.max_concurrent)),
+        turns: Turns::new(config.max_concurrent, config.queue_wait)
+            .reporting(move |busy, waiting| gauges.mip_slots(busy, waiting)),
         busy_scopes: Mutex::new(HashSet::new()),
     });
     vec![
