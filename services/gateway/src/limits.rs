@@ -15,7 +15,7 @@ use std::time::Duration;
 use poem::http::HeaderMap;
 use poem::web::RemoteAddr;
 use toolrelay_relay::clock::Clock;
-use toolrelay_relay::limits::is_within;
+use toolrelay_relay::limits::{client_key, is_within};
 use toolrelay_relay::metrics::RateLimit;
 use toolrelay_relay::store::{RateBudget, Store};
 use toolrelay_relay::{ErrorInfo, Metrics, RelayError};
@@ -52,7 +52,8 @@ impl Limiters {
         }
     }
 
-    /// Spends one unit of `ip`'s budget `what`: how long to wait when it is spent.
+    /// Spends one unit of `ip`'s budget `what` (keyed by [`client_key`]: an IPv6 client by
+    /// its prefix): how long to wait when it is spent.
     async fn spend(
         &self,
         what: &str,
@@ -61,7 +62,7 @@ impl Limiters {
     ) -> Result<Option<Duration>, ErrorInfo> {
         self.store
             .spend(
-                &format!("{what}:{ip}"),
+                &format!("{what}:{}", client_key(ip, self.budgets.ipv6_prefix)),
                 RateBudget::per_minute(budget),
                 self.clock.now(),
             )
@@ -128,6 +129,7 @@ mod tests {
         RateLimits {
             sessions_per_ip: n,
             tools_per_ip: n,
+            ipv6_prefix: toolrelay_relay::limits::DEFAULT_IPV6_PREFIX,
         }
     }
 

@@ -119,11 +119,35 @@ impl RelayRpc for RelayService {
 
     async fn get_session(&self, request: Request<pb::GetSessionRequest>) -> Reply<pb::SessionInfo> {
         let caller = self.caller(&request);
-        let status_of = self
-            .relay
-            .guarded(&caller, self.relay.session_status(&request.get_ref().code))
-            .await
-            .map_err(status)?;
+        let code = &request.get_ref().code;
+        // The session's provider (its token in `authorization`) is never refused by the guard;
+        // another bearer (an API key) asks as a consumer.
+        let provider = match bearer(request.metadata()) {
+            Some(token) => {
+                let proven = async {
+                    self.relay.authorized(code, Some(&token)).await?;
+                    self.relay.session_status(code).await
+                };
+                match self
+                    .relay
+                    .guarded_provider(&caller, Some(&token), proven)
+                    .await
+                {
+                    Err(RelayError::InvalidToken { .. } | RelayError::TokenRequired) => None,
+                    outcome => Some(outcome),
+                }
+            }
+            None => None,
+        };
+        let status_of = match provider {
+            Some(outcome) => outcome,
+            None => {
+                self.relay
+                    .guarded(&caller, self.relay.session_status(code))
+                    .await
+            }
+        }
+        .map_err(status)?;
         Ok(Response::new(session_info(status_of)))
     }
 
@@ -155,8 +179,9 @@ impl RelayRpc for RelayService {
         let caller = self.caller(&request);
         let token = bearer(request.metadata());
         self.relay
-            .guarded(
+            .guarded_provider(
                 &caller,
+                token.as_deref(),
                 self.relay
                     .end_session(&request.get_ref().code, token.as_deref()),
             )
@@ -324,8 +349,9 @@ impl RelayRpc for RelayService {
             downlink, uplink, ..
         } = self
             .relay
-            .guarded(
+            .guarded_provider(
                 &caller,
+                token.as_deref(),
                 self.relay.attach(&code, token.as_deref(), transport),
             )
             .await
@@ -364,8 +390,9 @@ impl RelayRpc for RelayService {
         let max = (request.max > 0).then(|| usize::try_from(request.max).unwrap_or(usize::MAX));
         let requests = self
             .relay
-            .guarded(
+            .guarded_provider(
                 &caller,
+                token.as_deref(),
                 self.relay.poll(&request.code, token.as_deref(), max),
             )
             .await
@@ -396,8 +423,9 @@ impl RelayRpc for RelayService {
             .ok_or_else(|| Status::invalid_argument("PostResponse needs a response"))?;
         let outcome = self
             .relay
-            .guarded(
+            .guarded_provider(
                 &caller,
+                token.as_deref(),
                 self.relay.post_response(
                     &request.code,
                     token.as_deref(),
@@ -465,8 +493,9 @@ impl RelayRpc for RelayService {
         let tools = registered_tools(&request.tools, &request.tools_json);
         let count = self
             .relay
-            .guarded(
+            .guarded_provider(
                 &caller,
+                token.as_deref(),
                 self.relay
                     .register_manifest(&request.code, token.as_deref(), &tools),
             )

@@ -81,6 +81,9 @@ pub struct RateLimits {
     pub lookups_per_ip: NonZeroU32,
     /// Calls per client address and session.
     pub calls_per_code: NonZeroU32,
+    /// Length of the IPv6 prefix one client is keyed by (`GUARD_IPV6_PREFIX`, see
+    /// [`client_key`]).
+    pub ipv6_prefix: u8,
 }
 
 impl Default for RateLimits {
@@ -88,6 +91,7 @@ impl Default for RateLimits {
         Self {
             lookups_per_ip: NonZeroU32::new(30).unwrap_or(NonZeroU32::MIN),
             calls_per_code: NonZeroU32::new(60).unwrap_or(NonZeroU32::MIN),
+            ipv6_prefix: DEFAULT_IPV6_PREFIX,
         }
     }
 }
@@ -127,14 +131,54 @@ impl Limits {
         caller: &Caller,
         operation: impl Future<Output = Result<T, RelayError>>,
     ) -> Result<T, RelayError> {
-        self.check(caller.address)?;
+        let client = self.key(caller);
+        self.check(client)?;
+        self.counted(client, operation.await).await
+    }
+
+    /// Runs a provider's operation, which proves the session's provider token when `token` is
+    /// given, under the guard. A tab presenting its token is never refused by the guard (the
+    /// token is a 128-bit secret: an address blocked for guessing codes still re-attaches its
+    /// own tab); to a blocked address, every failure before the token is proven (no such
+    /// session, a wrong token) is the rate-limit error, so it learns nothing. Without a token
+    /// this is [`Limits::guarded`].
+    pub async fn guarded_provider<T>(
+        &self,
+        caller: &Caller,
+        token: Option<&str>,
+        operation: impl Future<Output = Result<T, RelayError>>,
+    ) -> Result<T, RelayError> {
+        if token.is_none_or(str::is_empty) {
+            return self.guarded(caller, operation).await;
+        }
+        let client = self.key(caller);
         match operation.await {
+            Err(error) if is_unproven(&error) => {
+                self.check(client)?;
+                self.counted(client, Err(error)).await
+            }
+            proven => proven,
+        }
+    }
+
+    /// An unknown code or handle in `outcome` counts against `client`.
+    async fn counted<T>(
+        &self,
+        client: IpAddr,
+        outcome: Result<T, RelayError>,
+    ) -> Result<T, RelayError> {
+        match outcome {
             Err(error @ (RelayError::SessionNotFound { .. } | RelayError::UnknownHandle)) => {
-                self.miss(caller.address).await?;
+                self.miss(client).await?;
                 Err(error)
             }
             other => other,
         }
+    }
+
+    /// The key `caller`'s budgets are counted under (see [`client_key`]).
+    fn key(&self, caller: &Caller) -> IpAddr {
+        client_key(caller.address, self.budgets.ipv6_prefix)
     }
 
     /// What a call by `caller` to session `code` (spelt as the caller spelt it) costs. The
@@ -144,7 +188,7 @@ impl Limits {
         let code = SessionCode::parse(code)
             .map_or_else(|_| code.to_owned(), |code| code.as_str().to_owned());
         RateCharge {
-            key: format!("calls:{}:{{{code}}}", caller.address),
+            key: format!("calls:{}:{{{code}}}", self.key(caller)),
             budget: RateBudget::per_minute(self.budgets.calls_per_code),
         }
     }
@@ -209,6 +253,19 @@ impl Limits {
         self.metrics.rate_limited(RateLimit::Lookups);
         Err(lookup_limited(wait))
     }
+}
+
+/// Whether a provider operation failed before its token was proven: the session is unknown,
+/// or the token missing or wrong.
+fn is_unproven(error: &RelayError) -> bool {
+    matches!(
+        error,
+        RelayError::SessionNotFound { .. }
+            | RelayError::UnknownHandle
+            | RelayError::InvalidCode
+            | RelayError::TokenRequired
+            | RelayError::InvalidToken { .. }
+    )
 }
 
 fn lookup_limited(wait: Duration) -> RelayError {
@@ -306,6 +363,7 @@ mod tests {
             RateLimits {
                 lookups_per_ip: n,
                 calls_per_code: n,
+                ipv6_prefix: DEFAULT_IPV6_PREFIX,
             },
             crate::store::memory::MemoryStore::new(clock.clone(), Duration::from_secs(60)),
             clock,

@@ -193,6 +193,23 @@ impl RelayApi for RemoteRelay {
         session_status(info).ok_or_else(|| unavailable("the relay sent a malformed code"))
     }
 
+    async fn provider_session_status(
+        &self,
+        caller: &Caller,
+        code: &str,
+        token: &str,
+    ) -> Outcome<SessionStatus> {
+        let message = pb::GetSessionRequest { code: code.into() };
+        let info = self
+            .rpc(
+                Retry::Safe,
+                || request(message.clone(), caller, Some(token)),
+                |mut client, request| async move { client.get_session(request).await },
+            )
+            .await?;
+        session_status(info).ok_or_else(|| unavailable("the relay sent a malformed code"))
+    }
+
     async fn resolve_handle(&self, caller: &Caller, handle: &str) -> Outcome<String> {
         let message = pb::ResolveHandleRequest {
             handle: handle.into(),
