@@ -320,3 +320,38 @@ async fn a_tab_checks_its_own_session_with_its_token_instead_of_a_key() {
     );
     system.stop().await;
 }
+
+#[tokio::test]
+async fn a_tab_checks_its_own_session_with_its_token_through_a_split_gateway() {
+    let system =
+        System::split_with(&[("RATE_LIMIT_LOOKUP_PER_IP", "1")], &[("API_KEYS", KEY)]).await;
+    let (code, token) = system.create_session().await;
+    let path = format!("/api/sessions/{code}");
+    let own = with_key(&system, Method::GET, &path, Some(&token), None).await;
+    assert_eq!(own.status, StatusCode::OK, "{own:?}");
+    let wrong = with_key(
+        &system,
+        Method::GET,
+        &path,
+        Some("not-a-key-or-a-token"),
+        None,
+    )
+    .await;
+    assert_eq!(wrong.status, StatusCode::UNAUTHORIZED, "{wrong:?}");
+    // Blocked for guessing, the address still checks its own session with its token.
+    for n in ["ZZZZAAAA", "ZZZZBBBB"] {
+        with_key(
+            &system,
+            Method::GET,
+            &format!("/api/sessions/{n}"),
+            Some(KEY),
+            None,
+        )
+        .await;
+    }
+    let blocked = with_key(&system, Method::GET, &path, Some(KEY), None).await;
+    assert_eq!(blocked.status, StatusCode::TOO_MANY_REQUESTS, "{blocked:?}");
+    let own = with_key(&system, Method::GET, &path, Some(&token), None).await;
+    assert_eq!(own.status, StatusCode::OK, "{own:?}");
+    system.stop().await;
+}

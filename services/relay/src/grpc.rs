@@ -33,6 +33,9 @@ use crate::store::Transport;
 pub const SESSION_CODE_METADATA: &str = "x-session-code";
 /// Metadata entry naming the transport a `Connect` stands for (`grpc` by default).
 pub const TRANSPORT_METADATA: &str = "x-provider-transport";
+/// Metadata entry with the provider token on `GetSession`, when the session's own provider
+/// asks (`authorization` carries an API key there): the guard never refuses it.
+pub const PROVIDER_TOKEN_METADATA: &str = "x-provider-token";
 /// Trailer with the stable snake_case error name.
 pub const ERROR_METADATA: &str = "x-error";
 /// Trailer with the seconds after which a retry makes sense.
@@ -120,27 +123,17 @@ impl RelayRpc for RelayService {
     async fn get_session(&self, request: Request<pb::GetSessionRequest>) -> Reply<pb::SessionInfo> {
         let caller = self.caller(&request);
         let code = &request.get_ref().code;
-        // The session's provider (its token in `authorization`) is never refused by the guard;
-        // another bearer (an API key) asks as a consumer.
-        let provider = match bearer(request.metadata()) {
+        // The session's own provider, with its token, is never refused by the guard.
+        let status_of = match metadata_str(request.metadata(), PROVIDER_TOKEN_METADATA) {
             Some(token) => {
                 let proven = async {
                     self.relay.authorized(code, Some(&token)).await?;
                     self.relay.session_status(code).await
                 };
-                match self
-                    .relay
+                self.relay
                     .guarded_provider(&caller, Some(&token), proven)
                     .await
-                {
-                    Err(RelayError::InvalidToken { .. } | RelayError::TokenRequired) => None,
-                    outcome => Some(outcome),
-                }
             }
-            None => None,
-        };
-        let status_of = match provider {
-            Some(outcome) => outcome,
             None => {
                 self.relay
                     .guarded(&caller, self.relay.session_status(code))

@@ -36,7 +36,8 @@ use crate::drain::Drain;
 use crate::error::RelayError;
 use crate::error::{ErrorCode, ErrorInfo};
 use crate::grpc::{
-    ERROR_METADATA, RETRY_AFTER_METADATA, SESSION_CODE_METADATA, TRANSPORT_METADATA,
+    ERROR_METADATA, PROVIDER_TOKEN_METADATA, RETRY_AFTER_METADATA, SESSION_CODE_METADATA,
+    TRANSPORT_METADATA,
 };
 use crate::limits::{CLIENT_ADDRESS_METADATA, CORRELATION_ID_METADATA, Caller};
 use crate::pool::{RelayPool, Retry};
@@ -203,7 +204,15 @@ impl RelayApi for RemoteRelay {
         let info = self
             .rpc(
                 Retry::Safe,
-                || request(message.clone(), caller, Some(token)),
+                || {
+                    let mut request = request(message.clone(), caller, None);
+                    if let Ok(token) = MetadataValue::try_from(token) {
+                        request
+                            .metadata_mut()
+                            .insert(PROVIDER_TOKEN_METADATA, token);
+                    }
+                    request
+                },
                 |mut client, request| async move { client.get_session(request).await },
             )
             .await?;
