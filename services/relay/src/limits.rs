@@ -406,6 +406,41 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_provider_with_its_token_is_never_refused_and_a_wrong_token_learns_nothing() {
+        let limits = limits(1);
+        let tab = caller("2001:db8::5");
+        let not_found = || async {
+            Err::<(), _>(RelayError::SessionNotFound {
+                code: "ABCD-EFGH".into(),
+            })
+        };
+        // A wrong token on an unknown code counts like any guess.
+        let miss = limits.guarded_provider(&tab, Some("t"), not_found()).await;
+        assert_eq!(miss.unwrap_err().name(), "session_not_found");
+        let over = limits.guarded_provider(&tab, Some("t"), not_found()).await;
+        assert_eq!(over.unwrap_err().name(), "rate_limited");
+        // Blocked (its whole /64): the proven token is served, anything unproven refused alike.
+        let other = caller("2001:db8::6");
+        assert!(
+            limits
+                .guarded_provider(&other, Some("t"), async { Ok(()) })
+                .await
+                .is_ok()
+        );
+        let wrong = async {
+            Err::<(), _>(RelayError::InvalidToken {
+                code: "ABCD-EFGH".into(),
+            })
+        };
+        let refused = limits.guarded_provider(&other, Some("t"), wrong).await;
+        assert_eq!(refused.unwrap_err().name(), "rate_limited");
+        let without = limits
+            .guarded_provider(&other, None, async { Ok(()) })
+            .await;
+        assert_eq!(without.unwrap_err().name(), "rate_limited");
+    }
+
+    #[tokio::test]
     async fn calls_are_counted_per_session_whatever_the_spelling() {
         let limits = limits(2);
         let who = caller("192.0.2.5");
