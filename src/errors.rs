@@ -125,6 +125,12 @@ error_codes! {
     /// The server failed (HTTP 500 where the gateway answers it itself; over gRPC, an error
     /// a newer relay named in a way this build does not know).
     InternalError = "internal_error", Unavailable;
+    /// A browser was made to send a request it should not have (a cross-site subresource, or
+    /// a page on an origin the route does not allow, without the provider token): refused
+    /// before any look-up (the Fetch Metadata policy).
+    CrossSiteRequest = "cross_site_request", Forbidden;
+    /// The request's `Host` is not a name the relay answers to (DNS rebinding): HTTP 421.
+    HostNotAllowed = "host_not_allowed", BadRequest;
 }
 
 impl ErrorCode {

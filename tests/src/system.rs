@@ -81,6 +81,29 @@ impl System {
     /// This relay and a gateway in front of it, in this process.
     pub async fn serving(relay: Relay, adjust: impl FnOnce(&mut GatewayConfig)) -> Self {
         let public = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::serving_on(relay, public, adjust).await
+    }
+
+    /// Relay and gateway in this process, the gateway on `public` (an IPv6 or dual-stack
+    /// listener, say).
+    pub async fn listening(
+        relay: RelayConfig,
+        public: TcpListener,
+        adjust: impl FnOnce(&mut GatewayConfig),
+    ) -> Self {
+        relay.validate().unwrap();
+        let (relay, redis) = crate::test_relay(relay).await;
+        let mut system = Self::serving_on(relay, public, adjust).await;
+        system.redis = redis;
+        system
+    }
+
+    /// This relay and a gateway in front of it on `public`, in this process.
+    pub async fn serving_on(
+        relay: Relay,
+        public: TcpListener,
+        adjust: impl FnOnce(&mut GatewayConfig),
+    ) -> Self {
         let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", public.local_addr().unwrap());
         let grpc_address = grpc.local_addr().unwrap();

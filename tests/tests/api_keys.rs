@@ -349,3 +349,139 @@ async fn a_split_relay_takes_the_keys_too_and_a_proven_gateway_needs_none() {
     );
     system.stop().await;
 }
+
+/// Where the session's expiry stands, asked with the key (reading the status slides nothing).
+async fn expires_at(system: &System, code: &str) -> String {
+    let status = with_key(
+        system,
+        Method::GET,
+        &format!("/api/sessions/{code}"),
+        Some(KEY),
+        None,
+    )
+    .await;
+    assert_eq!(status.status, StatusCode::OK, "{status:?}");
+    status.body["expiresAt"].as_str().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn head_is_guarded_like_get_and_slides_nothing_without_the_key() {
+    let system = keyed_system().await;
+    let (code, token) = system.create_session().await;
+    system.put_manifest(&code, &token, demo_tools()).await;
+    let first = expires_at(&system, &code).await;
+    // For over a second (the expiry has millisecond precision), HEAD without a key is refused
+    // and the session's expiry stays where it was.
+    let started = std::time::Instant::now();
+    while started.elapsed() < std::time::Duration::from_millis(1200) {
+        for path in [
+            format!("/api/sessions/{code}/metadata"),
+            format!("/api/sessions/{code}"),
+            format!("/metadata?code={code}"),
+        ] {
+            let head = with_key(&system, Method::HEAD, &path, None, None).await;
+            assert_eq!(head.status, StatusCode::UNAUTHORIZED, "HEAD {path}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        expires_at(&system, &code).await,
+        first,
+        "HEAD slid the expiry"
+    );
+    // With the key, HEAD is GET without the body (fetching the tools is activity).
+    let path = format!("/api/sessions/{code}/metadata");
+    let head = with_key(&system, Method::HEAD, &path, Some(KEY), None).await;
+    assert_eq!(head.status, StatusCode::OK, "{head:?}");
+    assert_ne!(expires_at(&system, &code).await, first);
+    system.stop().await;
+}
+
+#[tokio::test]
+async fn a_tab_checks_its_own_session_with_its_token_instead_of_a_key() {
+    let system = keyed_system().await;
+    let (code, token) = system.create_session().await;
+    let path = format!("/api/sessions/{code}");
+    // What the SDK does when a reloaded page resumes its stored session.
+    let own = with_key(&system, Method::GET, &path, Some(&token), None).await;
+    assert_eq!(own.status, StatusCode::OK, "{own:?}");
+    assert_eq!(
+        own.body["code"].as_str().map(|c| c.replace('-', "")),
+        Some(code.replace('-', ""))
+    );
+    let keyed = with_key(&system, Method::GET, &path, Some(KEY), None).await;
+    assert_eq!(keyed.status, StatusCode::OK, "{keyed:?}");
+    let anonymous = with_key(&system, Method::GET, &path, None, None).await;
+    assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED);
+    let wrong = with_key(
+        &system,
+        Method::GET,
+        &path,
+        Some("not-a-key-or-a-token"),
+        None,
+    )
+    .await;
+    assert_eq!(wrong.status, StatusCode::UNAUTHORIZED, "{wrong:?}");
+    assert_eq!(wrong.body["error"], "invalid_api_key");
+    // A token proves only its own session: another session's status still needs the key.
+    let (other, _) = system.create_session().await;
+    let other = with_key(
+        &system,
+        Method::GET,
+        &format!("/api/sessions/{other}"),
+        Some(&token),
+        None,
+    )
+    .await;
+    assert_eq!(other.status, StatusCode::UNAUTHORIZED, "{other:?}");
+    // The SDK sends it.
+    let source = system
+        .http
+        .get(system.url("/sdk/session.js"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        source.contains("Authorization: `Bearer ${stored.token}`"),
+        "the SDK checks a stored session with its token"
+    );
+    system.stop().await;
+}
+
+#[tokio::test]
+async fn a_tab_checks_its_own_session_with_its_token_through_a_split_gateway() {
+    let system =
+        System::split_with(&[("RATE_LIMIT_LOOKUP_PER_IP", "1")], &[("API_KEYS", KEY)]).await;
+    let (code, token) = system.create_session().await;
+    let path = format!("/api/sessions/{code}");
+    let own = with_key(&system, Method::GET, &path, Some(&token), None).await;
+    assert_eq!(own.status, StatusCode::OK, "{own:?}");
+    let wrong = with_key(
+        &system,
+        Method::GET,
+        &path,
+        Some("not-a-key-or-a-token"),
+        None,
+    )
+    .await;
+    assert_eq!(wrong.status, StatusCode::UNAUTHORIZED, "{wrong:?}");
+    // Blocked for guessing, the address still checks its own session with its token.
+    for n in ["ZZZZAAAA", "ZZZZBBBB"] {
+        with_key(
+            &system,
+            Method::GET,
+            &format!("/api/sessions/{n}"),
+            Some(KEY),
+            None,
+        )
+        .await;
+    }
+    let blocked = with_key(&system, Method::GET, &path, Some(KEY), None).await;
+    assert_eq!(blocked.status, StatusCode::TOO_MANY_REQUESTS, "{blocked:?}");
+    let own = with_key(&system, Method::GET, &path, Some(&token), None).await;
+    assert_eq!(own.status, StatusCode::OK, "{own:?}");
+    system.stop().await;
+}

@@ -21,8 +21,8 @@ use toolrelay_relay::RelayConfig;
 use toolrelay_relay::access::GatewaySecrets;
 use toolrelay_relay::limits::RateLimits;
 use toolrelay_tests::metrics::Scrape;
-use toolrelay_tests::system::{System, send};
-use toolrelay_tests::{TestRelay, WsTab, error_name, with_token};
+use toolrelay_tests::system::{SseTab, System, send};
+use toolrelay_tests::{TestRelay, WsTab, demo_tools, error_name, with_token};
 
 type Mcp = RunningService<RoleClient, ClientConfig>;
 
@@ -141,10 +141,13 @@ async fn every_path_counts_against_one_budget_and_a_blocked_address_is_refused_o
         .unwrap_err();
     assert_eq!(status.code(), tonic::Code::ResourceExhausted);
     assert_eq!(error_name(&status), "rate_limited");
-    let mut socket = WsTab::connect(&system.ws_url(&code, &token)).await;
+    let mut socket = WsTab::connect(&system.ws_url(&code, "not-the-token")).await;
     assert_eq!(socket.recv().await["error"], "rate_limited");
     let close = socket.closed().await.unwrap();
     assert_eq!(u16::from(close.code), 4429);
+    // The session's own tab, presenting its token, is never refused by the guard.
+    let mut tab = WsTab::connect(&system.ws_url(&code, &token)).await;
+    assert_eq!(tab.recv().await["type"], "welcome");
 
     mcp.cancel().await.unwrap();
     system.stop().await;
@@ -460,28 +463,278 @@ async fn a_grpc_peer_names_the_client_only_with_a_gateway_secret() {
 }
 
 #[tokio::test]
-async fn a_blocked_address_cannot_stream_or_answer_either() {
+async fn a_blocked_address_keeps_its_own_tab_but_learns_nothing_without_the_token() {
     let system = System::with(lookups(1), |_| {}).await;
     let (code, token) = system.create_session().await;
     let miss = system.get(&format!("/api/sessions/{}", unknown(0))).await;
     assert_eq!(miss.status, StatusCode::NOT_FOUND);
     let miss = system.get(&format!("/api/sessions/{}", unknown(1))).await;
     assert_eq!(miss.status, StatusCode::TOO_MANY_REQUESTS);
-    for path in [
-        format!("/api/sessions/{code}/request?token={token}"),
-        format!("/api/sessions/{code}/stream?token={token}"),
-        format!("/stream?code={code}&token={token}"),
-    ] {
-        let refused = system.get(&path).await;
-        assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS, "{path}");
+
+    // Without the token, or with a wrong one, the blocked address is refused everywhere,
+    // whether the code exists or not.
+    for token in ["not-the-token", ""] {
+        for path in [
+            format!("/api/sessions/{code}/request?token={token}"),
+            format!("/api/sessions/{}/request?token={token}", unknown(2)),
+            format!("/api/sessions/{code}/stream?token={token}"),
+            format!("/stream?code={code}&token={token}"),
+        ] {
+            let refused = system.get(&path).await;
+            assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS, "{path}");
+        }
+        let refused = system
+            .post(
+                &format!("/api/sessions/{code}/response?token={token}"),
+                json!({"requestId": "r1", "success": true, "result": {}}),
+            )
+            .await;
+        assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
     }
-    let refused = system
+    let refused = send(
+        system
+            .http
+            .get(system.url(&format!("/api/sessions/{code}")))
+            .bearer_auth("not-the-token"),
+    )
+    .await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS, "{refused:?}");
+
+    // The session's own tab, with its token, is served: it checks its session, polls,
+    // streams, registers, answers and re-attaches.
+    let status = send(
+        system
+            .http
+            .get(system.url(&format!("/api/sessions/{code}")))
+            .bearer_auth(&token),
+    )
+    .await;
+    assert_eq!(status.status, StatusCode::OK, "{status:?}");
+    let polled = system
+        .get(&format!("/api/sessions/{code}/request?token={token}"))
+        .await;
+    assert_eq!(polled.status, StatusCode::OK, "{polled:?}");
+    system.put_manifest(&code, &token, demo_tools()).await;
+    let answered = system
         .post(
             &format!("/api/sessions/{code}/response?token={token}"),
             json!({"requestId": "r1", "success": true, "result": {}}),
         )
         .await;
-    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    // Heard (there is no such call), not refused.
+    assert_eq!(answered.body["error"], "request_not_found", "{answered:?}");
+    let sse = SseTab::open(
+        &system,
+        &format!("/api/sessions/{code}/stream?token={token}"),
+        None,
+    )
+    .await;
+    sse.drop_connection();
+    let mut tab = WsTab::connect(&system.ws_url(&code, &token)).await;
+    assert_eq!(tab.recv().await["type"], "welcome");
+    let mut client = grpc(system.grpc).await;
+    let polled = client
+        .poll_requests(with_token(
+            pb::PollRequestsRequest {
+                code: code.clone(),
+                max: 0,
+            },
+            &token,
+        ))
+        .await;
+    assert!(polled.is_ok(), "{polled:?}");
+    system.stop().await;
+}
+
+/// Misses `n` unknown codes over REST as the clients `addresses` name (one each, in turn,
+/// forwarded by a trusted proxy).
+async fn miss_from(system: &System, addresses: &[&str]) -> Vec<StatusCode> {
+    let mut statuses = Vec::new();
+    for (i, address) in addresses.iter().enumerate() {
+        let request = system
+            .http
+            .get(system.url(&format!("/api/sessions/{}/metadata", unknown(i))))
+            .header("x-forwarded-for", *address);
+        statuses.push(send(request).await.status);
+    }
+    statuses
+}
+
+#[tokio::test]
+async fn ipv6_clients_are_one_client_per_64_in_every_budget() {
+    let system = System::with(lookups(3), |config| {
+        config.trusted_proxies = vec!["127.0.0.0/8".parse().unwrap(), "::1/128".parse().unwrap()];
+        config.limits.sessions_per_ip = NonZeroU32::new(2).unwrap();
+    })
+    .await;
+    // A fresh address of one /64 for every guess: one budget all the same.
+    let statuses = miss_from(
+        &system,
+        &["2001:db8::1", "2001:db8::2", "2001:db8::3", "2001:db8::4"],
+    )
+    .await;
+    use StatusCode as S;
+    assert_eq!(
+        statuses,
+        [
+            S::NOT_FOUND,
+            S::NOT_FOUND,
+            S::NOT_FOUND,
+            S::TOO_MANY_REQUESTS
+        ]
+    );
+    let statuses = miss_from(&system, &["2001:db8::ffff:1"]).await;
+    assert_eq!(statuses, [S::TOO_MANY_REQUESTS], "the whole /64 is blocked");
+    // Another /64 is another client.
+    let statuses = miss_from(&system, &["2001:db8:0:1::1"]).await;
+    assert_eq!(statuses, [S::NOT_FOUND]);
+
+    // The gateway's budgets too: sessions created per /64.
+    let create = |address: &'static str| {
+        send(
+            system
+                .http
+                .post(system.url("/api/sessions"))
+                .header("x-forwarded-for", address),
+        )
+    };
+    assert_eq!(create("2001:db8:0:2::a").await.status, S::CREATED);
+    assert_eq!(create("2001:db8:0:2::b").await.status, S::CREATED);
+    assert_eq!(create("2001:db8:0:2::c").await.status, S::TOO_MANY_REQUESTS);
+    assert_eq!(create("2001:db8:0:3::c").await.status, S::CREATED);
+    system.stop().await;
+}
+
+#[tokio::test]
+async fn a_real_ipv6_listener_keys_its_clients_apart_from_ipv4_ones() {
+    let public = tokio::net::TcpListener::bind("[::1]:0").await.unwrap();
+    let system = System::listening(lookups(2), public, |_| {}).await;
+    assert!(system.base.starts_with("http://[::1]:"), "{}", system.base);
+    let statuses = miss_from(&system, &["", "", ""]).await;
+    use StatusCode as S;
+    assert_eq!(statuses, [S::NOT_FOUND, S::NOT_FOUND, S::TOO_MANY_REQUESTS]);
+    // An IPv4 client (the relay's gRPC port, on 127.0.0.1) has its own budget.
+    let mut client = grpc(system.grpc).await;
+    let status = client
+        .get_session(pb::GetSessionRequest { code: unknown(9) })
+        .await
+        .unwrap_err();
+    assert_eq!(error_name(&status), "session_not_found");
+    system.stop().await;
+}
+
+#[tokio::test]
+async fn a_dual_stack_listener_keys_an_ipv4_client_as_ipv4() {
+    let public = tokio::net::TcpListener::bind("[::]:0").await.unwrap();
+    let port = public.local_addr().unwrap().port();
+    let mut system = System::listening(lookups(2), public, |_| {}).await;
+    // Reached over IPv4: the gateway sees ::ffff:127.0.0.1.
+    system.base = format!("http://127.0.0.1:{port}");
+    let statuses = miss_from(&system, &["", "", ""]).await;
+    use StatusCode as S;
+    assert_eq!(statuses, [S::NOT_FOUND, S::NOT_FOUND, S::TOO_MANY_REQUESTS]);
+    // The same client on the relay's IPv4 gRPC port is the same budget: blocked.
+    let mut client = grpc(system.grpc).await;
+    let status = client
+        .get_session(pb::GetSessionRequest { code: unknown(9) })
+        .await
+        .unwrap_err();
+    assert_eq!(error_name(&status), "rate_limited");
+    system.stop().await;
+}
+
+/// A request a browser sends for a page on another site: `mode` is its `Sec-Fetch-Mode`.
+fn cross_site(request: reqwest::RequestBuilder, mode: &str) -> reqwest::RequestBuilder {
+    request
+        .header("sec-fetch-site", "cross-site")
+        .header("sec-fetch-mode", mode)
+}
+
+#[tokio::test]
+async fn cross_site_pages_cannot_spend_a_visitors_budget() {
+    let system = System::with(lookups(2), |_| {}).await;
+    let (code, token) = system.create_session().await;
+    system.put_manifest(&code, &token, demo_tools()).await;
+    let get = |path: String| system.http.get(system.url(&path));
+    // What a page on another site makes the visitor's browser send, many times over: images
+    // and no-cors fetches of random codes (even with a made-up ?token=), navigations in
+    // iframes, cors fetches and EventSources from an origin the route does not allow.
+    let mut attacks = Vec::new();
+    for n in 0..5 {
+        let random = unknown(n);
+        attacks.push(cross_site(
+            get(format!("/api/sessions/{random}/metadata")),
+            "no-cors",
+        ));
+        attacks.push(cross_site(
+            get(format!("/metadata?code={random}")),
+            "no-cors",
+        ));
+        attacks.push(cross_site(
+            get(format!("/api/sessions/{random}/request?token=x")),
+            "no-cors",
+        ));
+        attacks.push(cross_site(
+            get(format!("/api/sessions/{random}")),
+            "navigate",
+        ));
+        attacks.push(
+            cross_site(get(format!("/api/sessions/{random}/metadata")), "cors")
+                .header("origin", "https://evil.example"),
+        );
+        attacks.push(
+            cross_site(get(format!("/api/sessions/{random}/request")), "cors")
+                .header("origin", "https://evil.example"),
+        );
+        attacks.push(
+            cross_site(
+                system
+                    .http
+                    .post(system.url(&format!("/api/sessions/{random}/call")))
+                    .json(&json!({"functionName": "echo", "args": {}})),
+                "no-cors",
+            )
+            .header("origin", "https://evil.example"),
+        );
+    }
+    let before = Scrape::fetch(&system.http, &system.url("/metrics")).await;
+    for attack in attacks {
+        let refused = send(attack).await;
+        assert_eq!(refused.status, StatusCode::FORBIDDEN, "{refused:?}");
+        assert_eq!(refused.body["error"], "cross_site_request", "{refused:?}");
+    }
+    let after = Scrape::fetch(&system.http, &system.url("/metrics")).await;
+    let refused =
+        |scrape: &Scrape| scrape.value("toolrelay_refused_total", &[("reason", "fetch_metadata")]);
+    assert_eq!(refused(&after) - refused(&before), 35.0);
+
+    // Nothing was counted: the visitor's own code still works, from their LLM's server and
+    // from the plugin (same origin).
+    let metadata = system.get(&format!("/api/sessions/{code}/metadata")).await;
+    assert_eq!(metadata.status, StatusCode::OK, "{metadata:?}");
+    let same_origin = send(
+        get(format!("/api/sessions/{code}/metadata"))
+            .header("sec-fetch-site", "same-origin")
+            .header("sec-fetch-mode", "cors")
+            .header("origin", &system.base),
+    )
+    .await;
+    assert_eq!(same_origin.status, StatusCode::OK, "{same_origin:?}");
+    // A tab on another site, with its token, attaches as before.
+    let polled = send(
+        cross_site(get(format!("/api/sessions/{code}/request")), "cors")
+            .header("origin", "https://lab.example.org")
+            .bearer_auth(&token),
+    )
+    .await;
+    assert_eq!(polled.status, StatusCode::OK, "{polled:?}");
+    let status = send(
+        cross_site(get(format!("/api/sessions/{code}")), "cors")
+            .header("origin", "https://lab.example.org")
+            .bearer_auth(&token),
+    )
+    .await;
+    assert_eq!(status.status, StatusCode::OK, "{status:?}");
     system.stop().await;
 }
 

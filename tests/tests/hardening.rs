@@ -601,3 +601,77 @@ async fn an_answer_too_deep_to_read_still_fails_the_call_at_once_in_one_process(
 async fn an_answer_too_deep_to_read_still_fails_the_call_at_once_in_split_mode() {
     an_answer_too_deep_to_read_still_fails_the_call_at_once(System::split().await).await;
 }
+
+#[tokio::test]
+async fn a_loopback_relay_answers_only_to_its_own_host_names() {
+    let mut system = System::binary(&[("ALLOWED_HOSTS", "host.docker.internal")]).await;
+    let (code, _token) = system.create_session().await;
+    let port = system.base.rsplit(':').next().unwrap().to_owned();
+    let with_host = |request: reqwest::RequestBuilder, host: &str| request.header("host", host);
+    // What a DNS-rebinding page reaches: its own host name, resolved to 127.0.0.1.
+    let rebound = [
+        system
+            .http
+            .get(system.url(&format!("/api/sessions/{code}/metadata"))),
+        system
+            .http
+            .post(system.url(&format!("/api/sessions/{code}/call")))
+            .json(&json!({"functionName": "echo", "args": {"text": "x"}})),
+        system.http.get(system.url("/metrics")),
+        system.http.post(system.url("/api/sessions")),
+        system
+            .http
+            .get(system.url(&format!("/metadata?code={code}"))),
+    ];
+    for request in rebound {
+        let refused =
+            toolrelay_tests::system::send(with_host(request, &format!("evil.example:{port}")))
+                .await;
+        assert_eq!(
+            refused.status,
+            StatusCode::MISDIRECTED_REQUEST,
+            "{refused:?}"
+        );
+        assert_eq!(refused.body["error"], "host_not_allowed");
+        assert!(
+            refused.body["message"]
+                .as_str()
+                .unwrap()
+                .contains("PUBLIC_BASE_URL"),
+            "{refused:?}"
+        );
+    }
+    // Loopback names with any port, and the names ALLOWED_HOSTS adds, are served.
+    for host in [
+        format!("localhost:{port}"),
+        format!("127.0.0.1:{port}"),
+        "[::1]:1234".to_owned(),
+        format!("host.docker.internal:{port}"),
+    ] {
+        let served = toolrelay_tests::system::send(with_host(
+            system
+                .http
+                .get(system.url(&format!("/api/sessions/{code}/metadata"))),
+            &host,
+        ))
+        .await;
+        assert_eq!(served.status, StatusCode::OK, "{host}: {served:?}");
+    }
+    let metrics = system.get("/metrics").await;
+    assert_eq!(metrics.status, StatusCode::OK);
+    let page = system
+        .http
+        .get(system.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("toolrelay_refused_total{reason=\"host\"} 5"),
+        "the refusals are counted"
+    );
+    system.terminate().await;
+    system.exited().await;
+}

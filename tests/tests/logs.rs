@@ -1,7 +1,8 @@
 //! Secrets stay out of the logs: a run that uses provider tokens on every path that takes one
 //! (WebSocket and SSE `?token=`, Bearer headers, gRPC metadata) and MCP connector handles
 //! (`/mcp/s/{handle}`, `connect_session`) logs neither, even at `RUST_LOG=debug`, in one
-//! process and split.
+//! process and split; pairing codes, live secrets for their session's life, are logged by
+//! their prefix only (`ABCD…`).
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap should fail loudly
 
 use rmcp::ServiceExt;
@@ -12,12 +13,14 @@ use serde_json::json;
 use toolrelay_tests::system::{SseTab, System, send};
 use toolrelay_tests::{WsTab, demo_tools};
 
-/// Uses every path that carries a token or a handle; returns the secrets it used.
+/// Uses every path that carries a token, a handle or a pairing code; returns the secrets it
+/// used (pairing codes in both their forms, `ABCDEFGH` and `ABCD-EFGH`).
 async fn use_every_secret(system: &System) -> Vec<String> {
     let mut secrets = Vec::new();
     // A WebSocket tab (?token=) answering a call.
     let (code, token) = system.create_session().await;
     secrets.push(token.clone());
+    secrets.extend(code_forms(&code));
     let mut tab = WsTab::attach_url(&system.ws_url(&code, &token)).await;
     tab.register(demo_tools()).await;
     let calling = system.post(
@@ -67,6 +70,13 @@ async fn use_every_secret(system: &System) -> Vec<String> {
     // SSE (?token=), polling and answers (Bearer), the manifest, the legacy stream, ending.
     let (code, token) = system.create_session().await;
     secrets.push(token.clone());
+    secrets.extend(code_forms(&code));
+    // An LLM reading the tools, and a guess of an unknown code.
+    let metadata = system.get(&format!("/api/sessions/{code}/metadata")).await;
+    assert!(metadata.status.is_success(), "{metadata:?}");
+    let unknown = system.get("/api/sessions/ZZZZ-QQQQ/metadata").await;
+    assert_eq!(unknown.status, reqwest::StatusCode::NOT_FOUND);
+    secrets.extend(code_forms("ZZZZQQQQ"));
     system.put_manifest(&code, &token, demo_tools()).await;
     let sse = SseTab::open(
         system,
@@ -96,6 +106,13 @@ async fn use_every_secret(system: &System) -> Vec<String> {
     secrets
 }
 
+/// A pairing code as the relay hands it out and as people see it.
+fn code_forms(code: &str) -> [String; 2] {
+    let bare = code.replace('-', "");
+    let shown = format!("{}-{}", &bare[..4], &bare[4..]);
+    [bare, shown]
+}
+
 async fn nothing_secret_is_logged(mut system: System) {
     let secrets = use_every_secret(&system).await;
     system.terminate().await;
@@ -104,6 +121,11 @@ async fn nothing_secret_is_logged(mut system: System) {
     assert!(
         logs.iter().any(|line| line.contains("/mcp/s/…")),
         "connector requests are logged, with the handle cut"
+    );
+    assert!(
+        logs.iter()
+            .any(|line| line.contains("session created") && line.contains('…')),
+        "sessions are logged, with the code cut to its prefix"
     );
     for secret in &secrets {
         let leaks: Vec<&String> = logs.iter().filter(|line| line.contains(secret)).collect();

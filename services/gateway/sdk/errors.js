@@ -35,4 +35,6 @@ export const ErrorCode = Object.freeze({
   API_KEY_REQUIRED: 'api_key_required',
   INVALID_API_KEY: 'invalid_api_key',
   INTERNAL_ERROR: 'internal_error',
+  CROSS_SITE_REQUEST: 'cross_site_request',
+  HOST_NOT_ALLOWED: 'host_not_allowed',
 });

@@ -57,7 +57,11 @@ export class Sessions {
     }
     candidates.sort((a, b) => (b.createdAt || 0) - (a.createdAt || 0));
     for (const stored of candidates) {
-      const status = await fetch(`${this.base}/api/sessions/${stored.code}`).catch(() => null);
+      // With its provider token: no API key is needed, and the brute-force guard never
+      // refuses the session's own tab.
+      const status = await fetch(`${this.base}/api/sessions/${stored.code}`, {
+        headers: { Authorization: `Bearer ${stored.token}` },
+      }).catch(() => null);
       if (status && status.ok) {
         const info = await status.json();
         this.hold({ ...stored, expiresAt: info.expiresAt, maxExpiresAt: info.maxExpiresAt ?? stored.maxExpiresAt });

@@ -20,6 +20,12 @@ pub fn is_llm_route(method: &Method, path: &str) -> bool {
     if *method == Method::OPTIONS {
         return false;
     }
+    // HEAD runs the GET handler (without the body): it is guarded like GET.
+    let method = if *method == Method::HEAD {
+        &Method::GET
+    } else {
+        method
+    };
     if path == "/mcp" || path.starts_with("/mcp/") {
         return true;
     }
@@ -43,6 +49,15 @@ pub fn is_llm_route(method: &Method, path: &str) -> bool {
         || (path == "/metadata" && *method == Method::GET)
 }
 
+/// Whether a request reads a session's status (`GET /api/sessions/{code}`), which the session's
+/// provider may also do with its token instead of an API key.
+pub fn is_session_status(method: &Method, path: &str) -> bool {
+    matches!(*method, Method::GET | Method::HEAD)
+        && path
+            .strip_prefix("/api/sessions/")
+            .is_some_and(|code| !code.is_empty() && !code.contains('/'))
+}
+
 /// Middleware: with keys configured, an LLM-side request without a valid
 /// `Authorization: Bearer <key>` is answered 401 (in the tool API's shape on its routes).
 pub async fn require_api_key<E: Endpoint>(
@@ -52,6 +67,7 @@ pub async fn require_api_key<E: Endpoint>(
 ) -> poem::Result<Response> {
     let refusal = match &keys {
         Some(keys) if is_llm_route(request.method(), request.uri().path()) => {
+            let status_route = is_session_status(request.method(), request.uri().path());
             let key = request
                 .headers()
                 .get(header::AUTHORIZATION)
@@ -61,6 +77,9 @@ pub async fn require_api_key<E: Endpoint>(
                 .map(|(_, key)| key.trim());
             match key {
                 Some(key) if keys.accepts(key) => None,
+                // The tab checking its own session sends its provider token instead: the
+                // handler checks it ([`crate::api::llm`]'s getSession).
+                Some(_) if status_route => None,
                 Some(_) => Some((
                     ErrorCode::InvalidApiKey,
                     "The API key is not one this relay accepts. Check the key its operator gave you.",
@@ -113,6 +132,9 @@ mod tests {
             (Method::GET, "/mcp/s/0123"),
             (Method::POST, "/request"),
             (Method::GET, "/metadata"),
+            (Method::HEAD, "/api/sessions/ABCD2345/metadata"),
+            (Method::HEAD, "/api/sessions/ABCD2345"),
+            (Method::HEAD, "/metadata"),
         ];
         for (method, path) in llm {
             assert!(is_llm_route(&method, path), "{method} {path}");

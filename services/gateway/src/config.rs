@@ -30,6 +30,12 @@ pub const ENV_MCP_SESSIONS_PER_IP: &str = "MCP_SESSIONS_PER_IP";
 pub const ENV_MCP_MAX_SESSIONS: &str = "MCP_MAX_SESSIONS";
 /// `MCP_SESSION_IDLE_SECONDS`: how long an unused MCP client session lives.
 pub const ENV_MCP_SESSION_IDLE: &str = "MCP_SESSION_IDLE_SECONDS";
+/// `ALLOWED_HOSTS`: host names the gateway answers to besides the public host and loopback,
+/// comma-separated (e.g. `host.docker.internal`).
+pub const ENV_ALLOWED_HOSTS: &str = "ALLOWED_HOSTS";
+
+/// Names a gateway always answers to (a `Host` check never refuses them).
+const LOOPBACK_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
 
 /// The CODAP origins allowed by default, besides the gateway's own.
 const CODAP_ORIGINS: [&str; 2] = ["https://codap.concord.org", "https://codap3.concord.org"];
@@ -73,6 +79,11 @@ pub struct GatewayArgs {
     /// Seconds an unused MCP client session lives (in the gateway and in the store).
     #[arg(long, env = ENV_MCP_SESSION_IDLE, default_value_t = McpSessions::default().idle.as_secs())]
     pub mcp_session_idle_seconds: u64,
+    /// Host names the gateway answers to besides the public base URL's host and loopback,
+    /// comma-separated (e.g. host.docker.internal). Requests naming another `Host` are refused
+    /// (421) when the gateway listens on loopback, and always on MCP.
+    #[arg(long, env = ENV_ALLOWED_HOSTS, value_delimiter = ',')]
+    pub allowed_hosts: Vec<String>,
 }
 
 /// The gateway's settings.
@@ -89,6 +100,11 @@ pub struct GatewayConfig {
     pub limits: RateLimits,
     /// Proxies whose `X-Forwarded-For` is believed.
     pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// Host names answered to besides the public host and loopback (`ALLOWED_HOSTS`).
+    pub allowed_hosts: Vec<String>,
+    /// Whether every route checks `Host` (against [`GatewayConfig::host_names`]): when the
+    /// gateway listens on loopback, where a DNS-rebinding page could reach it.
+    pub check_host: bool,
     /// Largest response a provider may send over the WebSocket.
     pub max_provider_body: usize,
     /// Deepest JSON nesting accepted (`MAX_JSON_DEPTH`).
@@ -112,6 +128,8 @@ pub struct RateLimits {
     pub sessions_per_ip: NonZeroU32,
     /// Built-in tool calls per client address.
     pub tools_per_ip: NonZeroU32,
+    /// Length of the IPv6 prefix one client is keyed by (`GUARD_IPV6_PREFIX`).
+    pub ipv6_prefix: u8,
 }
 
 /// Caps and idle time of MCP client sessions.
@@ -150,8 +168,11 @@ impl GatewayConfig {
             limits: RateLimits {
                 sessions_per_ip: thirty,
                 tools_per_ip: NonZeroU32::new(60).unwrap_or(NonZeroU32::MIN),
+                ipv6_prefix: toolrelay_relay::limits::DEFAULT_IPV6_PREFIX,
             },
             trusted_proxies: Vec::new(),
+            allowed_hosts: Vec::new(),
+            check_host: true,
             max_provider_body: MAX_PROVIDER_BODY,
             max_json_depth: DEFAULT_MAX_JSON_DEPTH,
             api_keys: None,
@@ -195,6 +216,7 @@ impl GatewayArgs {
         config.limits = RateLimits {
             sessions_per_ip: service.rate_limit_session_per_ip,
             tools_per_ip: service.rate_limit_tool_per_ip,
+            ipv6_prefix: service.guard_ipv6_prefix,
         };
         check_json_depth(service.max_json_depth)?;
         config.max_json_depth = service.max_json_depth;
@@ -208,11 +230,57 @@ impl GatewayArgs {
             per_address: self.mcp_sessions_per_ip,
             total: self.mcp_max_sessions,
             idle: Duration::from_secs(self.mcp_session_idle_seconds),
-            ..McpSessions::default()
+            ipv6_prefix: service.guard_ipv6_prefix,
         };
+        config.allowed_hosts = self
+            .allowed_hosts
+            .iter()
+            .map(|host| host.trim().to_owned())
+            .filter(|host| !host.is_empty())
+            .collect();
+        if let Some(bad) = config.allowed_hosts.iter().find(|host| host.contains('/')) {
+            return Err(format!(
+                "{ENV_ALLOWED_HOSTS}: {bad:?} is not a host name (give names such as host.docker.internal, without a scheme or path)"
+            ));
+        }
+        config.check_host = bound.ip().is_loopback();
         config.store = service.store_config();
         Ok(config)
     }
+}
+
+impl GatewayConfig {
+    /// The names the gateway answers to, in lower case and without brackets: loopback, the
+    /// public base URL's host, and `ALLOWED_HOSTS`. The REST `Host` check and MCP's share it.
+    pub fn host_names(&self) -> Vec<String> {
+        let public = self
+            .public_base_url
+            .parse::<poem::http::Uri>()
+            .ok()
+            .and_then(|uri| uri.host().map(str::to_owned));
+        LOOPBACK_HOSTS
+            .iter()
+            .map(|host| (*host).to_owned())
+            .chain(public)
+            .chain(self.allowed_hosts.iter().cloned())
+            .map(|host| bare_host(&host).to_ascii_lowercase())
+            .collect()
+    }
+}
+
+/// The host of a `Host` header value (or an authority): without its port, without the
+/// brackets of an IPv6 address, without a trailing dot.
+pub fn bare_host(authority: &str) -> &str {
+    let authority = authority.trim();
+    let host = match authority.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(rest),
+        // One colon: a port; more: an IPv6 address without brackets.
+        None => match authority.split_once(':') {
+            Some((host, port)) if !port.contains(':') => host,
+            _ => authority,
+        },
+    };
+    host.strip_suffix('.').unwrap_or(host)
 }
 
 fn default_origins(public_base_url: &str) -> Vec<String> {
@@ -327,6 +395,26 @@ mod tests {
         );
         let error = config(&["toolrelay", "--mcp-session-idle-seconds", "0"]).unwrap_err();
         assert!(error.contains(ENV_MCP_SESSION_IDLE), "{error}");
+    }
+
+    #[test]
+    fn hosts_are_loopback_the_public_host_and_the_allowed_ones() {
+        let mut config = GatewayConfig::new("https://Relay.Example.org:8443/base").unwrap();
+        config.allowed_hosts = vec!["host.docker.internal".into()];
+        assert_eq!(
+            config.host_names(),
+            [
+                "localhost",
+                "127.0.0.1",
+                "::1",
+                "relay.example.org",
+                "host.docker.internal"
+            ]
+        );
+        assert_eq!(bare_host("[::1]:8080"), "::1");
+        assert_eq!(bare_host("localhost:8080"), "localhost");
+        assert_eq!(bare_host("relay.example.org."), "relay.example.org");
+        assert_eq!(bare_host("::1"), "::1");
     }
 
     #[test]

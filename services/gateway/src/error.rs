@@ -272,20 +272,24 @@ fn is_open_route(path: &str) -> bool {
 
 /// Whether the request's `Origin` names the host it was sent to.
 fn is_same_origin(request: &Request) -> bool {
-    let origin = request
+    request
         .headers()
         .get(header::ORIGIN)
-        .and_then(|value| value.to_str().ok());
-    let host = request
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|origin| names_host(origin, request))
+}
+
+/// Whether `origin` names the host `request` was sent to.
+pub fn names_host(origin: &str, request: &Request) -> bool {
+    request
         .headers()
         .get(header::HOST)
-        .and_then(|value| value.to_str().ok());
-    match (origin, host) {
-        (Some(origin), Some(host)) => origin
-            .split_once("://")
-            .is_some_and(|(_, authority)| authority.eq_ignore_ascii_case(host)),
-        _ => false,
-    }
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|host| {
+            origin
+                .split_once("://")
+                .is_some_and(|(_, authority)| authority.eq_ignore_ascii_case(host))
+        })
 }
 
 /// The routes a page serving tools uses (SPEC §6): create a session, see or end it, attach
@@ -306,6 +310,11 @@ fn is_provider_route(method: &str, path: &str) -> bool {
         Some(_) => false,
     }
 }
+
+/// The `Origin` a request came with, kept when [`open_cors`] takes it off a request to an open
+/// route.
+#[derive(Debug, Clone)]
+pub struct SentOrigin(pub header::HeaderValue);
 
 /// Middleware: CORS `*` without credentials on the open routes — the public tool API, the
 /// documents, the SDK's files, and (unless `CORS_ORIGIN` narrowed them) the provider routes —
@@ -357,8 +366,11 @@ pub async fn open_cors<E: Endpoint>(
             .header(header::ACCESS_CONTROL_MAX_AGE, "86400")
             .finish());
     }
-    // The allow-list does not apply here: the origin is not checked.
-    request.headers_mut().remove(header::ORIGIN);
+    // The allow-list does not apply here: the origin is not checked by CORS. The Fetch
+    // Metadata policy still reads it ([`crate::checks::fetch_metadata`]).
+    if let Some(origin) = request.headers_mut().remove(header::ORIGIN) {
+        request.extensions_mut().insert(SentOrigin(origin));
+    }
     let mut response = next.call(request).await?.into_response();
     let headers = response.headers_mut();
     headers.insert(

@@ -11,6 +11,7 @@
 //!   [`mcp`] — the MCP endpoints (`/mcp`, `/mcp/s/{handle}`);
 //! * [`types`] — the JSON shapes of the API; [`error`] — error bodies and correlation ids;
 //! * [`limits`] — rate limits and client addresses; [`auth`] — API keys on the LLM side;
+//!   [`checks`] — the `Host` check and the Fetch Metadata policy, before any look-up;
 //!   [`observe`] — the HTTP metrics (the registry is the relay crate's
 //!   [`toolrelay_relay::metrics`], shared with the relay in one process); [`config`] —
 //!   settings and flags.
@@ -19,6 +20,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod checks;
 pub mod config;
 pub mod error;
 pub mod limits;

@@ -42,6 +42,7 @@ impl Limiters {
         let budgets = toolrelay_relay::limits::RateLimits {
             sessions_per_ip: budgets.sessions_per_ip,
             tools_per_ip: budgets.tools_per_ip,
+            ipv6_prefix: budgets.ipv6_prefix,
             ..toolrelay_relay::limits::RateLimits::default()
         };
         Self {
@@ -96,6 +97,7 @@ mod tests {
         RateLimits {
             sessions_per_ip: n,
             tools_per_ip: n,
+            ipv6_prefix: toolrelay_relay::limits::DEFAULT_IPV6_PREFIX,
         }
     }
 

@@ -362,15 +362,11 @@ impl SessionStore for SharedSessions {
 }
 
 fn server_config(state: &State) -> StreamableHttpServerConfig {
-    let mut hosts = vec![
-        "localhost".to_owned(),
-        "127.0.0.1".to_owned(),
-        "::1".to_owned(),
-    ];
+    // The names REST's `Host` check answers to, and the public authority as written.
+    let mut hosts = state.config.host_names();
     if let Ok(uri) = state.config.public_base_url.parse::<poem::http::Uri>()
         && let Some(authority) = uri.authority()
     {
-        hosts.push(authority.host().to_owned());
         hosts.push(authority.as_str().to_owned());
     }
     let origins: Vec<String> = state

@@ -27,6 +27,7 @@ use crate::api::llm::LlmApi;
 use crate::api::tab::TabApi;
 use crate::api::tools::ToolsApi;
 use crate::api::{Gateway, State};
+use crate::checks::{Checks, check_host, fetch_metadata};
 use crate::config::{GatewayConfig, MAX_CALL_BODY, MAX_PROVIDER_BODY};
 use crate::error::{REQUEST_ID_HEADER, normalise_errors, open_cors};
 use crate::limits::Limiters;
@@ -302,6 +303,7 @@ pub fn app(state: State) -> impl Endpoint<Output = Response> {
     let (mcp_root, mcp_session) = mcp::endpoints(&state);
     let keys = state.config.api_keys.clone();
     let open_providers = state.config.open_provider_routes;
+    let (site, host) = (Checks::of(&state), Checks::of(&state));
     Route::new()
         .at("/mcp", mcp_root)
         .at("/mcp/s/:handle", mcp_session)
@@ -330,6 +332,8 @@ pub fn app(state: State) -> impl Endpoint<Output = Response> {
         .around(limit_body)
         .around(move |next, request| crate::auth::require_api_key(keys.clone(), next, request))
         .with(cors)
+        .around(move |next, request| fetch_metadata(Arc::clone(&site), next, request))
+        .around(move |next, request| check_host(Arc::clone(&host), next, request))
         .around(normalise_errors)
         .around(move |next, request| open_cors(open_providers, next, request))
         .around(move |next, request| crate::observe::observe(Arc::clone(&http), next, request))

@@ -36,6 +36,14 @@ pub trait RelayApi: Send + Sync + 'static {
     async fn create_session(&self, caller: &Caller) -> Outcome<NewSession>;
     /// Where a session stands.
     async fn session_status(&self, caller: &Caller, code: &str) -> Outcome<SessionStatus>;
+    /// Where a session stands, asked by its provider (provider token): never refused by the
+    /// brute-force guard.
+    async fn provider_session_status(
+        &self,
+        caller: &Caller,
+        code: &str,
+        token: &str,
+    ) -> Outcome<SessionStatus>;
     /// The code of the session an MCP connector handle belongs to.
     async fn resolve_handle(&self, caller: &Caller, handle: &str) -> Outcome<String>;
     /// Ends a session (provider token).
@@ -147,6 +155,19 @@ impl RelayApi for Relay {
             .await?)
     }
 
+    async fn provider_session_status(
+        &self,
+        caller: &Caller,
+        code: &str,
+        token: &str,
+    ) -> Outcome<SessionStatus> {
+        let status = async {
+            self.authorized(code, Some(token)).await?;
+            Relay::session_status(self, code).await
+        };
+        Ok(self.guarded_provider(caller, Some(token), status).await?)
+    }
+
     async fn resolve_handle(&self, caller: &Caller, handle: &str) -> Outcome<String> {
         self.limits().admit(caller)?;
         let code = self
@@ -157,7 +178,7 @@ impl RelayApi for Relay {
 
     async fn end_session(&self, caller: &Caller, code: &str, token: Option<&str>) -> Outcome<()> {
         Ok(self
-            .guarded(caller, Relay::end_session(self, code, token))
+            .guarded_provider(caller, token, Relay::end_session(self, code, token))
             .await?)
     }
 
@@ -174,7 +195,11 @@ impl RelayApi for Relay {
         tools: &Value,
     ) -> Outcome<usize> {
         Ok(self
-            .guarded(caller, Relay::register_manifest(self, code, token, tools))
+            .guarded_provider(
+                caller,
+                token,
+                Relay::register_manifest(self, code, token, tools),
+            )
             .await?)
     }
 
@@ -254,7 +279,7 @@ impl RelayApi for Relay {
         transport: Transport,
     ) -> Outcome<ProviderLink> {
         Ok(self
-            .guarded(caller, Relay::attach(self, code, token, transport))
+            .guarded_provider(caller, token, Relay::attach(self, code, token, transport))
             .await?)
     }
 
@@ -266,7 +291,7 @@ impl RelayApi for Relay {
         max: Option<usize>,
     ) -> Outcome<Vec<ToolRequest>> {
         Ok(self
-            .guarded(caller, Relay::poll(self, code, token, max))
+            .guarded_provider(caller, token, Relay::poll(self, code, token, max))
             .await?)
     }
 
@@ -278,7 +303,11 @@ impl RelayApi for Relay {
         response: ProviderResponse,
     ) -> Outcome<ResponseOutcome> {
         Ok(self
-            .guarded(caller, Relay::post_response(self, code, token, response))
+            .guarded_provider(
+                caller,
+                token,
+                Relay::post_response(self, code, token, response),
+            )
             .await?)
     }
 
@@ -327,5 +356,18 @@ impl Relay {
         operation: impl Future<Output = Result<T, RelayError>>,
     ) -> Result<T, RelayError> {
         self.limits().guarded(caller, operation).await
+    }
+
+    /// Runs a provider's operation (provider token) under the brute-force guard, which never
+    /// refuses a valid token ([`crate::limits::Limits::guarded_provider`]).
+    pub async fn guarded_provider<T>(
+        &self,
+        caller: &Caller,
+        token: Option<&str>,
+        operation: impl Future<Output = Result<T, RelayError>>,
+    ) -> Result<T, RelayError> {
+        self.limits()
+            .guarded_provider(caller, token, operation)
+            .await
     }
 }

@@ -57,10 +57,27 @@ impl SessionCode {
         &self.0
     }
 
+    /// The form written in logs: the first four characters, `ABCD…`. A code is a live secret
+    /// for its session's life; its prefix tells log lines apart without giving it away.
+    pub fn redacted(&self) -> String {
+        redacted(&self.0)
+    }
+
     /// The form shown to people: `ABCD-EFGH`.
     pub fn display(&self) -> String {
         format!("{}-{}", &self.0[..4], &self.0[4..])
     }
+}
+
+/// What a log line may say of a code as someone sent it (`ABCD…`): its first four
+/// characters, whatever it is.
+pub fn redacted(code: &str) -> String {
+    let prefix: String = code
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .take(4)
+        .collect();
+    format!("{prefix}…")
 }
 
 impl fmt::Display for SessionCode {

@@ -46,6 +46,9 @@ pub const ENV_RATE_LIMIT_REQUEST: &str = "RATE_LIMIT_REQUEST_PER_CODE";
 /// `RATE_LIMIT_LOOKUP_PER_IP`: look-ups of unknown session codes one address may make per
 /// minute (the brute-force guard).
 pub const ENV_RATE_LIMIT_LOOKUP: &str = "RATE_LIMIT_LOOKUP_PER_IP";
+/// `GUARD_IPV6_PREFIX`: length of the IPv6 prefix one client is keyed by in every per-address
+/// budget and cap (an IPv4 address is keyed whole).
+pub const ENV_GUARD_IPV6_PREFIX: &str = "GUARD_IPV6_PREFIX";
 /// `TRUSTED_GATEWAYS`: no longer used (a gateway proves itself with `GATEWAY_SECRET`); a relay
 /// that finds it set without a secret refuses to start, so an upgrade cannot silently count
 /// every client against its gateway.
@@ -329,6 +332,10 @@ pub struct ServiceArgs {
     /// Seconds a stopping server waits for calls its tabs have received to be answered.
     #[arg(long, env = ENV_DRAIN_SECONDS, default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=3600))]
     pub drain_seconds: u64,
+    /// Length of the IPv6 prefix one client is keyed by in every per-address budget and cap
+    /// (one home or office line gets a /64); IPv4 addresses are keyed whole.
+    #[arg(long, env = ENV_GUARD_IPV6_PREFIX, default_value_t = crate::limits::DEFAULT_IPV6_PREFIX, value_parser = clap::value_parser!(u8).range(1..=128))]
+    pub guard_ipv6_prefix: u8,
     /// Redis holding the state shared by several replicas (`redis://host:6379/0`): sessions
     /// and calls for relays, rate limits and MCP sessions for gateways. Unset, the state
     /// lives in this process.
@@ -418,6 +425,7 @@ impl RelayArgs {
                 calls_per_code: self.rate_limit_request_per_code,
                 sessions_per_ip: service.rate_limit_session_per_ip,
                 tools_per_ip: service.rate_limit_tool_per_ip,
+                ipv6_prefix: service.guard_ipv6_prefix,
             },
             api_keys: service.api_keys()?,
             gateway_secrets,
@@ -514,6 +522,19 @@ mod tests {
         }
         assert!(Cli::try_parse_from(["relay", "--response-session-share", "1/0"]).is_err());
         assert!(Cli::try_parse_from(["relay", "--response-session-share", "half"]).is_err());
+    }
+
+    #[test]
+    fn ipv6_clients_are_keyed_by_a_prefix_of_the_configured_length() {
+        let cli = Cli::try_parse_from(["relay"]).unwrap();
+        assert_eq!(cli.config().unwrap().limits.ipv6_prefix, 64);
+        let cli = Cli::try_parse_from(["relay", "--guard-ipv6-prefix", "56"]).unwrap();
+        assert_eq!(cli.config().unwrap().limits.ipv6_prefix, 56);
+        let error = Cli::try_parse_from(["relay", "--guard-ipv6-prefix", "129"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(error.contains("129"), "{error}");
     }
 
     #[test]

@@ -41,6 +41,9 @@ use crate::store::Transport;
 pub const SESSION_CODE_METADATA: &str = "x-session-code";
 /// Metadata entry naming the transport a `Connect` stands for (`grpc` by default).
 pub const TRANSPORT_METADATA: &str = "x-provider-transport";
+/// Metadata entry with the provider token on `GetSession`, when the session's own provider
+/// asks (`authorization` carries an API key there): the guard never refuses it.
+pub const PROVIDER_TOKEN_METADATA: &str = "x-provider-token";
 /// Trailer with the stable snake_case error name.
 pub const ERROR_METADATA: &str = "x-error";
 /// Trailer with the seconds after which a retry makes sense.
@@ -143,11 +146,17 @@ impl RelayRpc for RelayService {
 
     async fn get_session(&self, request: Request<pb::GetSessionRequest>) -> Reply<pb::SessionInfo> {
         let caller = self.caller(&request);
-        let status_of = self
-            .api
-            .session_status(&caller, &request.get_ref().code)
-            .await
-            .map_err(status)?;
+        let code = &request.get_ref().code;
+        // The session's own provider, with its token, is never refused by the guard.
+        let status_of = match metadata_str(request.metadata(), PROVIDER_TOKEN_METADATA) {
+            Some(token) => {
+                self.api
+                    .provider_session_status(&caller, code, &token)
+                    .await
+            }
+            None => self.api.session_status(&caller, code).await,
+        }
+        .map_err(status)?;
         Ok(Response::new(session_info(status_of)))
     }
 

@@ -114,6 +114,9 @@ pub struct RateLimits {
     pub sessions_per_ip: NonZeroU32,
     /// Built-in tool calls (outside a session) per client address.
     pub tools_per_ip: NonZeroU32,
+    /// Length of the IPv6 prefix one client is keyed by (`GUARD_IPV6_PREFIX`, see
+    /// [`client_key`]).
+    pub ipv6_prefix: u8,
 }
 
 impl Default for RateLimits {
@@ -124,6 +127,7 @@ impl Default for RateLimits {
             calls_per_code: per_minute(60),
             sessions_per_ip: per_minute(30),
             tools_per_ip: per_minute(60),
+            ipv6_prefix: DEFAULT_IPV6_PREFIX,
         }
     }
 }
@@ -173,7 +177,7 @@ impl ClientBudgets {
             RateLimit::Sessions => ("sessions", "sessions created"),
             _ => ("tools", "tool calls"),
         };
-        let key = format!("{prefix}:{}", client_key(address, DEFAULT_IPV6_PREFIX));
+        let key = format!("{prefix}:{}", client_key(address, self.budgets.ipv6_prefix));
         let spent = self
             .store
             .spend(&key, RateBudget::per_minute(budget), self.clock.now())
@@ -272,14 +276,54 @@ impl Limits {
         caller: &Caller,
         operation: impl Future<Output = Result<T, RelayError>>,
     ) -> Result<T, RelayError> {
-        self.check(caller.address)?;
+        let client = self.key(caller);
+        self.check(client)?;
+        self.counted(client, operation.await).await
+    }
+
+    /// Runs a provider's operation, which proves the session's provider token when `token` is
+    /// given, under the guard. A tab presenting its token is never refused by the guard (the
+    /// token is a 128-bit secret: an address blocked for guessing codes still re-attaches its
+    /// own tab); to a blocked address, every failure before the token is proven (no such
+    /// session, a wrong token) is the rate-limit error, so it learns nothing. Without a token
+    /// this is [`Limits::guarded`].
+    pub async fn guarded_provider<T>(
+        &self,
+        caller: &Caller,
+        token: Option<&str>,
+        operation: impl Future<Output = Result<T, RelayError>>,
+    ) -> Result<T, RelayError> {
+        if token.is_none_or(str::is_empty) {
+            return self.guarded(caller, operation).await;
+        }
+        let client = self.key(caller);
         match operation.await {
+            Err(error) if is_unproven(&error) => {
+                self.check(client)?;
+                self.counted(client, Err(error)).await
+            }
+            proven => proven,
+        }
+    }
+
+    /// An unknown code or handle in `outcome` counts against `client`.
+    async fn counted<T>(
+        &self,
+        client: IpAddr,
+        outcome: Result<T, RelayError>,
+    ) -> Result<T, RelayError> {
+        match outcome {
             Err(error @ (RelayError::SessionNotFound { .. } | RelayError::UnknownHandle)) => {
-                self.miss(caller.address).await?;
+                self.miss(client).await?;
                 Err(error)
             }
             other => other,
         }
+    }
+
+    /// The key `caller`'s budgets are counted under (see [`client_key`]).
+    fn key(&self, caller: &Caller) -> IpAddr {
+        client_key(caller.address, self.budgets.ipv6_prefix)
     }
 
     /// What a call by `caller` to session `code` (spelt as the caller spelt it) costs. The
@@ -289,7 +333,7 @@ impl Limits {
         let code = SessionCode::parse(code)
             .map_or_else(|_| code.to_owned(), |code| code.as_str().to_owned());
         RateCharge {
-            key: format!("calls:{}:{{{code}}}", caller.address),
+            key: format!("calls:{}:{{{code}}}", self.key(caller)),
             budget: RateBudget::per_minute(self.budgets.calls_per_code),
         }
     }
@@ -354,6 +398,19 @@ impl Limits {
         self.metrics.rate_limited(RateLimit::Lookups);
         Err(lookup_limited(wait))
     }
+}
+
+/// Whether a provider operation failed before its token was proven: the session is unknown,
+/// or the token missing or wrong.
+fn is_unproven(error: &RelayError) -> bool {
+    matches!(
+        error,
+        RelayError::SessionNotFound { .. }
+            | RelayError::UnknownHandle
+            | RelayError::InvalidCode
+            | RelayError::TokenRequired
+            | RelayError::InvalidToken { .. }
+    )
 }
 
 fn lookup_limited(wait: Duration) -> RelayError {
@@ -445,6 +502,7 @@ mod tests {
                 calls_per_code: n,
                 sessions_per_ip: n,
                 tools_per_ip: n,
+                ipv6_prefix: DEFAULT_IPV6_PREFIX,
             },
             None,
             crate::store::memory::MemoryStore::new(clock.clone(), Duration::from_secs(60)),
@@ -524,6 +582,41 @@ mod tests {
         assert_eq!(known.name(), "rate_limited", "even a good code is refused");
         assert!(known.retry_after().unwrap() >= Duration::from_secs(1));
         lookup(&limits, &caller("192.0.2.6"), true).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_provider_with_its_token_is_never_refused_and_a_wrong_token_learns_nothing() {
+        let limits = limits(1);
+        let tab = caller("2001:db8::5");
+        let not_found = || async {
+            Err::<(), _>(RelayError::SessionNotFound {
+                code: "ABCD-EFGH".into(),
+            })
+        };
+        // A wrong token on an unknown code counts like any guess.
+        let miss = limits.guarded_provider(&tab, Some("t"), not_found()).await;
+        assert_eq!(miss.unwrap_err().name(), "session_not_found");
+        let over = limits.guarded_provider(&tab, Some("t"), not_found()).await;
+        assert_eq!(over.unwrap_err().name(), "rate_limited");
+        // Blocked (its whole /64): the proven token is served, anything unproven refused alike.
+        let other = caller("2001:db8::6");
+        assert!(
+            limits
+                .guarded_provider(&other, Some("t"), async { Ok(()) })
+                .await
+                .is_ok()
+        );
+        let wrong = async {
+            Err::<(), _>(RelayError::InvalidToken {
+                code: "ABCD-EFGH".into(),
+            })
+        };
+        let refused = limits.guarded_provider(&other, Some("t"), wrong).await;
+        assert_eq!(refused.unwrap_err().name(), "rate_limited");
+        let without = limits
+            .guarded_provider(&other, None, async { Ok(()) })
+            .await;
+        assert_eq!(without.unwrap_err().name(), "rate_limited");
     }
 
     #[tokio::test]

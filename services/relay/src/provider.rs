@@ -243,7 +243,7 @@ impl Relay {
             .await?
             .ok_or_else(|| crate::relay::not_found(&code))?;
         let session = self.touch(&code, Some(&connection_id)).await?;
-        tracing::info!(code = %code, transport = transport.as_str(), "provider attached");
+        tracing::info!(code = %code.redacted(), transport = transport.as_str(), "provider attached");
 
         let (down_tx, downlink) = mpsc::channel(DOWNLINK_BUFFER);
         let (uplink, up_rx) = mpsc::channel(UPLINK_BUFFER);
@@ -347,13 +347,13 @@ impl Driver {
                 ))
                 .await
             {
-                tracing::debug!(code = %self.code, %error, "a last answer was refused");
+                tracing::debug!(code = %self.code.redacted(), %error, "a last answer was refused");
             }
         }
         if let Ok(Ending::Closed) = ending {
-            tracing::info!(code = %self.code, "provider connection closed by the relay");
+            tracing::info!(code = %self.code.redacted(), "provider connection closed by the relay");
         } else {
-            tracing::info!(code = %self.code, "provider disconnected");
+            tracing::info!(code = %self.code.redacted(), "provider disconnected");
         }
         // Requests delivered to this connection stay delivered to it: the next connection
         // claims them again, because they are not delivered to *it*.
@@ -364,7 +364,7 @@ impl Driver {
             .clear_provider(&self.code, &self.connection_id)
             .await
         {
-            tracing::warn!(code = %self.code, %error, "could not record the provider's departure");
+            tracing::warn!(code = %self.code.redacted(), %error, "could not record the provider's departure");
         }
     }
 
@@ -440,7 +440,7 @@ impl Driver {
                         Err(RelayError::SessionNotFound { .. }) => {
                             return Box::pin(self.expire("The session has expired. Start a new session to pair again.")).await;
                         }
-                        Err(error) => tracing::warn!(code = %self.code, %error, "heartbeat could not slide the session"),
+                        Err(error) => tracing::warn!(code = %self.code.redacted(), %error, "heartbeat could not slide the session"),
                     }
                 }
                 () = &mut end_of_life => {
@@ -515,7 +515,7 @@ impl Driver {
                 .await
                 .map(Some),
             Err(error) => {
-                tracing::warn!(code = %self.code, %error, "could not check the session's provider");
+                tracing::warn!(code = %self.code.redacted(), %error, "could not check the session's provider");
                 Ok(None)
             }
         }
@@ -537,7 +537,7 @@ impl Driver {
                 Ok(claimed) => claimed,
                 Err(error) => {
                     // The next event or heartbeat tries again.
-                    tracing::warn!(code = %self.code, %error, "could not claim calls for the provider");
+                    tracing::warn!(code = %self.code.redacted(), %error, "could not claim calls for the provider");
                     return Ok(());
                 }
             };

@@ -296,7 +296,7 @@ impl Relay {
             };
             if self.inner.store.insert_session(record).await? {
                 self.inner.metrics.session_created();
-                tracing::info!(code = %session.code, "session created");
+                tracing::info!(code = %session.code.redacted(), "session created");
                 return Ok(session);
             }
         }
@@ -377,7 +377,7 @@ impl Relay {
     pub async fn end_session(&self, code: &str, token: Option<&str>) -> Result<(), RelayError> {
         let (code, _) = self.authorized(code, token).await?;
         self.inner.store.delete_session(&code).await?;
-        tracing::info!(code = %code, "session ended by its provider");
+        tracing::info!(code = %code.redacted(), "session ended by its provider");
         Ok(())
     }
 
@@ -539,7 +539,7 @@ impl Relay {
             .ok_or_else(|| not_found(code))?;
         self.inner.manifests.put(code, revision, manifest);
         self.touch(code, connection).await?;
-        tracing::info!(code = %code, functions = count, "manifest registered");
+        tracing::info!(code = %code.redacted(), functions = count, "manifest registered");
         Ok(count)
     }
 
@@ -674,7 +674,7 @@ impl Relay {
                 .is_some_and(|session| self.connected_transport(session, now).is_some());
             return match enqueued {
                 Enqueued::Queued(record) => {
-                    tracing::debug!(code = %code, request_id = %record.id, function = %record.function_name, "call queued");
+                    tracing::debug!(code = %code.redacted(), request_id = %record.id, function = %record.function_name, "call queued");
                     if record.builtin {
                         self.run_builtin(code.clone(), &record);
                     }
@@ -1006,7 +1006,7 @@ impl Relay {
                 self.inner.metrics.call_finished(record.status, by);
                 // Which tool, how it ended, how long it took: never its arguments or result.
                 tracing::info!(
-                    code = %code,
+                    code = %code.redacted(),
                     request_id = %record.id,
                     call_correlation_id = record.correlation_id.as_deref().unwrap_or(""),
                     function = %record.function_name,
@@ -1068,12 +1068,12 @@ impl Relay {
             };
             match lease().await {
                 Ok(Some(record)) if record.deliveries > 1 => {
-                    tracing::info!(code = %code, request_id = %id, function = %name, "took over a built-in call whose replica is gone");
+                    tracing::info!(code = %code.redacted(), request_id = %id, function = %name, "took over a built-in call whose replica is gone");
                 }
                 Ok(Some(_)) => {}
                 Ok(None) => return,
                 Err(error) => {
-                    tracing::warn!(code = %code, %error, "a built-in call could not be leased; another replica will take it over");
+                    tracing::warn!(code = %code.redacted(), %error, "a built-in call could not be leased; another replica will take it over");
                     return;
                 }
             }
@@ -1089,7 +1089,7 @@ impl Relay {
                         Ok(None) => return,
                         // Redis is away: keep running; the answer is recorded if it is back
                         // in time, and the lease may be taken over meanwhile.
-                        Err(error) => tracing::warn!(code = %code, %error, "a built-in call's lease was not renewed"),
+                        Err(error) => tracing::warn!(code = %code.redacted(), %error, "a built-in call's lease was not renewed"),
                     },
                 }
             };
@@ -1113,7 +1113,7 @@ impl Relay {
                 .accept_response(&code, response, AnsweredBy::Builtin, Answerer::Relay)
                 .await
             {
-                tracing::warn!(code = %code, %error, "a built-in tool's answer was not recorded");
+                tracing::warn!(code = %code.redacted(), %error, "a built-in tool's answer was not recorded");
             }
         });
     }

@@ -39,7 +39,8 @@ use crate::drain::Drain;
 use crate::error::RelayError;
 use crate::error::{ErrorCode, ErrorInfo};
 use crate::grpc::{
-    ERROR_METADATA, RETRY_AFTER_METADATA, SESSION_CODE_METADATA, TRANSPORT_METADATA,
+    ERROR_METADATA, PROVIDER_TOKEN_METADATA, RETRY_AFTER_METADATA, SESSION_CODE_METADATA,
+    TRANSPORT_METADATA,
 };
 use crate::limits::{CLIENT_ADDRESS_METADATA, CORRELATION_ID_METADATA, Caller};
 use crate::pool::{RelayPool, Retry};
@@ -243,6 +244,31 @@ impl RelayApi for RemoteRelay {
             .rpc(
                 Retry::Safe,
                 || self.request(message.clone(), caller, None),
+                |mut client, request| async move { client.get_session(request).await },
+            )
+            .await?;
+        session_status(info).ok_or_else(|| unavailable("the relay sent a malformed code"))
+    }
+
+    async fn provider_session_status(
+        &self,
+        caller: &Caller,
+        code: &str,
+        token: &str,
+    ) -> Outcome<SessionStatus> {
+        let message = pb::GetSessionRequest { code: code.into() };
+        let info = self
+            .rpc(
+                Retry::Safe,
+                || {
+                    let mut request = self.request(message.clone(), caller, None);
+                    if let Ok(token) = MetadataValue::try_from(token) {
+                        request
+                            .metadata_mut()
+                            .insert(PROVIDER_TOKEN_METADATA, token);
+                    }
+                    request
+                },
                 |mut client, request| async move { client.get_session(request).await },
             )
             .await?;

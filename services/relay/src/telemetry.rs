@@ -56,15 +56,24 @@ fn directives(rust_log: Option<&str>) -> String {
 }
 
 /// A request path fit for the logs: the secret handle of a connector URL (`/mcp/s/{handle}`)
-/// is replaced with `…`.
+/// is replaced with `…`, and a pairing code (`/api/sessions/{code}`) is cut to its prefix
+/// (`ABCD…`).
 pub fn redacted_path(path: &str) -> std::borrow::Cow<'_, str> {
-    match path.strip_prefix("/mcp/s/") {
-        Some(rest) => {
-            let tail = rest.find('/').map_or("", |slash| &rest[slash..]);
-            format!("/mcp/s/…{tail}").into()
-        }
-        None => path.into(),
-    }
+    let (prefix, rest) = if let Some(rest) = path.strip_prefix("/mcp/s/") {
+        ("/mcp/s/", rest)
+    } else if let Some(rest) = path.strip_prefix("/api/sessions/") {
+        ("/api/sessions/", rest)
+    } else {
+        return path.into();
+    };
+    let end = rest.find('/').unwrap_or(rest.len());
+    let (secret, tail) = rest.split_at(end);
+    let kept = if prefix == "/mcp/s/" {
+        "…".to_owned()
+    } else {
+        crate::code::redacted(secret)
+    };
+    format!("{prefix}{kept}{tail}").into()
 }
 
 #[cfg(test)]
@@ -79,12 +88,18 @@ mod tests {
     }
 
     #[test]
-    fn connector_handles_are_cut_from_paths() {
+    fn connector_handles_and_codes_are_cut_from_paths() {
         assert_eq!(redacted_path("/mcp/s/0123abcd"), "/mcp/s/…");
         assert_eq!(redacted_path("/mcp/s/0123abcd/x"), "/mcp/s/…/x");
         assert_eq!(
             redacted_path("/api/sessions/ABCD2345/ws"),
-            "/api/sessions/ABCD2345/ws"
+            "/api/sessions/ABCD…/ws"
         );
+        assert_eq!(
+            redacted_path("/api/sessions/abcd-2345"),
+            "/api/sessions/abcd…"
+        );
+        assert_eq!(redacted_path("/api/sessions"), "/api/sessions");
+        assert_eq!(redacted_path("/healthz"), "/healthz");
     }
 }

@@ -200,7 +200,11 @@ pub async fn serve_socket<S>(
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let link = relay
-        .guarded(caller, relay.attach(code, token, Transport::WebSocket))
+        .guarded_provider(
+            caller,
+            token,
+            relay.attach(code, token, Transport::WebSocket),
+        )
         .await
         .map_err(ErrorInfo::from);
     serve_link(socket, &SocketSettings::of(&relay), link).await;

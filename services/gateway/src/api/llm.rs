@@ -9,9 +9,9 @@ use poem_openapi::payload::Json;
 use poem_openapi::types::ToJSON;
 use poem_openapi::{ApiResponse, OpenApi};
 use serde_json::Value;
-use toolrelay_relay::CallInput;
+use toolrelay_relay::{CallInput, ErrorCode};
 
-use super::{Client, State, Tag};
+use super::{Authorization, Client, State, Tag, provider_token};
 use crate::error::ApiError;
 use crate::types::{
     Arguments, CallResponse, CallState, MAX_LLM_CHARS, MakeCall, Metadata, QueueCall, Queued,
@@ -82,10 +82,36 @@ impl LlmApi {
         &self,
         /// The pairing code the user gave you, e.g. ABCD-EFGH.
         code: Path<String>,
+        authorization: Authorization,
         client: Client,
     ) -> Result<Json<SessionInfo>, ApiError> {
         let caller = &client.0;
-        let status = self.state.relay.session_status(caller, &code).await?;
+        let relay = &self.state.relay;
+        let keys = self.state.config.api_keys.as_ref();
+        // The tab checking its own session (the SDK on resume) sends its provider token: then
+        // no API key is needed, and the brute-force guard never refuses it.
+        let bearer = provider_token(authorization.0.as_deref(), None)
+            .filter(|bearer| !keys.is_some_and(|keys| keys.accepts(bearer)));
+        if let Some(token) = bearer {
+            match relay.provider_session_status(caller, &code, &token).await {
+                Ok(status) => return Ok(Json(status.into())),
+                Err(error)
+                    if matches!(
+                        error.code,
+                        ErrorCode::InvalidToken | ErrorCode::TokenRequired
+                    ) =>
+                {
+                    if keys.is_some() {
+                        return Err(ApiError::new(
+                            ErrorCode::InvalidApiKey,
+                            "Send an API key this relay accepts (Authorization: Bearer <key>), or the session's provider token.",
+                        ));
+                    }
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
+        let status = relay.session_status(caller, &code).await?;
         Ok(Json(status.into()))
     }
 

@@ -88,6 +88,23 @@ impl<'a> FromRequest<'a> for Client {
     }
 }
 
+/// The request's `Authorization` header, read without declaring it in the API's documents
+/// (where the API key is a security scheme, not a parameter).
+#[derive(Debug, Clone)]
+pub struct Authorization(pub Option<String>);
+
+impl<'a> FromRequest<'a> for Authorization {
+    async fn from_request(request: &'a Request, _body: &mut RequestBody) -> poem::Result<Self> {
+        Ok(Self(
+            request
+                .headers()
+                .get(poem::http::header::AUTHORIZATION)
+                .and_then(|value| value.to_str().ok())
+                .map(str::to_owned),
+        ))
+    }
+}
+
 /// The provider token of a request: `Authorization: Bearer …`, or `?token=` (for EventSource
 /// and WebSocket, which cannot set headers).
 pub fn provider_token(authorization: Option<&str>, query: Option<String>) -> Option<String> {

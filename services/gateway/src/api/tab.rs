@@ -132,7 +132,7 @@ impl TabApi {
             .await?;
         // Every call not answered yet is sent again on a new stream, so resuming loses
         // nothing whatever the last id was; the tab de-duplicates by requestId.
-        tracing::debug!(code = %link.code, resumed = resumed.as_deref().unwrap_or(""), "SSE provider attached");
+        tracing::debug!(code = %link.code.redacted(), resumed = resumed.as_deref().unwrap_or(""), "SSE provider attached");
         Ok(events(link, event_value, &self.state))
     }
 
