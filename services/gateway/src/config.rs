@@ -6,6 +6,7 @@ use std::num::NonZeroU32;
 
 use clap::Args;
 use toolrelay_relay::config::{DEFAULT_MAX_JSON_DEPTH, ServiceArgs, StoreConfig, check_json_depth};
+use toolrelay_relay::listen::ConnectionLimits;
 
 /// `LISTEN_ADDR`: the public HTTP address.
 pub const ENV_LISTEN: &str = "LISTEN_ADDR";
@@ -97,6 +98,9 @@ pub struct GatewayConfig {
     /// Where a gateway alone keeps what it shares with other gateways (rate limits, MCP
     /// sessions): `REDIS_URL`. In one process, the relay's store serves.
     pub store: StoreConfig,
+    /// What the public listener allows a connection (trusted proxies have no per-address
+    /// cap: their connections carry many clients).
+    pub connections: ConnectionLimits,
 }
 
 /// Rate limits, per minute.
@@ -126,6 +130,7 @@ impl GatewayConfig {
             max_json_depth: DEFAULT_MAX_JSON_DEPTH,
             api_keys: None,
             store: StoreConfig::Memory,
+            connections: ConnectionLimits::default(),
         })
     }
 }
@@ -170,6 +175,10 @@ impl GatewayArgs {
             crate::auth::ApiKeys::load(&self.api_keys, self.api_keys_file.as_deref())?;
         config.trusted_proxies.clone_from(&self.trusted_proxies);
         config.store = service.store_config();
+        config.connections = ConnectionLimits {
+            uncapped: self.trusted_proxies.clone(),
+            ..service.connection_limits()?
+        };
         Ok(config)
     }
 }

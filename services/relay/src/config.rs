@@ -12,6 +12,7 @@ use crate::builtin::BuiltinConfig;
 use crate::builtin::mip::MipConfig;
 use crate::builtin::mip::sandbox::SandboxConfig;
 use crate::limits::{self, RateLimits};
+use crate::listen::{self, ConnectionLimits};
 
 /// `SESSION_TTL_SECONDS`: idle time after which a session expires.
 pub const ENV_SESSION_TTL: &str = "SESSION_TTL_SECONDS";
@@ -51,6 +52,18 @@ pub const ENV_MAX_JSON_DEPTH: &str = "MAX_JSON_DEPTH";
 pub const ENV_DRAIN_SECONDS: &str = "DRAIN_SECONDS";
 /// `RESPONSE_BUDGET_MB`: megabytes of finished calls' answers the in-memory store keeps.
 pub const ENV_RESPONSE_BUDGET: &str = "RESPONSE_BUDGET_MB";
+
+/// `HEADER_READ_TIMEOUT_SECONDS`: how long a request head may take to arrive, on every listener.
+pub const ENV_HEADER_READ_TIMEOUT: &str = "HEADER_READ_TIMEOUT_SECONDS";
+/// `MAX_HEADER_BYTES`: most bytes of a request head a connection may send.
+pub const ENV_MAX_HEADER_BYTES: &str = "MAX_HEADER_BYTES";
+/// `KEEP_ALIVE_IDLE_SECONDS`: how long a kept-alive connection may wait for its next request.
+pub const ENV_KEEP_ALIVE_IDLE: &str = "KEEP_ALIVE_IDLE_SECONDS";
+/// `MAX_CONNECTIONS_PER_IP`: connections one client address may hold open.
+pub const ENV_MAX_CONNECTIONS_PER_IP: &str = "MAX_CONNECTIONS_PER_IP";
+/// `MAX_CONNECTIONS`: connections the process holds open in all (default from the open-files
+/// limit).
+pub const ENV_MAX_CONNECTIONS: &str = "MAX_CONNECTIONS";
 
 /// `REDIS_URL`: the Redis holding the state shared by several replicas (unset: in memory).
 pub const ENV_REDIS_URL: &str = "REDIS_URL";
@@ -103,6 +116,8 @@ pub struct RelayConfig {
     pub builtin: BuiltinConfig,
     /// Where the state lives.
     pub store: StoreConfig,
+    /// What the gRPC and WebSocket listeners allow a connection.
+    pub connections: ConnectionLimits,
 }
 
 /// Where sessions, calls and claim checks live.
@@ -141,6 +156,7 @@ impl Default for RelayConfig {
             drain_timeout: Duration::from_secs(10),
             builtin: BuiltinConfig::default(),
             store: StoreConfig::Memory,
+            connections: ConnectionLimits::default(),
         }
     }
 }
@@ -275,9 +291,49 @@ pub struct ServiceArgs {
     /// What every key in Redis starts with.
     #[arg(long, env = ENV_REDIS_PREFIX, default_value = "toolrelay:")]
     pub redis_prefix: String,
+    /// Seconds a request head may take to arrive (from its first byte, or from the accept),
+    /// on every listener.
+    #[arg(long, env = ENV_HEADER_READ_TIMEOUT, default_value_t = listen::DEFAULT_HEADER_READ_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub header_read_timeout_seconds: u64,
+    /// Most bytes of a request head; a larger one gets 431.
+    #[arg(long, env = ENV_MAX_HEADER_BYTES, default_value_t = listen::DEFAULT_MAX_HEADER_BYTES as u64, value_parser = clap::value_parser!(u64).range(listen::MIN_HEADER_BYTES as u64..=16 * 1024 * 1024))]
+    pub max_header_bytes: u64,
+    /// Seconds a kept-alive connection may wait for its next request (never cutting one in
+    /// progress: calls, polls, streams and WebSockets run as long as they run).
+    #[arg(long, env = ENV_KEEP_ALIVE_IDLE, default_value_t = listen::DEFAULT_KEEP_ALIVE_IDLE.as_secs(), value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub keep_alive_idle_seconds: u64,
+    /// Connections one client address (an IPv6 client by its /64) may hold open.
+    #[arg(long, env = ENV_MAX_CONNECTIONS_PER_IP, default_value_t = listen::DEFAULT_MAX_CONNECTIONS_PER_IP as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_connections_per_ip: u64,
+    /// Connections the process holds open in all. Default: the open-files limit (raised to
+    /// its hard limit at start) less an eighth (at least 256) for everything else.
+    #[arg(long, env = ENV_MAX_CONNECTIONS, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_connections: Option<u64>,
 }
 
 impl ServiceArgs {
+    /// What every listener allows a connection, validated.
+    pub fn connection_limits(&self) -> Result<ConnectionLimits, String> {
+        let size = |value: u64| usize::try_from(value).unwrap_or(usize::MAX);
+        let limits = ConnectionLimits {
+            header_read_timeout: Duration::from_secs(self.header_read_timeout_seconds),
+            max_header_bytes: size(self.max_header_bytes),
+            keep_alive_idle: Duration::from_secs(self.keep_alive_idle_seconds),
+            max_per_address: size(self.max_connections_per_ip),
+            max_total: self
+                .max_connections
+                .map_or_else(listen::default_max_connections, size),
+            uncapped: Vec::new(),
+        };
+        if limits.max_per_address > limits.max_total {
+            return Err(format!(
+                "{ENV_MAX_CONNECTIONS_PER_IP} ({}) must not be more than {ENV_MAX_CONNECTIONS} ({})",
+                limits.max_per_address, limits.max_total
+            ));
+        }
+        Ok(limits)
+    }
+
     /// The drain deadline.
     pub fn drain_timeout(&self) -> Duration {
         Duration::from_secs(self.drain_seconds)
@@ -335,6 +391,7 @@ impl RelayArgs {
                 },
             },
             store: service.store_config(),
+            connections: service.connection_limits()?,
             ..RelayConfig::default()
         };
         config.validate()?;

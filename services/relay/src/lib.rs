@@ -28,6 +28,7 @@ pub mod drain;
 pub mod error;
 pub mod grpc;
 pub mod limits;
+pub mod listen;
 pub mod manifest;
 pub mod metrics;
 pub mod ops;
