@@ -449,6 +449,31 @@ mod tests {
     }
 
     #[test]
+    fn connection_limits_are_set_and_checked() {
+        let cli = Cli::try_parse_from([
+            "relay",
+            "--header-read-timeout-seconds",
+            "3",
+            "--max-connections-per-ip",
+            "8",
+            "--max-connections",
+            "100",
+        ])
+        .unwrap();
+        let limits = cli.config().unwrap().connections;
+        assert_eq!(limits.header_read_timeout, Duration::from_secs(3));
+        assert_eq!((limits.max_per_address, limits.max_total), (8, 100));
+        let cli = Cli::try_parse_from(["relay", "--max-connections", "100"]).unwrap();
+        let message = cli.config().unwrap_err();
+        assert!(
+            message.contains(ENV_MAX_CONNECTIONS_PER_IP) && message.contains(ENV_MAX_CONNECTIONS),
+            "{message}"
+        );
+        assert!(Cli::try_parse_from(["relay", "--max-header-bytes", "100"]).is_err());
+        assert!(Cli::try_parse_from(["relay", "--keep-alive-idle-seconds", "0"]).is_err());
+    }
+
+    #[test]
     fn bad_values_are_refused() {
         assert!(Cli::try_parse_from(["relay", "--session-ttl-seconds", "0"]).is_err());
         assert!(Cli::try_parse_from(["relay", "--session-ttl-seconds", "ten"]).is_err());
