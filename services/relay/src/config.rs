@@ -315,7 +315,7 @@ impl ServiceArgs {
     /// What every listener allows a connection, validated.
     pub fn connection_limits(&self) -> Result<ConnectionLimits, String> {
         let size = |value: u64| usize::try_from(value).unwrap_or(usize::MAX);
-        let limits = ConnectionLimits {
+        let mut limits = ConnectionLimits {
             header_read_timeout: Duration::from_secs(self.header_read_timeout_seconds),
             max_header_bytes: size(self.max_header_bytes),
             keep_alive_idle: Duration::from_secs(self.keep_alive_idle_seconds),
@@ -325,7 +325,10 @@ impl ServiceArgs {
                 .map_or_else(listen::default_max_connections, size),
             uncapped: Vec::new(),
         };
-        if limits.max_per_address > limits.max_total {
+        if self.max_connections.is_none() {
+            // A total derived from the machine's limit: the per-address cap fits in it.
+            limits.max_per_address = limits.max_per_address.min(limits.max_total);
+        } else if limits.max_per_address > limits.max_total {
             return Err(format!(
                 "{ENV_MAX_CONNECTIONS_PER_IP} ({}) must not be more than {ENV_MAX_CONNECTIONS} ({})",
                 limits.max_per_address, limits.max_total

@@ -19,7 +19,9 @@
 //! `max_header_list_size` for HTTP/2).
 //!
 //! The relay's WebSocket port is not HTTP served by hyper (see [`crate::ops`]); it takes its
-//! slots from the same [`Connections`] and applies the same header-read timeout itself.
+//! slots from the same [`Connections`] and applies the same header-read timeout itself; its
+//! heads are bounded by tungstenite (64 KiB, fixed) and the probes' reader (8 KiB). An
+//! upgraded WebSocket keeps its slot, but no timeout here applies to it (its heartbeats do).
 
 use std::collections::HashMap;
 use std::convert::Infallible;

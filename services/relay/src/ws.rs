@@ -136,6 +136,10 @@ async fn serve_tcp(relay: Relay, stream: TcpStream, peer: SocketAddr, header_tim
     let socket = match tokio::time::timeout_at(deadline, handshake).await {
         Ok(Ok(socket)) => socket,
         Ok(Err(error)) => {
+            if matches!(error, WsError::AttackAttempt) {
+                // tungstenite's own bound on a handshake's head: 64 KiB.
+                relay.metrics().refused(Refusal::HeaderTooLarge);
+            }
             tracing::debug!(%error, "WebSocket handshake failed");
             return;
         }
