@@ -247,6 +247,12 @@ mod tests {
             cli.gateway.gateway_config(bound, &cli.service).unwrap()
         };
         assert!(config(&["toolrelay"]).open_provider_routes);
+        let proxied = config(&["toolrelay", "--trusted-proxies", "10.0.0.0/8"]);
+        assert_eq!(
+            proxied.connections.uncapped,
+            ["10.0.0.0/8".parse::<ipnet::IpNet>().unwrap()],
+            "a trusted proxy carries many clients: no per-address cap"
+        );
         let narrowed = config(&["toolrelay", "--cors-origin", "https://lab.example.org"]);
         assert!(!narrowed.open_provider_routes);
         assert_eq!(

@@ -12,7 +12,8 @@
 //!   tokio-tungstenite), whose port also answers probes and scrapes ([`ops`]); [`remote`] —
 //!   the same operations reached over gRPC from another process (the gateway in a split
 //!   deployment); [`limits`] — the brute-force guard and call limits every transport applies
-//!   through [`RelayApi`].
+//!   through [`RelayApi`]; [`listen`] — every listener's connection caps, header-read and
+//!   idle timeouts (the gateway's too).
 //! * [`server`] — `run(listeners, shutdown)`, used by the binaries and by tests; [`drain`] —
 //!   the graceful shutdown both servers of a process share; [`metrics`] — the process's
 //!   Prometheus metrics, which everything above reports to; [`config`] — settings and
