@@ -29,3 +29,7 @@ release=${TOOLRELAY_IMAGE_BINARIES:-$(cargo metadata --format-version 1 --no-dep
 TOOLRELAY_BINARIES=$release cargo test --locked -p toolrelay-tests --test mcp -- --ignored
 step "the image and the Kubernetes manifests run in podman (container, kube_play)"
 cargo test --locked -p toolrelay-tests --test container --test kube_play -- --ignored
+step "floods against the release binaries scripts/image.sh built (connection_flood)"
+release=$(cargo metadata --format-version 1 --no-deps --locked |
+  /usr/bin/python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')/release
+TOOLRELAY_BINARIES=${TOOLRELAY_IMAGE_BINARIES:-$release} cargo test --locked -p toolrelay-tests --test connection_flood -- --ignored --nocapture

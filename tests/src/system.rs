@@ -19,6 +19,10 @@ use toolrelay_relay::{Relay, RelayConfig};
 
 use crate::PATIENCE;
 
+/// `TOOLRELAY_BINARIES`: the directory of the binaries the tests start (the release build, say);
+/// by default the build the tests belong to.
+pub const ENV_BINARIES: &str = "TOOLRELAY_BINARIES";
+
 /// A running system and an HTTP client for it.
 pub struct System {
     /// `http://127.0.0.1:port`.
@@ -425,24 +429,17 @@ async fn answer(response: reqwest::Response) -> Answer {
     }
 }
 
-/// The variable naming the directory the tests take the binaries from (scripts/test.sh points
-/// the floods at the release build); unset, the binaries built next to the test executables.
-pub const ENV_BINARIES: &str = "TOOLRELAY_BINARIES";
-
 /// A workspace binary, built next to the test executables (`cargo test --workspace` and
-/// `scripts/test.sh` build every binary), or in [`ENV_BINARIES`].
+/// `scripts/test.sh` build every binary), or in [`ENV_BINARIES`] when it is set.
 pub fn binary(name: &str) -> PathBuf {
-    let dir = std::env::var_os(ENV_BINARIES).map_or_else(
-        || {
+    let path = match std::env::var_os(ENV_BINARIES) {
+        Some(dir) => PathBuf::from(dir).join(name),
+        None => {
             let exe = std::env::current_exe().unwrap();
-            exe.parent()
-                .and_then(|deps| deps.parent())
-                .unwrap()
-                .to_owned()
-        },
-        PathBuf::from,
-    );
-    let path = dir.join(name);
+            let dir = exe.parent().and_then(|deps| deps.parent()).unwrap();
+            dir.join(name)
+        }
+    };
     assert!(
         path.exists(),
         "{} is missing: build the binaries first (cargo build --workspace --bins; scripts/test.sh does)",

@@ -12,6 +12,7 @@ pub use toolrelay_relay::config::{
     ENV_API_KEYS, ENV_API_KEYS_FILE, ENV_GATEWAY_SECRET, ENV_GATEWAY_SECRET_FILE,
     ENV_RATE_LIMIT_SESSION, ENV_RATE_LIMIT_TOOL,
 };
+use toolrelay_relay::listen::ConnectionLimits;
 
 /// `LISTEN_ADDR`: the public HTTP address.
 pub const ENV_LISTEN: &str = "LISTEN_ADDR";
@@ -119,6 +120,9 @@ pub struct GatewayConfig {
     /// Where a gateway alone keeps what it shares with other gateways (rate limits, MCP
     /// sessions): `REDIS_URL`. In one process, the relay's store serves.
     pub store: StoreConfig,
+    /// What the public listener allows a connection (trusted proxies have no per-address
+    /// cap: their connections carry many clients).
+    pub connections: ConnectionLimits,
 }
 
 /// Rate limits, per minute.
@@ -179,6 +183,7 @@ impl GatewayConfig {
             gateway_secrets: None,
             mcp_sessions: McpSessions::default(),
             store: StoreConfig::Memory,
+            connections: ConnectionLimits::default(),
         })
     }
 }
@@ -245,6 +250,10 @@ impl GatewayArgs {
         }
         config.check_host = bound.ip().is_loopback();
         config.store = service.store_config();
+        config.connections = ConnectionLimits {
+            uncapped: self.trusted_proxies.clone(),
+            ..service.connection_limits()?
+        };
         Ok(config)
     }
 }
@@ -347,6 +356,12 @@ mod tests {
             cli.gateway.gateway_config(bound, &cli.service).unwrap()
         };
         assert!(config(&["toolrelay"]).open_provider_routes);
+        let proxied = config(&["toolrelay", "--trusted-proxies", "10.0.0.0/8"]);
+        assert_eq!(
+            proxied.connections.uncapped,
+            ["10.0.0.0/8".parse::<ipnet::IpNet>().unwrap()],
+            "a trusted proxy carries many clients: no per-address cap"
+        );
         let narrowed = config(&["toolrelay", "--cors-origin", "https://lab.example.org"]);
         assert!(!narrowed.open_provider_routes);
         assert_eq!(

@@ -2,18 +2,23 @@
 //! `run(state, listener, shutdown)` (the one-process server also starts the relay's gRPC
 //! service next to it, and shares its metrics; see [`run_all`]).
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use http_body_util::combinators::BoxBody;
+use poem::http::uri::Scheme;
 use poem::http::{Method, StatusCode, header};
-use poem::listener::{Acceptor, TcpAcceptor};
 use poem::middleware::Cors;
 use poem::web::Data;
-use poem::{Endpoint, EndpointExt, IntoResponse, Request, Response, Route, Server, get, handler};
+use poem::web::{LocalAddr, RemoteAddr};
+use poem::{Endpoint, EndpointExt, IntoResponse, Request, Response, Route, get, handler};
 use poem_openapi::OpenApiService;
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 use toolrelay_relay::clock::Clock;
+use toolrelay_relay::listen::{self, Connections, Protocol};
 use toolrelay_relay::remote::{RemoteOptions, RemoteRelay};
 use toolrelay_relay::server::{local, open_store};
 use toolrelay_relay::store::Store;
@@ -272,7 +277,7 @@ fn merged_paths(spec: &str) -> serde_json::Value {
 }
 
 /// The HTTP application: routes and middleware.
-pub fn app(state: State) -> impl Endpoint<Output = Response> {
+pub fn app(state: State) -> poem::endpoint::BoxEndpoint<'static, Response> {
     let Documents {
         openapi_json: spec_json,
         openapi_yaml: spec_yaml,
@@ -338,23 +343,52 @@ pub fn app(state: State) -> impl Endpoint<Output = Response> {
         .around(move |next, request| open_cors(open_providers, next, request))
         .around(move |next, request| crate::observe::observe(Arc::clone(&http), next, request))
         .map_to_response()
+        // Boxed: the middleware stack's type is deep enough to overflow the compiler's query
+        // depth where the connection service wraps it in async blocks.
+        .boxed()
 }
 
 /// Serves the gateway on `listener` until its drain ends (see [`toolrelay_relay::drain`]):
 /// during the drain it keeps accepting connections, because tabs still poll and answer over
 /// them; new work is refused by the relay operations. Then it closes its connections.
-pub async fn run(state: State, listener: TcpListener) -> std::io::Result<()> {
-    let acceptor = NoDelay(TcpAcceptor::from_tokio(listener)?);
+/// Connections count in `connections` (see [`toolrelay_relay::listen`]: caps, header-read and
+/// idle timeouts).
+pub async fn run(state: State, listener: TcpListener, connections: Arc<Connections>) {
+    let stop = CancellationToken::new();
     let stopping = state.shutdown.clone();
     let ended = state.drain.ended();
-    let stop = async move {
+    let endpoint = Arc::new(app(state));
+    let serving = listen::serve(
+        listener,
+        connections,
+        Protocol::Http,
+        move |peer, local| {
+            let endpoint = Arc::clone(&endpoint);
+            hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+                let endpoint = Arc::clone(&endpoint);
+                async move {
+                    let request = Request::from((
+                        request,
+                        LocalAddr(local.into()),
+                        RemoteAddr(peer.into()),
+                        Scheme::HTTP,
+                    ));
+                    let response: hyper::Response<BoxBody<hyper::body::Bytes, std::io::Error>> =
+                        endpoint.get_response(request).await.into();
+                    Ok::<_, Infallible>(response)
+                }
+            })
+        },
+        stop.clone(),
+        CLOSE_TIMEOUT,
+    );
+    let stop_after_drain = async move {
         ended.await;
         // Long-lived MCP streams end now rather than at the close timeout.
         stopping.cancel();
+        stop.cancel();
     };
-    Server::new_with_acceptor(acceptor)
-        .run_with_graceful_shutdown(app(state), stop, Some(CLOSE_TIMEOUT))
-        .await
+    tokio::join!(serving, stop_after_drain);
 }
 
 /// The gateway alone on `public`, in front of the relay at `relay_url` (gRPC), until
@@ -393,16 +427,16 @@ pub async fn run_split(
     let store = Observed::wrap(store, metrics.clone());
     observe_gateway(&metrics, &drain, &store);
     tracing::info!(listen = %local(&public), relay = %relay_url, "{name} listening");
+    let connections = Connections::new(config.connections.clone(), metrics.clone());
     let state = gateway(Arc::new(relay), config, drain.clone(), store, metrics);
-    let serving = tokio::spawn(run(state, public));
+    let serving = tokio::spawn(run(state, public, connections));
     shutdown.await;
     tracing::info!("draining: refusing new work, waiting for delivered calls to be answered");
     let unanswered = drain.run(drain_timeout).await;
     tracing::info!(unanswered, "drained: closing connections");
-    match serving.await {
-        Ok(served) => served.map_err(|error| error.to_string()),
-        Err(_) => Err("the gateway task panicked".into()),
-    }
+    serving
+        .await
+        .map_err(|_| "the gateway task panicked".to_owned())
 }
 
 /// The one-process system: the gateway on `public` and the relay's gRPC service on `grpc`,
@@ -419,11 +453,14 @@ pub async fn run_all(
         grpc,
         websocket: None,
     };
+    // One process, one budget of connections (and of file descriptors) for both listeners.
+    let connections = Connections::new(config.connections.clone(), relay.metrics().clone());
     // The relay's server runs the drain when `shutdown` completes; the gateway stops when it
     // has ended.
-    let relay_task = tokio::spawn(toolrelay_relay::server::run(
+    let relay_task = tokio::spawn(toolrelay_relay::server::run_sharing(
         relay.clone(),
         relay_listeners,
+        Arc::clone(&connections),
         shutdown,
     ));
     let state = gateway(
@@ -433,14 +470,13 @@ pub async fn run_all(
         Arc::clone(relay.store()),
         relay.metrics().clone(),
     );
-    let gateway_task = tokio::spawn(run(state, public));
+    let gateway_task = tokio::spawn(run(state, public, connections));
     let relay_result = relay_task.await;
     // The relay stopped: on a signal after its drain, or on its own after an error.
     relay.shutdown();
     let gateway_result = gateway_task.await;
     match (gateway_result, relay_result) {
-        (Ok(Ok(())), Ok(Ok(()))) => Ok(()),
-        (Ok(Err(error)), _) => Err(format!("the gateway failed: {error}")),
+        (Ok(()), Ok(Ok(()))) => Ok(()),
         (_, Ok(Err(error))) => Err(format!("the relay failed: {error}")),
         _ => Err("a server task panicked".into()),
     }
@@ -460,31 +496,6 @@ fn observe_gateway(metrics: &Metrics, drain: &Drain, store: &Arc<dyn Store>) {
             }
         })
     });
-}
-
-/// Accepts connections with Nagle's algorithm off (poem leaves it on): answers and frames are
-/// small and wanted now.
-pub struct NoDelay(pub TcpAcceptor);
-
-impl Acceptor for NoDelay {
-    type Io = tokio::net::TcpStream;
-
-    fn local_addr(&self) -> Vec<poem::web::LocalAddr> {
-        self.0.local_addr()
-    }
-
-    async fn accept(
-        &mut self,
-    ) -> std::io::Result<(
-        Self::Io,
-        poem::web::LocalAddr,
-        poem::web::RemoteAddr,
-        poem::http::uri::Scheme,
-    )> {
-        let accepted = self.0.accept().await?;
-        toolrelay_relay::server::no_delay(&accepted.0);
-        Ok(accepted)
-    }
 }
 
 /// A generated document served as is.
@@ -558,19 +569,4 @@ async fn limit_body<E: Endpoint>(next: E, mut request: Request) -> poem::Result<
         }
     }
     next.call(request).await.map(IntoResponse::into_response)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn accepted_http_connections_have_nagle_off() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap();
-        let mut acceptor = NoDelay(TcpAcceptor::from_tokio(listener).unwrap());
-        let _client = tokio::net::TcpStream::connect(address).await.unwrap();
-        let (stream, ..) = acceptor.accept().await.unwrap();
-        assert!(stream.nodelay().unwrap());
-    }
 }

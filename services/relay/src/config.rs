@@ -14,6 +14,7 @@ use crate::builtin::BuiltinConfig;
 use crate::builtin::mip::MipConfig;
 use crate::builtin::mip::sandbox::SandboxConfig;
 use crate::limits::RateLimits;
+use crate::listen::{self, ConnectionLimits};
 
 /// `SESSION_TTL_SECONDS`: idle time after which a session expires.
 pub const ENV_SESSION_TTL: &str = "SESSION_TTL_SECONDS";
@@ -77,6 +78,18 @@ pub const ENV_RESPONSE_BUDGET: &str = "RESPONSE_BUDGET_MB";
 /// (`1/8`, or `0.125`); past it, that session's own oldest answers go first.
 pub const ENV_RESPONSE_SESSION_SHARE: &str = "RESPONSE_SESSION_SHARE";
 
+/// `HEADER_READ_TIMEOUT_SECONDS`: how long a request head may take to arrive, on every listener.
+pub const ENV_HEADER_READ_TIMEOUT: &str = "HEADER_READ_TIMEOUT_SECONDS";
+/// `MAX_HEADER_BYTES`: most bytes of a request head a connection may send.
+pub const ENV_MAX_HEADER_BYTES: &str = "MAX_HEADER_BYTES";
+/// `KEEP_ALIVE_IDLE_SECONDS`: how long a kept-alive connection may wait for its next request.
+pub const ENV_KEEP_ALIVE_IDLE: &str = "KEEP_ALIVE_IDLE_SECONDS";
+/// `MAX_CONNECTIONS_PER_IP`: connections one client address may hold open.
+pub const ENV_MAX_CONNECTIONS_PER_IP: &str = "MAX_CONNECTIONS_PER_IP";
+/// `MAX_CONNECTIONS`: connections the process holds open in all (default from the open-files
+/// limit).
+pub const ENV_MAX_CONNECTIONS: &str = "MAX_CONNECTIONS";
+
 /// `REDIS_URL`: the Redis holding the state shared by several replicas (unset: in memory).
 pub const ENV_REDIS_URL: &str = "REDIS_URL";
 /// `REDIS_PREFIX`: what every key in Redis starts with, so deployments can share a Redis.
@@ -135,6 +148,8 @@ pub struct RelayConfig {
     pub builtin: BuiltinConfig,
     /// Where the state lives.
     pub store: StoreConfig,
+    /// What the gRPC and WebSocket listeners allow a connection.
+    pub connections: ConnectionLimits,
 }
 
 /// Where sessions, calls and claim checks live.
@@ -175,6 +190,7 @@ impl Default for RelayConfig {
             drain_timeout: Duration::from_secs(10),
             builtin: BuiltinConfig::default(),
             store: StoreConfig::Memory,
+            connections: ConnectionLimits::default(),
         }
     }
 }
@@ -364,6 +380,24 @@ pub struct ServiceArgs {
     /// A file holding the gateway secrets (comma- or line-separated), e.g. a mounted Secret.
     #[arg(long, env = ENV_GATEWAY_SECRET_FILE)]
     pub gateway_secret_file: Option<std::path::PathBuf>,
+    /// Seconds a request head may take to arrive (from its first byte, or from the accept),
+    /// on every listener.
+    #[arg(long, env = ENV_HEADER_READ_TIMEOUT, default_value_t = listen::DEFAULT_HEADER_READ_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub header_read_timeout_seconds: u64,
+    /// Most bytes of a request head; a larger one gets 431.
+    #[arg(long, env = ENV_MAX_HEADER_BYTES, default_value_t = listen::DEFAULT_MAX_HEADER_BYTES as u64, value_parser = clap::value_parser!(u64).range(listen::MIN_HEADER_BYTES as u64..=16 * 1024 * 1024))]
+    pub max_header_bytes: u64,
+    /// Seconds a kept-alive connection may wait for its next request (never cutting one in
+    /// progress: calls, polls, streams and WebSockets run as long as they run).
+    #[arg(long, env = ENV_KEEP_ALIVE_IDLE, default_value_t = listen::DEFAULT_KEEP_ALIVE_IDLE.as_secs(), value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub keep_alive_idle_seconds: u64,
+    /// Connections one client address (an IPv6 client by its /64) may hold open.
+    #[arg(long, env = ENV_MAX_CONNECTIONS_PER_IP, default_value_t = listen::DEFAULT_MAX_CONNECTIONS_PER_IP as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_connections_per_ip: u64,
+    /// Connections the process holds open in all. Default: the open-files limit (raised to
+    /// its hard limit at start) less an eighth (at least 256) for everything else.
+    #[arg(long, env = ENV_MAX_CONNECTIONS, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_connections: Option<u64>,
 }
 
 impl ServiceArgs {
@@ -376,6 +410,31 @@ impl ServiceArgs {
     /// the variable.
     pub fn gateway_secrets(&self) -> Result<Option<Arc<GatewaySecrets>>, String> {
         GatewaySecrets::load(&self.gateway_secret, self.gateway_secret_file.as_deref())
+    }
+
+    /// What every listener allows a connection, validated.
+    pub fn connection_limits(&self) -> Result<ConnectionLimits, String> {
+        let size = |value: u64| usize::try_from(value).unwrap_or(usize::MAX);
+        let mut limits = ConnectionLimits {
+            header_read_timeout: Duration::from_secs(self.header_read_timeout_seconds),
+            max_header_bytes: size(self.max_header_bytes),
+            keep_alive_idle: Duration::from_secs(self.keep_alive_idle_seconds),
+            max_per_address: size(self.max_connections_per_ip),
+            max_total: self
+                .max_connections
+                .map_or_else(listen::default_max_connections, size),
+            uncapped: Vec::new(),
+        };
+        if self.max_connections.is_none() {
+            // A total derived from the machine's limit: the per-address cap fits in it.
+            limits.max_per_address = limits.max_per_address.min(limits.max_total);
+        } else if limits.max_per_address > limits.max_total {
+            return Err(format!(
+                "{ENV_MAX_CONNECTIONS_PER_IP} ({}) must not be more than {ENV_MAX_CONNECTIONS} ({})",
+                limits.max_per_address, limits.max_total
+            ));
+        }
+        Ok(limits)
     }
 
     /// The drain deadline.
@@ -452,6 +511,7 @@ impl RelayArgs {
                 },
             },
             store: service.store_config(),
+            connections: service.connection_limits()?,
             ..RelayConfig::default()
         };
         config.validate()?;
@@ -535,6 +595,31 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(error.contains("129"), "{error}");
+    }
+
+    #[test]
+    fn connection_limits_are_set_and_checked() {
+        let cli = Cli::try_parse_from([
+            "relay",
+            "--header-read-timeout-seconds",
+            "3",
+            "--max-connections-per-ip",
+            "8",
+            "--max-connections",
+            "100",
+        ])
+        .unwrap();
+        let limits = cli.config().unwrap().connections;
+        assert_eq!(limits.header_read_timeout, Duration::from_secs(3));
+        assert_eq!((limits.max_per_address, limits.max_total), (8, 100));
+        let cli = Cli::try_parse_from(["relay", "--max-connections", "100"]).unwrap();
+        let message = cli.config().unwrap_err();
+        assert!(
+            message.contains(ENV_MAX_CONNECTIONS_PER_IP) && message.contains(ENV_MAX_CONNECTIONS),
+            "{message}"
+        );
+        assert!(Cli::try_parse_from(["relay", "--max-header-bytes", "100"]).is_err());
+        assert!(Cli::try_parse_from(["relay", "--keep-alive-idle-seconds", "0"]).is_err());
     }
 
     #[test]

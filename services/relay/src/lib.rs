@@ -13,7 +13,8 @@
 //!   the same operations reached over gRPC from another process (the gateway in a split
 //!   deployment); [`limits`] — the brute-force guard and call limits every transport applies
 //!   through [`RelayApi`]; [`access`] — API keys and the proof a gateway gives before the
-//!   relay believes the client it names.
+//!   relay believes the client it names; [`listen`] — every listener's connection caps,
+//!   header-read and idle timeouts (the gateway's too).
 //! * [`server`] — `run(listeners, shutdown)`, used by the binaries and by tests; [`drain`] —
 //!   the graceful shutdown both servers of a process share; [`metrics`] — the process's
 //!   Prometheus metrics, which everything above reports to; [`config`] — settings and
@@ -30,6 +31,7 @@ pub mod drain;
 pub mod error;
 pub mod grpc;
 pub mod limits;
+pub mod listen;
 pub mod manifest;
 pub mod metrics;
 pub mod ops;

@@ -34,6 +34,8 @@ struct Cli {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // Before the settings: the default connection cap derives from the raised limit.
+    toolrelay_relay::listen::raise_open_files_limit();
     let cli = Cli::parse();
     let _log = telemetry::init(cli.log.log_format);
     server::exit_code("toolrelay-relay", serve(cli).await)

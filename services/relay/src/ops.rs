@@ -17,6 +17,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::api::RelayApi;
+use crate::metrics::Refusal;
 use crate::relay::Relay;
 
 /// How every WebSocket handshake on the port begins (`/api/sessions/{code}/ws?token=…`).
@@ -47,12 +48,16 @@ pub async fn is_plain_http(stream: &TcpStream) -> std::io::Result<bool> {
 }
 
 /// Answers one plain HTTP request on `stream` and closes it: `/healthz`, `/readyz`,
-/// `/metrics`, or 404.
-pub async fn answer(relay: &Relay, mut stream: TcpStream) {
+/// `/metrics`, or 404. A head not read whole by `deadline`, or longer than 8 KiB, is not
+/// answered (and is counted).
+pub async fn answer(relay: &Relay, mut stream: TcpStream, deadline: tokio::time::Instant) {
     // The whole head is read first: closing a socket with unread bytes in it resets the
     // connection, and the client could lose the answer.
-    let Some(head) = read_head(&mut stream).await else {
-        return;
+    let head = match tokio::time::timeout_at(deadline, read_head(&mut stream)).await {
+        Ok(Head::Read(head)) => head,
+        Ok(Head::Gone) => return,
+        Ok(Head::TooLarge) => return relay.metrics().refused(Refusal::HeaderTooLarge),
+        Err(_) => return relay.metrics().refused(Refusal::HeaderTimeout),
     };
     let plain = "text/plain; charset=utf-8";
     let (status, content_type, body) = match request_line(&head) {
@@ -105,20 +110,30 @@ fn request_line(head: &[u8]) -> Option<(&str, &str)> {
     Some((method, path))
 }
 
-/// Reads the request head up to its blank line; `None` when it is too long or the peer left.
-async fn read_head(stream: &mut TcpStream) -> Option<Vec<u8>> {
+/// A request head, as far as it could be read.
+enum Head {
+    /// Up to its blank line.
+    Read(Vec<u8>),
+    /// The peer left first.
+    Gone,
+    /// Longer than [`MAX_HEAD`].
+    TooLarge,
+}
+
+/// Reads the request head up to its blank line.
+async fn read_head(stream: &mut TcpStream) -> Head {
     let mut head = Vec::with_capacity(1024);
     let mut chunk = [0_u8; 1024];
     loop {
         match stream.read(&mut chunk).await {
-            Ok(0) | Err(_) => return None,
+            Ok(0) | Err(_) => return Head::Gone,
             Ok(read) => head.extend_from_slice(&chunk[..read]),
         }
         if head.windows(4).any(|window| window == b"\r\n\r\n") {
-            return Some(head);
+            return Head::Read(head);
         }
         if head.len() > MAX_HEAD {
-            return None;
+            return Head::TooLarge;
         }
     }
 }

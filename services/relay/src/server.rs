@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use thiserror::Error;
 use tokio::net::TcpListener;
-use tokio_stream::StreamExt;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
+use tonic::service::Routes;
+use tonic::transport::server::TcpConnectInfo;
 use toolrelay::proto::FILE_DESCRIPTOR_SET;
 use toolrelay::proto::v1::relay_server::RelayServer;
 
@@ -19,6 +19,7 @@ use crate::clock::Clock;
 use crate::config::{ENV_GATEWAY_SECRET, ENV_REDIS_URL, RelayConfig, StoreConfig};
 use crate::grpc::RelayService;
 use crate::limits::CORRELATION_ID_METADATA;
+use crate::listen::{self, Connections, Protocol};
 use crate::metrics::Metrics;
 use crate::relay::Relay;
 use crate::store::Store;
@@ -44,9 +45,6 @@ pub enum ServeError {
     /// The reflection service could not be built from the descriptor sets.
     #[error("gRPC reflection could not be set up: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
-    /// The gRPC server failed.
-    #[error("the gRPC server failed: {0}")]
-    Grpc(#[from] tonic::transport::Error),
 }
 
 /// A relay over a fresh in-memory store (one process, nothing shared), reporting to `metrics`.
@@ -166,10 +164,22 @@ async fn watch_store(
 /// Serves until `shutdown` completes, then drains (see [`crate::drain`]): new sessions, calls
 /// and attaches are refused while connected providers may still answer what they were given,
 /// until every such call is answered or the drain deadline passes; then providers are told to
-/// reconnect elsewhere and the servers stop.
+/// reconnect elsewhere and the servers stop. Its listeners share connection caps of their own.
 pub async fn run(
     relay: Relay,
     listeners: Listeners,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    let connections = Connections::new(relay.config().connections.clone(), relay.metrics().clone());
+    run_sharing(relay, listeners, connections, shutdown).await
+}
+
+/// [`run`], with the listeners' connections counted in `connections`, which other listeners of
+/// the process (the one-process gateway's) share.
+pub async fn run_sharing(
+    relay: Relay,
+    listeners: Listeners,
+    connections: Arc<Connections>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
     let stop = CancellationToken::new();
@@ -184,35 +194,39 @@ pub async fn run(
             "{ENV_GATEWAY_SECRET} is not set: the gRPC port believes no client address a peer names, and counts every request against its peer (a gateway in another process needs the same secret)"
         );
     }
-    // HTTP/2 keepalive finds `Connect` streams whose peer vanished without closing them.
-    let keepalive = relay.config().heartbeat_interval;
-    let grpc = tonic::transport::Server::builder()
-        .trace_fn(rpc_span)
-        .http2_keepalive_interval(Some(keepalive))
-        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
-        .add_service(health_service)
+    let routes = Routes::new(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(RelayService::server(relay.clone()))
-        .serve_with_incoming_shutdown(incoming(listeners.grpc), stop.clone().cancelled_owned());
-    let mut grpc = tokio::spawn(grpc);
-    let websocket = listeners
-        .websocket
-        .map(|listener| tokio::spawn(ws::serve_listener(relay.clone(), listener, stop.clone())));
+        .prepare();
+    // HTTP/2 keepalive finds `Connect` streams whose peer vanished without closing them.
+    let keepalive = relay.config().heartbeat_interval;
+    let grpc = listen::serve(
+        listeners.grpc,
+        Arc::clone(&connections),
+        Protocol::Grpc { keepalive },
+        move |peer, local| GrpcConnection {
+            routes: routes.clone(),
+            info: TcpConnectInfo {
+                local_addr: Some(local),
+                remote_addr: Some(peer),
+            },
+        },
+        stop.clone(),
+        CLOSE_TIMEOUT,
+    );
+    let grpc = tokio::spawn(grpc);
+    let websocket = listeners.websocket.map(|listener| {
+        tokio::spawn(ws::serve_listener(
+            relay.clone(),
+            listener,
+            Arc::clone(&connections),
+            stop.clone(),
+        ))
+    });
     let watching = tokio::spawn(watch_store(relay.clone(), health.clone(), stop.clone()));
 
-    tokio::select! {
-        () = shutdown => {}
-        finished = &mut grpc => {
-            // The server ended on its own: that is an error worth reporting.
-            stop.cancel();
-            relay.shutdown();
-            return match finished {
-                Ok(result) => result.map_err(ServeError::from),
-                Err(_) => Ok(()),
-            };
-        }
-    }
+    shutdown.await;
     // Health turns red first, so load balancers stop sending work while the drain runs; the
     // listeners stay open, because tabs still answer over them.
     watching.abort();
@@ -227,20 +241,35 @@ pub async fn run(
     if let Some(websocket) = websocket {
         let _ = websocket.await;
     }
-    match tokio::time::timeout(CLOSE_TIMEOUT, &mut grpc).await {
-        Ok(Ok(result)) => result?,
-        Ok(Err(_)) => {}
-        Err(_) => {
-            tracing::warn!("connections still open after the drain were cut off");
-            grpc.abort();
-        }
-    }
+    // The server cuts off what is still open CLOSE_TIMEOUT after the stop.
+    let _ = grpc.await;
     Ok(())
+}
+
+/// One gRPC connection's service: tonic's routes, with the connection's addresses where tonic
+/// looks for them (`Request::remote_addr`) and each RPC in its span.
+struct GrpcConnection {
+    routes: Routes,
+    info: TcpConnectInfo,
+}
+
+impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for GrpcConnection {
+    type Response = hyper::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = futures::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn call(&self, mut request: hyper::Request<hyper::body::Incoming>) -> Self::Future {
+        use tracing::Instrument;
+        request.extensions_mut().insert(self.info.clone());
+        let span = rpc_span(&request);
+        let mut routes = self.routes.clone();
+        Box::pin(tonic::codegen::Service::call(&mut routes, request).instrument(span))
+    }
 }
 
 /// The span of one RPC: its method and correlation id (the caller's `x-request-id`, which a
 /// gateway passes on, or a new one), so that every log line of the call carries them.
-fn rpc_span(request: &tonic::codegen::http::Request<()>) -> tracing::Span {
+fn rpc_span<B>(request: &hyper::Request<B>) -> tracing::Span {
     let correlation_id = request
         .headers()
         .get(CORRELATION_ID_METADATA)
@@ -250,17 +279,9 @@ fn rpc_span(request: &tonic::codegen::http::Request<()>) -> tracing::Span {
     tracing::info_span!("rpc", %correlation_id, method = %request.uri().path())
 }
 
-/// The connections `listener` accepts, each with Nagle's algorithm off: tonic applies
-/// `TCP_NODELAY` only to listeners it binds itself, and with Nagle on, small gRPC messages
-/// wait ~40 ms for delayed ACKs.
-pub fn incoming(
-    listener: TcpListener,
-) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
-    TcpListenerStream::new(listener).map(|stream| stream.inspect(no_delay))
-}
-
 /// Turns Nagle's algorithm off on a connection: every message the relay sends is small and
-/// wanted now. Every socket the relay and the gateway accept goes through here.
+/// wanted now (and tonic applies `TCP_NODELAY` only to listeners it binds itself). Every
+/// socket the relay and the gateway accept goes through here.
 pub fn no_delay(stream: &tokio::net::TcpStream) {
     if let Err(error) = stream.set_nodelay(true) {
         tracing::debug!(%error, "could not disable Nagle's algorithm");
@@ -309,9 +330,9 @@ mod tests {
     async fn accepted_grpc_connections_have_nagle_off() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
-        let mut accepted = Box::pin(incoming(listener));
         let _client = tokio::net::TcpStream::connect(address).await.unwrap();
-        let stream = accepted.next().await.unwrap().unwrap();
+        let (stream, _) = listener.accept().await.unwrap();
+        no_delay(&stream);
         assert!(stream.nodelay().unwrap());
     }
 }

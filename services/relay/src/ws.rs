@@ -17,7 +17,6 @@ use std::time::Duration;
 use futures::{SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::error::CapacityError;
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
@@ -31,6 +30,8 @@ use toolrelay::wire::{ProviderFrame, ProviderResponse, RelayFrame};
 use crate::drain::{Drain, Hold};
 use crate::error::{ErrorInfo, ErrorKind, RelayError};
 use crate::limits::Caller;
+use crate::listen::Connections;
+use crate::metrics::Refusal;
 use crate::provider::{Downlink, ProviderLink};
 use crate::relay::{AnswerLimits, Relay, contain_response};
 use crate::store::Transport;
@@ -41,12 +42,8 @@ const FRAME_OVERHEAD: usize = 64 * 1024;
 const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 /// Heartbeats in a row a provider may leave unanswered before its connection counts as dead.
 const SILENT_HEARTBEATS: u32 = 2;
-/// How long a client may take to complete the WebSocket handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Read and write buffer of a provider socket.
 const SOCKET_BUFFER: usize = 4 * 1024;
-/// Most provider sockets the standalone listener serves at once.
-const MAX_CONNECTIONS: usize = 20_000;
 
 /// The session code and token of a WebSocket URL `/api/sessions/{code}/ws?token=…`, or `None`
 /// when the path is not that.
@@ -64,24 +61,28 @@ pub fn parse_target(uri: &Uri) -> Option<(String, Option<String>)> {
     Some((code.to_owned(), token))
 }
 
-/// Accepts WebSocket connections on `listener` until `stop` is cancelled, at most
-/// [`MAX_CONNECTIONS`] at once.
-pub async fn serve_listener(relay: Relay, listener: TcpListener, stop: CancellationToken) {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+/// Accepts WebSocket connections on `listener` until `stop` is cancelled, within the caps of
+/// `connections` (each holds its slot until it closes).
+pub async fn serve_listener(
+    relay: Relay,
+    listener: TcpListener,
+    connections: Arc<Connections>,
+    stop: CancellationToken,
+) {
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
             accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => match Arc::clone(&slots).try_acquire_owned() {
-                    Ok(slot) => {
+                Ok((stream, peer)) => {
+                    if let Some(slot) = connections.admit(peer.ip()) {
                         let relay = relay.clone();
+                        let limits = connections.limits().header_read_timeout;
                         tokio::spawn(async move {
-                            serve_tcp(relay, stream, peer).await;
+                            serve_tcp(relay, stream, peer, limits).await;
                             drop(slot);
                         });
                     }
-                    Err(_) => tracing::warn!(%peer, "refused a WebSocket connection: {MAX_CONNECTIONS} are open"),
-                },
+                }
                 Err(error) => {
                     // Out of file descriptors or similar: pause instead of spinning.
                     tracing::warn!(%error, "could not accept a WebSocket connection");
@@ -92,15 +93,24 @@ pub async fn serve_listener(relay: Relay, listener: TcpListener, stop: Cancellat
     }
 }
 
-async fn serve_tcp(relay: Relay, stream: TcpStream, peer: SocketAddr) {
+/// Serves one connection of the port: a probe or scrape, or a WebSocket whose handshake must
+/// arrive within `header_timeout` (a connection that does not is closed and counted).
+async fn serve_tcp(relay: Relay, stream: TcpStream, peer: SocketAddr, header_timeout: Duration) {
     crate::server::no_delay(&stream);
+    let timed_out = || {
+        relay.metrics().refused(Refusal::HeaderTimeout);
+        tracing::debug!(%peer, "closed a connection whose request head did not arrive in time");
+    };
     // `/healthz`, `/readyz` and `/metrics` share the port: peeked, so a WebSocket handshake
     // reaches tungstenite untouched. Boxed, so that what answering them needs does not
-    // enlarge the task every open WebSocket keeps.
-    match tokio::time::timeout(HANDSHAKE_TIMEOUT, crate::ops::is_plain_http(&stream)).await {
-        Ok(Ok(true)) => return Box::pin(crate::ops::answer(&relay, stream)).await,
+    // enlarge the task every open WebSocket keeps. The whole head, peeked or read, arrives
+    // within one header-read timeout.
+    let deadline = tokio::time::Instant::now() + header_timeout;
+    match tokio::time::timeout_at(deadline, crate::ops::is_plain_http(&stream)).await {
+        Ok(Ok(true)) => return Box::pin(crate::ops::answer(&relay, stream, deadline)).await,
         Ok(Ok(false)) => {}
-        Ok(Err(_)) | Err(_) => return,
+        Ok(Err(_)) => return,
+        Err(_) => return timed_out(),
     }
     let mut target = None;
     // The callback's signature is tungstenite's; its error type is an HTTP response.
@@ -123,16 +133,17 @@ async fn serve_tcp(relay: Relay, stream: TcpStream, peer: SocketAddr) {
     let settings = SocketSettings::of(&relay);
     let handshake =
         tokio_tungstenite::accept_hdr_async_with_config(stream, route, Some(settings.config));
-    let socket = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
+    let socket = match tokio::time::timeout_at(deadline, handshake).await {
         Ok(Ok(socket)) => socket,
         Ok(Err(error)) => {
+            if matches!(error, WsError::AttackAttempt) {
+                // tungstenite's own bound on a handshake's head: 64 KiB.
+                relay.metrics().refused(Refusal::HeaderTooLarge);
+            }
             tracing::debug!(%error, "WebSocket handshake failed");
             return;
         }
-        Err(_) => {
-            tracing::debug!("WebSocket handshake timed out");
-            return;
-        }
+        Err(_) => return timed_out(),
     };
     if let Some((code, token)) = target {
         let caller = Caller::new(peer.ip());
