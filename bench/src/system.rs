@@ -71,11 +71,12 @@ impl System {
             ",toolrelay_relay::relay=warn"
         };
         // The bench makes thousands of calls a minute from one address to one session, and
-        // creates thousands of sessions from one address.
-        // A split gateway proves itself to its relay with the secret both are given.
+        // creates thousands of sessions and holds thousands of connections (tabs) from one
+        // address. A split gateway proves itself to its relay with the secret both are given.
         let limits = [
             ("RATE_LIMIT_REQUEST_PER_CODE", "100000000"),
             ("RATE_LIMIT_SESSION_PER_IP", "100000000"),
+            ("MAX_CONNECTIONS_PER_IP", "1000000"),
             ("REDIS_URL", redis_url.unwrap_or("")),
             ("GATEWAY_SECRET", "bench-gateway-secret-0123456789"),
         ];

@@ -53,7 +53,7 @@ async fn flood(address: &str) -> Vec<TcpStream> {
         };
         if n % 2 == 0 {
             let _ = stream
-                .write_all(b"GET /healthz HTTP/1.1\r\nHost: relay\r\nX-Slow: a")
+                .write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Slow: a")
                 .await;
         }
         held.push(stream);

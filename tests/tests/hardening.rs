@@ -754,7 +754,7 @@ async fn refused(url: &str, reason: &str) -> f64 {
         .value("toolrelay_refused_total", &[("reason", reason)])
 }
 
-const HEALTHZ: &[u8] = b"GET /healthz HTTP/1.1\r\nHost: relay\r\n\r\n";
+const HEALTHZ: &[u8] = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n";
 
 #[tokio::test]
 async fn a_request_head_that_does_not_arrive_in_time_is_cut_off() {
@@ -763,7 +763,7 @@ async fn a_request_head_that_does_not_arrive_in_time_is_cut_off() {
     let started = Instant::now();
     let mut partial = TcpStream::connect(&address).await.unwrap();
     partial
-        .write_all(b"GET /healthz HTTP/1.1\r\nHost: relay\r\nX-Slow: ")
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Slow: ")
         .await
         .unwrap();
     let mut silent = TcpStream::connect(&address).await.unwrap();
@@ -780,14 +780,14 @@ async fn a_request_head_over_the_byte_limit_gets_431() {
     // Under the limit (64 KiB by default) is fine.
     let mut fine = TcpStream::connect(&address).await.unwrap();
     let head = format!(
-        "GET /healthz HTTP/1.1\r\nHost: relay\r\nX-Big: {}\r\n\r\n",
+        "GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Big: {}\r\n\r\n",
         "a".repeat(40 * 1024)
     );
     fine.write_all(head.as_bytes()).await.unwrap();
     assert!(healthz_answer(&mut fine).await.starts_with("HTTP/1.1 200"));
     let mut big = TcpStream::connect(&address).await.unwrap();
     let head = format!(
-        "GET /healthz HTTP/1.1\r\nHost: relay\r\nX-Big: {}\r\n\r\n",
+        "GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Big: {}\r\n\r\n",
         "a".repeat(80 * 1024)
     );
     // The server may stop reading (and close) before all of it is written.

@@ -424,6 +424,7 @@ impl ServiceArgs {
                 .max_connections
                 .map_or_else(listen::default_max_connections, size),
             uncapped: Vec::new(),
+            ipv6_prefix: self.guard_ipv6_prefix,
         };
         if self.max_connections.is_none() {
             // A total derived from the machine's limit: the per-address cap fits in it.

@@ -74,6 +74,8 @@ pub struct ConnectionLimits {
     /// Peers with no per-address cap (trusted proxies, whose connections carry many clients);
     /// they still count in the total.
     pub uncapped: Vec<IpNet>,
+    /// Length of the IPv6 prefix one client is keyed by (`GUARD_IPV6_PREFIX`).
+    pub ipv6_prefix: u8,
 }
 
 impl Default for ConnectionLimits {
@@ -85,6 +87,7 @@ impl Default for ConnectionLimits {
             max_per_address: DEFAULT_MAX_CONNECTIONS_PER_IP,
             max_total: default_max_connections(),
             uncapped: Vec::new(),
+            ipv6_prefix: DEFAULT_IPV6_PREFIX,
         }
     }
 }
@@ -163,7 +166,7 @@ impl Connections {
             return None;
         }
         let key = (!is_within(&self.limits.uncapped, peer))
-            .then(|| client_key(peer, DEFAULT_IPV6_PREFIX));
+            .then(|| client_key(peer, self.limits.ipv6_prefix));
         if let Some(key) = key {
             let mut open = locked(&self.per_address);
             let count = open.entry(key).or_insert(0);

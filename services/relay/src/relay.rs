@@ -475,6 +475,8 @@ impl Relay {
                 error.to_string(),
             ));
         }
+        // Keyed as every per-address budget is (an IPv6 client by its /GUARD_IPV6_PREFIX).
+        let client = crate::limits::client_key(client, self.inner.config.limits.ipv6_prefix);
         let context = Context {
             client: Some(client),
             ..self.tool_context(scope)

@@ -125,6 +125,8 @@ fn scope_busy() -> ToolFailure {
 fn turn_key(context: &Context, scope: &str) -> String {
     match (&context.scope, context.client) {
         (Scope::Session(_), _) | (_, None) => scope.to_owned(),
+        // The relay keyed the address already (its /GUARD_IPV6_PREFIX); keying it again keeps
+        // a tool context made elsewhere from holding 2^64 keys.
         (_, Some(address)) => format!("client:{}", client_key(address, DEFAULT_IPV6_PREFIX)),
     }
 }
