@@ -971,7 +971,7 @@ async fn flood(
 }
 
 /// How long the flood's sessions live unused: short, so the test sees them go.
-const FLOOD_IDLE: &str = "30";
+const FLOOD_IDLE: &str = "15";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a flood against the release binaries: scripts/test.sh runs it (TOOLRELAY_BINARIES)"]
