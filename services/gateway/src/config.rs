@@ -341,8 +341,8 @@ mod tests {
         assert!(checked_base_url("ftp://relay.example.org").is_err());
     }
 
-    #[test]
-    fn cors_origin_narrows_the_provider_routes_too() {
+    /// The settings of a gateway bound to 127.0.0.1:8080 started with the flags `args`.
+    fn parsed(args: &[&str]) -> Result<GatewayConfig, String> {
         #[derive(clap::Parser)]
         struct Cli {
             #[command(flatten)]
@@ -351,10 +351,13 @@ mod tests {
             service: ServiceArgs,
         }
         let bound: SocketAddr = "127.0.0.1:8080".parse().unwrap();
-        let config = |args: &[&str]| {
-            let cli = <Cli as clap::Parser>::try_parse_from(args).unwrap();
-            cli.gateway.gateway_config(bound, &cli.service).unwrap()
-        };
+        let cli = <Cli as clap::Parser>::try_parse_from(args).unwrap();
+        cli.gateway.gateway_config(bound, &cli.service)
+    }
+
+    #[test]
+    fn cors_origin_narrows_the_provider_routes_too() {
+        let config = |args: &[&str]| parsed(args).unwrap();
         assert!(config(&["toolrelay"]).open_provider_routes);
         let proxied = config(&["toolrelay", "--trusted-proxies", "10.0.0.0/8"]);
         assert_eq!(
@@ -372,18 +375,7 @@ mod tests {
 
     #[test]
     fn mcp_session_settings_are_read_and_checked() {
-        #[derive(clap::Parser)]
-        struct Cli {
-            #[command(flatten)]
-            gateway: GatewayArgs,
-            #[command(flatten)]
-            service: ServiceArgs,
-        }
-        let bound: SocketAddr = "127.0.0.1:8080".parse().unwrap();
-        let config = |args: &[&str]| {
-            let cli = <Cli as clap::Parser>::try_parse_from(args).unwrap();
-            cli.gateway.gateway_config(bound, &cli.service)
-        };
+        let config = parsed;
         let defaults = config(&["toolrelay"]).unwrap().mcp_sessions;
         assert_eq!(
             (
