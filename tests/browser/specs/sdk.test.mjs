@@ -440,6 +440,16 @@ async function runWebMcp(block, expected) {
     // Calls in flight while the page's network drops and comes back.
     const calls = Array.from({ length: CALLS }, (_, n) => llm.call('increment', { n: 1, tag: `call-${n}` }, `${expected}-${n}`));
     await until(page, () => window.counter.runs.length >= 2, undefined, 20000);
+    // Every call is queued before the network drops: on a busy machine a call still on its way
+    // would find no tab connected and be answered 202 (queued) instead of waiting.
+    const queued = async () => {
+      for (let n = 0; n < CALLS; n += 1) {
+        const { status } = await llm.request('GET', `/requests/${expected}-${n}`);
+        if (status !== 200) return false;
+      }
+      return true;
+    };
+    await eventually(queued, 'every call queued', 20000);
     const seen = await page.evaluate(() => window.relay.interruptions);
     proxy.cut();
     await until(page, (before) => window.relay.interruptions > before, seen, 20000);
