@@ -178,7 +178,7 @@ impl Default for RelayConfig {
             poll_lease: Duration::from_secs(30),
             response_retention: Duration::from_secs(3600),
             response_budget: crate::store::memory::ANSWER_BUDGET,
-            response_session_share: crate::store::memory::ANSWER_SESSION_SHARE,
+            response_session_share: crate::store::rules::ANSWER_SESSION_SHARE,
             max_manifest_bytes: 256 * 1024,
             max_functions: 256,
             max_response_bytes: 1024 * 1024,

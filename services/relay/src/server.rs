@@ -92,7 +92,7 @@ pub async fn open_store(
 fn store_limits(config: &RelayConfig) -> StoreLimits {
     StoreLimits {
         answer_budget: config.response_budget,
-        session_answer_budget: crate::store::memory::share_of(
+        session_answer_budget: crate::store::rules::share_of(
             config.response_budget,
             config.response_session_share,
         ),

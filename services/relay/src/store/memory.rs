@@ -25,6 +25,7 @@ use serde_json::Value;
 use toolrelay::wire::{RequestStatus, ToolResponse};
 
 use super::events::SessionChannel;
+use super::rules::{self, ANSWER_SESSION_SHARE, MAX_FINISHED_PER_SESSION, share_of};
 use super::{
     Answerer, BUILTIN_CONNECTION, Claim, EnqueueChecks, Enqueued, EventStream, Finished,
     McpSessionCaps, McpSessionsFull, NewRequest, ProviderInfo, RateBudget, RequestRecord,
@@ -37,8 +38,6 @@ use crate::metrics::Metrics;
 
 /// How often the sweeper runs.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
-/// Finished calls kept per session at most (the oldest go first).
-pub const MAX_FINISHED_PER_SESSION: usize = 1000;
 /// Claim checks kept per scope at most (the ones expiring first go first).
 pub const MAX_TICKETS_PER_SCOPE: usize = 200;
 /// Bytes of claim checks kept in all at most, by default (the ones expiring first go first):
@@ -47,14 +46,9 @@ pub const MAX_TICKETS_PER_SCOPE: usize = 200;
 pub const TICKET_BUDGET: usize = 256 * 1024 * 1024;
 /// Bytes of finished calls' answers kept in all at most, by default (the oldest go first).
 pub const ANSWER_BUDGET: usize = 64 * 1024 * 1024;
-/// The share of [`ANSWER_BUDGET`] one session's answers may take, by default (past it, its own
-/// oldest go first): one session's answers cannot evict every other session's.
-pub const ANSWER_SESSION_SHARE: f64 = 1.0 / 8.0;
 /// What a ticket costs besides its compressed JSON and its keys: the map entry, the `Arc`
 /// header, the expiry.
 pub(super) const TICKET_OVERHEAD: usize = 96;
-/// What an answer costs besides its JSON: the record and index entries.
-pub(super) const ANSWER_OVERHEAD: usize = 256;
 
 /// How much the store keeps.
 #[derive(Debug, Clone, Copy)]
@@ -80,12 +74,6 @@ impl StoreLimits {
             ticket_budget: TICKET_BUDGET,
         }
     }
-}
-
-/// `share` (a fraction, 0 to 1) of `budget` bytes.
-pub fn share_of(budget: usize, share: f64) -> usize {
-    // Budgets are far below 2^52 bytes: the float holds them exactly.
-    (budget as f64 * share.clamp(0.0, 1.0)) as usize
 }
 
 /// Sessions and calls in this process's memory.
@@ -331,17 +319,7 @@ impl Entry {
         now: Timestamp,
     ) -> Option<RequestRecord> {
         let request = self.requests.get_mut(id)?;
-        let cost = ANSWER_OVERHEAD
-            + request.id.len()
-            + response.request_id.len()
-            + response
-                .result
-                .as_ref()
-                .map_or(0, toolrelay::json::approx_size)
-            + response
-                .error
-                .as_ref()
-                .map_or(0, |error| error.code.len() + error.message.len());
+        let cost = rules::answer_cost(&response);
         request.status = status;
         request.response = Some(response);
         request.finished_at = Some(now);

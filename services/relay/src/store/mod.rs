@@ -18,6 +18,9 @@ mod events;
 pub mod memory;
 pub mod observed;
 pub mod redis;
+pub mod rules;
+
+pub use rules::{BUILTIN_LEASE, RateBudget};
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -121,11 +124,6 @@ pub struct NewRequest {
 
 /// The connection id under which built-in calls count as delivered.
 pub const BUILTIN_CONNECTION: &str = "relay";
-/// How long a replica holds a built-in call it runs without renewing the lease (it renews a
-/// third of the way through). A call queued and not yet taken by a run is held by
-/// [`BUILTIN_CONNECTION`] for as long; a call whose lease ran out is taken over by another
-/// replica. The Redis scripts spell it in milliseconds too (`redis.rs`, ENQUEUE).
-pub const BUILTIN_LEASE: Duration = Duration::from_secs(10);
 
 /// A stored call.
 #[derive(Debug, Clone, PartialEq)]
@@ -247,7 +245,7 @@ impl RequestRecord {
             deadline: request.deadline,
             delivered_to: builtin.then(|| BUILTIN_CONNECTION.to_owned()),
             lease_until: builtin
-                .then(|| request.created_at.plus(BUILTIN_LEASE).min(request.deadline)),
+                .then(|| rules::builtin_lease(request.created_at, request.deadline)),
             deliveries: u32::from(builtin),
             response: None,
             finished_at: None,
@@ -256,39 +254,14 @@ impl RequestRecord {
         }
     }
 
-    /// Whether `request` asks for exactly this call (same function, tool and arguments).
-    pub fn same_call(&self, request: &NewRequest) -> bool {
-        self.call_hash
-            == call_hash(
-                request.tool_id.as_deref(),
-                &request.function_name,
-                &request.args,
-            )
-    }
-
-    /// Whether this is a built-in call nobody runs: its lease ran out (the replica that ran
-    /// it, or queued it, is gone).
+    /// Whether this is a built-in call nobody runs ([`rules::is_orphaned_builtin`]).
     pub fn is_orphaned_builtin(&self, now: Timestamp) -> bool {
-        self.builtin
-            && !self.status.is_terminal()
-            && self.deadline > now
-            && self.lease_until.is_some_and(|lease| lease <= now)
+        rules::is_orphaned_builtin(self, now)
     }
 
-    /// Whether `claim` may hand this call out: queued, or delivered to another connection, or
-    /// delivered under a lease that has run out; never after its deadline.
+    /// Whether `claim` may hand this call out ([`rules::is_claimable`]).
     pub fn is_claimable(&self, claim: &Claim) -> bool {
-        if self.builtin || self.deadline <= claim.now {
-            return false;
-        }
-        match self.status {
-            RequestStatus::Queued => true,
-            RequestStatus::Delivered => {
-                self.delivered_to.as_deref() != Some(claim.connection_id.as_str())
-                    || self.lease_until.is_none_or(|lease| lease <= claim.now)
-            }
-            _ => false,
-        }
+        rules::is_claimable(self, &claim.connection_id, claim.now, false)
     }
 
     /// The answer a call gets when its deadline passes unanswered.
@@ -313,18 +286,6 @@ impl RequestRecord {
                 message,
             }),
         }
-    }
-
-    /// Makes an unanswered call past its deadline `expired`; true when it did.
-    pub fn expire_if_overdue(&mut self, now: Timestamp) -> bool {
-        if self.status.is_terminal() || self.deadline > now {
-            return false;
-        }
-        self.response = Some(self.expired_response());
-        self.status = RequestStatus::Expired;
-        self.finished_at = Some(now);
-        self.lease_until = None;
-        true
     }
 
     /// The call as the provider receives it.
@@ -743,51 +704,6 @@ pub enum McpSessionsFull {
     PerAddress,
     /// Every place is taken.
     Total,
-}
-
-/// A rate budget: `limit` units per `period`, all of which may be spent at once (a token
-/// bucket, kept as GCRA: one "theoretical arrival time" per key, in microseconds).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RateBudget {
-    /// Units per period.
-    pub limit: std::num::NonZeroU32,
-    /// The period.
-    pub period: Duration,
-}
-
-impl RateBudget {
-    /// `limit` units a minute.
-    pub fn per_minute(limit: std::num::NonZeroU32) -> Self {
-        Self {
-            limit,
-            period: Duration::from_secs(60),
-        }
-    }
-
-    /// Microseconds between two units.
-    pub fn interval_micros(self) -> i64 {
-        i64::try_from(self.period.as_micros() / u128::from(self.limit.get()))
-            .unwrap_or(i64::MAX)
-            .max(1)
-    }
-
-    /// How far ahead of now the arrival time may run: the whole burst.
-    pub fn tolerance_micros(self) -> i64 {
-        self.interval_micros()
-            .saturating_mul(i64::from(self.limit.get()))
-    }
-
-    /// GCRA: with the key's arrival time `tat` (µs), a unit spent at `now` (µs) gives the new
-    /// arrival time, or how long to wait.
-    pub fn spend(self, tat: i64, now: i64) -> Result<i64, Duration> {
-        let next = tat.max(now).saturating_add(self.interval_micros());
-        let over = next - now - self.tolerance_micros();
-        if over > 0 {
-            Err(Duration::from_micros(u64::try_from(over).unwrap_or(0)))
-        } else {
-            Ok(next)
-        }
-    }
 }
 
 #[cfg(test)]
