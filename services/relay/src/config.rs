@@ -26,6 +26,12 @@ pub const ENV_REQUEST_TIMEOUT: &str = "REQUEST_TIMEOUT_SECONDS";
 pub const ENV_MAX_PENDING: &str = "MAX_PENDING_PER_SESSION";
 /// `HEARTBEAT_SECONDS`: interval of heartbeats to connected providers.
 pub const ENV_HEARTBEAT: &str = "HEARTBEAT_SECONDS";
+/// `TAB_REFRESH_SECONDS`: how often a replica records its tabs as alive and slides their
+/// sessions, all in one go.
+pub const ENV_TAB_REFRESH: &str = "TAB_REFRESH_SECONDS";
+/// `TAB_SWEEP_SECONDS`: how often a replica looks at the sessions of its tabs for what it may
+/// have missed (a call, a replacement, the session's end).
+pub const ENV_TAB_SWEEP: &str = "TAB_SWEEP_SECONDS";
 /// `GRPC_LISTEN_ADDR`: where the gRPC service listens.
 pub const ENV_GRPC_LISTEN: &str = "GRPC_LISTEN_ADDR";
 /// `WS_LISTEN_ADDR`: where the standalone relay serves the browser WebSocket.
@@ -113,8 +119,14 @@ pub struct RelayConfig {
     pub request_timeout: Duration,
     /// Unanswered calls a session may hold; more are refused.
     pub max_pending_per_session: usize,
-    /// Interval of heartbeats to connected providers; each also slides the session.
+    /// Interval of heartbeats to connected providers.
     pub heartbeat_interval: Duration,
+    /// How often the replica records its tabs as alive and slides their sessions, in one go
+    /// (at most a quarter of `session_ttl`, whatever is set).
+    pub tab_refresh: Duration,
+    /// How often the replica looks at its tabs' sessions for what it may have missed (at
+    /// most `tab_refresh`).
+    pub tab_sweep: Duration,
     /// How long a polled request stays with the poller before it is handed out again.
     pub poll_lease: Duration,
     /// How long finished calls and their responses are kept.
@@ -175,6 +187,8 @@ impl Default for RelayConfig {
             request_timeout: Duration::from_secs(60),
             max_pending_per_session: 100,
             heartbeat_interval: Duration::from_secs(25),
+            tab_refresh: Duration::from_secs(60),
+            tab_sweep: Duration::from_secs(30),
             poll_lease: Duration::from_secs(30),
             response_retention: Duration::from_secs(3600),
             response_budget: crate::store::memory::ANSWER_BUDGET,
@@ -196,6 +210,27 @@ impl Default for RelayConfig {
 }
 
 impl RelayConfig {
+    /// How often the replica keeps its tabs' sessions alive: `tab_refresh`, at most a quarter
+    /// of the session's time to live.
+    pub fn tab_refresh_period(&self) -> Duration {
+        self.tab_refresh
+            .min(self.session_ttl / 4)
+            .max(Duration::from_millis(100))
+    }
+
+    /// How often the replica sweeps its tabs' sessions: `tab_sweep`, at most the refresh
+    /// period.
+    pub fn tab_sweep_period(&self) -> Duration {
+        self.tab_sweep.min(self.tab_refresh_period())
+    }
+
+    /// How long after it was last recorded alive a pushing tab still counts as connected: two
+    /// refresh periods and some slack (a replica that died takes its tabs' presence that long
+    /// to fade).
+    pub fn tab_presence(&self) -> Duration {
+        self.tab_refresh_period() * 2 + Duration::from_secs(5)
+    }
+
     /// Checks that the settings make sense together; the message names the variable to fix.
     pub fn validate(&self) -> Result<(), String> {
         if self.session_ttl.is_zero() {
@@ -286,6 +321,12 @@ pub struct RelayArgs {
     /// Seconds between heartbeats to connected providers.
     #[arg(long, env = ENV_HEARTBEAT, default_value_t = 25, value_parser = clap::value_parser!(u64).range(1..))]
     pub heartbeat_seconds: u64,
+    /// Seconds between a replica's keep-alives of its tabs' sessions (each one pipeline).
+    #[arg(long, env = ENV_TAB_REFRESH, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub tab_refresh_seconds: u64,
+    /// Seconds between a replica's looks at its tabs' sessions for missed events.
+    #[arg(long, env = ENV_TAB_SWEEP, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub tab_sweep_seconds: u64,
     /// PlantUML server the URLs of encodePlantUML point at.
     #[arg(long, env = ENV_PLANTUML_SERVER, default_value = crate::builtin::plantuml::DEFAULT_SERVER)]
     pub plantuml_server_url: String,
@@ -499,6 +540,8 @@ impl RelayArgs {
             max_pending_per_session: usize::try_from(self.max_pending_per_session)
                 .unwrap_or(usize::MAX),
             heartbeat_interval: Duration::from_secs(self.heartbeat_seconds),
+            tab_refresh: Duration::from_secs(self.tab_refresh_seconds),
+            tab_sweep: Duration::from_secs(self.tab_sweep_seconds),
             builtin: BuiltinConfig {
                 plantuml_server: self.plantuml_server_url.clone(),
                 mip: MipConfig {

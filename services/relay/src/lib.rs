@@ -41,6 +41,7 @@ pub mod relay;
 pub mod remote;
 pub mod server;
 pub mod store;
+mod tabs;
 pub mod telemetry;
 pub mod ws;
 

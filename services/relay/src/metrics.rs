@@ -152,7 +152,7 @@ impl Metrics {
         let queue_depth = Gauge::default();
         registry.register(
             "toolrelay_queue_depth",
-            "Calls waiting for their answer, across every replica sharing the store",
+            "Calls handed to this replica's tab connections and not answered yet (sum over replicas: every call a tab is working on)",
             queue_depth.clone(),
         );
         let providers_family = Family::<[(&'static str, &'static str); 1], Gauge>::default();
@@ -397,7 +397,6 @@ impl Metrics {
     pub fn store_state(&self, state: StoreState) {
         let inner = &self.inner;
         inner.sessions_active.set(gauge(state.sessions));
-        inner.queue_depth.set(gauge(state.unanswered));
         inner.answer_bytes.set(gauge(state.answer_bytes));
         inner.answer_budget.set(gauge(state.answer_budget));
     }
@@ -485,15 +484,23 @@ fn gauge(value: usize) -> i64 {
 pub struct StoreState {
     /// Sessions alive.
     pub sessions: usize,
-    /// Calls waiting for their answer.
-    pub unanswered: usize,
     /// Bytes of answers kept.
     pub answer_bytes: usize,
     /// The answer budget.
     pub answer_budget: usize,
 }
 
-/// A provider connection counted in `toolrelay_providers_connected` while this lives.
+impl Metrics {
+    /// A call handed to one of this replica's tab connections, counted in
+    /// `toolrelay_queue_depth` until this is dropped (it is answered, or the connection ends).
+    pub fn call_handed(&self) -> Connected {
+        self.inner.queue_depth.inc();
+        Connected(Some(self.inner.queue_depth.clone()))
+    }
+}
+
+/// A provider connection counted in `toolrelay_providers_connected` while this lives (or, from
+/// [`Metrics::call_handed`], a call in `toolrelay_queue_depth`).
 #[derive(Debug)]
 #[must_use = "the connection counts only while this is kept"]
 pub struct Connected(Option<Gauge>);
@@ -738,6 +745,7 @@ store_operations! {
     Session = "session",
     SessionByHandle = "session_by_handle",
     TouchSession = "touch_session",
+    Refresh = "refresh",
     DeleteSession = "delete_session",
     SetProvider = "set_provider",
     ClearProvider = "clear_provider",
@@ -885,16 +893,18 @@ mod tests {
             Box::pin(async move {
                 handle.store_state(StoreState {
                     sessions: 3,
-                    unanswered: 1,
                     answer_bytes: 10,
                     answer_budget: 100,
                 });
                 handle.draining(true);
             })
         });
+        let handed = metrics.call_handed();
         let text = metrics.render().await;
         assert!(text.contains("toolrelay_sessions_active 3\n"), "{text}");
         assert!(text.contains("toolrelay_queue_depth 1\n"), "{text}");
+        drop(handed);
+        assert!(metrics.render().await.contains("toolrelay_queue_depth 0\n"));
         assert!(
             text.contains("toolrelay_answer_budget_bytes 100\n"),
             "{text}"

@@ -21,9 +21,12 @@ use crate::clock::Timestamp;
 use crate::code::{self, SessionCode};
 use crate::drain::Hold;
 use crate::error::{ErrorCode, RelayError};
-use crate::metrics::AnsweredBy;
+use crate::metrics::{AnsweredBy, Connected};
 use crate::relay::Relay;
-use crate::store::{Answerer, Claim, EventStream, ProviderInfo, SessionEvent, Transport};
+use crate::store::{
+    Answerer, Claim, EventStream, ProviderInfo, RequestRecord, SessionEvent, Transport,
+};
+use crate::tabs::{Attended, Notice};
 
 /// Frames a slow provider may fall behind by before the driver waits for it.
 const DOWNLINK_BUFFER: usize = 128;
@@ -247,6 +250,7 @@ impl Relay {
 
         let (down_tx, downlink) = mpsc::channel(DOWNLINK_BUFFER);
         let (uplink, up_rx) = mpsc::channel(UPLINK_BUFFER);
+        let attended = self.attend(&code, &connection_id, session.expires_at);
         let driver = Driver {
             relay: self.clone(),
             code: code.clone(),
@@ -254,8 +258,9 @@ impl Relay {
             transport,
             down: down_tx,
             outstanding: std::sync::Mutex::default(),
+            expires_at: attended.expires_at.clone(),
         };
-        tokio::spawn(driver.run(session.expires_at, session.max_expires_at, events, up_rx));
+        tokio::spawn(driver.run(session.max_expires_at, events, attended, up_rx));
         Ok(ProviderLink {
             answers: Some(Answers {
                 relay: self.clone(),
@@ -302,6 +307,7 @@ impl Relay {
             now,
             lease_until: now.plus(self.inner.config.poll_lease),
             limit: max.unwrap_or(usize::MAX),
+            redeliver: false,
         };
         let claimed = self.inner.store.claim(&code, &claim).await?;
         Ok(claimed.iter().map(|record| record.tool_request()).collect())
@@ -315,9 +321,11 @@ struct Driver {
     transport: Transport,
     down: mpsc::Sender<Downlink>,
     /// Calls delivered to this connection and not answered yet: each holds a stopping relay
-    /// open until it is answered (by any path) or the drain ends. A std mutex: held for one
-    /// map operation, never across an `.await`.
-    outstanding: std::sync::Mutex<HashMap<String, Hold>>,
+    /// open until it is answered (by any path) or the drain ends, and counts in the queue
+    /// depth. A std mutex: held for one map operation, never across an `.await`.
+    outstanding: std::sync::Mutex<HashMap<String, (Hold, Connected)>>,
+    /// When the session expires, as the replica's upkeep last saw it.
+    expires_at: std::sync::Arc<std::sync::atomic::AtomicI64>,
 }
 
 /// The provider went away while the driver was sending.
@@ -326,14 +334,14 @@ struct Gone;
 impl Driver {
     async fn run(
         self,
-        expires_at: Timestamp,
         max_expires_at: Timestamp,
         events: EventStream,
+        mut attended: Attended,
         mut uplink: mpsc::Receiver<ProviderFrame>,
     ) {
         let _connected = self.relay.metrics().provider_connected(self.transport);
         let ending = self
-            .serve(expires_at, max_expires_at, events, &mut uplink)
+            .serve(max_expires_at, events, &mut attended, &mut uplink)
             .await;
         // Answers the provider sent just before the connection ended still count.
         uplink.close();
@@ -370,9 +378,9 @@ impl Driver {
 
     async fn serve(
         &self,
-        expires_at: Timestamp,
         max_expires_at: Timestamp,
         mut events: EventStream,
+        attended: &mut Attended,
         uplink: &mut mpsc::Receiver<ProviderFrame>,
     ) -> Result<Ending, Gone> {
         // What the loop awaits besides its events is boxed: the future of this function is
@@ -381,10 +389,10 @@ impl Driver {
         let clock = self.relay.clock();
         Box::pin(self.send(Downlink::Welcome {
             code: self.code.clone(),
-            expires_at,
+            expires_at: self.expires_at(),
         }))
         .await?;
-        Box::pin(self.deliver()).await?;
+        Box::pin(self.deliver(false)).await?;
 
         let period = config.heartbeat_interval;
         let mut heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
@@ -410,16 +418,23 @@ impl Driver {
                     return Ok(Ending::Closed);
                 }
                 event = events.next() => match event {
-                    Some(SessionEvent::RequestQueued) => Box::pin(self.deliver()).await?,
-                    // A lost event may have been the one that replaced this connection.
+                    Some(SessionEvent::RequestQueued) => Box::pin(self.deliver(false)).await?,
+                    Some(SessionEvent::CallHanded(record)) => {
+                        if record.delivered_to.as_deref() == Some(self.connection_id.as_str()) {
+                            Box::pin(self.forward(vec![*record])).await?;
+                        }
+                    }
+                    // A lost event may have been the one that replaced this connection, or
+                    // one that handed it a call.
                     Some(event @ (SessionEvent::Missed | SessionEvent::ProviderChanged(_))) => {
                         if let Some(ending) = Box::pin(self.check_still_provider()).await? {
                             return Ok(ending);
                         }
-                        if event == SessionEvent::Missed {
+                        let missed = event == SessionEvent::Missed;
+                        if missed {
                             Box::pin(self.forget_answered()).await;
                         }
-                        Box::pin(self.deliver()).await?;
+                        Box::pin(self.deliver(missed)).await?;
                     }
                     Some(SessionEvent::SessionEnded) | None => {
                         return Box::pin(self.expire("The session has ended. Start a new session to pair again.")).await;
@@ -429,19 +444,28 @@ impl Driver {
                     }
                     Some(SessionEvent::ManifestChanged) => {}
                 },
-                _ = heartbeat.tick() => {
-                    match Box::pin(self.relay.touch(&self.code, Some(&self.connection_id))).await {
-                        Ok(session) if self.is_provider_of(&session) => {
-                            Box::pin(self.send(Downlink::Heartbeat { expires_at: session.expires_at, answers_ping: false })).await?;
-                            // Also retries a claim that failed on a store error.
-                            Box::pin(self.deliver()).await?;
+                notice = attended.notices.recv() => match notice {
+                    // The session has calls this connection does not know of: an event that
+                    // handed one over was lost.
+                    Some(Notice::Pending(pending)) => {
+                        if usize::try_from(pending).unwrap_or(usize::MAX) > self.outstanding().len() {
+                            Box::pin(self.forget_answered()).await;
+                            Box::pin(self.deliver(true)).await?;
                         }
-                        Ok(_) => return Box::pin(self.replaced()).await,
-                        Err(RelayError::SessionNotFound { .. }) => {
-                            return Box::pin(self.expire("The session has expired. Start a new session to pair again.")).await;
-                        }
-                        Err(error) => tracing::warn!(code = %self.code.redacted(), %error, "heartbeat could not slide the session"),
                     }
+                    Some(Notice::Replaced) => {
+                        if let Some(ending) = Box::pin(self.check_still_provider()).await? {
+                            return Ok(ending);
+                        }
+                    }
+                    Some(Notice::Gone) | None => {
+                        return Box::pin(self.expire("The session has ended. Start a new session to pair again.")).await;
+                    }
+                },
+                // The relay's own heartbeat, from what the upkeep knows: it costs the store
+                // nothing (the upkeep keeps the session alive for every tab at once).
+                _ = heartbeat.tick() => {
+                    Box::pin(self.send(Downlink::Heartbeat { expires_at: self.expires_at(), answers_ping: false })).await?;
                 }
                 () = &mut end_of_life => {
                     return Box::pin(self.expire("The session reached its maximum lifetime. Start a new session to pair again.")).await;
@@ -470,14 +494,11 @@ impl Driver {
                 )
                 .await
                 .map(|_| None),
-            ProviderFrame::Ping => match self.relay.touch(&self.code, connection).await {
-                Ok(session) if self.is_provider_of(&session) => Ok(Some(Downlink::Heartbeat {
-                    expires_at: session.expires_at,
-                    answers_ping: true,
-                })),
-                Ok(_) => return self.replaced().await.map(Some),
-                Err(error) => Err(error),
-            },
+            // Answered from what the upkeep knows: a tab's pings cost the store nothing.
+            ProviderFrame::Ping => Ok(Some(Downlink::Heartbeat {
+                expires_at: self.expires_at(),
+                answers_ping: true,
+            })),
         };
         match reply {
             Ok(Some(reply)) => self.send(reply).await.map(|()| None),
@@ -522,8 +543,10 @@ impl Driver {
     }
 
     /// Sends every call this connection may claim: new ones, and ones delivered to an earlier
-    /// connection and never answered.
-    async fn deliver(&self) -> Result<(), Gone> {
+    /// connection and never answered; with `again`, also those delivered to it already (after
+    /// events may have been lost: the provider de-duplicates).
+    async fn deliver(&self, again: bool) -> Result<(), Gone> {
+        let mut again = again;
         loop {
             let now = self.relay.now();
             let claim = Claim {
@@ -532,38 +555,55 @@ impl Driver {
                 // A pushed call stays with this connection for as long as it lives.
                 lease_until: now.plus(self.relay.config().request_timeout + Duration::from_secs(1)),
                 limit: CLAIM_BATCH,
+                redeliver: again,
             };
             let claimed = match self.relay.inner.store.claim(&self.code, &claim).await {
                 Ok(claimed) => claimed,
                 Err(error) => {
-                    // The next event or heartbeat tries again.
+                    // The next event or sweep tries again.
                     tracing::warn!(code = %self.code.redacted(), %error, "could not claim calls for the provider");
                     return Ok(());
                 }
             };
             let count = claimed.len();
-            for record in &claimed {
-                let hold = self.relay.inner.drain.hold();
-                self.outstanding().insert(record.id.clone(), hold);
-            }
-            for record in claimed {
-                self.send(Downlink::ToolRequest {
-                    request: Box::new(record.tool_request()),
-                    seq: record.seq,
-                })
-                .await?;
-            }
+            self.forward(claimed).await?;
             if count < CLAIM_BATCH {
                 return Ok(());
             }
+            // What was handed out again is not handed out again in the next batch.
+            again = false;
         }
+    }
+
+    /// Sends calls delivered to this connection.
+    async fn forward(&self, calls: Vec<RequestRecord>) -> Result<(), Gone> {
+        for record in &calls {
+            let held = (
+                self.relay.inner.drain.hold(),
+                self.relay.metrics().call_handed(),
+            );
+            self.outstanding().insert(record.id.clone(), held);
+        }
+        for record in calls {
+            self.send(Downlink::ToolRequest {
+                request: Box::new(record.tool_request()),
+                seq: record.seq,
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// When the session expires, as the replica's upkeep last saw it.
+    fn expires_at(&self) -> Timestamp {
+        Timestamp(self.expires_at.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     fn answered_by(&self) -> AnsweredBy {
         AnsweredBy::Provider(self.transport)
     }
 
-    fn outstanding(&self) -> std::sync::MutexGuard<'_, HashMap<String, Hold>> {
+    fn outstanding(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Hold, Connected)>> {
         self.outstanding
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -623,17 +663,20 @@ mod tests {
         let relay = Relay::new(store, config, clock, Metrics::default());
         let (down, _downlink) = mpsc::channel(1);
         let (_uplink, up_rx) = mpsc::channel(1);
+        let code = SessionCode::generate();
+        let now = Timestamp(0);
+        let attended = relay.attend(&code, "c", now);
         let driver = Driver {
             relay,
-            code: SessionCode::generate(),
+            code,
             connection_id: "c".into(),
             transport: Transport::WebSocket,
             down,
             outstanding: std::sync::Mutex::default(),
+            expires_at: attended.expires_at.clone(),
         };
-        let now = Timestamp(0);
         let events: EventStream = Box::pin(futures::stream::empty());
-        let running = driver.run(now, now, events, up_rx);
+        let running = driver.run(now, events, attended, up_rx);
         let size = std::mem::size_of_val(&running);
         // 2,248 bytes before the work it awaits was boxed.
         assert!(size <= 1200, "a driver's future is {size} bytes");

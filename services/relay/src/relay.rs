@@ -57,6 +57,8 @@ pub(crate) struct Inner {
     pub(crate) replica: String,
     /// The process's metrics.
     pub(crate) metrics: Metrics,
+    /// The tab connections this replica serves, kept up together.
+    pub(crate) tabs: crate::tabs::Tabs,
 }
 
 /// A session just created: the only time its provider token is revealed.
@@ -185,6 +187,7 @@ impl Relay {
                 replica: code::random_id(),
                 manifests: ManifestCache::default(),
                 metrics: metrics.clone(),
+                tabs: crate::tabs::Tabs::default(),
             }),
         };
         // Weak: the metrics outlive a relay that is dropped (tests make many).
@@ -214,7 +217,6 @@ impl Relay {
         match self.inner.store.usage().await {
             Ok(usage) => metrics.store_state(StoreState {
                 sessions: usage.sessions,
-                unanswered: usage.unanswered,
                 answer_bytes: usage.answer_bytes,
                 answer_budget: self.inner.config.response_budget,
             }),
@@ -336,7 +338,7 @@ impl Relay {
         session.provider.as_ref().and_then(|provider| {
             let presence = match provider.transport {
                 Transport::Polling => POLLING_PRESENCE,
-                _ => self.inner.config.heartbeat_interval * 2 + Duration::from_secs(5),
+                _ => self.inner.config.tab_presence(),
             };
             (now.since(provider.last_seen) <= presence).then_some(provider.transport)
         })

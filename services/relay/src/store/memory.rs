@@ -1081,7 +1081,6 @@ impl Store for MemoryStore {
             answer_bytes: tables.index.answer_bytes,
             ticket_bytes: tables.ticket_bytes,
             sessions: tables.sessions.len(),
-            unanswered: tables.index.unanswered,
         })
     }
 

@@ -261,7 +261,7 @@ impl RequestRecord {
 
     /// Whether `claim` may hand this call out ([`rules::is_claimable`]).
     pub fn is_claimable(&self, claim: &Claim) -> bool {
-        rules::is_claimable(self, &claim.connection_id, claim.now, false)
+        rules::is_claimable(self, &claim.connection_id, claim.now, claim.redeliver)
     }
 
     /// The answer a call gets when its deadline passes unanswered.
@@ -309,8 +309,23 @@ pub struct StoreUsage {
     pub ticket_bytes: usize,
     /// Sessions alive.
     pub sessions: usize,
-    /// Calls waiting for their answer (not finished, deadline not passed).
-    pub unanswered: usize,
+}
+
+/// A tab connection a replica serves, as [`Store::refresh`] found its session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TabState {
+    /// The connection serves the session, which has this many calls waiting for their answer
+    /// (a replica that knows of fewer missed an event) and expires then.
+    Serving {
+        /// Calls waiting for their answer (built-in calls among them).
+        pending: u64,
+        /// When the session expires unless there is activity.
+        expires_at: Timestamp,
+    },
+    /// Another connection serves the session now.
+    Replaced,
+    /// The session ended.
+    Gone,
 }
 
 /// What [`Store::enqueue`] did.
@@ -367,6 +382,9 @@ pub struct Claim {
     pub lease_until: Timestamp,
     /// Most calls to hand out.
     pub limit: usize,
+    /// Also hand out again the calls delivered to this connection already and not answered
+    /// (a redelivery, after events may have been lost: the provider de-duplicates).
+    pub redeliver: bool,
 }
 
 /// Who gives a call its answer: what [`Store::finish`] checks in the same step as it records
@@ -416,14 +434,17 @@ pub enum Finished {
 /// A change in a session, announced to its subscribers.
 #[derive(Debug, Clone, PartialEq)]
 pub enum SessionEvent {
-    /// A call was queued.
+    /// A call was queued for whoever serves the session to claim.
     RequestQueued,
+    /// A call was queued and handed to the connection it names in `delivered_to`
+    /// ([`rules::hand_over`]): that connection forwards it as it is, without a claim.
+    CallHanded(Box<RequestRecord>),
     /// A call has its final answer.
     ResponseReady {
         /// The call's id.
         id: String,
         /// The finished call, when the store could send it along (the Redis store does for
-        /// answers up to [`crate::store::redis::ANNOUNCED_ANSWER_BYTES`]), so that a waiter
+        /// answers up to [`rules::ANNOUNCED_ANSWER_BYTES`]), so that a waiter
         /// need not read it.
         record: Option<Box<RequestRecord>>,
     },
@@ -465,6 +486,46 @@ pub trait Store: Send + Sync + 'static {
         until: Timestamp,
         seen: Option<&str>,
     ) -> Result<Option<SessionRecord>, StoreError>;
+
+    /// The sessions of tab connections this replica serves (`(session, connection)`), in one
+    /// go: how each stands. With `until`, each connection still serving its session is
+    /// recorded as heard from at `now` and its session's expiry slides to `until` (as
+    /// [`Store::touch_session`] would): the replica's periodic keep-alive of its tabs, which
+    /// costs the store one operation per batch of sessions rather than one per tab.
+    async fn refresh(
+        &self,
+        tabs: &[(SessionCode, String)],
+        now: Timestamp,
+        until: Option<Timestamp>,
+    ) -> Result<Vec<TabState>, StoreError> {
+        let mut states = Vec::with_capacity(tabs.len());
+        for (code, connection) in tabs {
+            let session = match until {
+                Some(until) => {
+                    self.touch_session(code, now, until, Some(connection))
+                        .await?
+                }
+                None => self.session(code).await?,
+            };
+            let Some(session) = session else {
+                states.push(TabState::Gone);
+                continue;
+            };
+            let serving = session
+                .provider
+                .as_ref()
+                .is_some_and(|provider| provider.connection_id == *connection);
+            states.push(if serving {
+                TabState::Serving {
+                    pending: self.pending_count(code).await?.unwrap_or(0) as u64,
+                    expires_at: session.expires_at,
+                }
+            } else {
+                TabState::Replaced
+            });
+        }
+        Ok(states)
+    }
 
     /// Deletes a session and everything in it; false when there was none.
     async fn delete_session(&self, code: &SessionCode) -> Result<bool, StoreError>;

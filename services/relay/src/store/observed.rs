@@ -13,7 +13,7 @@ use toolrelay::wire::{RequestStatus, ToolResponse};
 use super::{
     Answerer, Claim, EnqueueChecks, Enqueued, EventStream, Finished, McpSessionCaps,
     McpSessionsFull, NewRequest, ProviderInfo, RateBudget, RequestRecord, SessionRecord, Store,
-    StoreUsage,
+    StoreUsage, TabState,
 };
 use crate::clock::Timestamp;
 use crate::code::SessionCode;
@@ -77,6 +77,16 @@ impl Store for Observed {
             self.inner.touch_session(code, now, until, seen),
         )
         .await
+    }
+
+    async fn refresh(
+        &self,
+        tabs: &[(SessionCode, String)],
+        now: Timestamp,
+        until: Option<Timestamp>,
+    ) -> Result<Vec<TabState>, StoreError> {
+        self.timed(Op::Refresh, self.inner.refresh(tabs, now, until))
+            .await
     }
 
     async fn delete_session(&self, code: &SessionCode) -> Result<bool, StoreError> {

@@ -28,7 +28,8 @@ pub const ANNOUNCED_ANSWER_BYTES: usize = 64 * 1024;
 
 /// What a finished call keeps besides its id and its answer: its record (status, times, the
 /// call's hash, its place among the finished ones) and the store's bookkeeping of it. Both
-/// stores count it against the answer budget ([`answer_cost`]); measured in both
+/// stores count it against the answer budget ([`answer_cost`]; an expired call, whose answer
+/// is written when it is read, costs this and its id: [`expired_cost`]); measured in both
 /// (`tests/store_conformance.rs`), it stays below this.
 pub const FINISHED_CALL_BYTES: usize = 300;
 
@@ -55,6 +56,12 @@ pub fn answer_cost(response: &ToolResponse) -> usize {
             .error
             .as_ref()
             .map_or(0, |error| error.code.len() + error.message.len())
+}
+
+/// What an expired call costs against the answer budgets: its record and its id (its answer is
+/// written when it is read, [`super::RequestRecord::expired_response`]).
+pub fn expired_cost(id: &str) -> usize {
+    FINISHED_CALL_BYTES + id.len()
 }
 
 /// `share` (a fraction, 0 to 1) of `budget` bytes.
@@ -181,7 +188,8 @@ pub fn lua_preamble() -> String {
         "local BUILTIN_LEASE_MS = {}\n\
          local MAX_FINISHED_PER_SESSION = {MAX_FINISHED_PER_SESSION}\n\
          local ANNOUNCED_ANSWER_BYTES = {ANNOUNCED_ANSWER_BYTES}\n\
-         local SLIDE_STEP_DIVISOR = {SLIDE_STEP_DIVISOR}\n",
+         local SLIDE_STEP_DIVISOR = {SLIDE_STEP_DIVISOR}\n\
+         local FINISHED_CALL_BYTES = {FINISHED_CALL_BYTES}\n",
         millis(BUILTIN_LEASE),
     )
 }
@@ -348,6 +356,7 @@ mod tests {
             "local MAX_FINISHED_PER_SESSION = 1000",
             "local ANNOUNCED_ANSWER_BYTES = 65536",
             "local SLIDE_STEP_DIVISOR = 10",
+            "local FINISHED_CALL_BYTES = 300",
         ] {
             assert!(preamble.contains(line), "{preamble}");
         }

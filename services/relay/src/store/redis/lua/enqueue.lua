@@ -1,0 +1,76 @@
+-- Queues a call, after spending a unit of the caller's rate budget (KEYS[2], if given) and
+-- only if the session's manifest is at `revision` ('' for any): the call's one round trip in.
+-- `packed` is the call as `RequestRecord::queued` made it, its queue position still to be
+-- given. When the session's provider is a connection the relay pushes to (rules::hand_over),
+-- the call is queued delivered to it and announced whole ('Q:' and the call), so that
+-- connection's replica forwards it without a claim; else 'q' (whoever serves the session
+-- claims). Answers { outcome, the call packed or false, the session's values or false, µs to
+-- wait when rate limited }.
+local id, packed, max_pending, until_ms, revision, rate_interval, rate_tolerance =
+  ARGV[3], ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], ARGV[8], ARGV[9]
+if KEYS[2] then
+  local over = gcra(KEYS[2], now * 1e3, tonumber(rate_interval), tonumber(rate_tolerance))
+  if over > 0 then return { 'limited', false, false, over } end
+end
+local session = open(KEYS[1])
+if not live(session) then return { 'nosession', false, false } end
+if revision ~= '' and (field(session, 'manifest_revision') or '0') ~= revision then
+  return { 'stale', false, session_values(session) }
+end
+local record = unpack_record(packed)
+local r = record_key(session, id)
+local function existing()
+  local found = redis.call('GET', r)
+  if not found then return nil end
+  local call = unpack_record(found)
+  if call.call_hash ~= record.call_hash then return { 'conflict', false, session_values(session) } end
+  local expired = expire_if_due(session, call)
+  save(session)
+  return { 'existing', expired or found, session_values(session) }
+end
+if count(session, 'pending') >= max_pending then
+  local found = existing()
+  if found then return found end
+  -- Calls past their deadline still count until something looks at them: look now.
+  for _, pending_id in ipairs(redis.call('ZRANGE', session.q, 0, -1)) do
+    local call = redis.call('GET', record_key(session, pending_id))
+    if call then
+      expire_if_due(session, unpack_record(call))
+    else
+      redis.call('ZREM', session.q, pending_id)
+      set(session, 'pending', num(math.max(0, count(session, 'pending') - 1)))
+    end
+  end
+  save(session)
+  if count(session, 'pending') >= max_pending then
+    return { 'full', false, session_values(session) }
+  end
+end
+local seq = count(session, 'next_seq') + 1
+record.seq = num(seq)
+local connection = field(session, 'p_conn')
+local handed = record.builtin ~= '1' and connection and field(session, 'p_transport') ~= 'polling'
+if handed then
+  record.status = 'delivered'
+  record.delivered_to = connection
+  record.lease_until = record.deadline
+  record.deliveries = '1'
+end
+packed = pack_record(record)
+if not redis.call('SET', r, packed, 'NX', 'PXAT', field(session, 'max_expires_at')) then
+  return existing()
+end
+local queued = redis.call('ZADD', session.q, seq, id)
+if count(session, 'pending') == 0 then keep(session, session.q) end
+set(session, 'next_seq', num(seq))
+set(session, 'pending', num(count(session, 'pending') + queued))
+slide(session, until_ms)
+save(session)
+if not handed then
+  publish(session, 'q')
+elseif #packed > ANNOUNCED_ANSWER_BYTES then
+  publish(session, 'h:' .. id)
+else
+  publish(session, 'Q:' .. packed)
+end
+return { 'queued', packed, session_values(session) }

@@ -1,0 +1,33 @@
+-- Gives a call its final answer unless it has one or `answerer` may not answer it ('relay':
+-- any call; 'connection': a call delivered to `connection`; 'provider': one delivered to the
+-- session's provider now), slides the session's expiry to `until`, and keeps the session's
+-- answers within its `share` of the budget. A call past its deadline is expired instead.
+-- `cost` is rules::answer_cost of the answer. Answers { outcome, the call packed }.
+local id, status, response, cost, until_ms, answerer, connection, share =
+  ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8], ARGV[9],
+  tonumber(ARGV[10])
+local session = open(KEYS[1])
+if not live(session) then return { 'nosession' } end
+local r = record_key(session, id)
+local packed = redis.call('GET', r)
+if not packed then return { 'norequest' } end
+local record = unpack_record(packed)
+if answerer ~= 'relay' then
+  if answerer == 'provider' then connection = field(session, 'p_conn') or '' end
+  if record.builtin == '1' or connection == '' or record.delivered_to ~= connection then
+    return { 'notdelivered' }
+  end
+end
+if record.status ~= 'queued' and record.status ~= 'delivered' then
+  return { 'already', packed }
+end
+local expired = expire_if_due(session, record)
+if expired then
+  save(session)
+  return { 'already', expired }
+end
+local finished = finish_record(session, record, status, response, cost)
+keep_share(session, share)
+slide(session, until_ms)
+save(session)
+return { 'finished', finished }

@@ -1,0 +1,994 @@
+//! The Redis [`Store`]: state shared by every relay replica (`REDIS_URL`).
+//!
+//! # Layout
+//! Every key starts with a configurable prefix. A session's keys carry its code as a hash tag,
+//! `<prefix>{<CODE>}:…`, so a Redis Cluster keeps a session in one slot: `s` (hash: the
+//! session, its counters and its provider), `q` (sorted set: its unfinished calls by queue
+//! position), `f` (list: its finished calls), `r:<id>` (string: one call, packed), and the
+//! channel `ev` (its events); `lua/library.lua` has the details. Every script touches the keys
+//! of one session only: each carries a `#!lua` line, so a Cluster node refuses a script that
+//! strays into another slot. Outside sessions, each written apart from the scripts and never
+//! on a call's path: `h:<handle>` (connector handle → code), `sessions` (sorted set: sessions
+//! by expiry, for the metrics; moved when a session's expiry moves, about once per tenth of its
+//! time to live), `m:{<hash>}` (a manifest's JSON by its SHA-256, shared by every session that
+//! registered it), `answer-bytes` (hash: what each replica's sessions keep of answers),
+//! `{tickets}:…` (claim checks), `{mcp}:…` (MCP client sessions), `rate:…` and `lock:…`.
+//!
+//! # A call's path
+//! Two round trips: the enqueue script (rate budget, manifest revision, idempotency, pending
+//! limit, and the call handed to the session's tab connection, announced whole so the tab's
+//! replica forwards it without a claim) and the finish script (the answer, announced whole to
+//! the waiting caller's replica). Housekeeping is off the path: a finished call's record
+//! expires by its own TTL, a call past its deadline is expired by whoever looks at it, the
+//! session's expiry moves at most once per tenth of its time to live, and the answer budget
+//! across sessions is kept by each replica's trim ([`trim`]).
+//!
+//! # Time
+//! Each replica passes its own clock's `now` into every script (clocks agree to milliseconds
+//! with NTP, and a skew only moves an expiry by as much); Redis' TTLs follow the same
+//! timestamps (`PEXPIREAT`).
+//!
+//! # Events
+//! Scripts `PUBLISH` a session's changes on its channel; each replica holds one pub/sub
+//! connection ([`hub::EventHub`]). After that connection is lost, every reader hears
+//! [`SessionEvent::Missed`] and looks again; the relay's sweep of the tabs it serves
+//! ([`Store::refresh`]) catches anything else.
+
+mod hub;
+mod records;
+mod scripts;
+mod trim;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{AsyncCommands, Script};
+use serde_json::Value;
+use toolrelay::wire::{RequestStatus, ToolResponse};
+
+use self::hub::EventHub;
+use self::scripts::Scripts;
+use super::memory::{
+    MAX_TICKETS_PER_SCOPE, StoreLimits, TICKET_OVERHEAD, pack_ticket, unpack_ticket,
+};
+use super::{
+    Answerer, Claim, EnqueueChecks, Enqueued, EventStream, Finished, McpSessionCaps,
+    McpSessionsFull, NewRequest, ProviderInfo, RateBudget, RequestRecord, SessionRecord, Store,
+    StoreUsage, TabState, rules,
+};
+use crate::clock::{Clock, Timestamp};
+use crate::code::SessionCode;
+use crate::error::StoreError;
+use crate::metrics::Metrics;
+
+/// How long a command may take before the store counts as unreachable.
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often the event connection is pinged, to notice a Redis that went away silently.
+const HEARTBEAT: Duration = Duration::from_secs(5);
+/// Sessions one refresh script covers at most (on a Cluster: one, so that each script stays
+/// in its session's slot), so that none holds Redis for long.
+const REFRESH_BATCH: usize = 256;
+
+/// Sessions, calls and claim checks in Redis, shared by every replica.
+pub struct RedisStore {
+    redis: ConnectionManager,
+    prefix: String,
+    clock: Clock,
+    limits: StoreLimits,
+    events: Arc<EventHub>,
+    scripts: Scripts,
+    /// Where the calls its scripts expire, and the sessions found expired, are counted.
+    metrics: Metrics,
+    /// Whether Redis runs as a Cluster node: then each refresh script covers one session.
+    cluster: bool,
+    /// The sessions whose answers went through this replica, for the budget's trim.
+    answered: Mutex<trim::Answered>,
+    /// This replica's name in the answer budget's counts.
+    replica: String,
+}
+
+impl RedisStore {
+    /// A store on the Redis at `url`, its keys under `prefix`, counting the sessions and
+    /// calls it expires into `metrics`. Waits (retrying, and saying so in the log) until
+    /// Redis answers, so a replica started before its Redis comes up rather than
+    /// crash-looping.
+    pub async fn connect(
+        url: &str,
+        prefix: &str,
+        clock: Clock,
+        limits: StoreLimits,
+        metrics: Metrics,
+    ) -> Result<Arc<Self>, StoreError> {
+        let unusable = |error: redis::RedisError| {
+            StoreError(format!("REDIS_URL {url:?} is not usable: {error}"))
+        };
+        // Nagle's algorithm off (the crate leaves it on): every store operation is a small
+        // write that would otherwise wait for the peer's delayed ACK.
+        let info = redis::IntoConnectionInfo::into_connection_info(url)
+            .map_err(unusable)?
+            .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
+        let client = redis::Client::open(info).map_err(unusable)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(RESPONSE_TIMEOUT))
+            .set_response_timeout(Some(RESPONSE_TIMEOUT))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_secs(1));
+        let mut delay = Duration::from_millis(200);
+        let redis = loop {
+            match ConnectionManager::new_with_config(client.clone(), config.clone()).await {
+                Ok(redis) => break redis,
+                Err(error) => {
+                    tracing::warn!(%error, retry_in_ms = delay.as_millis() as u64, "Redis is not reachable yet; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+            }
+        };
+        let scripts = Scripts::new();
+        let mut connection = redis.clone();
+        // Loaded up front, so the first calls after a start do not each meet NOSCRIPT.
+        for script in scripts.all() {
+            let loaded: Result<String, _> =
+                script.prepare_invoke().load_async(&mut connection).await;
+            loaded.map_err(store_error)?;
+        }
+        let info: String = redis::cmd("INFO")
+            .arg("cluster")
+            .query_async(&mut connection)
+            .await
+            .map_err(store_error)?;
+        let cluster = info.contains("cluster_enabled:1");
+        let events = EventHub::start(client, redis.clone());
+        let store = Arc::new(Self {
+            redis,
+            prefix: prefix.to_owned(),
+            clock,
+            limits,
+            events,
+            scripts,
+            metrics,
+            cluster,
+            answered: Mutex::new(trim::Answered::default()),
+            replica: crate::code::random_id(),
+        });
+        trim::start(&store);
+        Ok(store)
+    }
+
+    fn base(&self, code: &SessionCode) -> String {
+        format!("{}{{{}}}:", self.prefix, code.as_str())
+    }
+
+    fn key(&self, name: &str) -> String {
+        format!("{}{name}", self.prefix)
+    }
+
+    fn rate_key(&self, key: &str) -> String {
+        format!("{}rate:{key}", self.prefix)
+    }
+
+    /// An MCP client session script with its common keys and arguments (`lua/mcp.lua`).
+    fn mcp_script<'a>(&self, script: &'a Script) -> redis::ScriptInvocation<'a> {
+        let prefix = format!("{}{{mcp}}:", self.prefix);
+        let mut invocation = script.key(format!("{prefix}live"));
+        invocation.arg(prefix).arg(self.clock.now().0);
+        invocation
+    }
+
+    fn connection(&self) -> ConnectionManager {
+        self.redis.clone()
+    }
+
+    /// Runs a session script on `keys` (the first a session's key base): the common
+    /// arguments (now, the retention of finished calls), then `args`. Counts the calls it
+    /// expired, and files a session whose expiry it moved in the sessions by expiry.
+    async fn run_on<T: redis::FromRedisValue>(
+        &self,
+        script: &Script,
+        keys: &[String],
+        code: Option<&SessionCode>,
+        args: &[&str],
+    ) -> Result<T, StoreError> {
+        let mut invocation = script.prepare_invoke();
+        for key in keys {
+            invocation.key(key);
+        }
+        invocation
+            .arg(self.clock.now().0)
+            .arg(millis(self.limits.retention));
+        for arg in args {
+            invocation.arg(*arg);
+        }
+        let answer: redis::Value = invocation
+            .invoke_async(&mut self.connection())
+            .await
+            .map_err(store_error)?;
+        let (expired, slid_to, answer) = counted(answer)?;
+        self.metrics.calls_expired(expired);
+        if let (Some(code), Some(slid_to)) = (code, slid_to) {
+            self.index_session(code, slid_to).await?;
+        }
+        T::from_redis_value(answer).map_err(unreadable)
+    }
+
+    /// [`RedisStore::run_on`] for one session, with `extra` keys after its key base.
+    async fn run<T: redis::FromRedisValue>(
+        &self,
+        script: &Script,
+        code: &SessionCode,
+        extra: &[String],
+        args: &[&str],
+    ) -> Result<T, StoreError> {
+        let mut keys = vec![self.base(code)];
+        keys.extend_from_slice(extra);
+        self.run_on(script, &keys, Some(code), args).await
+    }
+
+    /// Files the session in the sessions by expiry (what the metrics count).
+    async fn index_session(&self, code: &SessionCode, expires_at: i64) -> Result<(), StoreError> {
+        let _: i64 = redis::cmd("ZADD")
+            .arg(self.key("sessions"))
+            .arg(expires_at)
+            .arg(code.as_str())
+            .query_async(&mut self.connection())
+            .await
+            .map_err(store_error)?;
+        Ok(())
+    }
+
+    /// A session script's answer that is a session (or false).
+    async fn session_of(
+        &self,
+        script: &Script,
+        code: &SessionCode,
+        args: &[&str],
+    ) -> Result<Option<SessionRecord>, StoreError> {
+        let values: Option<Vec<String>> = self.run(script, code, &[], args).await?;
+        values.map(|values| records::session(&values)).transpose()
+    }
+}
+
+/// A session script's `{ calls it expired, the expiry it slid the session to, answer }`.
+fn counted(answer: redis::Value) -> Result<(u64, Option<i64>, redis::Value), StoreError> {
+    let redis::Value::Array(items) = answer else {
+        return Err(missing("count of what the script expired"));
+    };
+    let mut items = items.into_iter();
+    let mut number = || match items.next() {
+        Some(redis::Value::Int(count)) => Ok(count),
+        _ => Err(missing("count of what the script expired")),
+    };
+    let (expired, slid_to) = (number()?, number()?);
+    // A script answering nothing (nil) leaves the third place empty.
+    Ok((
+        expired.unsigned_abs(),
+        (slid_to > 0).then_some(slid_to),
+        items.next().unwrap_or(redis::Value::Nil),
+    ))
+}
+
+fn unreadable(error: redis::ParsingError) -> StoreError {
+    StoreError(format!("an unreadable answer from Redis: {error}"))
+}
+
+fn timed_out() -> redis::RedisError {
+    redis::RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        "Redis did not answer in time",
+    ))
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn store_error(error: redis::RedisError) -> StoreError {
+    StoreError(format!("Redis: {error}"))
+}
+
+fn missing(what: &str) -> StoreError {
+    StoreError(format!("Redis answered without the {what}"))
+}
+
+fn unexpected(outcome: &str) -> StoreError {
+    StoreError(format!(
+        "an unexpected answer from a Redis script: {outcome:?}"
+    ))
+}
+
+/// A script's `{ outcome, packed call?, … }` answer, split.
+fn outcome(answer: redis::Value) -> Result<(String, Vec<redis::Value>), StoreError> {
+    match answer {
+        redis::Value::Array(mut items) if !items.is_empty() => {
+            let tag = redis::from_redis_value(items.remove(0)).map_err(unreadable)?;
+            Ok((tag, items))
+        }
+        other => Err(StoreError(format!(
+            "an unexpected answer from Redis: {other:?}"
+        ))),
+    }
+}
+
+/// The packed call in `value`, read; `None` for nil or false.
+fn call_in(value: Option<redis::Value>) -> Result<Option<RequestRecord>, StoreError> {
+    match value {
+        None | Some(redis::Value::Nil | redis::Value::Boolean(false)) => Ok(None),
+        Some(value) => {
+            let packed: String = redis::from_redis_value(value).map_err(unreadable)?;
+            records::unpack(&packed).map(Some)
+        }
+    }
+}
+
+#[async_trait]
+impl Store for RedisStore {
+    async fn insert_session(&self, session: SessionRecord) -> Result<bool, StoreError> {
+        let inserted: i64 = self
+            .run(
+                &self.scripts.insert,
+                &session.code,
+                &[],
+                &[
+                    session.code.as_str(),
+                    &session.token_hash,
+                    &session.created_at.0.to_string(),
+                    &session.expires_at.0.to_string(),
+                    &session.max_expires_at.0.to_string(),
+                    &session.mcp_handle,
+                ],
+            )
+            .await?;
+        if inserted != 1 {
+            return Ok(false);
+        }
+        let () = redis::pipe()
+            .cmd("SET")
+            .arg(self.key(&format!("h:{}", session.mcp_handle)))
+            .arg(session.code.as_str())
+            .arg("PXAT")
+            .arg(session.max_expires_at.0)
+            .ignore()
+            .cmd("ZADD")
+            .arg(self.key("sessions"))
+            .arg(session.expires_at.0)
+            .arg(session.code.as_str())
+            .ignore()
+            .query_async(&mut self.connection())
+            .await
+            .map_err(store_error)?;
+        Ok(true)
+    }
+
+    async fn session(&self, code: &SessionCode) -> Result<Option<SessionRecord>, StoreError> {
+        self.session_of(&self.scripts.session, code, &[]).await
+    }
+
+    async fn session_by_handle(&self, handle: &str) -> Result<Option<SessionCode>, StoreError> {
+        let code: Option<String> = self
+            .connection()
+            .get(self.key(&format!("h:{handle}")))
+            .await
+            .map_err(store_error)?;
+        let Some(code) = code.and_then(|code| SessionCode::parse(&code).ok()) else {
+            return Ok(None);
+        };
+        let owns = self
+            .session(&code)
+            .await?
+            .is_some_and(|session| session.mcp_handle == handle);
+        Ok(owns.then_some(code))
+    }
+
+    async fn touch_session(
+        &self,
+        code: &SessionCode,
+        _now: Timestamp, // the scripts take `now` from the clock, as every script does
+        until: Timestamp,
+        seen: Option<&str>,
+    ) -> Result<Option<SessionRecord>, StoreError> {
+        let until = until.0.to_string();
+        self.session_of(
+            &self.scripts.touch,
+            code,
+            &[&until, seen.unwrap_or_default()],
+        )
+        .await
+    }
+
+    async fn refresh(
+        &self,
+        tabs: &[(SessionCode, String)],
+        _now: Timestamp,
+        until: Option<Timestamp>,
+    ) -> Result<Vec<TabState>, StoreError> {
+        let batch = if self.cluster { 1 } else { REFRESH_BATCH };
+        let until = until.map_or_else(String::new, |until| until.0.to_string());
+        let mut states = Vec::with_capacity(tabs.len());
+        let mut slid = Vec::new();
+        // One pipeline of scripts, each over a batch of sessions: one round trip for them all.
+        for chunk in tabs.chunks(batch * 16) {
+            let mut pipe = redis::pipe();
+            for sessions in chunk.chunks(batch) {
+                let mut invocation = self.scripts.refresh.prepare_invoke();
+                for (code, _) in sessions {
+                    invocation.key(self.base(code));
+                }
+                invocation
+                    .arg(self.clock.now().0)
+                    .arg(millis(self.limits.retention))
+                    .arg(&until);
+                for (_, connection) in sessions {
+                    invocation.arg(connection);
+                }
+                pipe.invoke_script(&invocation);
+            }
+            let answers: Vec<redis::Value> = pipe
+                .query_async(&mut self.connection())
+                .await
+                .map_err(store_error)?;
+            for (sessions, answer) in chunk.chunks(batch).zip(answers) {
+                let (expired, _, answer) = counted(answer)?;
+                self.metrics.calls_expired(expired);
+                let found: Vec<(String, u64, i64)> =
+                    redis::from_redis_value(answer).map_err(unreadable)?;
+                for ((code, _), (state, pending, expires_at)) in sessions.iter().zip(found) {
+                    states.push(match state.as_str() {
+                        "ok" => {
+                            slid.push((code.clone(), expires_at));
+                            TabState::Serving {
+                                pending,
+                                expires_at: Timestamp(expires_at),
+                            }
+                        }
+                        "replaced" => TabState::Replaced,
+                        "gone" => TabState::Gone,
+                        other => return Err(unexpected(other)),
+                    });
+                }
+            }
+        }
+        if !until.is_empty() && !slid.is_empty() {
+            let mut pipe = redis::pipe();
+            for (code, expires_at) in &slid {
+                pipe.cmd("ZADD")
+                    .arg(self.key("sessions"))
+                    .arg("GT")
+                    .arg(expires_at)
+                    .arg(code.as_str())
+                    .ignore();
+            }
+            let () = pipe
+                .query_async(&mut self.connection())
+                .await
+                .map_err(store_error)?;
+        }
+        Ok(states)
+    }
+
+    async fn delete_session(&self, code: &SessionCode) -> Result<bool, StoreError> {
+        let deleted: i64 = self.run(&self.scripts.delete, code, &[], &[]).await?;
+        let _: i64 = self
+            .connection()
+            .zrem(self.key("sessions"), code.as_str())
+            .await
+            .map_err(store_error)?;
+        Ok(deleted == 1)
+    }
+
+    async fn set_provider(
+        &self,
+        code: &SessionCode,
+        provider: ProviderInfo,
+    ) -> Result<Option<SessionRecord>, StoreError> {
+        self.session_of(
+            &self.scripts.set_provider,
+            code,
+            &[
+                &provider.connection_id,
+                provider.transport.as_str(),
+                &provider.connected_at.0.to_string(),
+                &provider.last_seen.0.to_string(),
+            ],
+        )
+        .await
+    }
+
+    async fn clear_provider(
+        &self,
+        code: &SessionCode,
+        connection_id: &str,
+    ) -> Result<(), StoreError> {
+        let _: i64 = self
+            .run(&self.scripts.clear_provider, code, &[], &[connection_id])
+            .await?;
+        Ok(())
+    }
+
+    async fn set_manifest(
+        &self,
+        code: &SessionCode,
+        json: String,
+    ) -> Result<Option<u64>, StoreError> {
+        let Some(session) = self.session(code).await? else {
+            return Ok(None);
+        };
+        let hash = manifest_hash(&json);
+        let _: i64 = self
+            .scripts
+            .store_manifest
+            .key(self.key(&format!("m:{{{hash}}}")))
+            .arg(json)
+            .arg(session.max_expires_at.0)
+            .invoke_async(&mut self.connection())
+            .await
+            .map_err(store_error)?;
+        self.run(&self.scripts.set_manifest, code, &[], &[&hash])
+            .await
+    }
+
+    async fn manifest(
+        &self,
+        code: &SessionCode,
+    ) -> Result<Option<(u64, Option<String>)>, StoreError> {
+        let found: Option<(u64, String)> = self.run(&self.scripts.manifest, code, &[], &[]).await?;
+        let Some((revision, hash)) = found else {
+            return Ok(None);
+        };
+        if hash.is_empty() {
+            return Ok(Some((revision, None)));
+        }
+        let json: Option<String> = self
+            .connection()
+            .get(self.key(&format!("m:{{{hash}}}")))
+            .await
+            .map_err(store_error)?;
+        match json {
+            Some(json) => Ok(Some((revision, Some(json)))),
+            None => Err(StoreError(format!(
+                "the session's manifest (revision {revision}) is missing from Redis; register the tools again"
+            ))),
+        }
+    }
+
+    async fn enqueue_checked(
+        &self,
+        code: &SessionCode,
+        request: &NewRequest,
+        max_pending: usize,
+        until: Timestamp,
+        checks: EnqueueChecks,
+    ) -> Result<(Enqueued, Option<SessionRecord>), StoreError> {
+        let packed = records::pack(&RequestRecord::queued(request.clone(), 0));
+        let (rate_key, interval, tolerance) = match &checks.charge {
+            Some(charge) => (
+                vec![self.rate_key(&charge.key)],
+                charge.budget.interval_micros().to_string(),
+                charge.budget.tolerance_micros().to_string(),
+            ),
+            None => (Vec::new(), String::new(), String::new()),
+        };
+        let revision = checks
+            .manifest_revision
+            .map_or_else(String::new, |revision| revision.to_string());
+        let answer: redis::Value = self
+            .run(
+                &self.scripts.enqueue,
+                code,
+                &rate_key,
+                &[
+                    &request.id,
+                    &packed,
+                    &max_pending.to_string(),
+                    &until.0.to_string(),
+                    &revision,
+                    &interval,
+                    &tolerance,
+                ],
+            )
+            .await?;
+        let (outcome, items) = outcome(answer)?;
+        let mut items = items.into_iter();
+        let record = call_in(items.next())?;
+        let session = match items.next() {
+            None | Some(redis::Value::Nil | redis::Value::Boolean(false)) => None,
+            Some(values) => {
+                let values: Vec<String> = redis::from_redis_value(values).map_err(unreadable)?;
+                Some(records::session(&values)?)
+            }
+        };
+        let call = || record.clone().ok_or_else(|| missing("call"));
+        let enqueued = match outcome.as_str() {
+            "queued" => Enqueued::Queued(call()?),
+            "existing" => Enqueued::Existing(call()?),
+            "conflict" => Enqueued::Conflict,
+            "full" => Enqueued::Full,
+            "stale" => Enqueued::StaleManifest,
+            "nosession" => Enqueued::NoSession,
+            "limited" => {
+                let over: i64 = items
+                    .next()
+                    .map(redis::from_redis_value)
+                    .transpose()
+                    .map_err(unreadable)?
+                    .ok_or_else(|| missing("time to wait"))?;
+                Enqueued::RateLimited(Duration::from_micros(over.unsigned_abs()))
+            }
+            other => return Err(unexpected(other)),
+        };
+        Ok((enqueued, session))
+    }
+
+    async fn request(
+        &self,
+        code: &SessionCode,
+        id: &str,
+    ) -> Result<Option<RequestRecord>, StoreError> {
+        let answer: redis::Value = self.run(&self.scripts.request, code, &[], &[id]).await?;
+        let (outcome, items) = outcome(answer)?;
+        match outcome.as_str() {
+            "found" => call_in(items.into_iter().next()),
+            "nosession" | "norequest" => Ok(None),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn responses(&self, code: &SessionCode) -> Result<Option<Vec<ToolResponse>>, StoreError> {
+        let found: Option<Vec<String>> = self.run(&self.scripts.responses, code, &[], &[]).await?;
+        let Some(found) = found else { return Ok(None) };
+        let mut records = found
+            .iter()
+            .map(|packed| records::unpack(packed))
+            .collect::<Result<Vec<_>, _>>()?;
+        records.sort_by_key(|record| record.seq);
+        Ok(Some(
+            records
+                .into_iter()
+                .filter_map(|record| record.response)
+                .collect(),
+        ))
+    }
+
+    async fn pending_count(&self, code: &SessionCode) -> Result<Option<usize>, StoreError> {
+        self.run(&self.scripts.pending, code, &[], &[]).await
+    }
+
+    async fn lease_builtin(
+        &self,
+        code: &SessionCode,
+        id: &str,
+        holder: &str,
+        _now: Timestamp,
+        until: Timestamp,
+    ) -> Result<Option<RequestRecord>, StoreError> {
+        let found: Option<String> = self
+            .run(
+                &self.scripts.lease_builtin,
+                code,
+                &[],
+                &[id, holder, &until.0.to_string()],
+            )
+            .await?;
+        found.map(|packed| records::unpack(&packed)).transpose()
+    }
+
+    async fn claim(
+        &self,
+        code: &SessionCode,
+        claim: &Claim,
+    ) -> Result<Vec<RequestRecord>, StoreError> {
+        let found: Vec<String> = self
+            .run(
+                &self.scripts.claim,
+                code,
+                &[],
+                &[
+                    &claim.connection_id,
+                    &claim.lease_until.0.to_string(),
+                    &claim.limit.min(1_000_000).to_string(),
+                    if claim.redeliver { "1" } else { "0" },
+                ],
+            )
+            .await?;
+        found.iter().map(|packed| records::unpack(packed)).collect()
+    }
+
+    async fn finish(
+        &self,
+        code: &SessionCode,
+        id: &str,
+        status: RequestStatus,
+        response: ToolResponse,
+        answerer: Answerer<'_>,
+        _now: Timestamp, // the scripts take `now` from the clock, as every script does
+        until: Timestamp,
+    ) -> Result<Finished, StoreError> {
+        let cost = rules::answer_cost(&response);
+        let response = serde_json::to_string(&response)
+            .map_err(|error| StoreError(format!("an answer cannot be stored: {error}")))?;
+        let (answerer, connection) = match answerer {
+            Answerer::Relay => ("relay", ""),
+            Answerer::Connection(connection) => ("connection", connection),
+            Answerer::Provider => ("provider", ""),
+        };
+        let answer: redis::Value = self
+            .run(
+                &self.scripts.finish,
+                code,
+                &[],
+                &[
+                    id,
+                    status.as_str(),
+                    &response,
+                    &cost.to_string(),
+                    &until.0.to_string(),
+                    answerer,
+                    connection,
+                    &self.limits.session_answer_budget.to_string(),
+                ],
+            )
+            .await?;
+        let (outcome, items) = outcome(answer)?;
+        let record = || -> Result<RequestRecord, StoreError> {
+            call_in(items.clone().into_iter().next())?.ok_or_else(|| missing("call"))
+        };
+        Ok(match outcome.as_str() {
+            "finished" => {
+                self.answered(code);
+                Finished::Finished(record()?)
+            }
+            "already" => Finished::AlreadyFinished(record()?),
+            "norequest" => Finished::NoRequest,
+            "notdelivered" => Finished::NotDelivered,
+            "nosession" => Finished::NoSession,
+            other => return Err(unexpected(other)),
+        })
+    }
+
+    async fn subscribe(&self, code: &SessionCode) -> Result<Option<EventStream>, StoreError> {
+        // Subscribed before the session is read, so nothing between the two is missed.
+        let stream = self.events.subscribe(&self.base(code)).await;
+        Ok(self.session(code).await?.map(|_| stream))
+    }
+
+    async fn listen(&self, code: &SessionCode) -> Result<EventStream, StoreError> {
+        Ok(self.events.subscribe(&self.base(code)).await)
+    }
+
+    async fn listen_for_answer(
+        &self,
+        code: &SessionCode,
+        id: &str,
+    ) -> Result<EventStream, StoreError> {
+        Ok(self.events.wait_for(&self.base(code), id).await)
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        let _: String = redis::cmd("PING")
+            .query_async(&mut self.connection())
+            .await
+            .map_err(store_error)?;
+        // Without the event connection no tab hears of a call but by the sweep.
+        if !self.events.alive().await {
+            return Err(StoreError("the Redis event connection is down".into()));
+        }
+        Ok(())
+    }
+
+    async fn open_mcp_session(
+        &self,
+        slot: &str,
+        address: &str,
+        caps: McpSessionCaps,
+        expires_at: Timestamp,
+    ) -> Result<Result<(), McpSessionsFull>, StoreError> {
+        let full: i64 = self
+            .mcp_script(&self.scripts.open_mcp)
+            .arg(slot)
+            .arg(address)
+            .arg(expires_at.0)
+            .arg(caps.per_address)
+            .arg(caps.total)
+            .invoke_async(&mut self.connection())
+            .await
+            .map_err(store_error)?;
+        Ok(match full {
+            1 => Err(McpSessionsFull::PerAddress),
+            2 => Err(McpSessionsFull::Total),
+            _ => Ok(()),
+        })
+    }
+
+    async fn put_mcp_session(
+        &self,
+        id: &str,
+        slot: &str,
+        address: &str,
+        state: String,
+        expires_at: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.mcp_script(&self.scripts.put_mcp)
+            .arg(id)
+            .arg(slot)
+            .arg(address)
+            .arg(expires_at.0)
+            .arg(state)
+            .invoke_async::<()>(&mut self.connection())
+            .await
+            .map_err(store_error)
+    }
+
+    async fn touch_mcp_session(&self, id: &str, expires_at: Timestamp) -> Result<bool, StoreError> {
+        let kept: i64 = self
+            .mcp_script(&self.scripts.touch_mcp)
+            .arg(id)
+            .arg(expires_at.0)
+            .invoke_async(&mut self.connection())
+            .await
+            .map_err(store_error)?;
+        Ok(kept == 1)
+    }
+
+    async fn mcp_session(&self, id: &str) -> Result<Option<String>, StoreError> {
+        let kept: Option<String> = self
+            .connection()
+            .get(format!("{}{{mcp}}:s:{id}", self.prefix))
+            .await
+            .map_err(store_error)?;
+        Ok(kept.and_then(|kept| {
+            let (expires_at, rest) = kept.split_once('\n')?;
+            let (_address, state) = rest.split_once('\n')?;
+            (expires_at.parse::<i64>().ok()? > self.clock.now().0).then(|| state.to_owned())
+        }))
+    }
+
+    async fn delete_mcp_session(&self, id: &str) -> Result<(), StoreError> {
+        self.mcp_script(&self.scripts.delete_mcp)
+            .arg(id)
+            .invoke_async::<()>(&mut self.connection())
+            .await
+            .map_err(store_error)
+    }
+
+    async fn lock(&self, key: &str, holder: &str, until: Timestamp) -> Result<bool, StoreError> {
+        // Redis drops the key at `until` by its own clock: the replicas' milliseconds of
+        // disagreement move a lock of seconds by as much.
+        let taken: i64 = self
+            .scripts
+            .lock
+            .key(self.key(&format!("lock:{key}")))
+            .arg(holder)
+            .arg(until.0)
+            .invoke_async(&mut self.connection())
+            .await
+            .map_err(store_error)?;
+        Ok(taken == 1)
+    }
+
+    async fn unlock(&self, key: &str, holder: &str) -> Result<(), StoreError> {
+        let _: i64 = self
+            .scripts
+            .unlock
+            .key(self.key(&format!("lock:{key}")))
+            .arg(holder)
+            .invoke_async(&mut self.connection())
+            .await
+            .map_err(store_error)?;
+        Ok(())
+    }
+
+    async fn spend(
+        &self,
+        key: &str,
+        budget: RateBudget,
+        now: Timestamp,
+    ) -> Result<Option<Duration>, StoreError> {
+        let over: i64 = self
+            .scripts
+            .spend
+            .key(self.rate_key(key))
+            .arg(now.0.saturating_mul(1000))
+            .arg(budget.interval_micros())
+            .arg(budget.tolerance_micros())
+            .invoke_async(&mut self.connection())
+            .await
+            .map_err(store_error)?;
+        Ok((over > 0).then(|| Duration::from_micros(over.unsigned_abs())))
+    }
+
+    async fn usage(&self) -> Result<StoreUsage, StoreError> {
+        // A round of the answer budget's trim first: what it reports is what is kept after.
+        let answer_bytes = self.trim().await?;
+        let now = self.clock.now().0;
+        let (forgot, sessions, ticket_bytes): (u64, usize, Option<usize>) = redis::pipe()
+            .cmd("ZREMRANGEBYSCORE")
+            .arg(self.key("sessions"))
+            .arg("-inf")
+            .arg(now)
+            .cmd("ZCARD")
+            .arg(self.key("sessions"))
+            .cmd("GET")
+            .arg(self.key("{tickets}:bytes"))
+            .query_async(&mut self.connection())
+            .await
+            .map_err(store_error)?;
+        self.metrics.sessions_expired(forgot);
+        Ok(StoreUsage {
+            answer_bytes,
+            ticket_bytes: ticket_bytes.unwrap_or(0),
+            sessions,
+        })
+    }
+
+    async fn put_ticket(
+        &self,
+        scope: &str,
+        id: &str,
+        value: Arc<Value>,
+        expires_at: Timestamp,
+    ) -> Result<(), StoreError> {
+        let packed = pack_ticket(&value)?;
+        drop(value);
+        let cost = packed.len() + scope.len() + id.len() + TICKET_OVERHEAD;
+        let member = format!("{id}\n{cost}\n{scope}");
+        let ticket_prefix = self.key("{tickets}:t:");
+        let scope_prefix = self.key("{tickets}:ts:");
+        let mut invocation = self
+            .scripts
+            .put_ticket
+            .key(format!("{ticket_prefix}{scope}\n{id}"));
+        invocation
+            .key(format!("{scope_prefix}{scope}"))
+            .key(self.key("{tickets}:all"))
+            .key(self.key("{tickets}:bytes"))
+            .arg(self.clock.now().0)
+            .arg(packed.as_slice())
+            .arg(expires_at.0)
+            .arg(cost)
+            .arg(member)
+            .arg(scope)
+            .arg(MAX_TICKETS_PER_SCOPE)
+            .arg(self.limits.ticket_budget)
+            .arg(ticket_prefix)
+            .arg(scope_prefix);
+        let _: i64 = invocation
+            .invoke_async(&mut self.connection())
+            .await
+            .map_err(store_error)?;
+        Ok(())
+    }
+
+    async fn ticket(&self, scope: &str, id: &str) -> Result<Option<Arc<Value>>, StoreError> {
+        let key = self.key(&format!("{{tickets}}:t:{scope}\n{id}"));
+        let (packed, expires_at): (Option<Vec<u8>>, Option<i64>) = redis::cmd("HMGET")
+            .arg(&key)
+            .arg("v")
+            .arg("expires_at")
+            .query_async(&mut self.connection())
+            .await
+            .map_err(store_error)?;
+        match (packed, expires_at) {
+            (Some(packed), Some(expires_at)) if expires_at > self.clock.now().0 => {
+                unpack_ticket(&packed).map(|value| Some(Arc::new(value)))
+            }
+            _ => Ok(None),
+        }
+    }
+}
+
+/// A manifest's content hash: its key in `m:{<hash>}`, shared by every session that
+/// registered the same JSON.
+fn manifest_hash(json: &str) -> String {
+    use sha2::{Digest, Sha256};
+    data_encoding::HEXLOWER.encode(&Sha256::digest(json.as_bytes()))
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("prefix", &self.prefix)
+            .field("cluster", &self.cluster)
+            .finish_non_exhaustive()
+    }
+}

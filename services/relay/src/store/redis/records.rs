@@ -1,0 +1,223 @@
+//! How the Redis store writes a call and reads back calls and sessions: a call is one string,
+//! its fields (`FIELDS`, the order `lua/library.lua` spells too) each as `<length>:<value>`; a
+//! session is the values of `SESSION_FIELDS` in order.
+
+use serde_json::Value;
+use toolrelay::wire::RequestStatus;
+
+use crate::clock::Timestamp;
+use crate::code::SessionCode;
+use crate::error::StoreError;
+use crate::store::{ProviderInfo, RequestRecord, SessionRecord, Transport};
+
+/// A call's fields, in the order they are packed (`FIELDS` in `lua/library.lua`).
+const FIELDS: usize = 17;
+
+/// A session's fields, in the order the scripts answer them (`SESSION_FIELDS` in
+/// `lua/library.lua`).
+#[derive(Clone, Copy)]
+#[repr(usize)]
+enum SessionField {
+    Code,
+    TokenHash,
+    CreatedAt,
+    ExpiresAt,
+    MaxExpiresAt,
+    _KeysUntil,
+    McpHandle,
+    _Manifest,
+    ManifestRevision,
+    _NextSeq,
+    _Pending,
+    _Finished,
+    _AnswerBytes,
+    _KeptFrom,
+    _OldestAt,
+    ProviderConnection,
+    ProviderTransport,
+    ProviderConnectedAt,
+    ProviderLastSeen,
+}
+
+/// A call packed as the scripts keep it.
+pub(super) fn pack(record: &RequestRecord) -> String {
+    let number = |value: i64| value.to_string();
+    let fields: [String; FIELDS] = [
+        record.id.clone(),
+        record.seq.to_string(),
+        record.tool_id.clone().unwrap_or_default(),
+        record.function_name.clone(),
+        if record.args.is_null() {
+            String::new()
+        } else {
+            record.args.to_string()
+        },
+        record.status.as_str().to_owned(),
+        number(record.created_at.0),
+        number(record.deadline.0),
+        record.delivered_to.clone().unwrap_or_default(),
+        record
+            .lease_until
+            .map(|lease| number(lease.0))
+            .unwrap_or_default(),
+        record.deliveries.to_string(),
+        match &record.response {
+            Some(response) => serde_json::to_string(response).unwrap_or_default(),
+            None => String::new(),
+        },
+        record
+            .finished_at
+            .map(|at| number(at.0))
+            .unwrap_or_default(),
+        if record.builtin { "1" } else { "0" }.to_owned(),
+        record.correlation_id.clone().unwrap_or_default(),
+        record.call_hash.clone(),
+        if record.evicted { "1" } else { "0" }.to_owned(),
+    ];
+    let mut packed = String::with_capacity(fields.iter().map(|field| field.len() + 4).sum());
+    for field in &fields {
+        packed.push_str(&field.len().to_string());
+        packed.push(':');
+        packed.push_str(field);
+    }
+    packed
+}
+
+fn corrupt(what: &str) -> StoreError {
+    StoreError(format!("a stored call's {what} is unreadable"))
+}
+
+/// Splits a packed call into its fields.
+fn fields(mut packed: &str) -> Result<Vec<&str>, StoreError> {
+    let mut fields = Vec::with_capacity(FIELDS);
+    while !packed.is_empty() {
+        let (length, rest) = packed.split_once(':').ok_or_else(|| corrupt("layout"))?;
+        let length: usize = length.parse().map_err(|_| corrupt("layout"))?;
+        let field = rest.get(..length).ok_or_else(|| corrupt("layout"))?;
+        fields.push(field);
+        packed = &rest[length..];
+    }
+    if fields.len() == FIELDS {
+        Ok(fields)
+    } else {
+        Err(corrupt("layout"))
+    }
+}
+
+fn optional(field: &str) -> Option<String> {
+    (!field.is_empty()).then(|| field.to_owned())
+}
+
+fn time(field: &str) -> Option<Timestamp> {
+    field.parse().ok().map(Timestamp)
+}
+
+fn status_of(name: &str) -> Result<RequestStatus, StoreError> {
+    Ok(match name {
+        "queued" => RequestStatus::Queued,
+        "delivered" => RequestStatus::Delivered,
+        "completed" => RequestStatus::Completed,
+        "failed" => RequestStatus::Failed,
+        "expired" => RequestStatus::Expired,
+        _ => return Err(corrupt("status")),
+    })
+}
+
+/// A packed call read back.
+pub(super) fn unpack(packed: &str) -> Result<RequestRecord, StoreError> {
+    let fields = fields(packed)?;
+    let args = match fields[4] {
+        "" => Value::Null,
+        args => serde_json::from_str(args).map_err(|_| corrupt("arguments"))?,
+    };
+    let status = status_of(fields[5])?;
+    let mut record = RequestRecord {
+        id: fields[0].to_owned(),
+        seq: fields[1].parse().map_err(|_| corrupt("queue position"))?,
+        tool_id: optional(fields[2]),
+        function_name: fields[3].to_owned(),
+        args,
+        status,
+        created_at: time(fields[6]).ok_or_else(|| corrupt("creation time"))?,
+        deadline: time(fields[7]).ok_or_else(|| corrupt("deadline"))?,
+        delivered_to: optional(fields[8]),
+        lease_until: time(fields[9]),
+        deliveries: fields[10].parse().unwrap_or(0),
+        response: None,
+        finished_at: time(fields[12]),
+        builtin: fields[13] == "1",
+        correlation_id: optional(fields[14]),
+        call_hash: fields[15].to_owned(),
+        evicted: fields[16] == "1",
+    };
+    record.response = match fields[11] {
+        "" if status == RequestStatus::Expired && !record.evicted => {
+            // An expired call's answer is written here, where its message is.
+            Some(record.expired_response())
+        }
+        "" => None,
+        response => Some(serde_json::from_str(response).map_err(|_| corrupt("answer"))?),
+    };
+    Ok(record)
+}
+
+/// A session as the scripts answer it (`session_values` in `lua/library.lua`).
+pub(super) fn session(values: &[String]) -> Result<SessionRecord, StoreError> {
+    let field = |name: SessionField| values.get(name as usize).map_or("", String::as_str);
+    let time = |name: SessionField| Timestamp(field(name).parse().unwrap_or(0));
+    let code = SessionCode::parse(field(SessionField::Code))
+        .map_err(|_| StoreError("a stored session has no code".into()))?;
+    let provider =
+        optional(field(SessionField::ProviderConnection)).map(|connection_id| ProviderInfo {
+            connection_id,
+            transport: Transport::parse(field(SessionField::ProviderTransport))
+                .unwrap_or(Transport::WebSocket),
+            connected_at: time(SessionField::ProviderConnectedAt),
+            last_seen: time(SessionField::ProviderLastSeen),
+        });
+    Ok(SessionRecord {
+        code,
+        token_hash: field(SessionField::TokenHash).to_owned(),
+        created_at: time(SessionField::CreatedAt),
+        expires_at: time(SessionField::ExpiresAt),
+        max_expires_at: time(SessionField::MaxExpiresAt),
+        provider,
+        manifest_revision: field(SessionField::ManifestRevision).parse().unwrap_or(0),
+        mcp_handle: field(SessionField::McpHandle).to_owned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::NewRequest;
+    use toolrelay::wire::ToolResponse;
+
+    #[test]
+    fn a_call_reads_back_as_it_was_packed() {
+        let mut record = RequestRecord::queued(
+            NewRequest {
+                id: "r:1".into(),
+                tool_id: Some("demo".into()),
+                function_name: "echo".into(),
+                args: serde_json::json!({"text": "a:b\n1:2", "n": 1.5}),
+                created_at: Timestamp(1_700_000_000_000),
+                deadline: Timestamp(1_700_000_060_000),
+                builtin: false,
+                correlation_id: Some("c-1".into()),
+            },
+            7,
+        );
+        assert_eq!(unpack(&pack(&record)).unwrap(), record);
+        record.status = RequestStatus::Completed;
+        record.response = Some(ToolResponse {
+            request_id: "r:1".into(),
+            success: true,
+            result: Some(serde_json::json!("é:3")),
+            error: None,
+        });
+        record.finished_at = Some(Timestamp(1_700_000_001_000));
+        assert_eq!(unpack(&pack(&record)).unwrap(), record);
+        assert!(unpack("3:abc").is_err(), "a short record is refused");
+    }
+}
