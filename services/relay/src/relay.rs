@@ -677,8 +677,13 @@ impl Relay {
                 .as_ref()
                 .is_some_and(|session| self.connected_transport(session, now).is_some());
             return match enqueued {
-                Enqueued::Queued(record) => {
+                Enqueued::Queued(mut record) => {
                     tracing::debug!(code = %code.redacted(), request_id = %record.id, function = %record.function_name, "call queued");
+                    // Handed to the session's tab in the same step, it is still reported as
+                    // queued (SPEC §5): the tab has not seen it yet.
+                    if !record.builtin && record.status == RequestStatus::Delivered {
+                        record.status = RequestStatus::Queued;
+                    }
                     if record.builtin {
                         self.run_builtin(code.clone(), &record);
                     }
