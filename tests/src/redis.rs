@@ -14,22 +14,55 @@ pub struct RedisServer {
     port: u16,
     dir: PathBuf,
     durable: bool,
+    cluster: bool,
     child: Option<Child>,
 }
 
 impl RedisServer {
     /// A throwaway Redis: nothing written to disk.
     pub async fn start() -> Self {
-        Self::launch(false).await
+        Self::launch(false, false).await
     }
 
     /// A Redis with the append-only file on (`appendfsync always`), so a restart keeps
     /// everything written before it.
     pub async fn durable() -> Self {
-        Self::launch(true).await
+        Self::launch(true, false).await
     }
 
-    async fn launch(durable: bool) -> Self {
+    /// A throwaway Redis Cluster node that owns every slot: it serves every key as a plain
+    /// Redis does, but refuses a script that touches keys of two slots (Redis applies its
+    /// Cluster rules to scripts that declare a `#!lua` line), so a store that strays out of a
+    /// session's slot fails on it.
+    pub async fn cluster_node() -> Self {
+        let server = Self::launch(false, true).await;
+        let mut connection = server.connection().await.unwrap();
+        let () = redis::cmd("CLUSTER")
+            .arg("ADDSLOTSRANGE")
+            .arg(0)
+            .arg(16383)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            let info: String = redis::cmd("CLUSTER")
+                .arg("INFO")
+                .query_async(&mut connection)
+                .await
+                .unwrap();
+            if info.contains("cluster_state:ok") {
+                return server;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the cluster node did not come up: {info}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn launch(durable: bool, cluster: bool) -> Self {
         let port = free_port();
         let dir =
             std::env::temp_dir().join(format!("toolrelay-redis-{}-{port}", std::process::id()));
@@ -38,6 +71,7 @@ impl RedisServer {
             port,
             dir,
             durable,
+            cluster,
             child: None,
         };
         server.run().await;
@@ -56,6 +90,11 @@ impl RedisServer {
             command.args(["--appendonly", "yes", "--appendfsync", "always"]);
         } else {
             command.args(["--appendonly", "no"]);
+        }
+        if self.cluster {
+            command
+                .args(["--cluster-enabled", "yes", "--cluster-config-file"])
+                .arg(self.dir.join("nodes.conf"));
         }
         let child = command
             .stdout(Stdio::null())

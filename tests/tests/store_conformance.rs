@@ -59,7 +59,15 @@ async fn memory(limits: StoreLimits) -> Fixture {
 }
 
 async fn redis(limits: StoreLimits) -> Fixture {
-    let server = RedisServer::start().await;
+    on_redis(RedisServer::start().await, limits).await
+}
+
+/// On one Redis Cluster node owning every slot: a script touching two slots fails there.
+async fn cluster_node(limits: StoreLimits) -> Fixture {
+    on_redis(RedisServer::cluster_node().await, limits).await
+}
+
+async fn on_redis(server: RedisServer, limits: StoreLimits) -> Fixture {
     let (clock, hand) = Clock::manual(wall_now());
     let metrics = Metrics::default();
     let store = RedisStore::connect(
@@ -113,6 +121,14 @@ macro_rules! conformance {
                 #[tokio::test]
                 async fn $name() {
                     super::$name(super::redis(super::limits()).await).await;
+                }
+            )*
+        }
+        mod redis_cluster_node {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name(super::cluster_node(super::limits()).await).await;
                 }
             )*
         }
@@ -1103,4 +1119,131 @@ async fn a_redis_outage_fails_operations_but_ends_no_stream() {
             break;
         }
     }
+}
+
+/// What makes the `redis_cluster_node` run of this suite prove slot locality: on a Cluster
+/// node, Redis refuses a script with a `#!lua` line (as every one of the store's) that touches
+/// keys of two slots, even when the node owns both.
+#[tokio::test]
+async fn a_cluster_node_refuses_a_script_that_strays_into_another_slot() {
+    let server = RedisServer::cluster_node().await;
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let two_slots =
+        "#!lua\nredis.call('SET', KEYS[1], 1)\nredis.call('SET', '{other}:key', 1)\nreturn 1";
+    let refused: redis::RedisResult<i64> = redis::cmd("EVAL")
+        .arg(two_slots)
+        .arg(1)
+        .arg("{session}:key")
+        .query_async(&mut connection)
+        .await;
+    let error = refused.expect_err("a script touching two slots must be refused");
+    assert!(
+        error.to_string().contains("slot"),
+        "refused for another reason: {error}"
+    );
+    let one_slot =
+        "#!lua\nredis.call('SET', KEYS[1], 1)\nredis.call('SET', '{session}:other', 1)\nreturn 1";
+    let done: i64 = redis::cmd("EVAL")
+        .arg(one_slot)
+        .arg(1)
+        .arg("{session}:key")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(done, 1, "keys of one slot, named or built, are served");
+}
+
+/// What a finished call really keeps in Redis is what the answer budget counts for it
+/// (`rules::answer_cost`), and 30,000 finished calls over 30 sessions stay within a small
+/// budget: records and answers together, `used_memory` measured.
+#[tokio::test]
+async fn finished_calls_in_redis_cost_what_the_budget_counts() {
+    use toolrelay_relay::store::rules;
+    const SESSIONS: usize = 30;
+    const CALLS: usize = 1000;
+    let budget = 1024 * 1024;
+    let fixture = redis(StoreLimits {
+        retention: HOUR,
+        answer_budget: budget,
+        session_answer_budget: budget / 8,
+        ticket_budget: 64 * 1024,
+    })
+    .await;
+    let server = fixture._redis.as_ref().unwrap();
+    let now = fixture.now();
+    let codes: Vec<SessionCode> = (0..SESSIONS).map(|_| SessionCode::generate()).collect();
+    for code in &codes {
+        let mut record = session(code.as_str(), now, HOUR);
+        record.mcp_handle = format!("handle-{}", code.as_str());
+        assert!(fixture.store.insert_session(record).await.unwrap());
+    }
+    let before = server.used_memory().await;
+    // One session first, below its share: what one finished call with an 11-byte answer
+    // keeps, against what it is counted at.
+    let first = &codes[0];
+    let small = answer("r", json!("hello world"));
+    let counted = rules::answer_cost(&ToolResponse {
+        request_id: "c-0000".into(),
+        ..small.clone()
+    });
+    let finish_all = |code: SessionCode, from: usize, to: usize| {
+        let store = fixture.store.clone();
+        async move {
+            for n in from..to {
+                let id = format!("c-{n:04}");
+                store
+                    .enqueue(&code, call(&id, now, json!({"n": n})), 100, now)
+                    .await
+                    .unwrap();
+                let answer = ToolResponse {
+                    request_id: id.clone(),
+                    ..answer("r", json!("hello world"))
+                };
+                let finished = store
+                    .finish(
+                        &code,
+                        &id,
+                        RequestStatus::Completed,
+                        answer,
+                        Answerer::Relay,
+                        now,
+                        now,
+                    )
+                    .await
+                    .unwrap();
+                assert!(matches!(finished, Finished::Finished(_)), "{finished:?}");
+            }
+        }
+    };
+    finish_all(first.clone(), 0, 200).await;
+    let per_call = (server.used_memory().await - before) / 200;
+    assert!(
+        per_call as usize <= counted,
+        "a finished call keeps {per_call} bytes in Redis but is counted at {counted}"
+    );
+    println!(
+        "a finished call with an 11-byte answer keeps {per_call} bytes of Redis (counted at {counted})"
+    );
+    // Then 30,000 of them: what Redis keeps stays within the budget and some slack (the
+    // sessions themselves).
+    let tasks: Vec<_> = codes
+        .iter()
+        .enumerate()
+        .map(|(n, code)| {
+            let from = if n == 0 { 200 } else { 0 };
+            tokio::spawn(finish_all(code.clone(), from, CALLS))
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let kept = fixture.store.usage().await.unwrap().answer_bytes;
+    assert!(kept <= budget, "the budget's count is {kept}");
+    let grown = server.used_memory().await.saturating_sub(before) as usize;
+    let slack = SESSIONS * 2048;
+    assert!(
+        grown <= budget + slack,
+        "30,000 finished calls keep {grown} bytes of Redis, over the budget of {budget}"
+    );
 }

@@ -166,8 +166,13 @@ local function announce_finished(session, record, packed)
   end
 end
 
--- Forgets the `n` oldest finished calls: their records, and their answers' cost where it
--- still counts.
+-- What a finished call's record costs once its answer is gone (rules::expired_cost).
+local function record_cost(id)
+  return FINISHED_CALL_BYTES + #id
+end
+
+-- Forgets the `n` oldest finished calls: their records, and what they still cost (the whole
+-- call, or its record alone when its answer was evicted).
 local function forget_oldest(session, n)
   local entries = redis.call('LRANGE', session.f, 0, n - 1)
   local kept_from = count(session, 'kept_from')
@@ -175,36 +180,42 @@ local function forget_oldest(session, n)
   local keys = {}
   for i, entry in ipairs(entries) do
     local cost, id = string.match(entry, '^%d+:(%d+):(.*)$')
-    if i > kept_from then bytes = bytes - tonumber(cost) end
+    if i > kept_from then bytes = bytes - tonumber(cost) else bytes = bytes - record_cost(id) end
     keys[#keys + 1] = record_key(session, id)
   end
   if #keys > 0 then redis.call('DEL', unpack(keys)) end
   redis.call('LTRIM', session.f, #entries, -1)
   set(session, 'kept_from', num(math.max(0, kept_from - #entries)))
-  set(session, 'answer_bytes', num(bytes))
+  set(session, 'answer_bytes', num(math.max(0, bytes)))
   set(session, 'finished', num(count(session, 'finished') - #entries))
   local head = redis.call('LINDEX', session.f, 0)
   set(session, 'oldest_at', head and string.match(head, '^(%d+):') or '')
 end
 
--- Evicts the session's oldest kept answers until those it keeps cost at most `share`; their
--- records stay, marked evicted.
+-- Keeps what the session's finished calls cost within `share`: its oldest answers are evicted
+-- first (their records stay, marked evicted, at the cost of a record), then, if that is not
+-- enough, its oldest finished calls are forgotten altogether.
 local function keep_share(session, share)
   while count(session, 'answer_bytes') > share do
     local kept_from = count(session, 'kept_from')
     local entry = redis.call('LINDEX', session.f, kept_from)
-    if not entry then break end
-    local cost, id = string.match(entry, '^%d+:(%d+):(.*)$')
-    local r = record_key(session, id)
-    local packed = redis.call('GET', r)
-    if packed then
-      local record = unpack_record(packed)
-      record.response = ''
-      record.evicted = '1'
-      redis.call('SET', r, pack_record(record), 'KEEPTTL')
+    if not entry then
+      if count(session, 'finished') == 0 then break end
+      forget_oldest(session, 1)
+    else
+      local cost, id = string.match(entry, '^%d+:(%d+):(.*)$')
+      local r = record_key(session, id)
+      local packed = redis.call('GET', r)
+      if packed then
+        local record = unpack_record(packed)
+        record.response = ''
+        record.evicted = '1'
+        redis.call('SET', r, pack_record(record), 'KEEPTTL')
+      end
+      local freed = tonumber(cost) - record_cost(id)
+      set(session, 'answer_bytes', num(count(session, 'answer_bytes') - freed))
+      set(session, 'kept_from', num(kept_from + 1))
     end
-    set(session, 'answer_bytes', num(count(session, 'answer_bytes') - tonumber(cost)))
-    set(session, 'kept_from', num(kept_from + 1))
   end
 end
 
@@ -250,8 +261,7 @@ local function expire_if_due(session, record)
   if (record.status == 'queued' or record.status == 'delivered')
       and tonumber(record.deadline) <= now then
     expired_calls = expired_calls + 1
-    local cost = FINISHED_CALL_BYTES + #record.id
-    return finish_record(session, record, 'expired', '', cost), true
+    return finish_record(session, record, 'expired', '', record_cost(record.id)), true
   end
   return nil, false
 end
