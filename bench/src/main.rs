@@ -318,6 +318,11 @@ async fn coordinate(bench: Bench) -> anyhow::Result<()> {
                     "\nRedis while the tabs are idle: a quiet window of {} s after they attached; memory per session from `used_memory` before the sessions and with them\n",
                     bench.idle_window
                 );
+                if bench.idle_window < 30 {
+                    println!(
+                        "(A window under 30 s may miss some of the relay's periodic work: measure with the default 65 s.)\n"
+                    );
+                }
                 println!("{}", scenarios::REDIS_IDLE);
             } else {
                 println!(

@@ -292,15 +292,18 @@ impl Spent {
     }
 
     /// The cells of a per-call row: commands, round trips, Redis CPU µs, Redis CPU % of a
-    /// core, the top commands per call, the round trips by operation per call, errors.
+    /// core, the calls/s a Redis core would carry at that cost, the top commands per call, the
+    /// round trips by operation per call, errors.
     pub fn per_call_cells(&self, calls: f64) -> String {
         let calls = calls.max(1.0);
+        let cpu_per_call = self.cpu / calls;
         format!(
-            "{:.1} | {:.2} | {:.1} | {:.0} % | {} | {} | {}",
+            "{:.1} | {:.2} | {:.1} | {:.0} % | {} | {} | {} | {}",
             self.commands() as f64 / calls,
             self.round_trips() / calls,
-            self.cpu * 1e6 / calls,
+            cpu_per_call * 1e6,
             self.cpu * 100.0 / self.seconds.max(1e-9),
+            grouped(1.0 / cpu_per_call.max(1e-9)),
             top(self.commands.iter().map(|(k, v)| (k, *v as f64)), calls, 2),
             top(self.operations.iter().map(|(k, v)| (k, *v)), calls, 2),
             self.errors_cell(),
