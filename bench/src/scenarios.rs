@@ -54,8 +54,9 @@ pub async fn start(target: Target, bench: &Bench, dirs: &Dirs) -> anyhow::Result
     Ok(Running { system, redis })
 }
 
-/// Where the binaries are: toolrelay's (`--bin-dir`), and the floor (next to the bench, so
-/// that every build is measured against the same floor).
+/// What every run starts from: where toolrelay's binaries are (`--bin-dir`) and the floor
+/// (next to the bench, so that every build is measured against the same floor), and what
+/// the idle tabs register.
 pub struct Dirs {
     pub bin: std::path::PathBuf,
     pub floor: std::path::PathBuf,
