@@ -6,17 +6,24 @@
 //! ```text
 //! cargo build --release -p toolrelay-bench -p toolrelay-relay -p toolrelay-gateway --bins
 //! target/release/toolrelay-bench --scenario all --mode one,split
+//! bench/redis-fleet.sh            # the Redis fleet's set: two replicas on one Redis
 //! ```
 //!
 //! # Layout
 //! * The coordinator (this file) starts the relay under test ([`system`]: toolrelay in one
-//!   process or split, memory or Redis, or the floor), then the tabs and the callers, each a
-//!   process of its own: this binary again, with the hidden subcommands `tabs` ([`tabs`]) and
-//!   `callers` ([`callers`]), which talk to it in JSON lines on stdout.
-//! * Scenarios: sequential latency, closed-loop throughput with the relay's CPU time per call,
-//!   idle tabs with the relay's RSS and PSS per tab, session creation rate.
+//!   process or split, memory or Redis — one replica or several on one `redis-server` of its
+//!   own ([`redis`]) — or the floor), then the tabs and the callers, each a process of its
+//!   own: this binary again, with the hidden subcommands `tabs` ([`tabs`]) and `callers`
+//!   ([`callers`]), which talk to it in JSON lines on stdout. With several replicas the tabs
+//!   attach to the last and the callers call the first.
+//! * Scenarios ([`scenarios`]): sequential latency, closed-loop throughput with the relay's
+//!   CPU time per call, idle tabs with the relay's RSS and PSS per tab, session creation rate.
+//!   On Redis, each also reports what Redis did: commands, CPU, errors and the relays' round
+//!   trips per call, or per second over a quiet window of idle tabs, and memory per session.
 
 mod callers;
+mod redis;
+mod scenarios;
 mod stats;
 mod system;
 mod tabs;
@@ -26,19 +33,22 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
 use callers::CallerKind;
-use stats::{grouped, number, ratio};
-use system::{Mode, Redis, System, Target};
+use scenarios::{Dirs, Seen};
+use stats::number;
+use system::{Mode, System, Target};
 use tabs::Transport;
 
 /// Measures toolrelay's call loop against a minimal floor relay.
 #[derive(Debug, Parser)]
-#[command(name = "toolrelay-bench", version, about)]
+// A flag given twice takes its last value (`bench/redis-fleet.sh` passes its flags first),
+// lists too (`ArgAction::Set`).
+#[command(name = "toolrelay-bench", version, about, args_override_self = true)]
 struct Cli {
     #[command(subcommand)]
     role: Option<Role>,
@@ -87,19 +97,19 @@ enum StoreChoice {
 #[derive(Debug, Clone, Args)]
 struct Bench {
     /// Scenarios, comma-separated.
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "latency")]
+    #[arg(long, value_enum, value_delimiter = ',', action = ArgAction::Set, default_value = "latency")]
     scenario: Vec<Scenario>,
     /// Deployments of toolrelay, comma-separated.
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "one")]
+    #[arg(long, value_enum, value_delimiter = ',', action = ArgAction::Set, default_value = "one")]
     mode: Vec<Mode>,
     /// Where toolrelay keeps its state.
     #[arg(long, value_enum, default_value_t = StoreChoice::Memory)]
     store: StoreChoice,
     /// How tabs attach, comma-separated (the floor has WebSocket only; idle: ws, sse, grpc).
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "ws")]
+    #[arg(long, value_enum, value_delimiter = ',', action = ArgAction::Set, default_value = "ws")]
     transport: Vec<Transport>,
     /// How callers call, comma-separated (the floor has HTTP only).
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "http")]
+    #[arg(long, value_enum, value_delimiter = ',', action = ArgAction::Set, default_value = "http")]
     caller: Vec<CallerKind>,
     /// Calls measured in the latency scenario.
     #[arg(long, default_value_t = 5_000)]
@@ -114,16 +124,28 @@ struct Bench {
     #[arg(long, default_value_t = 50)]
     sessions: usize,
     /// Concurrent callers in the throughput scenario, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "50,200")]
+    #[arg(long, value_delimiter = ',', action = ArgAction::Set, default_value = "50,200")]
     callers: Vec<usize>,
     /// Idle tabs (each with its session) in the idle scenario.
-    #[arg(long, default_value_t = 1_000)]
+    #[arg(long, default_value_t = 3_000)]
     tabs: usize,
+    /// Seconds of the idle scenario's quiet window on Redis (longer than the relay's periodic
+    /// work, so that all of it is seen).
+    #[arg(long, default_value_t = 65)]
+    idle_window: u64,
+    /// What each idle tab registers: the CODAP plugin's manifest (built from the plugin's
+    /// modules by `bench/codap-manifest.mjs`, with Node.js) or `echo`.
+    #[arg(long, value_enum, default_value_t = IdleManifest::Codap)]
+    idle_manifest: IdleManifest,
+    /// toolrelay replicas on one Redis (the Redis store only): tabs on the last, callers on
+    /// the first. The memory mode and the floor stay one process.
+    #[arg(long, default_value_t = 1)]
+    replicas: usize,
     /// Sessions created per run of the create scenario.
     #[arg(long, default_value_t = 5_000)]
     create: usize,
     /// Concurrent creating clients in the create scenario, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "1,50")]
+    #[arg(long, value_delimiter = ',', action = ArgAction::Set, default_value = "1,50")]
     create_callers: Vec<usize>,
     /// Run toolrelay without its `info` line per finished call (deployed: with it).
     #[arg(long)]
@@ -131,9 +153,18 @@ struct Bench {
     /// Leave the floor out.
     #[arg(long)]
     no_floor: bool,
-    /// Where the toolrelay binaries and `toolrelay-floor` are (default: next to this one).
+    /// Where the toolrelay binaries are (default: next to this one; the floor always is).
     #[arg(long)]
     bin_dir: Option<PathBuf>,
+}
+
+/// What the idle tabs register.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum IdleManifest {
+    /// The CODAP plugin's manifest (services/gateway/plugin/tools.js).
+    Codap,
+    /// One small function.
+    Echo,
 }
 
 #[tokio::main]
@@ -155,23 +186,32 @@ pub fn raise_open_files() {
     }
 }
 
-/// The floor's figures of the current scenario, for the ratios of the rows after it.
-#[derive(Debug, Default)]
-struct FloorFigures {
-    latency: Option<Value>,
-    throughput: Vec<(usize, Value, f64)>,
-    idle: Option<f64>,
-    create: Vec<(usize, f64, f64)>,
-}
-
 async fn coordinate(bench: Bench) -> anyhow::Result<()> {
     raise_open_files();
-    let bin_dir = match &bench.bin_dir {
-        Some(dir) => dir.clone(),
-        None => std::env::current_exe()?
-            .parent()
-            .context("the bench binary has no directory")?
-            .to_path_buf(),
+    let own_dir = std::env::current_exe()?
+        .parent()
+        .context("the bench binary has no directory")?
+        .to_path_buf();
+    let scenarios = if bench.scenario.contains(&Scenario::All) {
+        vec![
+            Scenario::Latency,
+            Scenario::Throughput,
+            Scenario::Idle,
+            Scenario::Create,
+        ]
+    } else {
+        bench.scenario.clone()
+    };
+    let idle_manifest =
+        if scenarios.contains(&Scenario::Idle) && bench.idle_manifest == IdleManifest::Codap {
+            Some(scenarios::codap_manifest()?)
+        } else {
+            None
+        };
+    let dirs = Dirs {
+        bin: bench.bin_dir.clone().unwrap_or_else(|| own_dir.clone()),
+        floor: own_dir,
+        idle_manifest: idle_manifest.as_ref().map(|(path, _)| path.clone()),
     };
     let stores: &[bool] = match bench.store {
         StoreChoice::Memory => &[false],
@@ -184,19 +224,21 @@ async fn coordinate(bench: Bench) -> anyhow::Result<()> {
     }
     for &mode in &bench.mode {
         for &redis in stores {
-            targets.push(Target::Toolrelay { mode, redis });
+            // Several replicas share their state through Redis only.
+            let replicas = if redis { bench.replicas.max(1) } else { 1 };
+            targets.push(Target::Toolrelay {
+                mode,
+                redis,
+                replicas,
+            });
         }
     }
-    let scenarios = if bench.scenario.contains(&Scenario::All) {
-        vec![
-            Scenario::Latency,
-            Scenario::Throughput,
-            Scenario::Idle,
-            Scenario::Create,
-        ]
-    } else {
-        bench.scenario.clone()
-    };
+    println!(
+        "toolrelay binaries: {}",
+        std::fs::canonicalize(&dirs.bin)
+            .unwrap_or_else(|_| dirs.bin.clone())
+            .display()
+    );
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
         "toolrelay-bench: {} cores, load average {} at the start",
@@ -207,7 +249,7 @@ async fn coordinate(bench: Bench) -> anyhow::Result<()> {
             .join(" ")
     );
     for scenario in scenarios {
-        let mut floor = FloorFigures::default();
+        let mut seen = Seen::default();
         println!();
         match scenario {
             Scenario::Latency => {
@@ -216,9 +258,9 @@ async fn coordinate(bench: Bench) -> anyhow::Result<()> {
                     bench.calls
                 );
                 println!(
-                    "| relay | mode | store | tab | caller | p50 | p90 | p99 | p99.9 | max | calls/s | CPU µs/call | p50 ÷ floor | p99 ÷ floor | Redis round trips / call | Redis commands / call | Redis busy µs / call |"
+                    "| relay | mode | store | tab | caller | p50 | p90 | p99 | p99.9 | max | calls/s | CPU µs/call | p50 ÷ floor | p99 ÷ floor | p50 ÷ memory |"
                 );
-                println!("|{}", "---|".repeat(17));
+                println!("|{}", "---|".repeat(15));
             }
             Scenario::Throughput => {
                 println!(
@@ -226,12 +268,22 @@ async fn coordinate(bench: Bench) -> anyhow::Result<()> {
                     bench.sessions, bench.throughput_calls
                 );
                 println!(
-                    "| relay | mode | store | tab | caller | callers | errors | calls/s | ÷ floor | CPU µs/call | ÷ floor | p50 | p99 | p99.9 | p99.9 ÷ floor |"
+                    "| relay | mode | store | tab | caller | callers | errors | calls/s | ÷ floor | ÷ memory | CPU µs/call | ÷ floor | p50 | p99 | p99.9 | p99.9 ÷ floor |"
                 );
-                println!("|{}", "---|".repeat(15));
+                println!("|{}", "---|".repeat(16));
             }
             Scenario::Idle => {
-                println!("Idle tabs: {} tabs, each with its session\n", bench.tabs);
+                let registered = match &idle_manifest {
+                    Some((_, bytes)) => format!(
+                        "the CODAP plugin's manifest ({} bytes)",
+                        stats::grouped(*bytes as f64)
+                    ),
+                    None => "`echo`".to_owned(),
+                };
+                println!(
+                    "Idle tabs: {} tabs, each with its session, registering {registered}\n",
+                    bench.tabs
+                );
                 println!(
                     "| relay | mode | store | tab | tabs | RSS before (MB) | RSS after (MB) | RSS KB/tab | PSS KB/tab | RSS ÷ floor |"
                 );
@@ -248,16 +300,43 @@ async fn coordinate(bench: Bench) -> anyhow::Result<()> {
         }
         for &target in &targets {
             let result = match scenario {
-                Scenario::Latency => latency(&bench, &bin_dir, target, &mut floor).await,
-                Scenario::Throughput => throughput(&bench, &bin_dir, target, &mut floor).await,
-                Scenario::Idle => idle(&bench, &bin_dir, target, &mut floor).await,
-                Scenario::Create => create(&bench, &bin_dir, target, &mut floor).await,
+                Scenario::Latency => scenarios::latency(&bench, &dirs, target, &mut seen).await,
+                Scenario::Throughput => {
+                    scenarios::throughput(&bench, &dirs, target, &mut seen).await
+                }
+                Scenario::Idle => scenarios::idle(&bench, &dirs, target, &mut seen).await,
+                Scenario::Create => scenarios::create(&bench, &dirs, target, &mut seen).await,
                 Scenario::All => Ok(()),
             };
             if let Err(error) = result {
                 println!("| {} | failed: {error:#} |", target.cells());
             }
         }
+        if !seen.redis_rows.is_empty() {
+            if scenario == Scenario::Idle {
+                println!(
+                    "\nRedis while the tabs are idle: a quiet window of {} s after they attached; memory per session from `used_memory` before the sessions and with them\n",
+                    bench.idle_window
+                );
+                if bench.idle_window < 30 {
+                    println!(
+                        "(A window under 30 s may miss some of the relay's periodic work: measure with the default 65 s.)\n"
+                    );
+                }
+                println!("{}", scenarios::REDIS_IDLE);
+            } else {
+                println!(
+                    "\nRedis per call (`INFO commandstats`, `INFO cpu`, `INFO errorstats` before and after; round trips: the relays' store operations)\n"
+                );
+                println!("{}", scenarios::REDIS_PER_CALL);
+            }
+            for row in &seen.redis_rows {
+                println!("{row}");
+            }
+        }
+    }
+    if let Some((path, _)) = &idle_manifest {
+        let _ = std::fs::remove_file(path);
     }
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
@@ -270,33 +349,8 @@ async fn coordinate(bench: Bench) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The target running, with its Redis (dropped after it).
-struct Running {
-    system: System,
-    redis: Option<Redis>,
-}
-
-async fn start(
-    target: Target,
-    bench: &Bench,
-    bin_dir: &std::path::Path,
-) -> anyhow::Result<Running> {
-    let redis = match target {
-        Target::Toolrelay { redis: true, .. } => Some(Redis::start().await?),
-        _ => None,
-    };
-    let redis_url = redis.as_ref().map(Redis::url);
-    let system = System::start(target, bin_dir, redis_url.as_deref(), !bench.no_call_log).await?;
-    Ok(Running { system, redis })
-}
-
-/// Whether the floor can stand in for toolrelay here.
-fn supports(target: Target, transport: Transport, caller: CallerKind) -> bool {
-    target != Target::Floor
-        || (transport == Transport::Ws && matches!(caller, CallerKind::Http | CallerKind::Create))
-}
-
-fn transport_name(transport: Transport) -> &'static str {
+/// The `--transport` name of a transport.
+pub fn transport_name(transport: Transport) -> &'static str {
     match transport {
         Transport::Ws => "ws",
         Transport::Sse => "sse",
@@ -305,277 +359,14 @@ fn transport_name(transport: Transport) -> &'static str {
     }
 }
 
-fn caller_name(caller: CallerKind) -> &'static str {
+/// The `--caller` name of a caller.
+pub fn caller_name(caller: CallerKind) -> &'static str {
     match caller {
         CallerKind::Http => "http",
         CallerKind::Grpc => "grpc",
         CallerKind::Mcp => "mcp",
         CallerKind::Create => "create",
     }
-}
-
-async fn latency(
-    bench: &Bench,
-    bin_dir: &std::path::Path,
-    target: Target,
-    floor: &mut FloorFigures,
-) -> anyhow::Result<()> {
-    let running = start(target, bench, bin_dir).await?;
-    let system = &running.system;
-    for &transport in &bench.transport {
-        for &caller in &bench.caller {
-            if !supports(target, transport, caller) || caller == CallerKind::Create {
-                continue;
-            }
-            let row = async {
-                let (_tabs, sessions) = Worker::tabs(system, transport, 1).await?;
-                let mut callers =
-                    Worker::callers(system, caller, &sessions, 1, bench.warmup).await?;
-                let before_stats = match &running.redis {
-                    Some(redis) => Some(redis.command_stats().await?),
-                    None => None,
-                };
-                let (summary, cpu) = callers.batch(system, bench.calls).await?;
-                let redis_cells = match (&running.redis, before_stats) {
-                    (Some(redis), Some(before)) => {
-                        let after = redis.command_stats().await?;
-                        let spent = |name: &str| {
-                            let (calls, usec) = after.get(name).copied().unwrap_or_default();
-                            let (calls_before, usec_before) =
-                                before.get(name).copied().unwrap_or_default();
-                            (calls - calls_before, usec - usec_before)
-                        };
-                        // Every command Redis ran, those inside the scripts included, and the
-                        // time it spent on what replicas send (a script's time includes the
-                        // commands it runs, which `commandstats` also lists on their own).
-                        let all: u64 = after.keys().map(|name| spent(name).0).sum();
-                        let busy: u64 = ["evalsha", "eval", "ping", "subscribe", "unsubscribe"]
-                            .iter()
-                            .map(|name| spent(name).1)
-                            .sum();
-                        // The round trips: what clients sent, watched with MONITOR over more
-                        // calls (it shows a command run inside a script as `[0 lua]`).
-                        let monitor = redis.monitor().await?;
-                        callers.batch(system, system::COUNTED_CALLS).await?;
-                        let sent = monitor.count().await?;
-                        let calls = number(&summary, "calls").max(1.0);
-                        format!(
-                            "{:.2} | {:.1} | {:.0}",
-                            sent as f64 / system::COUNTED_CALLS as f64,
-                            all as f64 / calls,
-                            busy as f64 / calls
-                        )
-                    }
-                    _ => "– | – | –".to_owned(),
-                };
-                anyhow::Ok((summary, cpu, redis_cells))
-            }
-            .await;
-            let cells = format!(
-                "{} | {} | {}",
-                target.cells(),
-                transport_name(transport),
-                caller_name(caller)
-            );
-            let (summary, cpu, redis_cells) = match row {
-                Ok(row) => row,
-                Err(error) => {
-                    println!("| {cells} | failed: {error:#} |");
-                    continue;
-                }
-            };
-            let base = floor.latency.as_ref();
-            let q = |name: &str| grouped(number(&summary, name));
-            println!(
-                "| {cells} | {} | {} | {} | {} | {} | {} | {:.0} | {} | {} | {redis_cells} |",
-                q("p50"),
-                q("p90"),
-                q("p99"),
-                q("p999"),
-                q("max"),
-                grouped(number(&summary, "perSecond")),
-                cpu,
-                ratio(number(&summary, "p50"), base.map(|b| number(b, "p50"))),
-                ratio(number(&summary, "p99"), base.map(|b| number(b, "p99"))),
-            );
-            if number(&summary, "errors") > 0.0 {
-                println!("| {cells} | {} calls failed |", summary["errors"]);
-            }
-            if target == Target::Floor {
-                floor.latency = Some(summary);
-            }
-        }
-    }
-    Ok(())
-}
-
-async fn throughput(
-    bench: &Bench,
-    bin_dir: &std::path::Path,
-    target: Target,
-    floor: &mut FloorFigures,
-) -> anyhow::Result<()> {
-    let running = start(target, bench, bin_dir).await?;
-    let system = &running.system;
-    for &transport in &bench.transport {
-        for &caller in &bench.caller {
-            if !supports(target, transport, caller) || caller == CallerKind::Create {
-                continue;
-            }
-            let cells = format!(
-                "{} | {} | {}",
-                target.cells(),
-                transport_name(transport),
-                caller_name(caller)
-            );
-            let (_tabs, sessions) = match Worker::tabs(system, transport, bench.sessions).await {
-                Ok(tabs) => tabs,
-                Err(error) => {
-                    println!("| {cells} | failed: {error:#} |");
-                    continue;
-                }
-            };
-            for &count in &bench.callers {
-                let run = async {
-                    let mut callers =
-                        Worker::callers(system, caller, &sessions, count, bench.warmup.max(count))
-                            .await?;
-                    callers.batch(system, bench.throughput_calls).await
-                }
-                .await;
-                let (summary, cpu) = match run {
-                    Ok(run) => run,
-                    Err(error) => {
-                        println!("| {cells} | {count} | failed: {error:#} |");
-                        continue;
-                    }
-                };
-                let base = floor
-                    .throughput
-                    .iter()
-                    .find(|(callers, _, _)| *callers == count);
-                let rate = number(&summary, "perSecond");
-                println!(
-                    "| {cells} | {count} | {} | {} | {} | {:.0} | {} | {} | {} | {} | {} |",
-                    summary["errors"],
-                    grouped(rate),
-                    ratio(rate, base.map(|(_, b, _)| number(b, "perSecond"))),
-                    cpu,
-                    ratio(cpu, base.map(|(_, _, cpu)| *cpu)),
-                    grouped(number(&summary, "p50")),
-                    grouped(number(&summary, "p99")),
-                    grouped(number(&summary, "p999")),
-                    ratio(
-                        number(&summary, "p999"),
-                        base.map(|(_, b, _)| number(b, "p999"))
-                    ),
-                );
-                if target == Target::Floor {
-                    floor.throughput.push((count, summary, cpu));
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-async fn idle(
-    bench: &Bench,
-    bin_dir: &std::path::Path,
-    target: Target,
-    floor: &mut FloorFigures,
-) -> anyhow::Result<()> {
-    for &transport in &bench.transport {
-        if !matches!(transport, Transport::Ws | Transport::Sse | Transport::Grpc)
-            || !supports(target, transport, CallerKind::Http)
-        {
-            continue;
-        }
-        let cells = format!("{} | {}", target.cells(), transport_name(transport));
-        let measured = async {
-            let running = start(target, bench, bin_dir).await?;
-            let system = &running.system;
-            // A settled baseline: what the relay holds before any session.
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            let before = system.memory()?;
-            let (tabs, _) = Worker::tabs(system, transport, bench.tabs).await?;
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            let after = system.memory()?;
-            drop(tabs);
-            anyhow::Ok((before, after))
-        }
-        .await;
-        let ((rss0, pss0), (rss1, pss1)) = match measured {
-            Ok(measured) => measured,
-            Err(error) => {
-                println!("| {cells} | failed: {error:#} |");
-                continue;
-            }
-        };
-        let tabs = bench.tabs.max(1) as f64;
-        let rss_per_tab = (rss1 as f64 - rss0 as f64) / tabs;
-        let pss_per_tab = (pss1 as f64 - pss0 as f64) / tabs;
-        println!(
-            "| {cells} | {} | {:.1} | {:.1} | {rss_per_tab:.1} | {pss_per_tab:.1} | {} |",
-            grouped(tabs),
-            rss0 as f64 / 1024.0,
-            rss1 as f64 / 1024.0,
-            ratio(rss_per_tab, floor.idle),
-        );
-        if target == Target::Floor {
-            floor.idle = Some(rss_per_tab);
-        }
-    }
-    Ok(())
-}
-
-async fn create(
-    bench: &Bench,
-    bin_dir: &std::path::Path,
-    target: Target,
-    floor: &mut FloorFigures,
-) -> anyhow::Result<()> {
-    for &count in &bench.create_callers {
-        let measured = async {
-            let running = start(target, bench, bin_dir).await?;
-            let system = &running.system;
-            let mut creators =
-                Worker::callers(system, CallerKind::Create, &[], count, count.max(10)).await?;
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            let (rss0, _) = system.memory()?;
-            let (summary, cpu) = creators.batch(system, bench.create).await?;
-            let (rss1, _) = system.memory()?;
-            let per_session = (rss1 as f64 - rss0 as f64) / number(&summary, "calls").max(1.0);
-            anyhow::Ok((summary, cpu, per_session))
-        }
-        .await;
-        let (summary, cpu, per_session) = match measured {
-            Ok(measured) => measured,
-            Err(error) => {
-                println!("| {} | {count} | failed: {error:#} |", target.cells());
-                continue;
-            }
-        };
-        let rate = number(&summary, "perSecond");
-        let base = floor
-            .create
-            .iter()
-            .find(|(clients, _, _)| *clients == count);
-        println!(
-            "| {} | {count} | {} | {} | {} | {cpu:.0} | {} | {per_session:.1} | {} | {} |",
-            target.cells(),
-            summary["errors"],
-            grouped(rate),
-            ratio(rate, base.map(|(_, rate, _)| *rate)),
-            ratio(cpu, base.map(|(_, _, cpu)| *cpu)),
-            grouped(number(&summary, "p50")),
-            grouped(number(&summary, "p99")),
-        );
-        if target == Target::Floor {
-            floor.create.push((count, rate, cpu));
-        }
-    }
-    Ok(())
 }
 
 /// A tabs or callers process: this binary again, speaking JSON lines; killed when dropped.
@@ -618,22 +409,28 @@ impl Worker {
 
     /// `sessions` sessions with a tab each, attached; the tabs and the sessions
     /// (`CODE:HANDLE`).
+    /// With several replicas, on the last (`System::tab_base`); each registers `manifest`
+    /// (a JSON file), or `echo`.
     async fn tabs(
         system: &System,
         transport: Transport,
         sessions: usize,
+        manifest: Option<&std::path::Path>,
     ) -> anyhow::Result<(Self, Vec<String>)> {
         let mut args = vec![
             "tabs".to_owned(),
             "--base".to_owned(),
-            system.base.clone(),
+            system.tab_base.clone(),
             "--transport".to_owned(),
             transport_name(transport).to_owned(),
             "--sessions".to_owned(),
             sessions.to_string(),
         ];
-        if let Some(grpc) = &system.grpc {
+        if let Some(grpc) = &system.tab_grpc {
             args.extend(["--grpc".to_owned(), grpc.clone()]);
+        }
+        if let Some(manifest) = manifest {
+            args.extend(["--manifest".to_owned(), manifest.display().to_string()]);
         }
         let mut worker = Self::start(&args).await?;
         let ready = worker.read(Duration::from_secs(600)).await?;

@@ -1,5 +1,6 @@
 //! The tabs process (`toolrelay-bench tabs …`): creates N sessions, attaches a tab to each over
-//! the chosen transport, registers `echo`, and answers every call at once with its arguments.
+//! the chosen transport, registers `echo` (or the manifest of `--manifest`, such as the CODAP
+//! plugin's), and answers every call at once with its arguments.
 //!
 //! Once every tab is attached it prints `{"ready":true,"sessions":["CODE:HANDLE",…]}` and
 //! serves until stdin closes.
@@ -51,6 +52,9 @@ pub struct TabArgs {
     /// Sessions created and tabs attached at once.
     #[arg(long, default_value_t = 64)]
     pub concurrency: usize,
+    /// A JSON file `{"tools": [...]}` every tab registers instead of `echo`.
+    #[arg(long)]
+    pub manifest: Option<std::path::PathBuf>,
 }
 
 /// A session the tabs process created.
@@ -65,6 +69,20 @@ struct Session {
 fn echo_tool() -> Value {
     json!({"name": "echo", "description": "Echoes its arguments",
         "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}}})
+}
+
+/// The tools every tab registers: `--manifest`'s, or `echo`.
+fn tools(args: &TabArgs) -> anyhow::Result<Value> {
+    let Some(path) = &args.manifest else {
+        return Ok(json!([echo_tool()]));
+    };
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the manifest {}", path.display()))?;
+    let manifest: Value = serde_json::from_str(&text)?;
+    match &manifest["tools"] {
+        Value::Array(_) => Ok(manifest["tools"].clone()),
+        _ => bail!("{} has no \"tools\" array", path.display()),
+    }
 }
 
 /// Runs the tabs process.
@@ -84,10 +102,13 @@ pub async fn run(args: TabArgs) -> anyhow::Result<()> {
         (None, Transport::Grpc) => bail!("--grpc is needed for gRPC providers"),
         _ => None,
     };
+    // Shared by every tab (the CODAP manifest is ~21 KB).
+    let tools = std::sync::Arc::new(tools(&args)?);
     let started: Vec<anyhow::Result<(Session, tokio::task::JoinHandle<()>)>> =
         futures::stream::iter(0..args.sessions)
             .map(|_| {
                 let (http, grpc, args) = (http.clone(), grpc.clone(), args.clone());
+                let tools = std::sync::Arc::clone(&tools);
                 async move {
                     let session = create(&http, &args.base).await?;
                     let (ready, attached) = oneshot::channel();
@@ -95,14 +116,16 @@ pub async fn run(args: TabArgs) -> anyhow::Result<()> {
                         let session = session.clone();
                         tokio::spawn(async move {
                             let served = match args.transport {
-                                Transport::Ws => ws_tab(&args.base, &session, ready).await,
-                                Transport::Sse => sse_tab(&http, &args.base, &session, ready).await,
+                                Transport::Ws => ws_tab(&args.base, &session, &tools, ready).await,
+                                Transport::Sse => {
+                                    sse_tab(&http, &args.base, &session, &tools, ready).await
+                                }
                                 Transport::Polling => {
-                                    polling_tab(&http, &args.base, &session, ready).await
+                                    polling_tab(&http, &args.base, &session, &tools, ready).await
                                 }
                                 Transport::Grpc => {
                                     let channel = grpc.expect("checked above");
-                                    grpc_tab(channel, &session, ready).await
+                                    grpc_tab(channel, &session, &tools, ready).await
                                 }
                             };
                             if let Err(error) = served {
@@ -160,7 +183,12 @@ fn answer(request: &Value) -> Value {
     json!({"requestId": request["requestId"], "success": true, "result": request["args"]})
 }
 
-async fn ws_tab(base: &str, session: &Session, ready: oneshot::Sender<()>) -> anyhow::Result<()> {
+async fn ws_tab(
+    base: &str,
+    session: &Session,
+    tools: &Value,
+    ready: oneshot::Sender<()>,
+) -> anyhow::Result<()> {
     let url = format!(
         "{}/api/sessions/{}/ws?token={}",
         base.replacen("http", "ws", 1),
@@ -173,7 +201,7 @@ async fn ws_tab(base: &str, session: &Session, ready: oneshot::Sender<()>) -> an
         .write_buffer_size(4096);
     let (mut socket, _) =
         tokio_tungstenite::connect_async_with_config(&url, Some(config), true).await?;
-    let register = json!({"type": "register", "tools": [echo_tool()]});
+    let register = json!({"type": "register", "tools": tools});
     socket.send(Message::text(register.to_string())).await?;
     let mut ready = Some(ready);
     while let Some(message) = socket.next().await {
@@ -199,12 +227,17 @@ async fn ws_tab(base: &str, session: &Session, ready: oneshot::Sender<()>) -> an
     Ok(())
 }
 
-async fn put_manifest(http: &reqwest::Client, base: &str, session: &Session) -> anyhow::Result<()> {
+async fn put_manifest(
+    http: &reqwest::Client,
+    base: &str,
+    session: &Session,
+    tools: &Value,
+) -> anyhow::Result<()> {
     let url = format!("{base}/api/sessions/{}/manifest", session.code);
     as_tab(
         http.put(url),
         session,
-        &json!({"tools": [echo_tool()]}),
+        &json!({"tools": tools}),
         "PUT manifest",
     )
     .await
@@ -242,9 +275,10 @@ async fn sse_tab(
     http: &reqwest::Client,
     base: &str,
     session: &Session,
+    tools: &Value,
     ready: oneshot::Sender<()>,
 ) -> anyhow::Result<()> {
-    put_manifest(http, base, session).await?;
+    put_manifest(http, base, session, tools).await?;
     // A client of its own: the stream holds its connection for good.
     let stream_client = reqwest::Client::builder().tcp_nodelay(true).build()?;
     let response = stream_client
@@ -291,9 +325,10 @@ async fn polling_tab(
     http: &reqwest::Client,
     base: &str,
     session: &Session,
+    tools: &Value,
     ready: oneshot::Sender<()>,
 ) -> anyhow::Result<()> {
-    put_manifest(http, base, session).await?;
+    put_manifest(http, base, session, tools).await?;
     let url = format!("{base}/api/sessions/{}/request", session.code);
     let mut ready = Some(ready);
     loop {
@@ -314,19 +349,28 @@ async fn polling_tab(
 async fn grpc_tab(
     channel: tonic::transport::Channel,
     session: &Session,
+    tools: &Value,
     ready: oneshot::Sender<()>,
 ) -> anyhow::Result<()> {
     let mut client = RelayClient::new(channel);
     let (outbound, to_relay) = tokio::sync::mpsc::channel(16);
     let tool = echo_tool();
-    let register = provider_message::Kind::Register(Register {
-        tools: vec![Tool {
-            name: "echo".into(),
-            description: tool["description"].as_str().unwrap_or_default().into(),
-            input_schema: Some(toolrelay::json::to_struct(&tool["inputSchema"])),
-            ..Tool::default()
-        }],
-        ..Register::default()
+    let register = provider_message::Kind::Register(if *tools == json!([tool]) {
+        Register {
+            tools: vec![Tool {
+                name: "echo".into(),
+                description: tool["description"].as_str().unwrap_or_default().into(),
+                input_schema: Some(toolrelay::json::to_struct(&tool["inputSchema"])),
+                ..Tool::default()
+            }],
+            ..Register::default()
+        }
+    } else {
+        // Any other manifest as the browser protocol's JSON.
+        Register {
+            tools_json: tools.to_string(),
+            ..Register::default()
+        }
     });
     outbound
         .send(ProviderMessage {
