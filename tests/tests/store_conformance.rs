@@ -1216,8 +1216,12 @@ async fn finished_calls_in_redis_cost_what_the_budget_counts() {
             }
         }
     };
-    finish_all(first.clone(), 0, 200).await;
-    let per_call = (server.used_memory().await - before) / 200;
+    // (Measured as a slope, past the first 100: Redis's fixed costs of the first few keys,
+    // its dictionaries' and buffers' first growth, are no call's.)
+    finish_all(first.clone(), 0, 100).await;
+    let at_100 = server.used_memory().await;
+    finish_all(first.clone(), 100, 500).await;
+    let per_call = (server.used_memory().await - at_100) / 400;
     assert!(
         per_call as usize <= counted,
         "a finished call keeps {per_call} bytes in Redis but is counted at {counted}"
@@ -1231,7 +1235,7 @@ async fn finished_calls_in_redis_cost_what_the_budget_counts() {
         .iter()
         .enumerate()
         .map(|(n, code)| {
-            let from = if n == 0 { 200 } else { 0 };
+            let from = if n == 0 { 500 } else { 0 };
             tokio::spawn(finish_all(code.clone(), from, CALLS))
         })
         .collect();
@@ -1241,9 +1245,11 @@ async fn finished_calls_in_redis_cost_what_the_budget_counts() {
     let kept = fixture.store.usage().await.unwrap().answer_bytes;
     assert!(kept <= budget, "the budget's count is {kept}");
     let grown = server.used_memory().await.saturating_sub(before) as usize;
-    let slack = SESSIONS * 2048;
+    println!("30,000 finished calls keep {grown} bytes of Redis with a budget of {budget}");
+    // Half the budget again for Redis's own growth with the keys (its dictionaries, during a
+    // rehash twice over; the sessions' lists and buffers), which no budget of ours counts.
     assert!(
-        grown <= budget + slack,
+        grown <= budget + budget / 2,
         "30,000 finished calls keep {grown} bytes of Redis, over the budget of {budget}"
     );
 }

@@ -431,12 +431,14 @@ impl Store for RedisStore {
             for (sessions, answer) in chunk.chunks(batch).zip(answers) {
                 let (expired, _, answer) = counted(answer)?;
                 self.metrics.calls_expired(expired);
-                let found: Vec<(String, u64, i64)> =
+                let found: Vec<(String, u64, i64, u8)> =
                     redis::from_redis_value(answer).map_err(unreadable)?;
-                for ((code, _), (state, pending, expires_at)) in sessions.iter().zip(found) {
+                for ((code, _), (state, pending, expires_at, moved)) in sessions.iter().zip(found) {
                     states.push(match state.as_str() {
                         "ok" => {
-                            slid.push((code.clone(), expires_at));
+                            if moved == 1 {
+                                slid.push((code.clone(), expires_at));
+                            }
                             TabState::Serving {
                                 pending,
                                 expires_at: Timestamp(expires_at),
@@ -449,7 +451,7 @@ impl Store for RedisStore {
                 }
             }
         }
-        if !until.is_empty() && !slid.is_empty() {
+        if !slid.is_empty() {
             let mut pipe = redis::pipe();
             for (code, expires_at) in &slid {
                 pipe.cmd("ZADD")

@@ -58,13 +58,23 @@ impl RedisStore {
                 .arg("answer_bytes")
                 .arg("oldest_at");
         }
-        let kept: Vec<(Option<u64>, Option<i64>)> = if codes.is_empty() {
+        let kept: Vec<(Option<String>, Option<String>)> = if codes.is_empty() {
             Vec::new()
         } else {
             pipe.query_async(&mut self.connection())
                 .await
                 .map_err(store_error)?
         };
+        // Fields a session has not written yet, or empty (no finished call), count as none.
+        let kept: Vec<(Option<u64>, Option<i64>)> = kept
+            .into_iter()
+            .map(|(bytes, oldest)| {
+                (
+                    bytes.and_then(|bytes| bytes.parse().ok()),
+                    oldest.and_then(|oldest| oldest.parse().ok()),
+                )
+            })
+            .collect();
         let mine: u64 = kept.iter().filter_map(|(bytes, _)| *bytes).sum();
         let expires = now.plus(COUNT_LIFETIME).0;
         let key = self.key("answer-bytes");
