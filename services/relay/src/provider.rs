@@ -419,8 +419,11 @@ impl Driver {
                 }
                 event = events.next() => match event {
                     Some(SessionEvent::RequestQueued) => Box::pin(self.deliver(false)).await?,
+                    // (Unless a redelivery after lost events sent it already: events that
+                    // outlived the loss still come.)
                     Some(SessionEvent::CallHanded(record)) => {
-                        if record.delivered_to.as_deref() == Some(self.connection_id.as_str()) {
+                        let mine = record.delivered_to.as_deref() == Some(self.connection_id.as_str());
+                        if mine && !self.outstanding().contains_key(&record.id) {
                             Box::pin(self.forward(vec![*record])).await?;
                         }
                     }
@@ -566,6 +569,12 @@ impl Driver {
                 }
             };
             let count = claimed.len();
+            // What this driver sent already went down the connection, which still stands.
+            let mut claimed = claimed;
+            if again {
+                let outstanding = self.outstanding();
+                claimed.retain(|record| !outstanding.contains_key(&record.id));
+            }
             self.forward(claimed).await?;
             if count < CLAIM_BATCH {
                 return Ok(());
