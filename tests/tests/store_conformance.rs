@@ -17,6 +17,8 @@ use toolrelay_relay::store::{
     McpSessionsFull, NewRequest, ProviderInfo, RateBudget, RateCharge, SessionEvent, SessionRecord,
     Store, Transport,
 };
+// The parts of the store's interface, for the tests that hold a store by its own type.
+use toolrelay_relay::store::{BudgetStore, Reachable, SessionStore};
 use toolrelay_relay::{Clock, Metrics, SessionCode, Timestamp};
 use toolrelay_tests::PATIENCE;
 use toolrelay_tests::redis::RedisServer;

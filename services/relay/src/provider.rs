@@ -411,6 +411,14 @@ impl Driver {
                 }
                 event = events.next() => match event {
                     Some(SessionEvent::RequestQueued) => Box::pin(self.deliver()).await?,
+                    // Queued already delivered to this connection: forwarded as it is.
+                    Some(SessionEvent::CallHanded(record)) => {
+                        if record.delivered_to.as_deref() == Some(self.connection_id.as_str()) {
+                            self.outstanding().insert(record.id.clone(), self.relay.inner.drain.hold());
+                            let (request, seq) = (Box::new(record.tool_request()), record.seq);
+                            Box::pin(self.send(Downlink::ToolRequest { request, seq })).await?;
+                        }
+                    }
                     // A lost event may have been the one that replaced this connection.
                     Some(event @ (SessionEvent::Missed | SessionEvent::ProviderChanged(_))) => {
                         if let Some(ending) = Box::pin(self.check_still_provider()).await? {

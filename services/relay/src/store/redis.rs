@@ -53,9 +53,9 @@ use super::memory::{
     MAX_TICKETS_PER_SCOPE, StoreLimits, TICKET_OVERHEAD, pack_ticket, unpack_ticket,
 };
 use super::{
-    Answerer, Claim, EnqueueChecks, Enqueued, EventStream, Finished, McpSessionCaps,
-    McpSessionsFull, NewRequest, ProviderInfo, RateBudget, RequestRecord, SessionEvent,
-    SessionRecord, Store, StoreUsage, Transport,
+    Answerer, BudgetStore, Claim, EnqueueChecks, Enqueued, EventStream, Finished, McpSessionCaps,
+    McpSessionStore, McpSessionsFull, NewRequest, ProviderInfo, RateBudget, Reachable,
+    RequestRecord, SessionEvent, SessionRecord, SessionStore, StoreUsage, TicketStore, Transport,
 };
 use crate::clock::{Clock, Timestamp};
 use crate::code::SessionCode;
@@ -784,7 +784,23 @@ fn missing(what: &str) -> StoreError {
 }
 
 #[async_trait]
-impl Store for RedisStore {
+impl Reachable for RedisStore {
+    async fn ping(&self) -> Result<(), StoreError> {
+        let mut redis = self.redis.clone();
+        let _: String = redis::cmd("PING")
+            .query_async(&mut redis)
+            .await
+            .map_err(store_error)?;
+        // Without the event connection no tab hears of a call but by the safety net.
+        if !self.events.alive().await {
+            return Err(StoreError("the Redis event connection is down".into()));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl SessionStore for RedisStore {
     async fn insert_session(&self, session: SessionRecord) -> Result<bool, StoreError> {
         let handle = format!("{}h:{}", self.prefix, session.mcp_handle);
         let inserted: i64 = self
@@ -1132,19 +1148,98 @@ impl Store for RedisStore {
         Ok(self.events.wait_for(&self.base(code), id).await)
     }
 
-    async fn ping(&self) -> Result<(), StoreError> {
+    async fn usage(&self) -> Result<StoreUsage, StoreError> {
         let mut redis = self.redis.clone();
-        let _: String = redis::cmd("PING")
-            .query_async(&mut redis)
+        let (forgot, sessions, unanswered, answer_bytes, ticket_bytes): (
+            u64,
+            usize,
+            usize,
+            usize,
+            usize,
+        ) = self
+            .scripts
+            .usage
+            .key(format!("{}sessions", self.prefix))
+            .key(format!("{}unanswered", self.prefix))
+            .key(format!("{}answer-bytes", self.prefix))
+            .key(format!("{}ticket-bytes", self.prefix))
+            .arg(self.clock.now().0)
+            .arg(USAGE_SWEEP)
+            .invoke_async(&mut redis)
             .await
             .map_err(store_error)?;
-        // Without the event connection no tab hears of a call but by the safety net.
-        if !self.events.alive().await {
-            return Err(StoreError("the Redis event connection is down".into()));
-        }
+        self.metrics.sessions_expired(forgot);
+        Ok(StoreUsage {
+            answer_bytes,
+            ticket_bytes,
+            sessions,
+            unanswered,
+        })
+    }
+}
+
+#[async_trait]
+impl TicketStore for RedisStore {
+    async fn put_ticket(
+        &self,
+        scope: &str,
+        id: &str,
+        value: Arc<Value>,
+        expires_at: Timestamp,
+    ) -> Result<(), StoreError> {
+        let packed = pack_ticket(&value)?;
+        drop(value);
+        let cost = packed.len() + scope.len() + id.len() + TICKET_OVERHEAD;
+        let member = format!("{id}\n{cost}\n{scope}");
+        let ticket_prefix = format!("{}t:", self.prefix);
+        let scope_prefix = format!("{}ts:", self.prefix);
+        let mut invocation = self
+            .scripts
+            .put_ticket
+            .key(format!("{ticket_prefix}{{{scope}}}:{id}"));
+        invocation
+            .key(format!("{scope_prefix}{{{scope}}}"))
+            .key(format!("{}tickets", self.prefix))
+            .key(format!("{}ticket-bytes", self.prefix))
+            .arg(self.clock.now().0)
+            .arg(packed.as_slice())
+            .arg(expires_at.0)
+            .arg(cost)
+            .arg(member)
+            .arg(scope)
+            .arg(MAX_TICKETS_PER_SCOPE)
+            .arg(self.ticket_budget)
+            .arg(ticket_prefix)
+            .arg(scope_prefix);
+        let mut redis = self.redis.clone();
+        let _: i64 = invocation
+            .invoke_async(&mut redis)
+            .await
+            .map_err(store_error)?;
         Ok(())
     }
 
+    async fn ticket(&self, scope: &str, id: &str) -> Result<Option<Arc<Value>>, StoreError> {
+        let mut redis = self.redis.clone();
+        let key = format!("{}t:{{{scope}}}:{id}", self.prefix);
+        let (packed, expires_at): (Option<Vec<u8>>, Option<i64>) = redis::cmd("HMGET")
+            .arg(&key)
+            .arg("v")
+            .arg("expires_at")
+            .query_async(&mut redis)
+            .await
+            .map_err(store_error)?;
+        match (packed, expires_at) {
+            (Some(packed), Some(expires_at)) if expires_at > self.clock.now().0 => {
+                unpack_ticket(&packed).map(|value| Some(Arc::new(value)))
+            }
+            _ => Ok(None),
+        }
+    }
+}
+
+#[async_trait]
+impl McpSessionStore for RedisStore {
     async fn open_mcp_session(
         &self,
         slot: &str,
@@ -1220,7 +1315,10 @@ impl Store for RedisStore {
             .await
             .map_err(store_error)
     }
+}
 
+#[async_trait]
+impl BudgetStore for RedisStore {
     async fn lock(&self, key: &str, holder: &str, until: Timestamp) -> Result<bool, StoreError> {
         let mut redis = self.redis.clone();
         // Redis drops the key at `until` by its own clock: the replicas' milliseconds of
@@ -1268,92 +1366,6 @@ impl Store for RedisStore {
             .await
             .map_err(store_error)?;
         Ok((over > 0).then(|| Duration::from_micros(over.unsigned_abs())))
-    }
-
-    async fn usage(&self) -> Result<StoreUsage, StoreError> {
-        let mut redis = self.redis.clone();
-        let (forgot, sessions, unanswered, answer_bytes, ticket_bytes): (
-            u64,
-            usize,
-            usize,
-            usize,
-            usize,
-        ) = self
-            .scripts
-            .usage
-            .key(format!("{}sessions", self.prefix))
-            .key(format!("{}unanswered", self.prefix))
-            .key(format!("{}answer-bytes", self.prefix))
-            .key(format!("{}ticket-bytes", self.prefix))
-            .arg(self.clock.now().0)
-            .arg(USAGE_SWEEP)
-            .invoke_async(&mut redis)
-            .await
-            .map_err(store_error)?;
-        self.metrics.sessions_expired(forgot);
-        Ok(StoreUsage {
-            answer_bytes,
-            ticket_bytes,
-            sessions,
-            unanswered,
-        })
-    }
-
-    async fn put_ticket(
-        &self,
-        scope: &str,
-        id: &str,
-        value: Arc<Value>,
-        expires_at: Timestamp,
-    ) -> Result<(), StoreError> {
-        let packed = pack_ticket(&value)?;
-        drop(value);
-        let cost = packed.len() + scope.len() + id.len() + TICKET_OVERHEAD;
-        let member = format!("{id}\n{cost}\n{scope}");
-        let ticket_prefix = format!("{}t:", self.prefix);
-        let scope_prefix = format!("{}ts:", self.prefix);
-        let mut invocation = self
-            .scripts
-            .put_ticket
-            .key(format!("{ticket_prefix}{{{scope}}}:{id}"));
-        invocation
-            .key(format!("{scope_prefix}{{{scope}}}"))
-            .key(format!("{}tickets", self.prefix))
-            .key(format!("{}ticket-bytes", self.prefix))
-            .arg(self.clock.now().0)
-            .arg(packed.as_slice())
-            .arg(expires_at.0)
-            .arg(cost)
-            .arg(member)
-            .arg(scope)
-            .arg(MAX_TICKETS_PER_SCOPE)
-            .arg(self.ticket_budget)
-            .arg(ticket_prefix)
-            .arg(scope_prefix);
-        let mut redis = self.redis.clone();
-        let _: i64 = invocation
-            .invoke_async(&mut redis)
-            .await
-            .map_err(store_error)?;
-        Ok(())
-    }
-
-    async fn ticket(&self, scope: &str, id: &str) -> Result<Option<Arc<Value>>, StoreError> {
-        let mut redis = self.redis.clone();
-        let key = format!("{}t:{{{scope}}}:{id}", self.prefix);
-        let (packed, expires_at): (Option<Vec<u8>>, Option<i64>) = redis::cmd("HMGET")
-            .arg(&key)
-            .arg("v")
-            .arg("expires_at")
-            .query_async(&mut redis)
-            .await
-            .map_err(store_error)?;
-        match (packed, expires_at) {
-            (Some(packed), Some(expires_at)) if expires_at > self.clock.now().0 => {
-                unpack_ticket(&packed).map(|value| Some(Arc::new(value)))
-            }
-            _ => Ok(None),
-        }
     }
 }
 
@@ -1423,7 +1435,7 @@ impl EventHub {
         self.listen(base, |channel| channel.subscribe()).await
     }
 
-    /// [`EventHub::subscribe`] for one call's waiter ([`Store::listen_for_answer`]).
+    /// [`EventHub::subscribe`] for one call's waiter ([`SessionStore::listen_for_answer`]).
     async fn wait_for(&self, base: &str, id: &str) -> EventStream {
         self.listen(base, |channel| channel.wait_for(id)).await
     }
