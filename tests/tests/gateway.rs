@@ -165,9 +165,10 @@ async fn request_then_response_with_wait_works_in_two_steps(system: &System) {
         )
         .await;
     assert_eq!(queued.status, StatusCode::ACCEPTED, "{queued:?}");
+    // Queued for a connected WebSocket tab, the call is handed to it at once.
     assert_eq!(
         queued.body,
-        json!({"requestId": "two-step", "status": "queued", "providerConnected": true})
+        json!({"requestId": "two-step", "status": "delivered", "providerConnected": true})
     );
 
     let waiting = tokio::spawn(system.get(&format!(
@@ -212,7 +213,8 @@ async fn the_legacy_aliases_work_with_the_first_designs_shapes(system: &System) 
         )
         .await;
     assert_eq!(queued.status, StatusCode::ACCEPTED, "{queued:?}");
-    assert_eq!(queued.body, json!({"id": "legacy-1", "status": "queued"}));
+    // Handed at once to the SSE tab.
+    assert_eq!(queued.body, json!({"id": "legacy-1", "status": "delivered"}));
 
     let event = tab.next().await;
     assert_eq!(event.kind, "tool-request");
