@@ -214,7 +214,10 @@ async fn the_legacy_aliases_work_with_the_first_designs_shapes(system: &System) 
         .await;
     assert_eq!(queued.status, StatusCode::ACCEPTED, "{queued:?}");
     // Handed at once to the SSE tab.
-    assert_eq!(queued.body, json!({"id": "legacy-1", "status": "delivered"}));
+    assert_eq!(
+        queued.body,
+        json!({"id": "legacy-1", "status": "delivered"})
+    );
 
     let event = tab.next().await;
     assert_eq!(event.kind, "tool-request");

@@ -53,7 +53,11 @@ impl Observed {
 /// the operation named after `=>`.
 macro_rules! measured {
     ($part:ident {
-        $($(#[$meta:meta])* fn $method:ident(&self $(, $arg:ident: $type:ty)*) -> $output:ty => $operation:ident;)*
+        $(
+            $(#[$meta:meta])*
+            fn $method:ident(&self $(, $arg:ident: $type:ty)* $(,)?)
+                -> $output:ty => $operation:ident;
+        )*
     }) => {
         #[async_trait]
         impl $part for Observed {
@@ -75,24 +79,31 @@ measured!(SessionStore {
     fn insert_session(&self, session: SessionRecord) -> bool => InsertSession;
     fn session(&self, code: &SessionCode) -> Option<SessionRecord> => Session;
     fn session_by_handle(&self, handle: &str) -> Option<SessionCode> => SessionByHandle;
-    fn touch_session(&self, code: &SessionCode, now: Timestamp, until: Timestamp, seen: Option<&str>)
-        -> Option<SessionRecord> => TouchSession;
+    fn touch_session(
+        &self, code: &SessionCode, now: Timestamp, until: Timestamp, seen: Option<&str>,
+    ) -> Option<SessionRecord> => TouchSession;
     fn delete_session(&self, code: &SessionCode) -> bool => DeleteSession;
-    fn set_provider(&self, code: &SessionCode, provider: ProviderInfo) -> Option<SessionRecord> => SetProvider;
+    fn set_provider(&self, code: &SessionCode, provider: ProviderInfo)
+        -> Option<SessionRecord> => SetProvider;
     fn clear_provider(&self, code: &SessionCode, connection_id: &str) -> () => ClearProvider;
     fn set_manifest(&self, code: &SessionCode, json: String) -> Option<u64> => SetManifest;
     fn manifest(&self, code: &SessionCode) -> Option<(u64, Option<String>)> => Manifest;
-    fn enqueue_checked(&self, code: &SessionCode, request: &NewRequest, max_pending: usize, until: Timestamp, checks: EnqueueChecks)
-        -> (Enqueued, Option<SessionRecord>) => Enqueue;
+    fn enqueue_checked(
+        &self, code: &SessionCode, request: &NewRequest, max_pending: usize, until: Timestamp,
+        checks: EnqueueChecks,
+    ) -> (Enqueued, Option<SessionRecord>) => Enqueue;
     fn request(&self, code: &SessionCode, id: &str) -> Option<RequestRecord> => Request;
     fn responses(&self, code: &SessionCode) -> Option<Vec<ToolResponse>> => Responses;
     fn pending_count(&self, code: &SessionCode) -> Option<usize> => PendingCount;
-    fn lease_builtin(&self, code: &SessionCode, id: &str, holder: &str, now: Timestamp, until: Timestamp)
-        -> Option<RequestRecord> => LeaseBuiltin;
+    fn lease_builtin(
+        &self, code: &SessionCode, id: &str, holder: &str, now: Timestamp, until: Timestamp,
+    ) -> Option<RequestRecord> => LeaseBuiltin;
     fn claim(&self, code: &SessionCode, claim: &Claim) -> Vec<RequestRecord> => Claim;
     #[allow(clippy::too_many_arguments)]
-    fn finish(&self, code: &SessionCode, id: &str, status: RequestStatus, response: ToolResponse, answerer: Answerer<'_>, now: Timestamp, until: Timestamp)
-        -> Finished => Finish;
+    fn finish(
+        &self, code: &SessionCode, id: &str, status: RequestStatus, response: ToolResponse,
+        answerer: Answerer<'_>, now: Timestamp, until: Timestamp,
+    ) -> Finished => Finish;
     fn subscribe(&self, code: &SessionCode) -> Option<EventStream> => Subscribe;
     fn listen(&self, code: &SessionCode) -> EventStream => Listen;
     fn listen_for_answer(&self, code: &SessionCode, id: &str) -> EventStream => Listen;
@@ -100,15 +111,18 @@ measured!(SessionStore {
 });
 
 measured!(TicketStore {
-    fn put_ticket(&self, scope: &str, id: &str, value: Arc<Value>, expires_at: Timestamp) -> () => PutTicket;
+    fn put_ticket(&self, scope: &str, id: &str, value: Arc<Value>, expires_at: Timestamp)
+        -> () => PutTicket;
     fn ticket(&self, scope: &str, id: &str) -> Option<Arc<Value>> => Ticket;
 });
 
 measured!(McpSessionStore {
-    fn open_mcp_session(&self, slot: &str, address: &str, caps: McpSessionCaps, expires_at: Timestamp)
-        -> Result<(), McpSessionsFull> => OpenMcpSession;
-    fn put_mcp_session(&self, id: &str, slot: &str, address: &str, state: String, expires_at: Timestamp)
-        -> () => PutMcpSession;
+    fn open_mcp_session(
+        &self, slot: &str, address: &str, caps: McpSessionCaps, expires_at: Timestamp,
+    ) -> Result<(), McpSessionsFull> => OpenMcpSession;
+    fn put_mcp_session(
+        &self, id: &str, slot: &str, address: &str, state: String, expires_at: Timestamp,
+    ) -> () => PutMcpSession;
     fn touch_mcp_session(&self, id: &str, expires_at: Timestamp) -> bool => TouchMcpSession;
     fn mcp_session(&self, id: &str) -> Option<String> => McpSession;
     fn delete_mcp_session(&self, id: &str) -> () => DeleteMcpSession;

@@ -183,8 +183,8 @@ pub trait SessionStore: Reachable {
 
     /// From now on, the answer to the session's call `id` ([`SessionEvent::ResponseReady`]),
     /// the session's end and lost events, and nothing else: a waiting caller is woken by its
-    /// own answer, not by every event of its session. Like [`SessionStore::listen`], without looking
-    /// the session up.
+    /// own answer, not by every event of its session. Like [`SessionStore::listen`], without
+    /// looking the session up.
     async fn listen_for_answer(
         &self,
         code: &SessionCode,
@@ -238,9 +238,10 @@ pub trait McpSessionStore: Reachable {
     ) -> Result<Result<(), McpSessionsFull>, StoreError>;
 
     /// Keeps an MCP client session's state (opaque text: what a gateway needs to take the
-    /// session over) under its id until `expires_at`, in the place [`McpSessionStore::open_mcp_session`]
-    /// opened as `slot` for `address` (from now on the place goes by `id`), so any gateway
-    /// sharing the store can serve the session's next request.
+    /// session over) under its id until `expires_at`, in the place
+    /// [`McpSessionStore::open_mcp_session`] opened as `slot` for `address` (from now on the
+    /// place goes by `id`), so any gateway sharing the store can serve the session's next
+    /// request.
     async fn put_mcp_session(
         &self,
         id: &str,

@@ -86,8 +86,8 @@ pub struct MemoryStore {
     /// Where expired sessions and calls are counted.
     metrics: Metrics,
     tables: Mutex<Tables>,
-    /// Rate budgets: each key's arrival time (µs, see [`super::RateBudget`]). Apart from the tables,
-    /// so a rate check never waits for the sessions' lock.
+    /// Rate budgets: each key's arrival time (µs, see [`super::RateBudget`]). Apart from the
+    /// tables, so a rate check never waits for the sessions' lock.
     rates: Mutex<HashMap<String, i64>>,
     /// Locks: key → (holder, until).
     locks: Mutex<HashMap<String, (String, Timestamp)>>,
