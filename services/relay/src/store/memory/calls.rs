@@ -1,11 +1,12 @@
 //! One session's calls and answers in memory, and what removing a session gives back.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use serde_json::Value;
 use toolrelay::wire::{RequestStatus, ToolResponse};
 
+use super::finished::Done;
 use super::{Indexes, Tables};
 use crate::clock::Timestamp;
 use crate::code::SessionCode;
@@ -16,21 +17,26 @@ use crate::store::{Enqueued, RequestRecord, SessionEvent, SessionRecord};
 /// A session and everything in it.
 pub(super) struct Entry {
     pub(super) session: SessionRecord,
+    /// Its code, shared by the indexes of its finished calls.
+    pub(super) code: Arc<SessionCode>,
     /// The manifest's JSON, once one is registered: the copy every session registering the
     /// same manifest shares ([`super::Manifests`]).
     pub(super) manifest: Option<Arc<str>>,
+    /// Unfinished calls by id.
     pub(super) requests: HashMap<String, RequestRecord>,
+    /// Finished calls by id, kept small ([`Done`]).
+    pub(super) done: HashMap<Arc<str>, Box<Done>>,
+    /// The tool, function and connection names of its finished calls, one copy of each.
+    pub(super) names: HashSet<Arc<str>>,
     /// Unfinished calls by queue position, so claims need not scan finished ones.
     pub(super) pending: BTreeMap<u64, String>,
     /// Their deadlines, soonest first: (deadline, queue position).
     pub(super) deadlines: BTreeSet<(Timestamp, u64)>,
     /// Finished calls, oldest first, for the per-session cap.
-    pub(super) finished: VecDeque<String>,
-    /// What each kept answer costs against the budgets, and its place in `kept`.
-    pub(super) answer_costs: HashMap<String, (usize, u64)>,
+    pub(super) finished: VecDeque<Arc<str>>,
     /// The kept answers by when they were kept, oldest first: the session's own share of
     /// the answer budget evicts from the front.
-    pub(super) kept: BTreeMap<u64, String>,
+    pub(super) kept: BTreeMap<u64, Arc<str>>,
     /// What the kept answers cost together.
     pub(super) answer_bytes: usize,
     /// The place in `kept` of the next answer.
@@ -56,6 +62,13 @@ impl Entry {
         if let Some(existing) = self.requests.get(&record.id) {
             return if existing.call_hash == record.call_hash {
                 Enqueued::Existing(existing.clone())
+            } else {
+                Enqueued::Conflict
+            };
+        }
+        if let Some(done) = self.done.get(record.id.as_str()) {
+            return if done.is_call(&record.call_hash) {
+                Enqueued::Existing(done.record(&record.id))
             } else {
                 Enqueued::Conflict
             };
@@ -109,8 +122,26 @@ impl Entry {
         self.listeners.announce(event);
     }
 
-    /// Gives a pending call its final answer and files it under the finished ones; the caller
-    /// then enforces the budget. Its arguments are dropped: its hash still identifies it.
+    /// The kept copy of a tool's, a function's or a connection's name.
+    fn name(&mut self, name: &str) -> Arc<str> {
+        if let Some(kept) = self.names.get(name) {
+            return Arc::clone(kept);
+        }
+        let kept: Arc<str> = Arc::from(name);
+        self.names.insert(Arc::clone(&kept));
+        kept
+    }
+
+    /// The call `id`, unfinished or finished.
+    pub(super) fn record(&self, id: &str) -> Option<RequestRecord> {
+        match self.requests.get(id) {
+            Some(record) => Some(record.clone()),
+            None => self.done.get(id).map(|done| done.record(id)),
+        }
+    }
+
+    /// Gives a pending call its final answer and files it under the finished ones, kept small
+    /// ([`Done`]); the caller then enforces the budget. Returns its whole record.
     pub(super) fn finish(
         &mut self,
         code: &SessionCode,
@@ -120,29 +151,43 @@ impl Entry {
         response: ToolResponse,
         now: Timestamp,
     ) -> Option<RequestRecord> {
-        let request = self.requests.get_mut(id)?;
+        let mut record = self.requests.remove(id)?;
         let cost = rules::answer_cost(&response);
-        request.status = status;
-        request.response = Some(response);
-        request.finished_at = Some(now);
-        request.lease_until = None;
-        request.args = Value::Null;
-        let (seq, deadline) = (request.seq, request.deadline);
-        let record = request.clone();
+        let names = (
+            record.tool_id.as_deref().map(|name| self.name(name)),
+            self.name(&record.function_name),
+            record.delivered_to.as_deref().map(|name| self.name(name)),
+        );
+        let done = Done::new(
+            &record,
+            names,
+            status,
+            response.clone(),
+            now,
+            cost,
+            self.next_kept,
+        );
+        record.status = status;
+        record.response = Some(response);
+        record.finished_at = Some(now);
+        record.lease_until = None;
+        record.args = Value::Null;
+        let (seq, deadline) = (record.seq, record.deadline);
         if self.pending.remove(&seq).is_some() {
             index.unanswered -= 1;
         }
         self.deadlines.remove(&(deadline, seq));
         index.deadlines.remove(&(deadline, code.clone(), seq));
-        index.finished.push_back((now, code.clone(), id.to_owned()));
-        index.answers.push_back((code.clone(), id.to_owned()));
+        let id: Arc<str> = Arc::from(id);
+        self.done.insert(Arc::clone(&id), Box::new(done));
+        index
+            .finished
+            .push_back((now, Arc::clone(&self.code), Arc::clone(&id)));
         index.answer_bytes += cost;
-        self.answer_costs
-            .insert(id.to_owned(), (cost, self.next_kept));
-        self.kept.insert(self.next_kept, id.to_owned());
+        self.kept.insert(self.next_kept, Arc::clone(&id));
         self.next_kept += 1;
         self.answer_bytes += cost;
-        self.finished.push_back(id.to_owned());
+        self.finished.push_back(Arc::clone(&id));
         while self.finished.len() > MAX_FINISHED_PER_SESSION {
             if let Some(oldest) = self.finished.pop_front() {
                 self.forget(index, &oldest);
@@ -151,10 +196,10 @@ impl Entry {
         // The waiting caller gets the finished call with its wake-up, and need not read it.
         let announced = self
             .listeners
-            .waiting_for(id)
+            .waiting_for(&id)
             .then(|| Box::new(record.clone()));
         self.announce(SessionEvent::ResponseReady {
-            id: id.to_owned(),
+            id: id.to_string(),
             record: announced,
         });
         Some(record)
@@ -189,16 +234,13 @@ impl Entry {
 
     /// Drops a finished call's answer, keeping its record; false when it had none kept.
     pub(super) fn evict(&mut self, index: &mut Indexes, id: &str) -> bool {
-        let Some((cost, place)) = self.answer_costs.remove(id) else {
+        let Some(done) = self.done.get_mut(id).filter(|done| done.has_answer()) else {
             return false;
         };
-        self.kept.remove(&place);
-        self.answer_bytes -= cost;
-        index.answer_bytes -= cost;
-        if let Some(request) = self.requests.get_mut(id) {
-            request.response = None;
-            request.evicted = true;
-        }
+        done.evict();
+        self.kept.remove(&done.kept_at);
+        self.answer_bytes -= done.cost;
+        index.answer_bytes -= done.cost;
         true
     }
 
@@ -216,7 +258,7 @@ impl Entry {
     /// Forgets a finished call altogether.
     pub(super) fn forget(&mut self, index: &mut Indexes, id: &str) {
         self.evict(index, id);
-        self.requests.remove(id);
+        self.done.remove(id);
     }
 }
 
@@ -244,11 +286,20 @@ impl Tables {
     /// Evicts the oldest answers until those kept fit `budget`.
     pub(super) fn keep_within(&mut self, budget: usize) {
         while self.index.answer_bytes > budget {
-            let Some((code, id)) = self.index.answers.pop_front() else {
+            let Some((finished_at, code, id)) = self.index.finished.get(self.index.evicted) else {
                 return;
             };
-            if let Some(entry) = self.sessions.get_mut(&code) {
-                entry.evict(&mut self.index, &id);
+            let (finished_at, code, id) = (*finished_at, Arc::clone(code), Arc::clone(id));
+            self.index.evicted += 1;
+            if let Some(entry) = self.sessions.get_mut(code.as_ref()) {
+                // Not a call of a later session under the same code.
+                let same = entry
+                    .done
+                    .get(&id)
+                    .is_some_and(|done| done.finished_at == finished_at);
+                if same {
+                    entry.evict(&mut self.index, &id);
+                }
             }
         }
     }

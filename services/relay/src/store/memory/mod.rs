@@ -13,6 +13,7 @@
 
 mod budgets;
 mod calls;
+mod finished;
 mod manifests;
 mod mcp;
 mod sessions;
@@ -120,11 +121,13 @@ struct Indexes {
     expiries: BTreeSet<(Timestamp, SessionCode)>,
     /// Deadlines of unanswered calls: (deadline, session, queue position).
     deadlines: BTreeSet<(Timestamp, SessionCode, u64)>,
-    /// Finished calls in the order they finished: forgotten after the retention time.
-    finished: VecDeque<(Timestamp, SessionCode, String)>,
-    /// Answers kept, oldest first: evicted past the budget.
-    answers: VecDeque<(SessionCode, String)>,
-    /// Their total cost.
+    /// Finished calls in the order they finished: forgotten after the retention time, and
+    /// their answers evicted oldest first past the budget.
+    finished: VecDeque<(Timestamp, Arc<SessionCode>, Arc<str>)>,
+    /// How many calls at the front of `finished` the budget has passed (their answers are
+    /// evicted, or were gone already).
+    evicted: usize,
+    /// What the answers kept cost together.
     answer_bytes: usize,
     /// Unfinished calls, in every session.
     unanswered: usize,
@@ -263,11 +266,12 @@ impl MemoryStore {
                 break;
             }
             tables.index.finished.pop_front();
-            if let Some(entry) = tables.sessions.get_mut(&code) {
+            tables.index.evicted = tables.index.evicted.saturating_sub(1);
+            if let Some(entry) = tables.sessions.get_mut(code.as_ref()) {
                 let same = entry
-                    .requests
+                    .done
                     .get(&id)
-                    .is_some_and(|request| request.finished_at == Some(finished_at));
+                    .is_some_and(|done| done.finished_at == finished_at);
                 if same {
                     // Calls are forgotten in the order they finished: usually the front.
                     if entry.finished.front() == Some(&id) {

@@ -1,6 +1,7 @@
 //! [`SessionStore`] in memory: sessions, manifests, calls and their events.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use toolrelay::wire::{RequestStatus, ToolResponse};
@@ -39,13 +40,15 @@ impl SessionStore for MemoryStore {
         tables.sessions.insert(
             session.code.clone(),
             Entry {
+                code: Arc::new(session.code.clone()),
                 session,
                 manifest: None,
                 requests: HashMap::new(),
+                done: HashMap::new(),
+                names: HashSet::new(),
                 pending: BTreeMap::new(),
                 deadlines: BTreeSet::new(),
                 finished: VecDeque::new(),
-                answer_costs: HashMap::new(),
                 kept: BTreeMap::new(),
                 answer_bytes: 0,
                 next_kept: 0,
@@ -180,22 +183,21 @@ impl SessionStore for MemoryStore {
         code: &SessionCode,
         id: &str,
     ) -> Result<Option<RequestRecord>, StoreError> {
-        Ok(self
-            .with_live(code, |entry, _| entry.requests.get(id).cloned())
-            .flatten())
+        Ok(self.with_live(code, |entry, _| entry.record(id)).flatten())
     }
     async fn responses(&self, code: &SessionCode) -> Result<Option<Vec<ToolResponse>>, StoreError> {
         Ok(self.with_live(code, |entry, _| {
-            let mut finished: Vec<&RequestRecord> = entry
+            let mut finished: Vec<(&str, u64)> = entry
                 .finished
                 .iter()
-                .filter_map(|id| entry.requests.get(id))
-                .filter(|request| request.response.is_some())
+                .filter_map(|id| Some((&**id, entry.done.get(id)?)))
+                .filter(|(_, done)| done.has_answer())
+                .map(|(id, done)| (id, done.seq))
                 .collect();
-            finished.sort_by_key(|request| request.seq);
+            finished.sort_by_key(|(_, seq)| *seq);
             finished
                 .into_iter()
-                .filter_map(|request| request.response.clone())
+                .filter_map(|(id, _)| entry.done.get(id)?.response(id))
                 .collect()
         }))
     }
@@ -288,16 +290,20 @@ impl SessionStore for MemoryStore {
         until: Timestamp,
     ) -> Result<Finished, StoreError> {
         let outcome = self.with_live(code, |entry, index| {
+            let provider = entry.session.provider.as_ref();
+            let provider = provider.map(|provider| provider.connection_id.as_str());
+            if let Some(done) = entry.done.get(id) {
+                let record = done.record(id);
+                if !answerer.may_answer(&record, provider) {
+                    return Finished::NotDelivered;
+                }
+                return Finished::AlreadyFinished(record);
+            }
             let Some(request) = entry.requests.get(id) else {
                 return Finished::NoRequest;
             };
-            let provider = entry.session.provider.as_ref();
-            let provider = provider.map(|provider| provider.connection_id.as_str());
             if !answerer.may_answer(request, provider) {
                 return Finished::NotDelivered;
-            }
-            if request.status.is_terminal() {
-                return Finished::AlreadyFinished(request.clone());
             }
             match entry.finish(code, index, id, status, response, now) {
                 Some(record) => {
