@@ -71,9 +71,10 @@ pub trait SessionStore: Reachable {
         connection_id: &str,
     ) -> Result<(), StoreError>;
 
-    /// Replaces the manifest (a validated manifest's JSON, [`Manifest::to_json`]); returns the
-    /// new revision, also in [`SessionRecord::manifest_revision`]. A store keeps only the JSON:
-    /// compiled validators are each replica's own ([`crate::manifest::ManifestCache`]).
+    /// Replaces the manifest (a validated manifest's JSON,
+    /// [`crate::manifest::Manifest::to_json`]); returns the new revision, also in
+    /// [`SessionRecord::manifest_revision`]. A store keeps only the JSON: compiled validators
+    /// are each replica's own ([`crate::manifest::ManifestCache`]).
     async fn set_manifest(
         &self,
         code: &SessionCode,

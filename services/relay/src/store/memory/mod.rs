@@ -1,4 +1,5 @@
-//! The in-memory [`Store`]: one process, nothing shared, nothing kept across restarts.
+//! The in-memory [`Store`](super::Store): one process, nothing shared, nothing kept across
+//! restarts.
 //!
 //! All state sits behind one `std::sync::Mutex`: every operation is a few map look-ups with no
 //! `.await` inside, so a blocking lock is cheaper than an async one and cannot be held across a
