@@ -166,3 +166,39 @@ async fn answers_stay_within_their_budget_and_evicted_calls_are_still_known() {
     store.delete_session(&code).await.unwrap();
     assert_eq!(store.answer_bytes(), 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_thousand_sessions_registering_one_manifest_keep_one_copy() {
+    let clock = Clock::new();
+    let store = MemoryStore::new(clock.clone(), Duration::from_secs(3600));
+    let now = clock.now();
+    let codap = format!(
+        r#"[{{"name":"codap","description":"{}"}}]"#,
+        "x".repeat(20_000)
+    );
+    let codes: Vec<SessionCode> = (0..1_000)
+        .map(|n| SessionCode::parse(&code_of(n)).unwrap())
+        .collect();
+    for code in &codes {
+        assert!(
+            store
+                .insert_session(session(code.as_str(), now, 600_000))
+                .await
+                .unwrap()
+        );
+        store.set_manifest(code, codap.clone()).await.unwrap();
+    }
+    {
+        let tables = store.lock();
+        assert_eq!(tables.manifests.len(), 1);
+        let held = |code: &SessionCode| tables.sessions[code].manifest.clone().unwrap();
+        assert!(std::sync::Arc::ptr_eq(&held(&codes[0]), &held(&codes[999])));
+    }
+    // Another manifest is another copy; the last session to let go frees it.
+    store.set_manifest(&codes[0], "[]".into()).await.unwrap();
+    assert_eq!(store.lock().manifests.len(), 2);
+    for code in &codes[1..] {
+        store.delete_session(code).await.unwrap();
+    }
+    assert_eq!(store.lock().manifests.len(), 1);
+}
