@@ -251,7 +251,11 @@ async fn a_gateway_balances_over_relays_and_moves_waiting_callers_off_a_dead_one
     for connection in 1..=tab.connections() {
         let delivered = tab.delivered_on(connection);
         let distinct: std::collections::HashSet<&String> = delivered.iter().collect();
-        assert_eq!(distinct.len(), delivered.len(), "connection {connection}: {delivered:?}");
+        assert_eq!(
+            distinct.len(),
+            delivered.len(),
+            "connection {connection}: {delivered:?}"
+        );
     }
     assert_eq!(tab.delivered_on(1).len(), 10);
     // Relay A stays dead: the gateway serves from B, and is ready.

@@ -17,6 +17,8 @@ use toolrelay_relay::store::{
     McpSessionsFull, NewRequest, ProviderInfo, RateBudget, RateCharge, SessionEvent, SessionRecord,
     Store, Transport,
 };
+// The parts of the store's interface, for the tests that hold a store by its own type.
+use toolrelay_relay::store::{BudgetStore, Reachable, SessionStore};
 use toolrelay_relay::{Clock, Metrics, SessionCode, Timestamp};
 use toolrelay_tests::PATIENCE;
 use toolrelay_tests::redis::RedisServer;
@@ -185,10 +187,16 @@ fn answer(id: &str, result: Value) -> ToolResponse {
     }
 }
 
+/// A provider connection that asks for its calls (polling): calls wait for its claim.
 fn provider(connection: &str, now: Timestamp) -> ProviderInfo {
+    attached(connection, Transport::Polling, now)
+}
+
+/// A provider connection attached by `transport`.
+fn attached(connection: &str, transport: Transport, now: Timestamp) -> ProviderInfo {
     ProviderInfo {
         connection_id: connection.into(),
-        transport: Transport::WebSocket,
+        transport,
         connected_at: now,
         last_seen: now,
     }
@@ -204,7 +212,8 @@ fn claim(connection: &str, now: Timestamp, lease: Duration) -> Claim {
     }
 }
 
-/// A session `ABCD2345` with a provider `tab-1`, made at the fixture's now.
+/// A session `ABCD2345` with a provider `tab-1` that claims its calls, made at the fixture's
+/// now.
 async fn with_session(fixture: &Fixture) -> SessionCode {
     let now = fixture.now();
     assert!(
@@ -264,8 +273,9 @@ conformance! {
         let record = session("ABCD2345", now, HOUR);
         fixture.store.insert_session(record.clone()).await.unwrap();
         let code = record.code.clone();
-        // Sliding forwards works, backwards does nothing, past the maximum is capped.
-        let later = Timestamp(record.expires_at.0 + 1_000);
+        // Sliding forwards works (by a tenth of the time to live at least), backwards does
+        // nothing, past the maximum is capped.
+        let later = Timestamp(record.expires_at.0 + 720_000);
         let touched = fixture.store.touch_session(&code, now, later, None).await.unwrap().unwrap();
         assert_eq!(touched.expires_at, later);
         let touched = fixture.store.touch_session(&code, now, now, None).await.unwrap().unwrap();
@@ -916,6 +926,195 @@ conformance! {
             assert_eq!(spend("a").await, None);
         }
         assert!(spend("a").await.is_some());
+    }
+
+    async fn a_call_for_a_pushing_connection_is_handed_to_it_at_enqueue(fixture) {
+        let now = fixture.now();
+        let pushing = [("ws", Transport::WebSocket), ("sse", Transport::Sse), ("grpc", Transport::Grpc)];
+        for (n, (connection, transport)) in pushing.into_iter().enumerate() {
+            let code = code_of(&format!("PUSH{}234", ["A", "B", "C"][n]));
+            fixture.store.insert_session(session(code.as_str(), now, HOUR)).await.unwrap();
+            fixture.store.set_provider(&code, attached(connection, transport, now)).await.unwrap().unwrap();
+            let mut events = fixture.store.subscribe(&code).await.unwrap().unwrap();
+            let Enqueued::Queued(record) =
+                fixture.store.enqueue(&code, call("r1", now, json!({"x": 1})), 10, now).await.unwrap()
+            else {
+                panic!("not queued")
+            };
+            // Queued delivered to the connection, under a lease as long as the call lives.
+            assert_eq!(record.status, RequestStatus::Delivered, "{transport:?}");
+            assert_eq!(record.delivered_to.as_deref(), Some(connection));
+            assert_eq!(record.lease_until, Some(record.deadline));
+            assert_eq!((record.deliveries, record.args.clone()), (1, json!({"x": 1})));
+            // Announced whole: its connection forwards it without a claim.
+            assert_eq!(next_event(&mut events).await, SessionEvent::CallHanded(Box::new(record.clone())));
+            assert_eq!(fixture.store.request(&code, "r1").await.unwrap(), Some(record.clone()));
+            assert!(fixture.store.claim(&code, &claim(connection, now, HOUR)).await.unwrap().is_empty());
+            // Its connection answers it; a connection that takes over claims it as before.
+            fixture.store.enqueue(&code, call("r2", now, json!({})), 10, now).await.unwrap();
+            let Finished::Finished(_) = fixture
+                .store
+                .finish(&code, "r1", RequestStatus::Completed, answer("r1", json!(1)), Answerer::Connection(connection), now, now)
+                .await
+                .unwrap()
+            else {
+                panic!("the connection it was handed to could not answer it")
+            };
+            fixture.store.set_provider(&code, provider("next", now)).await.unwrap();
+            let moved = fixture.store.claim(&code, &claim("next", now, HOUR)).await.unwrap();
+            assert_eq!(moved.iter().map(|record| (record.id.as_str(), record.deliveries)).collect::<Vec<_>>(), [("r2", 2)]);
+        }
+        // A polling provider, or none: queued for a claim, announced as queued.
+        let code = with_session(&fixture).await;
+        let mut events = fixture.store.subscribe(&code).await.unwrap().unwrap();
+        let Enqueued::Queued(polled) = fixture.store.enqueue(&code, call("p1", now, json!({})), 10, now).await.unwrap() else {
+            panic!("not queued")
+        };
+        assert_eq!((polled.status, polled.delivered_to, polled.deliveries), (RequestStatus::Queued, None, 0));
+        assert_eq!(next_event(&mut events).await, SessionEvent::RequestQueued);
+        fixture.store.clear_provider(&code, "tab-1").await.unwrap();
+        let Enqueued::Queued(unserved) = fixture.store.enqueue(&code, call("p2", now, json!({})), 10, now).await.unwrap() else {
+            panic!("not queued")
+        };
+        assert_eq!((unserved.status, unserved.delivered_to), (RequestStatus::Queued, None));
+        assert_eq!(next_event(&mut events).await, SessionEvent::RequestQueued);
+        // A built-in call is never handed to a tab, whatever its transport.
+        fixture.store.set_provider(&code, attached("ws", Transport::WebSocket, now)).await.unwrap();
+        let _ = next_event(&mut events).await;
+        let mut builtin = call("b1", now, json!({}));
+        builtin.builtin = true;
+        let Enqueued::Queued(builtin) = fixture.store.enqueue(&code, builtin, 10, now).await.unwrap() else {
+            panic!("not queued")
+        };
+        assert_eq!(builtin.delivered_to.as_deref(), Some("relay"));
+        assert_eq!(next_event(&mut events).await, SessionEvent::RequestQueued);
+    }
+
+    async fn activity_moves_a_session_s_expiry_only_by_a_tenth_of_its_time_to_live(fixture) {
+        let code = with_session(&fixture).await;
+        let created = fixture.store.session(&code).await.unwrap().unwrap().expires_at;
+        let hour = i64::try_from(HOUR.as_millis()).unwrap();
+        // Five minutes on (under a tenth of the hour): neither a touch, a call nor an answer
+        // moves the expiry.
+        fixture.advance(Duration::from_secs(300));
+        let now = fixture.now();
+        let until = now.plus(HOUR);
+        let touched = fixture.store.touch_session(&code, now, until, None).await.unwrap().unwrap();
+        assert_eq!(touched.expires_at, created);
+        let (queued, session) = fixture
+            .store
+            .enqueue_checked(&code, &call("r1", now, json!({})), 10, until, EnqueueChecks::default())
+            .await
+            .unwrap();
+        assert!(matches!(queued, Enqueued::Queued(_)), "{queued:?}");
+        assert_eq!(session.unwrap().expires_at, created);
+        fixture.store.claim(&code, &claim("tab-1", now, HOUR)).await.unwrap();
+        fixture
+            .store
+            .finish(&code, "r1", RequestStatus::Completed, answer("r1", json!(1)), Answerer::Connection("tab-1"), now, until)
+            .await
+            .unwrap();
+        assert_eq!(fixture.store.session(&code).await.unwrap().unwrap().expires_at, created);
+        // Seven minutes on (past a tenth): it moves, to the full time to live from now.
+        fixture.advance(Duration::from_secs(120));
+        let now = fixture.now();
+        let touched = fixture.store.touch_session(&code, now, now.plus(HOUR), Some("tab-1")).await.unwrap().unwrap();
+        assert_eq!(touched.expires_at, Timestamp(now.0 + hour));
+        assert_eq!(touched.provider.unwrap().last_seen, now, "heard from, slid or not");
+        assert_eq!(fixture.store.session(&code).await.unwrap().unwrap().expires_at, Timestamp(now.0 + hour));
+    }
+
+    async fn both_stores_evict_the_same_answers_for_the_same_calls(fixture) {
+        let now = fixture.now();
+        let share = limits().session_answer_budget;
+        let (quiet, noisy) = (code_of("QUIET234"), code_of("NOISY234"));
+        for code in [&quiet, &noisy] {
+            assert!(fixture.store.insert_session(session(code.as_str(), now, HOUR)).await.unwrap());
+        }
+        // Answers of assorted sizes, some failed, within the total budget but over the noisy
+        // session's share; the quiet one's stay.
+        let sizes = [9_000, 200, 14_000, 3_000, 11, 20_000, 700, 6_500, 12_000, 11, 5_000, 16_000];
+        let mut kept: Vec<(String, usize)> = Vec::new();
+        let mut expected_evicted = Vec::new();
+        let mut evicted_records = 0;
+        let mut quiet_bytes = 0;
+        for (n, bytes) in sizes.iter().enumerate() {
+            for (code, id) in [(&quiet, format!("q{n}")), (&noisy, format!("n{n}"))] {
+                let bytes = if code == &quiet { 11 } else { *bytes };
+                fixture.store.enqueue(code, call(&id, now, json!({})), 100, now).await.unwrap();
+                let response = if n % 5 == 4 {
+                    ToolResponse {
+                        request_id: id.clone(),
+                        success: false,
+                        result: None,
+                        error: Some(toolrelay::wire::ToolError { code: "tool_error".into(), message: "e".repeat(bytes) }),
+                    }
+                } else {
+                    answer(&id, json!("x".repeat(bytes)))
+                };
+                let cost = toolrelay_relay::store::rules::answer_cost(&response);
+                let status = if response.success { RequestStatus::Completed } else { RequestStatus::Failed };
+                fixture.store.finish(code, &id, status, response, Answerer::Relay, now, now).await.unwrap();
+                if code == &quiet {
+                    quiet_bytes += cost;
+                    continue;
+                }
+                // The rule: past its share, the session's oldest answers go first; an evicted
+                // call's record still costs what a record does.
+                kept.push((id, cost));
+                while kept.iter().map(|(_, cost)| cost).sum::<usize>() + evicted_records > share {
+                    let (id, _) = kept.remove(0);
+                    evicted_records += toolrelay_relay::store::rules::expired_cost(&id);
+                    expected_evicted.push(id);
+                }
+            }
+        }
+        let mut evicted = Vec::new();
+        for n in 0..sizes.len() {
+            let record = fixture.store.request(&noisy, &format!("n{n}")).await.unwrap().unwrap();
+            if record.evicted {
+                evicted.push(record.id);
+            }
+            let quiet_one = fixture.store.request(&quiet, &format!("q{n}")).await.unwrap().unwrap();
+            assert!(!quiet_one.evicted, "{}", quiet_one.id);
+        }
+        assert_eq!(evicted, expected_evicted);
+        // Each answer costs the same in both stores: the usage is the sum of the rule's costs.
+        let noisy_bytes: usize = kept.iter().map(|(_, cost)| cost).sum();
+        assert_eq!(
+            fixture.store.usage().await.unwrap().answer_bytes,
+            quiet_bytes + noisy_bytes + evicted_records
+        );
+        let answered: Vec<String> = fixture
+            .store
+            .responses(&noisy)
+            .await
+            .unwrap()
+            .unwrap()
+            .into_iter()
+            .map(|response| response.request_id)
+            .collect();
+        assert_eq!(answered, kept.into_iter().map(|(id, _)| id).collect::<Vec<_>>());
+    }
+
+    async fn a_manifest_registered_by_many_sessions_is_theirs_until_each_changes_it(fixture) {
+        let now = fixture.now();
+        let codes: Vec<SessionCode> = ["MANA2345", "MANB2345", "MANC2345"].into_iter().map(code_of).collect();
+        let manifest = r#"[{"name":"codap","functions":[{"name":"create","x":0.1000000000000000055511}]}]"#;
+        for code in &codes {
+            fixture.store.insert_session(session(code.as_str(), now, HOUR)).await.unwrap();
+            assert_eq!(fixture.store.set_manifest(code, manifest.into()).await.unwrap(), Some(1));
+        }
+        // One session moves on, another ends: the third still has the manifest it registered.
+        assert_eq!(fixture.store.set_manifest(&codes[0], "[]".into()).await.unwrap(), Some(2));
+        assert!(fixture.store.delete_session(&codes[1]).await.unwrap());
+        assert_eq!(fixture.store.manifest(&codes[0]).await.unwrap(), Some((2, Some("[]".into()))));
+        assert_eq!(fixture.store.manifest(&codes[2]).await.unwrap(), Some((1, Some(manifest.into()))));
+        // Registered again by a new session after every holder let go, it is kept again.
+        fixture.store.set_manifest(&codes[2], "[]".into()).await.unwrap();
+        fixture.store.insert_session(session("MAND2345", now, HOUR)).await.unwrap();
+        fixture.store.set_manifest(&code_of("MAND2345"), manifest.into()).await.unwrap();
+        assert_eq!(fixture.store.manifest(&code_of("MAND2345")).await.unwrap(), Some((1, Some(manifest.into()))));
     }
 }
 

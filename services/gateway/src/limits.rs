@@ -17,7 +17,7 @@ use poem::http::HeaderMap;
 use poem::web::RemoteAddr;
 use toolrelay_relay::clock::Clock;
 use toolrelay_relay::limits::{ClientBudgets, is_within};
-use toolrelay_relay::store::Store;
+use toolrelay_relay::store::BudgetStore;
 use toolrelay_relay::{ErrorInfo, Metrics};
 
 use crate::config::RateLimits;
@@ -35,7 +35,7 @@ impl Limiters {
     pub fn new(
         budgets: RateLimits,
         trusted_proxies: Vec<ipnet::IpNet>,
-        store: Arc<dyn Store>,
+        store: Arc<dyn BudgetStore>,
         clock: Clock,
         metrics: Metrics,
     ) -> Self {

@@ -45,7 +45,7 @@ use toolrelay_relay::clock::{Clock, Timestamp};
 use toolrelay_relay::code::random_id;
 use toolrelay_relay::limits::client_key;
 use toolrelay_relay::metrics::Refusal;
-use toolrelay_relay::store::{McpSessionCaps, McpSessionsFull, Store};
+use toolrelay_relay::store::{McpSessionCaps, McpSessionStore, McpSessionsFull};
 use toolrelay_relay::{CallInput, Caller, ErrorInfo, ErrorKind, SessionCode};
 
 use crate::api::State;
@@ -312,7 +312,7 @@ fn refusal(
 /// gateway can serve a session another made: rmcp keeps the client's `initialize`
 /// parameters there and, on a request for a session it does not hold, replays the handshake.
 struct SharedSessions {
-    store: Arc<dyn Store>,
+    store: Arc<dyn McpSessionStore>,
     clock: Clock,
     /// Keeps `/mcp` and `/mcp/s/{handle}` sessions apart.
     namespace: &'static str,

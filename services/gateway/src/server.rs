@@ -21,9 +21,9 @@ use toolrelay_relay::clock::Clock;
 use toolrelay_relay::listen::{self, Connections, Protocol};
 use toolrelay_relay::remote::{RemoteOptions, RemoteRelay};
 use toolrelay_relay::server::{local, open_store};
-use toolrelay_relay::store::Store;
 use toolrelay_relay::store::memory::StoreLimits;
 use toolrelay_relay::store::observed::Observed;
+use toolrelay_relay::store::{BudgetStore, Store};
 use toolrelay_relay::{Drain, Metrics, Relay, RelayApi};
 
 use crate::api::discovery::DiscoveryApi;
@@ -57,7 +57,7 @@ pub fn gateway(
         limits: Limiters::new(
             config.limits,
             config.trusted_proxies.clone(),
-            Arc::clone(&store),
+            Arc::clone(&store) as Arc<dyn BudgetStore>,
             Clock::new(),
             metrics.clone(),
         ),

@@ -28,7 +28,7 @@ use crate::clock::Clock;
 use crate::code::SessionCode;
 use crate::error::RelayError;
 use crate::metrics::{Metrics, RateLimit};
-use crate::store::{RateBudget, RateCharge, Store};
+use crate::store::{BudgetStore, RateBudget, RateCharge};
 
 /// gRPC metadata entry in which a gateway names the client's address.
 pub const CLIENT_ADDRESS_METADATA: &str = "x-toolrelay-client";
@@ -137,7 +137,7 @@ impl Default for RateLimits {
 /// client's key ([`client_key`]).
 pub struct ClientBudgets {
     budgets: RateLimits,
-    store: Arc<dyn Store>,
+    store: Arc<dyn BudgetStore>,
     clock: Clock,
     /// Where refusals are counted.
     metrics: Metrics,
@@ -146,7 +146,12 @@ pub struct ClientBudgets {
 impl ClientBudgets {
     /// The budgets of `budgets` (its sessions and tool calls), counted in `store`; refusals
     /// are counted in `metrics`.
-    pub fn new(budgets: RateLimits, store: Arc<dyn Store>, clock: Clock, metrics: Metrics) -> Self {
+    pub fn new(
+        budgets: RateLimits,
+        store: Arc<dyn BudgetStore>,
+        clock: Clock,
+        metrics: Metrics,
+    ) -> Self {
         Self {
             budgets,
             store,
@@ -201,7 +206,7 @@ pub struct Limits {
     front_door: ClientBudgets,
     /// The keys a client reaching the relay directly needs, when the operator set some.
     api_keys: Option<Arc<ApiKeys>>,
-    store: Arc<dyn Store>,
+    store: Arc<dyn BudgetStore>,
     clock: Clock,
     /// Where refusals are counted.
     metrics: Metrics,
@@ -216,7 +221,7 @@ impl Limits {
     pub fn new(
         budgets: RateLimits,
         api_keys: Option<Arc<ApiKeys>>,
-        store: Arc<dyn Store>,
+        store: Arc<dyn BudgetStore>,
         clock: Clock,
         metrics: Metrics,
     ) -> Self {

@@ -29,8 +29,8 @@ use crate::manifest::{Manifest, ManifestCache, ManifestLimits};
 use crate::metrics::{AnsweredBy, Metrics, StoreState};
 use crate::store::observed::Observed;
 use crate::store::{
-    Answerer, BUILTIN_LEASE, EnqueueChecks, Enqueued, EventStream, Finished, NewRequest,
-    RateCharge, RequestRecord, SessionEvent, SessionRecord, Store, Transport,
+    Answerer, BUILTIN_LEASE, BudgetStore, EnqueueChecks, Enqueued, EventStream, Finished,
+    NewRequest, RateCharge, RequestRecord, SessionEvent, SessionRecord, Store, Transport,
 };
 
 /// How many times creation tries a fresh code when the random one is taken.
@@ -175,7 +175,7 @@ impl Relay {
                 limits: Limits::new(
                     config.limits,
                     config.api_keys.clone(),
-                    Arc::clone(&store),
+                    Arc::clone(&store) as Arc<dyn BudgetStore>,
                     clock.clone(),
                     metrics.clone(),
                 ),

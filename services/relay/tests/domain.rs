@@ -514,7 +514,7 @@ async fn calls_that_expire_unobserved_are_eventually_dropped() {
         }
         tokio::time::sleep(Duration::from_secs(61)).await;
     }
-    use toolrelay_relay::store::Store;
+    use toolrelay_relay::store::SessionStore;
     let kept = store.responses(&session.code).await.unwrap().unwrap().len();
     assert_eq!(store.pending_count(&session.code).await.unwrap(), Some(0));
     // Retention is 1 h after the answer (here: the expiry at +60 s): at most ~70 minutes' worth.
@@ -528,13 +528,20 @@ async fn overlapping_attaches_leave_one_connection_standing() {
     use toolrelay::wire::ToolResponse;
     use toolrelay_relay::error::StoreError;
     use toolrelay_relay::store::{
-        Answerer, Claim, EnqueueChecks, Enqueued, EventStream, Finished, NewRequest, ProviderInfo,
-        RequestRecord, SessionRecord, Store, StoreUsage,
+        Answerer, BudgetStore, Claim, EnqueueChecks, Enqueued, EventStream, Finished,
+        McpSessionStore, NewRequest, ProviderInfo, Reachable, RequestRecord, SessionRecord,
+        SessionStore, StoreUsage, TicketStore,
     };
     use toolrelay_relay::{SessionCode, Timestamp};
     struct Slow(Arc<Mem>);
     #[async_trait::async_trait]
-    impl Store for Slow {
+    impl Reachable for Slow {
+        async fn ping(&self) -> Result<(), StoreError> {
+            self.0.ping().await
+        }
+    }
+    #[async_trait::async_trait]
+    impl SessionStore for Slow {
         async fn insert_session(&self, s: SessionRecord) -> Result<bool, StoreError> {
             self.0.insert_session(s).await
         }
@@ -632,22 +639,8 @@ async fn overlapping_attaches_leave_one_connection_standing() {
         async fn listen(&self, c: &SessionCode) -> Result<EventStream, StoreError> {
             self.0.listen(c).await
         }
-        async fn ping(&self) -> Result<(), StoreError> {
-            self.0.ping().await
-        }
         async fn usage(&self) -> Result<StoreUsage, StoreError> {
             self.0.usage().await
-        }
-        async fn lock(
-            &self,
-            key: &str,
-            holder: &str,
-            until: Timestamp,
-        ) -> Result<bool, StoreError> {
-            self.0.lock(key, holder, until).await
-        }
-        async fn unlock(&self, key: &str, holder: &str) -> Result<(), StoreError> {
-            self.0.unlock(key, holder).await
         }
         async fn lease_builtin(
             &self,
@@ -659,6 +652,24 @@ async fn overlapping_attaches_leave_one_connection_standing() {
         ) -> Result<Option<RequestRecord>, StoreError> {
             self.0.lease_builtin(code, id, holder, now, until).await
         }
+    }
+    #[async_trait::async_trait]
+    impl TicketStore for Slow {
+        async fn put_ticket(
+            &self,
+            scope: &str,
+            id: &str,
+            value: Arc<Value>,
+            expires_at: Timestamp,
+        ) -> Result<(), StoreError> {
+            self.0.put_ticket(scope, id, value, expires_at).await
+        }
+        async fn ticket(&self, scope: &str, id: &str) -> Result<Option<Arc<Value>>, StoreError> {
+            self.0.ticket(scope, id).await
+        }
+    }
+    #[async_trait::async_trait]
+    impl McpSessionStore for Slow {
         async fn open_mcp_session(
             &self,
             slot: &str,
@@ -695,6 +706,20 @@ async fn overlapping_attaches_leave_one_connection_standing() {
         async fn delete_mcp_session(&self, id: &str) -> Result<(), StoreError> {
             self.0.delete_mcp_session(id).await
         }
+    }
+    #[async_trait::async_trait]
+    impl BudgetStore for Slow {
+        async fn lock(
+            &self,
+            key: &str,
+            holder: &str,
+            until: Timestamp,
+        ) -> Result<bool, StoreError> {
+            self.0.lock(key, holder, until).await
+        }
+        async fn unlock(&self, key: &str, holder: &str) -> Result<(), StoreError> {
+            self.0.unlock(key, holder).await
+        }
         async fn spend(
             &self,
             key: &str,
@@ -702,18 +727,6 @@ async fn overlapping_attaches_leave_one_connection_standing() {
             now: toolrelay_relay::clock::Timestamp,
         ) -> Result<Option<std::time::Duration>, StoreError> {
             self.0.spend(key, budget, now).await
-        }
-        async fn put_ticket(
-            &self,
-            scope: &str,
-            id: &str,
-            value: Arc<Value>,
-            expires_at: Timestamp,
-        ) -> Result<(), StoreError> {
-            self.0.put_ticket(scope, id, value, expires_at).await
-        }
-        async fn ticket(&self, scope: &str, id: &str) -> Result<Option<Arc<Value>>, StoreError> {
-            self.0.ticket(scope, id).await
         }
     }
     let config = RelayConfig::default();
@@ -1099,5 +1112,39 @@ async fn finished_calls_are_counted_once_under_what_answered_them() {
     assert_eq!(
         metric(&relay, "toolrelay_sessions_created_total").await,
         1.0
+    );
+}
+
+/// Calls handed to a tab at enqueue (`SessionEvent::CallHanded`) while its driver is behind
+/// on its events (it gets `Missed` instead of some of them) must still reach the tab: on
+/// `Missed` the driver sends again what is delivered to its connection and unanswered. With
+/// the hand-over alone, 8 of these 30 arrived (the event buffer's 8 slots).
+#[tokio::test(start_paused = true)]
+async fn calls_handed_over_in_a_burst_all_reach_the_tab() {
+    let relay = relay(RelayConfig {
+        max_pending_per_session: 10_000,
+        ..RelayConfig::default()
+    });
+    let session = session_with_tools(&relay).await;
+    let code = session.code.as_str();
+    let mut tab = attach(&relay, &session).await;
+    // Queued back to back: the driver runs only once they all are.
+    for _ in 0..30 {
+        relay.submit(code, echo("x")).await.unwrap();
+    }
+    let mut received = std::collections::HashSet::new();
+    while received.len() < 30 {
+        match tokio::time::timeout(Duration::from_secs(10), tab.downlink.recv()).await {
+            Ok(Some(Downlink::ToolRequest { request, .. })) => {
+                received.insert(request.request_id);
+            }
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => break,
+        }
+    }
+    assert_eq!(
+        received.len(),
+        30,
+        "calls handed over that never reached the tab"
     );
 }

@@ -29,9 +29,11 @@ pub const ANNOUNCED_ANSWER_BYTES: usize = 64 * 1024;
 /// What a finished call keeps besides its id and its answer: its record (status, times, the
 /// call's hash, its place among the finished ones) and the store's bookkeeping of it. Both
 /// stores count it against the answer budget ([`answer_cost`]; an expired call, whose answer
-/// is written when it is read, costs this and its id: [`expired_cost`]); measured in both
-/// (`tests/store_conformance.rs`), it stays below this.
-pub const FINISHED_CALL_BYTES: usize = 400;
+/// is written when it is read, costs this and its id: [`expired_cost`]). Measured with an
+/// 11-byte answer, a finished call keeps ~570 bytes in the memory store
+/// (`services/relay/tests/finished_calls.rs`) and 285–375 in Redis
+/// (`tests/store_conformance.rs`): this covers both, so the budget bounds what they keep.
+pub const FINISHED_CALL_BYTES: usize = 600;
 
 /// The share of the session's time to live by which its expiry must move before a store
 /// writes it: activity moves an expiry at most once per tenth of the time to live, so a busy
@@ -356,7 +358,7 @@ mod tests {
             "local MAX_FINISHED_PER_SESSION = 1000",
             "local ANNOUNCED_ANSWER_BYTES = 65536",
             "local SLIDE_STEP_DIVISOR = 10",
-            "local FINISHED_CALL_BYTES = 400",
+            "local FINISHED_CALL_BYTES = 600",
         ] {
             assert!(preamble.contains(line), "{preamble}");
         }

@@ -35,6 +35,7 @@
 //! ([`Store::refresh`]) catches anything else.
 
 mod hub;
+mod keyed;
 mod records;
 mod scripts;
 mod trim;
@@ -45,18 +46,15 @@ use std::time::Duration;
 use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{AsyncCommands, Script};
-use serde_json::Value;
 use toolrelay::wire::{RequestStatus, ToolResponse};
 
 use self::hub::EventHub;
+use self::records::{call_in, counted, missing, outcome, unexpected, unreadable};
 use self::scripts::Scripts;
-use super::memory::{
-    MAX_TICKETS_PER_SCOPE, StoreLimits, TICKET_OVERHEAD, pack_ticket, unpack_ticket,
-};
+use super::memory::StoreLimits;
 use super::{
-    Answerer, Claim, EnqueueChecks, Enqueued, EventStream, Finished, McpSessionCaps,
-    McpSessionsFull, NewRequest, ProviderInfo, RateBudget, RequestRecord, SessionRecord, Store,
-    StoreUsage, TabState, rules,
+    Answerer, Claim, EnqueueChecks, Enqueued, EventStream, Finished, NewRequest, ProviderInfo,
+    Reachable, RequestRecord, SessionRecord, SessionStore, StoreUsage, TabState, rules,
 };
 use crate::clock::{Clock, Timestamp};
 use crate::code::SessionCode;
@@ -250,29 +248,6 @@ impl RedisStore {
     }
 }
 
-/// A session script's `{ calls it expired, the expiry it slid the session to, answer }`.
-fn counted(answer: redis::Value) -> Result<(u64, Option<i64>, redis::Value), StoreError> {
-    let redis::Value::Array(items) = answer else {
-        return Err(missing("count of what the script expired"));
-    };
-    let mut items = items.into_iter();
-    let mut number = || match items.next() {
-        Some(redis::Value::Int(count)) => Ok(count),
-        _ => Err(missing("count of what the script expired")),
-    };
-    let (expired, slid_to) = (number()?, number()?);
-    // A script answering nothing (nil) leaves the third place empty.
-    Ok((
-        expired.unsigned_abs(),
-        (slid_to > 0).then_some(slid_to),
-        items.next().unwrap_or(redis::Value::Nil),
-    ))
-}
-
-fn unreadable(error: redis::ParsingError) -> StoreError {
-    StoreError(format!("an unreadable answer from Redis: {error}"))
-}
-
 fn timed_out() -> redis::RedisError {
     redis::RedisError::from(std::io::Error::new(
         std::io::ErrorKind::TimedOut,
@@ -288,42 +263,23 @@ fn store_error(error: redis::RedisError) -> StoreError {
     StoreError(format!("Redis: {error}"))
 }
 
-fn missing(what: &str) -> StoreError {
-    StoreError(format!("Redis answered without the {what}"))
-}
-
-fn unexpected(outcome: &str) -> StoreError {
-    StoreError(format!(
-        "an unexpected answer from a Redis script: {outcome:?}"
-    ))
-}
-
-/// A script's `{ outcome, packed call?, … }` answer, split.
-fn outcome(answer: redis::Value) -> Result<(String, Vec<redis::Value>), StoreError> {
-    match answer {
-        redis::Value::Array(mut items) if !items.is_empty() => {
-            let tag = redis::from_redis_value(items.remove(0)).map_err(unreadable)?;
-            Ok((tag, items))
+#[async_trait]
+impl Reachable for RedisStore {
+    async fn ping(&self) -> Result<(), StoreError> {
+        let _: String = redis::cmd("PING")
+            .query_async(&mut self.connection())
+            .await
+            .map_err(store_error)?;
+        // Without the event connection no tab hears of a call but by the sweep.
+        if !self.events.alive().await {
+            return Err(StoreError("the Redis event connection is down".into()));
         }
-        other => Err(StoreError(format!(
-            "an unexpected answer from Redis: {other:?}"
-        ))),
-    }
-}
-
-/// The packed call in `value`, read; `None` for nil or false.
-fn call_in(value: Option<redis::Value>) -> Result<Option<RequestRecord>, StoreError> {
-    match value {
-        None | Some(redis::Value::Nil | redis::Value::Boolean(false)) => Ok(None),
-        Some(value) => {
-            let packed: String = redis::from_redis_value(value).map_err(unreadable)?;
-            records::unpack(&packed).map(Some)
-        }
+        Ok(())
     }
 }
 
 #[async_trait]
-impl Store for RedisStore {
+impl SessionStore for RedisStore {
     async fn insert_session(&self, session: SessionRecord) -> Result<bool, StoreError> {
         let inserted: i64 = self
             .run(
@@ -766,139 +722,6 @@ impl Store for RedisStore {
         Ok(self.events.wait_for(&self.base(code), id).await)
     }
 
-    async fn ping(&self) -> Result<(), StoreError> {
-        let _: String = redis::cmd("PING")
-            .query_async(&mut self.connection())
-            .await
-            .map_err(store_error)?;
-        // Without the event connection no tab hears of a call but by the sweep.
-        if !self.events.alive().await {
-            return Err(StoreError("the Redis event connection is down".into()));
-        }
-        Ok(())
-    }
-
-    async fn open_mcp_session(
-        &self,
-        slot: &str,
-        address: &str,
-        caps: McpSessionCaps,
-        expires_at: Timestamp,
-    ) -> Result<Result<(), McpSessionsFull>, StoreError> {
-        let full: i64 = self
-            .mcp_script(&self.scripts.open_mcp)
-            .arg(slot)
-            .arg(address)
-            .arg(expires_at.0)
-            .arg(caps.per_address)
-            .arg(caps.total)
-            .invoke_async(&mut self.connection())
-            .await
-            .map_err(store_error)?;
-        Ok(match full {
-            1 => Err(McpSessionsFull::PerAddress),
-            2 => Err(McpSessionsFull::Total),
-            _ => Ok(()),
-        })
-    }
-
-    async fn put_mcp_session(
-        &self,
-        id: &str,
-        slot: &str,
-        address: &str,
-        state: String,
-        expires_at: Timestamp,
-    ) -> Result<(), StoreError> {
-        self.mcp_script(&self.scripts.put_mcp)
-            .arg(id)
-            .arg(slot)
-            .arg(address)
-            .arg(expires_at.0)
-            .arg(state)
-            .invoke_async::<()>(&mut self.connection())
-            .await
-            .map_err(store_error)
-    }
-
-    async fn touch_mcp_session(&self, id: &str, expires_at: Timestamp) -> Result<bool, StoreError> {
-        let kept: i64 = self
-            .mcp_script(&self.scripts.touch_mcp)
-            .arg(id)
-            .arg(expires_at.0)
-            .invoke_async(&mut self.connection())
-            .await
-            .map_err(store_error)?;
-        Ok(kept == 1)
-    }
-
-    async fn mcp_session(&self, id: &str) -> Result<Option<String>, StoreError> {
-        let kept: Option<String> = self
-            .connection()
-            .get(format!("{}{{mcp}}:s:{id}", self.prefix))
-            .await
-            .map_err(store_error)?;
-        Ok(kept.and_then(|kept| {
-            let (expires_at, rest) = kept.split_once('\n')?;
-            let (_address, state) = rest.split_once('\n')?;
-            (expires_at.parse::<i64>().ok()? > self.clock.now().0).then(|| state.to_owned())
-        }))
-    }
-
-    async fn delete_mcp_session(&self, id: &str) -> Result<(), StoreError> {
-        self.mcp_script(&self.scripts.delete_mcp)
-            .arg(id)
-            .invoke_async::<()>(&mut self.connection())
-            .await
-            .map_err(store_error)
-    }
-
-    async fn lock(&self, key: &str, holder: &str, until: Timestamp) -> Result<bool, StoreError> {
-        // Redis drops the key at `until` by its own clock: the replicas' milliseconds of
-        // disagreement move a lock of seconds by as much.
-        let taken: i64 = self
-            .scripts
-            .lock
-            .key(self.key(&format!("lock:{key}")))
-            .arg(holder)
-            .arg(until.0)
-            .invoke_async(&mut self.connection())
-            .await
-            .map_err(store_error)?;
-        Ok(taken == 1)
-    }
-
-    async fn unlock(&self, key: &str, holder: &str) -> Result<(), StoreError> {
-        let _: i64 = self
-            .scripts
-            .unlock
-            .key(self.key(&format!("lock:{key}")))
-            .arg(holder)
-            .invoke_async(&mut self.connection())
-            .await
-            .map_err(store_error)?;
-        Ok(())
-    }
-
-    async fn spend(
-        &self,
-        key: &str,
-        budget: RateBudget,
-        now: Timestamp,
-    ) -> Result<Option<Duration>, StoreError> {
-        let over: i64 = self
-            .scripts
-            .spend
-            .key(self.rate_key(key))
-            .arg(now.0.saturating_mul(1000))
-            .arg(budget.interval_micros())
-            .arg(budget.tolerance_micros())
-            .invoke_async(&mut self.connection())
-            .await
-            .map_err(store_error)?;
-        Ok((over > 0).then(|| Duration::from_micros(over.unsigned_abs())))
-    }
-
     async fn usage(&self) -> Result<StoreUsage, StoreError> {
         // A round of the answer budget's trim first: what it reports is what is kept after.
         let answer_bytes = self.trim().await?;
@@ -921,61 +744,6 @@ impl Store for RedisStore {
             ticket_bytes: ticket_bytes.unwrap_or(0),
             sessions,
         })
-    }
-
-    async fn put_ticket(
-        &self,
-        scope: &str,
-        id: &str,
-        value: Arc<Value>,
-        expires_at: Timestamp,
-    ) -> Result<(), StoreError> {
-        let packed = pack_ticket(&value)?;
-        drop(value);
-        let cost = packed.len() + scope.len() + id.len() + TICKET_OVERHEAD;
-        let member = format!("{id}\n{cost}\n{scope}");
-        let ticket_prefix = self.key("{tickets}:t:");
-        let scope_prefix = self.key("{tickets}:ts:");
-        let mut invocation = self
-            .scripts
-            .put_ticket
-            .key(format!("{ticket_prefix}{scope}\n{id}"));
-        invocation
-            .key(format!("{scope_prefix}{scope}"))
-            .key(self.key("{tickets}:all"))
-            .key(self.key("{tickets}:bytes"))
-            .arg(self.clock.now().0)
-            .arg(packed.as_slice())
-            .arg(expires_at.0)
-            .arg(cost)
-            .arg(member)
-            .arg(scope)
-            .arg(MAX_TICKETS_PER_SCOPE)
-            .arg(self.limits.ticket_budget)
-            .arg(ticket_prefix)
-            .arg(scope_prefix);
-        let _: i64 = invocation
-            .invoke_async(&mut self.connection())
-            .await
-            .map_err(store_error)?;
-        Ok(())
-    }
-
-    async fn ticket(&self, scope: &str, id: &str) -> Result<Option<Arc<Value>>, StoreError> {
-        let key = self.key(&format!("{{tickets}}:t:{scope}\n{id}"));
-        let (packed, expires_at): (Option<Vec<u8>>, Option<i64>) = redis::cmd("HMGET")
-            .arg(&key)
-            .arg("v")
-            .arg("expires_at")
-            .query_async(&mut self.connection())
-            .await
-            .map_err(store_error)?;
-        match (packed, expires_at) {
-            (Some(packed), Some(expires_at)) if expires_at > self.clock.now().0 => {
-                unpack_ticket(&packed).map(|value| Some(Arc::new(value)))
-            }
-            _ => Ok(None),
-        }
     }
 }
 

@@ -187,6 +187,65 @@ pub(super) fn session(values: &[String]) -> Result<SessionRecord, StoreError> {
     })
 }
 
+/// A session script's `{ calls it expired, the expiry it slid the session to, answer }`.
+pub(super) fn counted(
+    answer: redis::Value,
+) -> Result<(u64, Option<i64>, redis::Value), StoreError> {
+    let redis::Value::Array(items) = answer else {
+        return Err(missing("count of what the script expired"));
+    };
+    let mut items = items.into_iter();
+    let mut number = || match items.next() {
+        Some(redis::Value::Int(count)) => Ok(count),
+        _ => Err(missing("count of what the script expired")),
+    };
+    let (expired, slid_to) = (number()?, number()?);
+    // A script answering nothing (nil) leaves the third place empty.
+    Ok((
+        expired.unsigned_abs(),
+        (slid_to > 0).then_some(slid_to),
+        items.next().unwrap_or(redis::Value::Nil),
+    ))
+}
+
+pub(super) fn unreadable(error: redis::ParsingError) -> StoreError {
+    StoreError(format!("an unreadable answer from Redis: {error}"))
+}
+
+pub(super) fn missing(what: &str) -> StoreError {
+    StoreError(format!("Redis answered without the {what}"))
+}
+
+pub(super) fn unexpected(outcome: &str) -> StoreError {
+    StoreError(format!(
+        "an unexpected answer from a Redis script: {outcome:?}"
+    ))
+}
+
+/// A script's `{ outcome, packed call?, … }` answer, split.
+pub(super) fn outcome(answer: redis::Value) -> Result<(String, Vec<redis::Value>), StoreError> {
+    match answer {
+        redis::Value::Array(mut items) if !items.is_empty() => {
+            let tag = redis::from_redis_value(items.remove(0)).map_err(unreadable)?;
+            Ok((tag, items))
+        }
+        other => Err(StoreError(format!(
+            "an unexpected answer from Redis: {other:?}"
+        ))),
+    }
+}
+
+/// The packed call in `value`, read; `None` for nil or false.
+pub(super) fn call_in(value: Option<redis::Value>) -> Result<Option<RequestRecord>, StoreError> {
+    match value {
+        None | Some(redis::Value::Nil | redis::Value::Boolean(false)) => Ok(None),
+        Some(value) => {
+            let packed: String = redis::from_redis_value(value).map_err(unreadable)?;
+            unpack(&packed).map(Some)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -145,7 +145,7 @@ mod tests {
             include_str!("lua/lease_builtin.lua"),
         ];
         for source in sources {
-            for literal in ["10000", "65536", "1000", "256", "400"] {
+            for literal in ["10000", "65536", "1000", "256", "600"] {
                 assert!(
                     !source.contains(literal),
                     "a script spells {literal} instead of naming the rule"
