@@ -276,7 +276,8 @@ impl RequestRecord {
     }
 
     /// Whether `claim` may hand this call out: queued, or delivered to another connection, or
-    /// delivered under a lease that has run out; never after its deadline.
+    /// delivered under a lease that has run out, or (when `claim.redeliver`) delivered to the
+    /// claiming connection itself; never after its deadline.
     pub fn is_claimable(&self, claim: &Claim) -> bool {
         if self.builtin || self.deadline <= claim.now {
             return false;
@@ -284,7 +285,8 @@ impl RequestRecord {
         match self.status {
             RequestStatus::Queued => true,
             RequestStatus::Delivered => {
-                self.delivered_to.as_deref() != Some(claim.connection_id.as_str())
+                claim.redeliver
+                    || self.delivered_to.as_deref() != Some(claim.connection_id.as_str())
                     || self.lease_until.is_none_or(|lease| lease <= claim.now)
             }
             _ => false,
@@ -406,6 +408,10 @@ pub struct Claim {
     pub lease_until: Timestamp,
     /// Most calls to hand out.
     pub limit: usize,
+    /// Also hand out again the calls already delivered to this connection and not answered
+    /// (before their deadline): what a driver asks for after lost events or a store error,
+    /// when a claim whose reply it never got may have run.
+    pub redeliver: bool,
 }
 
 /// Who gives a call its answer: what [`Store::finish`] checks in the same step as it records

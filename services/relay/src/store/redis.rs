@@ -216,6 +216,7 @@ expire_due()
 return redis.call('ZCARD', base .. 'q')
 ";
 
+/// ARGV[5..] connection, lease until, most calls, `1` to redeliver (see [`Claim::redeliver`]).
 const CLAIM: &str = r"
 if not live() then return {} end
 expire_due()
@@ -228,7 +229,8 @@ for _, id in ipairs(redis.call('ZRANGE', base .. 'q', 0, -1)) do
   local h = redis.call('HMGET', r, 'status', 'delivered_to', 'lease_until', 'deadline', 'builtin',
     'deliveries')
   local claimable = h[4] and h[5] ~= '1' and tonumber(h[4]) > now and (h[1] == 'queued'
-    or (h[1] == 'delivered' and (h[2] ~= ARGV[5] or h[3] == '' or tonumber(h[3]) <= now)))
+    or (h[1] == 'delivered' and (h[2] ~= ARGV[5] or h[3] == '' or tonumber(h[3]) <= now
+      or ARGV[8] == '1')))
   if claimable then
     redis.call('HSET', r, 'status', 'delivered', 'delivered_to', ARGV[5], 'lease_until', ARGV[6],
       'deliveries', tonumber(h[6] or '0') + 1)
@@ -1062,6 +1064,7 @@ impl Store for RedisStore {
                     claim.connection_id.clone(),
                     claim.lease_until.0.to_string(),
                     claim.limit.min(1_000_000).to_string(),
+                    if claim.redeliver { "1" } else { "0" }.to_owned(),
                 ],
             )
             .await?;
