@@ -237,6 +237,7 @@ pub async fn serve_link<S>(
             let frame = RelayFrame::Error {
                 error: error.code.as_str().to_owned(),
                 message: error.message.clone(),
+                request_id: None,
             };
             if Box::pin(send(&mut socket, text(&frame))).await {
                 Box::pin(close(&mut socket, code, "refused")).await;
@@ -347,7 +348,7 @@ pub async fn serve_link<S>(
                     Some(Ok(Message::Close(_)) | Err(_)) | None => return,
                 };
                 if let Some((error, message)) = refusal {
-                    let frame = RelayFrame::Error { error, message };
+                    let frame = RelayFrame::Error { error, message, request_id: None };
                     if !Box::pin(send(&mut socket, text(&frame))).await {
                         return;
                     }
