@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod recording;
 pub mod redis;
 pub mod remip;
+pub mod sdk_tab;
 pub mod system;
 
 use std::net::SocketAddr;
