@@ -33,14 +33,15 @@ pub struct SdkTab {
 
 impl SdkTab {
     /// Starts the SDK's transport against `base` (the origin a page would load the SDK from:
-    /// a gateway, `http://127.0.0.1:port`) for session `code`.
-    pub fn start(base: &str, code: &str, token: &str) -> Self {
+    /// a gateway, `http://127.0.0.1:port`) for session `code`; each call takes `run_time`.
+    pub fn start(base: &str, code: &str, token: &str, run_time: Duration) -> Self {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/node/sdk_tab.mjs");
         let mut child = Command::new("node")
             .arg("--experimental-websocket")
             .arg("--no-warnings")
             .arg(script)
             .args([base, code, token, &demo_tools().to_string()])
+            .arg(run_time.as_millis().to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

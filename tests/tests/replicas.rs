@@ -634,7 +634,14 @@ async fn call_until_answered(
 async fn calls_in_flight_survive(failure: RedisFailure) {
     let mut cluster = Cluster::start(2, 2, &[("RATE_LIMIT_REQUEST_PER_CODE", "100000")]).await;
     let (code, token) = cluster.create_session(0).await;
-    let tab = SdkTab::start(&cluster.gateways[1], &code, &token);
+    // Each call takes 50 ms in the tab, so that some are always under way there: their
+    // answers meet the failure.
+    let tab = SdkTab::start(
+        &cluster.gateways[1],
+        &code,
+        &token,
+        Duration::from_millis(50),
+    );
     until_tab_registered(&cluster, 0, &code).await;
 
     let http = reqwest::Client::builder()
