@@ -338,18 +338,23 @@ impl WsTab {
     /// `None` once the socket is closed.
     pub async fn next_frame(&mut self) -> Option<Value> {
         loop {
+            let frame = self.next_any_frame().await?;
+            // Acknowledgements of the tab's answers are the SDK's business (see `sdk_tab`);
+            // these tests read what comes besides them.
+            if frame["type"] != "ack" {
+                return Some(frame);
+            }
+        }
+    }
+
+    /// The next JSON frame, whatever it is, or `None` once the socket is closed.
+    pub async fn next_any_frame(&mut self) -> Option<Value> {
+        loop {
             let message = tokio::time::timeout(PATIENCE, self.socket.next())
                 .await
                 .expect("no frame from the relay in time");
             match message {
-                Some(Ok(Message::Text(text))) => {
-                    let frame: Value = serde_json::from_str(&text).unwrap();
-                    // Acknowledgements of the tab's answers are the SDK's business (see
-                    // `sdk_tab`); these tests read what comes besides them.
-                    if frame["type"] != "ack" {
-                        return Some(frame);
-                    }
-                }
+                Some(Ok(Message::Text(text))) => return Some(serde_json::from_str(&text).unwrap()),
                 Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return None,
                 Some(Ok(_)) => {}
             }
@@ -473,7 +478,8 @@ impl GrpcProvider {
         }
     }
 
-    /// The next message other than a heartbeat, or `None` once the stream has ended.
+    /// The next message other than a heartbeat or an answer's acknowledgement, or `None` once
+    /// the stream has ended.
     pub async fn next(&mut self) -> Option<toolrelay::proto::v1::relay_message::Kind> {
         use toolrelay::proto::v1::relay_message::Kind;
         loop {
@@ -482,7 +488,7 @@ impl GrpcProvider {
                 .expect("no message from the relay in time");
             match message {
                 Ok(Some(message)) => match message.kind {
-                    Some(Kind::Heartbeat(_)) | None => {}
+                    Some(Kind::Heartbeat(_) | Kind::Ack(_)) | None => {}
                     Some(kind) => return Some(kind),
                 },
                 Ok(None) | Err(_) => return None,
