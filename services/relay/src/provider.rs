@@ -498,7 +498,6 @@ impl Driver {
     /// still have run in the store. (The ones it did send, the provider has: it sends their
     /// answers until they are acknowledged.)
     async fn deliver(&self, redeliver: bool) -> Result<Delivered, Gone> {
-        let mut redeliver = redeliver;
         loop {
             let now = self.relay.now();
             let claim = Claim {
@@ -542,10 +541,10 @@ impl Driver {
                 })
                 .await?;
             }
-            if !full && !redeliver {
+            // A redelivering claim took everything claimable at once.
+            if !full {
                 return Ok(Delivered::All);
             }
-            redeliver = false;
         }
     }
 
