@@ -223,12 +223,29 @@ pub enum RelayFrame {
         /// Number of functions the provider registered.
         tools: usize,
     },
-    /// Something the provider sent was refused, or the connection is being replaced.
+    /// Something the provider sent was refused, or the connection is being replaced. With a
+    /// `requestId`: that call's answer could not be stored now; send it again.
     Error {
         /// Stable snake_case name.
         error: String,
         /// What to do about it.
         message: String,
+        /// The call whose answer could not be stored, when that is what failed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        request_id: Option<String>,
+    },
+    /// The relay is done with an answer (a `response` frame): it is stored, or it is refused
+    /// for good (`error` and `message` then say why). Either way, do not send it again.
+    Ack {
+        /// The call the answer was for.
+        request_id: String,
+        /// Why the answer was refused for good, when it was (the call already had its
+        /// answer, or was not delivered to this connection).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+        /// What the refusal means, when there is one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        message: Option<String>,
     },
     /// The session has ended; the connection closes after this frame.
     Expired {
@@ -262,6 +279,24 @@ mod tests {
         assert_eq!(
             serde_json::to_value(&request).unwrap(),
             json!({"type": "tool-request", "requestId": "r1", "functionName": "add", "args": {"a": 1}})
+        );
+        let ack = RelayFrame::Ack {
+            request_id: "r1".into(),
+            error: None,
+            message: None,
+        };
+        assert_eq!(
+            serde_json::to_value(&ack).unwrap(),
+            json!({"type": "ack", "requestId": "r1"})
+        );
+        let not_stored = RelayFrame::Error {
+            error: "store_unavailable".into(),
+            message: "Try again.".into(),
+            request_id: Some("r1".into()),
+        };
+        assert_eq!(
+            serde_json::to_value(&not_stored).unwrap(),
+            json!({"type": "error", "error": "store_unavailable", "message": "Try again.", "requestId": "r1"})
         );
     }
 

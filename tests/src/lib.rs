@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod recording;
 pub mod redis;
 pub mod remip;
+pub mod sdk_tab;
 pub mod system;
 
 use std::net::SocketAddr;
@@ -333,8 +334,21 @@ impl WsTab {
         }
     }
 
-    /// The next JSON frame (heartbeats included), or `None` once the socket is closed.
+    /// The next JSON frame (heartbeats included, acknowledgements of answers left out), or
+    /// `None` once the socket is closed.
     pub async fn next_frame(&mut self) -> Option<Value> {
+        loop {
+            let frame = self.next_any_frame().await?;
+            // Acknowledgements of the tab's answers are the SDK's business (see `sdk_tab`);
+            // these tests read what comes besides them.
+            if frame["type"] != "ack" {
+                return Some(frame);
+            }
+        }
+    }
+
+    /// The next JSON frame, whatever it is, or `None` once the socket is closed.
+    pub async fn next_any_frame(&mut self) -> Option<Value> {
         loop {
             let message = tokio::time::timeout(PATIENCE, self.socket.next())
                 .await
@@ -464,7 +478,8 @@ impl GrpcProvider {
         }
     }
 
-    /// The next message other than a heartbeat, or `None` once the stream has ended.
+    /// The next message other than a heartbeat or an answer's acknowledgement, or `None` once
+    /// the stream has ended.
     pub async fn next(&mut self) -> Option<toolrelay::proto::v1::relay_message::Kind> {
         use toolrelay::proto::v1::relay_message::Kind;
         loop {
@@ -473,7 +488,7 @@ impl GrpcProvider {
                 .expect("no message from the relay in time");
             match message {
                 Ok(Some(message)) => match message.kind {
-                    Some(Kind::Heartbeat(_)) | None => {}
+                    Some(Kind::Heartbeat(_) | Kind::Ack(_)) | None => {}
                     Some(kind) => return Some(kind),
                 },
                 Ok(None) | Err(_) => return None,

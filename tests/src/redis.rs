@@ -153,6 +153,31 @@ impl RedisServer {
         }
     }
 
+    /// Freezes it (`SIGSTOP`): connections stay open and nothing is answered, as when Redis
+    /// stalls; [`RedisServer::resume`] lets it go on where it stopped.
+    pub async fn pause(&self) {
+        self.signal("-STOP").await;
+    }
+
+    /// Lets a paused Redis go on (`SIGCONT`).
+    pub async fn resume(&self) {
+        self.signal("-CONT").await;
+    }
+
+    async fn signal(&self, signal: &str) {
+        let pid = self
+            .child
+            .as_ref()
+            .and_then(Child::id)
+            .expect("redis-server runs");
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .await
+            .unwrap();
+        assert!(status.success(), "kill {signal} {pid} failed");
+    }
+
     /// Starts it again on the same port (and, when durable, from its append-only file).
     pub async fn restart(&mut self) {
         self.stop().await;

@@ -9,6 +9,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use toolrelay_tests::cluster::Cluster;
 use toolrelay_tests::recording::RecordingTab;
+use toolrelay_tests::sdk_tab::SdkTab;
 use toolrelay_tests::system::{Answer, send};
 use toolrelay_tests::{PATIENCE, demo_tools};
 
@@ -566,6 +567,156 @@ async fn a_redis_outage_is_503_meanwhile_and_nothing_is_lost() {
             .any(|kind| kind == "expired" || kind == "error"),
         "{frames:?}"
     );
+}
+
+/// How Redis fails in the middle of a run of calls.
+#[derive(Debug, Clone, Copy)]
+enum RedisFailure {
+    /// Frozen for 5 s (`SIGSTOP`, then `SIGCONT`): what the replicas sent meanwhile runs when
+    /// it wakes, after they gave up waiting for the replies.
+    Stall,
+    /// `kill -9`, then started again from its append-only file.
+    Crash,
+}
+
+/// Calls in flight when Redis fails.
+const CALLS_IN_FLIGHT: usize = 500;
+
+/// Calls `echo` as `outage-{n}` through `gateway` until it is answered, asking again with the
+/// same requestId after a 503 (or a 202: not answered within the wait), as a client does:
+/// `(n, the answer's body)`.
+async fn call_until_answered(
+    http: reqwest::Client,
+    gateway: String,
+    code: String,
+    n: usize,
+) -> (usize, Value) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(50);
+    let mut wait = Duration::from_millis(100);
+    loop {
+        let sent = http
+            .post(format!("{gateway}/api/sessions/{code}/call"))
+            .json(&echo(&format!("outage-{n}"), &format!("n{n}")))
+            .send()
+            .await;
+        let again = match sent {
+            Ok(response) if response.status() == StatusCode::OK => {
+                let body = response.bytes().await.unwrap();
+                return (n, serde_json::from_slice(&body).unwrap());
+            }
+            Ok(response)
+                if matches!(
+                    response.status(),
+                    StatusCode::ACCEPTED | StatusCode::SERVICE_UNAVAILABLE
+                ) =>
+            {
+                response.status().to_string()
+            }
+            Ok(response) => panic!(
+                "call {n}: {} {}",
+                response.status(),
+                response.text().await.unwrap_or_default()
+            ),
+            // The gateway's connection broke under a stalled request: ask again.
+            Err(error) => error.to_string(),
+        };
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "call {n} never answered: {again}"
+        );
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(Duration::from_secs(1));
+    }
+}
+
+/// 500 calls in flight through two gateways on two relays, the tab being the browser SDK's
+/// own transport on relay B (through gateway 1), Redis failing in the middle: every caller
+/// gets its answer (asking again after a 503), none expires, and the tab runs each call
+/// exactly once. Two ways were lost before: a claim whose reply timed out but which Redis
+/// ran later (the call stayed delivered to a tab that never got it), and an answer refused
+/// with `store_unavailable` that the SDK had already forgotten.
+async fn calls_in_flight_survive(failure: RedisFailure) {
+    let mut cluster = Cluster::start(2, 2, &[("RATE_LIMIT_REQUEST_PER_CODE", "100000")]).await;
+    let (code, token) = cluster.create_session(0).await;
+    // Each call takes 50 ms in the tab, so that some are always under way there: their
+    // answers meet the failure.
+    let tab = SdkTab::start(
+        &cluster.gateways[1],
+        &code,
+        &token,
+        Duration::from_millis(50),
+    );
+    until_tab_registered(&cluster, 0, &code).await;
+
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let gateways = cluster.gateways.clone();
+    let calling = code.clone();
+    let calls = tokio::spawn(
+        futures::stream::iter(0..CALLS_IN_FLIGHT)
+            .map(move |n| {
+                call_until_answered(http.clone(), gateways[n % 2].clone(), calling.clone(), n)
+            })
+            .buffer_unordered(50)
+            .collect::<Vec<_>>(),
+    );
+    tab.until("a fifth of the calls run", 3 * PATIENCE, |ledger| {
+        ledger.runs.len() >= CALLS_IN_FLIGHT / 5
+    })
+    .await;
+    let ran_before = tab.read(|ledger| ledger.runs.len());
+    match failure {
+        RedisFailure::Stall => {
+            cluster.redis.pause().await;
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            cluster.redis.resume().await;
+        }
+        RedisFailure::Crash => {
+            cluster.redis.stop().await;
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            cluster.redis.restart().await;
+        }
+    }
+    assert!(
+        ran_before < CALLS_IN_FLIGHT,
+        "the calls were over before Redis failed"
+    );
+
+    let answers = tokio::time::timeout(Duration::from_secs(90), calls)
+        .await
+        .expect("the callers never finished")
+        .unwrap();
+    assert_eq!(answers.len(), CALLS_IN_FLIGHT);
+    for (n, body) in &answers {
+        // An expired call would be answered too, with success false and request_expired.
+        assert_eq!(body["success"], true, "call {n}: {body}");
+        assert_eq!(body["result"], json!({"text": format!("n{n}")}), "call {n}");
+    }
+    // A late second run would show after the last answer: give a redelivery time to come.
+    let counted = tokio::time::Instant::now() + Duration::from_secs(3);
+    tab.until("the time for a late delivery", 3 * PATIENCE, |_| {
+        tokio::time::Instant::now() >= counted
+    })
+    .await;
+    let runs = tab.read(|ledger| ledger.runs.clone());
+    assert_eq!(runs.len(), CALLS_IN_FLIGHT, "every call ran");
+    let repeated: Vec<_> = runs.iter().filter(|(_, count)| **count != 1).collect();
+    assert!(
+        repeated.is_empty(),
+        "calls run more than once: {repeated:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_stalled_5_s_under_500_calls_loses_none_and_runs_each_once() {
+    calls_in_flight_survive(RedisFailure::Stall).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_and_restarted_under_500_calls_loses_none_and_runs_each_once() {
+    calls_in_flight_survive(RedisFailure::Crash).await;
 }
 
 /// Budgets are kept in Redis: a client alternating gateways (each in front of its own relay)

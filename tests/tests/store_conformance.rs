@@ -420,6 +420,41 @@ conformance! {
         assert!(fixture.store.claim(&code, &claim("tab-1", fixture.now(), HOUR)).await.unwrap().is_empty());
     }
 
+    async fn a_redelivering_claim_hands_out_again_what_its_connection_holds(fixture) {
+        let code = with_session(&fixture).await;
+        let now = fixture.now();
+        for id in ["r1", "r2", "r3"] {
+            fixture.store.enqueue(&code, call(id, now, json!({"id": id})), 10, now).await.unwrap();
+        }
+        let mut one = claim("tab-1", now, HOUR);
+        one.limit = 1;
+        assert_eq!(fixture.store.claim(&code, &one).await.unwrap().len(), 1);
+        let finished = fixture.store.finish(&code, "r1", RequestStatus::Completed, answer("r1", json!(1)),
+            Answerer::Connection("tab-1"), now, now.plus(HOUR)).await.unwrap();
+        assert!(matches!(finished, Finished::Finished(_)), "{finished:?}");
+        let mut two = claim("tab-1", now, HOUR);
+        two.limit = 1;
+        let held = fixture.store.claim(&code, &two).await.unwrap();
+        assert_eq!(held.iter().map(|record| record.id.as_str()).collect::<Vec<_>>(), ["r2"]);
+        // Under its lease, a plain claim leaves r2 alone; a redelivering one hands it out
+        // again with what is queued, never the answered r1.
+        let plain = fixture.store.claim(&code, &claim("tab-1", now, HOUR)).await.unwrap();
+        assert_eq!(plain.iter().map(|record| record.id.as_str()).collect::<Vec<_>>(), ["r3"]);
+        let mut again = claim("tab-1", now, HOUR);
+        again.redeliver = true;
+        let redelivered = fixture.store.claim(&code, &again).await.unwrap();
+        assert_eq!(redelivered.iter().map(|record| record.id.as_str()).collect::<Vec<_>>(), ["r2", "r3"]);
+        assert!(redelivered.iter().all(|record| record.delivered_to.as_deref() == Some("tab-1")));
+        // Only to the session's provider, and never past a call's deadline.
+        let mut stranger = claim("stranger", now, HOUR);
+        stranger.redeliver = true;
+        assert!(fixture.store.claim(&code, &stranger).await.unwrap().is_empty());
+        fixture.advance(Duration::from_secs(61));
+        let mut late = claim("tab-1", fixture.now(), HOUR);
+        late.redeliver = true;
+        assert!(fixture.store.claim(&code, &late).await.unwrap().is_empty());
+    }
+
     async fn the_first_answer_wins_and_answers_are_kept_in_queue_order(fixture) {
         let code = with_session(&fixture).await;
         let now = fixture.now();

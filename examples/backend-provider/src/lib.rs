@@ -1,12 +1,16 @@
 //! An example backend service that serves tools to LLMs through a toolrelay session.
 //!
 //! It attaches to the relay over gRPC `Connect` with the session's code and provider token,
-//! registers its tools, and answers each `tool_request` with a `response`. Everything it needs
-//! is in the `toolrelay` contract crate: the generated client and the JSON helpers.
+//! registers its tools, and answers each `tool_request` with a `response`, which it keeps until
+//! the relay acknowledges it (`ack`) and sends again when the relay could not store it (an
+//! `error` naming its `request_id`) or delivers the call again. Everything it needs is in the
+//! `toolrelay` contract crate: the generated client and the JSON helpers.
 //!
 //! The tools: `add_numbers {a, b}` → `{sum}` and `word_count {text}` → `{words, characters}`.
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -19,6 +23,9 @@ use toolrelay::proto::v1::relay_client::RelayClient;
 use toolrelay::proto::v1::{
     Ping, ProviderMessage, Register, Tool, ToolError, ToolResponse, provider_message, relay_message,
 };
+
+/// How long to wait before sending again an answer the relay could not store.
+const RESEND_AFTER: Duration = Duration::from_millis(500);
 
 /// Why serving stopped.
 #[derive(Debug, PartialEq, Eq)]
@@ -105,6 +112,8 @@ pub async fn serve(
     let mut inbound = client.connect(request).await?.into_inner();
 
     tokio::pin!(shutdown);
+    // Answers sent and not acknowledged yet.
+    let mut unacknowledged: HashMap<String, ToolResponse> = HashMap::new();
     loop {
         let message = tokio::select! {
             () = &mut shutdown => return Ok(Ended::Shutdown),
@@ -115,6 +124,11 @@ pub async fn serve(
         };
         match message.kind {
             Some(relay_message::Kind::ToolRequest(call)) => {
+                // Delivered again (the relay lost track of it): the same answer, not a new run.
+                if let Some(answer) = unacknowledged.get(&call.request_id) {
+                    resend(&outbound, answer.clone(), Duration::ZERO);
+                    continue;
+                }
                 let args = call.args.as_ref().map(from_struct).unwrap_or(Value::Null);
                 let response = match run_tool(&call.function_name, &args) {
                     Ok(result) => ToolResponse {
@@ -133,6 +147,7 @@ pub async fn serve(
                         }),
                     },
                 };
+                unacknowledged.insert(response.request_id.clone(), response.clone());
                 let reply = provider_message::Kind::Response(response);
                 if outbound
                     .send(ProviderMessage { kind: Some(reply) })
@@ -148,6 +163,17 @@ pub async fn serve(
                 });
             }
             Some(relay_message::Kind::Expired(_)) => return Ok(Ended::SessionEnded),
+            Some(relay_message::Kind::Ack(ack)) => {
+                unacknowledged.remove(&ack.request_id);
+                if !ack.error.is_empty() {
+                    eprintln!("relay refused an answer for good: {}", ack.message);
+                }
+            }
+            Some(relay_message::Kind::Error(error)) if !error.request_id.is_empty() => {
+                if let Some(answer) = unacknowledged.get(&error.request_id) {
+                    resend(&outbound, answer.clone(), RESEND_AFTER);
+                }
+            }
             Some(relay_message::Kind::Error(error)) => {
                 if matches!(error.error.as_str(), "replaced" | "shutting_down") {
                     return Ok(Ended::Closed(error.message));
@@ -157,4 +183,14 @@ pub async fn serve(
             Some(relay_message::Kind::Welcome(_) | relay_message::Kind::Registered(_)) | None => {}
         }
     }
+}
+
+/// Sends an answer again after `wait`, unless the stream has closed by then.
+fn resend(outbound: &mpsc::Sender<ProviderMessage>, answer: ToolResponse, wait: Duration) {
+    let outbound = outbound.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(wait).await;
+        let reply = provider_message::Kind::Response(answer);
+        let _ = outbound.send(ProviderMessage { kind: Some(reply) }).await;
+    });
 }

@@ -1,7 +1,10 @@
 // A page's connection to the relay: WebSocket first, server-sent events when WebSocket fails,
 // 1-second polling when SSE fails too. Reconnects with jittered backoff. Calls are
 // de-duplicated by requestId (the relay delivers at least once), and every result or error is
-// posted back — again, if the relay asks again because an answer was lost.
+// kept until the relay has it: over WebSocket until an `ack` frame names it (sent again after
+// an `error` frame naming its requestId, and after a reconnect), over HTTP until a POST is
+// answered with anything but a 5xx or 429 (sent again after a short backoff). A call
+// delivered again gets the answer it had, without running twice.
 
 import { ErrorCode } from './errors.js';
 
@@ -12,6 +15,10 @@ const POLL_INTERVAL_MS = 1000;
 const FAILURES_BEFORE_FALLBACK = 2;
 // Answers kept to answer a redelivered call again without running it twice.
 const REMEMBERED_ANSWERS = 500;
+// The first wait before an answer the relay could not store goes again; it doubles up to the
+// most while the relay keeps failing.
+const RESEND_START_MS = 250;
+const RESEND_MAX_MS = 5000;
 
 const ORDER = ['websocket', 'sse', 'polling'];
 
@@ -41,7 +48,8 @@ export class Transport extends EventTarget {
     this.pollTimer = null;
     this.retryTimer = null;
     this.answers = new Map(); // requestId → answer (or a promise of it while running)
-    this.unsent = new Map(); // requestId → answer that could not be sent yet
+    this.unsent = new Map(); // requestId → answer the relay has not acknowledged yet
+    this.resends = new Map(); // requestId → {timer, wait}: when an unsent answer goes again
     this.polling = false;
     this.interruptions = 0; // connections that failed or dropped, and answers that could not go
   }
@@ -59,6 +67,8 @@ export class Transport extends EventTarget {
     this.stopped = true;
     clearTimeout(this.retryTimer);
     clearTimeout(this.pollTimer);
+    for (const { timer } of this.resends.values()) clearTimeout(timer);
+    this.resends.clear();
     if (this.socket) this.socket.close(1000, 'stopped');
     if (this.events) this.events.close();
     this.socket = null;
@@ -139,12 +149,23 @@ export class Transport extends EventTarget {
         case 'heartbeat':
           this.emit('expiry', frame.expiresAt);
           break;
+        case 'ack':
+          // The relay is done with the answer: stored, or refused for good (`error` says why;
+          // request_not_found after a reconnect is expected: the call comes again, and its
+          // answer with it).
+          this.settled(frame.requestId);
+          if (frame.error && frame.error !== ErrorCode.REQUEST_NOT_FOUND) this.emit('problem', frame.message);
+          break;
         case 'expired':
           final = true;
           this.emit('expired', frame.message);
           break;
         case 'error':
-          if (frame.error === ErrorCode.REPLACED) {
+          if (frame.requestId) {
+            // That answer could not be stored now: it goes again shortly.
+            this.interruptions += 1;
+            this.resendLater(frame.requestId);
+          } else if (frame.error === ErrorCode.REPLACED) {
             final = true;
             this.emit('replaced', frame.message);
           } else if ([ErrorCode.SESSION_NOT_FOUND, ErrorCode.INVALID_TOKEN, ErrorCode.TOKEN_REQUIRED, ErrorCode.INVALID_CODE].includes(frame.error)) {
@@ -267,7 +288,7 @@ export class Transport extends EventTarget {
   /** A call from the relay: run it once, answer it (again, when asked again). */
   handle(call) {
     const id = call.requestId;
-    const known = this.answers.get(id);
+    const known = this.answers.get(id) ?? this.unsent.get(id);
     if (known instanceof Promise) return; // running; its answer goes out when it is done
     if (known) {
       this.send(known);
@@ -288,11 +309,13 @@ export class Transport extends EventTarget {
     }
   }
 
+  /** Sends an answer; it is kept until the relay has it (see the top of this file). */
   async send(answer) {
+    const id = answer.requestId;
+    this.unsent.set(id, answer);
     const socket = this.socket;
     if (socket && socket.readyState === WebSocket.OPEN) {
       socket.send(JSON.stringify({ type: 'response', ...answer }));
-      this.unsent.delete(answer.requestId);
       return;
     }
     try {
@@ -301,13 +324,33 @@ export class Transport extends EventTarget {
         headers: { ...this.auth(), 'content-type': 'application/json' },
         body: JSON.stringify(answer),
       });
-      if (response.status >= 500) throw new Error(`HTTP ${response.status}`);
-      // 4xx: the call is gone (expired, answered): nothing more to do.
-      this.unsent.delete(answer.requestId);
+      if (response.status >= 500 || response.status === 429) throw new Error(`HTTP ${response.status}`);
+      // 2xx: stored; other 4xx: the call is gone (expired, answered): nothing more to do.
+      this.settled(id);
     } catch {
-      // Sent again when the connection is back (and when the relay hands the call out again).
+      // Sent again shortly (and when the connection is back, or the relay hands the call out again).
       this.interruptions += 1;
-      this.unsent.set(answer.requestId, answer);
+      this.resendLater(id);
     }
+  }
+
+  /** The relay has the answer to `id` (or refused it for good): it is not sent again. */
+  settled(id) {
+    this.unsent.delete(id);
+    clearTimeout(this.resends.get(id)?.timer);
+    this.resends.delete(id);
+  }
+
+  /** Sends the unsent answer to `id` again after a backoff that grows while it keeps failing. */
+  resendLater(id) {
+    if (this.stopped || !this.unsent.has(id)) return;
+    const entry = this.resends.get(id) ?? { timer: null, wait: RESEND_START_MS };
+    clearTimeout(entry.timer);
+    entry.timer = setTimeout(() => {
+      const answer = this.unsent.get(id);
+      if (answer && !this.stopped) this.send(answer);
+    }, jittered(entry.wait));
+    entry.wait = Math.min(entry.wait * 2, RESEND_MAX_MS);
+    this.resends.set(id, entry);
   }
 }

@@ -14,7 +14,7 @@ use crate::builtin::{BUILTIN_GROUP, FailureKind, ToolInfo};
 use crate::clock::Timestamp;
 use crate::code::SessionCode;
 use crate::error::ErrorCode;
-use crate::provider::Downlink;
+use crate::provider::{Downlink, Refusal};
 use crate::relay::{CallInput, RequestView, SessionStatus};
 use crate::store::Transport;
 
@@ -233,8 +233,30 @@ pub(crate) fn relay_message(message: Downlink) -> pb::RelayMessage {
             Kind::Error(pb::RelayError {
                 error: error.as_str().to_owned(),
                 message,
+                request_id: String::new(),
             })
         }
+        Downlink::Ack {
+            request_id,
+            refusal,
+        } => {
+            let (error, message) = refusal.map_or_else(Default::default, |refusal| {
+                (refusal.error.as_str().to_owned(), refusal.message)
+            });
+            Kind::Ack(pb::Ack {
+                request_id,
+                error,
+                message,
+            })
+        }
+        Downlink::NotStored {
+            request_id,
+            refusal,
+        } => Kind::Error(pb::RelayError {
+            error: refusal.error.as_str().to_owned(),
+            message: refusal.message,
+            request_id,
+        }),
     };
     pb::RelayMessage { kind: Some(kind) }
 }
@@ -363,12 +385,28 @@ pub(crate) fn downlink_message(message: pb::RelayMessage) -> Option<Downlink> {
             tools: registered.tool_count as usize,
         },
         Kind::Error(error) => match ErrorCode::parse(&error.error) {
+            code if !error.request_id.is_empty() => Downlink::NotStored {
+                request_id: error.request_id,
+                refusal: Box::new(Refusal {
+                    error: code.unwrap_or(ErrorCode::InternalError),
+                    message: error.message,
+                }),
+            },
             Some(ErrorCode::Replaced) => Downlink::Replaced,
             Some(ErrorCode::ShuttingDown) => Downlink::Restarting,
             code => Downlink::Error {
                 error: code.unwrap_or(ErrorCode::InternalError),
                 message: error.message,
             },
+        },
+        Kind::Ack(ack) => Downlink::Ack {
+            request_id: ack.request_id,
+            refusal: (!ack.error.is_empty()).then(|| {
+                Box::new(Refusal {
+                    error: ErrorCode::parse(&ack.error).unwrap_or(ErrorCode::InternalError),
+                    message: ack.message,
+                })
+            }),
         },
         Kind::Expired(expired) => Downlink::Expired {
             message: expired.message,
@@ -533,6 +571,24 @@ mod tests {
             Downlink::Restarting,
             Downlink::Expired {
                 message: "Gone.".into(),
+            },
+            Downlink::Ack {
+                request_id: "r1".into(),
+                refusal: None,
+            },
+            Downlink::Ack {
+                request_id: "r2".into(),
+                refusal: Some(Box::new(Refusal {
+                    error: ErrorCode::RequestNotFound,
+                    message: "Not yours.".into(),
+                })),
+            },
+            Downlink::NotStored {
+                request_id: "r3".into(),
+                refusal: Box::new(Refusal {
+                    error: ErrorCode::StoreUnavailable,
+                    message: "Again.".into(),
+                }),
             },
         ];
         for downlink in downlinks {

@@ -27,6 +27,7 @@ pub mod clock;
 pub mod code;
 pub mod config;
 pub(crate) mod convert;
+mod downlink;
 pub mod drain;
 pub mod error;
 pub mod grpc;

@@ -14,19 +14,20 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use tokio::sync::mpsc;
-use toolrelay::PROTOCOL_VERSION;
 use toolrelay::wire::{ProviderFrame, ProviderResponse, RelayFrame, ToolRequest};
 
 use crate::clock::Timestamp;
 use crate::code::{self, SessionCode};
 use crate::drain::Hold;
-use crate::error::{ErrorCode, RelayError};
+use crate::error::RelayError;
 use crate::metrics::{AnsweredBy, Connected};
 use crate::relay::Relay;
 use crate::store::{
     Answerer, Claim, EventStream, ProviderInfo, RequestRecord, SessionEvent, Transport,
 };
 use crate::tabs::{Attended, Notice};
+
+pub use crate::downlink::{Downlink, Refusal, receipt};
 
 /// Frames a slow provider may fall behind by before the driver waits for it.
 const DOWNLINK_BUFFER: usize = 128;
@@ -36,118 +37,14 @@ const UPLINK_BUFFER: usize = 64;
 const CLAIM_BATCH: usize = 32;
 /// The connection id shared by every poll of a session.
 const POLLING_CONNECTION: &str = "polling";
-
-/// What the relay sends to a provider.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Downlink {
-    /// First message of a connection.
-    Welcome {
-        /// The session.
-        code: SessionCode,
-        /// When it expires unless there is activity.
-        expires_at: Timestamp,
-    },
-    /// A call to run.
-    ToolRequest {
-        /// The call (boxed: the other messages are small, and every connection's channel
-        /// holds a block of messages from the start).
-        request: Box<ToolRequest>,
-        /// Its position in the session's queue.
-        seq: u64,
-    },
-    /// Periodic, and the answer to a ping.
-    Heartbeat {
-        /// When the session expires unless there is activity.
-        expires_at: Timestamp,
-        /// Whether it answers the provider's ping rather than being the relay's periodic one:
-        /// only periodic heartbeats count towards a silent provider's limit.
-        answers_ping: bool,
-    },
-    /// A manifest was accepted.
-    Registered {
-        /// Its number of functions.
-        tools: usize,
-    },
-    /// Something the provider sent was refused; the connection stays.
-    Error {
-        /// What was refused, by name.
-        error: ErrorCode,
-        /// What to do about it.
-        message: String,
-    },
-    /// Another connection took over the session; this one ends.
-    Replaced,
-    /// The relay is stopping; this connection ends and should be made again.
-    Restarting,
-    /// The session ended; this connection ends.
-    Expired {
-        /// Why, and what to do.
-        message: String,
-    },
-}
-
-impl Downlink {
-    /// Whether the connection ends after this message.
-    pub fn is_final(&self) -> bool {
-        matches!(
-            self,
-            Self::Replaced | Self::Restarting | Self::Expired { .. }
-        )
-    }
-
-    /// The error name and message of the messages sent as `error` frames.
-    pub fn error(&self) -> Option<(ErrorCode, String)> {
-        match self {
-            Self::Error { error, message } => Some((*error, message.clone())),
-            Self::Replaced => Some((
-                ErrorCode::Replaced,
-                "Another connection with this session's token took over; this one is closed."
-                    .to_owned(),
-            )),
-            Self::Restarting => Some((
-                RelayError::ShuttingDown.code(),
-                RelayError::ShuttingDown.to_string(),
-            )),
-            _ => None,
-        }
-    }
-
-    /// The JSON frame of the browser protocol (a call's arguments moved, not copied).
-    pub fn into_frame(self) -> RelayFrame {
-        match self {
-            Self::ToolRequest { request, .. } => RelayFrame::ToolRequest(*request),
-            other => other.to_frame(),
-        }
-    }
-
-    /// The JSON frame of the browser protocol.
-    pub fn to_frame(&self) -> RelayFrame {
-        match self {
-            Self::Welcome { code, expires_at } => RelayFrame::Welcome {
-                code: code.as_str().to_owned(),
-                expires_at: expires_at.rfc3339(),
-                protocol_version: PROTOCOL_VERSION.to_owned(),
-            },
-            Self::ToolRequest { request, .. } => RelayFrame::ToolRequest(request.as_ref().clone()),
-            Self::Heartbeat { expires_at, .. } => RelayFrame::Heartbeat {
-                expires_at: expires_at.rfc3339(),
-            },
-            Self::Registered { tools } => RelayFrame::Registered { tools: *tools },
-            Self::Error { .. } | Self::Replaced | Self::Restarting => {
-                let (error, message) = self
-                    .error()
-                    .unwrap_or((ErrorCode::InternalError, String::new()));
-                RelayFrame::Error {
-                    error: error.as_str().to_owned(),
-                    message,
-                }
-            }
-            Self::Expired { message } => RelayFrame::Expired {
-                message: message.clone(),
-            },
-        }
-    }
-}
+/// Most calls a redelivering claim hands out (one claim: it would return the same calls
+/// again in batches). Far above what a session may have waiting.
+const REDELIVER_LIMIT: usize = 100_000;
+/// The first wait before a driver retries a claim that failed on a store error; it doubles
+/// up to [`RETRY_MAX`] while the store stays unavailable.
+const RETRY_START: Duration = Duration::from_millis(250);
+/// The longest wait between a driver's retries.
+const RETRY_MAX: Duration = Duration::from_secs(5);
 
 /// One attached provider connection, as its transport sees it.
 #[derive(Debug)]
@@ -178,10 +75,11 @@ pub struct Answers {
 }
 
 impl Answers {
-    /// Records an answer; the `error` frame to send the provider if it was refused. (That the
-    /// session has ended, the driver tells the provider itself.)
+    /// Records an answer; the frame that tells the provider what became of it (see
+    /// [`receipt`]). `None` when the session has ended: the driver tells the provider itself.
     pub async fn accept(&self, response: ProviderResponse) -> Option<RelayFrame> {
-        match self
+        let request_id = response.request_id.clone();
+        let recorded = self
             .relay
             .accept_response(
                 &self.code,
@@ -189,17 +87,8 @@ impl Answers {
                 self.by,
                 Answerer::Connection(&self.connection_id),
             )
-            .await
-        {
-            Ok(_) | Err(RelayError::SessionNotFound { .. }) => None,
-            Err(error) => Some(
-                Downlink::Error {
-                    error: error.code(),
-                    message: error.to_string(),
-                }
-                .into_frame(),
-            ),
-        }
+            .await;
+        receipt(request_id, recorded).ok().map(Downlink::into_frame)
     }
 }
 
@@ -331,6 +220,73 @@ struct Driver {
 /// The provider went away while the driver was sending.
 struct Gone;
 
+/// How a delivery went.
+enum Delivered {
+    /// Every claimable call was sent.
+    All,
+    /// The store failed: try again soon.
+    Failed,
+}
+
+/// A driver's retries after a store error. A failed operation may still have run in the
+/// store (a claim whose reply timed out), so the delivery after one is a redelivering one;
+/// it is due after a wait that doubles from [`RETRY_START`] to [`RETRY_MAX`] while the
+/// store keeps failing, and nothing is owed once a redelivering delivery goes through.
+struct Retry {
+    /// Boxed: an idle tab's task keeps it.
+    sleep: std::pin::Pin<Box<tokio::time::Sleep>>,
+    wait: Duration,
+    /// A redelivering delivery is owed.
+    owed: bool,
+    /// The sleep runs.
+    armed: bool,
+}
+
+impl Retry {
+    fn new() -> Self {
+        Self {
+            sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
+            wait: RETRY_START,
+            owed: false,
+            armed: false,
+        }
+    }
+
+    /// A store operation failed: a redelivering delivery is owed, at the next wait.
+    fn failed(&mut self) {
+        self.owed = true;
+        if !self.armed {
+            self.sleep
+                .as_mut()
+                .reset(tokio::time::Instant::now() + self.wait);
+            self.wait = (self.wait * 2).min(RETRY_MAX);
+            self.armed = true;
+        }
+    }
+
+    /// What a delivery (redelivering or not) came to.
+    fn after(&mut self, redelivered: bool, delivered: Delivered) {
+        match delivered {
+            Delivered::Failed => self.failed(),
+            Delivered::All if redelivered => {
+                self.owed = false;
+                self.armed = false;
+                self.wait = RETRY_START;
+            }
+            Delivered::All => {}
+        }
+    }
+
+    /// Completes when an armed retry is due (and disarms it); never while unarmed.
+    async fn due(&mut self) {
+        if !self.armed {
+            return std::future::pending().await;
+        }
+        self.sleep.as_mut().await;
+        self.armed = false;
+    }
+}
+
 impl Driver {
     async fn run(
         self,
@@ -392,7 +348,8 @@ impl Driver {
             expires_at: self.expires_at(),
         }))
         .await?;
-        Box::pin(self.deliver(false)).await?;
+        let mut retry = Retry::new();
+        Box::pin(self.deliver_or_retry(&mut retry, false)).await?;
 
         let period = config.heartbeat_interval;
         let mut heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
@@ -417,8 +374,12 @@ impl Driver {
                     Box::pin(self.send(Downlink::Restarting)).await?;
                     return Ok(Ending::Closed);
                 }
+                () = retry.due() => {
+                    // A store operation failed: a claim whose reply was lost may have run.
+                    Box::pin(self.deliver_or_retry(&mut retry, true)).await?;
+                }
                 event = events.next() => match event {
-                    Some(SessionEvent::RequestQueued) => Box::pin(self.deliver(false)).await?,
+                    Some(SessionEvent::RequestQueued) => Box::pin(self.deliver_or_retry(&mut retry, false)).await?,
                     // (Unless a redelivery after lost events sent it already: events that
                     // outlived the loss still come.)
                     Some(SessionEvent::CallHanded(record)) => {
@@ -437,7 +398,10 @@ impl Driver {
                         if missed {
                             Box::pin(self.forget_answered()).await;
                         }
-                        Box::pin(self.deliver(missed)).await?;
+                        // After lost events (the store's events reconnected, or the sweep
+                        // found calls this connection does not know of), whatever this
+                        // connection holds and never got goes too.
+                        Box::pin(self.deliver_or_retry(&mut retry, missed)).await?;
                     }
                     Some(SessionEvent::SessionEnded) | None => {
                         return Box::pin(self.expire("The session has ended. Start a new session to pair again.")).await;
@@ -453,7 +417,7 @@ impl Driver {
                     Some(Notice::Pending(pending)) => {
                         if usize::try_from(pending).unwrap_or(usize::MAX) > self.outstanding().len() {
                             Box::pin(self.forget_answered()).await;
-                            Box::pin(self.deliver(true)).await?;
+                            Box::pin(self.deliver_or_retry(&mut retry, true)).await?;
                         }
                     }
                     Some(Notice::Replaced) => {
@@ -487,16 +451,19 @@ impl Driver {
                 .install_manifest(&self.code, &tools, connection)
                 .await
                 .map(|tools| Some(Downlink::Registered { tools })),
-            ProviderFrame::Response(response) => self
-                .relay
-                .accept_response(
-                    &self.code,
-                    *response,
-                    self.answered_by(),
-                    Answerer::Connection(&self.connection_id),
-                )
-                .await
-                .map(|_| None),
+            ProviderFrame::Response(response) => {
+                let request_id = response.request_id.clone();
+                let recorded = self
+                    .relay
+                    .accept_response(
+                        &self.code,
+                        *response,
+                        self.answered_by(),
+                        Answerer::Connection(&self.connection_id),
+                    )
+                    .await;
+                receipt(request_id, recorded).map(Some)
+            }
             // Answered from what the upkeep knows: a tab's pings cost the store nothing.
             ProviderFrame::Ping => Ok(Some(Downlink::Heartbeat {
                 expires_at: self.expires_at(),
@@ -546,10 +513,11 @@ impl Driver {
     }
 
     /// Sends every call this connection may claim: new ones, and ones delivered to an earlier
-    /// connection and never answered; with `again`, also those delivered to it already (after
-    /// events may have been lost: the provider de-duplicates).
-    async fn deliver(&self, again: bool) -> Result<(), Gone> {
-        let mut again = again;
+    /// connection and never answered. With `redeliver`, also the calls recorded as delivered
+    /// to this connection that this driver never sent: a claim whose reply timed out, or an
+    /// event that handed one over, may have been lost. (The ones it did send, the provider
+    /// has: it sends their answers until they are acknowledged.)
+    async fn deliver(&self, redeliver: bool) -> Result<Delivered, Gone> {
         loop {
             let now = self.relay.now();
             let claim = Claim {
@@ -557,34 +525,39 @@ impl Driver {
                 now,
                 // A pushed call stays with this connection for as long as it lives.
                 lease_until: now.plus(self.relay.config().request_timeout + Duration::from_secs(1)),
-                limit: CLAIM_BATCH,
-                redeliver: again,
+                // One redelivering claim: a second would hand out the same calls again.
+                limit: if redeliver {
+                    REDELIVER_LIMIT
+                } else {
+                    CLAIM_BATCH
+                },
+                redeliver,
             };
             let claimed = match self.relay.inner.store.claim(&self.code, &claim).await {
                 Ok(claimed) => claimed,
                 Err(error) => {
-                    // The next event or sweep tries again.
                     tracing::warn!(code = %self.code.redacted(), %error, "could not claim calls for the provider");
-                    return Ok(());
+                    return Ok(Delivered::Failed);
                 }
             };
-            let count = claimed.len();
-            // What this driver sent already went down the connection, which still stands.
-            let mut claimed = claimed;
-            if again {
+            let full = !redeliver && claimed.len() >= CLAIM_BATCH;
+            let fresh: Vec<_> = {
                 let outstanding = self.outstanding();
-                claimed.retain(|record| !outstanding.contains_key(&record.id));
+                claimed
+                    .into_iter()
+                    .filter(|record| !outstanding.contains_key(&record.id))
+                    .collect()
+            };
+            self.forward(fresh).await?;
+            // A redelivering claim took everything claimable at once.
+            if !full {
+                return Ok(Delivered::All);
             }
-            self.forward(claimed).await?;
-            if count < CLAIM_BATCH {
-                return Ok(());
-            }
-            // What was handed out again is not handed out again in the next batch.
-            again = false;
         }
     }
 
-    /// Sends calls delivered to this connection.
+    /// Sends calls delivered to this connection, each holding a stopping relay open and
+    /// counted in the queue depth until it is answered.
     async fn forward(&self, calls: Vec<RequestRecord>) -> Result<(), Gone> {
         for record in &calls {
             let held = (
@@ -606,6 +579,15 @@ impl Driver {
     /// When the session expires, as the replica's upkeep last saw it.
     fn expires_at(&self) -> Timestamp {
         Timestamp(self.expires_at.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// Delivers (redelivering when asked, or when a store error left a redelivery owed) and
+    /// keeps `retry` up to date.
+    async fn deliver_or_retry(&self, retry: &mut Retry, redeliver: bool) -> Result<(), Gone> {
+        let redeliver = redeliver || retry.owed;
+        let delivered = Box::pin(self.deliver(redeliver)).await?;
+        retry.after(redeliver, delivered);
+        Ok(())
     }
 
     fn answered_by(&self) -> AnsweredBy {

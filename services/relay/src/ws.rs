@@ -237,6 +237,7 @@ pub async fn serve_link<S>(
             let frame = RelayFrame::Error {
                 error: error.code.as_str().to_owned(),
                 message: error.message.clone(),
+                request_id: None,
             };
             if Box::pin(send(&mut socket, text(&frame))).await {
                 Box::pin(close(&mut socket, code, "refused")).await;
@@ -286,8 +287,14 @@ pub async fn serve_link<S>(
                         return;
                     }
                 }
-                if let Downlink::ToolRequest { request, .. } = &message {
-                    delivered.insert(request.request_id.clone(), settings.drain.hold());
+                match &message {
+                    Downlink::ToolRequest { request, .. } => {
+                        delivered.insert(request.request_id.clone(), settings.drain.hold());
+                    }
+                    Downlink::Ack { request_id, .. } => {
+                        delivered.remove(request_id);
+                    }
+                    _ => {}
                 }
                 let ending = message.is_final().then_some(match message {
                     Downlink::Restarting => (CloseCode::Restart, "relay restarting"),
@@ -317,19 +324,20 @@ pub async fn serve_link<S>(
                             // An answer goes straight to the relay where it can (one task
                             // hand-off less per call); what it says back is sent at once.
                             (Some(ProviderFrame::Response(response)), Some(answers)) => {
-                                delivered.remove(&response.request_id);
-                                if let Some(frame) = Box::pin(answers.accept(*response)).await
+                                let id = response.request_id.clone();
+                                let receipt = Box::pin(answers.accept(*response)).await;
+                                // An answer not stored holds on: the tab sends it again.
+                                if !matches!(receipt, Some(RelayFrame::Error { request_id: Some(_), .. })) {
+                                    delivered.remove(&id);
+                                }
+                                if let Some(frame) = receipt
                                     && !Box::pin(send(&mut socket, text(&frame))).await
                                 {
                                     return;
                                 }
                             }
-                            (frame, _) => {
-                                if let Some(ProviderFrame::Response(response)) = &frame {
-                                    delivered.remove(&response.request_id);
-                                }
-                                pending = frame;
-                            }
+                            // Sent up; its acknowledgement comes down (`Downlink::Ack`).
+                            (frame, _) => pending = frame,
                         }
                         refusal
                     }
@@ -347,7 +355,7 @@ pub async fn serve_link<S>(
                     Some(Ok(Message::Close(_)) | Err(_)) | None => return,
                 };
                 if let Some((error, message)) = refusal {
-                    let frame = RelayFrame::Error { error, message };
+                    let frame = RelayFrame::Error { error, message, request_id: None };
                     if !Box::pin(send(&mut socket, text(&frame))).await {
                         return;
                     }

@@ -385,8 +385,9 @@ pub struct Claim {
     pub lease_until: Timestamp,
     /// Most calls to hand out.
     pub limit: usize,
-    /// Also hand out again the calls delivered to this connection already and not answered
-    /// (a redelivery, after events may have been lost: the provider de-duplicates).
+    /// Also hand out again the calls already delivered to this connection and not answered
+    /// (before their deadline): what a driver asks for after lost events or a store error,
+    /// when a claim whose reply it never got may have run.
     pub redeliver: bool,
 }
 

@@ -1,0 +1,203 @@
+//! What the relay sends a provider connection ([`Downlink`]), as every transport carries it,
+//! and what a provider is told about each answer it sends ([`receipt`]).
+
+use toolrelay::PROTOCOL_VERSION;
+use toolrelay::wire::{RelayFrame, ToolRequest};
+
+use crate::clock::Timestamp;
+use crate::code::SessionCode;
+use crate::error::{ErrorCode, RelayError};
+use crate::relay::ResponseOutcome;
+
+/// What the relay sends to a provider.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Downlink {
+    /// First message of a connection.
+    Welcome {
+        /// The session.
+        code: SessionCode,
+        /// When it expires unless there is activity.
+        expires_at: Timestamp,
+    },
+    /// A call to run.
+    ToolRequest {
+        /// The call (boxed: the other messages are small, and every connection's channel
+        /// holds a block of messages from the start).
+        request: Box<ToolRequest>,
+        /// Its position in the session's queue.
+        seq: u64,
+    },
+    /// Periodic, and the answer to a ping.
+    Heartbeat {
+        /// When the session expires unless there is activity.
+        expires_at: Timestamp,
+        /// Whether it answers the provider's ping rather than being the relay's periodic one:
+        /// only periodic heartbeats count towards a silent provider's limit.
+        answers_ping: bool,
+    },
+    /// A manifest was accepted.
+    Registered {
+        /// Its number of functions.
+        tools: usize,
+    },
+    /// Something the provider sent was refused; the connection stays.
+    Error {
+        /// What was refused, by name.
+        error: ErrorCode,
+        /// What to do about it.
+        message: String,
+    },
+    /// The relay is done with an answer the provider sent: it is stored, or (with a refusal)
+    /// refused for good. The provider may forget it.
+    Ack {
+        /// The call answered.
+        request_id: String,
+        /// Why the answer was refused for good (or replaced by a failed one), if it was.
+        refusal: Option<Box<Refusal>>,
+    },
+    /// An answer could not be stored now (the store is unavailable): the provider sends it
+    /// again.
+    NotStored {
+        /// The call answered.
+        request_id: String,
+        /// Why, and what to do.
+        refusal: Box<Refusal>,
+    },
+    /// Another connection took over the session; this one ends.
+    Replaced,
+    /// The relay is stopping; this connection ends and should be made again.
+    Restarting,
+    /// The session ended; this connection ends.
+    Expired {
+        /// Why, and what to do.
+        message: String,
+    },
+}
+
+/// Why the relay did not take an answer as it was sent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Refusal {
+    /// By name.
+    pub error: ErrorCode,
+    /// What it means.
+    pub message: String,
+}
+
+impl Refusal {
+    fn of(error: &RelayError) -> Box<Self> {
+        Box::new(Self {
+            error: error.code(),
+            message: error.to_string(),
+        })
+    }
+}
+
+/// What the provider is told about an answer it sent, from what recording it gave: an
+/// acknowledgement when the relay is done with it (stored, already answered, or refused for
+/// good), [`Downlink::NotStored`] when the store failed. `Err` only when the session is gone
+/// (the driver then ends the connection).
+pub fn receipt(
+    request_id: String,
+    recorded: Result<ResponseOutcome, RelayError>,
+) -> Result<Downlink, RelayError> {
+    match recorded {
+        // Accepted, or the call had its answer already: the first answer wins.
+        Ok(_) => Ok(Downlink::Ack {
+            request_id,
+            refusal: None,
+        }),
+        Err(error @ RelayError::SessionNotFound { .. }) => Err(error),
+        Err(error @ RelayError::StoreUnavailable(_)) => Ok(Downlink::NotStored {
+            request_id,
+            refusal: Refusal::of(&error),
+        }),
+        // Not the connection's call, no such call, an unusable answer (the caller then has a
+        // failed one): sending it again changes nothing.
+        Err(error) => Ok(Downlink::Ack {
+            request_id,
+            refusal: Some(Refusal::of(&error)),
+        }),
+    }
+}
+
+impl Downlink {
+    /// Whether the connection ends after this message.
+    pub fn is_final(&self) -> bool {
+        matches!(
+            self,
+            Self::Replaced | Self::Restarting | Self::Expired { .. }
+        )
+    }
+
+    /// The error name and message of the messages sent as `error` frames.
+    pub fn error(&self) -> Option<(ErrorCode, String)> {
+        match self {
+            Self::Error { error, message } => Some((*error, message.clone())),
+            Self::Replaced => Some((
+                ErrorCode::Replaced,
+                "Another connection with this session's token took over; this one is closed."
+                    .to_owned(),
+            )),
+            Self::Restarting => Some((
+                RelayError::ShuttingDown.code(),
+                RelayError::ShuttingDown.to_string(),
+            )),
+            _ => None,
+        }
+    }
+
+    /// The JSON frame of the browser protocol (a call's arguments moved, not copied).
+    pub fn into_frame(self) -> RelayFrame {
+        match self {
+            Self::ToolRequest { request, .. } => RelayFrame::ToolRequest(*request),
+            other => other.to_frame(),
+        }
+    }
+
+    /// The JSON frame of the browser protocol.
+    pub fn to_frame(&self) -> RelayFrame {
+        match self {
+            Self::Welcome { code, expires_at } => RelayFrame::Welcome {
+                code: code.as_str().to_owned(),
+                expires_at: expires_at.rfc3339(),
+                protocol_version: PROTOCOL_VERSION.to_owned(),
+            },
+            Self::ToolRequest { request, .. } => RelayFrame::ToolRequest(request.as_ref().clone()),
+            Self::Heartbeat { expires_at, .. } => RelayFrame::Heartbeat {
+                expires_at: expires_at.rfc3339(),
+            },
+            Self::Registered { tools } => RelayFrame::Registered { tools: *tools },
+            Self::Error { .. } | Self::Replaced | Self::Restarting => {
+                let (error, message) = self
+                    .error()
+                    .unwrap_or((ErrorCode::InternalError, String::new()));
+                RelayFrame::Error {
+                    error: error.as_str().to_owned(),
+                    message,
+                    request_id: None,
+                }
+            }
+            Self::Ack {
+                request_id,
+                refusal,
+            } => RelayFrame::Ack {
+                request_id: request_id.clone(),
+                error: refusal
+                    .as_ref()
+                    .map(|refusal| refusal.error.as_str().to_owned()),
+                message: refusal.as_ref().map(|refusal| refusal.message.clone()),
+            },
+            Self::NotStored {
+                request_id,
+                refusal,
+            } => RelayFrame::Error {
+                error: refusal.error.as_str().to_owned(),
+                message: refusal.message.clone(),
+                request_id: Some(request_id.clone()),
+            },
+            Self::Expired { message } => RelayFrame::Expired {
+                message: message.clone(),
+            },
+        }
+    }
+}
