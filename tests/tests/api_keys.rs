@@ -366,7 +366,19 @@ async fn expires_at(system: &System, code: &str) -> String {
 
 #[tokio::test]
 async fn head_is_guarded_like_get_and_slides_nothing_without_the_key() {
-    let system = keyed_system().await;
+    // A 10 s time to live: activity moves the expiry once it moves it by a tenth (1 s), so
+    // 1.2 s of refused HEADs would show if they were activity.
+    let system = System::with(
+        RelayConfig {
+            session_ttl: std::time::Duration::from_secs(10),
+            heartbeat_interval: std::time::Duration::from_secs(3),
+            ..RelayConfig::default()
+        },
+        |config| {
+            config.api_keys = ApiKeys::load(&[KEY.to_owned()], None).unwrap();
+        },
+    )
+    .await;
     let (code, token) = system.create_session().await;
     system.put_manifest(&code, &token, demo_tools()).await;
     let first = expires_at(&system, &code).await;
