@@ -148,6 +148,7 @@ impl Relay {
             down: down_tx,
             outstanding: std::sync::Mutex::default(),
             expires_at: attended.expires_at.clone(),
+            answered: std::sync::Mutex::default(),
         };
         tokio::spawn(driver.run(session.max_expires_at, events, attended, up_rx));
         Ok(ProviderLink {
@@ -215,7 +216,13 @@ struct Driver {
     outstanding: std::sync::Mutex<HashMap<String, (Hold, Connected)>>,
     /// When the session expires, as the replica's upkeep last saw it.
     expires_at: std::sync::Arc<std::sync::atomic::AtomicI64>,
+    /// The calls answered last (at most [`ANSWERED_KEPT`]): an event that handed one over may
+    /// come after a redelivery sent it and its answer came back, and must not send it again.
+    answered: std::sync::Mutex<std::collections::VecDeque<String>>,
 }
+
+/// Answered calls a driver remembers (see `Driver::answered`).
+const ANSWERED_KEPT: usize = 256;
 
 /// The provider went away while the driver was sending.
 struct Gone;
@@ -384,7 +391,7 @@ impl Driver {
                     // outlived the loss still come.)
                     Some(SessionEvent::CallHanded(record)) => {
                         let mine = record.delivered_to.as_deref() == Some(self.connection_id.as_str());
-                        if mine && !self.outstanding().contains_key(&record.id) {
+                        if mine && !self.outstanding().contains_key(&record.id) && !self.was_answered(&record.id) {
                             Box::pin(self.forward(vec![*record])).await?;
                         }
                     }
@@ -406,9 +413,7 @@ impl Driver {
                     Some(SessionEvent::SessionEnded) | None => {
                         return Box::pin(self.expire("The session has ended. Start a new session to pair again.")).await;
                     }
-                    Some(SessionEvent::ResponseReady { id, .. }) => {
-                        self.outstanding().remove(&id);
-                    }
+                    Some(SessionEvent::ResponseReady { id, .. }) => self.settled(&id),
                     Some(SessionEvent::ManifestChanged) => {}
                 },
                 notice = attended.notices.recv() => match notice {
@@ -600,6 +605,29 @@ impl Driver {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// A call this connection was given has its answer: it is no longer outstanding, and is
+    /// remembered as answered.
+    fn settled(&self, id: &str) {
+        if self.outstanding().remove(id).is_some() {
+            let mut answered = self
+                .answered
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            if answered.len() >= ANSWERED_KEPT {
+                answered.pop_front();
+            }
+            answered.push_back(id.to_owned());
+        }
+    }
+
+    fn was_answered(&self, id: &str) -> bool {
+        self.answered
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .iter()
+            .any(|answered| answered == id)
+    }
+
     /// Stops holding the drain open for calls that have their answer (after lost events).
     async fn forget_answered(&self) {
         let ids: Vec<String> = self.outstanding().keys().cloned().collect();
@@ -610,7 +638,7 @@ impl Driver {
                 Err(_) => false,
             };
             if answered {
-                self.outstanding().remove(&id);
+                self.settled(&id);
             }
         }
     }
@@ -665,6 +693,7 @@ mod tests {
             down,
             outstanding: std::sync::Mutex::default(),
             expires_at: attended.expires_at.clone(),
+            answered: std::sync::Mutex::default(),
         };
         let events: EventStream = Box::pin(futures::stream::empty());
         let running = driver.run(now, events, attended, up_rx);

@@ -634,6 +634,7 @@ impl Relay {
         let until = now.plus(self.inner.config.session_ttl);
         // A manifest changed between the check and the queueing is rare; twice in a row rarer.
         for _ in 0..3 {
+            let cached = known.is_some();
             let (revision, manifest) = match known.take() {
                 Some(known) => known,
                 None => {
@@ -647,6 +648,10 @@ impl Relay {
                 .await
             {
                 Ok(checked) => checked,
+                // Refused by the manifest this replica compiled earlier: the tab may have
+                // registered new tools since (through another replica), so the refusal
+                // stands only against the session's manifest as it is now.
+                Err(_) if cached && self.manifest_moved(&code, revision).await? => continue,
                 // A call asked again while its tab is away (its tools not registered again
                 // yet) or after the tools changed is still the call it was.
                 Err(error) if given_id => {
@@ -718,6 +723,13 @@ impl Relay {
         Err(RelayError::StoreUnavailable(crate::error::StoreError(
             "the session's manifest kept changing while a call was queued".into(),
         )))
+    }
+
+    /// Whether the session's manifest is no longer at `revision` (this replica's compiled
+    /// one is stale).
+    async fn manifest_moved(&self, code: &SessionCode, revision: u64) -> Result<bool, RelayError> {
+        let (_, session) = self.live_session(code.as_str()).await?;
+        Ok(session.manifest_revision != revision)
     }
 
     /// The call already recorded under `request`'s id, if it is the same call (the tool it
