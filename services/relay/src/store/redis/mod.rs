@@ -179,16 +179,9 @@ impl RedisStore {
         self.redis.clone()
     }
 
-    /// Runs a session script on `keys` (the first a session's key base): the common
-    /// arguments (now, the retention of finished calls), then `args`. Counts the calls it
-    /// expired, and files a session whose expiry it moved in the sessions by expiry.
-    async fn run_on<T: redis::FromRedisValue>(
-        &self,
-        script: &Script,
-        keys: &[String],
-        code: Option<&SessionCode>,
-        args: &[&str],
-    ) -> Result<T, StoreError> {
+    /// A session script on `keys` (the first a session's key base) with the common
+    /// arguments every one reads first: now, the retention of finished calls.
+    fn invocation<'a>(&self, script: &'a Script, keys: &[String]) -> redis::ScriptInvocation<'a> {
         let mut invocation = script.prepare_invoke();
         for key in keys {
             invocation.key(key);
@@ -196,22 +189,12 @@ impl RedisStore {
         invocation
             .arg(self.clock.now().0)
             .arg(millis(self.limits.retention));
-        for arg in args {
-            invocation.arg(*arg);
-        }
-        let answer: redis::Value = invocation
-            .invoke_async(&mut self.connection())
-            .await
-            .map_err(store_error)?;
-        let (expired, slid_to, answer) = counted(answer)?;
-        self.metrics.calls_expired(expired);
-        if let (Some(code), Some(slid_to)) = (code, slid_to) {
-            self.index_session(code, slid_to).await?;
-        }
-        T::from_redis_value(answer).map_err(unreadable)
+        invocation
     }
 
-    /// [`RedisStore::run_on`] for one session, with `extra` keys after its key base.
+    /// Runs a session script on the session's keys, then `extra`, with `args` after the
+    /// common ones. Counts the calls it expired, and files the session in the sessions by
+    /// expiry when the script moved its expiry.
     async fn run<T: redis::FromRedisValue>(
         &self,
         script: &Script,
@@ -221,7 +204,20 @@ impl RedisStore {
     ) -> Result<T, StoreError> {
         let mut keys = vec![self.base(code)];
         keys.extend_from_slice(extra);
-        self.run_on(script, &keys, Some(code), args).await
+        let mut invocation = self.invocation(script, &keys);
+        for arg in args {
+            invocation.arg(*arg);
+        }
+        let answer: redis::Value = invocation
+            .invoke_async(&mut self.connection())
+            .await
+            .map_err(store_error)?;
+        let (expired, slid_to, answer) = counted(answer)?;
+        self.metrics.calls_expired(expired);
+        if let Some(slid_to) = slid_to {
+            self.index_session(code, slid_to).await?;
+        }
+        T::from_redis_value(answer).map_err(unreadable)
     }
 
     /// Files the session in the sessions by expiry (what the metrics count).
@@ -367,14 +363,9 @@ impl SessionStore for RedisStore {
         for chunk in tabs.chunks(batch * 16) {
             let mut pipe = redis::pipe();
             for sessions in chunk.chunks(batch) {
-                let mut invocation = self.scripts.refresh.prepare_invoke();
-                for (code, _) in sessions {
-                    invocation.key(self.base(code));
-                }
-                invocation
-                    .arg(self.clock.now().0)
-                    .arg(millis(self.limits.retention))
-                    .arg(&until);
+                let keys: Vec<String> = sessions.iter().map(|(code, _)| self.base(code)).collect();
+                let mut invocation = self.invocation(&self.scripts.refresh, &keys);
+                invocation.arg(&until);
                 for (_, connection) in sessions {
                     invocation.arg(connection);
                 }

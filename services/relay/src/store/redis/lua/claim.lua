@@ -21,8 +21,7 @@ for _, id in ipairs(redis.call('ZRANGE', session.q, 0, -1)) do
       out[#out + 1] = packed
     end
   else
-    redis.call('ZREM', session.q, id)
-    set(session, 'pending', num(math.max(0, count(session, 'pending') - 1)))
+    drop_vanished(session, id)
   end
 end
 save(session)

@@ -32,16 +32,7 @@ if count(session, 'pending') >= max_pending then
   local found = existing()
   if found then return found end
   -- Calls past their deadline still count until something looks at them: look now.
-  for _, pending_id in ipairs(redis.call('ZRANGE', session.q, 0, -1)) do
-    local call = redis.call('GET', record_key(session, pending_id))
-    if call then
-      expire_if_due(session, unpack_record(call))
-    else
-      redis.call('ZREM', session.q, pending_id)
-      set(session, 'pending', num(math.max(0, count(session, 'pending') - 1)))
-    end
-  end
-  save(session)
+  settle_pending(session)
   if count(session, 'pending') >= max_pending then
     return { 'full', false, session_values(session) }
   end

@@ -266,6 +266,27 @@ local function expire_if_due(session, record)
   return nil, false
 end
 
+-- Drops an unfinished call whose record is gone (its key expired with the session's maximum
+-- lifetime) from the queue and the pending count.
+local function drop_vanished(session, id)
+  redis.call('ZREM', session.q, id)
+  set(session, 'pending', num(math.max(0, count(session, 'pending') - 1)))
+end
+
+-- Looks at every unfinished call: those past their deadline are expired, those whose record
+-- is gone dropped, so that the pending count is what really waits.
+local function settle_pending(session)
+  for _, id in ipairs(redis.call('ZRANGE', session.q, 0, -1)) do
+    local packed = redis.call('GET', record_key(session, id))
+    if packed then
+      expire_if_due(session, unpack_record(packed))
+    else
+      drop_vanished(session, id)
+    end
+  end
+  save(session)
+end
+
 -- rules::is_claimable.
 local function claimable(record, connection, again)
   if record.builtin == '1' or tonumber(record.deadline) <= now then return false end
