@@ -510,6 +510,38 @@ conformance! {
         ));
     }
 
+    async fn a_finished_call_is_kept_for_the_retention_time_then_gone_and_its_id_free(fixture) {
+        let code = with_session(&fixture).await;
+        let finished_at = fixture.now();
+        fixture.store.enqueue(&code, call("r1", finished_at, json!({})), 10, finished_at).await.unwrap();
+        fixture
+            .store
+            .finish(&code, "r1", RequestStatus::Completed, answer("r1", json!(1)), Answerer::Relay, finished_at, finished_at)
+            .await
+            .unwrap();
+        // The session lives on (its tab keeps it alive) past the call's retention time.
+        let keep_alive = |fixture: &Fixture| {
+            let now = fixture.now();
+            let store = fixture.store.clone();
+            let code = code.clone();
+            async move { store.touch_session(&code, now, now.plus(HOUR), None).await.unwrap().unwrap() }
+        };
+        fixture.advance(HOUR - Duration::from_secs(1));
+        keep_alive(&fixture).await;
+        assert!(fixture.store.request(&code, "r1").await.unwrap().is_some(), "kept within the retention");
+        fixture.advance(Duration::from_secs(1));
+        keep_alive(&fixture).await;
+        assert!(fixture.store.request(&code, "r1").await.unwrap().is_none(), "gone past the retention");
+        assert!(fixture.store.responses(&code).await.unwrap().unwrap().is_empty());
+        // Its id may name a new call, even a different one.
+        let now = fixture.now();
+        assert!(matches!(
+            fixture.store.enqueue(&code, call("r1", now, json!({"again": true})), 10, now).await.unwrap(),
+            Enqueued::Queued(record) if record.status != RequestStatus::Completed
+        ));
+        assert_eq!(fixture.store.pending_count(&code).await.unwrap(), Some(1));
+    }
+
     async fn a_call_past_its_deadline_expires_and_refuses_a_late_answer(fixture) {
         let code = with_session(&fixture).await;
         let now = fixture.now();

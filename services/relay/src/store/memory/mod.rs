@@ -216,6 +216,7 @@ impl MemoryStore {
             self.metrics.sessions_expired(1);
             return None;
         }
+        tables.forget_retired(now, self.limits.retention);
         let Tables {
             sessions,
             index,
@@ -259,29 +260,7 @@ impl MemoryStore {
                     .calls_expired(entry.expire_due(&code, &mut tables.index, now));
             }
         }
-        while let Some((finished_at, code, id)) = tables.index.finished.front().cloned() {
-            looked_at += 1;
-            if now.since(finished_at) < self.limits.retention {
-                break;
-            }
-            tables.index.finished.pop_front();
-            tables.index.evicted = tables.index.evicted.saturating_sub(1);
-            if let Some(entry) = tables.sessions.get_mut(code.as_ref()) {
-                let same = entry
-                    .done
-                    .get(&id)
-                    .is_some_and(|done| done.finished_at == finished_at);
-                if same {
-                    // Calls are forgotten in the order they finished: usually the front.
-                    if entry.finished.front() == Some(&id) {
-                        entry.finished.pop_front();
-                    } else {
-                        entry.finished.retain(|finished| *finished != id);
-                    }
-                    entry.forget(&mut tables.index, &id);
-                }
-            }
-        }
+        looked_at += tables.forget_retired(now, self.limits.retention);
         while let Some((expires_at, scope, id)) = tables.ticket_expiries.first().cloned() {
             looked_at += 1;
             if expires_at > now {
@@ -320,4 +299,37 @@ fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Tables {
+    /// Forgets the finished calls kept past `retention`, oldest first; returns how many it
+    /// looked at. Readers run it too, so a call is gone at the end of its retention time
+    /// whenever the sweep comes.
+    fn forget_retired(&mut self, now: Timestamp, retention: Duration) -> usize {
+        let mut looked_at = 0;
+        while let Some((finished_at, code, id)) = self.index.finished.front().cloned() {
+            looked_at += 1;
+            if now.since(finished_at) < retention {
+                break;
+            }
+            self.index.finished.pop_front();
+            self.index.evicted = self.index.evicted.saturating_sub(1);
+            if let Some(entry) = self.sessions.get_mut(code.as_ref()) {
+                let same = entry
+                    .done
+                    .get(&id)
+                    .is_some_and(|done| done.finished_at == finished_at);
+                if same {
+                    // Calls are forgotten in the order they finished: usually the front.
+                    if entry.finished.front() == Some(&id) {
+                        entry.finished.pop_front();
+                    } else {
+                        entry.finished.retain(|finished| *finished != id);
+                    }
+                    entry.forget(&mut self.index, &id);
+                }
+            }
+        }
+        looked_at
+    }
 }

@@ -165,11 +165,11 @@ impl EventHub {
         let Some(base) = channel.strip_suffix("ev") else {
             return;
         };
-        let key = format!("{base}r:{id}");
+        let (key, field) = (format!("{base}s"), format!("r:{id}"));
         let (hub, channel) = (self.clone(), channel.to_owned());
         tokio::spawn(async move {
             let mut redis = hub.redis.clone();
-            let packed: Result<Option<String>, _> = redis.get(&key).await;
+            let packed: Result<Option<String>, _> = redis.hget(&key, &field).await;
             let event = match packed {
                 Ok(Some(packed)) => announced(&packed, SessionEvent::CallHanded),
                 _ => SessionEvent::Missed,

@@ -3,9 +3,9 @@
 //! # Layout
 //! Every key starts with a configurable prefix. A session's keys carry its code as a hash tag,
 //! `<prefix>{<CODE>}:…`, so a Redis Cluster keeps a session in one slot: `s` (hash: the
-//! session, its counters and its provider), `q` (sorted set: its unfinished calls by queue
-//! position), `f` (list: its finished calls), `r:<id>` (string: one call, packed), and the
-//! channel `ev` (its events); `lua/library.lua` has the details. Every script touches the keys
+//! session, its counters, its provider, its queue, and each of its calls packed in a field
+//! `r:<id>`), `f` (list: its finished calls), and the channel `ev` (its events);
+//! `lua/library.lua` has the details. Every script touches the keys
 //! of one session only: each carries a `#!lua` line, so a Cluster node refuses a script that
 //! strays into another slot. Outside sessions, each written apart from the scripts and never
 //! on a call's path: `h:<handle>` (connector handle → code), `sessions` (sorted set: sessions
@@ -18,8 +18,10 @@
 //! Two round trips: the enqueue script (rate budget, manifest revision, idempotency, pending
 //! limit, and the call handed to the session's tab connection, announced whole so the tab's
 //! replica forwards it without a claim) and the finish script (the answer, announced whole to
-//! the waiting caller's replica). Housekeeping is off the path: a finished call's record
-//! expires by its own TTL, a call past its deadline is expired by whoever looks at it, the
+//! the waiting caller's replica). Each script reads its session and its call with one `HMGET`
+//! and writes them with one `HSET`: about ten commands a call, scripts' own included.
+//! Housekeeping is off the path: finished calls past the retention time go in batches when
+//! their session is next looked at, a call past its deadline is expired by whoever looks at it, the
 //! session's expiry moves at most once per tenth of its time to live, and the answer budget
 //! across sessions is kept by each replica's trim ([`trim`]).
 //!

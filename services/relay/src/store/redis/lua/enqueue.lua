@@ -12,25 +12,28 @@ if KEYS[2] then
   local over = gcra(KEYS[2], now * 1e3, tonumber(rate_interval), tonumber(rate_tolerance))
   if over > 0 then return { 'limited', false, false, over } end
 end
-local session = open(KEYS[1])
+local r = record_field(id)
+local session = open(KEYS[1], { r, 'queue' })
 if not live(session) then return { 'nosession', false, false } end
 if revision ~= '' and (field(session, 'manifest_revision') or '0') ~= revision then
   return { 'stale', false, session_values(session) }
 end
 local record = unpack_record(packed)
-local r = record_key(session, id)
 local function existing()
-  local found = redis.call('GET', r)
-  if not found then return nil end
-  local call = unpack_record(found)
+  local call, found = read_call(session, id)
+  if not call then
+    -- A call kept past the retention time is gone: its id may be used again.
+    if field(session, r) then forget_stale(session) end
+    return nil
+  end
   if call.call_hash ~= record.call_hash then return { 'conflict', false, session_values(session) } end
   local expired = expire_if_due(session, call)
   save(session)
   return { 'existing', expired or found, session_values(session) }
 end
+local found = existing()
+if found then return found end
 if count(session, 'pending') >= max_pending then
-  local found = existing()
-  if found then return found end
   -- Calls past their deadline still count until something looks at them: look now.
   settle_pending(session)
   if count(session, 'pending') >= max_pending then
@@ -47,14 +50,9 @@ if handed then
   record.lease_until = record.deadline
   record.deliveries = '1'
 end
-packed = pack_record(record)
-if not redis.call('SET', r, packed, 'NX', 'PXAT', field(session, 'max_expires_at')) then
-  return existing()
-end
-local queued = redis.call('ZADD', session.q, seq, id)
-if count(session, 'pending') == 0 then keep(session, session.q) end
+packed = write_call(session, record)
+enqueue_id(session, id)
 set(session, 'next_seq', num(seq))
-set(session, 'pending', num(count(session, 'pending') + queued))
 slide(session, until_ms)
 save(session)
 if not handed then

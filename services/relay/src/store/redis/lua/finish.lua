@@ -6,12 +6,10 @@
 local id, status, response, cost, until_ms, answerer, connection, share =
   ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8], ARGV[9],
   tonumber(ARGV[10])
-local session = open(KEYS[1])
+local session = open(KEYS[1], { record_field(id), 'queue' })
 if not live(session) then return { 'nosession' } end
-local r = record_key(session, id)
-local packed = redis.call('GET', r)
-if not packed then return { 'norequest' } end
-local record = unpack_record(packed)
+local record, packed = read_call(session, id)
+if not record then return { 'norequest' } end
 if answerer ~= 'relay' then
   if answerer == 'provider' then connection = field(session, 'p_conn') or '' end
   if record.builtin == '1' or connection == '' or record.delivered_to ~= connection then

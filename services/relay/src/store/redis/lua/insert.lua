@@ -3,7 +3,7 @@ local code, token_hash, created_at, expires_at, max_expires_at, mcp_handle =
   ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local session = open(KEYS[1])
 if live(session) then return 0 end
-redis.call('DEL', session.s, session.q, session.f)
+redis.call('DEL', session.s, session.f)
 redis.call('HSET', session.s, 'code', code, 'token_hash', token_hash, 'created_at', created_at,
   'expires_at', expires_at, 'max_expires_at', max_expires_at, 'keys_until', expires_at,
   'mcp_handle', mcp_handle, 'manifest', '', 'manifest_revision', 0, 'next_seq', 0,

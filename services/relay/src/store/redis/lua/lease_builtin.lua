@@ -2,12 +2,10 @@
 -- taken by a run (held by 'relay'), leased to `holder` already (a renewal), or its lease ran
 -- out. The call packed, or false.
 local id, holder, until_ms = ARGV[3], ARGV[4], ARGV[5]
-local session = open(KEYS[1])
+local session = open(KEYS[1], { record_field(id), 'queue' })
 if not live(session) then return false end
-local r = record_key(session, id)
-local packed = redis.call('GET', r)
-if not packed then return false end
-local record = unpack_record(packed)
+local record = read_call(session, id)
+if not record then return false end
 if record.builtin ~= '1' or expire_if_due(session, record) then
   save(session)
   return false
@@ -24,6 +22,6 @@ end
 record.status = 'delivered'
 record.delivered_to = holder
 record.lease_until = until_ms
-packed = pack_record(record)
-redis.call('SET', r, packed, 'KEEPTTL')
+local packed = write_call(session, record)
+save(session)
 return packed

@@ -3,12 +3,16 @@
 -- hash tag, so each script stays in one Cluster slot.
 --
 -- A session `<prefix>{<CODE>}:` has:
---   s      hash: the session (SESSION_FIELDS), its counters and its provider
---   q      sorted set: its unfinished calls by queue position
---   f      list: its finished calls, oldest first, each `<finished_at>:<cost>:<id>`; the first
---          `kept_from` of them had their answer evicted (eviction goes oldest first too)
---   r:<id> string: one call, packed (FIELDS, each as `<length>:<value>`, in this order)
--- and the channel `ev` for its events.
+--   s  hash: the session (SESSION_FIELDS: its counters, its provider); `queue`, the ids of
+--      its unfinished calls in queue order, each followed by a space (request ids have none);
+--      and `r:<id>` for each of its calls, packed (FIELDS, each as `<length>:<value>`, in
+--      this order). A call lives in its session's hash: it costs no key of its own, and a
+--      script reads (one HMGET) and writes (one HSET) the session and the call together.
+--   f  list: its finished calls, oldest first, each `<finished_at>:<cost>:<id>`; the first
+--      `kept_from` of them had their answer evicted (eviction goes oldest first too)
+-- and the channel `ev` for its events. A finished call is kept `retention` ms: past that it
+-- is gone for every reader, and its field goes at the next finish, refresh or trim of its
+-- session (`forget_stale`), or with the session.
 --
 -- Payloads (arguments, answers) are opaque strings here: cjson would rewrite their numbers.
 -- Numbers are written with `num` (Lua's tostring would write 1.7e+12).
@@ -19,7 +23,7 @@ local retention = tonumber(ARGV[2])
 local expired_calls = 0
 local slid_to = 0
 
--- Keys passed to one command at most (Lua's stack bounds `unpack`).
+-- Keys or fields passed to one command at most (Lua's stack bounds `unpack`).
 local UNPACK_BATCH = 512
 
 local function num(value)
@@ -55,18 +59,34 @@ local SESSION_FIELDS = { 'code', 'token_hash', 'created_at', 'expires_at', 'max_
   'finished', 'answer_bytes', 'kept_from', 'oldest_at', 'p_conn', 'p_transport',
   'p_connected_at', 'p_last_seen' }
 
--- A session: its keys, its fields as read (one HMGET), and what the script changes in them,
--- written by `save` in one HSET.
-local function open(base)
-  local values = redis.call('HMGET', base .. 's', unpack(SESSION_FIELDS))
-  local fields = {}
-  for i, name in ipairs(SESSION_FIELDS) do fields[name] = values[i] end
-  return { base = base, s = base .. 's', q = base .. 'q', f = base .. 'f', fields = fields,
-    changes = {} }
+-- The field of the session's hash that holds call `id`.
+local function record_field(id)
+  return 'r:' .. id
 end
 
+-- A session: its keys, its fields as read (one HMGET of SESSION_FIELDS and the `extra` fields
+-- the script will need), and what the script changes in them, written by `save` in one HSET.
+local function open(base, extra)
+  local names = SESSION_FIELDS
+  if extra then
+    names = { unpack(SESSION_FIELDS) }
+    for _, name in ipairs(extra) do names[#names + 1] = name end
+  end
+  local values = redis.call('HMGET', base .. 's', unpack(names))
+  local fields = {}
+  for i, name in ipairs(names) do fields[name] = values[i] end
+  return { base = base, s = base .. 's', f = base .. 'f', fields = fields, changes = {} }
+end
+
+-- A field of the session as the script left it (false when it has none); one `open` did not
+-- read is read now.
 local function field(session, name)
-  return session.changes[name] or session.fields[name]
+  local changed = session.changes[name]
+  if changed ~= nil then return changed end
+  if session.fields[name] == nil then
+    session.fields[name] = redis.call('HGET', session.s, name)
+  end
+  return session.fields[name]
 end
 
 local function count(session, name)
@@ -83,9 +103,22 @@ local function save(session)
     flat[#flat + 1] = name
     flat[#flat + 1] = value
   end
-  if #flat > 0 then redis.call('HSET', session.s, unpack(flat)) end
+  for at = 1, #flat, UNPACK_BATCH do
+    redis.call('HSET', session.s, unpack(flat, at, math.min(at + UNPACK_BATCH - 1, #flat)))
+  end
   for name, value in pairs(session.changes) do session.fields[name] = value end
   session.changes = {}
+end
+
+-- Removes fields of the session's hash at once.
+local function remove(session, names)
+  for at = 1, #names, UNPACK_BATCH do
+    redis.call('HDEL', session.s, unpack(names, at, math.min(at + UNPACK_BATCH - 1, #names)))
+  end
+  for _, name in ipairs(names) do
+    session.fields[name] = false
+    session.changes[name] = nil
+  end
 end
 
 -- The session as the replica reads it: SESSION_FIELDS' values in order ('' for none).
@@ -99,22 +132,68 @@ local function publish(session, message)
   redis.call('PUBLISH', session.base .. 'ev', message)
 end
 
-local function record_key(session, id)
-  return session.base .. 'r:' .. id
+-- Whether a finished call's record is past the retention time, and so gone for its readers.
+local function retired(record)
+  return record.finished_at ~= '' and tonumber(record.finished_at) + retention <= now
+end
+
+-- Call `id` as the session keeps it: its record and its packing, or nil when it has none
+-- (or kept it past the retention time).
+local function read_call(session, id)
+  local packed = field(session, record_field(id))
+  if not packed then return nil end
+  local record = unpack_record(packed)
+  if retired(record) then return nil end
+  return record, packed
+end
+
+-- Writes a call's record with the session's next `save`; answers it packed.
+local function write_call(session, record)
+  local packed = pack_record(record)
+  set(session, record_field(record.id), packed)
+  return packed
+end
+
+-- The ids of the session's unfinished calls, in queue order.
+local function queued_ids(session)
+  local ids = {}
+  for id in string.gmatch(field(session, 'queue') or '', '%S+') do ids[#ids + 1] = id end
+  return ids
+end
+
+-- Reads the records of calls `ids` of the session with one HMGET (those not read yet).
+local function read_calls(session, ids)
+  local names = {}
+  for _, id in ipairs(ids) do
+    local name = record_field(id)
+    if session.changes[name] == nil and session.fields[name] == nil then
+      names[#names + 1] = name
+    end
+  end
+  for at = 1, #names, UNPACK_BATCH do
+    local batch = { unpack(names, at, math.min(at + UNPACK_BATCH - 1, #names)) }
+    local values = redis.call('HMGET', session.s, unpack(batch))
+    for i, name in ipairs(batch) do session.fields[name] = values[i] end
+  end
+end
+
+local function enqueue_id(session, id)
+  set(session, 'queue', (field(session, 'queue') or '') .. id .. ' ')
+  set(session, 'pending', num(count(session, 'pending') + 1))
+end
+
+-- Takes call `id` out of the queue (if it is there).
+local function dequeue_id(session, id)
+  local queue = field(session, 'queue') or ''
+  local at = string.find(' ' .. queue, ' ' .. id .. ' ', 1, true)
+  if not at then return end
+  set(session, 'queue', string.sub(queue, 1, at - 1) .. string.sub(queue, at + #id + 1))
+  set(session, 'pending', num(math.max(0, count(session, 'pending') - 1)))
 end
 
 -- Ends the session: its keys go (its calls with them), subscribers hear it.
 local function end_session(session)
-  local keys = { session.s, session.q, session.f }
-  for _, id in ipairs(redis.call('ZRANGE', session.q, 0, -1)) do
-    keys[#keys + 1] = record_key(session, id)
-  end
-  for _, entry in ipairs(redis.call('LRANGE', session.f, 0, -1)) do
-    keys[#keys + 1] = record_key(session, string.match(entry, '^%d+:%d+:(.*)$'))
-  end
-  for at = 1, #keys, UNPACK_BATCH do
-    redis.call('DEL', unpack(keys, at, math.min(at + UNPACK_BATCH - 1, #keys)))
-  end
+  redis.call('DEL', session.s, session.f)
   session.changes = {}
   publish(session, 'e')
 end
@@ -145,15 +224,10 @@ local function slide(session, until_ms)
   if until_ms > count(session, 'keys_until') then
     local keys_until = math.min(max, until_ms + (until_ms - now))
     set(session, 'keys_until', num(keys_until))
-    for _, key in ipairs({ session.s, session.q, session.f }) do
-      redis.call('PEXPIREAT', key, keys_until)
-    end
+    redis.call('PEXPIREAT', session.s, keys_until)
+    -- A session that never finished a call has no list (a PEXPIREAT would cost all the same).
+    if count(session, 'finished') > 0 then redis.call('PEXPIREAT', session.f, keys_until) end
   end
-end
-
--- Gives a new key of the session (its queue or its finished list) the session keys' TTL.
-local function keep(session, key)
-  redis.call('PEXPIREAT', key, field(session, 'keys_until') or field(session, 'expires_at'))
 end
 
 -- Tells the session's subscribers that a call is finished: the record whole when its answer
@@ -177,19 +251,35 @@ local function forget_oldest(session, n)
   local entries = redis.call('LRANGE', session.f, 0, n - 1)
   local kept_from = count(session, 'kept_from')
   local bytes = count(session, 'answer_bytes')
-  local keys = {}
+  local names = {}
   for i, entry in ipairs(entries) do
     local cost, id = string.match(entry, '^%d+:(%d+):(.*)$')
     if i > kept_from then bytes = bytes - tonumber(cost) else bytes = bytes - record_cost(id) end
-    keys[#keys + 1] = record_key(session, id)
+    names[#names + 1] = record_field(id)
   end
-  if #keys > 0 then redis.call('DEL', unpack(keys)) end
+  remove(session, names)
   redis.call('LTRIM', session.f, #entries, -1)
   set(session, 'kept_from', num(math.max(0, kept_from - #entries)))
   set(session, 'answer_bytes', num(math.max(0, bytes)))
   set(session, 'finished', num(count(session, 'finished') - #entries))
   local head = redis.call('LINDEX', session.f, 0)
   set(session, 'oldest_at', head and string.match(head, '^(%d+):') or '')
+end
+
+-- Forgets the finished calls past the retention time (a hundred at a time), if the oldest
+-- is.
+local function forget_stale(session)
+  if field(session, 'oldest_at') == '' or count(session, 'oldest_at') + retention > now then
+    return
+  end
+  repeat
+    local stale = 0
+    for _, entry in ipairs(redis.call('LRANGE', session.f, 0, 99)) do
+      if tonumber(string.match(entry, '^(%d+):')) + retention > now then break end
+      stale = stale + 1
+    end
+    if stale > 0 then forget_oldest(session, stale) end
+  until stale < 100
 end
 
 -- Keeps what the session's finished calls cost within `share`: its oldest answers are evicted
@@ -204,13 +294,11 @@ local function keep_share(session, share)
       forget_oldest(session, 1)
     else
       local cost, id = string.match(entry, '^%d+:(%d+):(.*)$')
-      local r = record_key(session, id)
-      local packed = redis.call('GET', r)
-      if packed then
-        local record = unpack_record(packed)
+      local record = read_call(session, id)
+      if record then
         record.response = ''
         record.evicted = '1'
-        redis.call('SET', r, pack_record(record), 'KEEPTTL')
+        write_call(session, record)
       end
       local freed = tonumber(cost) - record_cost(id)
       set(session, 'answer_bytes', num(count(session, 'answer_bytes') - freed))
@@ -220,9 +308,9 @@ local function keep_share(session, share)
 end
 
 -- Gives an unfinished call its final answer (`response` '' for an expired call, whose answer
--- the reader writes) and files it among the finished ones, kept `retention` ms; the finished
--- calls past MAX_FINISHED_PER_SESSION (a tenth more, then trimmed in one go) or past
--- `retention` go. Its arguments go; its hash still identifies it. Returns the record packed.
+-- the reader writes) and files it among the finished ones; the finished calls past
+-- MAX_FINISHED_PER_SESSION (a tenth more, then trimmed in one go) or past `retention` go. Its
+-- arguments go; its hash still identifies it. Returns the record packed.
 local function finish_record(session, record, status, response, cost)
   record.status = status
   record.response = response
@@ -230,27 +318,19 @@ local function finish_record(session, record, status, response, cost)
   record.lease_until = ''
   record.args = ''
   record.correlation_id = ''
-  local packed = pack_record(record)
-  redis.call('SET', record_key(session, record.id), packed, 'PX', retention)
-  redis.call('ZREM', session.q, record.id)
+  local packed = write_call(session, record)
+  dequeue_id(session, record.id)
   local finished = redis.call('RPUSH', session.f, num(now) .. ':' .. cost .. ':' .. record.id)
   if finished == 1 then
-    keep(session, session.f)
+    redis.call('PEXPIREAT', session.f, field(session, 'keys_until') or field(session, 'expires_at'))
     set(session, 'oldest_at', num(now))
   end
   set(session, 'finished', num(finished))
-  set(session, 'pending', num(math.max(0, count(session, 'pending') - 1)))
   set(session, 'answer_bytes', num(count(session, 'answer_bytes') + cost))
   if finished > MAX_FINISHED_PER_SESSION + MAX_FINISHED_PER_SESSION / 10 then
     forget_oldest(session, finished - MAX_FINISHED_PER_SESSION)
-  elseif count(session, 'oldest_at') + retention <= now then
-    -- Their records have expired by themselves; their entries and costs go here.
-    local stale = 0
-    for _, entry in ipairs(redis.call('LRANGE', session.f, 0, 99)) do
-      if tonumber(string.match(entry, '^(%d+):')) + retention > now then break end
-      stale = stale + 1
-    end
-    if stale > 0 then forget_oldest(session, stale) end
+  else
+    forget_stale(session)
   end
   announce_finished(session, record, packed)
   return packed
@@ -266,22 +346,17 @@ local function expire_if_due(session, record)
   return nil, false
 end
 
--- Drops an unfinished call whose record is gone (its key expired with the session's maximum
--- lifetime) from the queue and the pending count.
-local function drop_vanished(session, id)
-  redis.call('ZREM', session.q, id)
-  set(session, 'pending', num(math.max(0, count(session, 'pending') - 1)))
-end
-
--- Looks at every unfinished call: those past their deadline are expired, those whose record
--- is gone dropped, so that the pending count is what really waits.
+-- Looks at every unfinished call: those past their deadline are expired, and an id whose
+-- record is missing leaves the queue, so that the pending count is what really waits.
 local function settle_pending(session)
-  for _, id in ipairs(redis.call('ZRANGE', session.q, 0, -1)) do
-    local packed = redis.call('GET', record_key(session, id))
-    if packed then
-      expire_if_due(session, unpack_record(packed))
+  local ids = queued_ids(session)
+  read_calls(session, ids)
+  for _, id in ipairs(ids) do
+    local record = read_call(session, id)
+    if record then
+      expire_if_due(session, record)
     else
-      drop_vanished(session, id)
+      dequeue_id(session, id)
     end
   end
   save(session)
