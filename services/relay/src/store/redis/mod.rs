@@ -52,7 +52,10 @@ use toolrelay::wire::{RequestStatus, ToolResponse};
 
 use self::hub::EventHub;
 use self::records::{call_in, counted, missing, outcome, unexpected, unreadable};
-use self::scripts::Scripts;
+use self::scripts::{
+    Arguments, ClaimCalls, ClearProvider, Enqueue, Finish, Insert, LeaseBuiltin, Named,
+    NoArguments, Request, Scripts, SessionScript, SetManifest, SetProvider, Touch,
+};
 use super::memory::StoreLimits;
 use super::{
     Answerer, Claim, EnqueueChecks, Enqueued, EventStream, Finished, NewRequest, ProviderInfo,
@@ -197,19 +200,17 @@ impl RedisStore {
     /// Runs a session script on the session's keys, then `extra`, with `args` after the
     /// common ones. Counts the calls it expired, and files the session in the sessions by
     /// expiry when the script moved its expiry.
-    async fn run<T: redis::FromRedisValue>(
+    async fn run<A: Named, T: redis::FromRedisValue>(
         &self,
-        script: &Script,
+        script: &SessionScript<A>,
         code: &SessionCode,
         extra: &[String],
-        args: &[&str],
+        args: A::With<'_>,
     ) -> Result<T, StoreError> {
         let mut keys = vec![self.base(code)];
         keys.extend_from_slice(extra);
-        let mut invocation = self.invocation(script, &keys);
-        for arg in args {
-            invocation.arg(*arg);
-        }
+        let mut invocation = self.invocation(&script.script, &keys);
+        args.push(&mut invocation);
         let answer: redis::Value = invocation
             .invoke_async(&mut self.connection())
             .await
@@ -235,11 +236,11 @@ impl RedisStore {
     }
 
     /// A session script's answer that is a session (or false).
-    async fn session_of(
+    async fn session_of<A: Named>(
         &self,
-        script: &Script,
+        script: &SessionScript<A>,
         code: &SessionCode,
-        args: &[&str],
+        args: A::With<'_>,
     ) -> Result<Option<SessionRecord>, StoreError> {
         let values: Option<Vec<String>> = self.run(script, code, &[], args).await?;
         values.map(|values| records::session(&values)).transpose()
@@ -284,14 +285,14 @@ impl SessionStore for RedisStore {
                 &self.scripts.insert,
                 &session.code,
                 &[],
-                &[
-                    session.code.as_str(),
-                    &session.token_hash,
-                    &session.created_at.0.to_string(),
-                    &session.expires_at.0.to_string(),
-                    &session.max_expires_at.0.to_string(),
-                    &session.mcp_handle,
-                ],
+                Insert {
+                    code: session.code.as_str(),
+                    token_hash: &session.token_hash,
+                    created_at: &session.created_at.0.to_string(),
+                    expires_at: &session.expires_at.0.to_string(),
+                    max_expires_at: &session.max_expires_at.0.to_string(),
+                    mcp_handle: &session.mcp_handle,
+                },
             )
             .await?;
         if inserted != 1 {
@@ -316,7 +317,8 @@ impl SessionStore for RedisStore {
     }
 
     async fn session(&self, code: &SessionCode) -> Result<Option<SessionRecord>, StoreError> {
-        self.session_of(&self.scripts.session, code, &[]).await
+        self.session_of(&self.scripts.session, code, NoArguments)
+            .await
     }
 
     async fn session_by_handle(&self, handle: &str) -> Result<Option<SessionCode>, StoreError> {
@@ -346,7 +348,10 @@ impl SessionStore for RedisStore {
         self.session_of(
             &self.scripts.touch,
             code,
-            &[&until, seen.unwrap_or_default()],
+            Touch {
+                until_ms: &until,
+                seen: seen.unwrap_or_default(),
+            },
         )
         .await
     }
@@ -419,7 +424,9 @@ impl SessionStore for RedisStore {
     }
 
     async fn delete_session(&self, code: &SessionCode) -> Result<bool, StoreError> {
-        let deleted: i64 = self.run(&self.scripts.delete, code, &[], &[]).await?;
+        let deleted: i64 = self
+            .run(&self.scripts.delete, code, &[], NoArguments)
+            .await?;
         let _: i64 = self
             .connection()
             .zrem(self.key("sessions"), code.as_str())
@@ -436,12 +443,12 @@ impl SessionStore for RedisStore {
         self.session_of(
             &self.scripts.set_provider,
             code,
-            &[
-                &provider.connection_id,
-                provider.transport.as_str(),
-                &provider.connected_at.0.to_string(),
-                &provider.last_seen.0.to_string(),
-            ],
+            SetProvider {
+                connection: &provider.connection_id,
+                transport: provider.transport.as_str(),
+                connected_at: &provider.connected_at.0.to_string(),
+                last_seen: &provider.last_seen.0.to_string(),
+            },
         )
         .await
     }
@@ -452,7 +459,14 @@ impl SessionStore for RedisStore {
         connection_id: &str,
     ) -> Result<(), StoreError> {
         let _: i64 = self
-            .run(&self.scripts.clear_provider, code, &[], &[connection_id])
+            .run(
+                &self.scripts.clear_provider,
+                code,
+                &[],
+                ClearProvider {
+                    connection: connection_id,
+                },
+            )
             .await?;
         Ok(())
     }
@@ -475,15 +489,22 @@ impl SessionStore for RedisStore {
             .invoke_async(&mut self.connection())
             .await
             .map_err(store_error)?;
-        self.run(&self.scripts.set_manifest, code, &[], &[&hash])
-            .await
+        self.run(
+            &self.scripts.set_manifest,
+            code,
+            &[],
+            SetManifest { manifest: &hash },
+        )
+        .await
     }
 
     async fn manifest(
         &self,
         code: &SessionCode,
     ) -> Result<Option<(u64, Option<String>)>, StoreError> {
-        let found: Option<(u64, String)> = self.run(&self.scripts.manifest, code, &[], &[]).await?;
+        let found: Option<(u64, String)> = self
+            .run(&self.scripts.manifest, code, &[], NoArguments)
+            .await?;
         let Some((revision, hash)) = found else {
             return Ok(None);
         };
@@ -528,15 +549,15 @@ impl SessionStore for RedisStore {
                 &self.scripts.enqueue,
                 code,
                 &rate_key,
-                &[
-                    &request.id,
-                    &packed,
-                    &max_pending.to_string(),
-                    &until.0.to_string(),
-                    &revision,
-                    &interval,
-                    &tolerance,
-                ],
+                Enqueue {
+                    id: &request.id,
+                    packed: &packed,
+                    max_pending: &max_pending.to_string(),
+                    until_ms: &until.0.to_string(),
+                    revision: &revision,
+                    rate_interval: &interval,
+                    rate_tolerance: &tolerance,
+                },
             )
             .await?;
         let (outcome, items) = outcome(answer)?;
@@ -576,7 +597,9 @@ impl SessionStore for RedisStore {
         code: &SessionCode,
         id: &str,
     ) -> Result<Option<RequestRecord>, StoreError> {
-        let answer: redis::Value = self.run(&self.scripts.request, code, &[], &[id]).await?;
+        let answer: redis::Value = self
+            .run(&self.scripts.request, code, &[], Request { id })
+            .await?;
         let (outcome, items) = outcome(answer)?;
         match outcome.as_str() {
             "found" => call_in(items.into_iter().next()),
@@ -586,7 +609,9 @@ impl SessionStore for RedisStore {
     }
 
     async fn responses(&self, code: &SessionCode) -> Result<Option<Vec<ToolResponse>>, StoreError> {
-        let found: Option<Vec<String>> = self.run(&self.scripts.responses, code, &[], &[]).await?;
+        let found: Option<Vec<String>> = self
+            .run(&self.scripts.responses, code, &[], NoArguments)
+            .await?;
         let Some(found) = found else { return Ok(None) };
         let mut records = found
             .iter()
@@ -602,7 +627,8 @@ impl SessionStore for RedisStore {
     }
 
     async fn pending_count(&self, code: &SessionCode) -> Result<Option<usize>, StoreError> {
-        self.run(&self.scripts.pending, code, &[], &[]).await
+        self.run(&self.scripts.pending, code, &[], NoArguments)
+            .await
     }
 
     async fn lease_builtin(
@@ -618,7 +644,11 @@ impl SessionStore for RedisStore {
                 &self.scripts.lease_builtin,
                 code,
                 &[],
-                &[id, holder, &until.0.to_string()],
+                LeaseBuiltin {
+                    id,
+                    holder,
+                    until_ms: &until.0.to_string(),
+                },
             )
             .await?;
         found.map(|packed| records::unpack(&packed)).transpose()
@@ -634,12 +664,12 @@ impl SessionStore for RedisStore {
                 &self.scripts.claim,
                 code,
                 &[],
-                &[
-                    &claim.connection_id,
-                    &claim.lease_until.0.to_string(),
-                    &claim.limit.min(1_000_000).to_string(),
-                    if claim.redeliver { "1" } else { "0" },
-                ],
+                ClaimCalls {
+                    connection: &claim.connection_id,
+                    lease_until: &claim.lease_until.0.to_string(),
+                    limit: &claim.limit.min(1_000_000).to_string(),
+                    again: if claim.redeliver { "1" } else { "0" },
+                },
             )
             .await?;
         found.iter().map(|packed| records::unpack(packed)).collect()
@@ -668,16 +698,16 @@ impl SessionStore for RedisStore {
                 &self.scripts.finish,
                 code,
                 &[],
-                &[
+                Finish {
                     id,
-                    status.as_str(),
-                    &response,
-                    &cost.to_string(),
-                    &until.0.to_string(),
+                    status: status.as_str(),
+                    response: &response,
+                    cost: &cost.to_string(),
+                    until_ms: &until.0.to_string(),
                     answerer,
                     connection,
-                    &self.limits.session_answer_budget.to_string(),
-                ],
+                    share: &self.limits.session_answer_budget.to_string(),
+                },
             )
             .await?;
         let (outcome, items) = outcome(answer)?;

@@ -4,7 +4,9 @@
 //! the libraries a script needs, then its body. Each body opens with named locals for its
 //! arguments, in the order the functions of `super` pass them.
 
-use redis::Script;
+use std::marker::PhantomData;
+
+use redis::{Script, ScriptInvocation};
 
 use crate::store::rules;
 
@@ -12,26 +14,124 @@ const GCRA: &str = include_str!("lua/gcra.lua");
 const LIBRARY: &str = include_str!("lua/library.lua");
 const MCP: &str = include_str!("lua/mcp.lua");
 
+/// The arguments a session script takes after the common ones (now, the retention), named
+/// as its Lua body names them in its opening `local … = ARGV[3], …` (a test holds each to it).
+pub(super) trait Arguments {
+    /// The names, in order.
+    #[cfg(test)]
+    const NAMES: &'static [&'static str];
+    /// Adds the values to `invocation`, in order.
+    fn push(&self, invocation: &mut ScriptInvocation<'_>);
+}
+
+/// An argument struct as a type of its own, whatever it borrows (what [`SessionScript`] is
+/// typed by).
+pub(super) trait Named {
+    type With<'a>: Arguments;
+}
+
+/// Defines argument structs: each field a string, in the script's order.
+macro_rules! arguments {
+    ($($(#[$meta:meta])* $name:ident { $($field:ident),+ $(,)? })*) => {
+        $(
+            $(#[$meta])*
+            pub(super) struct $name<'a> {
+                $(pub $field: &'a str,)+
+            }
+
+            impl Arguments for $name<'_> {
+                #[cfg(test)]
+                const NAMES: &'static [&'static str] = &[$(stringify!($field)),+];
+                fn push(&self, invocation: &mut ScriptInvocation<'_>) {
+                    $(invocation.arg(self.$field);)+
+                }
+            }
+
+            impl Named for $name<'_> {
+                type With<'a> = $name<'a>;
+            }
+        )*
+    };
+}
+
+arguments! {
+    /// `lua/insert.lua`.
+    Insert { code, token_hash, created_at, expires_at, max_expires_at, mcp_handle }
+    /// `lua/touch.lua`.
+    Touch { until_ms, seen }
+    /// `lua/set_provider.lua`.
+    SetProvider { connection, transport, connected_at, last_seen }
+    /// `lua/clear_provider.lua`.
+    ClearProvider { connection }
+    /// `lua/set_manifest.lua`.
+    SetManifest { manifest }
+    /// `lua/enqueue.lua`.
+    Enqueue { id, packed, max_pending, until_ms, revision, rate_interval, rate_tolerance }
+    /// `lua/finish.lua`.
+    Finish { id, status, response, cost, until_ms, answerer, connection, share }
+    /// `lua/claim.lua`.
+    ClaimCalls { connection, lease_until, limit, again }
+    /// `lua/request.lua`.
+    Request { id }
+    /// `lua/lease_builtin.lua`.
+    LeaseBuiltin { id, holder, until_ms }
+    /// `lua/evict.lua`.
+    Evict { keep_bytes }
+}
+
+/// A session script that takes no arguments of its own.
+pub(super) struct NoArguments;
+
+impl Arguments for NoArguments {
+    #[cfg(test)]
+    const NAMES: &'static [&'static str] = &[];
+    fn push(&self, _: &mut ScriptInvocation<'_>) {}
+}
+
+impl Named for NoArguments {
+    type With<'a> = NoArguments;
+}
+
+/// A session script (see [`session_script`]) with the arguments `A` names.
+pub(super) struct SessionScript<A> {
+    pub script: Script,
+    /// Its body, as written in `lua/`.
+    #[cfg(test)]
+    body: &'static str,
+    arguments: PhantomData<fn(A)>,
+}
+
+impl<A: Named> SessionScript<A> {
+    fn new(body: &'static str) -> Self {
+        Self {
+            script: session_script(body),
+            #[cfg(test)]
+            body,
+            arguments: PhantomData,
+        }
+    }
+}
+
 /// The scripts.
 pub(super) struct Scripts {
-    pub insert: Script,
-    pub session: Script,
-    pub touch: Script,
+    pub insert: SessionScript<Insert<'static>>,
+    pub session: SessionScript<NoArguments>,
+    pub touch: SessionScript<Touch<'static>>,
     pub refresh: Script,
-    pub delete: Script,
-    pub set_provider: Script,
-    pub clear_provider: Script,
-    pub set_manifest: Script,
-    pub manifest: Script,
+    pub delete: SessionScript<NoArguments>,
+    pub set_provider: SessionScript<SetProvider<'static>>,
+    pub clear_provider: SessionScript<ClearProvider<'static>>,
+    pub set_manifest: SessionScript<SetManifest<'static>>,
+    pub manifest: SessionScript<NoArguments>,
     pub store_manifest: Script,
-    pub enqueue: Script,
-    pub finish: Script,
-    pub claim: Script,
-    pub request: Script,
-    pub responses: Script,
-    pub pending: Script,
-    pub lease_builtin: Script,
-    pub evict: Script,
+    pub enqueue: SessionScript<Enqueue<'static>>,
+    pub finish: SessionScript<Finish<'static>>,
+    pub claim: SessionScript<ClaimCalls<'static>>,
+    pub request: SessionScript<Request<'static>>,
+    pub responses: SessionScript<NoArguments>,
+    pub pending: SessionScript<NoArguments>,
+    pub lease_builtin: SessionScript<LeaseBuiltin<'static>>,
+    pub evict: SessionScript<Evict<'static>>,
     pub put_ticket: Script,
     pub spend: Script,
     pub lock: Script,
@@ -65,24 +165,24 @@ fn session_script(body: &str) -> Script {
 impl Scripts {
     pub(super) fn new() -> Self {
         Self {
-            insert: session_script(include_str!("lua/insert.lua")),
-            session: session_script(include_str!("lua/session.lua")),
-            touch: session_script(include_str!("lua/touch.lua")),
+            insert: SessionScript::new(include_str!("lua/insert.lua")),
+            session: SessionScript::new(include_str!("lua/session.lua")),
+            touch: SessionScript::new(include_str!("lua/touch.lua")),
             refresh: session_script(include_str!("lua/refresh.lua")),
-            delete: session_script(include_str!("lua/delete.lua")),
-            set_provider: session_script(include_str!("lua/set_provider.lua")),
-            clear_provider: session_script(include_str!("lua/clear_provider.lua")),
-            set_manifest: session_script(include_str!("lua/set_manifest.lua")),
-            manifest: session_script(include_str!("lua/manifest.lua")),
+            delete: SessionScript::new(include_str!("lua/delete.lua")),
+            set_provider: SessionScript::new(include_str!("lua/set_provider.lua")),
+            clear_provider: SessionScript::new(include_str!("lua/clear_provider.lua")),
+            set_manifest: SessionScript::new(include_str!("lua/set_manifest.lua")),
+            manifest: SessionScript::new(include_str!("lua/manifest.lua")),
             store_manifest: script(&[include_str!("lua/store_manifest.lua")]),
-            enqueue: session_script(include_str!("lua/enqueue.lua")),
-            finish: session_script(include_str!("lua/finish.lua")),
-            claim: session_script(include_str!("lua/claim.lua")),
-            request: session_script(include_str!("lua/request.lua")),
-            responses: session_script(include_str!("lua/responses.lua")),
-            pending: session_script(include_str!("lua/pending.lua")),
-            lease_builtin: session_script(include_str!("lua/lease_builtin.lua")),
-            evict: session_script(include_str!("lua/evict.lua")),
+            enqueue: SessionScript::new(include_str!("lua/enqueue.lua")),
+            finish: SessionScript::new(include_str!("lua/finish.lua")),
+            claim: SessionScript::new(include_str!("lua/claim.lua")),
+            request: SessionScript::new(include_str!("lua/request.lua")),
+            responses: SessionScript::new(include_str!("lua/responses.lua")),
+            pending: SessionScript::new(include_str!("lua/pending.lua")),
+            lease_builtin: SessionScript::new(include_str!("lua/lease_builtin.lua")),
+            evict: SessionScript::new(include_str!("lua/evict.lua")),
             put_ticket: script(&[include_str!("lua/put_ticket.lua")]),
             spend: script(&[GCRA, include_str!("lua/spend.lua")]),
             lock: script(&[include_str!("lua/lock.lua")]),
@@ -98,24 +198,24 @@ impl Scripts {
     /// not each meet `NOSCRIPT` first).
     pub(super) fn all(&self) -> [&Script; 26] {
         [
-            &self.insert,
-            &self.session,
-            &self.touch,
+            &self.insert.script,
+            &self.session.script,
+            &self.touch.script,
             &self.refresh,
-            &self.delete,
-            &self.set_provider,
-            &self.clear_provider,
-            &self.set_manifest,
-            &self.manifest,
+            &self.delete.script,
+            &self.set_provider.script,
+            &self.clear_provider.script,
+            &self.set_manifest.script,
+            &self.manifest.script,
             &self.store_manifest,
-            &self.enqueue,
-            &self.finish,
-            &self.claim,
-            &self.request,
-            &self.responses,
-            &self.pending,
-            &self.lease_builtin,
-            &self.evict,
+            &self.enqueue.script,
+            &self.finish.script,
+            &self.claim.script,
+            &self.request.script,
+            &self.responses.script,
+            &self.pending.script,
+            &self.lease_builtin.script,
+            &self.evict.script,
             &self.put_ticket,
             &self.spend,
             &self.lock,
@@ -131,6 +231,52 @@ impl Scripts {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A body's arguments after the common ones, as its opening `local … = ARGV[3], …` names
+    /// them.
+    fn lua_names(body: &str) -> Vec<String> {
+        let Some(at) = body.find("ARGV[3]") else {
+            return Vec::new();
+        };
+        let statement = &body[..at];
+        let start = statement.rfind("\nlocal ").map_or(0, |start| start + 1);
+        let names = &statement[start + "local ".len()..statement.rfind('=').unwrap()];
+        names
+            .split(',')
+            .map(|name| name.trim().to_owned())
+            .collect()
+    }
+
+    fn assert_named<A: Named>(script: &SessionScript<A>) {
+        assert_eq!(
+            lua_names(script.body),
+            <A::With<'_> as Arguments>::NAMES,
+            "{}",
+            script.body.lines().next().unwrap_or_default()
+        );
+    }
+
+    /// Each session script's Rust arguments are its Lua locals, in order.
+    #[test]
+    fn each_script_s_arguments_are_named_as_its_lua_names_them() {
+        let scripts = Scripts::new();
+        assert_named(&scripts.insert);
+        assert_named(&scripts.session);
+        assert_named(&scripts.touch);
+        assert_named(&scripts.delete);
+        assert_named(&scripts.set_provider);
+        assert_named(&scripts.clear_provider);
+        assert_named(&scripts.set_manifest);
+        assert_named(&scripts.manifest);
+        assert_named(&scripts.enqueue);
+        assert_named(&scripts.finish);
+        assert_named(&scripts.claim);
+        assert_named(&scripts.request);
+        assert_named(&scripts.responses);
+        assert_named(&scripts.pending);
+        assert_named(&scripts.lease_builtin);
+        assert_named(&scripts.evict);
+    }
 
     /// The scripts spell no number the rules module owns: each comes from the preamble (unit
     /// conversions are written `1e3`).

@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use super::scripts::Evict;
 use super::{RedisStore, millis, store_error};
 use crate::clock::Timestamp;
 use crate::code::SessionCode;
@@ -113,7 +114,14 @@ impl RedisStore {
             }
             let keep = bytes.saturating_sub(excess);
             let kept: u64 = self
-                .run(&self.scripts.evict, code, &[], &[&keep.to_string()])
+                .run(
+                    &self.scripts.evict,
+                    code,
+                    &[],
+                    Evict {
+                        keep_bytes: &keep.to_string(),
+                    },
+                )
                 .await?;
             let evicted = bytes.saturating_sub(kept);
             excess = excess.saturating_sub(evicted);
