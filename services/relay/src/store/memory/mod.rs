@@ -124,7 +124,9 @@ struct Indexes {
     deadlines: BTreeSet<(Timestamp, SessionCode, u64)>,
     /// Finished calls in the order they finished: forgotten after the retention time, and
     /// their answers evicted oldest first past the budget.
-    finished: VecDeque<(Timestamp, Arc<SessionCode>, Arc<str>)>,
+    /// Each is (when it finished, its session's own code, its number there): the code's `Arc`
+    /// is the session's, so a later session under the same code does not pass for it.
+    finished: VecDeque<(Timestamp, Arc<SessionCode>, u64)>,
     /// How many calls at the front of `finished` the budget has passed (their answers are
     /// evicted, or were gone already).
     evicted: usize,
@@ -259,27 +261,17 @@ impl MemoryStore {
                     .calls_expired(entry.expire_due(&code, &mut tables.index, now));
             }
         }
-        while let Some((finished_at, code, id)) = tables.index.finished.front().cloned() {
+        while let Some((finished_at, code, number)) = tables.index.finished.front().cloned() {
             looked_at += 1;
             if now.since(finished_at) < self.limits.retention {
                 break;
             }
             tables.index.finished.pop_front();
             tables.index.evicted = tables.index.evicted.saturating_sub(1);
-            if let Some(entry) = tables.sessions.get_mut(code.as_ref()) {
-                let same = entry
-                    .done
-                    .get(&id)
-                    .is_some_and(|done| done.finished_at == finished_at);
-                if same {
-                    // Calls are forgotten in the order they finished: usually the front.
-                    if entry.finished.front() == Some(&id) {
-                        entry.finished.pop_front();
-                    } else {
-                        entry.finished.retain(|finished| *finished != id);
-                    }
-                    entry.forget(&mut tables.index, &id);
-                }
+            if let Some(entry) = tables.sessions.get_mut(code.as_ref())
+                && entry.has_finished(&code, number)
+            {
+                entry.forget(&mut tables.index, number);
             }
         }
         while let Some((expires_at, scope, id)) = tables.ticket_expiries.first().cloned() {
