@@ -3,6 +3,8 @@
 //! and the limits on work at once.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap should fail loudly
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use reqwest::StatusCode;
@@ -51,38 +53,112 @@ async fn tool(system: &System, scope: &str, name: &str, args: Value) -> Answer {
         .await
 }
 
-/// Processes whose parent is `pid`.
-fn children_of(pid: u32) -> usize {
+/// The live processes (not zombies, which are runs already over): (pid, parent's pid).
+fn processes() -> Vec<(u32, u32)> {
     std::fs::read_dir("/proc")
         .unwrap()
-        .filter_map(|entry| std::fs::read_to_string(entry.ok()?.path().join("stat")).ok())
-        .filter(|stat| {
-            // pid (comm) state ppid …: comm may hold spaces, so read after its ')'. Zombies
-            // (state Z) are runs already over.
-            let mut fields = stat
-                .rsplit_once(')')
-                .map(|(_, rest)| rest.split_whitespace())
-                .into_iter()
-                .flatten();
-            let state = fields.next();
-            let ppid = fields.next().and_then(|ppid| ppid.parse::<u32>().ok());
-            state != Some("Z") && ppid == Some(pid)
+        .filter_map(|entry| {
+            let entry = entry.ok()?;
+            let pid = entry.file_name().to_str()?.parse::<u32>().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            // pid (comm) state ppid …: comm may hold spaces, so read after its ')'.
+            let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
+            let state = fields.next()?;
+            let ppid = fields.next()?.parse::<u32>().ok()?;
+            (state != "Z").then_some((pid, ppid))
         })
-        .count()
+        .collect()
 }
 
-/// Waits (with a deadline) until the relay process `system` runs a sandbox: the relay's own
-/// children are its sandbox runs (its start-up probe has ended by the time it listens).
-async fn until_a_run_is_under_way(system: &System) {
-    let pid = system.pid().expect("a relay in a process of its own");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while children_of(pid) == 0 {
+/// Processes that descend from `pid`.
+fn descendants_of(pid: u32) -> Vec<u32> {
+    let all = processes();
+    let mut family = vec![pid];
+    let mut next = 0;
+    while let Some(&parent) = family.get(next) {
+        family.extend(
+            all.iter()
+                .filter(|(_, ppid)| *ppid == parent)
+                .map(|(pid, _)| *pid),
+        );
+        next += 1;
+    }
+    family.split_off(1)
+}
+
+/// Model code whose run holds its slot until the test ends it ([`release`]), for 25 s at
+/// most (the sandbox stops a run at 30): a test that needs a run under way while it does
+/// something else decides when the run ends, rather than betting that a sleep outlasts its
+/// work on a loaded machine.
+const HELD: &str = r#"
+import signal, time, pulp
+class Released(Exception):
+    pass
+def release(*_):
+    raise Released()
+signal.signal(signal.SIGUSR1, release)
+try:
+    time.sleep(25)
+except Released:
+    pass
+prob = pulp.LpProblem("p")
+"#;
+
+/// The signal [`HELD`] waits for, as a bit of `/proc/<pid>/status`'s `SigCgt` mask.
+const SIGUSR1_BIT: u64 = 1 << (10 - 1);
+
+/// Waits (with a deadline) until the relay process `system` runs [`HELD`] and its Python
+/// waits to be released (it catches `SIGUSR1`); returns that Python's process id.
+async fn until_a_run_is_held(system: &System) -> u32 {
+    let relay = system.pid().expect("a relay in a process of its own");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let held = descendants_of(relay).into_iter().find(|pid| {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+            let caught = status
+                .lines()
+                .find_map(|line| line.strip_prefix("SigCgt:"))
+                .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok());
+            comm.starts_with("python") && caught.is_some_and(|mask| mask & SIGUSR1_BIT != 0)
+        });
+        if let Some(pid) = held {
+            return pid;
+        }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "no sandbox run started"
+            "no run of HELD waits to be released"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Starts a generate call for `scope` running [`HELD`] and waits (with a deadline) until its
+/// run holds its slot; returns its Python's process id, to [`release`], and the call.
+async fn start_held_run<'a>(
+    system: &'a System,
+    scope: &'a str,
+) -> (u32, Pin<Box<dyn Future<Output = Answer> + 'a>>) {
+    let mut running = Box::pin(tool(
+        system,
+        scope,
+        "generate_mip_problem",
+        json!({"problemDefinitionCode": HELD}),
+    ));
+    let held = tokio::select! {
+        held = until_a_run_is_held(system) => held,
+        answer = &mut running => panic!("the run ended before it held its slot: {answer:?}"),
+    };
+    (held, running)
+}
+
+/// Ends the run of [`HELD`] whose Python is `pid`.
+fn release(pid: u32) {
+    let sent = std::process::Command::new("kill")
+        .args(["-USR1", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success(), "kill -USR1 {pid}: {sent}");
 }
 
 /// The result of a call that must succeed.
@@ -436,34 +512,25 @@ async fn ids_are_found_only_in_the_scope_that_made_them() {
 async fn work_past_the_limits_gets_429_with_retry_after() {
     let system =
         System::binary(&[("MIP_MAX_CONCURRENT", "1"), ("MIP_QUEUE_WAIT_SECONDS", "1")]).await;
-    let slow = "import time, pulp\nprob = pulp.LpProblem('p')\ntime.sleep(4)";
-    let running = tool(
+    let (held, running) = start_held_run(&system, "first").await;
+    // Another caller waits its second for the slot, then is told to come back.
+    let other = tool(
         &system,
-        "first",
+        "second",
         "generate_mip_problem",
-        json!({"problemDefinitionCode": slow}),
-    );
-    let crowding = async {
-        until_a_run_is_under_way(&system).await;
-        // Another caller waits its second for the slot, then is told to come back.
-        let other = tool(
-            &system,
-            "second",
-            "generate_mip_problem",
-            json!({"problemDefinitionCode": PLAN}),
+        json!({"problemDefinitionCode": PLAN}),
+    )
+    .await;
+    // So is a call through a session (as the call's answer: it was queued).
+    let (code, _) = system.create_session().await;
+    let in_session = system
+        .post(
+            &format!("/api/sessions/{code}/call"),
+            json!({"functionName": "generate_mip_problem", "args": {"problemDefinitionCode": PLAN}}),
         )
         .await;
-        // So is a call through a session (as the call's answer: it was queued).
-        let (code, _) = system.create_session().await;
-        let in_session = system
-            .post(
-                &format!("/api/sessions/{code}/call"),
-                json!({"functionName": "generate_mip_problem", "args": {"problemDefinitionCode": PLAN}}),
-            )
-            .await;
-        (other, in_session)
-    };
-    let (first, (other, in_session)) = tokio::join!(running, crowding);
+    release(held);
+    let first = running.await;
     assert_eq!(first.status, StatusCode::OK, "{first:?}");
     assert_eq!(other.status, StatusCode::TOO_MANY_REQUESTS, "{other:?}");
     let wait: u64 = other.header("retry-after").unwrap().parse().unwrap();
@@ -622,24 +689,16 @@ async fn a_split_gateway_gives_the_relay_the_client_address_to_take_turns_by() {
 #[tokio::test]
 async fn one_caller_runs_one_model_at_a_time() {
     let system = System::binary(&[]).await;
-    let slow = "import time, pulp\nprob = pulp.LpProblem('p')\ntime.sleep(3)";
-    let running = tool(
+    let (held, running) = start_held_run(&system, "eager").await;
+    let second = tool(
         &system,
         "eager",
         "generate_mip_problem",
-        json!({"problemDefinitionCode": slow}),
-    );
-    let again = async {
-        until_a_run_is_under_way(&system).await;
-        tool(
-            &system,
-            "eager",
-            "generate_mip_problem",
-            json!({"problemDefinitionCode": PLAN}),
-        )
-        .await
-    };
-    let (first, second) = tokio::join!(running, again);
+        json!({"problemDefinitionCode": PLAN}),
+    )
+    .await;
+    release(held);
+    let first = running.await;
     assert_eq!(first.status, StatusCode::OK, "{first:?}");
     assert_eq!(second.status, StatusCode::TOO_MANY_REQUESTS, "{second:?}");
     assert!(

@@ -9,9 +9,11 @@
 //! If bubblewrap, user namespaces, the filter or the virtualenv are missing, runs fail with a
 //! message saying so: code is never run unsandboxed or unfiltered.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Seek, Write};
+use std::os::linux::net::SocketAddrExt;
 use std::os::unix::fs::MetadataExt;
+use std::os::unix::net::{SocketAddr, UnixListener};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -149,9 +151,10 @@ pub struct Sandbox {
 /// How many uids from `base_uid` on the sandbox may use.
 const UID_RANGE: u32 = 4096;
 
-/// Sandbox uids in use in this process: by a run, or by processes of a run not yet gone.
-/// Process-wide, as uids and processes are. Std mutexes: each is held for one set operation.
-static UIDS_IN_USE: Mutex<BTreeSet<u32>> = Mutex::new(BTreeSet::new());
+/// Sandbox uids in use in this process: by a run, or by processes of a run not yet gone; each
+/// with its claim among the relays on this host ([`claim`]). Process-wide, as uids and
+/// processes are. Std mutexes: each is held for one map or set operation.
+static UIDS_IN_USE: Mutex<BTreeMap<u32, Option<UnixListener>>> = Mutex::new(BTreeMap::new());
 /// Pids of the runs' own processes (the `bwrap` each run started and waits for), which
 /// [`reap_orphans`] must leave to tokio.
 static RUNNING: Mutex<BTreeSet<u32>> = Mutex::new(BTreeSet::new());
@@ -562,13 +565,37 @@ impl Drop for Running {
 struct UidLease(u32);
 
 impl UidLease {
-    /// A uid from `base` on that no other run of this process uses and no process has.
+    /// A uid from `base` on that no other run of this process or of another relay on this
+    /// host uses, and no process has.
     fn take(base: u32) -> Option<Self> {
         let mut used = locked(&UIDS_IN_USE);
-        let uid = (base..base.saturating_add(UID_RANGE))
-            .find(|uid| !used.contains(uid) && !has_processes(*uid))?;
-        used.insert(uid);
+        let (uid, claimed) = (base..base.saturating_add(UID_RANGE)).find_map(|uid| {
+            if used.contains_key(&uid) {
+                return None;
+            }
+            // Claimed first, so that no other relay starts a run as `uid` between the check
+            // for its processes and this run's start.
+            let claimed = claim(uid)?;
+            (!has_processes(uid)).then_some((uid, claimed))
+        })?;
+        used.insert(uid, claimed);
         Some(Self(uid))
+    }
+}
+
+/// Claims `uid` for this process among the relays on this host, whose runs would otherwise
+/// share its process limit (and fail to fork): an abstract Unix socket named after it, which
+/// one process at a time can bind and which the kernel frees when that process closes it or
+/// dies. `None` when another process holds it; `Some(None)` when no such socket can be made
+/// here (then only this process's own runs are kept apart, as before).
+fn claim(uid: u32) -> Option<Option<UnixListener>> {
+    let name = format!("toolrelay-sandbox-uid-{uid}");
+    let bound = SocketAddr::from_abstract_name(name.as_bytes())
+        .and_then(|address| UnixListener::bind_addr(&address));
+    match bound {
+        Ok(listener) => Some(Some(listener)),
+        Err(error) if error.kind() == std::io::ErrorKind::AddrInUse => None,
+        Err(_) => Some(None),
     }
 }
 

@@ -1,12 +1,12 @@
 //! One session's calls and answers in memory, and what removing a session gives back.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use serde_json::Value;
 use toolrelay::wire::{RequestStatus, ToolResponse};
 
-use super::finished::Done;
+use super::finished::FinishedCalls;
 use super::{Indexes, Tables};
 use crate::clock::Timestamp;
 use crate::code::SessionCode;
@@ -24,23 +24,14 @@ pub(super) struct Entry {
     pub(super) manifest: Option<Arc<str>>,
     /// Unfinished calls by id.
     pub(super) requests: HashMap<String, RequestRecord>,
-    /// Finished calls by id, kept small ([`Done`]).
-    pub(super) done: HashMap<Arc<str>, Box<Done>>,
-    /// The tool, function and connection names of its finished calls, one copy of each.
-    pub(super) names: HashSet<Arc<str>>,
+    /// Finished calls, kept small, oldest first.
+    pub(super) finished: FinishedCalls,
     /// Unfinished calls by queue position, so claims need not scan finished ones.
     pub(super) pending: BTreeMap<u64, String>,
     /// Their deadlines, soonest first: (deadline, queue position).
     pub(super) deadlines: BTreeSet<(Timestamp, u64)>,
-    /// Finished calls, oldest first, for the per-session cap.
-    pub(super) finished: VecDeque<Arc<str>>,
-    /// The kept answers by when they were kept, oldest first: the session's own share of
-    /// the answer budget evicts from the front.
-    pub(super) kept: BTreeMap<u64, Arc<str>>,
     /// What the kept answers cost together.
     pub(super) answer_bytes: usize,
-    /// The place in `kept` of the next answer.
-    pub(super) next_kept: u64,
     pub(super) next_seq: u64,
     /// Who listens on this session.
     pub(super) listeners: Arc<SessionChannel>,
@@ -66,9 +57,9 @@ impl Entry {
                 Enqueued::Conflict
             };
         }
-        if let Some(done) = self.done.get(record.id.as_str()) {
+        if let Some(done) = self.finished.get(&record.id) {
             return if done.is_call(&record.call_hash) {
-                Enqueued::Existing(done.record(&record.id))
+                Enqueued::Existing(self.finished.record(done))
             } else {
                 Enqueued::Conflict
             };
@@ -121,21 +112,11 @@ impl Entry {
         self.listeners.announce(event);
     }
 
-    /// The kept copy of a tool's, a function's or a connection's name.
-    fn name(&mut self, name: &str) -> Arc<str> {
-        if let Some(kept) = self.names.get(name) {
-            return Arc::clone(kept);
-        }
-        let kept: Arc<str> = Arc::from(name);
-        self.names.insert(Arc::clone(&kept));
-        kept
-    }
-
     /// The call `id`, unfinished or finished.
     pub(super) fn record(&self, id: &str) -> Option<RequestRecord> {
         match self.requests.get(id) {
             Some(record) => Some(record.clone()),
-            None => self.done.get(id).map(|done| done.record(id)),
+            None => self.finished.get(id).map(|done| self.finished.record(done)),
         }
     }
 
@@ -155,20 +136,7 @@ impl Entry {
         now: Timestamp,
     ) -> Option<RequestRecord> {
         let mut record = self.requests.remove(id)?;
-        let names = (
-            record.tool_id.as_deref().map(|name| self.name(name)),
-            self.name(&record.function_name),
-            record.delivered_to.as_deref().map(|name| self.name(name)),
-        );
-        let done = Done::new(
-            &record,
-            names,
-            status,
-            response.clone(),
-            now,
-            cost,
-            self.next_kept,
-        );
+        let number = self.finished.push(&record, status, &response, now, cost);
         record.status = status;
         record.response = Some(response);
         record.finished_at = Some(now);
@@ -178,25 +146,21 @@ impl Entry {
         self.pending.remove(&seq);
         self.deadlines.remove(&(deadline, seq));
         index.deadlines.remove(&(deadline, code.clone(), seq));
-        let id: Arc<str> = Arc::from(id);
-        self.done.insert(Arc::clone(&id), Box::new(done));
         index
             .finished
-            .push_back((now, Arc::clone(&self.code), Arc::clone(&id)));
+            .push_back((now, Arc::clone(&self.code), number));
         index.answer_bytes += cost;
-        self.kept.insert(self.next_kept, Arc::clone(&id));
-        self.next_kept += 1;
         self.answer_bytes += cost;
-        self.finished.push_back(Arc::clone(&id));
         while self.finished.len() > MAX_FINISHED_PER_SESSION {
-            if let Some(oldest) = self.finished.pop_front() {
-                self.forget(index, &oldest);
-            }
+            let Some(oldest) = self.finished.oldest() else {
+                break;
+            };
+            self.forget(index, oldest);
         }
         // The waiting caller gets the finished call with its wake-up, and need not read it.
         let announced = self
             .listeners
-            .waiting_for(&id)
+            .waiting_for(id)
             .then(|| Box::new(record.clone()));
         self.announce(SessionEvent::ResponseReady {
             id: id.to_string(),
@@ -241,16 +205,12 @@ impl Entry {
         expired
     }
 
-    /// Drops a finished call's answer, keeping its record, which costs
-    /// [`rules::expired_cost`] from then on; false when it had none kept.
-    pub(super) fn evict(&mut self, index: &mut Indexes, id: &str) -> bool {
-        let Some(done) = self.done.get_mut(id).filter(|done| done.has_answer()) else {
+    /// Drops the answer of finished call `number`, keeping its record
+    /// ([`FinishedCalls::evict`]); false when it had none kept.
+    pub(super) fn evict(&mut self, index: &mut Indexes, number: u64) -> bool {
+        let Some(freed) = self.finished.evict(number) else {
             return false;
         };
-        done.evict();
-        self.kept.remove(&done.kept_at);
-        let freed = done.cost.saturating_sub(rules::expired_cost(id));
-        done.cost -= freed;
         self.answer_bytes -= freed;
         index.answer_bytes -= freed;
         true
@@ -261,26 +221,28 @@ impl Entry {
     /// forgotten altogether (as the Redis store does).
     pub(super) fn keep_within(&mut self, index: &mut Indexes, budget: usize) {
         while self.answer_bytes > budget {
-            if let Some((_, oldest)) = self.kept.first_key_value() {
-                let oldest = oldest.clone();
-                self.evict(index, &oldest);
-            } else if let Some(oldest) = self.finished.pop_front() {
-                self.forget(index, &oldest);
+            if let Some(oldest) = self.finished.oldest_kept() {
+                self.evict(index, oldest);
+            } else if let Some(oldest) = self.finished.oldest() {
+                self.forget(index, oldest);
             } else {
                 return;
             }
         }
     }
 
-    /// Forgets a finished call altogether, and what it still costs.
-    pub(super) fn forget(&mut self, index: &mut Indexes, id: &str) {
-        if let Some(done) = self.done.remove(id) {
-            if done.has_answer() {
-                self.kept.remove(&done.kept_at);
-            }
-            self.answer_bytes -= done.cost;
-            index.answer_bytes -= done.cost;
+    /// Forgets finished call `number` altogether, and what it still costs.
+    pub(super) fn forget(&mut self, index: &mut Indexes, number: u64) {
+        if let Some(done) = self.finished.forget(number) {
+            self.answer_bytes -= done.cost();
+            index.answer_bytes -= done.cost();
         }
+    }
+
+    /// Whether `code` at `number` (a cross-session index's entry) is still this session's
+    /// finished call, not one forgotten since or one of an earlier session under the same code.
+    pub(super) fn has_finished(&self, code: &Arc<SessionCode>, number: u64) -> bool {
+        Arc::ptr_eq(&self.code, code) && self.finished.at(number).is_some()
     }
 }
 
@@ -314,10 +276,10 @@ impl Tables {
             } else {
                 self.index.finished.get(self.index.evicted)
             };
-            let Some((finished_at, code, id)) = next else {
+            let Some((_, code, number)) = next else {
                 return;
             };
-            let (finished_at, code, id) = (*finished_at, Arc::clone(code), Arc::clone(id));
+            let (code, number) = (Arc::clone(code), *number);
             if forgetting {
                 self.index.finished.pop_front();
                 self.index.evicted = self.index.evicted.saturating_sub(1);
@@ -325,16 +287,11 @@ impl Tables {
                 self.index.evicted += 1;
             }
             if let Some(entry) = self.sessions.get_mut(code.as_ref()) {
-                // Not a call of a later session under the same code.
-                let same = entry
-                    .done
-                    .get(&id)
-                    .is_some_and(|done| done.finished_at == finished_at);
+                let same = entry.has_finished(&code, number);
                 if same && forgetting {
-                    entry.finished.retain(|finished| *finished != id);
-                    entry.forget(&mut self.index, &id);
+                    entry.forget(&mut self.index, number);
                 } else if same {
-                    entry.evict(&mut self.index, &id);
+                    entry.evict(&mut self.index, number);
                 }
             }
         }

@@ -124,7 +124,9 @@ struct Indexes {
     deadlines: BTreeSet<(Timestamp, SessionCode, u64)>,
     /// Finished calls in the order they finished: forgotten after the retention time, and
     /// their answers evicted oldest first past the budget.
-    finished: VecDeque<(Timestamp, Arc<SessionCode>, Arc<str>)>,
+    /// Each is (when it finished, its session's own code, its number there): the code's `Arc`
+    /// is the session's, so a later session under the same code does not pass for it.
+    finished: VecDeque<(Timestamp, Arc<SessionCode>, u64)>,
     /// How many calls at the front of `finished` the budget has passed (their answers are
     /// evicted, or were gone already).
     evicted: usize,
@@ -307,27 +309,17 @@ impl Tables {
     /// whenever the sweep comes.
     fn forget_retired(&mut self, now: Timestamp, retention: Duration) -> usize {
         let mut looked_at = 0;
-        while let Some((finished_at, code, id)) = self.index.finished.front().cloned() {
+        while let Some((finished_at, code, number)) = self.index.finished.front().cloned() {
             looked_at += 1;
             if now.since(finished_at) < retention {
                 break;
             }
             self.index.finished.pop_front();
             self.index.evicted = self.index.evicted.saturating_sub(1);
-            if let Some(entry) = self.sessions.get_mut(code.as_ref()) {
-                let same = entry
-                    .done
-                    .get(&id)
-                    .is_some_and(|done| done.finished_at == finished_at);
-                if same {
-                    // Calls are forgotten in the order they finished: usually the front.
-                    if entry.finished.front() == Some(&id) {
-                        entry.finished.pop_front();
-                    } else {
-                        entry.finished.retain(|finished| *finished != id);
-                    }
-                    entry.forget(&mut self.index, &id);
-                }
+            if let Some(entry) = self.sessions.get_mut(code.as_ref())
+                && entry.has_finished(&code, number)
+            {
+                entry.forget(&mut self.index, number);
             }
         }
         looked_at

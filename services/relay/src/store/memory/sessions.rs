@@ -1,11 +1,12 @@
 //! [`SessionStore`] in memory: sessions, manifests, calls and their events.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use toolrelay::wire::{RequestStatus, ToolResponse};
 
+use super::finished::FinishedCalls;
 use super::{Entry, MemoryStore};
 use crate::clock::Timestamp;
 use crate::code::SessionCode;
@@ -44,14 +45,10 @@ impl SessionStore for MemoryStore {
                 session,
                 manifest: None,
                 requests: HashMap::new(),
-                done: HashMap::new(),
-                names: HashSet::new(),
+                finished: FinishedCalls::default(),
                 pending: BTreeMap::new(),
                 deadlines: BTreeSet::new(),
-                finished: VecDeque::new(),
-                kept: BTreeMap::new(),
                 answer_bytes: 0,
-                next_kept: 0,
                 next_seq: 1,
                 listeners: SessionChannel::new(),
             },
@@ -186,20 +183,7 @@ impl SessionStore for MemoryStore {
         Ok(self.with_live(code, |entry, _| entry.record(id)).flatten())
     }
     async fn responses(&self, code: &SessionCode) -> Result<Option<Vec<ToolResponse>>, StoreError> {
-        Ok(self.with_live(code, |entry, _| {
-            let mut finished: Vec<(&str, u64)> = entry
-                .finished
-                .iter()
-                .filter_map(|id| Some((&**id, entry.done.get(id)?)))
-                .filter(|(_, done)| done.has_answer())
-                .map(|(id, done)| (id, done.seq))
-                .collect();
-            finished.sort_by_key(|(_, seq)| *seq);
-            finished
-                .into_iter()
-                .filter_map(|(id, _)| entry.done.get(id)?.response(id))
-                .collect()
-        }))
+        Ok(self.with_live(code, |entry, _| entry.finished.responses()))
     }
 
     async fn pending_count(&self, code: &SessionCode) -> Result<Option<usize>, StoreError> {
@@ -292,8 +276,8 @@ impl SessionStore for MemoryStore {
         let outcome = self.with_live(code, |entry, index| {
             let provider = entry.session.provider.as_ref();
             let provider = provider.map(|provider| provider.connection_id.as_str());
-            if let Some(done) = entry.done.get(id) {
-                let record = done.record(id);
+            if let Some(done) = entry.finished.get(id) {
+                let record = entry.finished.record(done);
                 if !answerer.may_answer(&record, provider) {
                     return Finished::NotDelivered;
                 }

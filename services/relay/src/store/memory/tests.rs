@@ -4,12 +4,12 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use toolrelay::wire::{RequestStatus, ToolResponse};
+use toolrelay::wire::{RequestStatus, ToolError, ToolResponse};
 
 use super::{MemoryStore, StoreLimits};
 use crate::clock::{Clock, Timestamp};
 use crate::code::SessionCode;
-use crate::store::{Answerer, Enqueued, NewRequest, SessionRecord, SessionStore};
+use crate::store::{Answerer, Enqueued, Finished, NewRequest, SessionRecord, SessionStore};
 
 fn session(code: &str, now: Timestamp, ttl_ms: i64) -> SessionRecord {
     SessionRecord {
@@ -201,4 +201,72 @@ async fn a_thousand_sessions_registering_one_manifest_keep_one_copy() {
         store.delete_session(code).await.unwrap();
     }
     assert_eq!(store.lock().manifests.len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_finished_call_reads_back_as_it_was_answered() {
+    // The store keeps an answer as its JSON text, and an expired call's answer not at all
+    // (it is written again from the record): what it gives back is what it was given.
+    let clock = Clock::new();
+    let store = MemoryStore::new(clock.clone(), Duration::from_secs(3600));
+    let now = clock.now();
+    let code = SessionCode::parse("ABCDEFGH").unwrap();
+    store
+        .insert_session(session("ABCDEFGH", now, 600_000))
+        .await
+        .unwrap();
+    store
+        .enqueue(&code, call("answered", now, "a"), 100, now)
+        .await
+        .unwrap();
+    let response = ToolResponse {
+        request_id: "answered".into(),
+        success: false,
+        result: Some(serde_json::json!({
+            "z": 0.1 + 0.2, "a": [1, -2, u64::MAX, {"k": null}], "text": "é\"\n\u{1F600}"
+        })),
+        error: Some(ToolError {
+            code: "tool_error".into(),
+            message: "it broke".into(),
+        }),
+    };
+    let finished = store
+        .finish(
+            &code,
+            "answered",
+            RequestStatus::Failed,
+            response.clone(),
+            Answerer::Relay,
+            now,
+            now,
+        )
+        .await
+        .unwrap();
+    let Finished::Finished(whole) = finished else {
+        panic!("{finished:?}");
+    };
+    let kept = store.request(&code, "answered").await.unwrap().unwrap();
+    assert_eq!(kept.response.as_ref(), Some(&response));
+    assert_eq!(
+        (kept.tool_id.as_deref(), kept.function_name.as_str()),
+        (Some("demo"), "echo")
+    );
+    assert_eq!(
+        (kept.status, kept.call_hash),
+        (whole.status, whole.call_hash)
+    );
+    assert_eq!(
+        store.responses(&code).await.unwrap().unwrap(),
+        vec![response]
+    );
+
+    let mut late = call("late", now, "b");
+    late.deadline = Timestamp(now.0 + 1_000);
+    store.enqueue(&code, late, 100, now).await.unwrap();
+    let queued = store.request(&code, "late").await.unwrap().unwrap();
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let expired = store.request(&code, "late").await.unwrap().unwrap();
+    assert_eq!(expired.status, RequestStatus::Expired);
+    assert_eq!(expired.response, Some(queued.expired_response()));
+    assert!(!expired.evicted);
 }
