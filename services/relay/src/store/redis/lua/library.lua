@@ -145,9 +145,11 @@ local function slide(session, until_ms)
   if until_ms > count(session, 'keys_until') then
     local keys_until = math.min(max, until_ms + (until_ms - now))
     set(session, 'keys_until', num(keys_until))
-    for _, key in ipairs({ session.s, session.q, session.f }) do
-      redis.call('PEXPIREAT', key, keys_until)
-    end
+    -- Only the keys it has (a PEXPIREAT on a missing key is a command all the same): the
+    -- queue exists while calls are pending, the finished list while some are kept.
+    redis.call('PEXPIREAT', session.s, keys_until)
+    if count(session, 'pending') > 0 then redis.call('PEXPIREAT', session.q, keys_until) end
+    if count(session, 'finished') > 0 then redis.call('PEXPIREAT', session.f, keys_until) end
   end
 end
 
