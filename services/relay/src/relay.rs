@@ -53,7 +53,8 @@ pub(crate) struct Inner {
     pub(crate) drain: Drain,
     /// Compiled manifests of this replica, by session and revision.
     pub(crate) manifests: ManifestCache,
-    /// This replica's name in the leases of the built-in calls it runs.
+    /// This replica's name: in the leases of the built-in calls it runs, at the start of its
+    /// tab connections' ids, and in the store's record of the live replicas.
     pub(crate) replica: String,
     /// The process's metrics.
     pub(crate) metrics: Metrics,
