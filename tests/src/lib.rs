@@ -107,11 +107,34 @@ impl TestRelay {
 
     /// A relay with these settings.
     pub async fn with_config(config: RelayConfig) -> Self {
+        let redis = test_redis().await;
+        Self::serving(config, redis).await
+    }
+
+    /// A relay with these settings on a Redis of its own, whatever the test run's store
+    /// ([`TestRelay::redis`]).
+    pub async fn on_redis(config: RelayConfig) -> Self {
+        Self::serving(config, Some(redis::RedisServer::start().await)).await
+    }
+
+    /// Its Redis, when it has one.
+    pub fn redis(&self) -> Option<&redis::RedisServer> {
+        self._redis.as_ref()
+    }
+
+    async fn serving(mut config: RelayConfig, redis: Option<redis::RedisServer>) -> Self {
         config.validate().unwrap();
+        if let Some(redis) = &redis {
+            config.store = toolrelay_relay::config::StoreConfig::Redis {
+                url: redis.url(),
+                prefix: "test:".into(),
+            };
+        }
         let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let websocket = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addresses = (grpc.local_addr().unwrap(), websocket.local_addr().unwrap());
-        let (relay, redis) = test_relay(config).await;
+        let metrics = toolrelay_relay::Metrics::new("toolrelay-test");
+        let relay = server::relay(config, &metrics).await.unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
         let listeners = Listeners {
             grpc,

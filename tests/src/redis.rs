@@ -146,6 +146,27 @@ impl RedisServer {
             .unwrap()
     }
 
+    /// Commands it has run since it started, the commands that scripts run counted one by
+    /// one (`INFO commandstats`' calls, summed; the `INFO` asking for it included).
+    pub async fn commands_run(&self) -> u64 {
+        let mut connection = self.connection().await.unwrap();
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        info.lines()
+            .filter_map(|line| {
+                line.split_once("calls=")?
+                    .1
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum()
+    }
+
     /// Stops it (SIGKILL: what a crash or a pulled plug does).
     pub async fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {

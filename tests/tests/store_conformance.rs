@@ -15,7 +15,7 @@ use toolrelay_relay::store::redis::RedisStore;
 use toolrelay_relay::store::{
     Answerer, BUILTIN_LEASE, Claim, EnqueueChecks, Enqueued, EventStream, Finished, McpSessionCaps,
     McpSessionsFull, NewRequest, ProviderInfo, RateBudget, RateCharge, SessionEvent, SessionRecord,
-    Store, Transport,
+    Store, TabState, Transport,
 };
 // The parts of the store's interface, for the tests that hold a store by its own type.
 use toolrelay_relay::store::{BudgetStore, Reachable, SessionStore};
@@ -325,6 +325,52 @@ conformance! {
         assert_eq!(session.provider.unwrap().connection_id, "tab-2", "an old connection clears nothing");
         fixture.store.clear_provider(&code, "tab-2").await.unwrap();
         assert!(fixture.store.session(&code).await.unwrap().unwrap().provider.is_none());
+    }
+
+    async fn replicas_count_as_alive_until_their_record_runs_out(fixture) {
+        let now = fixture.now();
+        let seconds = |n| now.plus(Duration::from_secs(n));
+        let sorted = |mut live: Vec<(String, Timestamp)>| {
+            live.sort();
+            live
+        };
+        fixture.store.keep_replica("b", now, seconds(5)).await.unwrap();
+        let live = fixture.store.keep_replica("a", now, seconds(10)).await.unwrap();
+        assert_eq!(sorted(live), vec![("a".into(), seconds(10)), ("b".into(), seconds(5))]);
+        fixture.advance(Duration::from_secs(6));
+        let later = fixture.now();
+        assert_eq!(fixture.store.live_replicas(later).await.unwrap(), vec![("a".into(), seconds(10))]);
+        // A late record does not take a replica's life back.
+        let live = fixture.store.keep_replica("a", later, seconds(8)).await.unwrap();
+        assert_eq!(live, vec![("a".into(), seconds(10))]);
+    }
+
+    async fn a_refresh_slides_the_sessions_its_connections_serve_and_tells_how_the_others_stand(fixture) {
+        let code = with_session(&fixture).await;
+        let now = fixture.now();
+        assert!(fixture.store.insert_session(session("EFGH2345", now, HOUR)).await.unwrap());
+        let other = code_of("EFGH2345");
+        fixture.store.set_provider(&other, provider("tab-9", now)).await.unwrap();
+        // Far enough for a slide (a step of a tenth of the time to live at least).
+        fixture.advance(HOUR / 2);
+        let later = fixture.now();
+        let until = later.plus(HOUR);
+        let tabs = [
+            (code.clone(), "tab-1".to_owned()),
+            (other.clone(), "tab-1".to_owned()),
+            (code_of("WXYZ2345"), "tab-1".to_owned()),
+        ];
+        let states = fixture.store.refresh(&tabs, later, Some(until)).await.unwrap();
+        assert_eq!(
+            states,
+            vec![TabState::Serving { pending: 0, expires_at: until }, TabState::Replaced, TabState::Gone]
+        );
+        let served = fixture.store.session(&code).await.unwrap().unwrap();
+        assert_eq!(served.expires_at, until);
+        // Presence is the replica's: the refresh records nothing of the connection.
+        assert_eq!(served.provider.unwrap().last_seen, now);
+        let replaced = fixture.store.session(&other).await.unwrap().unwrap();
+        assert_eq!(replaced.expires_at, now.plus(HOUR), "a session another connection serves is not slid");
     }
 
     async fn manifests_are_kept_as_json_with_a_revision_and_announced(fixture) {

@@ -26,11 +26,11 @@ pub const ENV_REQUEST_TIMEOUT: &str = "REQUEST_TIMEOUT_SECONDS";
 pub const ENV_MAX_PENDING: &str = "MAX_PENDING_PER_SESSION";
 /// `HEARTBEAT_SECONDS`: interval of heartbeats to connected providers.
 pub const ENV_HEARTBEAT: &str = "HEARTBEAT_SECONDS";
-/// `TAB_REFRESH_SECONDS`: how often a replica records its tabs as alive and slides their
-/// sessions, all in one go.
+/// `TAB_REFRESH_SECONDS`: how often a replica records itself alive (its tabs' presence) and
+/// slides the sessions of its tabs that are due, all in one go.
 pub const ENV_TAB_REFRESH: &str = "TAB_REFRESH_SECONDS";
-/// `TAB_SWEEP_SECONDS`: how often a replica looks at the sessions of its tabs for what it may
-/// have missed (a call, a replacement, the session's end).
+/// `TAB_SWEEP_SECONDS`: how often a replica looks at the sessions of its tabs with calls out or
+/// lost events, for what it may have missed (a call, a replacement, the session's end).
 pub const ENV_TAB_SWEEP: &str = "TAB_SWEEP_SECONDS";
 /// `GRPC_LISTEN_ADDR`: where the gRPC service listens.
 pub const ENV_GRPC_LISTEN: &str = "GRPC_LISTEN_ADDR";
@@ -121,11 +121,12 @@ pub struct RelayConfig {
     pub max_pending_per_session: usize,
     /// Interval of heartbeats to connected providers.
     pub heartbeat_interval: Duration,
-    /// How often the replica records its tabs as alive and slides their sessions, in one go
-    /// (at most a quarter of `session_ttl`, whatever is set).
+    /// How often the replica records itself alive and slides the sessions of its tabs with
+    /// less than half their time to live left, in one go (at most a quarter of
+    /// `session_ttl`, whatever is set).
     pub tab_refresh: Duration,
-    /// How often the replica looks at its tabs' sessions for what it may have missed (at
-    /// most `tab_refresh`).
+    /// How often the replica looks at the sessions of its tabs with calls out or lost events
+    /// for what they may have missed (at most `tab_refresh`).
     pub tab_sweep: Duration,
     /// How long a polled request stays with the poller before it is handed out again.
     pub poll_lease: Duration,
@@ -224,9 +225,9 @@ impl RelayConfig {
         self.tab_sweep.min(self.tab_refresh_period())
     }
 
-    /// How long after it was last recorded alive a pushing tab still counts as connected: two
-    /// refresh periods and some slack (a replica that died takes its tabs' presence that long
-    /// to fade).
+    /// How long after its replica last recorded itself alive a pushing tab still counts as
+    /// connected: two refresh periods and some slack (a replica that died takes its tabs'
+    /// presence that long to fade).
     pub fn tab_presence(&self) -> Duration {
         self.tab_refresh_period() * 2 + Duration::from_secs(5)
     }
@@ -321,10 +322,11 @@ pub struct RelayArgs {
     /// Seconds between heartbeats to connected providers.
     #[arg(long, env = ENV_HEARTBEAT, default_value_t = 25, value_parser = clap::value_parser!(u64).range(1..))]
     pub heartbeat_seconds: u64,
-    /// Seconds between a replica's keep-alives of its tabs' sessions (each one pipeline).
+    /// Seconds between a replica's records of itself as alive and slides of its tabs'
+    /// sessions that are due (each one pipeline).
     #[arg(long, env = ENV_TAB_REFRESH, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     pub tab_refresh_seconds: u64,
-    /// Seconds between a replica's looks at its tabs' sessions for missed events.
+    /// Seconds between a replica's looks at its busy or doubtful tabs' sessions.
     #[arg(long, env = ENV_TAB_SWEEP, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     pub tab_sweep_seconds: u64,
     /// PlantUML server the URLs of encodePlantUML point at.

@@ -746,6 +746,8 @@ store_operations! {
     SessionByHandle = "session_by_handle",
     TouchSession = "touch_session",
     Refresh = "refresh",
+    KeepReplica = "keep_replica",
+    LiveReplicas = "live_replicas",
     DeleteSession = "delete_session",
     SetProvider = "set_provider",
     ClearProvider = "clear_provider",

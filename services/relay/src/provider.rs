@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 use toolrelay::wire::{ProviderFrame, ProviderResponse, RelayFrame, ToolRequest};
 
 use crate::clock::Timestamp;
-use crate::code::{self, SessionCode};
+use crate::code::SessionCode;
 use crate::drain::Hold;
 use crate::error::RelayError;
 use crate::metrics::{AnsweredBy, Connected};
@@ -25,7 +25,7 @@ use crate::relay::Relay;
 use crate::store::{
     Answerer, Claim, EventStream, ProviderInfo, RequestRecord, SessionEvent, Transport,
 };
-use crate::tabs::{Attended, Notice};
+use crate::tabs::{Attended, Notice, Watch};
 
 pub use crate::downlink::{Downlink, Refusal, receipt};
 
@@ -118,10 +118,14 @@ impl Relay {
         transport: Transport,
     ) -> Result<ProviderLink, RelayError> {
         self.accepting()?;
-        let (code, _) = self.authorized(code, token).await?;
+        let (code, found) = self.authorized(code, token).await?;
         // Subscribe before anything can be queued for this connection, so nothing is missed.
         let events = self.subscribe(&code).await?;
-        let connection_id = code::random_id();
+        // Its replica recorded alive, and the connection attended here, before it is the
+        // session's provider: every replica sees it as connected from then on.
+        self.keep_replica_alive(false).await?;
+        let connection_id = self.new_connection_id();
+        let attended = self.attend(&code, &connection_id, found.expires_at);
         let now = self.now();
         let provider = ProviderInfo {
             connection_id: connection_id.clone(),
@@ -135,11 +139,11 @@ impl Relay {
             .await?
             .ok_or_else(|| crate::relay::not_found(&code))?;
         let session = self.touch(&code, Some(&connection_id)).await?;
+        attended.watch.seen_expiring(session.expires_at);
         tracing::info!(code = %code.redacted(), transport = transport.as_str(), "provider attached");
 
         let (down_tx, downlink) = mpsc::channel(DOWNLINK_BUFFER);
         let (uplink, up_rx) = mpsc::channel(UPLINK_BUFFER);
-        let attended = self.attend(&code, &connection_id, session.expires_at);
         let driver = Driver {
             relay: self.clone(),
             code: code.clone(),
@@ -147,7 +151,7 @@ impl Relay {
             transport,
             down: down_tx,
             outstanding: std::sync::Mutex::default(),
-            expires_at: attended.expires_at.clone(),
+            watch: attended.watch.clone(),
             answered: std::sync::Mutex::default(),
         };
         tokio::spawn(driver.run(session.max_expires_at, events, attended, up_rx));
@@ -214,8 +218,8 @@ struct Driver {
     /// open until it is answered (by any path) or the drain ends, and counts in the queue
     /// depth. A std mutex: held for one map operation, never across an `.await`.
     outstanding: std::sync::Mutex<HashMap<String, (Hold, Connected)>>,
-    /// When the session expires, as the replica's upkeep last saw it.
-    expires_at: std::sync::Arc<std::sync::atomic::AtomicI64>,
+    /// What it shares with the replica's upkeep: when the session expires, whether to look.
+    watch: std::sync::Arc<Watch>,
     /// The calls answered last (at most [`ANSWERED_KEPT`]): an event that handed one over may
     /// come after a redelivery sent it and its answer came back, and must not send it again.
     answered: std::sync::Mutex<std::collections::VecDeque<String>>,
@@ -335,7 +339,8 @@ impl Driver {
             .clear_provider(&self.code, &self.connection_id)
             .await
         {
-            tracing::warn!(code = %self.code.redacted(), %error, "could not record the provider's departure");
+            tracing::warn!(code = %self.code.redacted(), %error, "could not record the provider's departure; trying again later");
+            self.relay.clear_later(&self.code, &self.connection_id);
         }
     }
 
@@ -403,6 +408,8 @@ impl Driver {
                         }
                         let missed = event == SessionEvent::Missed;
                         if missed {
+                            // More may have been lost than this redelivery finds.
+                            self.watch.doubt();
                             Box::pin(self.forget_answered()).await;
                         }
                         // After lost events (the store's events reconnected, or the sweep
@@ -542,6 +549,7 @@ impl Driver {
                 Ok(claimed) => claimed,
                 Err(error) => {
                     tracing::warn!(code = %self.code.redacted(), %error, "could not claim calls for the provider");
+                    self.watch.doubt();
                     return Ok(Delivered::Failed);
                 }
             };
@@ -564,6 +572,10 @@ impl Driver {
     /// Sends calls delivered to this connection, each holding a stopping relay open and
     /// counted in the queue depth until it is answered.
     async fn forward(&self, calls: Vec<RequestRecord>) -> Result<(), Gone> {
+        if !calls.is_empty() {
+            // Calls out: the upkeep looks at the session at its sweeps until none are.
+            self.watch.doubt();
+        }
         for record in &calls {
             let held = (
                 self.relay.inner.drain.hold(),
@@ -583,7 +595,7 @@ impl Driver {
 
     /// When the session expires, as the replica's upkeep last saw it.
     fn expires_at(&self) -> Timestamp {
-        Timestamp(self.expires_at.load(std::sync::atomic::Ordering::Relaxed))
+        self.watch.expires_at()
     }
 
     /// Delivers (redelivering when asked, or when a store error left a redelivery owed) and
@@ -692,7 +704,7 @@ mod tests {
             transport: Transport::WebSocket,
             down,
             outstanding: std::sync::Mutex::default(),
-            expires_at: attended.expires_at.clone(),
+            watch: attended.watch.clone(),
             answered: std::sync::Mutex::default(),
         };
         let events: EventStream = Box::pin(futures::stream::empty());

@@ -53,7 +53,8 @@ pub(crate) struct Inner {
     pub(crate) drain: Drain,
     /// Compiled manifests of this replica, by session and revision.
     pub(crate) manifests: ManifestCache,
-    /// This replica's name in the leases of the built-in calls it runs.
+    /// This replica's name: in the leases of the built-in calls it runs, at the start of its
+    /// tab connections' ids, and in the store's record of the live replicas.
     pub(crate) replica: String,
     /// The process's metrics.
     pub(crate) metrics: Metrics,
@@ -319,7 +320,7 @@ impl Relay {
             .pending_count(&code)
             .await?
             .ok_or_else(|| not_found(&code))?;
-        let transport = self.connected_transport(&session, now);
+        let transport = self.connected_transport(&session, now).await;
         Ok(SessionStatus {
             created_at: session.created_at,
             expires_at: session.expires_at,
@@ -332,16 +333,24 @@ impl Relay {
         })
     }
 
-    /// How the session's provider is attached, if one is connected now (a poller counts while
-    /// it polls, a connection while its heartbeats reach it).
-    fn connected_transport(&self, session: &SessionRecord, now: Timestamp) -> Option<Transport> {
-        session.provider.as_ref().and_then(|provider| {
-            let presence = match provider.transport {
-                Transport::Polling => POLLING_PRESENCE,
-                _ => self.inner.config.tab_presence(),
-            };
-            (now.since(provider.last_seen) <= presence).then_some(provider.transport)
-        })
+    /// How the session's provider is attached, if one is connected now: a poller while it
+    /// polls, a pushing connection while its replica serves it (this one, or another that
+    /// counts as alive: see [`crate::tabs`]).
+    async fn connected_transport(
+        &self,
+        session: &SessionRecord,
+        now: Timestamp,
+    ) -> Option<Transport> {
+        let provider = session.provider.as_ref()?;
+        let present = match provider.transport {
+            Transport::Polling => now.since(provider.last_seen) <= POLLING_PRESENCE,
+            _ => {
+                let recent = now.since(provider.last_seen) <= self.inner.config.tab_presence();
+                self.connection_present(&provider.connection_id, now, recent)
+                    .await
+            }
+        };
+        present.then_some(provider.transport)
     }
 
     /// A call's view, with whether a provider can answer it now; an error for a call whose
@@ -360,7 +369,10 @@ impl Relay {
             return Ok(RequestView::of(record, true));
         }
         let connected = match self.inner.store.session(code).await? {
-            Some(session) => self.connected_transport(&session, self.now()).is_some(),
+            Some(session) => self
+                .connected_transport(&session, self.now())
+                .await
+                .is_some(),
             None => false,
         };
         Ok(RequestView::of(record, connected))
@@ -678,9 +690,10 @@ impl Relay {
                 .store
                 .enqueue_checked(&code, &request, limit, until, checks)
                 .await?;
-            let connected = session
-                .as_ref()
-                .is_some_and(|session| self.connected_transport(session, now).is_some());
+            let connected = match &session {
+                Some(session) => self.connected_transport(session, now).await.is_some(),
+                None => false,
+            };
             return match enqueued {
                 Enqueued::Queued(mut record) => {
                     tracing::debug!(code = %code.redacted(), request_id = %record.id, function = %record.function_name, "call queued");
@@ -758,7 +771,7 @@ impl Relay {
             });
         }
         let (_, session) = self.live_session(code.as_str()).await?;
-        let connected = self.connected_transport(&session, now).is_some();
+        let connected = self.connected_transport(&session, now).await.is_some();
         Ok(Some((record, connected)))
     }
 

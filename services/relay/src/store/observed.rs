@@ -85,6 +85,9 @@ measured!(SessionStore {
     fn refresh(
         &self, tabs: &[(SessionCode, String)], now: Timestamp, until: Option<Timestamp>,
     ) -> Vec<TabState> => Refresh;
+    fn keep_replica(&self, replica: &str, now: Timestamp, until: Timestamp)
+        -> Vec<(String, Timestamp)> => KeepReplica;
+    fn live_replicas(&self, now: Timestamp) -> Vec<(String, Timestamp)> => LiveReplicas;
     fn delete_session(&self, code: &SessionCode) -> bool => DeleteSession;
     fn set_provider(&self, code: &SessionCode, provider: ProviderInfo)
         -> Option<SessionRecord> => SetProvider;

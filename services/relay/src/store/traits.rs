@@ -55,10 +55,11 @@ pub trait SessionStore: Reachable {
     ) -> Result<Option<SessionRecord>, StoreError>;
 
     /// The sessions of tab connections this replica serves (`(session, connection)`), in one
-    /// go: how each stands. With `until`, each connection still serving its session is
-    /// recorded as heard from at `now` and its session's expiry slides to `until` (as
-    /// [`SessionStore::touch_session`] would): the replica's periodic keep-alive of its tabs,
-    /// which costs the store one operation per batch of sessions rather than one per tab.
+    /// go: how each stands. With `until`, the session of each connection still serving it
+    /// slides to `until` (as [`SessionStore::touch_session`] would, without recording the
+    /// connection as heard from: a pushing tab's presence is its replica's,
+    /// [`SessionStore::keep_replica`]): the replica's keep-alive of the sessions due, which
+    /// costs the store one operation per batch of sessions rather than one per tab.
     async fn refresh(
         &self,
         tabs: &[(SessionCode, String)],
@@ -67,31 +68,50 @@ pub trait SessionStore: Reachable {
     ) -> Result<Vec<TabState>, StoreError> {
         let mut states = Vec::with_capacity(tabs.len());
         for (code, connection) in tabs {
-            let session = match until {
-                Some(until) => {
-                    self.touch_session(code, now, until, Some(connection))
-                        .await?
-                }
-                None => self.session(code).await?,
+            let serving = |session: &SessionRecord| {
+                session
+                    .provider
+                    .as_ref()
+                    .is_some_and(|provider| provider.connection_id == *connection)
             };
-            let Some(session) = session else {
-                states.push(TabState::Gone);
-                continue;
-            };
-            let serving = session
-                .provider
-                .as_ref()
-                .is_some_and(|provider| provider.connection_id == *connection);
-            states.push(if serving {
-                TabState::Serving {
+            let mut session = self.session(code).await?;
+            if let (Some(until), Some(found)) = (until, &session)
+                && serving(found)
+            {
+                session = self.touch_session(code, now, until, None).await?;
+            }
+            states.push(match session {
+                None => TabState::Gone,
+                Some(session) if serving(&session) => TabState::Serving {
                     pending: self.pending_count(code).await?.unwrap_or(0) as u64,
                     expires_at: session.expires_at,
-                }
-            } else {
-                TabState::Replaced
+                },
+                Some(_) => TabState::Replaced,
             });
         }
         Ok(states)
+    }
+
+    /// Records the relay replica `replica` as alive until `until` (the pushing tabs it serves
+    /// count as connected until then), and returns every replica alive at `now` with when it
+    /// stops counting as alive. One key outside every session, one round trip per replica
+    /// and refresh period however many tabs it serves.
+    /// By default a store of one process, which knows of no replica but the one asking.
+    async fn keep_replica(
+        &self,
+        replica: &str,
+        now: Timestamp,
+        until: Timestamp,
+    ) -> Result<Vec<(String, Timestamp)>, StoreError> {
+        let _ = now;
+        Ok(vec![(replica.to_owned(), until)])
+    }
+
+    /// The replicas alive at `now`, with when each stops counting as alive (by default none:
+    /// see [`SessionStore::keep_replica`]).
+    async fn live_replicas(&self, now: Timestamp) -> Result<Vec<(String, Timestamp)>, StoreError> {
+        let _ = now;
+        Ok(Vec::new())
     }
 
     /// Deletes a session and everything in it; false when there was none.

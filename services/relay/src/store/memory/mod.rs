@@ -112,6 +112,8 @@ struct Tables {
     ticket_bytes: usize,
     /// The manifests sessions hold, one copy of each.
     manifests: Manifests,
+    /// The relay replicas sharing the store, and until when each counts as alive.
+    replicas: HashMap<String, Timestamp>,
 }
 
 /// What is due when, across sessions. Entries of a session that is gone, or of a call that

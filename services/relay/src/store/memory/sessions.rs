@@ -86,6 +86,23 @@ impl SessionStore for MemoryStore {
         }))
     }
 
+    async fn keep_replica(
+        &self,
+        replica: &str,
+        now: Timestamp,
+        until: Timestamp,
+    ) -> Result<Vec<(String, Timestamp)>, StoreError> {
+        let mut tables = self.lock();
+        tables.replicas.retain(|_, alive_until| *alive_until > now);
+        let kept = tables.replicas.entry(replica.to_owned()).or_insert(until);
+        *kept = (*kept).max(until);
+        Ok(live(&tables.replicas, now))
+    }
+
+    async fn live_replicas(&self, now: Timestamp) -> Result<Vec<(String, Timestamp)>, StoreError> {
+        Ok(live(&self.lock().replicas, now))
+    }
+
     async fn delete_session(&self, code: &SessionCode) -> Result<bool, StoreError> {
         Ok(self.lock().remove_session(code))
     }
@@ -325,4 +342,13 @@ impl SessionStore for MemoryStore {
             sessions: tables.sessions.len(),
         })
     }
+}
+
+/// The replicas alive at `now`.
+fn live(replicas: &HashMap<String, Timestamp>, now: Timestamp) -> Vec<(String, Timestamp)> {
+    replicas
+        .iter()
+        .filter(|(_, until)| **until > now)
+        .map(|(replica, until)| (replica.clone(), *until))
+        .collect()
 }

@@ -12,7 +12,9 @@
 //! by expiry, for the metrics; moved when a session's expiry moves, about once per tenth of its
 //! time to live), `m:{<hash>}` (a manifest's JSON by its SHA-256, shared by every session that
 //! registered it), `answer-bytes` (hash: what each replica's sessions keep of answers),
-//! `{tickets}:…` (claim checks), `{mcp}:…` (MCP client sessions), `rate:…` and `lock:…`.
+//! `{tickets}:…` (claim checks), `{mcp}:…` (MCP client sessions), `rate:…` and `lock:…`, and
+//! `replicas` (sorted set: the relay replicas by when they stop counting as alive; a pushing
+//! tab counts as connected while its connection's replica does).
 //!
 //! # A call's path
 //! Two round trips: the enqueue script (rate budget, manifest revision, idempotency, pending
@@ -33,8 +35,8 @@
 //! # Events
 //! Scripts `PUBLISH` a session's changes on its channel; each replica holds one pub/sub
 //! connection ([`hub::EventHub`]). After that connection is lost, every reader hears
-//! [`SessionEvent::Missed`] and looks again; the relay's sweep of the tabs it serves
-//! ([`Store::refresh`]) catches anything else.
+//! [`SessionEvent::Missed`] and looks again; the relay's upkeep of the tabs it serves
+//! ([`Store::refresh`]) catches anything else, at the latest when it next slides the session.
 
 mod hub;
 mod keyed;
@@ -423,6 +425,50 @@ impl SessionStore for RedisStore {
         Ok(states)
     }
 
+    async fn keep_replica(
+        &self,
+        replica: &str,
+        now: Timestamp,
+        until: Timestamp,
+    ) -> Result<Vec<(String, Timestamp)>, StoreError> {
+        let replicas = self.key("replicas");
+        let (live,): (Vec<(String, i64)>,) = redis::pipe()
+            .cmd("ZADD")
+            .arg(&replicas)
+            .arg("GT")
+            .arg(until.0)
+            .arg(replica)
+            .ignore()
+            .cmd("ZREMRANGEBYSCORE")
+            .arg(&replicas)
+            .arg("-inf")
+            .arg(now.0)
+            .ignore()
+            .cmd("ZRANGE")
+            .arg(&replicas)
+            .arg(format!("({}", now.0))
+            .arg("+inf")
+            .arg("BYSCORE")
+            .arg("WITHSCORES")
+            .query_async(&mut self.connection())
+            .await
+            .map_err(store_error)?;
+        Ok(alive(live))
+    }
+
+    async fn live_replicas(&self, now: Timestamp) -> Result<Vec<(String, Timestamp)>, StoreError> {
+        let live: Vec<(String, i64)> = redis::cmd("ZRANGE")
+            .arg(self.key("replicas"))
+            .arg(format!("({}", now.0))
+            .arg("+inf")
+            .arg("BYSCORE")
+            .arg("WITHSCORES")
+            .query_async(&mut self.connection())
+            .await
+            .map_err(store_error)?;
+        Ok(alive(live))
+    }
+
     async fn delete_session(&self, code: &SessionCode) -> Result<bool, StoreError> {
         let deleted: i64 = self
             .run(&self.scripts.delete, code, &[], NoArguments)
@@ -768,6 +814,14 @@ impl SessionStore for RedisStore {
             sessions,
         })
     }
+}
+
+/// Replicas with when each stops counting as alive.
+fn alive(replicas: Vec<(String, i64)>) -> Vec<(String, Timestamp)> {
+    replicas
+        .into_iter()
+        .map(|(replica, until)| (replica, Timestamp(until)))
+        .collect()
 }
 
 /// A manifest's content hash: its key in `m:{<hash>}`, shared by every session that

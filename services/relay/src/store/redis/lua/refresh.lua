@@ -2,7 +2,7 @@
 -- Cluster): KEYS their key bases, ARGV[3] `until` ('' to only look), ARGV[4…] each one's
 -- connection. For each: { state, its calls waiting for an answer, its expiry, 1 if it moved }, the state 'gone' (the
 -- session ended), 'replaced' (another connection serves it) or 'ok' (then, with `until`, the
--- connection is recorded as heard from now and the expiry slid).
+-- expiry slid and its finished calls past the retention forgotten). A tab's presence is its replica's, kept apart: nothing here is written for it.
 local until_ms = ARGV[3]
 local out = {}
 for i, base in ipairs(KEYS) do
@@ -16,7 +16,7 @@ for i, base in ipairs(KEYS) do
     local moved = 0
     if until_ms ~= '' then
       slid_to = 0
-      set(session, 'p_last_seen', num(now))
+      forget_stale(session)
       slide(session, tonumber(until_ms))
       save(session)
       if slid_to > 0 then moved = 1 end
