@@ -31,9 +31,10 @@ pub const ANNOUNCED_ANSWER_BYTES: usize = 64 * 1024;
 /// stores count it against the answer budget ([`answer_cost`]; an expired call, whose answer
 /// is written when it is read, costs this and its id: [`expired_cost`]). Measured with an
 /// 11-byte answer, a finished call keeps ~270 bytes in the memory store
-/// (`services/relay/tests/finished_calls.rs`) and ~300 in Redis (`tests/store_conformance.rs`),
+/// (`services/relay/tests/finished_calls.rs`) and ~440 in Redis (`tests/store_conformance.rs`:
+/// a field of its session's hash, its entry in the finished list, Redis's own bookkeeping),
 /// its id and answer included: this covers both, so the budget bounds what they keep.
-pub const FINISHED_CALL_BYTES: usize = 300;
+pub const FINISHED_CALL_BYTES: usize = 450;
 
 /// The share of the session's time to live by which its expiry must move before a store
 /// writes it: activity moves an expiry at most once per tenth of the time to live, so a busy
@@ -358,7 +359,7 @@ mod tests {
             "local MAX_FINISHED_PER_SESSION = 1000",
             "local ANNOUNCED_ANSWER_BYTES = 65536",
             "local SLIDE_STEP_DIVISOR = 10",
-            "local FINISHED_CALL_BYTES = 300",
+            "local FINISHED_CALL_BYTES = 450",
         ] {
             assert!(preamble.contains(line), "{preamble}");
         }
