@@ -157,6 +157,8 @@ pub struct Snapshot {
     at: Instant,
     /// Calls per command (`cmdstat_*`), the commands scripts run inside included.
     commands: BTreeMap<String, u64>,
+    /// µs spent per command (`usec`: a script's includes the commands it runs).
+    busy: BTreeMap<String, u64>,
     /// Failed or rejected calls per command.
     failed: BTreeMap<String, u64>,
     /// Errors by kind (`errorstat_*`: `NOSCRIPT`, `ERR`, …).
@@ -187,6 +189,7 @@ impl Snapshot {
                 .unwrap_or(0.0)
         };
         let mut commands = BTreeMap::new();
+        let mut busy = BTreeMap::new();
         let mut failed = BTreeMap::new();
         let mut errors = BTreeMap::new();
         for (name, value) in info {
@@ -195,6 +198,7 @@ impl Snapshot {
                     continue;
                 }
                 commands.insert(command.to_owned(), stat(value, "calls"));
+                busy.insert(command.to_owned(), stat(value, "usec"));
                 let refused = stat(value, "failed_calls") + stat(value, "rejected_calls");
                 if refused > 0 {
                     failed.insert(command.to_owned(), refused);
@@ -206,6 +210,7 @@ impl Snapshot {
         Self {
             at: Instant::now(),
             commands,
+            busy,
             failed,
             errors,
             cpu: number("used_cpu_sys") + number("used_cpu_user"),
@@ -230,6 +235,7 @@ impl Snapshot {
         Spent {
             seconds: self.at.duration_since(before.at).as_secs_f64(),
             commands: delta(&self.commands, &before.commands),
+            busy: delta(&self.busy, &before.busy),
             failed: delta(&self.failed, &before.failed),
             errors: delta(&self.errors, &before.errors),
             cpu: (self.cpu - before.cpu).max(0.0),
@@ -252,6 +258,8 @@ pub struct Spent {
     /// Wall time between the snapshots.
     pub seconds: f64,
     commands: BTreeMap<String, u64>,
+    /// µs spent per command (a script's includes the commands it runs).
+    busy: BTreeMap<String, u64>,
     failed: BTreeMap<String, u64>,
     errors: BTreeMap<String, u64>,
     /// Redis CPU time, seconds.
@@ -293,18 +301,20 @@ impl Spent {
 
     /// The cells of a per-call row: commands, round trips, Redis CPU µs, Redis CPU % of a
     /// core, the calls/s a Redis core would carry at that cost, the top commands per call, the
+    /// top µs in commands per call (a script's own including its commands), the
     /// round trips by operation per call, errors.
     pub fn per_call_cells(&self, calls: f64) -> String {
         let calls = calls.max(1.0);
         let cpu_per_call = self.cpu / calls;
         format!(
-            "{:.1} | {:.2} | {:.1} | {:.0} % | {} | {} | {} | {}",
+            "{:.1} | {:.2} | {:.1} | {:.0} % | {} | {} | {} | {} | {}",
             self.commands() as f64 / calls,
             self.round_trips() / calls,
             cpu_per_call * 1e6,
             self.cpu * 100.0 / self.seconds.max(1e-9),
             grouped(1.0 / cpu_per_call.max(1e-9)),
             top(self.commands.iter().map(|(k, v)| (k, *v as f64)), calls, 2),
+            top(self.busy.iter().map(|(k, v)| (k, *v as f64)), calls, 1),
             top(self.operations.iter().map(|(k, v)| (k, *v)), calls, 2),
             self.errors_cell(),
         )
