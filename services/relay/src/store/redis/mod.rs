@@ -237,6 +237,18 @@ impl RedisStore {
         Ok(())
     }
 
+    /// The replicas alive after `now`, with when each stops counting as alive.
+    fn live_replicas_command(&self, now: Timestamp) -> redis::Cmd {
+        let mut command = redis::cmd("ZRANGE");
+        command
+            .arg(self.key("replicas"))
+            .arg(format!("({}", now.0))
+            .arg("+inf")
+            .arg("BYSCORE")
+            .arg("WITHSCORES");
+        command
+    }
+
     /// A session script's answer that is a session (or false).
     async fn session_of<A: Named>(
         &self,
@@ -444,12 +456,7 @@ impl SessionStore for RedisStore {
             .arg("-inf")
             .arg(now.0)
             .ignore()
-            .cmd("ZRANGE")
-            .arg(&replicas)
-            .arg(format!("({}", now.0))
-            .arg("+inf")
-            .arg("BYSCORE")
-            .arg("WITHSCORES")
+            .add_command(self.live_replicas_command(now))
             .query_async(&mut self.connection())
             .await
             .map_err(store_error)?;
@@ -457,12 +464,8 @@ impl SessionStore for RedisStore {
     }
 
     async fn live_replicas(&self, now: Timestamp) -> Result<Vec<(String, Timestamp)>, StoreError> {
-        let live: Vec<(String, i64)> = redis::cmd("ZRANGE")
-            .arg(self.key("replicas"))
-            .arg(format!("({}", now.0))
-            .arg("+inf")
-            .arg("BYSCORE")
-            .arg("WITHSCORES")
+        let live: Vec<(String, i64)> = self
+            .live_replicas_command(now)
             .query_async(&mut self.connection())
             .await
             .map_err(store_error)?;
