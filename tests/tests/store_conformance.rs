@@ -1210,6 +1210,53 @@ conformance! {
         assert_eq!(answered, kept.into_iter().map(|(id, _)| id).collect::<Vec<_>>());
     }
 
+    async fn both_stores_evict_the_oldest_answers_across_sessions_when_over_the_budget(fixture) {
+        use toolrelay_relay::store::rules::{answer_cost, expired_cost};
+        // Three sessions answer in turn, each well within its share, together past the whole
+        // budget: the answers that go are the oldest of all, whichever session holds them.
+        let budget = limits().answer_budget;
+        let codes: Vec<SessionCode> = ["OLDA2345", "OLDB2345", "OLDC2345"].into_iter().map(code_of).collect();
+        for code in &codes {
+            assert!(fixture.store.insert_session(session(code.as_str(), fixture.now(), HOUR)).await.unwrap());
+        }
+        let mut kept: Vec<(SessionCode, String, usize)> = Vec::new();
+        for n in 0..6 {
+            for (i, code) in codes.iter().enumerate() {
+                let (id, now) = (format!("a{n}"), fixture.now());
+                fixture.store.enqueue(code, call(&id, now, json!({})), 100, now).await.unwrap();
+                let response = answer(&id, json!("x".repeat(3_500 + 500 * i)));
+                kept.push((code.clone(), id.clone(), answer_cost(&response)));
+                fixture.store.finish(code, &id, RequestStatus::Completed, response, Answerer::Relay, now, now).await.unwrap();
+                fixture.advance(Duration::from_millis(1));
+            }
+        }
+        // The rule: the oldest answers go until what is kept fits; an evicted call's record
+        // still costs what a record does.
+        let (mut expected, mut evicted_records) = (Vec::new(), 0);
+        while kept.iter().map(|(_, _, cost)| cost).sum::<usize>() + evicted_records > budget {
+            let (code, id, _) = kept.remove(0);
+            evicted_records += expired_cost(&id);
+            expected.push((code, id));
+        }
+        assert!(expected.len() >= 3, "the calls should pass the budget by a few answers");
+        // (A Redis replica keeps the total by its trim, which `usage` runs first.)
+        assert_eq!(
+            fixture.store.usage().await.unwrap().answer_bytes,
+            kept.iter().map(|(_, _, cost)| cost).sum::<usize>() + evicted_records
+        );
+        let mut evicted = Vec::new();
+        for n in 0..6 {
+            for code in &codes {
+                let record = fixture.store.request(code, &format!("a{n}")).await.unwrap().unwrap();
+                assert_eq!(record.evicted, record.response.is_none(), "{}", record.id);
+                if record.evicted {
+                    evicted.push((code.clone(), record.id));
+                }
+            }
+        }
+        assert_eq!(evicted, expected);
+    }
+
     async fn a_manifest_registered_by_many_sessions_is_theirs_until_each_changes_it(fixture) {
         let now = fixture.now();
         let codes: Vec<SessionCode> = ["MANA2345", "MANB2345", "MANC2345"].into_iter().map(code_of).collect();

@@ -76,7 +76,7 @@ arguments! {
     /// `lua/lease_builtin.lua`.
     LeaseBuiltin { id, holder, until_ms }
     /// `lua/evict.lua`.
-    Evict { keep_bytes }
+    Evict { keep_bytes, before }
 }
 
 /// A session script that takes no arguments of its own.

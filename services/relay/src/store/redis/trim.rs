@@ -5,10 +5,12 @@
 //! reads what the sessions whose answers went through it keep (one pipeline), files its sum
 //! under its own field of `answer-bytes` (with an expiry, so a replica that died stops
 //! counting), and, when the fields together pass the budget, evicts its share of the excess
-//! from its sessions, those holding the oldest answers first. A session answered through two
+//! from its sessions, their oldest answers first across them (as the memory store evicts
+//! them). A session answered through two
 //! replicas within the retention is counted by both: the budget errs on the side of evicting.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -20,6 +22,8 @@ use crate::error::StoreError;
 
 /// How often each replica trims.
 const TRIM_INTERVAL: Duration = Duration::from_secs(5);
+/// The most evict scripts one round runs (the next round goes on).
+const EVICT_RUNS: usize = 1000;
 /// How long a replica's count stands without being renewed.
 const COUNT_LIFETIME: Duration = Duration::from_secs(30);
 
@@ -99,34 +103,15 @@ impl RedisStore {
         if total <= budget || mine == 0 {
             return Ok(total as usize);
         }
-        // This replica's share of the excess, from its sessions holding the oldest answers.
-        let mut excess = (total - budget).saturating_mul(mine).div_ceil(total);
+        // This replica's share of the excess: its sessions' answers, oldest first across them.
+        let excess = (total - budget).saturating_mul(mine).div_ceil(total);
         let mut sessions: Vec<(&SessionCode, u64, i64)> = codes
             .iter()
             .zip(&kept)
             .filter_map(|(code, (bytes, oldest))| Some((code, (*bytes)?, oldest.unwrap_or(0))))
             .collect();
-        sessions.sort_by_key(|(_, _, oldest)| *oldest);
-        let mut left = mine;
-        for (code, bytes, _) in sessions {
-            if excess == 0 {
-                break;
-            }
-            let keep = bytes.saturating_sub(excess);
-            let kept: u64 = self
-                .run(
-                    &self.scripts.evict,
-                    code,
-                    &[],
-                    Evict {
-                        keep_bytes: &keep.to_string(),
-                    },
-                )
-                .await?;
-            let evicted = bytes.saturating_sub(kept);
-            excess = excess.saturating_sub(evicted);
-            left = left.saturating_sub(evicted);
-        }
+        let evicted = self.evict_oldest(&mut sessions, excess).await?;
+        let left = mine.saturating_sub(evicted);
         let () = redis::cmd("HSET")
             .arg(&key)
             .arg(replica)
@@ -135,6 +120,79 @@ impl RedisStore {
             .await
             .map_err(store_error)?;
         Ok((total - mine + left) as usize)
+    }
+
+    /// Evicts `excess` bytes of the answers of `sessions` (each with what it keeps and when
+    /// its oldest call finished), the oldest first across them, as the memory store does: each
+    /// run of the evict script takes one session's answers up to the next session's oldest,
+    /// at most [`EVICT_RUNS`] runs a round. Records go only when no answer is left (the oldest
+    /// sessions' first). Returns what was freed.
+    async fn evict_oldest(
+        &self,
+        sessions: &mut [(&SessionCode, u64, i64)],
+        excess: u64,
+    ) -> Result<u64, StoreError> {
+        let mut freed = 0;
+        // By when each session's oldest kept answer finished (at first, its oldest call: no
+        // later than that answer, so a session comes up early at worst and then says when).
+        let mut oldest: BinaryHeap<Reverse<(i64, usize)>> = sessions
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, bytes, _))| *bytes > 0)
+            .map(|(at, (_, _, oldest))| Reverse((*oldest, at)))
+            .collect();
+        let mut runs = 0;
+        while freed < excess && runs < EVICT_RUNS {
+            let Some(Reverse((_, at))) = oldest.pop() else {
+                break;
+            };
+            let before = oldest.peek().map_or(i64::MAX, |Reverse((next, _))| *next);
+            let (code, bytes, _) = &mut sessions[at];
+            let (kept, next) = self
+                .evict(code, bytes.saturating_sub(excess - freed), Some(before))
+                .await?;
+            freed += bytes.saturating_sub(kept);
+            *bytes = kept;
+            if let Some(next) = next {
+                oldest.push(Reverse((next, at)));
+            }
+            runs += 1;
+        }
+        // Every answer is gone and that was not enough: the oldest sessions' records go.
+        if oldest.is_empty() && freed < excess {
+            sessions.sort_by_key(|(_, _, oldest)| *oldest);
+            for (code, bytes, _) in sessions.iter_mut() {
+                if freed >= excess {
+                    break;
+                }
+                let (kept, _) = self
+                    .evict(code, bytes.saturating_sub(excess - freed), None)
+                    .await?;
+                freed += bytes.saturating_sub(kept);
+                *bytes = kept;
+            }
+        }
+        Ok(freed)
+    }
+
+    /// Runs the evict script on a session: what it keeps after, and when its oldest answer
+    /// still kept finished.
+    async fn evict(
+        &self,
+        code: &SessionCode,
+        keep: u64,
+        before: Option<i64>,
+    ) -> Result<(u64, Option<i64>), StoreError> {
+        self.run(
+            &self.scripts.evict,
+            code,
+            &[],
+            Evict {
+                keep_bytes: &keep.to_string(),
+                before: &before.map_or_else(String::new, |before| before.to_string()),
+            },
+        )
+        .await
     }
 }
 

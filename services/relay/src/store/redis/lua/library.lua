@@ -284,16 +284,19 @@ end
 
 -- Keeps what the session's finished calls cost within `share`: its oldest answers are evicted
 -- first (their records stay, marked evicted, at the cost of a record), then, if that is not
--- enough, its oldest finished calls are forgotten altogether.
-local function keep_share(session, share)
+-- enough, its oldest finished calls are forgotten altogether. With `before` (ms), only answers
+-- finished at or before it are evicted, and no record is forgotten (the trim's run through the
+-- sessions' answers, oldest first across them).
+local function keep_share(session, share, before)
   while count(session, 'answer_bytes') > share do
     local kept_from = count(session, 'kept_from')
     local entry = redis.call('LINDEX', session.f, kept_from)
     if not entry then
-      if count(session, 'finished') == 0 then break end
+      if before or count(session, 'finished') == 0 then break end
       forget_oldest(session, 1)
     else
-      local cost, id = string.match(entry, '^%d+:(%d+):(.*)$')
+      local at, cost, id = string.match(entry, '^(%d+):(%d+):(.*)$')
+      if before and tonumber(at) > before then break end
       local record = read_call(session, id)
       if record then
         record.response = ''

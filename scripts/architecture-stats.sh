@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# How the code is shaped, counted (issue 26's table): where one operation is written, error
+# names compared as strings, files over 800 lines. Prints one line per figure.
+#
+#   scripts/architecture-stats.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Rust sources of the services, without the tests' own files.
+sources() {
+  find services -name '*.rs' -not -path '*/tests/*' -not -name 'tests.rs' | sort
+}
+
+# The files (besides proto/) that mention a RelayApi operation by its Rust name.
+operation_files() {
+  local name=$1
+  grep -l -w -e "$name" $(sources) | grep -v '^services/relay/src/store/' || true
+}
+
+for operation in end_session register_manifest; do
+  files=$(operation_files "$operation")
+  printf 'files naming the operation %-18s %s  (%s)\n' "$operation:" \
+    "$(wc -w <<<"$files")" "$(tr '\n' ' ' <<<"$files" | sed 's/ $//')"
+done
+
+# Error names compared as strings: a SCREAMING_CASE or snake_case code in quotes next to ==,
+# != or a match arm, and matches on message text (HTTP methods and the tests' asserts aside).
+compared=$(grep -n -E \
+  -e '(==|!=) *"[A-Z][A-Z0-9_]{3,}"' -e '"[A-Z][A-Z0-9_]{3,}" *(==|!=)' \
+  -e '^\s*"[A-Z][A-Z0-9_]{3,}"( *\| *"[A-Z][A-Z0-9_]{3,}")* *=>' \
+  -e '\.contains\("[a-z ]+limit' -e 'code *== *"[a-z_]+"' \
+  $(sources) | grep -v -e 'method *==' -e 'assert' || true)
+printf 'error names compared as strings           %s\n' "$(grep -c . <<<"$compared" || true)"
+[[ -z $compared ]] || sed 's/^/    /' <<<"$compared"
+
+long=$(for file in $(sources); do
+  lines=$(wc -l <"$file")
+  ((lines > 800)) && echo "$file $lines"
+done || true)
+printf 'source files over 800 lines               %s\n' "$(grep -c . <<<"$long" || true)"
+[[ -z $long ]] || sed 's/^/    /' <<<"$long"
