@@ -7,7 +7,9 @@
 //!   manifests, and the browser WebSocket frames of the provider protocol.
 //! * [`errors`]: every error name that crosses a seam, as one type ([`errors::ErrorCode`]).
 //! * [`json`]: conversions between `serde_json::Value` and protobuf `Struct`/`Value`.
+//! * [`convert`]: `From`/`TryFrom` between the wire types and their protobuf messages.
 
+pub mod convert;
 pub mod errors;
 pub mod json;
 pub mod proto;

@@ -1,475 +1,411 @@
-//! Every conversion between the domain types and their protobuf messages, both ways, in one
-//! place: the gRPC server (`grpc.rs`) converts one way and a remote relay's client
-//! (`remote.rs`) the other, and the tests below hold each pair to a round trip.
+//! `From`/`TryFrom` between the relay's own types and their protobuf messages, both ways: the
+//! gRPC server (`grpc.rs`) converts one way and a remote relay's client (`remote.rs`) the
+//! other. The wire types ([`toolrelay::wire`]) convert in the shared crate
+//! ([`toolrelay::convert`], beside both types); the tests below hold every pair, of both
+//! places, to a round trip.
 
-use serde_json::{Map, Value, json};
+use serde_json::Value;
+use std::time::Duration;
+use toolrelay::convert::Malformed;
+
 use toolrelay::json::{from_struct, from_value, to_struct, to_value};
 use toolrelay::proto::v1 as pb;
-use toolrelay::wire::{
-    FunctionSpec, GroupedManifest, ProviderFrame, ProviderResponse, RequestStatus, ToolError,
-    ToolGroup, ToolRequest, ToolResponse,
-};
 
-use crate::builtin::{BUILTIN_GROUP, FailureKind, ToolInfo};
+use crate::builtin::{BUILTIN_GROUP, FailureKind, Scope, ToolFailure, ToolInfo};
 use crate::clock::Timestamp;
 use crate::code::SessionCode;
-use crate::error::ErrorCode;
+use crate::error::{ErrorCode, RelayError};
 use crate::provider::{Downlink, Refusal};
-use crate::relay::{CallInput, RequestView, SessionStatus};
+use crate::relay::{CallInput, NewSession, RequestView, SessionStatus};
 use crate::store::Transport;
 
-pub(crate) fn session_info(status_of: crate::relay::SessionStatus) -> pb::SessionInfo {
-    pb::SessionInfo {
-        code: status_of.code.as_str().to_owned(),
-        created_at: Some(timestamp_message(status_of.created_at)),
-        expires_at: Some(timestamp_message(status_of.expires_at)),
-        max_expires_at: Some(timestamp_message(status_of.max_expires_at)),
-        provider_connected: status_of.transport.is_some(),
-        transport: status_of
-            .transport
-            .map(Transport::as_str)
-            .unwrap_or_default()
-            .to_owned(),
-        tool_count: count(status_of.tool_count),
-        pending_requests: count(status_of.pending_requests),
-        mcp_handle: status_of.mcp_handle,
-    }
-}
-
-/// The protobuf kind of a tool failure.
-pub(crate) fn failure_kind(kind: FailureKind) -> pb::FailureKind {
-    match kind {
-        FailureKind::BadInput => pb::FailureKind::BadInput,
-        FailureKind::TooLarge => pb::FailureKind::TooLarge,
-        FailureKind::NotFound => pb::FailureKind::NotFound,
-        FailureKind::Busy => pb::FailureKind::Busy,
-        FailureKind::Internal => pb::FailureKind::Internal,
-        FailureKind::Unavailable => pb::FailureKind::Unavailable,
-    }
-}
-
-/// A built-in tool as a protobuf `Tool`.
-pub(crate) fn tool_message(tool: ToolInfo) -> pb::Tool {
-    pb::Tool {
-        name: tool.name,
-        description: tool.description,
-        input_schema: Some(to_struct(&tool.input_schema)),
-        tool_id: BUILTIN_GROUP.to_owned(),
-    }
-}
-
+/// A count as protobuf's `u32` (saturating).
 pub(crate) fn count(n: usize) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
 }
 
-pub(crate) fn timestamp_message(at: Timestamp) -> prost_types::Timestamp {
-    let (seconds, nanos) = at.seconds_and_nanos();
-    prost_types::Timestamp { seconds, nanos }
-}
-
-pub(crate) fn non_empty(text: String) -> Option<String> {
-    (!text.is_empty()).then_some(text)
-}
-
-pub(crate) fn call_input(
-    request_id: String,
-    tool_id: String,
-    function_name: String,
-    args: Option<prost_types::Struct>,
-) -> CallInput {
-    CallInput {
-        request_id: non_empty(request_id),
-        tool_id: non_empty(tool_id),
-        function_name,
-        args: args.map_or(Value::Null, |args| from_struct(&args)),
-        correlation_id: None,
+impl From<Timestamp> for prost_types::Timestamp {
+    fn from(at: Timestamp) -> Self {
+        let (seconds, nanos) = at.seconds_and_nanos();
+        Self { seconds, nanos }
     }
 }
 
-pub(crate) fn status_enum(status: RequestStatus) -> pb::RequestStatus {
-    match status {
-        RequestStatus::Queued => pb::RequestStatus::Queued,
-        RequestStatus::Delivered => pb::RequestStatus::Delivered,
-        RequestStatus::Completed => pb::RequestStatus::Completed,
-        RequestStatus::Failed => pb::RequestStatus::Failed,
-        RequestStatus::Expired => pb::RequestStatus::Expired,
-    }
-}
-
-pub(crate) fn request_state(view: RequestView) -> pb::RequestState {
-    pb::RequestState {
-        request_id: view.request_id,
-        status: status_enum(view.status).into(),
-        response: view.response.map(response_message),
-        provider_connected: view.provider_connected,
-    }
-}
-
-pub(crate) fn response_message(response: ToolResponse) -> pb::ToolResponse {
-    pb::ToolResponse {
-        request_id: response.request_id,
-        success: response.success,
-        result: response.result.as_ref().map(to_value),
-        error: response.error.map(|error| pb::ToolError {
-            code: error.code,
-            message: error.message,
-        }),
-    }
-}
-
-pub(crate) fn provider_response(response: pb::ToolResponse) -> ProviderResponse {
-    ProviderResponse {
-        request_id: response.request_id,
-        success: Some(response.success),
-        result: response.result.as_ref().map(from_value),
-        error: response.error.map(|error| {
-            let mut object = Map::new();
-            if !error.code.is_empty() {
-                object.insert("code".into(), Value::String(error.code));
-            }
-            object.insert("message".into(), Value::String(error.message));
-            Value::Object(object)
-        }),
-    }
-}
-
-/// What a provider registered: `tools_json` when set (malformed JSON becomes a value the
-/// manifest parser refuses with a clear message), otherwise the protobuf tools.
-pub(crate) fn registered_tools(tools: &[pb::Tool], tools_json: &str) -> Value {
-    if tools_json.is_empty() {
-        return tools_value(tools);
-    }
-    serde_json::from_str(tools_json)
-        .unwrap_or_else(|error| Value::String(format!("tools_json is not valid JSON: {error}")))
-}
-
-/// Tools in protobuf form as the flat JSON the manifest parser reads.
-pub(crate) fn tools_value(tools: &[pb::Tool]) -> Value {
-    Value::Array(
-        tools
-            .iter()
-            .map(|tool| {
-                let mut entry = json!({"name": tool.name, "description": tool.description});
-                if let Some(schema) = &tool.input_schema {
-                    entry["inputSchema"] = from_struct(schema);
-                }
-                if !tool.tool_id.is_empty() {
-                    entry["toolId"] = Value::String(tool.tool_id.clone());
-                }
-                entry
-            })
-            .collect(),
-    )
-}
-
-pub(crate) fn manifest_message(grouped: &GroupedManifest) -> pb::Manifest {
-    let groups = grouped
-        .tools
-        .iter()
-        .map(|group| pb::ToolGroup {
-            id: group.id.clone(),
-            description: group.description.clone(),
+/// A protobuf time, to the millisecond; not set is 0.
+impl From<Option<prost_types::Timestamp>> for Timestamp {
+    fn from(at: Option<prost_types::Timestamp>) -> Self {
+        at.map_or(Self(0), |at| {
+            Self(at.seconds.saturating_mul(1000) + i64::from(at.nanos / 1_000_000))
         })
-        .collect();
-    let flat = grouped.flat();
-    pb::Manifest {
-        version: flat.version,
-        tools: flat
-            .tools
-            .into_iter()
-            .map(|tool| pb::Tool {
-                name: tool.name,
-                description: tool.description,
-                input_schema: Some(to_struct(&tool.input_schema)),
-                tool_id: tool.tool_id.unwrap_or_default(),
-            })
-            .collect(),
-        groups,
     }
 }
 
-pub(crate) fn provider_frame(message: pb::ProviderMessage) -> Option<ProviderFrame> {
-    Some(match message.kind? {
-        pb::provider_message::Kind::Register(register) => ProviderFrame::Register {
-            tools: Box::new(registered_tools(&register.tools, &register.tools_json)),
-        },
-        pb::provider_message::Kind::Response(response) => {
-            ProviderFrame::Response(Box::new(provider_response(response)))
-        }
-        pb::provider_message::Kind::Ping(_) => ProviderFrame::Ping,
-    })
-}
-
-pub(crate) fn relay_message(message: Downlink) -> pb::RelayMessage {
-    use pb::relay_message::Kind;
-    let kind = match message {
-        Downlink::Welcome { code, expires_at } => Kind::Welcome(pb::Welcome {
-            code: code.as_str().to_owned(),
-            expires_at: Some(timestamp_message(expires_at)),
-            protocol_version: toolrelay::PROTOCOL_VERSION.to_owned(),
-        }),
-        Downlink::ToolRequest { request, seq } => Kind::ToolRequest(pb::ToolRequest {
-            request_id: request.request_id,
-            tool_id: request.tool_id.unwrap_or_default(),
-            function_name: request.function_name,
-            args: Some(to_struct(&request.args)),
-            seq,
-        }),
-        Downlink::Heartbeat {
-            expires_at,
-            answers_ping,
-        } => Kind::Heartbeat(pb::Heartbeat {
-            expires_at: Some(timestamp_message(expires_at)),
-            answers_ping,
-        }),
-        Downlink::Registered { tools } => Kind::Registered(pb::Registered {
-            tool_count: count(tools),
-        }),
-        Downlink::Expired { message } => Kind::Expired(pb::Expired { message }),
-        other @ (Downlink::Error { .. } | Downlink::Replaced | Downlink::Restarting) => {
-            let (error, message) = other
-                .error()
-                .unwrap_or((ErrorCode::InternalError, String::new()));
-            Kind::Error(pb::RelayError {
-                error: error.as_str().to_owned(),
-                message,
-                request_id: String::new(),
-            })
-        }
-        Downlink::Ack {
-            request_id,
-            refusal,
-        } => {
-            let (error, message) = refusal.map_or_else(Default::default, |refusal| {
-                (refusal.error.as_str().to_owned(), refusal.message)
-            });
-            Kind::Ack(pb::Ack {
-                request_id,
-                error,
-                message,
-            })
-        }
-        Downlink::NotStored {
-            request_id,
-            refusal,
-        } => Kind::Error(pb::RelayError {
-            error: refusal.error.as_str().to_owned(),
-            message: refusal.message,
-            request_id,
-        }),
-    };
-    pb::RelayMessage { kind: Some(kind) }
-}
-
-/// A session's state from a `SessionInfo`; `None` when its code is malformed.
-pub(crate) fn session_status(info: pb::SessionInfo) -> Option<SessionStatus> {
-    Some(SessionStatus {
-        code: SessionCode::parse(&info.code).ok()?,
-        created_at: timestamp(info.created_at),
-        expires_at: timestamp(info.expires_at),
-        max_expires_at: timestamp(info.max_expires_at),
-        transport: Transport::parse(&info.transport),
-        tool_count: info.tool_count as usize,
-        pending_requests: info.pending_requests as usize,
-        mcp_handle: info.mcp_handle,
-    })
-}
-
-pub(crate) fn timestamp(at: Option<prost_types::Timestamp>) -> Timestamp {
-    at.map_or(Timestamp(0), |at| {
-        Timestamp(at.seconds.saturating_mul(1000) + i64::from(at.nanos / 1_000_000))
-    })
-}
-
-pub(crate) fn status_of(status: pb::RequestStatus) -> RequestStatus {
-    match status {
-        pb::RequestStatus::Queued | pb::RequestStatus::Unspecified => RequestStatus::Queued,
-        pb::RequestStatus::Delivered => RequestStatus::Delivered,
-        pb::RequestStatus::Completed => RequestStatus::Completed,
-        pb::RequestStatus::Failed => RequestStatus::Failed,
-        pb::RequestStatus::Expired => RequestStatus::Expired,
-    }
-}
-
-pub(crate) fn request_view(state: pb::RequestState) -> RequestView {
-    RequestView {
-        provider_connected: state.provider_connected,
-        status: status_of(state.status()),
-        request_id: state.request_id,
-        response: state.response.map(tool_response),
-    }
-}
-
-pub(crate) fn tool_response(response: pb::ToolResponse) -> ToolResponse {
-    ToolResponse {
-        request_id: response.request_id,
-        success: response.success,
-        result: response.result.as_ref().map(from_value),
-        error: response.error.map(|error| ToolError {
-            code: error.code,
-            message: error.message,
-        }),
-    }
-}
-
-pub(crate) fn tool_request(request: pb::ToolRequest) -> ToolRequest {
-    ToolRequest {
-        request_id: request.request_id,
-        tool_id: non_empty(request.tool_id),
-        function_name: request.function_name,
-        args: request.args.as_ref().map_or(Value::Null, from_struct),
-    }
-}
-
-/// A provider's response as the protobuf message (the inverse of the server's conversion).
-pub(crate) fn provider_message_response(response: ProviderResponse) -> pb::ToolResponse {
-    let success = response.success.unwrap_or(response.error.is_none());
-    let error = response.error.map(|error| match error {
-        Value::String(message) => pb::ToolError {
-            code: String::new(),
-            message,
-        },
-        Value::Object(object) => pb::ToolError {
-            code: object
-                .get("code")
-                .and_then(Value::as_str)
+impl From<SessionStatus> for pb::SessionInfo {
+    fn from(status: SessionStatus) -> Self {
+        Self {
+            code: status.code.as_str().to_owned(),
+            created_at: Some(status.created_at.into()),
+            expires_at: Some(status.expires_at.into()),
+            max_expires_at: Some(status.max_expires_at.into()),
+            provider_connected: status.transport.is_some(),
+            transport: status
+                .transport
+                .map(Transport::as_str)
                 .unwrap_or_default()
                 .to_owned(),
-            message: object
-                .get("message")
-                .and_then(Value::as_str)
-                .map_or_else(|| Value::Object(object.clone()).to_string(), str::to_owned),
-        },
-        other => pb::ToolError {
-            code: String::new(),
-            message: other.to_string(),
-        },
-    });
-    pb::ToolResponse {
-        request_id: response.request_id,
-        success,
-        result: response.result.as_ref().map(to_value),
-        error: if success { None } else { error },
-    }
-}
-
-pub(crate) fn provider_message(frame: ProviderFrame) -> pb::ProviderMessage {
-    use pb::provider_message::Kind;
-    let kind = match frame {
-        ProviderFrame::Register { tools } => Kind::Register(pb::Register {
-            tools: Vec::new(),
-            tools_json: tools.to_string(),
-        }),
-        ProviderFrame::Response(response) => Kind::Response(provider_message_response(*response)),
-        ProviderFrame::Ping => Kind::Ping(pb::Ping {}),
-    };
-    pb::ProviderMessage { kind: Some(kind) }
-}
-
-pub(crate) fn downlink_message(message: pb::RelayMessage) -> Option<Downlink> {
-    use pb::relay_message::Kind;
-    Some(match message.kind? {
-        Kind::Welcome(welcome) => Downlink::Welcome {
-            code: SessionCode::parse(&welcome.code).ok()?,
-            expires_at: timestamp(welcome.expires_at),
-        },
-        Kind::ToolRequest(request) => Downlink::ToolRequest {
-            seq: request.seq,
-            request: Box::new(tool_request(request)),
-        },
-        Kind::Heartbeat(heartbeat) => Downlink::Heartbeat {
-            expires_at: timestamp(heartbeat.expires_at),
-            answers_ping: heartbeat.answers_ping,
-        },
-        Kind::Registered(registered) => Downlink::Registered {
-            tools: registered.tool_count as usize,
-        },
-        Kind::Error(error) => match ErrorCode::parse(&error.error) {
-            code if !error.request_id.is_empty() => Downlink::NotStored {
-                request_id: error.request_id,
-                refusal: Box::new(Refusal {
-                    error: code.unwrap_or(ErrorCode::InternalError),
-                    message: error.message,
-                }),
-            },
-            Some(ErrorCode::Replaced) => Downlink::Replaced,
-            Some(ErrorCode::ShuttingDown) => Downlink::Restarting,
-            code => Downlink::Error {
-                error: code.unwrap_or(ErrorCode::InternalError),
-                message: error.message,
-            },
-        },
-        Kind::Ack(ack) => Downlink::Ack {
-            request_id: ack.request_id,
-            refusal: (!ack.error.is_empty()).then(|| {
-                Box::new(Refusal {
-                    error: ErrorCode::parse(&ack.error).unwrap_or(ErrorCode::InternalError),
-                    message: ack.message,
-                })
-            }),
-        },
-        Kind::Expired(expired) => Downlink::Expired {
-            message: expired.message,
-        },
-    })
-}
-
-/// A session's manifest from its protobuf form: the groups, each with its functions.
-pub(crate) fn grouped_manifest(manifest: pb::Manifest) -> GroupedManifest {
-    let mut tools: Vec<ToolGroup> = manifest
-        .groups
-        .into_iter()
-        .map(|group| ToolGroup {
-            id: group.id,
-            description: group.description,
-            functions: Vec::new(),
-        })
-        .collect();
-    for tool in manifest.tools {
-        let spec = FunctionSpec {
-            name: tool.name,
-            description: tool.description,
-            parameters: tool.input_schema.as_ref().map_or(Value::Null, from_struct),
-        };
-        match tools.iter_mut().find(|group| group.id == tool.tool_id) {
-            Some(group) => group.functions.push(spec),
-            None => tools.push(ToolGroup {
-                id: tool.tool_id,
-                description: spec.description.clone(),
-                functions: vec![spec],
-            }),
+            tool_count: count(status.tool_count),
+            pending_requests: count(status.pending_requests),
+            mcp_handle: status.mcp_handle,
         }
     }
-    GroupedManifest {
-        version: manifest.version,
-        tools,
+}
+
+impl TryFrom<pb::SessionInfo> for SessionStatus {
+    type Error = Malformed;
+
+    fn try_from(info: pb::SessionInfo) -> Result<Self, Malformed> {
+        Ok(Self {
+            code: SessionCode::parse(&info.code).map_err(|_| Malformed("a session code"))?,
+            created_at: info.created_at.into(),
+            expires_at: info.expires_at.into(),
+            max_expires_at: info.max_expires_at.into(),
+            transport: Transport::parse(&info.transport),
+            tool_count: info.tool_count as usize,
+            pending_requests: info.pending_requests as usize,
+            mcp_handle: info.mcp_handle,
+        })
     }
 }
 
-/// A tool failure's kind from its protobuf form.
-pub(crate) fn failure_kind_of(kind: pb::FailureKind) -> FailureKind {
-    match kind {
-        pb::FailureKind::BadInput => FailureKind::BadInput,
-        pb::FailureKind::TooLarge => FailureKind::TooLarge,
-        pb::FailureKind::NotFound => FailureKind::NotFound,
-        pb::FailureKind::Busy => FailureKind::Busy,
-        pb::FailureKind::Internal | pb::FailureKind::Unspecified => FailureKind::Internal,
-        pb::FailureKind::Unavailable => FailureKind::Unavailable,
+impl From<FailureKind> for pb::FailureKind {
+    fn from(kind: FailureKind) -> Self {
+        match kind {
+            FailureKind::BadInput => Self::BadInput,
+            FailureKind::TooLarge => Self::TooLarge,
+            FailureKind::NotFound => Self::NotFound,
+            FailureKind::Busy => Self::Busy,
+            FailureKind::Internal => Self::Internal,
+            FailureKind::Unavailable => Self::Unavailable,
+        }
     }
 }
 
-/// A built-in tool from its protobuf form.
-pub(crate) fn tool_info(tool: pb::Tool) -> ToolInfo {
-    ToolInfo {
-        name: tool.name,
-        description: tool.description,
-        input_schema: tool.input_schema.as_ref().map_or(Value::Null, from_struct),
+impl From<pb::FailureKind> for FailureKind {
+    fn from(kind: pb::FailureKind) -> Self {
+        match kind {
+            pb::FailureKind::BadInput => Self::BadInput,
+            pb::FailureKind::TooLarge => Self::TooLarge,
+            pb::FailureKind::NotFound => Self::NotFound,
+            pb::FailureKind::Busy => Self::Busy,
+            pb::FailureKind::Internal | pb::FailureKind::Unspecified => Self::Internal,
+            pb::FailureKind::Unavailable => Self::Unavailable,
+        }
+    }
+}
+
+impl From<ToolFailure> for pb::ToolFailure {
+    fn from(failure: ToolFailure) -> Self {
+        Self {
+            kind: pb::FailureKind::from(failure.kind).into(),
+            code: failure.code,
+            message: failure.message,
+            retry_after_seconds: failure
+                .retry_after
+                .map_or(0, |wait| u32::try_from(wait.as_secs()).unwrap_or(u32::MAX)),
+        }
+    }
+}
+
+impl From<pb::ToolFailure> for ToolFailure {
+    fn from(failure: pb::ToolFailure) -> Self {
+        Self {
+            kind: failure.kind().into(),
+            retry_after: (failure.retry_after_seconds > 0)
+                .then(|| Duration::from_secs(u64::from(failure.retry_after_seconds))),
+            code: failure.code,
+            message: failure.message,
+        }
+    }
+}
+
+/// A built-in tool as a protobuf `Tool` (in the built-in group).
+impl From<ToolInfo> for pb::Tool {
+    fn from(tool: ToolInfo) -> Self {
+        Self {
+            name: tool.name,
+            description: tool.description,
+            input_schema: Some(to_struct(&tool.input_schema)),
+            tool_id: BUILTIN_GROUP.to_owned(),
+        }
+    }
+}
+
+impl From<pb::Tool> for ToolInfo {
+    fn from(tool: pb::Tool) -> Self {
+        Self {
+            name: tool.name,
+            description: tool.description,
+            input_schema: tool.input_schema.as_ref().map_or(Value::Null, from_struct),
+        }
+    }
+}
+
+impl CallInput {
+    /// A call as the gRPC `Submit` and `Call` messages carry it.
+    pub(crate) fn from_message(
+        request_id: String,
+        tool_id: String,
+        function_name: String,
+        args: Option<prost_types::Struct>,
+    ) -> Self {
+        Self {
+            request_id: toolrelay::convert::non_empty(request_id),
+            tool_id: toolrelay::convert::non_empty(tool_id),
+            function_name,
+            args: args.map_or(Value::Null, |args| from_struct(&args)),
+            correlation_id: None,
+        }
+    }
+}
+
+impl From<NewSession> for pb::CreateSessionResponse {
+    fn from(session: NewSession) -> Self {
+        Self {
+            code: session.code.as_str().to_owned(),
+            provider_token: session.provider_token,
+            ttl_seconds: u32::try_from(session.ttl.as_secs()).unwrap_or(u32::MAX),
+            expires_at: Some(session.expires_at.into()),
+            mcp_handle: session.mcp_handle,
+            max_expires_at: Some(session.max_expires_at.into()),
+        }
+    }
+}
+
+impl TryFrom<pb::CreateSessionResponse> for NewSession {
+    type Error = Malformed;
+
+    fn try_from(created: pb::CreateSessionResponse) -> Result<Self, Malformed> {
+        Ok(Self {
+            code: SessionCode::parse(&created.code).map_err(|_| Malformed("a session code"))?,
+            provider_token: created.provider_token,
+            ttl: Duration::from_secs(u64::from(created.ttl_seconds)),
+            expires_at: created.expires_at.into(),
+            max_expires_at: created.max_expires_at.into(),
+            mcp_handle: created.mcp_handle,
+        })
+    }
+}
+
+impl From<Scope> for Option<pb::call_tool_request::Scope> {
+    fn from(scope: Scope) -> Self {
+        use pb::call_tool_request::Scope as PbScope;
+        match scope {
+            Scope::Session(code) => Some(PbScope::SessionCode(code.as_str().to_owned())),
+            Scope::Mcp(id) => Some(PbScope::McpSession(id)),
+            Scope::Caller(id) => Some(PbScope::CallerScope(id)),
+            Scope::None => None,
+        }
+    }
+}
+
+/// A tool call's scope; a malformed session code is the caller's error.
+impl TryFrom<Option<pb::call_tool_request::Scope>> for Scope {
+    type Error = RelayError;
+
+    fn try_from(scope: Option<pb::call_tool_request::Scope>) -> Result<Self, RelayError> {
+        use pb::call_tool_request::Scope as PbScope;
+        Ok(match scope {
+            Some(PbScope::SessionCode(code)) => Self::Session(SessionCode::parse(&code)?),
+            Some(PbScope::McpSession(id)) => Self::Mcp(id),
+            Some(PbScope::CallerScope(id)) => Self::Caller(id),
+            None => Self::None,
+        })
+    }
+}
+
+/// A built-in tool's run: its result, or its failure.
+pub(crate) fn tool_run_message(ran: Result<Value, ToolFailure>) -> pb::CallToolResponse {
+    match ran {
+        Ok(result) => pb::CallToolResponse {
+            success: true,
+            result: Some(to_value(&result)),
+            failure: None,
+        },
+        Err(failure) => pb::CallToolResponse {
+            success: false,
+            result: None,
+            failure: Some(failure.into()),
+        },
+    }
+}
+
+/// A built-in tool's run from its protobuf form (the inverse of [`tool_run_message`]).
+pub(crate) fn tool_run(reply: pb::CallToolResponse) -> Result<Value, ToolFailure> {
+    if reply.success {
+        Ok(reply.result.as_ref().map_or(Value::Null, from_value))
+    } else {
+        Err(reply.failure.unwrap_or_default().into())
+    }
+}
+
+impl From<RequestView> for pb::RequestState {
+    fn from(view: RequestView) -> Self {
+        Self {
+            request_id: view.request_id,
+            status: pb::RequestStatus::from(view.status).into(),
+            response: view.response.map(Into::into),
+            provider_connected: view.provider_connected,
+        }
+    }
+}
+
+impl From<pb::RequestState> for RequestView {
+    fn from(state: pb::RequestState) -> Self {
+        Self {
+            provider_connected: state.provider_connected,
+            status: state.status().into(),
+            request_id: state.request_id,
+            response: state.response.map(Into::into),
+        }
+    }
+}
+
+impl From<Downlink> for pb::RelayMessage {
+    fn from(message: Downlink) -> Self {
+        use pb::relay_message::Kind;
+        let kind = match message {
+            Downlink::Welcome { code, expires_at } => Kind::Welcome(pb::Welcome {
+                code: code.as_str().to_owned(),
+                expires_at: Some(expires_at.into()),
+                protocol_version: toolrelay::PROTOCOL_VERSION.to_owned(),
+            }),
+            Downlink::ToolRequest { request, seq } => Kind::ToolRequest(pb::ToolRequest {
+                seq,
+                ..(*request).into()
+            }),
+            Downlink::Heartbeat {
+                expires_at,
+                answers_ping,
+            } => Kind::Heartbeat(pb::Heartbeat {
+                expires_at: Some(expires_at.into()),
+                answers_ping,
+            }),
+            Downlink::Registered { tools } => Kind::Registered(pb::Registered {
+                tool_count: count(tools),
+            }),
+            Downlink::Expired { message } => Kind::Expired(pb::Expired { message }),
+            other @ (Downlink::Error { .. } | Downlink::Replaced | Downlink::Restarting) => {
+                let (error, message) = other
+                    .error()
+                    .unwrap_or((ErrorCode::InternalError, String::new()));
+                Kind::Error(pb::RelayError {
+                    error: error.as_str().to_owned(),
+                    message,
+                    request_id: String::new(),
+                })
+            }
+            Downlink::Ack {
+                request_id,
+                refusal,
+            } => {
+                let (error, message) = refusal.map_or_else(Default::default, |refusal| {
+                    (refusal.error.as_str().to_owned(), refusal.message)
+                });
+                Kind::Ack(pb::Ack {
+                    request_id,
+                    error,
+                    message,
+                })
+            }
+            Downlink::NotStored {
+                request_id,
+                refusal,
+            } => Kind::Error(pb::RelayError {
+                error: refusal.error.as_str().to_owned(),
+                message: refusal.message,
+                request_id,
+            }),
+        };
+        Self { kind: Some(kind) }
+    }
+}
+
+impl TryFrom<pb::RelayMessage> for Downlink {
+    type Error = Malformed;
+
+    fn try_from(message: pb::RelayMessage) -> Result<Self, Malformed> {
+        use pb::relay_message::Kind;
+        Ok(
+            match message
+                .kind
+                .ok_or(Malformed("a relay message with no kind"))?
+            {
+                Kind::Welcome(welcome) => Self::Welcome {
+                    code: SessionCode::parse(&welcome.code)
+                        .map_err(|_| Malformed("a session code"))?,
+                    expires_at: welcome.expires_at.into(),
+                },
+                Kind::ToolRequest(request) => Self::ToolRequest {
+                    seq: request.seq,
+                    request: Box::new(request.into()),
+                },
+                Kind::Heartbeat(heartbeat) => Self::Heartbeat {
+                    expires_at: heartbeat.expires_at.into(),
+                    answers_ping: heartbeat.answers_ping,
+                },
+                Kind::Registered(registered) => Self::Registered {
+                    tools: registered.tool_count as usize,
+                },
+                Kind::Error(error) => match ErrorCode::parse(&error.error) {
+                    code if !error.request_id.is_empty() => Self::NotStored {
+                        request_id: error.request_id,
+                        refusal: Box::new(Refusal {
+                            error: code.unwrap_or(ErrorCode::InternalError),
+                            message: error.message,
+                        }),
+                    },
+                    Some(ErrorCode::Replaced) => Self::Replaced,
+                    Some(ErrorCode::ShuttingDown) => Self::Restarting,
+                    code => Self::Error {
+                        error: code.unwrap_or(ErrorCode::InternalError),
+                        message: error.message,
+                    },
+                },
+                Kind::Ack(ack) => Self::Ack {
+                    request_id: ack.request_id,
+                    refusal: (!ack.error.is_empty()).then(|| {
+                        Box::new(Refusal {
+                            error: ErrorCode::parse(&ack.error).unwrap_or(ErrorCode::InternalError),
+                            message: ack.message,
+                        })
+                    }),
+                },
+                Kind::Expired(expired) => Self::Expired {
+                    message: expired.message,
+                },
+            },
+        )
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+    use toolrelay::wire::{
+        FunctionSpec, GroupedManifest, ProviderFrame, ProviderResponse, RequestStatus, ToolError,
+        ToolGroup, ToolRequest, ToolResponse,
+    };
+
     use super::*;
+
+    /// `value` to `M` and back.
+    fn round_trip<T, M>(value: T) -> T
+    where
+        T: Into<M>,
+        M: Into<T>,
+    {
+        value.into().into()
+    }
 
     fn at(millis: i64) -> Timestamp {
         Timestamp(millis)
@@ -487,12 +423,66 @@ mod tests {
             pending_requests: 2,
             mcp_handle: "handle".into(),
         };
-        assert_eq!(session_status(session_info(status.clone())), Some(status));
+        assert_eq!(
+            SessionStatus::try_from(pb::SessionInfo::from(status.clone())),
+            Ok(status)
+        );
         let malformed = pb::SessionInfo {
             code: "nope".into(),
             ..pb::SessionInfo::default()
         };
-        assert_eq!(session_status(malformed), None);
+        assert!(SessionStatus::try_from(malformed).is_err());
+    }
+
+    #[test]
+    fn a_new_session_and_a_tool_call_s_scope_and_run_survive_the_round_trip() {
+        let created = NewSession {
+            code: SessionCode::parse("ABCD2345").unwrap(),
+            provider_token: "token".into(),
+            ttl: std::time::Duration::from_secs(600),
+            expires_at: at(1_700_000_600_000),
+            max_expires_at: at(1_700_003_600_000),
+            mcp_handle: "handle".into(),
+        };
+        let back = NewSession::try_from(pb::CreateSessionResponse::from(created.clone())).unwrap();
+        assert_eq!(
+            (
+                back.code,
+                back.provider_token,
+                back.ttl,
+                back.expires_at,
+                back.max_expires_at,
+                back.mcp_handle
+            ),
+            (
+                created.code,
+                created.provider_token,
+                created.ttl,
+                created.expires_at,
+                created.max_expires_at,
+                created.mcp_handle
+            )
+        );
+        for scope in [
+            Scope::Session(SessionCode::parse("ABCD2345").unwrap()),
+            Scope::Mcp("m".into()),
+            Scope::Caller("c".into()),
+            Scope::None,
+        ] {
+            let message: Option<pb::call_tool_request::Scope> = scope.clone().into();
+            assert_eq!(Scope::try_from(message).unwrap(), scope);
+        }
+        let malformed = Some(pb::call_tool_request::Scope::SessionCode("nope".into()));
+        assert!(Scope::try_from(malformed).is_err());
+        let ran = Ok(json!({"encoded": "SoWkIImgAStDuNBAJrBGjLDmpCbCJbMmKiX8pSd9vt98pKi1IW80"}));
+        assert_eq!(tool_run(tool_run_message(ran.clone())), ran);
+        let failed = Err(ToolFailure {
+            kind: FailureKind::Busy,
+            code: "SOLVER_BUSY".into(),
+            message: "Try again.".into(),
+            retry_after: Some(std::time::Duration::from_secs(2)),
+        });
+        assert_eq!(tool_run(tool_run_message(failed.clone())), failed);
     }
 
     #[test]
@@ -504,7 +494,7 @@ mod tests {
             RequestStatus::Failed,
             RequestStatus::Expired,
         ] {
-            assert_eq!(status_of(status_enum(status)), status);
+            assert_eq!(round_trip::<_, pb::RequestStatus>(status), status);
         }
         let answered = RequestView {
             provider_connected: true,
@@ -517,7 +507,10 @@ mod tests {
                 error: None,
             }),
         };
-        assert_eq!(request_view(request_state(answered.clone())), answered);
+        assert_eq!(
+            round_trip::<_, pb::RequestState>(answered.clone()),
+            answered
+        );
         let failed = ToolResponse {
             request_id: "r2".into(),
             success: false,
@@ -527,7 +520,7 @@ mod tests {
                 message: "CODAP said no".into(),
             }),
         };
-        assert_eq!(tool_response(response_message(failed.clone())), failed);
+        assert_eq!(round_trip::<_, pb::ToolResponse>(failed.clone()), failed);
         // A provider's answer, as a remote relay's client sends it and the server reads it.
         let answer = ProviderResponse {
             request_id: "r3".into(),
@@ -535,10 +528,7 @@ mod tests {
             result: None,
             error: Some(json!({"code": "declined_by_user", "message": "No."})),
         };
-        assert_eq!(
-            provider_response(provider_message_response(answer.clone())),
-            answer
-        );
+        assert_eq!(round_trip::<_, pb::ToolResponse>(answer.clone()), answer);
     }
 
     #[test]
@@ -593,8 +583,8 @@ mod tests {
         ];
         for downlink in downlinks {
             assert_eq!(
-                downlink_message(relay_message(downlink.clone())),
-                Some(downlink)
+                Downlink::try_from(pb::RelayMessage::from(downlink.clone())),
+                Ok(downlink)
             );
         }
         let frames = [
@@ -612,7 +602,10 @@ mod tests {
             ProviderFrame::Ping,
         ];
         for frame in frames {
-            assert_eq!(provider_frame(provider_message(frame.clone())), Some(frame));
+            assert_eq!(
+                ProviderFrame::try_from(pb::ProviderMessage::from(frame.clone())),
+                Ok(frame)
+            );
         }
     }
 
@@ -630,13 +623,13 @@ mod tests {
                 }],
             }],
         };
-        assert_eq!(grouped_manifest(manifest_message(&grouped)), grouped);
+        assert_eq!(GroupedManifest::from(pb::Manifest::from(&grouped)), grouped);
         let tool = ToolInfo {
             name: "encodePlantUML".into(),
             description: "Encodes".into(),
             input_schema: json!({"type": "object"}),
         };
-        assert_eq!(tool_info(tool_message(tool.clone())), tool);
+        assert_eq!(round_trip::<_, pb::Tool>(tool.clone()), tool);
         for kind in [
             FailureKind::BadInput,
             FailureKind::TooLarge,
@@ -645,7 +638,26 @@ mod tests {
             FailureKind::Internal,
             FailureKind::Unavailable,
         ] {
-            assert_eq!(failure_kind_of(failure_kind(kind)), kind);
+            assert_eq!(round_trip::<_, pb::FailureKind>(kind), kind);
+            let failure = ToolFailure {
+                kind,
+                code: "SOLVER_BUSY".into(),
+                message: "Try again.".into(),
+                retry_after: (kind == FailureKind::Busy).then(|| std::time::Duration::from_secs(3)),
+            };
+            let back: ToolFailure = pb::ToolFailure::from(failure.clone()).into();
+            assert_eq!(
+                (back.kind, back.code, back.message, back.retry_after),
+                (
+                    failure.kind,
+                    failure.code,
+                    failure.message,
+                    failure.retry_after
+                )
+            );
         }
+        let at = at(1_700_000_000_123);
+        assert_eq!(Timestamp::from(Some(prost_types::Timestamp::from(at))), at);
+        assert_eq!(Timestamp::from(None), Timestamp(0));
     }
 }

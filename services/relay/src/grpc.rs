@@ -18,23 +18,20 @@ use serde_json::Value;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Code, Request, Response, Status, Streaming};
-use toolrelay::json::{from_struct, to_struct, to_value};
+use toolrelay::convert::{non_empty, registered_tools};
+use toolrelay::json::from_struct;
 use toolrelay::proto::v1 as pb;
 use toolrelay::proto::v1::relay_server::{Relay as RelayRpc, RelayServer};
+use toolrelay::wire::ProviderFrame;
 
 use crate::access::{GATEWAY_PROOF_METADATA, Gateways};
 use crate::api::RelayApi;
 use crate::builtin::Scope;
-use crate::code::SessionCode;
-use crate::convert::{
-    call_input, count, failure_kind, manifest_message, non_empty, provider_frame,
-    provider_response, registered_tools, relay_message, request_state, response_message,
-    session_info, status_enum, timestamp_message, tool_message,
-};
+use crate::convert::{count, tool_run_message};
 use crate::error::{ErrorInfo, ErrorKind, RelayError};
 use crate::limits::{CLIENT_ADDRESS_METADATA, CORRELATION_ID_METADATA, Caller};
 use crate::provider::ProviderLink;
-use crate::relay::Relay;
+use crate::relay::{CallInput, Relay};
 use crate::store::Transport;
 
 /// Metadata entry with the session code on `Connect`.
@@ -95,33 +92,37 @@ impl RelayService {
 }
 
 /// The gRPC status for an error: its message, the `x-error` name and `retry-after`.
-pub fn status(error: ErrorInfo) -> Status {
-    let code = match error.kind {
-        ErrorKind::BadRequest => Code::InvalidArgument,
-        ErrorKind::Unauthenticated => Code::Unauthenticated,
-        ErrorKind::Forbidden => Code::PermissionDenied,
-        ErrorKind::NotFound => Code::NotFound,
-        ErrorKind::Conflict => Code::AlreadyExists,
-        ErrorKind::Gone => Code::FailedPrecondition,
-        ErrorKind::TooLarge | ErrorKind::TooManyRequests => Code::ResourceExhausted,
-        ErrorKind::Unavailable => Code::Unavailable,
-    };
-    let mut metadata = MetadataMap::new();
-    metadata.insert(
-        ERROR_METADATA,
-        MetadataValue::from_static(error.code.as_str()),
-    );
-    if let Some(retry_after) = error.retry_after
-        && let Ok(value) = retry_after.as_secs().max(1).to_string().parse()
-    {
-        metadata.insert(RETRY_AFTER_METADATA, value);
+impl From<ErrorInfo> for Status {
+    fn from(error: ErrorInfo) -> Self {
+        let code = match error.kind {
+            ErrorKind::BadRequest => Code::InvalidArgument,
+            ErrorKind::Unauthenticated => Code::Unauthenticated,
+            ErrorKind::Forbidden => Code::PermissionDenied,
+            ErrorKind::NotFound => Code::NotFound,
+            ErrorKind::Conflict => Code::AlreadyExists,
+            ErrorKind::Gone => Code::FailedPrecondition,
+            ErrorKind::TooLarge | ErrorKind::TooManyRequests => Code::ResourceExhausted,
+            ErrorKind::Unavailable => Code::Unavailable,
+        };
+        let mut metadata = MetadataMap::new();
+        metadata.insert(
+            ERROR_METADATA,
+            MetadataValue::from_static(error.code.as_str()),
+        );
+        if let Some(retry_after) = error.retry_after
+            && let Ok(value) = retry_after.as_secs().max(1).to_string().parse()
+        {
+            metadata.insert(RETRY_AFTER_METADATA, value);
+        }
+        Self::with_metadata(code, error.message, metadata)
     }
-    Status::with_metadata(code, error.message, metadata)
 }
 
-/// [`status`] for an error of this process.
-fn relay_status(error: RelayError) -> Status {
-    status(error.into())
+/// An error of this process as a gRPC status ([`ErrorInfo`]'s).
+impl From<RelayError> for Status {
+    fn from(error: RelayError) -> Self {
+        ErrorInfo::from(error).into()
+    }
 }
 
 type Reply<T> = Result<Response<T>, Status>;
@@ -133,15 +134,8 @@ impl RelayRpc for RelayService {
         request: Request<pb::CreateSessionRequest>,
     ) -> Reply<pb::CreateSessionResponse> {
         let caller = self.caller(&request);
-        let session = self.api.create_session(&caller).await.map_err(status)?;
-        Ok(Response::new(pb::CreateSessionResponse {
-            code: session.code.as_str().to_owned(),
-            provider_token: session.provider_token,
-            ttl_seconds: u32::try_from(session.ttl.as_secs()).unwrap_or(u32::MAX),
-            expires_at: Some(timestamp_message(session.expires_at)),
-            mcp_handle: session.mcp_handle,
-            max_expires_at: Some(timestamp_message(session.max_expires_at)),
-        }))
+        let session = self.api.create_session(&caller).await?;
+        Ok(Response::new(session.into()))
     }
 
     async fn get_session(&self, request: Request<pb::GetSessionRequest>) -> Reply<pb::SessionInfo> {
@@ -155,9 +149,8 @@ impl RelayRpc for RelayService {
                     .await
             }
             None => self.api.session_status(&caller, code).await,
-        }
-        .map_err(status)?;
-        Ok(Response::new(session_info(status_of)))
+        }?;
+        Ok(Response::new(status_of.into()))
     }
 
     async fn resolve_handle(
@@ -168,14 +161,9 @@ impl RelayRpc for RelayService {
         let code = self
             .api
             .resolve_handle(&caller, &request.get_ref().handle)
-            .await
-            .map_err(status)?;
-        let status_of = self
-            .api
-            .session_status(&caller, &code)
-            .await
-            .map_err(status)?;
-        Ok(Response::new(session_info(status_of)))
+            .await?;
+        let status_of = self.api.session_status(&caller, &code).await?;
+        Ok(Response::new(status_of.into()))
     }
 
     async fn delete_session(
@@ -186,19 +174,14 @@ impl RelayRpc for RelayService {
         let token = bearer(request.metadata());
         self.api
             .end_session(&caller, &request.get_ref().code, token.as_deref())
-            .await
-            .map_err(status)?;
+            .await?;
         Ok(Response::new(pb::DeleteSessionResponse {}))
     }
 
     async fn get_manifest(&self, request: Request<pb::GetManifestRequest>) -> Reply<pb::Manifest> {
         let caller = self.caller(&request);
-        let manifest = self
-            .api
-            .manifest(&caller, &request.get_ref().code)
-            .await
-            .map_err(status)?;
-        Ok(Response::new(manifest_message(&manifest)))
+        let manifest = self.api.manifest(&caller, &request.get_ref().code).await?;
+        Ok(Response::new((&manifest).into()))
     }
 
     type WatchManifestStream =
@@ -212,8 +195,7 @@ impl RelayRpc for RelayService {
         let changes = self
             .api
             .manifest_changes(&caller, &request.get_ref().code)
-            .await
-            .map_err(status)?;
+            .await?;
         Ok(Response::new(Box::pin(
             changes.map(|()| Ok(pb::ManifestChanged {})),
         )))
@@ -222,18 +204,14 @@ impl RelayRpc for RelayService {
     async fn submit(&self, request: Request<pb::SubmitRequest>) -> Reply<pb::RequestState> {
         let caller = self.caller(&request);
         let request = request.into_inner();
-        let call = call_input(
+        let call = CallInput::from_message(
             request.request_id,
             request.tool_id,
             request.function_name,
             request.args,
         );
-        let view = self
-            .api
-            .submit(&caller, &request.code, call)
-            .await
-            .map_err(status)?;
-        Ok(Response::new(request_state(view)))
+        let view = self.api.submit(&caller, &request.code, call).await?;
+        Ok(Response::new(view.into()))
     }
 
     async fn await_response(
@@ -246,9 +224,8 @@ impl RelayRpc for RelayService {
         let view = self
             .api
             .await_response(&caller, &request.code, &request.request_id, wait)
-            .await
-            .map_err(status)?;
-        Ok(Response::new(request_state(view)))
+            .await?;
+        Ok(Response::new(view.into()))
     }
 
     async fn call(&self, request: Request<pb::CallRequest>) -> Reply<pb::RequestState> {
@@ -256,18 +233,14 @@ impl RelayRpc for RelayService {
         let request = request.into_inner();
         let wait =
             (request.timeout_ms > 0).then(|| Duration::from_millis(u64::from(request.timeout_ms)));
-        let call = call_input(
+        let call = CallInput::from_message(
             request.request_id,
             request.tool_id,
             request.function_name,
             request.args,
         );
-        let view = self
-            .api
-            .call(&caller, &request.code, call, wait)
-            .await
-            .map_err(status)?;
-        Ok(Response::new(request_state(view)))
+        let view = self.api.call(&caller, &request.code, call, wait).await?;
+        Ok(Response::new(view.into()))
     }
 
     async fn list_responses(
@@ -280,10 +253,9 @@ impl RelayRpc for RelayService {
         let responses = self
             .api
             .responses(&caller, &request.code, filter.as_deref())
-            .await
-            .map_err(status)?;
+            .await?;
         Ok(Response::new(pb::ListResponsesResponse {
-            responses: responses.into_iter().map(response_message).collect(),
+            responses: responses.into_iter().map(Into::into).collect(),
         }))
     }
 
@@ -296,9 +268,8 @@ impl RelayRpc for RelayService {
         let view = self
             .api
             .request_status(&caller, &request.code, &request.request_id)
-            .await
-            .map_err(status)?;
-        Ok(Response::new(request_state(view)))
+            .await?;
+        Ok(Response::new(view.into()))
     }
 
     type ConnectStream = Pin<Box<dyn Stream<Item = Result<pb::RelayMessage, Status>> + Send>>;
@@ -328,8 +299,7 @@ impl RelayRpc for RelayService {
         } = self
             .api
             .attach(&caller, &code, token.as_deref(), transport)
-            .await
-            .map_err(status)?;
+            .await?;
 
         let mut inbound = request.into_inner();
         tokio::spawn(async move {
@@ -342,7 +312,7 @@ impl RelayRpc for RelayService {
                     () = uplink.closed() => break,
                 };
                 let Ok(Some(message)) = message else { break };
-                let Some(frame) = provider_frame(message) else {
+                let Ok(frame) = ProviderFrame::try_from(message) else {
                     continue;
                 };
                 if uplink.send(frame).await.is_err() {
@@ -350,7 +320,7 @@ impl RelayRpc for RelayService {
                 }
             }
         });
-        let outbound = ReceiverStream::new(downlink).map(|message| Ok(relay_message(message)));
+        let outbound = ReceiverStream::new(downlink).map(|message| Ok(message.into()));
         Ok(Response::new(Box::pin(outbound)))
     }
 
@@ -365,19 +335,9 @@ impl RelayRpc for RelayService {
         let requests = self
             .api
             .poll(&caller, &request.code, token.as_deref(), max)
-            .await
-            .map_err(status)?;
+            .await?;
         Ok(Response::new(pb::PollRequestsResponse {
-            requests: requests
-                .into_iter()
-                .map(|request| pb::ToolRequest {
-                    request_id: request.request_id,
-                    tool_id: request.tool_id.unwrap_or_default(),
-                    function_name: request.function_name,
-                    args: Some(to_struct(&request.args)),
-                    seq: 0,
-                })
-                .collect(),
+            requests: requests.into_iter().map(Into::into).collect(),
         }))
     }
 
@@ -393,17 +353,11 @@ impl RelayRpc for RelayService {
             .ok_or_else(|| Status::invalid_argument("PostResponse needs a response"))?;
         let outcome = self
             .api
-            .post_response(
-                &caller,
-                &request.code,
-                token.as_deref(),
-                provider_response(response),
-            )
-            .await
-            .map_err(status)?;
+            .post_response(&caller, &request.code, token.as_deref(), response.into())
+            .await?;
         Ok(Response::new(pb::PostResponseResponse {
             request_id: outcome.request_id,
-            status: status_enum(outcome.status).into(),
+            status: pb::RequestStatus::from(outcome.status).into(),
             accepted: outcome.accepted,
         }))
     }
@@ -413,9 +367,9 @@ impl RelayRpc for RelayService {
         request: Request<pb::ListToolsRequest>,
     ) -> Reply<pb::ListToolsResponse> {
         let caller = self.caller(&request);
-        let tools = self.api.tools(&caller).await.map_err(status)?;
+        let tools = self.api.tools(&caller).await?;
         Ok(Response::new(pb::ListToolsResponse {
-            tools: tools.into_iter().map(tool_message).collect(),
+            tools: tools.into_iter().map(Into::into).collect(),
         }))
     }
 
@@ -425,40 +379,13 @@ impl RelayRpc for RelayService {
     ) -> Reply<pb::CallToolResponse> {
         let caller = self.caller(&request);
         let request = request.into_inner();
-        let scope = match request.scope {
-            Some(pb::call_tool_request::Scope::SessionCode(code)) => {
-                Scope::Session(SessionCode::parse(&code).map_err(relay_status)?)
-            }
-            Some(pb::call_tool_request::Scope::McpSession(id)) => Scope::Mcp(id),
-            Some(pb::call_tool_request::Scope::CallerScope(id)) => Scope::Caller(id),
-            None => Scope::None,
-        };
+        let scope = Scope::try_from(request.scope)?;
         let args = request.args.as_ref().map_or(Value::Null, from_struct);
         let ran = self
             .api
             .call_tool(&caller, &request.name, args, scope)
-            .await
-            .map_err(status)?;
-        let reply = match ran {
-            Ok(result) => pb::CallToolResponse {
-                success: true,
-                result: Some(to_value(&result)),
-                failure: None,
-            },
-            Err(failure) => pb::CallToolResponse {
-                success: false,
-                result: None,
-                failure: Some(pb::ToolFailure {
-                    kind: failure_kind(failure.kind).into(),
-                    code: failure.code,
-                    message: failure.message,
-                    retry_after_seconds: failure
-                        .retry_after
-                        .map_or(0, |wait| u32::try_from(wait.as_secs()).unwrap_or(u32::MAX)),
-                }),
-            },
-        };
-        Ok(Response::new(reply))
+            .await?;
+        Ok(Response::new(tool_run_message(ran)))
     }
 
     async fn register_manifest(
@@ -472,8 +399,7 @@ impl RelayRpc for RelayService {
         let count = self
             .api
             .register_manifest(&caller, &request.code, token.as_deref(), &tools)
-            .await
-            .map_err(status)?;
+            .await?;
         Ok(Response::new(pb::RegisterManifestResponse {
             tool_count: self::count(count),
         }))

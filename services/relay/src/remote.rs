@@ -16,7 +16,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
 use tonic::{Request, Status};
-use toolrelay::json::{from_value, to_struct};
+use toolrelay::json::to_struct;
 use toolrelay::proto::v1 as pb;
 use toolrelay::proto::v1::relay_client::RelayClient;
 use toolrelay::wire::{
@@ -30,11 +30,7 @@ use crate::api::{Outcome, RelayApi};
 use crate::builtin::{FailureKind, Scope, ToolFailure, ToolInfo};
 use crate::code::SessionCode;
 use crate::config::ENV_GATEWAY_SECRET;
-use crate::convert::{
-    downlink_message, failure_kind_of, grouped_manifest, provider_message,
-    provider_message_response, request_view, session_status, status_of, timestamp, tool_info,
-    tool_request, tool_response,
-};
+use crate::convert::tool_run;
 use crate::drain::Drain;
 use crate::error::RelayError;
 use crate::error::{ErrorCode, ErrorInfo};
@@ -227,15 +223,7 @@ impl RelayApi for RemoteRelay {
                 |mut client, request| async move { client.create_session(request).await },
             )
             .await?;
-        Ok(NewSession {
-            code: SessionCode::parse(&created.code)
-                .map_err(|_| unavailable("the relay sent a malformed code"))?,
-            provider_token: created.provider_token,
-            ttl: Duration::from_secs(u64::from(created.ttl_seconds)),
-            expires_at: timestamp(created.expires_at),
-            max_expires_at: timestamp(created.max_expires_at),
-            mcp_handle: created.mcp_handle,
-        })
+        NewSession::try_from(created).map_err(|_| unavailable("the relay sent a malformed code"))
     }
 
     async fn session_status(&self, caller: &Caller, code: &str) -> Outcome<SessionStatus> {
@@ -247,7 +235,7 @@ impl RelayApi for RemoteRelay {
                 |mut client, request| async move { client.get_session(request).await },
             )
             .await?;
-        session_status(info).ok_or_else(|| unavailable("the relay sent a malformed code"))
+        SessionStatus::try_from(info).map_err(|_| unavailable("the relay sent a malformed code"))
     }
 
     async fn provider_session_status(
@@ -272,7 +260,7 @@ impl RelayApi for RemoteRelay {
                 |mut client, request| async move { client.get_session(request).await },
             )
             .await?;
-        session_status(info).ok_or_else(|| unavailable("the relay sent a malformed code"))
+        SessionStatus::try_from(info).map_err(|_| unavailable("the relay sent a malformed code"))
     }
 
     async fn resolve_handle(&self, caller: &Caller, handle: &str) -> Outcome<String> {
@@ -310,7 +298,7 @@ impl RelayApi for RemoteRelay {
                 |mut client, request| async move { client.get_manifest(request).await },
             )
             .await?;
-        Ok(grouped_manifest(manifest))
+        Ok(manifest.into())
     }
 
     async fn register_manifest(
@@ -354,7 +342,7 @@ impl RelayApi for RemoteRelay {
                 |mut client, request| async move { client.submit(request).await },
             )
             .await?;
-        Ok(request_view(state))
+        Ok(state.into())
     }
 
     async fn await_response(
@@ -376,7 +364,7 @@ impl RelayApi for RemoteRelay {
             |mut client, request| async move { client.await_response(request).await },
         );
         let state = self.waiting(code, request_id, reply).await?;
-        Ok(request_view(state))
+        Ok(state.into())
     }
 
     async fn call(
@@ -405,7 +393,7 @@ impl RelayApi for RemoteRelay {
             |mut client, request| async move { client.call(request).await },
         );
         let state = self.waiting(code, &request_id, reply).await?;
-        Ok(request_view(state))
+        Ok(state.into())
     }
 
     async fn responses(
@@ -425,7 +413,7 @@ impl RelayApi for RemoteRelay {
                 |mut client, request| async move { client.list_responses(request).await },
             )
             .await?;
-        Ok(reply.responses.into_iter().map(tool_response).collect())
+        Ok(reply.responses.into_iter().map(Into::into).collect())
     }
 
     async fn request_status(
@@ -445,7 +433,7 @@ impl RelayApi for RemoteRelay {
                 |mut client, request| async move { client.get_request_status(request).await },
             )
             .await?;
-        Ok(request_view(state))
+        Ok(state.into())
     }
 
     async fn poll(
@@ -469,7 +457,7 @@ impl RelayApi for RemoteRelay {
                 |mut client, request| async move { client.poll_requests(request).await },
             )
             .await?;
-        Ok(reply.requests.into_iter().map(tool_request).collect())
+        Ok(reply.requests.into_iter().map(Into::into).collect())
     }
 
     async fn post_response(
@@ -484,7 +472,7 @@ impl RelayApi for RemoteRelay {
         let (response, refused) = contain_response(response, limits);
         let message = pb::PostResponseRequest {
             code: code.into(),
-            response: Some(provider_message_response(response)),
+            response: Some(response.into()),
         };
         // Not asked again once sent: the first answer wins, and a second would be told so.
         let reply = self
@@ -498,7 +486,7 @@ impl RelayApi for RemoteRelay {
             return Err(error.into());
         }
         Ok(ResponseOutcome {
-            status: status_of(reply.status()),
+            status: reply.status().into(),
             request_id: reply.request_id,
             accepted: reply.accepted,
         })
@@ -532,7 +520,7 @@ impl RelayApi for RemoteRelay {
                 |mut client, request| async move { client.list_tools(request).await },
             )
             .await?;
-        Ok(reply.tools.into_iter().map(tool_info).collect())
+        Ok(reply.tools.into_iter().map(Into::into).collect())
     }
 
     async fn call_tool(
@@ -542,7 +530,6 @@ impl RelayApi for RemoteRelay {
         args: Value,
         scope: Scope,
     ) -> Outcome<Result<Value, ToolFailure>> {
-        use pb::call_tool_request::Scope as PbScope;
         if let Err(error) = self.check_depth(&args, "The arguments are") {
             return Ok(Err(ToolFailure::new(
                 FailureKind::BadInput,
@@ -553,12 +540,7 @@ impl RelayApi for RemoteRelay {
         let request = pb::CallToolRequest {
             name: name.to_owned(),
             args: Some(to_struct(&args)),
-            scope: match scope {
-                Scope::Session(code) => Some(PbScope::SessionCode(code.as_str().to_owned())),
-                Scope::Mcp(id) => Some(PbScope::McpSession(id)),
-                Scope::Caller(id) => Some(PbScope::CallerScope(id)),
-                Scope::None => None,
-            },
+            scope: scope.into(),
         };
         // A tool's run is not repeated: a caller whose relay died asks again itself.
         let reply = self
@@ -568,17 +550,7 @@ impl RelayApi for RemoteRelay {
                 |mut client, request| async move { client.call_tool(request).await },
             )
             .await?;
-        if reply.success {
-            return Ok(Ok(reply.result.as_ref().map_or(Value::Null, from_value)));
-        }
-        let failure = reply.failure.unwrap_or_default();
-        Ok(Err(ToolFailure {
-            kind: failure_kind_of(failure.kind()),
-            code: failure.code,
-            message: failure.message,
-            retry_after: (failure.retry_after_seconds > 0)
-                .then(|| Duration::from_secs(u64::from(failure.retry_after_seconds))),
-        }))
+        Ok(tool_run(reply))
     }
 
     async fn attach(
@@ -598,7 +570,8 @@ impl RelayApi for RemoteRelay {
                 Retry::Safe,
                 || {
                     let (uplink, from_provider) = mpsc::channel::<ProviderFrame>(LINK_BUFFER);
-                    let outbound = ReceiverStream::new(from_provider).map(provider_message);
+                    let outbound =
+                        ReceiverStream::new(from_provider).map(pb::ProviderMessage::from);
                     let mut request = self.request((uplink, outbound), caller, token);
                     let metadata = request.metadata_mut();
                     metadata.insert(SESSION_CODE_METADATA, code_value.clone());
@@ -634,7 +607,7 @@ impl RelayApi for RemoteRelay {
                     }
                     return;
                 };
-                let Some(message) = downlink_message(message) else {
+                let Ok(message) = Downlink::try_from(message) else {
                     continue;
                 };
                 ended_by_relay = message.is_final();
