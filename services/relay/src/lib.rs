@@ -42,7 +42,6 @@ pub mod relay;
 pub mod remote;
 pub mod server;
 pub mod store;
-mod tabs;
 pub mod telemetry;
 pub mod ws;
 

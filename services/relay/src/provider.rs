@@ -22,10 +22,10 @@ use crate::drain::Hold;
 use crate::error::RelayError;
 use crate::metrics::{AnsweredBy, Connected};
 use crate::relay::Relay;
+use crate::relay::tabs::{Attended, Notice, Watch};
 use crate::store::{
     Answerer, Claim, EventStream, ProviderInfo, RequestRecord, SessionEvent, Transport,
 };
-use crate::tabs::{Attended, Notice, Watch};
 
 pub use crate::downlink::{Downlink, Refusal, receipt};
 
@@ -133,8 +133,7 @@ impl Relay {
             connected_at: now,
             last_seen: now,
         };
-        self.inner
-            .store
+        self.store()
             .set_provider(&code, provider)
             .await?
             .ok_or_else(|| crate::relay::not_found(&code))?;
@@ -193,17 +192,17 @@ impl Relay {
                 connected_at: now,
                 last_seen: now,
             };
-            self.inner.store.set_provider(&code, provider).await?;
+            self.store().set_provider(&code, provider).await?;
         }
         self.touch(&code, Some(POLLING_CONNECTION)).await?;
         let claim = Claim {
             connection_id: POLLING_CONNECTION.to_owned(),
             now,
-            lease_until: now.plus(self.inner.config.poll_lease),
+            lease_until: now.plus(self.config().poll_lease),
             limit: max.unwrap_or(usize::MAX),
             redeliver: false,
         };
-        let claimed = self.inner.store.claim(&code, &claim).await?;
+        let claimed = self.store().claim(&code, &claim).await?;
         Ok(claimed.iter().map(|record| record.tool_request()).collect())
     }
 }
@@ -334,8 +333,7 @@ impl Driver {
         // claims them again, because they are not delivered to *it*.
         if let Err(error) = self
             .relay
-            .inner
-            .store
+            .store()
             .clear_provider(&self.code, &self.connection_id)
             .await
         {
@@ -367,7 +365,7 @@ impl Driver {
         let mut heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut end_of_life = Box::pin(tokio::time::sleep_until(clock.instant(max_expires_at)));
-        let mut drained = std::pin::pin!(self.relay.inner.drain.ended());
+        let mut drained = std::pin::pin!(self.relay.drain().ended());
 
         loop {
             // Biased: frames the provider already sent (answers above all) are handled before
@@ -510,7 +508,7 @@ impl Driver {
     /// Looks up who serves the session; `Some` when it is no longer this connection. Events
     /// are only hints: a `ProviderChanged` may be older than this connection's own attach.
     async fn check_still_provider(&self) -> Result<Option<Ending>, Gone> {
-        match self.relay.inner.store.session(&self.code).await {
+        match self.relay.store().session(&self.code).await {
             Ok(Some(session)) if self.is_provider_of(&session) => Ok(None),
             Ok(Some(_)) => self.replaced().await.map(Some),
             Ok(None) => self
@@ -545,7 +543,7 @@ impl Driver {
                 },
                 redeliver,
             };
-            let claimed = match self.relay.inner.store.claim(&self.code, &claim).await {
+            let claimed = match self.relay.store().claim(&self.code, &claim).await {
                 Ok(claimed) => claimed,
                 Err(error) => {
                     tracing::warn!(code = %self.code.redacted(), %error, "could not claim calls for the provider");
@@ -578,7 +576,7 @@ impl Driver {
         }
         for record in &calls {
             let held = (
-                self.relay.inner.drain.hold(),
+                self.relay.drain().hold(),
                 self.relay.metrics().call_handed(),
             );
             self.outstanding().insert(record.id.clone(), held);
@@ -644,7 +642,7 @@ impl Driver {
     async fn forget_answered(&self) {
         let ids: Vec<String> = self.outstanding().keys().cloned().collect();
         for id in ids {
-            let answered = match self.relay.inner.store.request(&self.code, &id).await {
+            let answered = match self.relay.store().request(&self.code, &id).await {
                 Ok(Some(record)) => record.status.is_terminal(),
                 Ok(None) => true,
                 Err(_) => false,

@@ -1,0 +1,246 @@
+//! Answers: a provider's answer to a call, checked where it enters the system.
+
+use serde_json::Value;
+use toolrelay::wire::{ProviderResponse, RequestStatus, ToolError, ToolResponse};
+
+use super::calls::is_valid_request_id;
+use super::{Relay, ResponseOutcome, millis, not_found};
+use crate::code::SessionCode;
+use crate::error::RelayError;
+use crate::metrics::AnsweredBy;
+use crate::store::{Answerer, Finished};
+
+impl Relay {
+    /// A provider's answer to a call, over any transport. Needs the provider token.
+    pub async fn post_response(
+        &self,
+        code: &str,
+        token: Option<&str>,
+        response: ProviderResponse,
+    ) -> Result<ResponseOutcome, RelayError> {
+        let (code, session) = self.authorized(code, token).await?;
+        // Answers posted over HTTP come from the session's SSE or polling provider, and are
+        // accepted for the calls delivered to it.
+        let by = session.provider.map_or(AnsweredBy::Nobody, |provider| {
+            AnsweredBy::Provider(provider.transport)
+        });
+        self.accept_response(&code, response, by, Answerer::Provider)
+            .await
+    }
+
+    /// Records a provider's (or a built-in tool's, `by`) answer to a call; the first wins.
+    /// The store takes it only from an `answerer` that may answer the call (see
+    /// [`Answerer::may_answer`]): a tab never answers a built-in call, nor one it did not get.
+    pub(crate) async fn accept_response(
+        &self,
+        code: &SessionCode,
+        response: ProviderResponse,
+        by: AnsweredBy,
+        answerer: Answerer<'_>,
+    ) -> Result<ResponseOutcome, RelayError> {
+        let (response, refused) = contain_response(response, self.answer_limits());
+        let (status, response) = normalise_response(response)?;
+        let request_id = response.request_id.clone();
+        let now = self.now();
+        let until = now.plus(self.inner.config.session_ttl);
+        let finished = self
+            .inner
+            .store
+            .finish(code, &request_id, status, response, answerer, now, until)
+            .await?;
+        let outcome = match finished {
+            Finished::Finished(record) => {
+                self.inner.metrics.call_finished(record.status, by);
+                // Which tool, how it ended, how long it took: never its arguments or result.
+                tracing::info!(
+                    code = %code.redacted(),
+                    request_id = %record.id,
+                    call_correlation_id = record.correlation_id.as_deref().unwrap_or(""),
+                    function = %record.function_name,
+                    status = record.status.as_str(),
+                    duration_ms = millis(self.now().since(record.created_at)),
+                    "call finished"
+                );
+                ResponseOutcome {
+                    request_id,
+                    status: record.status,
+                    accepted: true,
+                }
+            }
+            Finished::AlreadyFinished(record) => ResponseOutcome {
+                request_id,
+                status: record.status,
+                accepted: false,
+            },
+            Finished::NoRequest => {
+                return Err(RelayError::RequestNotFound {
+                    code: code.display(),
+                    request_id,
+                });
+            }
+            Finished::NotDelivered => {
+                return Err(RelayError::NotDelivered {
+                    code: code.display(),
+                    request_id,
+                });
+            }
+            Finished::NoSession => return Err(not_found(code)),
+        };
+        // The caller has its (failed) answer; the provider learns why its own was refused.
+        match refused {
+            Some(error) if outcome.accepted => Err(error),
+            _ => Ok(outcome),
+        }
+    }
+
+    /// The limits a provider's answer must respect.
+    pub fn answer_limits(&self) -> AnswerLimits {
+        AnswerLimits {
+            max_depth: self.inner.config.max_json_depth,
+            max_bytes: self.inner.config.max_response_bytes,
+        }
+    }
+}
+
+/// Limits on a provider's answer, checked where it enters the system.
+#[derive(Debug, Clone, Copy)]
+pub struct AnswerLimits {
+    /// Deepest JSON nesting of its result or error.
+    pub max_depth: usize,
+    /// Largest answer, in bytes of JSON.
+    pub max_bytes: usize,
+}
+
+impl AnswerLimits {
+    /// Only the nesting, for a front end in front of the relay: the JSON must be able to
+    /// cross gRPC; the relay checks the size itself.
+    pub fn depth_only(max_depth: usize) -> Self {
+        Self {
+            max_depth,
+            max_bytes: usize::MAX,
+        }
+    }
+}
+
+/// A provider's answer within `limits`, or — when it is too deep or too large to keep — a
+/// failed answer saying so, with the error for the provider. Either way the caller gets an
+/// answer: a refused answer must not leave the call to be delivered again and again.
+pub fn contain_response(
+    response: ProviderResponse,
+    limits: AnswerLimits,
+) -> (ProviderResponse, Option<RelayError>) {
+    let depth = [&response.result, &response.error]
+        .into_iter()
+        .flatten()
+        .map(toolrelay::json::depth)
+        .max()
+        .unwrap_or(0);
+    if depth > limits.max_depth {
+        let (failed, refusal) = too_deep_response(response.request_id, limits.max_depth);
+        return (failed, Some(refusal));
+    }
+    let size = serde_json::to_vec(&response).map_or(usize::MAX, |bytes| bytes.len());
+    if size <= limits.max_bytes {
+        return (response, None);
+    }
+    let refusal = RelayError::ResponseTooLarge {
+        size,
+        limit: limits.max_bytes,
+    };
+    let message = format!(
+        "The tool's answer was over {} bytes and could not be kept. Ask for less data (fewer items, fewer attributes) and call again.",
+        limits.max_bytes
+    );
+    (
+        failed_response(response.request_id, &refusal, message),
+        Some(refusal),
+    )
+}
+
+/// The failed answer the caller gets for a provider's answer to `request_id` nested more than
+/// `limit` levels deep (one too deep for the JSON parser to read at all, too), with the error
+/// for the provider.
+pub fn too_deep_response(request_id: String, limit: usize) -> (ProviderResponse, RelayError) {
+    let refusal = RelayError::NestedTooDeeply {
+        what: "The tool's answer is",
+        limit,
+    };
+    let message = format!(
+        "The tool's answer was nested more than {limit} levels deep and could not be kept. Ask for the data in a flatter shape, or for less of it."
+    );
+    (failed_response(request_id, &refusal, message), refusal)
+}
+
+pub(super) fn failed_response(
+    request_id: String,
+    refusal: &RelayError,
+    message: String,
+) -> ProviderResponse {
+    ProviderResponse {
+        request_id,
+        success: Some(false),
+        result: None,
+        error: Some(serde_json::json!({"code": refusal.name(), "message": message})),
+    }
+}
+
+/// A provider's response in the one shape the relay keeps: `success` defaults to "no error
+/// given"; an error may be a string, an object with `message` (and `code`), or anything else.
+pub(super) fn normalise_response(
+    response: ProviderResponse,
+) -> Result<(RequestStatus, ToolResponse), RelayError> {
+    if !is_valid_request_id(&response.request_id) {
+        return Err(RelayError::InvalidResponse {
+            reason: "requestId is missing or malformed; echo the requestId of the tool-request"
+                .into(),
+        });
+    }
+    let success = response.success.unwrap_or(response.error.is_none());
+    let error = if success {
+        None
+    } else {
+        Some(match response.error {
+            None | Some(Value::Null) => ToolError {
+                code: "tool_error".into(),
+                message: "The tool reported a failure without a message.".into(),
+            },
+            Some(Value::String(message)) => ToolError {
+                code: "tool_error".into(),
+                message,
+            },
+            Some(Value::Object(object)) => ToolError {
+                code: object
+                    .get("code")
+                    .and_then(Value::as_str)
+                    .unwrap_or("tool_error")
+                    .to_owned(),
+                message: object
+                    .get("message")
+                    .and_then(Value::as_str)
+                    .map_or_else(|| Value::Object(object.clone()).to_string(), str::to_owned),
+            },
+            Some(other) => ToolError {
+                code: "tool_error".into(),
+                message: other.to_string(),
+            },
+        })
+    };
+    let status = if success {
+        RequestStatus::Completed
+    } else {
+        RequestStatus::Failed
+    };
+    let result = match (success, response.result) {
+        (true, None) => Some(Value::Null),
+        (_, result) => result,
+    };
+    Ok((
+        status,
+        ToolResponse {
+            request_id: response.request_id,
+            success,
+            result,
+            error,
+        },
+    ))
+}

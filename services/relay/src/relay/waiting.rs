@@ -1,0 +1,146 @@
+//! Waiting: a caller waiting for a call's answer, and reading answers and calls.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use toolrelay::wire::ToolResponse;
+
+use super::{Relay, RequestView, not_found};
+use crate::code::SessionCode;
+use crate::error::RelayError;
+use crate::store::{BUILTIN_LEASE, EventStream, RequestRecord, SessionEvent};
+
+impl Relay {
+    /// Waits up to `wait` for a call's final answer; returns its state either way.
+    pub async fn await_response(
+        &self,
+        code: &str,
+        request_id: &str,
+        wait: Duration,
+    ) -> Result<RequestView, RelayError> {
+        let code = SessionCode::parse(code)?;
+        // Whether the session exists, the first look at the call says.
+        let events = self
+            .inner
+            .store
+            .listen_for_answer(&code, request_id)
+            .await?;
+        self.wait_for_answer(&code, request_id, wait, events, None)
+            .await
+    }
+
+    /// Waits, on `events` (the call's answer and what ends a wait, listened to before `known`
+    /// was read, if it was), up to `wait` for a call's final answer; returns its state either
+    /// way.
+    pub(super) async fn wait_for_answer(
+        &self,
+        code: &SessionCode,
+        request_id: &str,
+        wait: Duration,
+        mut events: EventStream,
+        mut known: Option<RequestRecord>,
+    ) -> Result<RequestView, RelayError> {
+        let wait_until = self.now().plus(wait);
+        // A waiting caller holds a stopping relay open until its answer comes or the drain
+        // ends; then it is told to ask again.
+        let _hold = self.inner.drain.hold();
+        let mut drained = std::pin::pin!(self.inner.drain.ended());
+        loop {
+            let record = match known.take() {
+                Some(record) => record,
+                None => self.request_record(code, request_id).await?,
+            };
+            let now = self.now();
+            if record.status.is_terminal() || now >= wait_until {
+                return self.view(code, record).await;
+            }
+            if record.is_orphaned_builtin(now) {
+                self.run_builtin(code.clone(), &record);
+            }
+            // A built-in call is looked at again when its lease would run out: if its replica
+            // is gone by then, this one takes it over.
+            let lease = record
+                .lease_until
+                .filter(|_| record.builtin)
+                .map_or(record.deadline, |lease| {
+                    lease.max(now.plus(BUILTIN_LEASE / 10))
+                });
+            let wake = self
+                .inner
+                .clock
+                .instant(wait_until.min(record.deadline).min(lease));
+            // Any event is this call's (its answer; lost events: look again), or the end.
+            tokio::select! {
+                event = events.next() => match event {
+                    Some(SessionEvent::ResponseReady { id, record }) if id == request_id => {
+                        known = record.map(|record| *record);
+                    }
+                    Some(SessionEvent::SessionEnded) | None => return Err(not_found(code)),
+                    Some(_) => {}
+                },
+                () = tokio::time::sleep_until(wake) => {}
+                () = &mut drained => {
+                    return Err(RelayError::Drained {
+                        code: code.display(),
+                        request_id: request_id.to_owned(),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Final answers of the session's calls, oldest first (or only `request_id`'s). Reading
+    /// does not consume them.
+    pub async fn responses(
+        &self,
+        code: &str,
+        request_id: Option<&str>,
+    ) -> Result<Vec<ToolResponse>, RelayError> {
+        let (code, _) = self.live_session(code).await?;
+        let responses = match request_id {
+            Some(id) => match self.inner.store.request(&code, id).await? {
+                Some(record) if record.evicted => {
+                    return Err(RelayError::ResponseEvicted {
+                        request_id: record.id,
+                    });
+                }
+                record => record
+                    .and_then(|record| record.response)
+                    .into_iter()
+                    .collect(),
+            },
+            None => self.inner.store.responses(&code).await?.unwrap_or_default(),
+        };
+        Ok(responses)
+    }
+
+    /// Where one call stands.
+    pub async fn request_status(
+        &self,
+        code: &str,
+        request_id: &str,
+    ) -> Result<RequestView, RelayError> {
+        let code = SessionCode::parse(code)?;
+        let record = self.request_record(&code, request_id).await?;
+        // A caller polling a built-in call whose replica died is what takes it over here.
+        if record.is_orphaned_builtin(self.now()) {
+            self.run_builtin(code.clone(), &record);
+        }
+        self.view(&code, record).await
+    }
+
+    pub(super) async fn request_record(
+        &self,
+        code: &SessionCode,
+        request_id: &str,
+    ) -> Result<RequestRecord, RelayError> {
+        match self.inner.store.request(code, request_id).await? {
+            Some(record) => Ok(record),
+            None if self.inner.store.session(code).await?.is_none() => Err(not_found(code)),
+            None => Err(RelayError::RequestNotFound {
+                code: code.display(),
+                request_id: request_id.to_owned(),
+            }),
+        }
+    }
+}
