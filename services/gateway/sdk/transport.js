@@ -22,6 +22,24 @@ const RESEND_MAX_MS = 5000;
 
 const ORDER = ['websocket', 'sse', 'polling'];
 
+// The relay's refusals that mean this tab's session is no longer there for it.
+const SESSION_GONE = new Set([ErrorCode.SESSION_NOT_FOUND, ErrorCode.INVALID_TOKEN, ErrorCode.TOKEN_REQUIRED, ErrorCode.INVALID_CODE]);
+// The same, as the HTTP statuses polling sees.
+const SESSION_GONE_STATUSES = new Set([401, 403, 404]);
+
+/**
+ * Whether what the relay said (a frame, or `{type: 'error', status}` for an HTTP refusal) ends
+ * this tab's session for good, and how: 'replaced' (another tab took it over), 'expired' (it
+ * ended, or its code or token is no longer valid), or null (keep going). An error naming a
+ * call is about that answer, not the session. Every transport decides through this.
+ */
+export function sessionEnd(frame) {
+  if (frame.type === 'expired') return 'expired';
+  if (frame.type !== 'error' || frame.requestId) return null;
+  if (frame.error === ErrorCode.REPLACED) return 'replaced';
+  return SESSION_GONE.has(frame.error) || SESSION_GONE_STATUSES.has(frame.status) ? 'expired' : null;
+}
+
 function jittered(ms) {
   return ms * (0.5 + Math.random());
 }
@@ -104,6 +122,13 @@ export class Transport extends EventTarget {
     this.backoff = Math.min(this.backoff * 2, BACKOFF_MAX_MS);
   }
 
+  /** Emits the session's end when `frame` says it is gone (see sessionEnd); says whether it did. */
+  ended(frame) {
+    const end = sessionEnd(frame);
+    if (end) this.emit(end, frame.message);
+    return end !== null;
+  }
+
   connected() {
     this.failures = 0;
     this.backoff = BACKOFF_START_MS;
@@ -157,20 +182,15 @@ export class Transport extends EventTarget {
           if (frame.error && frame.error !== ErrorCode.REQUEST_NOT_FOUND) this.emit('problem', frame.message);
           break;
         case 'expired':
-          final = true;
-          this.emit('expired', frame.message);
+          final = this.ended(frame);
           break;
         case 'error':
-          if (frame.requestId) {
+          if (this.ended(frame)) {
+            final = true;
+          } else if (frame.requestId) {
             // That answer could not be stored now: it goes again shortly.
             this.interruptions += 1;
             this.resendLater(frame.requestId);
-          } else if (frame.error === ErrorCode.REPLACED) {
-            final = true;
-            this.emit('replaced', frame.message);
-          } else if ([ErrorCode.SESSION_NOT_FOUND, ErrorCode.INVALID_TOKEN, ErrorCode.TOKEN_REQUIRED, ErrorCode.INVALID_CODE].includes(frame.error)) {
-            final = true;
-            this.emit('expired', frame.message);
           } else {
             this.emit('problem', frame.message);
           }
@@ -200,20 +220,15 @@ export class Transport extends EventTarget {
     events.addEventListener('tool-request', (event) => this.handle(JSON.parse(event.data)));
     events.addEventListener('heartbeat', (event) => this.emit('expiry', JSON.parse(event.data).expiresAt));
     events.addEventListener('expired', (event) => {
-      events.close();
-      this.emit('expired', JSON.parse(event.data).message);
+      if (this.ended({ ...JSON.parse(event.data), type: 'expired' })) events.close();
     });
     events.addEventListener('error', (event) => {
       // Named "error" events carry the relay's frames; plain ones are connection trouble.
-      if (!event.data) this.interruptions += 1;
-      if (event.data) {
-        const frame = JSON.parse(event.data);
-        if (frame.error === ErrorCode.REPLACED) {
-          events.close();
-          this.emit('replaced', frame.message);
-          return;
-        }
+      if (event.data && this.ended({ ...JSON.parse(event.data), type: 'error' })) {
+        events.close();
+        return;
       }
+      if (!event.data) this.interruptions += 1;
       if (events.readyState === EventSource.CLOSED || !opened) {
         // EventSource retries by itself (resuming with Last-Event-ID) while it can; when it
         // gives up or never got through, count a failure.
@@ -230,10 +245,7 @@ export class Transport extends EventTarget {
     if (this.stopped) return;
     try {
       const response = await fetch(this.url('/request'), { headers: this.auth() });
-      if (response.status === 404 || response.status === 401 || response.status === 403) {
-        this.emit('expired', 'The session has ended.');
-        return;
-      }
+      if (this.ended({ type: 'error', status: response.status, message: 'The session has ended.' })) return;
       if (!response.ok) throw new Error(`HTTP ${response.status}`);
       if (!this.polling) {
         this.polling = true;
