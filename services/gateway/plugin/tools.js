@@ -62,6 +62,26 @@ function outcome(response) {
   return rest;
 }
 
+/**
+ * A few words on what a call did, in CODAP's terms, for the activity list of the pairing element:
+ * "createGraph · Heights: Age × Height".
+ */
+export function describeCall(name, args) {
+  const a = args && typeof args === 'object' ? args : {};
+  const words = (value) => (typeof value === 'string' || typeof value === 'number' ? String(value) : null);
+  const axes = [a.xAttribute, a.yAttribute].map(words).filter(Boolean);
+  const where = words(a.dataContext) ?? words(a.name) ?? words(a.title) ?? words(a.component) ?? words(a.text);
+  const parts = [];
+  if (where && axes.length) parts.push(`${where}: ${axes.join(' × ')}`);
+  else if (where) parts.push(where);
+  if (Array.isArray(a.items)) parts.push(`${a.items.length} item${a.items.length === 1 ? '' : 's'}`);
+  if (Array.isArray(a.attributes)) parts.push(a.attributes.map((x) => x?.name ?? x).filter(words).join(', '));
+  else if (words(a.attribute)) parts.push(String(a.attribute));
+  if (words(a.formula)) parts.push(String(a.formula));
+  const detail = parts.filter(Boolean).join(' · ');
+  return detail ? `${name} · ${detail}` : name;
+}
+
 /** The tool groups, with handlers bound to a CodapLink. */
 export function codapTools(codap) {
   const ask = async (action, resource, values) => outcome(await codap.request(values === undefined ? { action, resource } : { action, resource, values }));
