@@ -4,6 +4,9 @@
 //   {type:"data-interactive", content:{messageType:"call"|"returnValue", uuid, value}}.
 // CODAP's own calls (codap-present, change notices) are acknowledged with {success:true}.
 
+import { ToolError } from '../sdk/dispatcher.js';
+import { randomId } from '../sdk/session.js';
+
 const CHANNEL = 'data-interactive';
 const HELLO_INTERVAL_MS = 200;
 const HELLO_GIVE_UP_MS = 60000;
@@ -11,19 +14,6 @@ const HELLO_GIVE_UP_MS = 60000;
 const REQUEST_TIMEOUT_MS = 60000;
 // Without an answer by then, the page is shown as "not inside CODAP" (it keeps listening).
 const ABSENT_AFTER_MS = 3000;
-
-/** An error with a stable code for the LLM. */
-function failure(code, message) {
-  const error = new Error(message);
-  error.code = code;
-  return error;
-}
-
-function uuid() {
-  const bytes = new Uint8Array(8);
-  crypto.getRandomValues(bytes);
-  return Array.from(bytes, (b) => b.toString(16).padStart(2, '0')).join('');
-}
 
 export class CodapLink extends EventTarget {
   constructor(win = window) {
@@ -103,7 +93,7 @@ export class CodapLink extends EventTarget {
   /** Sends a request ({action, resource, values}, or an array of them) to CODAP. */
   request(request) {
     if (!this.connected) {
-      return Promise.reject(failure(
+      return Promise.reject(new ToolError(
         'codap_unavailable',
         this.framed
           ? 'CODAP has not answered yet. Wait a moment and try again.'
@@ -111,10 +101,10 @@ export class CodapLink extends EventTarget {
       ));
     }
     return new Promise((resolve, reject) => {
-      const id = uuid();
+      const id = randomId();
       const timer = setTimeout(() => {
         this.pending.delete(id);
-        reject(failure('codap_timeout', `CODAP did not answer within ${REQUEST_TIMEOUT_MS / 1000} s.`));
+        reject(new ToolError('codap_timeout', `CODAP did not answer within ${REQUEST_TIMEOUT_MS / 1000} s.`));
       }, REQUEST_TIMEOUT_MS);
       this.pending.set(id, { resolve, timer });
       this.post({ type: CHANNEL, content: { messageType: 'call', uuid: id, value: request } });
