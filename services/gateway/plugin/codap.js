@@ -5,6 +5,7 @@
 // CODAP's own calls (codap-present, change notices) are acknowledged with {success:true}.
 
 import { ToolError } from '../sdk/dispatcher.js';
+import { ToolErrorCode } from '../sdk/errors.js';
 import { randomId } from '../sdk/session.js';
 
 const CHANNEL = 'data-interactive';
@@ -94,7 +95,7 @@ export class CodapLink extends EventTarget {
   request(request) {
     if (!this.connected) {
       return Promise.reject(new ToolError(
-        'codap_unavailable',
+        ToolErrorCode.CODAP_UNAVAILABLE,
         this.framed
           ? 'CODAP has not answered yet. Wait a moment and try again.'
           : 'This plugin is not running inside CODAP, so there is no CODAP document to work on. Ask the user to open CODAP with the plugin.',
@@ -104,7 +105,7 @@ export class CodapLink extends EventTarget {
       const id = randomId();
       const timer = setTimeout(() => {
         this.pending.delete(id);
-        reject(new ToolError('codap_timeout', `CODAP did not answer within ${REQUEST_TIMEOUT_MS / 1000} s.`));
+        reject(new ToolError(ToolErrorCode.CODAP_TIMEOUT, `CODAP did not answer within ${REQUEST_TIMEOUT_MS / 1000} s.`));
       }, REQUEST_TIMEOUT_MS);
       this.pending.set(id, { resolve, timer });
       this.post({ type: CHANNEL, content: { messageType: 'call', uuid: id, value: request } });

@@ -12,7 +12,7 @@
 
 export { connect, Connection, displayCode } from './connection.js';
 export { Dispatcher, ToolError, validate } from './dispatcher.js';
-export { ErrorCode } from './errors.js';
+export { ErrorCode, ToolErrorCode } from './errors.js';
 export { Sessions } from './session.js';
 export { Transport } from './transport.js';
 export { bridgeWebMCP } from './webmcp.js';
