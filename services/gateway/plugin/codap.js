@@ -4,6 +4,10 @@
 //   {type:"data-interactive", content:{messageType:"call"|"returnValue", uuid, value}}.
 // CODAP's own calls (codap-present, change notices) are acknowledged with {success:true}.
 
+import { ToolError } from '../sdk/dispatcher.js';
+import { ToolErrorCode } from '../sdk/errors.js';
+import { randomId } from '../sdk/session.js';
+
 const CHANNEL = 'data-interactive';
 const HELLO_INTERVAL_MS = 200;
 const HELLO_GIVE_UP_MS = 60000;
@@ -11,19 +15,6 @@ const HELLO_GIVE_UP_MS = 60000;
 const REQUEST_TIMEOUT_MS = 60000;
 // Without an answer by then, the page is shown as "not inside CODAP" (it keeps listening).
 const ABSENT_AFTER_MS = 3000;
-
-/** An error with a stable code for the LLM. */
-function failure(code, message) {
-  const error = new Error(message);
-  error.code = code;
-  return error;
-}
-
-function uuid() {
-  const bytes = new Uint8Array(8);
-  crypto.getRandomValues(bytes);
-  return Array.from(bytes, (b) => b.toString(16).padStart(2, '0')).join('');
-}
 
 export class CodapLink extends EventTarget {
   constructor(win = window) {
@@ -103,18 +94,18 @@ export class CodapLink extends EventTarget {
   /** Sends a request ({action, resource, values}, or an array of them) to CODAP. */
   request(request) {
     if (!this.connected) {
-      return Promise.reject(failure(
-        'codap_unavailable',
+      return Promise.reject(new ToolError(
+        ToolErrorCode.CODAP_UNAVAILABLE,
         this.framed
           ? 'CODAP has not answered yet. Wait a moment and try again.'
           : 'This plugin is not running inside CODAP, so there is no CODAP document to work on. Ask the user to open CODAP with the plugin.',
       ));
     }
     return new Promise((resolve, reject) => {
-      const id = uuid();
+      const id = randomId();
       const timer = setTimeout(() => {
         this.pending.delete(id);
-        reject(failure('codap_timeout', `CODAP did not answer within ${REQUEST_TIMEOUT_MS / 1000} s.`));
+        reject(new ToolError(ToolErrorCode.CODAP_TIMEOUT, `CODAP did not answer within ${REQUEST_TIMEOUT_MS / 1000} s.`));
       }, REQUEST_TIMEOUT_MS);
       this.pending.set(id, { resolve, timer });
       this.post({ type: CHANNEL, content: { messageType: 'call', uuid: id, value: request } });

@@ -4,7 +4,7 @@
 import { Connection, Dispatcher } from '../sdk/toolrelay.js';
 import '../sdk/pairing.js';
 import { CodapLink } from './codap.js';
-import { codapTools } from './tools.js';
+import { codapTools, describeCall } from './tools.js';
 
 const VERSION = '1.1.0';
 // The plugin talks to the relay that served it.
@@ -21,6 +21,7 @@ window.mcpDispatcher = dispatcher;
 // The session is kept under mcp-session-<code> (SPEC §9).
 const connection = new Connection({ relay: BASE, dispatcher, storageKey: 'mcp-session-' });
 pairing.connection = connection;
+pairing.describeCall = describeCall;
 // The page's state, for its styles and its tests.
 pairing.addEventListener('pairing-state', (event) => {
   document.body.dataset.state = event.detail.state;

@@ -8,6 +8,7 @@
 // deletes what is there; creates are not destructive.
 
 import { ToolError } from '../sdk/dispatcher.js';
+import { ToolErrorCode } from '../sdk/errors.js';
 
 const NAME = 'Name exactly as created (names may contain spaces; match case).';
 const DATA_CONTEXT = { type: 'string', minLength: 1, description: `The data set (CODAP calls it a data context). ${NAME}` };
@@ -51,15 +52,35 @@ function dc(name) {
 function outcome(response) {
   if (Array.isArray(response)) return response.map(outcome);
   if (!response || typeof response !== 'object') {
-    throw new ToolError('codap_error', 'CODAP gave no answer to this request.');
+    throw new ToolError(ToolErrorCode.CODAP_ERROR, 'CODAP gave no answer to this request.');
   }
   if (response.success === false) {
     const reason = response.values?.error || response.error || 'CODAP refused the request.';
-    throw new ToolError('codap_error', String(reason));
+    throw new ToolError(ToolErrorCode.CODAP_ERROR, String(reason));
   }
   if (response.values !== undefined) return response.values;
   const { success, ...rest } = response;
   return rest;
+}
+
+/**
+ * A few words on what a call did, in CODAP's terms, for the activity list of the pairing element:
+ * "createGraph · Heights: Age × Height".
+ */
+export function describeCall(name, args) {
+  const a = args && typeof args === 'object' ? args : {};
+  const words = (value) => (typeof value === 'string' || typeof value === 'number' ? String(value) : null);
+  const axes = [a.xAttribute, a.yAttribute].map(words).filter(Boolean);
+  const where = words(a.dataContext) ?? words(a.name) ?? words(a.title) ?? words(a.component) ?? words(a.text);
+  const parts = [];
+  if (where && axes.length) parts.push(`${where}: ${axes.join(' × ')}`);
+  else if (where) parts.push(where);
+  if (Array.isArray(a.items)) parts.push(`${a.items.length} item${a.items.length === 1 ? '' : 's'}`);
+  if (Array.isArray(a.attributes)) parts.push(a.attributes.map((x) => x?.name ?? x).filter(words).join(', '));
+  else if (words(a.attribute)) parts.push(String(a.attribute));
+  if (words(a.formula)) parts.push(String(a.formula));
+  const detail = parts.filter(Boolean).join(' · ');
+  return detail ? `${name} · ${detail}` : name;
 }
 
 /** The tool groups, with handlers bound to a CodapLink. */

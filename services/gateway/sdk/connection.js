@@ -12,6 +12,7 @@
 //   expiry         {expiresAt}
 
 import { Dispatcher, ToolError, heldForConfirmation } from './dispatcher.js';
+import { ToolErrorCode } from './errors.js';
 import { Sessions } from './session.js';
 import { Transport } from './transport.js';
 
@@ -216,14 +217,14 @@ export class Connection extends EventTarget {
     try {
       const fn = this.dispatcher.find(toolId, functionName);
       if (fn && this.confirm && heldForConfirmation(fn, args) && !(await this.confirm(call))) {
-        throw new ToolError('declined_by_user', 'The user declined this change. Ask them before trying again.');
+        throw new ToolError(ToolErrorCode.DECLINED_BY_USER, 'The user declined this change. Ask them before trying again.');
       }
       const result = await this.dispatcher.call(toolId, functionName, args);
       // What cannot travel as JSON (a cycle, a BigInt) is a failure, not a lost answer.
       const json = JSON.stringify(result === undefined ? null : result);
       answer = { requestId, success: true, result: JSON.parse(json) };
     } catch (error) {
-      const code = error?.code && typeof error.code === 'string' ? error.code : 'tool_error';
+      const code = error?.code && typeof error.code === 'string' ? error.code : ToolErrorCode.TOOL_ERROR;
       const message = error?.message || String(error);
       answer = { requestId, success: false, error: { code, message } };
     }

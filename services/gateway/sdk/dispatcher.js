@@ -3,6 +3,8 @@
 // runs. Tools come grouped ({id, description, functions:[{name, description, parameters,
 // run}]}) or flat ({name, description, inputSchema, execute}); flat ones join a group.
 
+import { ErrorCode } from './errors.js';
+
 /** The ways `value` breaks `schema` (a practical subset of JSON Schema), as messages. */
 export function validate(schema, value, path = 'args') {
   const problems = [];
@@ -151,9 +153,9 @@ export class Dispatcher {
   /** Runs a function after checking its arguments; throws ToolError on failure. */
   async call(toolId, name, args = {}) {
     const fn = this.find(toolId, name);
-    if (!fn) throw new ToolError('unknown_function', `This tab has no function ${name}.`);
+    if (!fn) throw new ToolError(ErrorCode.UNKNOWN_FUNCTION, `This tab has no function ${name}.`);
     const problems = validate(fn.parameters, args ?? {});
-    if (problems.length) throw new ToolError('invalid_arguments', `Invalid arguments: ${problems.join('; ')}.`);
+    if (problems.length) throw new ToolError(ErrorCode.INVALID_ARGUMENTS, `Invalid arguments: ${problems.join('; ')}.`);
     return fn.run(args ?? {});
   }
 }

@@ -2,7 +2,8 @@
 // connect each kind of assistant, copy buttons, the countdown, a status dot, the activity
 // list, End session and the "ask me before changes" switch (it holds every call of a tool not
 // marked `readOnly`).
-// Set its `connection` property to a Connection (connect() from toolrelay.js).
+// Set its `connection` property to a Connection (connect() from toolrelay.js), and, to word
+// the activity list in the page's own terms, `describeCall` to a function (name, args) → text.
 //
 // It renders into its own children (no shadow DOM), so the page's tests and styles reach it;
 // its styles come from pairing.css next to this file. Children it has before it renders (a
@@ -40,19 +41,15 @@ function lifetime(session) {
   return span < 3600000 ? `${Math.max(1, Math.round(span / 60000))} min` : `${Math.round(span / 3600000)} h`;
 }
 
-/** A few words on what a call did: "createGraph · Heights: Age × Height". */
+/**
+ * A few words on what a call did, unless the page describes its calls itself (`describeCall`):
+ * the function and what it names, e.g. "addItem · milk".
+ */
 function summarize(name, args) {
   const a = args && typeof args === 'object' ? args : {};
   const words = (value) => (typeof value === 'string' || typeof value === 'number' ? String(value) : null);
-  const axes = [a.xAttribute, a.yAttribute].map(words).filter(Boolean);
-  const where = words(a.dataContext) ?? words(a.name) ?? words(a.title) ?? words(a.component) ?? words(a.text);
-  const parts = [];
-  if (where && axes.length) parts.push(`${where}: ${axes.join(' × ')}`);
-  else if (where) parts.push(where);
+  const parts = [words(a.name) ?? words(a.title) ?? words(a.text)];
   if (Array.isArray(a.items)) parts.push(`${a.items.length} item${a.items.length === 1 ? '' : 's'}`);
-  if (Array.isArray(a.attributes)) parts.push(a.attributes.map((x) => x?.name ?? x).filter(words).join(', '));
-  else if (words(a.attribute)) parts.push(String(a.attribute));
-  if (words(a.formula)) parts.push(String(a.formula));
   const detail = parts.filter(Boolean).join(' · ');
   return detail ? `${name} · ${detail}` : name;
 }
@@ -204,6 +201,7 @@ export class ToolrelayPairing extends HTMLElement {
     this.heldQueue = Promise.resolve();
     this.listeners = [];
     this.discovered = Promise.resolve();
+    this.describeCall = null;
   }
 
   connectedCallback() {
@@ -408,7 +406,7 @@ export class ToolrelayPairing extends HTMLElement {
     item.className = ok ? 'done' : 'failed';
     const what = document.createElement('span');
     what.className = 'what';
-    what.textContent = summarize(name, args);
+    what.textContent = (this.describeCall ?? summarize)(name, args);
     what.title = what.textContent;
     const time = document.createElement('time');
     const now = new Date();

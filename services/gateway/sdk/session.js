@@ -6,11 +6,14 @@ const MARK_EVERY_MS = 2000;
 // A mark older than this belongs to a tab that is gone.
 const MARK_STALE_MS = 6000;
 
-const TAB = (() => {
+/** A random id of 16 hex digits. */
+export function randomId() {
   const bytes = new Uint8Array(8);
   crypto.getRandomValues(bytes);
   return Array.from(bytes, (b) => b.toString(16).padStart(2, '0')).join('');
-})();
+}
+
+const TAB = randomId();
 
 function read(key) {
   try {

@@ -6,12 +6,13 @@
 //   relay.addEventListener('code', (event) => show(event.detail.display));
 //
 // Layout: connection.js pairs and runs calls, transport.js carries them (WebSocket → SSE →
-// polling), session.js keeps the session across reloads, dispatcher.js checks arguments,
-// pairing.js is the <toolrelay-pairing> element, webmcp.js bridges WebMCP pages.
+// polling, one file each: transport-websocket.js, transport-sse.js, transport-polling.js),
+// session.js keeps the session across reloads, dispatcher.js checks arguments, pairing.js is
+// the <toolrelay-pairing> element, webmcp.js bridges WebMCP pages.
 
 export { connect, Connection, displayCode } from './connection.js';
 export { Dispatcher, ToolError, validate } from './dispatcher.js';
-export { ErrorCode } from './errors.js';
+export { ErrorCode, ToolErrorCode } from './errors.js';
 export { Sessions } from './session.js';
 export { Transport } from './transport.js';
 export { bridgeWebMCP } from './webmcp.js';

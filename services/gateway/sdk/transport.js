@@ -1,5 +1,7 @@
 // A page's connection to the relay: WebSocket first, server-sent events when WebSocket fails,
-// 1-second polling when SSE fails too. Reconnects with jittered backoff. Calls are
+// 1-second polling when SSE fails too (transport-websocket.js, transport-sse.js and
+// transport-polling.js each open one kind; this file holds what they share: the choice, the
+// backoff, the session's end and the answers). Reconnects with jittered backoff. Calls are
 // de-duplicated by requestId (the relay delivers at least once), and every result or error is
 // kept until the relay has it: over WebSocket until an `ack` frame names it (sent again after
 // an `error` frame naming its requestId, and after a reconnect), over HTTP until a POST is
@@ -7,10 +9,12 @@
 // delivered again gets the answer it had, without running twice.
 
 import { ErrorCode } from './errors.js';
+import { poll } from './transport-polling.js';
+import { openEventStream } from './transport-sse.js';
+import { openWebSocket } from './transport-websocket.js';
 
 const BACKOFF_START_MS = 500;
 const BACKOFF_MAX_MS = 10000;
-const POLL_INTERVAL_MS = 1000;
 // A transport that fails this many times in a row without ever working is given up for the next.
 const FAILURES_BEFORE_FALLBACK = 2;
 // Answers kept to answer a redelivered call again without running it twice.
@@ -20,7 +24,27 @@ const REMEMBERED_ANSWERS = 500;
 const RESEND_START_MS = 250;
 const RESEND_MAX_MS = 5000;
 
-const ORDER = ['websocket', 'sse', 'polling'];
+// How each transport connects, in the order they are tried.
+const OPEN = { websocket: openWebSocket, sse: openEventStream, polling: poll };
+const ORDER = Object.keys(OPEN);
+
+// The relay's refusals that mean this tab's session is no longer there for it.
+const SESSION_GONE = new Set([ErrorCode.SESSION_NOT_FOUND, ErrorCode.INVALID_TOKEN, ErrorCode.TOKEN_REQUIRED, ErrorCode.INVALID_CODE]);
+// The same, as the HTTP statuses polling sees.
+const SESSION_GONE_STATUSES = new Set([401, 403, 404]);
+
+/**
+ * Whether what the relay said (a frame, or `{type: 'error', status}` for an HTTP refusal) ends
+ * this tab's session for good, and how: 'replaced' (another tab took it over), 'expired' (it
+ * ended, or its code or token is no longer valid), or null (keep going). An error naming a
+ * call is about that answer, not the session. Every transport decides through this.
+ */
+export function sessionEnd(frame) {
+  if (frame.type === 'expired') return 'expired';
+  if (frame.type !== 'error' || frame.requestId) return null;
+  if (frame.error === ErrorCode.REPLACED) return 'replaced';
+  return SESSION_GONE.has(frame.error) || SESSION_GONE_STATUSES.has(frame.status) ? 'expired' : null;
+}
 
 function jittered(ms) {
   return ms * (0.5 + Math.random());
@@ -82,9 +106,7 @@ export class Transport extends EventTarget {
   connect() {
     if (this.stopped) return;
     this.emit('status', { state: 'connecting', transport: this.kind });
-    if (this.kind === 'websocket') this.openSocket();
-    else if (this.kind === 'sse') this.openEvents();
-    else this.poll();
+    OPEN[this.kind](this);
   }
 
   /** The connection failed or dropped: try again later, or move to the next transport. */
@@ -104,153 +126,19 @@ export class Transport extends EventTarget {
     this.backoff = Math.min(this.backoff * 2, BACKOFF_MAX_MS);
   }
 
+  /** Emits the session's end when `frame` says it is gone (see sessionEnd); says whether it did. */
+  ended(frame) {
+    const end = sessionEnd(frame);
+    if (end) this.emit(end, frame.message);
+    return end !== null;
+  }
+
   connected() {
     this.failures = 0;
     this.backoff = BACKOFF_START_MS;
     this.emit('status', { state: 'connected', transport: this.kind });
     // Answers that could not go out while the connection was down go now.
     for (const answer of [...this.unsent.values()]) this.send(answer);
-  }
-
-  // ---- WebSocket ----
-
-  openSocket() {
-    const base = this.base.replace(/^http/, 'ws');
-    let socket;
-    try {
-      socket = new WebSocket(`${base}/api/sessions/${this.session.code}/ws?token=${encodeURIComponent(this.session.token)}`);
-    } catch {
-      this.failed(false);
-      return;
-    }
-    this.socket = socket;
-    let welcomed = false;
-    let final = false;
-    socket.onmessage = (event) => {
-      let frame;
-      try {
-        frame = JSON.parse(event.data);
-      } catch {
-        return;
-      }
-      switch (frame.type) {
-        case 'welcome':
-          welcomed = true;
-          this.connected();
-          this.emit('expiry', frame.expiresAt);
-          socket.send(JSON.stringify({ type: 'register', tools: this.manifest() }));
-          break;
-        case 'registered':
-          this.emit('registered', frame.tools);
-          break;
-        case 'tool-request':
-          this.handle(frame);
-          break;
-        case 'heartbeat':
-          this.emit('expiry', frame.expiresAt);
-          break;
-        case 'ack':
-          // The relay is done with the answer: stored, or refused for good (`error` says why;
-          // request_not_found after a reconnect is expected: the call comes again, and its
-          // answer with it).
-          this.settled(frame.requestId);
-          if (frame.error && frame.error !== ErrorCode.REQUEST_NOT_FOUND) this.emit('problem', frame.message);
-          break;
-        case 'expired':
-          final = true;
-          this.emit('expired', frame.message);
-          break;
-        case 'error':
-          if (frame.requestId) {
-            // That answer could not be stored now: it goes again shortly.
-            this.interruptions += 1;
-            this.resendLater(frame.requestId);
-          } else if (frame.error === ErrorCode.REPLACED) {
-            final = true;
-            this.emit('replaced', frame.message);
-          } else if ([ErrorCode.SESSION_NOT_FOUND, ErrorCode.INVALID_TOKEN, ErrorCode.TOKEN_REQUIRED, ErrorCode.INVALID_CODE].includes(frame.error)) {
-            final = true;
-            this.emit('expired', frame.message);
-          } else {
-            this.emit('problem', frame.message);
-          }
-          break;
-        default:
-      }
-    };
-    socket.onclose = () => {
-      if (this.socket === socket) this.socket = null;
-      if (!final) this.failed(welcomed);
-    };
-  }
-
-  // ---- server-sent events ----
-
-  openEvents() {
-    const events = new EventSource(this.url(`/stream?token=${encodeURIComponent(this.session.token)}`));
-    this.events = events;
-    let opened = false;
-    events.addEventListener('connected', (event) => {
-      opened = true;
-      this.connected();
-      const frame = JSON.parse(event.data);
-      this.emit('expiry', frame.expiresAt);
-      this.putManifest();
-    });
-    events.addEventListener('tool-request', (event) => this.handle(JSON.parse(event.data)));
-    events.addEventListener('heartbeat', (event) => this.emit('expiry', JSON.parse(event.data).expiresAt));
-    events.addEventListener('expired', (event) => {
-      events.close();
-      this.emit('expired', JSON.parse(event.data).message);
-    });
-    events.addEventListener('error', (event) => {
-      // Named "error" events carry the relay's frames; plain ones are connection trouble.
-      if (!event.data) this.interruptions += 1;
-      if (event.data) {
-        const frame = JSON.parse(event.data);
-        if (frame.error === ErrorCode.REPLACED) {
-          events.close();
-          this.emit('replaced', frame.message);
-          return;
-        }
-      }
-      if (events.readyState === EventSource.CLOSED || !opened) {
-        // EventSource retries by itself (resuming with Last-Event-ID) while it can; when it
-        // gives up or never got through, count a failure.
-        events.close();
-        if (this.events === events) this.events = null;
-        this.failed(opened);
-      }
-    });
-  }
-
-  // ---- polling ----
-
-  async poll() {
-    if (this.stopped) return;
-    try {
-      const response = await fetch(this.url('/request'), { headers: this.auth() });
-      if (response.status === 404 || response.status === 401 || response.status === 403) {
-        this.emit('expired', 'The session has ended.');
-        return;
-      }
-      if (!response.ok) throw new Error(`HTTP ${response.status}`);
-      if (!this.polling) {
-        this.polling = true;
-        this.connected();
-        await this.putManifest();
-      } else {
-        // An answer that could not go while the network was away goes now: a blip short
-        // enough to miss every poll is no reconnection.
-        for (const answer of [...this.unsent.values()]) this.send(answer);
-      }
-      for (const call of await response.json()) this.handle(call);
-      this.pollTimer = setTimeout(() => this.poll(), POLL_INTERVAL_MS);
-    } catch {
-      const worked = this.polling;
-      this.polling = false;
-      this.failed(worked);
-    }
   }
 
   /** The tools changed while connected: register them again on the live connection. */

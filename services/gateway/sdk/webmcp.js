@@ -11,6 +11,7 @@
 // prompts, sampling and elicitation are not bridged.
 
 import { ToolError } from './dispatcher.js';
+import { ToolErrorCode } from './errors.js';
 
 /** What an MCP-style result becomes for the relay: its structured content, or the result itself. */
 function unwrap(result) {
@@ -19,7 +20,7 @@ function unwrap(result) {
     .filter((part) => part && part.type === 'text')
     .map((part) => part.text)
     .join('\n');
-  if (result.isError) throw new ToolError('tool_error', text || 'The tool failed.');
+  if (result.isError) throw new ToolError(ToolErrorCode.TOOL_ERROR, text || 'The tool failed.');
   if (result.structuredContent !== undefined) return result.structuredContent;
   return result;
 }

@@ -59,6 +59,21 @@ const SDK: &[File] = &[
         include_str!("../sdk/transport.js"),
     ),
     (
+        "transport-websocket.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../sdk/transport-websocket.js"),
+    ),
+    (
+        "transport-sse.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../sdk/transport-sse.js"),
+    ),
+    (
+        "transport-polling.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../sdk/transport-polling.js"),
+    ),
+    (
         "session.js",
         "text/javascript; charset=utf-8",
         include_str!("../sdk/session.js"),

@@ -1,0 +1,29 @@
+// The polling transport: asks for calls every second over plain HTTP (the Transport's last
+// resort, for networks that let neither WebSocket nor a stream through).
+
+const POLL_INTERVAL_MS = 1000;
+
+/** Asks for `transport`'s calls now and again every second until it stops or fails. */
+export async function poll(transport) {
+  if (transport.stopped) return;
+  try {
+    const response = await fetch(transport.url('/request'), { headers: transport.auth() });
+    if (transport.ended({ type: 'error', status: response.status, message: 'The session has ended.' })) return;
+    if (!response.ok) throw new Error(`HTTP ${response.status}`);
+    if (!transport.polling) {
+      transport.polling = true;
+      transport.connected();
+      await transport.putManifest();
+    } else {
+      // An answer that could not go while the network was away goes now: a blip short
+      // enough to miss every poll is no reconnection.
+      for (const answer of [...transport.unsent.values()]) transport.send(answer);
+    }
+    for (const call of await response.json()) transport.handle(call);
+    transport.pollTimer = setTimeout(() => poll(transport), POLL_INTERVAL_MS);
+  } catch {
+    const worked = transport.polling;
+    transport.polling = false;
+    transport.failed(worked);
+  }
+}
