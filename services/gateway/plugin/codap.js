@@ -5,8 +5,17 @@
 // CODAP's own calls (codap-present, change notices) are acknowledged with {success:true}.
 
 import { ToolError } from '../sdk/dispatcher.js';
-import { ToolErrorCode } from '../sdk/errors.js';
 import { randomId } from '../sdk/session.js';
+
+/** The codes of the plugin's own tool failures (an answer's `error.code`). */
+export const CodapErrorCode = Object.freeze({
+  // CODAP refused a request or gave no answer.
+  ERROR: 'codap_error',
+  // The plugin is not (yet) connected to CODAP.
+  UNAVAILABLE: 'codap_unavailable',
+  // CODAP took too long to answer.
+  TIMEOUT: 'codap_timeout',
+});
 
 const CHANNEL = 'data-interactive';
 const HELLO_INTERVAL_MS = 200;
@@ -95,7 +104,7 @@ export class CodapLink extends EventTarget {
   request(request) {
     if (!this.connected) {
       return Promise.reject(new ToolError(
-        ToolErrorCode.CODAP_UNAVAILABLE,
+        CodapErrorCode.UNAVAILABLE,
         this.framed
           ? 'CODAP has not answered yet. Wait a moment and try again.'
           : 'This plugin is not running inside CODAP, so there is no CODAP document to work on. Ask the user to open CODAP with the plugin.',
@@ -105,7 +114,7 @@ export class CodapLink extends EventTarget {
       const id = randomId();
       const timer = setTimeout(() => {
         this.pending.delete(id);
-        reject(new ToolError(ToolErrorCode.CODAP_TIMEOUT, `CODAP did not answer within ${REQUEST_TIMEOUT_MS / 1000} s.`));
+        reject(new ToolError(CodapErrorCode.TIMEOUT, `CODAP did not answer within ${REQUEST_TIMEOUT_MS / 1000} s.`));
       }, REQUEST_TIMEOUT_MS);
       this.pending.set(id, { resolve, timer });
       this.post({ type: CHANNEL, content: { messageType: 'call', uuid: id, value: request } });

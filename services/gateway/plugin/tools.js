@@ -8,7 +8,7 @@
 // deletes what is there; creates are not destructive.
 
 import { ToolError } from '../sdk/dispatcher.js';
-import { ToolErrorCode } from '../sdk/errors.js';
+import { CodapErrorCode } from './codap.js';
 
 const NAME = 'Name exactly as created (names may contain spaces; match case).';
 const DATA_CONTEXT = { type: 'string', minLength: 1, description: `The data set (CODAP calls it a data context). ${NAME}` };
@@ -52,11 +52,11 @@ function dc(name) {
 function outcome(response) {
   if (Array.isArray(response)) return response.map(outcome);
   if (!response || typeof response !== 'object') {
-    throw new ToolError(ToolErrorCode.CODAP_ERROR, 'CODAP gave no answer to this request.');
+    throw new ToolError(CodapErrorCode.ERROR, 'CODAP gave no answer to this request.');
   }
   if (response.success === false) {
     const reason = response.values?.error || response.error || 'CODAP refused the request.';
-    throw new ToolError(ToolErrorCode.CODAP_ERROR, String(reason));
+    throw new ToolError(CodapErrorCode.ERROR, String(reason));
   }
   if (response.values !== undefined) return response.values;
   const { success, ...rest } = response;

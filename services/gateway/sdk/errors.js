@@ -41,24 +41,12 @@ export const ErrorCode = Object.freeze({
 
 /**
  * The codes of a tool's own failures made in the browser (an answer's `error.code`; the relay
- * passes them on): the SDK's, and the CODAP plugin's. Each is named by its code in capitals,
- * as ErrorCode's are: ToolErrorCode.TOOL_ERROR is 'tool_error'. Built from the codes, not
- * written out as ErrorCode is, so that the gateway's check of ErrorCode against the relay's
- * list (src/plugin.rs) does not read these as relay errors.
+ * passes them on), each named by its code in capitals as ErrorCode's are. A page's own tools
+ * may add codes of their own (the CODAP plugin's are in plugin/codap.js).
  */
-export const ToolErrorCode = Object.freeze(
-  Object.fromEntries(
-    [
-      // The tool failed without a code of its own.
-      'tool_error',
-      // The person, asked before a change, said no.
-      'declined_by_user',
-      // CODAP refused a request or gave no answer.
-      'codap_error',
-      // The plugin is not (yet) connected to CODAP.
-      'codap_unavailable',
-      // CODAP took too long to answer.
-      'codap_timeout',
-    ].map((code) => [code.toUpperCase(), code]),
-  ),
-);
+export const ToolErrorCode = Object.freeze({
+  // The tool failed without a code of its own.
+  TOOL_ERROR: 'tool_error',
+  // The person, asked before a change, said no.
+  DECLINED_BY_USER: 'declined_by_user',
+});

@@ -271,7 +271,13 @@ mod tests {
             .iter()
             .find(|(name, _, _)| *name == "errors.js")
             .expect("errors.js is served");
-        let listed: Vec<(String, String)> = errors
+        // The lines of `export const ErrorCode = Object.freeze({ … });`.
+        let block = errors
+            .split_once("export const ErrorCode = Object.freeze({")
+            .and_then(|(_, rest)| rest.split_once("});"))
+            .expect("errors.js exports ErrorCode")
+            .0;
+        let listed: Vec<(String, String)> = block
             .lines()
             .filter_map(|line| {
                 let (key, value) = line.trim().split_once(": '")?;
