@@ -42,6 +42,63 @@ use toolrelay_relay::server::{self, Listeners};
 /// How long a test waits for something that should happen promptly.
 pub const PATIENCE: Duration = Duration::from_secs(10);
 
+/// When [`wait_until`] gives up, and how often it looks again meanwhile (every 20 ms unless
+/// told). A [`Duration`] is that long from now.
+#[derive(Clone, Copy, Debug)]
+pub struct Deadline {
+    at: tokio::time::Instant,
+    every: Duration,
+}
+
+impl Deadline {
+    /// `patience` from now.
+    pub fn within(patience: Duration) -> Self {
+        Self::at(tokio::time::Instant::now() + patience)
+    }
+
+    /// At the instant `at`.
+    pub fn at(at: tokio::time::Instant) -> Self {
+        Self {
+            at,
+            every: Duration::from_millis(20),
+        }
+    }
+
+    /// Looking again every `every` instead.
+    #[must_use]
+    pub fn every(self, every: Duration) -> Self {
+        Self { every, ..self }
+    }
+}
+
+impl From<Duration> for Deadline {
+    fn from(patience: Duration) -> Self {
+        Self::within(patience)
+    }
+}
+
+impl From<tokio::time::Instant> for Deadline {
+    fn from(at: tokio::time::Instant) -> Self {
+        Self::at(at)
+    }
+}
+
+/// Looks at `condition` until it is met, then returns what it found: it answers `Ok` once met,
+/// or `Err` with why not yet, which is the failure once the deadline has passed.
+pub async fn wait_until<T, E: std::fmt::Display>(
+    deadline: impl Into<Deadline>,
+    mut condition: impl AsyncFnMut() -> Result<T, E>,
+) -> T {
+    let Deadline { at, every } = deadline.into();
+    loop {
+        match condition().await {
+            Ok(found) => return found,
+            Err(not_yet) => assert!(tokio::time::Instant::now() < at, "{not_yet}"),
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
 /// The gateway secret the split systems share (`GATEWAY_SECRET` of their relays and gateways).
 pub const GATEWAY_SECRET: &str = "test-gateway-secret-0123456789";
 

@@ -6,26 +6,21 @@
 //! the drain deadline gets 503 with its requestId — never a dropped connection.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap should fail loudly
 
-use std::time::Duration;
-
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use toolrelay_tests::system::{Answer, SseTab, System};
-use toolrelay_tests::{GrpcProvider, PATIENCE, WsTab, demo_tools, error_name};
+use toolrelay_tests::{GrpcProvider, PATIENCE, WsTab, demo_tools, error_name, wait_until};
 
 /// Waits (with a deadline) until `/readyz` answers 503.
 async fn until_not_ready(system: &System) {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
+    wait_until(PATIENCE, async || {
         if system.get("/readyz").await.status == StatusCode::SERVICE_UNAVAILABLE {
-            return;
+            Ok(())
+        } else {
+            Err("/readyz stayed green")
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "/readyz stayed green"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
 }
 
 fn assert_retry_later(answer: &Answer) {
@@ -40,21 +35,15 @@ fn echo(text: &str) -> Value {
 
 /// Polls as a tab until a call is handed out (with a deadline); returns it.
 async fn poll_until_a_call(system: &System, code: &str, token: &str) -> Value {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
+    wait_until(PATIENCE, async || {
         let polled = system
             .get(&format!("/api/sessions/{code}/request?token={token}"))
             .await;
         assert_eq!(polled.status, StatusCode::OK, "{polled:?}");
-        if let Some(call) = polled.body.as_array().and_then(|calls| calls.first()) {
-            return call.clone();
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no call reached the poller"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        let first = polled.body.as_array().and_then(|calls| calls.first());
+        first.cloned().ok_or("no call reached the poller")
+    })
+    .await
 }
 
 /// A tab's answer posted over HTTP, as SSE and polling tabs answer.

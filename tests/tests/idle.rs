@@ -10,7 +10,7 @@ use toolrelay::proto::v1::GetSessionRequest;
 use toolrelay_relay::RelayConfig;
 use toolrelay_relay::limits::RateLimits;
 use toolrelay_tests::cluster::Cluster;
-use toolrelay_tests::{PATIENCE, TestRelay, WsTab};
+use toolrelay_tests::{Deadline, PATIENCE, TestRelay, WsTab, wait_until};
 
 /// The goal: Redis commands per idle tab and second, at the default settings.
 const GOAL_PER_TAB_PER_SECOND: f64 = 0.02;
@@ -21,11 +21,15 @@ async fn until<F: Future<Output = bool>>(
     patience: Duration,
     mut condition: impl FnMut() -> F,
 ) {
-    let deadline = Instant::now() + patience;
-    while !condition().await {
-        assert!(Instant::now() < deadline, "{what}: not within {patience:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let every = Deadline::within(patience).every(Duration::from_millis(50));
+    wait_until(every, async || {
+        if condition().await {
+            Ok(())
+        } else {
+            Err(format!("{what}: not within {patience:?}"))
+        }
+    })
+    .await;
 }
 
 /// Keeps a tab answering the relay's pings (by reading what it sends) until its connection

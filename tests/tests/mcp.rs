@@ -21,7 +21,9 @@ use toolrelay_gateway::config::McpSessions;
 use toolrelay_relay::RelayConfig;
 use toolrelay_tests::metrics::Scrape;
 use toolrelay_tests::system::{System, send};
-use toolrelay_tests::{BUILTIN_TOOLS, WsTab, demo_tools, tab_and_builtin_names};
+use toolrelay_tests::{
+    BUILTIN_TOOLS, Deadline, WsTab, demo_tools, tab_and_builtin_names, wait_until,
+};
 
 #[derive(Clone, Default)]
 struct Client {
@@ -356,14 +358,15 @@ async fn unknown_handles_ended_sessions_bad_arguments_and_unknown_tools_are_clea
 
 /// Waits (with a deadline) until `condition` holds.
 async fn until(condition: impl Fn() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while !condition() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the condition never held"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let every = Deadline::within(Duration::from_secs(20)).every(Duration::from_millis(50));
+    wait_until(every, async || {
+        if condition() {
+            Ok(())
+        } else {
+            Err("the condition never held")
+        }
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -793,23 +796,20 @@ async fn an_idle_session_ends_in_the_gateway_and_in_the_store() {
     let url = system.url("/mcp");
     let session = initialize_with(&client, &url).await.session.unwrap();
     // Its place comes free once it has been idle a second (asking with its id would keep it).
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
+    let every = Deadline::within(Duration::from_secs(20)).every(Duration::from_millis(100));
+    wait_until(every, async || {
         let answer = initialize_with(&client, &url).await;
         if answer.status == StatusCode::OK {
-            break;
+            return Ok(());
         }
         assert_refused(
             &answer,
             StatusCode::TOO_MANY_REQUESTS,
             "MCP_SESSIONS_PER_IP",
         );
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the session never went idle"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        Err("the session never went idle")
+    })
+    .await;
     let gone = mcp_request(
         client
             .post(&url)
@@ -922,17 +922,17 @@ async fn flood(
     // Idle sessions end: the caps free up, and the memory comes back.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     let newcomer = client_from([127, 0, 0, 202]);
-    loop {
-        let answer = initialize_with(&newcomer, &url).await;
-        if answer.status == StatusCode::OK {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the sessions never went idle"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    wait_until(
+        Deadline::at(deadline).every(Duration::from_millis(500)),
+        async || {
+            if initialize_with(&newcomer, &url).await.status == StatusCode::OK {
+                Ok(())
+            } else {
+                Err("the sessions never went idle")
+            }
+        },
+    )
+    .await;
     let mut after = rss_mib(pid);
     while after > before + 64.0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(500)).await;

@@ -14,7 +14,7 @@ use toolrelay::proto::v1::{CallRequest, CreateSessionRequest, RequestStatus};
 use toolrelay_tests::metrics::Scrape;
 use toolrelay_tests::redis::RedisServer;
 use toolrelay_tests::system::System;
-use toolrelay_tests::{PATIENCE, WsTab, demo_tools};
+use toolrelay_tests::{Deadline, PATIENCE, WsTab, demo_tools, wait_until};
 
 /// What `/metrics` answers with: the Prometheus text format.
 const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -35,34 +35,29 @@ fn echo(text: &str) -> Value {
 /// Waits (with a deadline) until the page at `url` has the line `line`: a call's answer
 /// reaches its caller as the relay counts it, so the count may trail the answer a moment.
 async fn until_line(http: &reqwest::Client, url: &str, line: &str) {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
+    wait_until(PATIENCE, async || {
         let text = http.get(url).send().await.unwrap().text().await.unwrap();
         if text.lines().any(|l| l == line) {
-            return;
+            Ok(())
+        } else {
+            Err(format!("{line} never showed in\n{text}"))
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{line} never showed in\n{text}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
 }
 
 /// Waits (with a deadline) until `GET url` answers `status`.
 async fn until_status(http: &reqwest::Client, url: &str, status: StatusCode) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
+    let every = Deadline::within(Duration::from_secs(20)).every(Duration::from_millis(50));
+    wait_until(every, async || {
         let answered = http.get(url).send().await.unwrap().status();
         if answered == status {
-            return;
+            Ok(())
+        } else {
+            Err(format!("{url} stayed {answered}, never {status}"))
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{url} stayed {answered}, never {status}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
 }
 
 /// One session's secrets, as created over HTTP.

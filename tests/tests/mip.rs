@@ -15,6 +15,7 @@ use toolrelay::proto::v1::{self as pb, relay_client::RelayClient};
 use toolrelay_relay::RelayConfig;
 use toolrelay_tests::remip::ReMip;
 use toolrelay_tests::system::{Answer, System, send};
+use toolrelay_tests::{Deadline, wait_until};
 
 /// A small production plan: integers, a binary, a continuous variable, an equality, an
 /// unnamed constraint and an objective constant (7).
@@ -111,8 +112,7 @@ const SIGUSR1_BIT: u64 = 1 << (10 - 1);
 /// waits to be released (it catches `SIGUSR1`); returns that Python's process id.
 async fn until_a_run_is_held(system: &System) -> u32 {
     let relay = system.pid().expect("a relay in a process of its own");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
+    wait_until(Duration::from_secs(30), async || {
         let held = descendants_of(relay).into_iter().find(|pid| {
             let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
             let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
@@ -122,15 +122,9 @@ async fn until_a_run_is_held(system: &System) -> u32 {
                 .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok());
             comm.starts_with("python") && caught.is_some_and(|mask| mask & SIGUSR1_BIT != 0)
         });
-        if let Some(pid) = held {
-            return pid;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no run of HELD waits to be released"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        held.ok_or("no run of HELD waits to be released")
+    })
+    .await
 }
 
 /// Starts a generate call for `scope` running [`HELD`] and waits (with a deadline) until its
@@ -796,18 +790,18 @@ async fn mip_slots(system: &System) -> (u64, u64) {
 
 /// Waits (with a deadline) until the relay's MIP slots and waiting calls are `wanted`.
 async fn until_mip_slots(system: &System, wanted: (u64, u64)) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
+    let every = Deadline::within(Duration::from_secs(30)).every(Duration::from_millis(50));
+    wait_until(every, async || {
         let now = mip_slots(system).await;
         if now == wanted {
-            return;
+            Ok(())
+        } else {
+            Err(format!(
+                "the MIP slots and waiting calls never became {wanted:?} (now {now:?})"
+            ))
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the MIP slots and waiting calls never became {wanted:?} (now {now:?})"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
 }
 
 #[tokio::test]

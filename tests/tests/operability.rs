@@ -4,12 +4,11 @@
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap should fail loudly
 
 use std::process::Stdio;
-use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::json;
 use toolrelay_tests::system::{System, binary, send};
-use toolrelay_tests::{PATIENCE, WsTab, demo_tools, free_port, repo_file};
+use toolrelay_tests::{PATIENCE, WsTab, demo_tools, free_port, repo_file, wait_until};
 
 /// Runs a binary to its end (with a deadline); its status and everything it printed.
 async fn run(
@@ -183,14 +182,11 @@ async fn text_logs_have_no_colour_codes_off_a_terminal() {
         .spawn()
         .unwrap();
     let http = reqwest::Client::new();
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while http.get(format!("{base}/healthz")).send().await.is_err() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the relay never answered"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until(PATIENCE, async || {
+        let answered = http.get(format!("{base}/healthz")).send().await;
+        answered.map(drop).map_err(|_| "the relay never answered")
+    })
+    .await;
     let refused = send(http.get(format!("{base}/api/sessions/ZZZZZZZZ"))).await;
     assert_eq!(refused.status, StatusCode::NOT_FOUND);
     let status = tokio::process::Command::new("kill")

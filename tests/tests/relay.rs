@@ -16,8 +16,8 @@ use toolrelay::proto::v1::{
 };
 use toolrelay_relay::RelayConfig;
 use toolrelay_tests::{
-    BUILTIN_TOOLS, PATIENCE, TestRelay, WsTab, demo_tools, error_name, tab_and_builtin_names,
-    with_token,
+    BUILTIN_TOOLS, Deadline, PATIENCE, TestRelay, WsTab, demo_tools, error_name,
+    tab_and_builtin_names, wait_until, with_token,
 };
 
 /// The built-in tools every session offers besides the tab's.
@@ -140,8 +140,7 @@ async fn a_grpc_connect_provider_answers_calls() {
     };
 
     let mut client = relay.client().await;
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
+    wait_until(PATIENCE, async || {
         let info = client
             .get_session(GetSessionRequest {
                 code: session.code.clone(),
@@ -149,16 +148,13 @@ async fn a_grpc_connect_provider_answers_calls() {
             .await
             .unwrap()
             .into_inner();
-        if info.tool_count == 2 + BUILTINS {
-            assert_eq!(info.transport, "grpc");
-            break;
+        if info.tool_count != 2 + BUILTINS {
+            return Err("the provider registered in time");
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the provider registered in time"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        assert_eq!(info.transport, "grpc");
+        Ok(())
+    })
+    .await;
 
     let sum = client
         .call(call(
@@ -1023,8 +1019,8 @@ async fn a_tab_that_stops_answering_pings_is_dropped_and_its_call_goes_to_the_ne
     assert_eq!(silent.next_request().await["requestId"], "stuck");
 
     // The tab stops reading (a sleeping laptop): it answers no ping, and no TCP close comes.
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
+    let every = Deadline::within(PATIENCE).every(Duration::from_millis(100));
+    wait_until(every, async || {
         let info = client
             .get_session(GetSessionRequest {
                 code: session.code.clone(),
@@ -1032,15 +1028,13 @@ async fn a_tab_that_stops_answering_pings_is_dropped_and_its_call_goes_to_the_ne
             .await
             .unwrap()
             .into_inner();
-        if !info.provider_connected {
-            break;
+        if info.provider_connected {
+            Err("the silent tab was never dropped")
+        } else {
+            Ok(())
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the silent tab was never dropped"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
 
     let mut next = WsTab::attach(&relay, &session).await;
     assert_eq!(
