@@ -13,6 +13,7 @@
 pub mod balancer;
 pub mod cluster;
 pub mod deploy;
+pub mod mcp;
 pub mod metrics;
 pub mod recording;
 pub mod redis;
@@ -128,6 +129,29 @@ pub struct TestRelay {
     _redis: Option<redis::RedisServer>,
 }
 
+/// A channel to the gRPC server at `address`, connected.
+pub async fn grpc_channel(address: SocketAddr) -> Channel {
+    Endpoint::from_shared(format!("http://{address}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// A gRPC client of the relay at `address`.
+pub async fn relay_client(address: SocketAddr) -> RelayClient<Channel> {
+    RelayClient::new(grpc_channel(address).await)
+}
+
+/// An HTTP client whose connections come from 127.0.0.2: a client address other than the
+/// 127.0.0.1 every other client of a test comes from.
+pub fn from_other_address() -> reqwest::Client {
+    reqwest::Client::builder()
+        .local_address(Some("127.0.0.2".parse().unwrap()))
+        .build()
+        .unwrap()
+}
+
 /// The variable that runs the end-to-end suites on Redis: `TOOLRELAY_TEST_STORE=redis`.
 pub const ENV_TEST_STORE: &str = "TOOLRELAY_TEST_STORE";
 
@@ -214,12 +238,7 @@ impl TestRelay {
 
     /// A gRPC client of the relay.
     pub async fn client(&self) -> RelayClient<Channel> {
-        let channel = Endpoint::from_shared(format!("http://{}", self.grpc))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        RelayClient::new(channel)
+        relay_client(self.grpc).await
     }
 
     /// A new session, created over gRPC.
@@ -521,11 +540,7 @@ impl GrpcProvider {
         tools: &Value,
     ) -> Result<Self, tonic::Status> {
         use toolrelay::proto::v1::{ProviderMessage, Register, provider_message, relay_message};
-        let channel = Endpoint::from_shared(format!("http://{grpc}"))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
+        let channel = grpc_channel(grpc).await;
         let (outbound, messages) = tokio::sync::mpsc::channel(16);
         let register = provider_message::Kind::Register(Register {
             tools: Vec::new(),

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use toolrelay_gateway::auth::ApiKeys;
 use toolrelay_relay::RelayConfig;
 use toolrelay_tests::system::{Answer, System, send};
-use toolrelay_tests::{WsTab, demo_tools, python_on_file, repo_file};
+use toolrelay_tests::{WsTab, demo_tools, python_on_file, relay_client, repo_file};
 
 const KEY: &str = "test-key-0123456789abcdef";
 
@@ -220,17 +220,6 @@ async fn actions_declare_the_bearer_scheme_only_when_keys_are_set() {
     system.stop().await;
 }
 
-async fn grpc_client(
-    address: std::net::SocketAddr,
-) -> toolrelay::proto::v1::relay_client::RelayClient<tonic::transport::Channel> {
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    toolrelay::proto::v1::relay_client::RelayClient::new(channel)
-}
-
 /// A gRPC request carrying `key` (when given) as `authorization: Bearer`.
 fn keyed<T>(message: T, key: Option<&str>) -> tonic::Request<T> {
     match key {
@@ -246,7 +235,7 @@ async fn consumer_rpcs(
     key: Option<&str>,
 ) -> Vec<Result<(), tonic::Status>> {
     use toolrelay::proto::v1 as pb;
-    let mut client = grpc_client(grpc).await;
+    let mut client = relay_client(grpc).await;
     let session = pb::GetSessionRequest { code: code.into() };
     let manifest = pb::GetManifestRequest { code: code.into() };
     let responses = pb::ListResponsesRequest {
@@ -290,7 +279,7 @@ async fn grpc_consumers_need_a_key_and_providers_their_token() {
         ..RelayConfig::default()
     };
     let system = System::with(relay, |config| config.api_keys = keys).await;
-    let mut client = grpc_client(system.grpc).await;
+    let mut client = relay_client(system.grpc).await;
     let created = client
         .create_session(toolrelay::proto::v1::CreateSessionRequest {})
         .await

@@ -15,7 +15,9 @@ use toolrelay_relay::RelayConfig;
 use toolrelay_relay::listen::ConnectionLimits;
 use toolrelay_tests::metrics::Scrape;
 use toolrelay_tests::system::{Answer, System};
-use toolrelay_tests::{Deadline, PATIENCE, TestRelay, WsTab, demo_tools, wait_until};
+use toolrelay_tests::{
+    Deadline, PATIENCE, TestRelay, WsTab, demo_tools, from_other_address, wait_until,
+};
 
 /// `{"a": {"a": … 1}}`: `levels` nested objects.
 fn nested(levels: usize) -> Value {
@@ -698,14 +700,6 @@ async fn limited_relay(limits: ConnectionLimits) -> TestRelay {
         ..RelayConfig::default()
     })
     .await
-}
-
-/// An HTTP client whose connections come from 127.0.0.2: another client address.
-fn from_other_address() -> reqwest::Client {
-    reqwest::Client::builder()
-        .local_address(Some("127.0.0.2".parse().unwrap()))
-        .build()
-        .unwrap()
 }
 
 /// Reads what the server sends until it closes the connection (within [`PATIENCE`]).

@@ -6,10 +6,11 @@
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap should fail loudly
 
 use rmcp::ServiceExt;
-use rmcp::model::{CallToolRequestParams, ClientConfig};
+use rmcp::model::ClientConfig;
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use serde_json::json;
+use toolrelay_tests::mcp::{call, connect};
 use toolrelay_tests::system::{SseTab, System, send};
 use toolrelay_tests::{WsTab, demo_tools};
 
@@ -39,30 +40,14 @@ async fn use_every_secret(system: &System) -> Vec<String> {
     assert_eq!(answer.body["success"], true, "{answer:?}");
 
     // MCP: pairing hands out the handle; the connector URL carries it.
-    let mcp = ClientConfig::default()
-        .serve(StreamableHttpClientTransport::from_config(
-            StreamableHttpClientTransportConfig::with_uri(system.url("/mcp")),
-        ))
-        .await
-        .unwrap();
-    let paired = mcp
-        .call_tool(
-            CallToolRequestParams::new("connect_session")
-                .with_arguments(json!({"code": code}).as_object().cloned().unwrap()),
-        )
-        .await
-        .unwrap();
+    let mcp = connect(&system.url("/mcp")).await;
+    let paired = call(&mcp, "connect_session", json!({"code": code})).await;
     let handle = paired.structured_content.unwrap()["handle"]
         .as_str()
         .unwrap()
         .to_owned();
     secrets.push(handle.clone());
-    let scoped = ClientConfig::default()
-        .serve(StreamableHttpClientTransport::from_config(
-            StreamableHttpClientTransportConfig::with_uri(system.url(&format!("/mcp/s/{handle}"))),
-        ))
-        .await
-        .unwrap();
+    let scoped = connect(&system.url(&format!("/mcp/s/{handle}"))).await;
     assert!(!scoped.list_tools(None).await.unwrap().tools.is_empty());
     scoped.cancel().await.unwrap();
     mcp.cancel().await.unwrap();

@@ -9,16 +9,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use reqwest::StatusCode;
-use rmcp::model::{
-    CallToolRequestParams, CallToolResult, ClientConfig, JsonObject, ProgressNotificationParam,
-};
+use rmcp::model::{CallToolResult, ClientConfig, ProgressNotificationParam};
 use rmcp::service::{NotificationContext, RunningService};
-use rmcp::transport::StreamableHttpClientTransport;
-use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use rmcp::{ClientHandler, RoleClient};
 use serde_json::{Value, json};
 use toolrelay_gateway::config::McpSessions;
 use toolrelay_relay::RelayConfig;
+use toolrelay_tests::mcp::{call, connect_with};
 use toolrelay_tests::metrics::Scrape;
 use toolrelay_tests::system::{System, send};
 use toolrelay_tests::{
@@ -53,21 +50,7 @@ impl ClientHandler for Client {
 type Connection = RunningService<RoleClient, Client>;
 
 async fn connect(url: &str) -> Connection {
-    let transport = StreamableHttpClientTransport::from_config(
-        StreamableHttpClientTransportConfig::with_uri(url),
-    );
-    Client::default().serve(transport).await.unwrap()
-}
-
-fn object(value: Value) -> JsonObject {
-    value.as_object().cloned().unwrap()
-}
-
-async fn call(connection: &Connection, name: &str, arguments: Value) -> CallToolResult {
-    connection
-        .call_tool(CallToolRequestParams::new(name.to_owned()).with_arguments(object(arguments)))
-        .await
-        .unwrap()
+    connect_with(Client::default(), url).await
 }
 
 fn text(result: &CallToolResult) -> String {

@@ -9,12 +9,11 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use toolrelay::json::to_struct;
-use toolrelay::proto::v1::relay_client::RelayClient;
 use toolrelay::proto::v1::{CallRequest, CreateSessionRequest, RequestStatus};
 use toolrelay_tests::metrics::Scrape;
 use toolrelay_tests::redis::RedisServer;
 use toolrelay_tests::system::System;
-use toolrelay_tests::{Deadline, PATIENCE, WsTab, demo_tools, wait_until};
+use toolrelay_tests::{Deadline, PATIENCE, WsTab, demo_tools, relay_client, wait_until};
 
 /// What `/metrics` answers with: the Prometheus text format.
 const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -367,12 +366,7 @@ async fn the_split_relay_answers_probes_and_scrapes_on_its_websocket_port() {
 #[tokio::test]
 async fn the_relay_port_is_not_ready_while_draining() {
     let mut relay = System::relay_binary(&[("DRAIN_SECONDS", "30")]).await;
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", relay.grpc))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut client = RelayClient::new(channel);
+    let mut client = relay_client(relay.grpc).await;
     let session = client
         .create_session(CreateSessionRequest {})
         .await

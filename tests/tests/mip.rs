@@ -9,13 +9,12 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use tonic::transport::Endpoint;
 use toolrelay::json::to_struct;
-use toolrelay::proto::v1::{self as pb, relay_client::RelayClient};
+use toolrelay::proto::v1 as pb;
 use toolrelay_relay::RelayConfig;
 use toolrelay_tests::remip::ReMip;
 use toolrelay_tests::system::{Answer, System, send};
-use toolrelay_tests::{Deadline, wait_until};
+use toolrelay_tests::{Deadline, relay_client, wait_until};
 
 /// A small production plan: integers, a binary, a continuous variable, an equality, an
 /// unnamed constraint and an objective constant (7).
@@ -826,13 +825,7 @@ async fn a_solve_whose_caller_left_keeps_its_slot_until_it_ends() {
     // its 3 s. (Over HTTP/1 the server finishes a handler whose client has gone, so a caller
     // leaving there would show nothing.)
     let sent = tokio::time::Instant::now();
-    let mut client = RelayClient::new(
-        Endpoint::from_shared(format!("http://{}", system.grpc))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap(),
-    );
+    let mut client = relay_client(system.grpc).await;
     let solve = pb::CallToolRequest {
         name: "solve_mip_problem".into(),
         args: Some(to_struct(

@@ -16,8 +16,8 @@ use toolrelay::proto::v1::{
 };
 use toolrelay_relay::RelayConfig;
 use toolrelay_tests::{
-    BUILTIN_TOOLS, Deadline, PATIENCE, TestRelay, WsTab, demo_tools, error_name,
-    tab_and_builtin_names, wait_until, with_token,
+    BUILTIN_TOOLS, Deadline, PATIENCE, TestRelay, WsTab, demo_tools, error_name, grpc_channel,
+    relay_client, tab_and_builtin_names, wait_until, with_token,
 };
 
 /// The built-in tools every session offers besides the tab's.
@@ -901,11 +901,7 @@ async fn health_and_reflection_list_the_services() {
     use tonic_reflection::pb::{v1, v1alpha};
 
     let relay = TestRelay::start().await;
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", relay.grpc))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let channel = grpc_channel(relay.grpc).await;
     let health = HealthClient::new(channel.clone())
         .check(HealthCheckRequest {
             service: "toolrelay.v1.Relay".into(),
@@ -1144,12 +1140,7 @@ async fn one_process_http_and_grpc_share_the_session_budget_and_spend_it_once() 
     for _ in 0..2 {
         system.create_session().await;
     }
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", system.grpc))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut client = pb::relay_client::RelayClient::new(channel);
+    let mut client = relay_client(system.grpc).await;
     client
         .create_session(pb::CreateSessionRequest {})
         .await

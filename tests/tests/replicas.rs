@@ -847,9 +847,7 @@ async fn mcp_client(url: String) -> McpConnection {
 }
 
 async fn mcp_call(connection: &McpConnection, name: &str, arguments: Value) -> Value {
-    let params = rmcp::model::CallToolRequestParams::new(name.to_owned())
-        .with_arguments(arguments.as_object().cloned().unwrap());
-    let result = connection.call_tool(params).await.unwrap();
+    let result = toolrelay_tests::mcp::call(connection, name, arguments).await;
     assert_eq!(result.is_error, Some(false), "{name}: {result:?}");
     result.structured_content.unwrap_or(Value::Null)
 }
