@@ -8,6 +8,7 @@
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
+use toolrelay_relay::config::ENV_DRAIN_SECONDS;
 use toolrelay_tests::system::{Answer, SseTab, System};
 use toolrelay_tests::{GrpcProvider, PATIENCE, WsTab, demo_tools, error_name, wait_until};
 
@@ -65,7 +66,7 @@ fn assert_answered(answer: &Answer, text: &str) {
 
 #[tokio::test]
 async fn answers_given_during_the_drain_reach_their_callers_then_tabs_are_told_to_reconnect() {
-    let mut system = System::binary(&[("DRAIN_SECONDS", "30")]).await;
+    let mut system = System::binary(&[(ENV_DRAIN_SECONDS, "30")]).await;
     // A tab on each transport, each given a call before the drain begins.
     let (ws_code, ws_token) = system.create_session().await;
     let mut ws_tab = WsTab::attach_url(&system.ws_url(&ws_code, &ws_token)).await;
@@ -194,7 +195,7 @@ enum Stopping {
 /// refused, the tab's answer still reaches the caller, and then the tab is told to reconnect
 /// and the stopped processes exit.
 async fn split_drain(stopping: Stopping) {
-    let drain = [("DRAIN_SECONDS", "30")];
+    let drain = [(ENV_DRAIN_SECONDS, "30")];
     let mut system = System::split_with(&drain, &drain).await;
     let (code, token) = system.create_session().await;
     let mut tab = WsTab::attach_url(&system.ws_url(&code, &token)).await;
@@ -277,7 +278,7 @@ async fn a_split_deployment_stopping_whole_lets_the_tab_answer_then_tells_it_to_
 
 #[tokio::test]
 async fn a_caller_still_waiting_at_the_drain_deadline_gets_503_with_its_request_id() {
-    let mut system = System::binary(&[("DRAIN_SECONDS", "1")]).await;
+    let mut system = System::binary(&[(ENV_DRAIN_SECONDS, "1")]).await;
     let (code, token) = system.create_session().await;
     let mut tab = WsTab::attach_url(&system.ws_url(&code, &token)).await;
     tab.register(demo_tools()).await;

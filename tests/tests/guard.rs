@@ -13,8 +13,10 @@ use serde_json::json;
 use tonic::transport::Channel;
 use toolrelay::json::to_struct;
 use toolrelay::proto::v1::{self as pb, relay_client::RelayClient};
+use toolrelay_gateway::config::ENV_TRUSTED_PROXIES;
 use toolrelay_relay::RelayConfig;
 use toolrelay_relay::access::GatewaySecrets;
+use toolrelay_relay::config::{ENV_GATEWAY_SECRET, ENV_RATE_LIMIT_LOOKUP};
 use toolrelay_relay::limits::RateLimits;
 use toolrelay_tests::mcp::{Mcp, call, connect};
 use toolrelay_tests::metrics::Scrape;
@@ -318,8 +320,8 @@ async fn miss_as(system: &System, address: &str, n: usize) -> Vec<StatusCode> {
 async fn in_split_mode_the_relay_keys_on_the_client_a_proven_gateway_names() {
     // The split system's relay and gateway share a gateway secret.
     let system = System::split_with(
-        &[("RATE_LIMIT_LOOKUP_PER_IP", "3")],
-        &[("TRUSTED_PROXIES", "127.0.0.1")],
+        &[(ENV_RATE_LIMIT_LOOKUP, "3")],
+        &[(ENV_TRUSTED_PROXIES, "127.0.0.1")],
     )
     .await;
     let statuses = miss_as(&system, "198.51.100.1", 4).await;
@@ -341,10 +343,10 @@ async fn in_split_mode_the_relay_keys_on_the_client_a_proven_gateway_names() {
     // on the gateway, so its clients share one budget; and a client address a peer names
     // without the secret counts for nothing.
     let system = System::split_with(
-        &[("RATE_LIMIT_LOOKUP_PER_IP", "3")],
+        &[(ENV_RATE_LIMIT_LOOKUP, "3")],
         &[
-            ("TRUSTED_PROXIES", "127.0.0.1"),
-            ("GATEWAY_SECRET", "not-the-relays-secret-0123456789"),
+            (ENV_TRUSTED_PROXIES, "127.0.0.1"),
+            (ENV_GATEWAY_SECRET, "not-the-relays-secret-0123456789"),
         ],
     )
     .await;
@@ -784,6 +786,6 @@ async fn unknown_connector_urls_count_against_the_guard_in_one_process() {
 
 #[tokio::test]
 async fn unknown_connector_urls_count_against_the_guard_in_split_mode() {
-    let system = System::split_with(&[("RATE_LIMIT_LOOKUP_PER_IP", "4")], &[]).await;
+    let system = System::split_with(&[(ENV_RATE_LIMIT_LOOKUP, "4")], &[]).await;
     unknown_connector_urls_count_and_a_blocked_address_is_refused_there(system).await;
 }

@@ -11,6 +11,7 @@ use serde_json::{Map, Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
+use toolrelay_gateway::config::ENV_ALLOWED_HOSTS;
 use toolrelay_relay::RelayConfig;
 use toolrelay_relay::listen::ConnectionLimits;
 use toolrelay_tests::metrics::Scrape;
@@ -610,7 +611,7 @@ async fn an_answer_too_deep_to_read_still_fails_the_call_at_once_in_split_mode()
 
 #[tokio::test]
 async fn a_loopback_relay_answers_only_to_its_own_host_names() {
-    let mut system = System::binary(&[("ALLOWED_HOSTS", "host.docker.internal")]).await;
+    let mut system = System::binary(&[(ENV_ALLOWED_HOSTS, "host.docker.internal")]).await;
     let (code, _token) = system.create_session().await;
     let port = system.base.rsplit(':').next().unwrap().to_owned();
     let with_host = |request: reqwest::RequestBuilder, host: &str| request.header("host", host);

@@ -8,6 +8,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 use toolrelay::proto::v1::GetSessionRequest;
 use toolrelay_relay::RelayConfig;
+use toolrelay_relay::config::{ENV_TAB_REFRESH, ENV_TAB_SWEEP};
 use toolrelay_relay::limits::RateLimits;
 use toolrelay_tests::cluster::Cluster;
 use toolrelay_tests::{Deadline, PATIENCE, TestRelay, WsTab, wait_until};
@@ -150,7 +151,7 @@ async fn an_idle_attended_tabs_session_outlives_several_ttls() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_replicas_tabs_stop_counting_as_connected() {
     let refresh_seconds = 1;
-    let env = [("TAB_REFRESH_SECONDS", "1"), ("TAB_SWEEP_SECONDS", "1")];
+    let env = [(ENV_TAB_REFRESH, "1"), (ENV_TAB_SWEEP, "1")];
     let presence = RelayConfig {
         tab_refresh: Duration::from_secs(refresh_seconds),
         ..RelayConfig::default()

@@ -10,6 +10,7 @@ use rmcp::model::ClientConfig;
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use serde_json::json;
+use toolrelay_relay::config::ENV_API_KEYS;
 use toolrelay_tests::mcp::{call, connect};
 use toolrelay_tests::system::{SseTab, System, send};
 use toolrelay_tests::{WsTab, demo_tools};
@@ -132,7 +133,7 @@ async fn no_token_or_handle_is_logged_in_split_mode() {
 #[tokio::test]
 async fn api_keys_are_never_logged() {
     const KEY: &str = "a-key-that-must-never-be-logged-42";
-    let mut system = System::binary(&[("RUST_LOG", "debug"), ("API_KEYS", KEY)]).await;
+    let mut system = System::binary(&[("RUST_LOG", "debug"), (ENV_API_KEYS, KEY)]).await;
     let (code, _) = system.create_session().await;
     for key in [Some(KEY), Some("a-wrong-key-that-is-long-enough"), None] {
         let mut request = system

@@ -13,8 +13,9 @@ use rmcp::model::{CallToolResult, ClientConfig, ProgressNotificationParam};
 use rmcp::service::{NotificationContext, RunningService};
 use rmcp::{ClientHandler, RoleClient};
 use serde_json::{Value, json};
-use toolrelay_gateway::config::McpSessions;
+use toolrelay_gateway::config::{ENV_MCP_SESSION_IDLE, McpSessions};
 use toolrelay_relay::RelayConfig;
+use toolrelay_relay::config::ENV_REDIS_URL;
 use toolrelay_tests::mcp::{call, connect_with};
 use toolrelay_tests::metrics::Scrape;
 use toolrelay_tests::system::{System, send};
@@ -959,7 +960,7 @@ const FLOOD_IDLE: &str = "15";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a flood against the release binaries: scripts/test.sh runs it (TOOLRELAY_BINARIES)"]
 async fn a_flood_of_initialize_from_100_addresses_stays_bounded_in_memory() {
-    let env = [("MCP_SESSION_IDLE_SECONDS", FLOOD_IDLE)];
+    let env = [(ENV_MCP_SESSION_IDLE, FLOOD_IDLE)];
     let one_process = System::binary(&env).await;
     flood(
         "one process",
@@ -977,8 +978,8 @@ async fn a_flood_of_initialize_from_100_addresses_stays_bounded_in_memory() {
     let redis = toolrelay_tests::redis::RedisServer::start().await;
     let redis_url = redis.url();
     let on_redis = System::binary(&[
-        ("MCP_SESSION_IDLE_SECONDS", FLOOD_IDLE),
-        ("REDIS_URL", &redis_url),
+        (ENV_MCP_SESSION_IDLE, FLOOD_IDLE),
+        (ENV_REDIS_URL, &redis_url),
     ])
     .await;
     flood(

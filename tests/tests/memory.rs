@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap should fail loudly
 
 use futures::StreamExt;
+use toolrelay_relay::config::{ENV_MAX_CONNECTIONS_PER_IP, ENV_RATE_LIMIT_SESSION};
 use toolrelay_tests::WsTab;
 use toolrelay_tests::metrics::Scrape;
 use toolrelay_tests::system::System;
@@ -25,8 +26,8 @@ async fn an_idle_tab_costs_a_few_kilobytes() {
     const TABS: usize = 300;
     // Every tab comes from 127.0.0.1: more than one address may hold by default.
     let system = System::binary(&[
-        ("RATE_LIMIT_SESSION_PER_IP", "100000"),
-        ("MAX_CONNECTIONS_PER_IP", "100000"),
+        (ENV_RATE_LIMIT_SESSION, "100000"),
+        (ENV_MAX_CONNECTIONS_PER_IP, "100000"),
     ])
     .await;
     let pid = system.pid().unwrap();
@@ -54,7 +55,7 @@ async fn an_idle_session_costs_a_few_kilobytes() {
     const SESSIONS: usize = 3000;
     // Sessions are created by a few clients at once, as many tabs would.
     const AT_ONCE: usize = 4;
-    let system = System::binary(&[("RATE_LIMIT_SESSION_PER_IP", "100000")]).await;
+    let system = System::binary(&[(ENV_RATE_LIMIT_SESSION, "100000")]).await;
     let pid = system.pid().unwrap();
     let create = |count: usize| {
         futures::stream::iter(0..count)

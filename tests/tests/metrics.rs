@@ -10,6 +10,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use toolrelay::json::to_struct;
 use toolrelay::proto::v1::{CallRequest, CreateSessionRequest, RequestStatus};
+use toolrelay_relay::config::{ENV_DRAIN_SECONDS, ENV_RATE_LIMIT_SESSION, ENV_REDIS_URL};
 use toolrelay_tests::metrics::Scrape;
 use toolrelay_tests::redis::RedisServer;
 use toolrelay_tests::system::System;
@@ -81,7 +82,7 @@ async fn create(system: &System) -> Created {
 /// MIP model generated and solved: the one-process server's `/metrics` shows exactly that.
 #[tokio::test]
 async fn a_scripted_run_shows_exactly_its_counts() {
-    let system = System::binary(&[("RATE_LIMIT_SESSION_PER_IP", "3")]).await;
+    let system = System::binary(&[(ENV_RATE_LIMIT_SESSION, "3")]).await;
     let mut sessions = Vec::new();
     for _ in 0..3 {
         sessions.push(create(&system).await);
@@ -365,7 +366,7 @@ async fn the_split_relay_answers_probes_and_scrapes_on_its_websocket_port() {
 /// drains) but `/healthz` stays 200; the drain ends when the tab answers.
 #[tokio::test]
 async fn the_relay_port_is_not_ready_while_draining() {
-    let mut relay = System::relay_binary(&[("DRAIN_SECONDS", "30")]).await;
+    let mut relay = System::relay_binary(&[(ENV_DRAIN_SECONDS, "30")]).await;
     let mut client = relay_client(relay.grpc).await;
     let session = client
         .create_session(CreateSessionRequest {})
@@ -415,7 +416,7 @@ async fn the_relay_port_is_not_ready_while_draining() {
 #[tokio::test]
 async fn the_relay_port_is_not_ready_while_its_redis_is_down() {
     let mut redis = RedisServer::start().await;
-    let relay = System::relay_binary(&[("REDIS_URL", &redis.url())]).await;
+    let relay = System::relay_binary(&[(ENV_REDIS_URL, &redis.url())]).await;
     let ready = relay.url("/readyz");
     until_status(&relay.http, &ready, StatusCode::OK).await;
     redis.stop().await;

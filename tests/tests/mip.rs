@@ -11,7 +11,9 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use toolrelay::json::to_struct;
 use toolrelay::proto::v1 as pb;
+use toolrelay_gateway::config::ENV_TRUSTED_PROXIES;
 use toolrelay_relay::RelayConfig;
+use toolrelay_relay::config::{ENV_MIP_MAX_CONCURRENT, ENV_MIP_QUEUE_WAIT};
 use toolrelay_tests::remip::ReMip;
 use toolrelay_tests::system::{Answer, System, send};
 use toolrelay_tests::{Deadline, relay_client, wait_until};
@@ -503,8 +505,7 @@ async fn ids_are_found_only_in_the_scope_that_made_them() {
 
 #[tokio::test]
 async fn work_past_the_limits_gets_429_with_retry_after() {
-    let system =
-        System::binary(&[("MIP_MAX_CONCURRENT", "1"), ("MIP_QUEUE_WAIT_SECONDS", "1")]).await;
+    let system = System::binary(&[(ENV_MIP_MAX_CONCURRENT, "1"), (ENV_MIP_QUEUE_WAIT, "1")]).await;
     let (held, running) = start_held_run(&system, "first").await;
     // Another caller waits its second for the slot, then is told to come back.
     let other = tool(
@@ -565,9 +566,9 @@ async fn a_client_holding_every_slot_does_not_lock_others_out() {
     // turns instead of being refused, and are served ahead of the third (which then would
     // be the client's second model at once, while they run none).
     let system = System::binary(&[
-        ("MIP_MAX_CONCURRENT", "2"),
-        ("MIP_QUEUE_WAIT_SECONDS", "60"),
-        ("TRUSTED_PROXIES", "127.0.0.1"),
+        (ENV_MIP_MAX_CONCURRENT, "2"),
+        (ENV_MIP_QUEUE_WAIT, "60"),
+        (ENV_TRUSTED_PROXIES, "127.0.0.1"),
     ])
     .await;
     let hog = |scope: &'static str, seconds: u32| {
@@ -633,11 +634,8 @@ async fn a_split_gateway_gives_the_relay_the_client_address_to_take_turns_by() {
     // As above, over gRPC: were every call from the gateway keyed by the gateway's address,
     // the hog's waiting call, first in line, would go first.
     let system = System::split_with(
-        &[
-            ("MIP_MAX_CONCURRENT", "2"),
-            ("MIP_QUEUE_WAIT_SECONDS", "60"),
-        ],
-        &[("TRUSTED_PROXIES", "127.0.0.1")],
+        &[(ENV_MIP_MAX_CONCURRENT, "2"), (ENV_MIP_QUEUE_WAIT, "60")],
+        &[(ENV_TRUSTED_PROXIES, "127.0.0.1")],
     )
     .await;
     let hog = |scope: &'static str, seconds: u32| {

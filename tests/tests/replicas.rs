@@ -7,6 +7,9 @@ use std::time::Duration;
 use futures::StreamExt;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
+use toolrelay_relay::config::{
+    ENV_RATE_LIMIT_LOOKUP, ENV_RATE_LIMIT_REQUEST, ENV_RATE_LIMIT_SESSION, ENV_RATE_LIMIT_TOOL,
+};
 use toolrelay_tests::cluster::Cluster;
 use toolrelay_tests::recording::RecordingTab;
 use toolrelay_tests::sdk_tab::SdkTab;
@@ -46,7 +49,7 @@ async fn until_tab_registered(cluster: &Cluster, gateway: usize, code: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_hundred_calls_across_replicas_each_delivered_once() {
     // One test client makes all the calls: lift the per-address budget.
-    let cluster = Cluster::start(2, 2, &[("RATE_LIMIT_REQUEST_PER_CODE", "100000")]).await;
+    let cluster = Cluster::start(2, 2, &[(ENV_RATE_LIMIT_REQUEST, "100000")]).await;
     let (code, token) = cluster.create_session(1).await;
     let tab = RecordingTab::start(vec![cluster.tab_url(0, &code, &token)]);
     until_tab_registered(&cluster, 1, &code).await;
@@ -624,7 +627,7 @@ async fn call_until_answered(
 /// ran later (the call stayed delivered to a tab that never got it), and an answer refused
 /// with `store_unavailable` that the SDK had already forgotten.
 async fn calls_in_flight_survive(failure: RedisFailure) {
-    let mut cluster = Cluster::start(2, 2, &[("RATE_LIMIT_REQUEST_PER_CODE", "100000")]).await;
+    let mut cluster = Cluster::start(2, 2, &[(ENV_RATE_LIMIT_REQUEST, "100000")]).await;
     let (code, token) = cluster.create_session(0).await;
     // Each call takes 50 ms in the tab, so that some are always under way there: their
     // answers meet the failure.
@@ -717,10 +720,10 @@ async fn budgets_hold_across_gateways_and_relays() {
         2,
         2,
         &[
-            ("RATE_LIMIT_SESSION_PER_IP", "4"),
-            ("RATE_LIMIT_REQUEST_PER_CODE", "4"),
-            ("RATE_LIMIT_TOOL_PER_IP", "4"),
-            ("RATE_LIMIT_LOOKUP_PER_IP", "4"),
+            (ENV_RATE_LIMIT_SESSION, "4"),
+            (ENV_RATE_LIMIT_REQUEST, "4"),
+            (ENV_RATE_LIMIT_TOOL, "4"),
+            (ENV_RATE_LIMIT_LOOKUP, "4"),
         ],
     )
     .await;
@@ -858,7 +861,7 @@ async fn mcp_call(connection: &McpConnection, name: &str, arguments: Value) -> V
 /// manifest change made through either gateway — with no "session not found".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mcp_works_behind_a_round_robin_balancer() {
-    let cluster = Cluster::start(2, 2, &[("RATE_LIMIT_REQUEST_PER_CODE", "100000")]).await;
+    let cluster = Cluster::start(2, 2, &[(ENV_RATE_LIMIT_REQUEST, "100000")]).await;
     let gateways: Vec<std::net::SocketAddr> = cluster
         .gateways
         .iter()
