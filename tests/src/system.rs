@@ -465,18 +465,12 @@ impl Logs {
     /// Waits (up to [`crate::PATIENCE`]) for a line that `wanted` picks, and returns it: a
     /// process writes its log lines from a thread of its own, a little after the event.
     pub async fn until(&self, what: &str, wanted: impl Fn(&str) -> bool) -> String {
-        let deadline = tokio::time::Instant::now() + crate::PATIENCE;
-        loop {
-            if let Some(line) = self.lines().into_iter().find(|line| wanted(line)) {
-                return line;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "no log line {what}: {:#?}",
-                self.lines()
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
+        crate::wait_until(crate::PATIENCE, async || {
+            let lines = self.lines();
+            let found = lines.iter().find(|line| wanted(line)).cloned();
+            found.ok_or_else(|| format!("no log line {what}: {lines:#?}"))
+        })
+        .await
     }
 
     fn push(&self, line: String) {
