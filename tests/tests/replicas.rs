@@ -442,6 +442,20 @@ async fn one_mip_run_per_caller_holds_across_replicas() {
     .await;
 }
 
+/// Waits (with a deadline) until gateway 0's `/readyz` answers `status`; `otherwise` says
+/// what went wrong.
+async fn until_readyz(cluster: &Cluster, status: StatusCode, otherwise: &str) {
+    let every = Deadline::within(PATIENCE).every(Duration::from_millis(50));
+    wait_until(every, async || {
+        if cluster.get(0, "/readyz").await.status == status {
+            Ok(())
+        } else {
+            Err(otherwise)
+        }
+    })
+    .await;
+}
+
 /// Redis stopped for 5 s and started again (AOF on): 503 with Retry-After meanwhile,
 /// `/readyz` red then green, no process restarted, a connected tab kept (never told its
 /// session expired), queued calls answered afterwards.
@@ -496,28 +510,17 @@ async fn a_redis_outage_is_503_meanwhile_and_nothing_is_lost() {
     assert_eq!(call.status, StatusCode::SERVICE_UNAVAILABLE, "{call:?}");
     assert!(call.header("retry-after").is_some(), "{call:?}");
     // The relay notices within a second or so; its health (and the gateway's /readyz) turns red.
-    let every = Deadline::within(PATIENCE).every(Duration::from_millis(50));
-    wait_until(every, async || {
-        if cluster.get(0, "/readyz").await.status == StatusCode::SERVICE_UNAVAILABLE {
-            Ok(())
-        } else {
-            Err("/readyz stayed green")
-        }
-    })
+    until_readyz(
+        &cluster,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "/readyz stayed green",
+    )
     .await;
     // Down for 5 s in all.
     tokio::time::sleep_until(outage_began + Duration::from_secs(5)).await;
     cluster.redis.restart().await;
 
-    let every = Deadline::within(PATIENCE).every(Duration::from_millis(50));
-    wait_until(every, async || {
-        if cluster.get(0, "/readyz").await.status == StatusCode::OK {
-            Ok(())
-        } else {
-            Err("/readyz stayed red")
-        }
-    })
-    .await;
+    until_readyz(&cluster, StatusCode::OK, "/readyz stayed red").await;
     // The same processes serve, with what was queued before the outage.
     assert_eq!(
         cluster.processes(),
