@@ -257,10 +257,30 @@ export async function eventually(check, what, timeout = PATIENCE_MS) {
   }
 }
 
+/** Logs what a page throws and nobody catches, which the test would otherwise never see. */
+export function watchErrors(page) {
+  page.on('pageerror', (error) => console.log('page error:', error.message));
+}
+
+/**
+ * Runs `scenario(page, context)` on a new page in a browser context of its own, its errors
+ * watched; closes the context however the scenario ends. Returns what the scenario returns.
+ */
+export async function inNewPage(browser, scenario) {
+  const context = await browser.newContext();
+  try {
+    const page = await context.newPage();
+    watchErrors(page);
+    return await scenario(page, context);
+  } finally {
+    await context.close();
+  }
+}
+
 /** Opens the CODAP stand-in with the plugin, as CODAP does with `?di=`; returns both frames. */
 export async function openInCodap(context, host, relay) {
   const page = await context.newPage();
-  page.on('pageerror', (error) => console.log('page error:', error.message));
+  watchErrors(page);
   const pluginUrl = `${relay.base}/codap/`;
   await page.goto(`${host.origin}/index.html?di=${encodeURIComponent(pluginUrl)}`);
   const plugin = await pluginFrame(page, pluginUrl);

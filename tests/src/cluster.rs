@@ -8,6 +8,8 @@ use std::net::SocketAddr;
 
 use serde_json::Value;
 use tokio::process::Child;
+use toolrelay_gateway::config::{ENV_LISTEN, ENV_RELAY_URL};
+use toolrelay_relay::config::{ENV_GATEWAY_SECRET, ENV_GRPC_LISTEN, ENV_REDIS_URL, ENV_WS_LISTEN};
 
 use crate::redis::RedisServer;
 use crate::system::{Answer, Logs, send, spawn_logged};
@@ -86,10 +88,10 @@ impl Cluster {
         let mut relay_grpc = Vec::new();
         for _ in 0..relays {
             let mut all = vec![
-                ("GRPC_LISTEN_ADDR", "127.0.0.1:0"),
-                ("WS_LISTEN_ADDR", "127.0.0.1:0"),
-                ("REDIS_URL", url.as_str()),
-                ("GATEWAY_SECRET", crate::GATEWAY_SECRET),
+                (ENV_GRPC_LISTEN, "127.0.0.1:0"),
+                (ENV_WS_LISTEN, "127.0.0.1:0"),
+                (ENV_REDIS_URL, url.as_str()),
+                (ENV_GATEWAY_SECRET, crate::GATEWAY_SECRET),
             ];
             all.extend_from_slice(env);
             let logs = Logs::default();
@@ -114,10 +116,10 @@ impl Cluster {
                 relay_grpc[index % relays].clone()
             };
             let mut all = vec![
-                ("LISTEN_ADDR", "127.0.0.1:0"),
-                ("RELAY_URL", relay_url.as_str()),
-                ("REDIS_URL", url.as_str()),
-                ("GATEWAY_SECRET", crate::GATEWAY_SECRET),
+                (ENV_LISTEN, "127.0.0.1:0"),
+                (ENV_RELAY_URL, relay_url.as_str()),
+                (ENV_REDIS_URL, url.as_str()),
+                (ENV_GATEWAY_SECRET, crate::GATEWAY_SECRET),
             ];
             all.extend_from_slice(env);
             let (child, line) = spawn_logged(

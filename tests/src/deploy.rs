@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use tokio::process::Command;
 
 use crate::system::{Answer, send};
-use crate::{WsTab, demo_tools, repo_file, test_python};
+use crate::{Deadline, WsTab, demo_tools, repo_file, test_python, wait_until};
 
 /// How long a container may take to answer `/healthz` (a first run in a user namespace
 /// copies the image's files to the mapped uids).
@@ -146,11 +146,11 @@ impl Container {
 
     async fn until_healthy(&self) {
         let http = reqwest::Client::new();
-        let deadline = Instant::now() + START_PATIENCE;
-        loop {
+        let every = Deadline::within(START_PATIENCE).every(Duration::from_millis(100));
+        wait_until(every, async || {
             let health = http.get(self.url("/healthz")).send().await;
             if health.is_ok_and(|answer| answer.status().is_success()) {
-                return;
+                return Ok(());
             }
             let state = podman_ok(&["inspect", "--format", "{{.State.Status}}", &self.name]).await;
             assert!(
@@ -158,13 +158,12 @@ impl Container {
                 "the container is {state}: {}",
                 self.logs().await
             );
-            assert!(
-                Instant::now() < deadline,
+            Err(format!(
                 "no /healthz within {START_PATIENCE:?}: {}",
                 self.logs().await
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            ))
+        })
+        .await;
     }
 
     /// `http://127.0.0.1:port<path>`.

@@ -13,6 +13,7 @@
 pub mod balancer;
 pub mod cluster;
 pub mod deploy;
+pub mod mcp;
 pub mod metrics;
 pub mod recording;
 pub mod redis;
@@ -42,6 +43,63 @@ use toolrelay_relay::server::{self, Listeners};
 /// How long a test waits for something that should happen promptly.
 pub const PATIENCE: Duration = Duration::from_secs(10);
 
+/// When [`wait_until`] gives up, and how often it looks again meanwhile (every 20 ms unless
+/// told). A [`Duration`] is that long from now.
+#[derive(Clone, Copy, Debug)]
+pub struct Deadline {
+    at: tokio::time::Instant,
+    every: Duration,
+}
+
+impl Deadline {
+    /// `patience` from now.
+    pub fn within(patience: Duration) -> Self {
+        Self::at(tokio::time::Instant::now() + patience)
+    }
+
+    /// At the instant `at`.
+    pub fn at(at: tokio::time::Instant) -> Self {
+        Self {
+            at,
+            every: Duration::from_millis(20),
+        }
+    }
+
+    /// Looking again every `every` instead.
+    #[must_use]
+    pub fn every(self, every: Duration) -> Self {
+        Self { every, ..self }
+    }
+}
+
+impl From<Duration> for Deadline {
+    fn from(patience: Duration) -> Self {
+        Self::within(patience)
+    }
+}
+
+impl From<tokio::time::Instant> for Deadline {
+    fn from(at: tokio::time::Instant) -> Self {
+        Self::at(at)
+    }
+}
+
+/// Looks at `condition` until it is met, then returns what it found: it answers `Ok` once met,
+/// or `Err` with why not yet, which is the failure once the deadline has passed.
+pub async fn wait_until<T, E: std::fmt::Display>(
+    deadline: impl Into<Deadline>,
+    mut condition: impl AsyncFnMut() -> Result<T, E>,
+) -> T {
+    let Deadline { at, every } = deadline.into();
+    loop {
+        match condition().await {
+            Ok(found) => return found,
+            Err(not_yet) => assert!(tokio::time::Instant::now() < at, "{not_yet}"),
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
 /// The gateway secret the split systems share (`GATEWAY_SECRET` of their relays and gateways).
 pub const GATEWAY_SECRET: &str = "test-gateway-secret-0123456789";
 
@@ -69,6 +127,29 @@ pub struct TestRelay {
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
     _redis: Option<redis::RedisServer>,
+}
+
+/// A channel to the gRPC server at `address`, connected.
+pub async fn grpc_channel(address: SocketAddr) -> Channel {
+    Endpoint::from_shared(format!("http://{address}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// A gRPC client of the relay at `address`.
+pub async fn relay_client(address: SocketAddr) -> RelayClient<Channel> {
+    RelayClient::new(grpc_channel(address).await)
+}
+
+/// An HTTP client whose connections come from 127.0.0.2: a client address other than the
+/// 127.0.0.1 every other client of a test comes from.
+pub fn from_other_address() -> reqwest::Client {
+    reqwest::Client::builder()
+        .local_address(Some("127.0.0.2".parse().unwrap()))
+        .build()
+        .unwrap()
 }
 
 /// The variable that runs the end-to-end suites on Redis: `TOOLRELAY_TEST_STORE=redis`.
@@ -157,12 +238,7 @@ impl TestRelay {
 
     /// A gRPC client of the relay.
     pub async fn client(&self) -> RelayClient<Channel> {
-        let channel = Endpoint::from_shared(format!("http://{}", self.grpc))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        RelayClient::new(channel)
+        relay_client(self.grpc).await
     }
 
     /// A new session, created over gRPC.
@@ -464,11 +540,7 @@ impl GrpcProvider {
         tools: &Value,
     ) -> Result<Self, tonic::Status> {
         use toolrelay::proto::v1::{ProviderMessage, Register, provider_message, relay_message};
-        let channel = Endpoint::from_shared(format!("http://{grpc}"))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
+        let channel = grpc_channel(grpc).await;
         let (outbound, messages) = tokio::sync::mpsc::channel(16);
         let register = provider_message::Kind::Register(Register {
             tools: Vec::new(),

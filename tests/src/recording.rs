@@ -11,7 +11,7 @@ use futures::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::demo_tools;
+use crate::{demo_tools, wait_until};
 
 /// What the test tab saw: every raw delivery with the connection it came on (no
 /// de-duplication, so a double delivery shows), and which frames it got besides calls.
@@ -87,14 +87,14 @@ impl RecordingTab {
 
     /// Waits up to `patience` until `condition` holds of the ledger.
     pub async fn until(&self, what: &str, patience: Duration, condition: impl Fn(&Ledger) -> bool) {
-        let deadline = tokio::time::Instant::now() + patience;
-        while !condition(&self.ledger.lock().unwrap()) {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the tab never saw {what}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_until(patience, async || {
+            if condition(&self.ledger.lock().unwrap()) {
+                Ok(())
+            } else {
+                Err(format!("the tab never saw {what}"))
+            }
+        })
+        .await;
     }
 }
 

@@ -3,11 +3,10 @@
 
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::time::Duration;
 
 use tokio::process::{Child, Command};
 
-use crate::{PATIENCE, free_port};
+use crate::{PATIENCE, free_port, wait_until};
 
 /// A running `redis-server`.
 pub struct RedisServer {
@@ -44,22 +43,20 @@ impl RedisServer {
             .query_async(&mut connection)
             .await
             .unwrap();
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        loop {
+        wait_until(PATIENCE, async || {
             let info: String = redis::cmd("CLUSTER")
                 .arg("INFO")
                 .query_async(&mut connection)
                 .await
                 .unwrap();
             if info.contains("cluster_state:ok") {
-                return server;
+                Ok(())
+            } else {
+                Err(format!("the cluster node did not come up: {info}"))
             }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the cluster node did not come up: {info}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        })
+        .await;
+        server
     }
 
     async fn launch(durable: bool, cluster: bool) -> Self {
@@ -105,15 +102,11 @@ impl RedisServer {
                 panic!("redis-server cannot start ({error}): run scripts/setup.sh --test (scripts/test.sh does), which installs Debian's redis-server")
             });
         self.child = Some(child);
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        while self.ping().await.is_err() {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "redis-server on port {} did not answer",
-                self.port
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_until(PATIENCE, async || {
+            let pinged = self.ping().await;
+            pinged.map_err(|_| format!("redis-server on port {} did not answer", self.port))
+        })
+        .await;
     }
 
     /// `redis://127.0.0.1:<port>`.

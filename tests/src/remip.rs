@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
 
-use crate::{free_port, test_python};
+use crate::{Deadline, free_port, test_python, wait_until};
 
 /// A running `remip --host 127.0.0.1 --port P`; [`ReMip::stop`] (or dropping it) kills it.
 pub struct ReMip {
@@ -40,22 +40,19 @@ impl ReMip {
         watch(child.stderr.take().unwrap(), Arc::clone(&solves));
         let url = format!("http://127.0.0.1:{port}");
         let http = reqwest::Client::new();
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        loop {
+        let every = Deadline::within(Duration::from_secs(60)).every(Duration::from_millis(200));
+        wait_until(every, async || {
             let health = http.get(format!("{url}/health")).send().await;
             if health.is_ok_and(|response| response.status().is_success()) {
-                break;
+                return Ok(());
             }
             assert!(
                 child.try_wait().unwrap().is_none(),
                 "remip exited before it served (see its output above)"
             );
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "remip did not start in 60 s"
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+            Err("remip did not start in 60 s")
+        })
+        .await;
         Self { url, child, solves }
     }
 

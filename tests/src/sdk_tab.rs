@@ -12,7 +12,7 @@ use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-use crate::demo_tools;
+use crate::{demo_tools, wait_until};
 
 /// What the SDK tab reported.
 #[derive(Debug, Default)]
@@ -87,17 +87,16 @@ impl SdkTab {
         patience: Duration,
         condition: impl Fn(&SdkLedger) -> bool,
     ) {
-        let deadline = tokio::time::Instant::now() + patience;
-        loop {
+        wait_until(patience, async || {
             if self.read(&condition) {
-                return;
+                Ok(())
+            } else {
+                Err(format!(
+                    "the SDK tab never reached {what}: {:?}",
+                    self.read(|ledger| (ledger.runs.len(), ledger.statuses.clone()))
+                ))
             }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the SDK tab never reached {what}: {:?}",
-                self.read(|ledger| (ledger.runs.len(), ledger.statuses.clone()))
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        })
+        .await;
     }
 }

@@ -14,7 +14,10 @@ use tokio::net::TcpListener;
 use tokio::process::{Child, Command};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
-use toolrelay_gateway::config::GatewayConfig;
+use toolrelay_gateway::config::{ENV_LISTEN, ENV_RELAY_URL, GatewayConfig};
+use toolrelay_relay::config::{
+    ENV_GATEWAY_SECRET, ENV_GRPC_LISTEN, ENV_LOG_FORMAT, ENV_REDIS_URL, ENV_WS_LISTEN,
+};
 use toolrelay_relay::{Relay, RelayConfig};
 
 use crate::PATIENCE;
@@ -144,15 +147,15 @@ impl System {
     /// share [`crate::GATEWAY_SECRET`] unless these say otherwise).
     pub async fn split_with(relay_env: &[(&str, &str)], gateway_env: &[(&str, &str)]) -> Self {
         let mut env = vec![
-            ("GRPC_LISTEN_ADDR", "127.0.0.1:0"),
-            ("WS_LISTEN_ADDR", "127.0.0.1:0"),
-            ("GATEWAY_SECRET", crate::GATEWAY_SECRET),
+            (ENV_GRPC_LISTEN, "127.0.0.1:0"),
+            (ENV_WS_LISTEN, "127.0.0.1:0"),
+            (ENV_GATEWAY_SECRET, crate::GATEWAY_SECRET),
         ];
         env.extend_from_slice(relay_env);
         let redis = crate::test_redis().await;
         let redis_url = redis.as_ref().map(crate::redis::RedisServer::url);
         if let Some(url) = &redis_url {
-            env.push(("REDIS_URL", url));
+            env.push((ENV_REDIS_URL, url));
         }
         let logs = Logs::default();
         let (relay, relay_line) = spawn_logged(
@@ -166,12 +169,12 @@ impl System {
         let relay_ws = relay_line["websocket"].as_str().unwrap().parse().unwrap();
         let relay_url = format!("http://{grpc}");
         let mut env = vec![
-            ("LISTEN_ADDR", "127.0.0.1:0"),
-            ("RELAY_URL", relay_url.as_str()),
-            ("GATEWAY_SECRET", crate::GATEWAY_SECRET),
+            (ENV_LISTEN, "127.0.0.1:0"),
+            (ENV_RELAY_URL, relay_url.as_str()),
+            (ENV_GATEWAY_SECRET, crate::GATEWAY_SECRET),
         ];
         if let Some(url) = &redis_url {
-            env.push(("REDIS_URL", url));
+            env.push((ENV_REDIS_URL, url));
         }
         env.extend_from_slice(gateway_env);
         let (gateway, gateway_line) = spawn_logged(
@@ -198,18 +201,18 @@ impl System {
     /// also answers `/healthz`, `/readyz` and `/metrics`; `grpc` its gRPC service.
     pub async fn relay_binary(env: &[(&str, &str)]) -> Self {
         let mut all = vec![
-            ("GRPC_LISTEN_ADDR", "127.0.0.1:0"),
-            ("WS_LISTEN_ADDR", "127.0.0.1:0"),
+            (ENV_GRPC_LISTEN, "127.0.0.1:0"),
+            (ENV_WS_LISTEN, "127.0.0.1:0"),
         ];
         all.extend_from_slice(env);
-        let redis = if env.iter().any(|(name, _)| *name == "REDIS_URL") {
+        let redis = if env.iter().any(|(name, _)| *name == ENV_REDIS_URL) {
             None
         } else {
             crate::test_redis().await
         };
         let redis_url = redis.as_ref().map(crate::redis::RedisServer::url);
         if let Some(url) = &redis_url {
-            all.push(("REDIS_URL", url));
+            all.push((ENV_REDIS_URL, url));
         }
         let logs = Logs::default();
         let (child, line) = spawn_logged(
@@ -235,14 +238,14 @@ impl System {
     /// variables.
     pub async fn binary(env: &[(&str, &str)]) -> Self {
         let mut all = vec![
-            ("LISTEN_ADDR", "127.0.0.1:0"),
-            ("GRPC_LISTEN_ADDR", "127.0.0.1:0"),
+            (ENV_LISTEN, "127.0.0.1:0"),
+            (ENV_GRPC_LISTEN, "127.0.0.1:0"),
         ];
         all.extend_from_slice(env);
         let redis = crate::test_redis().await;
         let redis_url = redis.as_ref().map(crate::redis::RedisServer::url);
         if let Some(url) = &redis_url {
-            all.push(("REDIS_URL", url));
+            all.push((ENV_REDIS_URL, url));
         }
         let logs = Logs::default();
         let (child, line) =
@@ -462,18 +465,12 @@ impl Logs {
     /// Waits (up to [`crate::PATIENCE`]) for a line that `wanted` picks, and returns it: a
     /// process writes its log lines from a thread of its own, a little after the event.
     pub async fn until(&self, what: &str, wanted: impl Fn(&str) -> bool) -> String {
-        let deadline = tokio::time::Instant::now() + crate::PATIENCE;
-        loop {
-            if let Some(line) = self.lines().into_iter().find(|line| wanted(line)) {
-                return line;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "no log line {what}: {:#?}",
-                self.lines()
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
+        crate::wait_until(crate::PATIENCE, async || {
+            let lines = self.lines();
+            let found = lines.iter().find(|line| wanted(line)).cloned();
+            found.ok_or_else(|| format!("no log line {what}: {lines:#?}"))
+        })
+        .await
     }
 
     fn push(&self, line: String) {
@@ -490,7 +487,7 @@ pub(crate) async fn spawn_logged(
     logs: Logs,
 ) -> (Child, Value) {
     let mut child = Command::new(binary(name))
-        .env("LOG_FORMAT", "json")
+        .env(ENV_LOG_FORMAT, "json")
         .env("RUST_LOG", "info")
         .envs(env.iter().copied())
         .stdout(Stdio::piped())

@@ -7,7 +7,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use toolrelay_tests::cluster::Cluster;
-use toolrelay_tests::{PATIENCE, WsTab, demo_tools};
+use toolrelay_tests::{Deadline, PATIENCE, WsTab, demo_tools, wait_until};
 
 /// The relay's next word about an answer (`ack`, or `error`), heartbeats skipped.
 async fn receipt(tab: &mut WsTab) -> Value {
@@ -63,21 +63,18 @@ async fn an_answer_is_acknowledged_once_stored_and_named_in_an_error_while_redis
     for (code, tab) in &mut tabs {
         // Sent again until acknowledged, as the SDK does (the relay may take a moment to
         // reach Redis again).
-        let deadline = tokio::time::Instant::now() + 3 * PATIENCE;
-        loop {
+        let every = Deadline::within(3 * PATIENCE).every(Duration::from_millis(100));
+        wait_until(every, async || {
             tab.send(answer.clone()).await;
             let frame = receipt(tab).await;
             if frame["type"] == "ack" {
                 assert_eq!(frame, json!({"type": "ack", "requestId": "held"}));
-                break;
+                return Ok(());
             }
             assert_eq!(frame["requestId"], "held", "{frame}");
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "never acknowledged: {frame}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            Err(format!("never acknowledged: {frame}"))
+        })
+        .await;
         // Once more: the call has its answer; acknowledged, nothing to send again.
         tab.send(answer.clone()).await;
         assert_eq!(

@@ -12,8 +12,9 @@ use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig
 use serde_json::{Value, json};
 use toolrelay_gateway::auth::ApiKeys;
 use toolrelay_relay::RelayConfig;
+use toolrelay_relay::config::{ENV_API_KEYS, ENV_RATE_LIMIT_LOOKUP};
 use toolrelay_tests::system::{Answer, System, send};
-use toolrelay_tests::{WsTab, demo_tools, python_on_file, repo_file};
+use toolrelay_tests::{WsTab, demo_tools, python_on_file, relay_client, repo_file};
 
 const KEY: &str = "test-key-0123456789abcdef";
 
@@ -220,17 +221,6 @@ async fn actions_declare_the_bearer_scheme_only_when_keys_are_set() {
     system.stop().await;
 }
 
-async fn grpc_client(
-    address: std::net::SocketAddr,
-) -> toolrelay::proto::v1::relay_client::RelayClient<tonic::transport::Channel> {
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    toolrelay::proto::v1::relay_client::RelayClient::new(channel)
-}
-
 /// A gRPC request carrying `key` (when given) as `authorization: Bearer`.
 fn keyed<T>(message: T, key: Option<&str>) -> tonic::Request<T> {
     match key {
@@ -246,7 +236,7 @@ async fn consumer_rpcs(
     key: Option<&str>,
 ) -> Vec<Result<(), tonic::Status>> {
     use toolrelay::proto::v1 as pb;
-    let mut client = grpc_client(grpc).await;
+    let mut client = relay_client(grpc).await;
     let session = pb::GetSessionRequest { code: code.into() };
     let manifest = pb::GetManifestRequest { code: code.into() };
     let responses = pb::ListResponsesRequest {
@@ -290,7 +280,7 @@ async fn grpc_consumers_need_a_key_and_providers_their_token() {
         ..RelayConfig::default()
     };
     let system = System::with(relay, |config| config.api_keys = keys).await;
-    let mut client = grpc_client(system.grpc).await;
+    let mut client = relay_client(system.grpc).await;
     let created = client
         .create_session(toolrelay::proto::v1::CreateSessionRequest {})
         .await
@@ -327,7 +317,7 @@ async fn grpc_consumers_need_a_key_and_providers_their_token() {
 /// checked once, by the gateway, while a client on the relay's own gRPC port needs a key.
 #[tokio::test]
 async fn a_split_relay_takes_the_keys_too_and_a_proven_gateway_needs_none() {
-    let system = System::split_with(&[("API_KEYS", KEY)], &[("API_KEYS", KEY)]).await;
+    let system = System::split_with(&[(ENV_API_KEYS, KEY)], &[(ENV_API_KEYS, KEY)]).await;
     let (code, token) = system.create_session().await;
     let mut tab = WsTab::attach_url(&system.ws_url(&code, &token)).await;
     tab.register(demo_tools()).await;
@@ -465,8 +455,7 @@ async fn a_tab_checks_its_own_session_with_its_token_instead_of_a_key() {
 
 #[tokio::test]
 async fn a_tab_checks_its_own_session_with_its_token_through_a_split_gateway() {
-    let system =
-        System::split_with(&[("RATE_LIMIT_LOOKUP_PER_IP", "1")], &[("API_KEYS", KEY)]).await;
+    let system = System::split_with(&[(ENV_RATE_LIMIT_LOOKUP, "1")], &[(ENV_API_KEYS, KEY)]).await;
     let (code, token) = system.create_session().await;
     let path = format!("/api/sessions/{code}");
     let own = with_key(&system, Method::GET, &path, Some(&token), None).await;

@@ -13,6 +13,7 @@ use reqwest::StatusCode;
 use serde_json::json;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
+use toolrelay_tests::from_other_address;
 use toolrelay_tests::system::System;
 
 /// Connections the flood holds.
@@ -69,13 +70,6 @@ fn still_open(held: &[TcpStream]) -> usize {
             matches!(stream.try_read(&mut byte), Err(error) if error.kind() == std::io::ErrorKind::WouldBlock)
         })
         .count()
-}
-
-fn from_other_address() -> reqwest::Client {
-    reqwest::Client::builder()
-        .local_address(Some("127.0.0.2".parse().unwrap()))
-        .build()
-        .unwrap()
 }
 
 /// `request`'s answer and how long it took, which must be within [`DEADLINE`].

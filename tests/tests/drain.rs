@@ -6,26 +6,22 @@
 //! the drain deadline gets 503 with its requestId — never a dropped connection.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap should fail loudly
 
-use std::time::Duration;
-
 use reqwest::StatusCode;
 use serde_json::{Value, json};
+use toolrelay_relay::config::ENV_DRAIN_SECONDS;
 use toolrelay_tests::system::{Answer, SseTab, System};
-use toolrelay_tests::{GrpcProvider, PATIENCE, WsTab, demo_tools, error_name};
+use toolrelay_tests::{GrpcProvider, PATIENCE, WsTab, demo_tools, error_name, wait_until};
 
 /// Waits (with a deadline) until `/readyz` answers 503.
 async fn until_not_ready(system: &System) {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
+    wait_until(PATIENCE, async || {
         if system.get("/readyz").await.status == StatusCode::SERVICE_UNAVAILABLE {
-            return;
+            Ok(())
+        } else {
+            Err("/readyz stayed green")
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "/readyz stayed green"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
 }
 
 fn assert_retry_later(answer: &Answer) {
@@ -40,21 +36,15 @@ fn echo(text: &str) -> Value {
 
 /// Polls as a tab until a call is handed out (with a deadline); returns it.
 async fn poll_until_a_call(system: &System, code: &str, token: &str) -> Value {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
+    wait_until(PATIENCE, async || {
         let polled = system
             .get(&format!("/api/sessions/{code}/request?token={token}"))
             .await;
         assert_eq!(polled.status, StatusCode::OK, "{polled:?}");
-        if let Some(call) = polled.body.as_array().and_then(|calls| calls.first()) {
-            return call.clone();
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no call reached the poller"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        let first = polled.body.as_array().and_then(|calls| calls.first());
+        first.cloned().ok_or("no call reached the poller")
+    })
+    .await
 }
 
 /// A tab's answer posted over HTTP, as SSE and polling tabs answer.
@@ -76,7 +66,7 @@ fn assert_answered(answer: &Answer, text: &str) {
 
 #[tokio::test]
 async fn answers_given_during_the_drain_reach_their_callers_then_tabs_are_told_to_reconnect() {
-    let mut system = System::binary(&[("DRAIN_SECONDS", "30")]).await;
+    let mut system = System::binary(&[(ENV_DRAIN_SECONDS, "30")]).await;
     // A tab on each transport, each given a call before the drain begins.
     let (ws_code, ws_token) = system.create_session().await;
     let mut ws_tab = WsTab::attach_url(&system.ws_url(&ws_code, &ws_token)).await;
@@ -205,7 +195,7 @@ enum Stopping {
 /// refused, the tab's answer still reaches the caller, and then the tab is told to reconnect
 /// and the stopped processes exit.
 async fn split_drain(stopping: Stopping) {
-    let drain = [("DRAIN_SECONDS", "30")];
+    let drain = [(ENV_DRAIN_SECONDS, "30")];
     let mut system = System::split_with(&drain, &drain).await;
     let (code, token) = system.create_session().await;
     let mut tab = WsTab::attach_url(&system.ws_url(&code, &token)).await;
@@ -288,7 +278,7 @@ async fn a_split_deployment_stopping_whole_lets_the_tab_answer_then_tells_it_to_
 
 #[tokio::test]
 async fn a_caller_still_waiting_at_the_drain_deadline_gets_503_with_its_request_id() {
-    let mut system = System::binary(&[("DRAIN_SECONDS", "1")]).await;
+    let mut system = System::binary(&[(ENV_DRAIN_SECONDS, "1")]).await;
     let (code, token) = system.create_session().await;
     let mut tab = WsTab::attach_url(&system.ws_url(&code, &token)).await;
     tab.register(demo_tools()).await;

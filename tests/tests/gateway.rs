@@ -12,7 +12,7 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use toolrelay_gateway::config::RateLimits;
 use toolrelay_relay::RelayConfig;
 use toolrelay_tests::system::{SseTab, System, send};
-use toolrelay_tests::{PATIENCE, WsTab, demo_tools};
+use toolrelay_tests::{Deadline, PATIENCE, WsTab, demo_tools, wait_until};
 
 fn echo_call(text: &str) -> Value {
     json!({"functionName": "echo", "args": {"text": text}})
@@ -33,20 +33,19 @@ async fn post_answer(system: &System, code: &str, token: &str, request_id: &str,
 
 /// Waits (with a deadline) until call `request_id` has `status`.
 async fn until_status(system: &System, code: &str, request_id: &str, status: &str) {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
+    wait_until(PATIENCE, async || {
         let state = system
             .get(&format!("/api/sessions/{code}/requests/{request_id}"))
             .await;
         if state.body["status"] == status {
-            return;
+            Ok(())
+        } else {
+            Err(format!(
+                "call {request_id} never became {status}: {state:?}"
+            ))
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "call {request_id} never became {status}: {state:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
 }
 
 // ---- scenarios, run in one process and split ----
@@ -121,22 +120,20 @@ async fn an_llm_call_reaches_a_polling_tab(system: &System) {
         json!({"functionName": "add", "args": {"a": 2, "b": 3}}),
     );
     let tab_side = async {
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        let calls = loop {
+        let every = Deadline::within(PATIENCE).every(Duration::from_millis(50));
+        let calls = wait_until(every, async || {
             let polled = system
                 .get(&format!("/api/sessions/{code}/request?token={token}"))
                 .await;
             assert_eq!(polled.status, StatusCode::OK, "{polled:?}");
             let calls = polled.body.as_array().unwrap().clone();
-            if !calls.is_empty() {
-                break calls;
+            if calls.is_empty() {
+                Err("the call reached the poller")
+            } else {
+                Ok(calls)
             }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the call reached the poller"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
+        })
+        .await;
         assert_eq!(calls[0]["functionName"], "add");
         post_answer(
             system,
@@ -945,22 +942,21 @@ async fn a_call_asked_again_while_its_tools_are_away_is_still_that_call() {
     assert_eq!(other.body["error"], "request_id_conflict", "{other:?}");
     // The tab's answer to the call it was given completes it, once.
     tab.answer("again", json!({"text": "x"})).await;
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
+    wait_until(PATIENCE, async || {
         let state = system
             .get(&format!("/api/sessions/{code}/requests/again"))
             .await;
-        if state.body["status"] == "completed" {
-            assert_eq!(
-                state.body["response"]["result"],
-                json!({"text": "x"}),
-                "{state:?}"
-            );
-            break;
+        if state.body["status"] != "completed" {
+            return Err(format!("{state:?}"));
         }
-        assert!(tokio::time::Instant::now() < deadline, "{state:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        assert_eq!(
+            state.body["response"]["result"],
+            json!({"text": "x"}),
+            "{state:?}"
+        );
+        Ok(())
+    })
+    .await;
     system.stop().await;
 }
 

@@ -8,23 +8,20 @@
 use std::num::NonZeroU32;
 
 use reqwest::StatusCode;
-use rmcp::model::{CallToolRequestParams, CallToolResult, ClientConfig};
-use rmcp::service::RunningService;
-use rmcp::transport::StreamableHttpClientTransport;
-use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::{RoleClient, ServiceExt};
-use serde_json::{Value, json};
+use rmcp::model::CallToolResult;
+use serde_json::json;
 use tonic::transport::Channel;
 use toolrelay::json::to_struct;
 use toolrelay::proto::v1::{self as pb, relay_client::RelayClient};
+use toolrelay_gateway::config::ENV_TRUSTED_PROXIES;
 use toolrelay_relay::RelayConfig;
 use toolrelay_relay::access::GatewaySecrets;
+use toolrelay_relay::config::{ENV_GATEWAY_SECRET, ENV_RATE_LIMIT_LOOKUP};
 use toolrelay_relay::limits::RateLimits;
+use toolrelay_tests::mcp::{Mcp, call, connect};
 use toolrelay_tests::metrics::Scrape;
 use toolrelay_tests::system::{SseTab, System, send};
-use toolrelay_tests::{TestRelay, WsTab, demo_tools, error_name, with_token};
-
-type Mcp = RunningService<RoleClient, ClientConfig>;
+use toolrelay_tests::{TestRelay, WsTab, demo_tools, error_name, relay_client, with_token};
 
 async fn mcp(system: &System) -> Mcp {
     mcp_at(system, "/mcp").await
@@ -32,10 +29,7 @@ async fn mcp(system: &System) -> Mcp {
 
 /// An MCP client of the server at `path` (`/mcp`, or a connector URL `/mcp/s/{handle}`).
 async fn mcp_at(system: &System, path: &str) -> Mcp {
-    let transport = StreamableHttpClientTransport::from_config(
-        StreamableHttpClientTransportConfig::with_uri(system.url(path)),
-    );
-    ClientConfig::default().serve(transport).await.unwrap()
+    connect(&system.url(path)).await
 }
 
 /// The error name of a refused `tools/list`.
@@ -51,27 +45,11 @@ fn listing_error(error: &rmcp::ServiceError) -> String {
     }
 }
 
-async fn mcp_call(mcp: &Mcp, name: &str, arguments: Value) -> CallToolResult {
-    let arguments = arguments.as_object().cloned().unwrap();
-    mcp.call_tool(CallToolRequestParams::new(name.to_owned()).with_arguments(arguments))
-        .await
-        .unwrap()
-}
-
 /// The error name of a failed MCP tool result.
 fn mcp_error(result: &CallToolResult) -> String {
     assert_eq!(result.is_error, Some(true), "{result:?}");
     let structured = result.structured_content.clone().unwrap();
     structured["error"]["code"].as_str().unwrap().to_owned()
-}
-
-async fn grpc(address: std::net::SocketAddr) -> RelayClient<Channel> {
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    RelayClient::new(channel)
 }
 
 fn lookups(per_minute: u32) -> RelayConfig {
@@ -97,7 +75,7 @@ async fn every_path_counts_against_one_budget_and_a_blocked_address_is_refused_o
     let system = System::with(lookups(6), |_| {}).await;
     let (code, token) = system.create_session().await;
     let mcp = mcp(&system).await;
-    let mut client = grpc(system.grpc).await;
+    let mut client = relay_client(system.grpc).await;
 
     // Six misses, each on another path.
     let rest = system
@@ -106,9 +84,9 @@ async fn every_path_counts_against_one_budget_and_a_blocked_address_is_refused_o
     assert_eq!(rest.status, StatusCode::NOT_FOUND, "{rest:?}");
     let legacy = system.get(&format!("/metadata?code={}", unknown(1))).await;
     assert_eq!(legacy.status, StatusCode::NOT_FOUND, "{legacy:?}");
-    let connect = mcp_call(&mcp, "connect_session", json!({"code": unknown(2)})).await;
+    let connect = call(&mcp, "connect_session", json!({"code": unknown(2)})).await;
     assert_eq!(mcp_error(&connect), "session_not_found");
-    let calling = mcp_call(
+    let calling = call(
         &mcp,
         "call_session_tool",
         json!({"session": unknown(3), "name": "echo", "arguments": {}}),
@@ -124,7 +102,7 @@ async fn every_path_counts_against_one_budget_and_a_blocked_address_is_refused_o
     assert_eq!(error_name(&status), "session_not_found");
 
     // The seventh miss is over the budget, whichever path it takes.
-    let listing = mcp_call(&mcp, "list_session_tools", json!({"session": unknown(6)})).await;
+    let listing = call(&mcp, "list_session_tools", json!({"session": unknown(6)})).await;
     assert_eq!(mcp_error(&listing), "rate_limited");
 
     // Now even the real code is refused everywhere: a guessing client learns nothing.
@@ -133,7 +111,7 @@ async fn every_path_counts_against_one_budget_and_a_blocked_address_is_refused_o
     assert!(rest.header("retry-after").is_some());
     let legacy = system.get(&format!("/metadata?code={code}")).await;
     assert_eq!(legacy.status, StatusCode::TOO_MANY_REQUESTS);
-    let connect = mcp_call(&mcp, "connect_session", json!({"code": code})).await;
+    let connect = call(&mcp, "connect_session", json!({"code": code})).await;
     assert_eq!(mcp_error(&connect), "rate_limited");
     let status = client
         .get_session(pb::GetSessionRequest { code: code.clone() })
@@ -342,8 +320,8 @@ async fn miss_as(system: &System, address: &str, n: usize) -> Vec<StatusCode> {
 async fn in_split_mode_the_relay_keys_on_the_client_a_proven_gateway_names() {
     // The split system's relay and gateway share a gateway secret.
     let system = System::split_with(
-        &[("RATE_LIMIT_LOOKUP_PER_IP", "3")],
-        &[("TRUSTED_PROXIES", "127.0.0.1")],
+        &[(ENV_RATE_LIMIT_LOOKUP, "3")],
+        &[(ENV_TRUSTED_PROXIES, "127.0.0.1")],
     )
     .await;
     let statuses = miss_as(&system, "198.51.100.1", 4).await;
@@ -365,17 +343,17 @@ async fn in_split_mode_the_relay_keys_on_the_client_a_proven_gateway_names() {
     // on the gateway, so its clients share one budget; and a client address a peer names
     // without the secret counts for nothing.
     let system = System::split_with(
-        &[("RATE_LIMIT_LOOKUP_PER_IP", "3")],
+        &[(ENV_RATE_LIMIT_LOOKUP, "3")],
         &[
-            ("TRUSTED_PROXIES", "127.0.0.1"),
-            ("GATEWAY_SECRET", "not-the-relays-secret-0123456789"),
+            (ENV_TRUSTED_PROXIES, "127.0.0.1"),
+            (ENV_GATEWAY_SECRET, "not-the-relays-secret-0123456789"),
         ],
     )
     .await;
     miss_as(&system, "198.51.100.1", 3).await;
     let statuses = miss_as(&system, "198.51.100.2", 1).await;
     assert_eq!(statuses, [StatusCode::TOO_MANY_REQUESTS]);
-    let mut client = grpc(system.grpc).await;
+    let mut client = relay_client(system.grpc).await;
     let forged = probe_as(&mut client, 0, "203.0.113.77", None).await;
     assert_eq!(
         forged, "rate_limited",
@@ -415,7 +393,7 @@ async fn a_grpc_peer_names_the_client_only_with_a_gateway_secret() {
         ..lookups(3)
     };
     let system = System::with(config, |_| {}).await;
-    let mut client = grpc(system.grpc).await;
+    let mut client = relay_client(system.grpc).await;
 
     // Proven (with the second secret of the list): the named client spends its own budget.
     let mut names = Vec::new();
@@ -532,7 +510,7 @@ async fn a_blocked_address_keeps_its_own_tab_but_learns_nothing_without_the_toke
     sse.drop_connection();
     let mut tab = WsTab::connect(&system.ws_url(&code, &token)).await;
     assert_eq!(tab.recv().await["type"], "welcome");
-    let mut client = grpc(system.grpc).await;
+    let mut client = relay_client(system.grpc).await;
     let polled = client
         .poll_requests(with_token(
             pb::PollRequestsRequest {
@@ -614,7 +592,7 @@ async fn a_real_ipv6_listener_keys_its_clients_apart_from_ipv4_ones() {
     use StatusCode as S;
     assert_eq!(statuses, [S::NOT_FOUND, S::NOT_FOUND, S::TOO_MANY_REQUESTS]);
     // An IPv4 client (the relay's gRPC port, on 127.0.0.1) has its own budget.
-    let mut client = grpc(system.grpc).await;
+    let mut client = relay_client(system.grpc).await;
     let status = client
         .get_session(pb::GetSessionRequest { code: unknown(9) })
         .await
@@ -634,7 +612,7 @@ async fn a_dual_stack_listener_keys_an_ipv4_client_as_ipv4() {
     use StatusCode as S;
     assert_eq!(statuses, [S::NOT_FOUND, S::NOT_FOUND, S::TOO_MANY_REQUESTS]);
     // The same client on the relay's IPv4 gRPC port is the same budget: blocked.
-    let mut client = grpc(system.grpc).await;
+    let mut client = relay_client(system.grpc).await;
     let status = client
         .get_session(pb::GetSessionRequest { code: unknown(9) })
         .await
@@ -749,7 +727,7 @@ async fn unknown_connector_urls_count_and_a_blocked_address_is_refused_there(sys
     const BUDGET: usize = 4;
     let (code, _token) = system.create_session().await;
     let pairing = mcp(&system).await;
-    let connected = mcp_call(&pairing, "connect_session", json!({"code": code})).await;
+    let connected = call(&pairing, "connect_session", json!({"code": code})).await;
     let handle = connected.structured_content.unwrap()["handle"]
         .as_str()
         .unwrap()
@@ -766,7 +744,7 @@ async fn unknown_connector_urls_count_and_a_blocked_address_is_refused_there(sys
         let stranger = mcp_at(&system, &format!("/mcp/s/{}", unknown_handle(probe))).await;
         let error = listing_error(&stranger.list_tools(None).await.unwrap_err());
         if error == "rate_limited" {
-            let called = mcp_call(&stranger, "echo", json!({"text": "x"})).await;
+            let called = call(&stranger, "echo", json!({"text": "x"})).await;
             assert_eq!(mcp_error(&called), "rate_limited");
             stranger.cancel().await.unwrap();
             refused_at = Some(probe);
@@ -785,7 +763,7 @@ async fn unknown_connector_urls_count_and_a_blocked_address_is_refused_there(sys
     // and every other path refuse it.
     let error = listing_error(&real.list_tools(None).await.unwrap_err());
     assert_eq!(error, "rate_limited");
-    let called = mcp_call(&real, "echo", json!({"text": "x"})).await;
+    let called = call(&real, "echo", json!({"text": "x"})).await;
     assert_eq!(mcp_error(&called), "rate_limited");
     let again = mcp_at(&system, &format!("/mcp/s/{handle}")).await;
     let error = listing_error(&again.list_tools(None).await.unwrap_err());
@@ -808,6 +786,6 @@ async fn unknown_connector_urls_count_against_the_guard_in_one_process() {
 
 #[tokio::test]
 async fn unknown_connector_urls_count_against_the_guard_in_split_mode() {
-    let system = System::split_with(&[("RATE_LIMIT_LOOKUP_PER_IP", "4")], &[]).await;
+    let system = System::split_with(&[(ENV_RATE_LIMIT_LOOKUP, "4")], &[]).await;
     unknown_connector_urls_count_and_a_blocked_address_is_refused_there(system).await;
 }

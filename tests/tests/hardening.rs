@@ -11,11 +11,14 @@ use serde_json::{Map, Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
+use toolrelay_gateway::config::ENV_ALLOWED_HOSTS;
 use toolrelay_relay::RelayConfig;
 use toolrelay_relay::listen::ConnectionLimits;
 use toolrelay_tests::metrics::Scrape;
 use toolrelay_tests::system::{Answer, System};
-use toolrelay_tests::{PATIENCE, TestRelay, WsTab, demo_tools};
+use toolrelay_tests::{
+    Deadline, PATIENCE, TestRelay, WsTab, demo_tools, from_other_address, wait_until,
+};
 
 /// `{"a": {"a": … 1}}`: `levels` nested objects.
 fn nested(levels: usize) -> Value {
@@ -390,19 +393,19 @@ async fn a_hostile_schema_is_refused_and_the_costliest_accepted_one_cannot_stall
 /// Polls as the session's tab until `id` is handed out (a poll also makes the poller the
 /// session's provider, so a call made after the first poll finds a tab).
 async fn poll_until_handed_out(system: &System, code: &str, token: &str, id: &str) {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
+    wait_until(PATIENCE, async || {
         let polled = system
             .get(&format!("/api/sessions/{code}/request?token={token}"))
             .await;
         assert_eq!(polled.status, StatusCode::OK, "{polled:?}");
         let calls = polled.body.as_array().unwrap();
         if calls.iter().any(|call| call["requestId"] == id) {
-            return;
+            Ok(())
+        } else {
+            Err(format!("{id} was never handed out"))
         }
-        assert!(Instant::now() < deadline, "{id} was never handed out");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
 }
 
 async fn a_tab_answers_neither_a_builtin_call_nor_one_it_was_not_given(system: System) {
@@ -608,7 +611,7 @@ async fn an_answer_too_deep_to_read_still_fails_the_call_at_once_in_split_mode()
 
 #[tokio::test]
 async fn a_loopback_relay_answers_only_to_its_own_host_names() {
-    let mut system = System::binary(&[("ALLOWED_HOSTS", "host.docker.internal")]).await;
+    let mut system = System::binary(&[(ENV_ALLOWED_HOSTS, "host.docker.internal")]).await;
     let (code, _token) = system.create_session().await;
     let port = system.base.rsplit(':').next().unwrap().to_owned();
     let with_host = |request: reqwest::RequestBuilder, host: &str| request.header("host", host);
@@ -698,14 +701,6 @@ async fn limited_relay(limits: ConnectionLimits) -> TestRelay {
         ..RelayConfig::default()
     })
     .await
-}
-
-/// An HTTP client whose connections come from 127.0.0.2: another client address.
-fn from_other_address() -> reqwest::Client {
-    reqwest::Client::builder()
-        .local_address(Some("127.0.0.2".parse().unwrap()))
-        .build()
-        .unwrap()
 }
 
 /// Reads what the server sends until it closes the connection (within [`PATIENCE`]).
@@ -846,16 +841,17 @@ async fn connections_are_capped_per_client_address() {
     );
     // A closed connection gives its place back.
     drop(held.pop());
-    let deadline = Instant::now() + PATIENCE;
-    loop {
+    let every = Deadline::within(PATIENCE).every(Duration::from_millis(50));
+    wait_until(every, async || {
         let mut again = TcpStream::connect(&address).await.unwrap();
         let mut first = [0_u8; 1];
         if again.write_all(HEALTHZ).await.is_ok() && matches!(again.read(&mut first).await, Ok(1)) {
-            break;
+            Ok(())
+        } else {
+            Err("the place was not given back")
         }
-        assert!(Instant::now() < deadline, "the place was not given back");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
 }
 
 #[tokio::test]

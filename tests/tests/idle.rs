@@ -8,9 +8,10 @@ use serde_json::Value;
 use tokio::time::Instant;
 use toolrelay::proto::v1::GetSessionRequest;
 use toolrelay_relay::RelayConfig;
+use toolrelay_relay::config::{ENV_TAB_REFRESH, ENV_TAB_SWEEP};
 use toolrelay_relay::limits::RateLimits;
 use toolrelay_tests::cluster::Cluster;
-use toolrelay_tests::{PATIENCE, TestRelay, WsTab};
+use toolrelay_tests::{Deadline, PATIENCE, TestRelay, WsTab, wait_until};
 
 /// The goal: Redis commands per idle tab and second, at the default settings.
 const GOAL_PER_TAB_PER_SECOND: f64 = 0.02;
@@ -21,11 +22,15 @@ async fn until<F: Future<Output = bool>>(
     patience: Duration,
     mut condition: impl FnMut() -> F,
 ) {
-    let deadline = Instant::now() + patience;
-    while !condition().await {
-        assert!(Instant::now() < deadline, "{what}: not within {patience:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let every = Deadline::within(patience).every(Duration::from_millis(50));
+    wait_until(every, async || {
+        if condition().await {
+            Ok(())
+        } else {
+            Err(format!("{what}: not within {patience:?}"))
+        }
+    })
+    .await;
 }
 
 /// Keeps a tab answering the relay's pings (by reading what it sends) until its connection
@@ -146,7 +151,7 @@ async fn an_idle_attended_tabs_session_outlives_several_ttls() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_replicas_tabs_stop_counting_as_connected() {
     let refresh_seconds = 1;
-    let env = [("TAB_REFRESH_SECONDS", "1"), ("TAB_SWEEP_SECONDS", "1")];
+    let env = [(ENV_TAB_REFRESH, "1"), (ENV_TAB_SWEEP, "1")];
     let presence = RelayConfig {
         tab_refresh: Duration::from_secs(refresh_seconds),
         ..RelayConfig::default()

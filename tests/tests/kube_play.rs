@@ -13,8 +13,8 @@ use toolrelay_tests::deploy::{
     a_call_goes_through, manifests, podman, podman_blocking, podman_ok, render, scratch,
 };
 use toolrelay_tests::recording::RecordingTab;
-use toolrelay_tests::repo_file;
 use toolrelay_tests::system::{Answer, send};
+use toolrelay_tests::{Deadline, repo_file, wait_until};
 
 /// Where the overlay puts every process, on the host's loopback (below the ephemeral range,
 /// so that no outgoing connection holds one of these ports).
@@ -48,15 +48,16 @@ impl Drop for Played {
 /// Waits until `url` answers 200.
 async fn until_ready(url: &str) {
     let http = reqwest::Client::new();
-    let deadline = Instant::now() + PATIENCE;
-    loop {
+    let every = Deadline::within(PATIENCE).every(Duration::from_millis(100));
+    wait_until(every, async || {
         let ready = http.get(url).send().await;
         if ready.is_ok_and(|answer| answer.status().is_success()) {
-            return;
+            Ok(())
+        } else {
+            Err(format!("{url} never answered 200"))
         }
-        assert!(Instant::now() < deadline, "{url} never answered 200");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
 }
 
 fn post(
@@ -170,18 +171,15 @@ async fn the_podman_overlay_runs_and_a_relay_killed_mid_call_loses_no_call() {
             .map(|relay| format!("{relay}/api/sessions/{code}/ws?token={token}"))
             .collect(),
     );
-    let deadline = Instant::now() + PATIENCE;
-    loop {
+    wait_until(PATIENCE, async || {
         let tools = get(1, &format!("/api/sessions/{code}/metadata"), &key).await;
         if tools.body["tools"][0]["id"] == "demo" {
-            break;
+            Ok(())
+        } else {
+            Err(format!("the tab's tools never showed: {tools:?}"))
         }
-        assert!(
-            Instant::now() < deadline,
-            "the tab's tools never showed: {tools:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
     tab.hold(true);
     let call = json!({"requestId": "held-1", "functionName": "echo", "args": {"text": "held"}, "timeoutMs": 30_000});
     let waiting = tokio::spawn(post(

@@ -6,10 +6,12 @@
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap should fail loudly
 
 use rmcp::ServiceExt;
-use rmcp::model::{CallToolRequestParams, ClientConfig};
+use rmcp::model::ClientConfig;
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use serde_json::json;
+use toolrelay_relay::config::ENV_API_KEYS;
+use toolrelay_tests::mcp::{call, connect};
 use toolrelay_tests::system::{SseTab, System, send};
 use toolrelay_tests::{WsTab, demo_tools};
 
@@ -39,30 +41,14 @@ async fn use_every_secret(system: &System) -> Vec<String> {
     assert_eq!(answer.body["success"], true, "{answer:?}");
 
     // MCP: pairing hands out the handle; the connector URL carries it.
-    let mcp = ClientConfig::default()
-        .serve(StreamableHttpClientTransport::from_config(
-            StreamableHttpClientTransportConfig::with_uri(system.url("/mcp")),
-        ))
-        .await
-        .unwrap();
-    let paired = mcp
-        .call_tool(
-            CallToolRequestParams::new("connect_session")
-                .with_arguments(json!({"code": code}).as_object().cloned().unwrap()),
-        )
-        .await
-        .unwrap();
+    let mcp = connect(&system.url("/mcp")).await;
+    let paired = call(&mcp, "connect_session", json!({"code": code})).await;
     let handle = paired.structured_content.unwrap()["handle"]
         .as_str()
         .unwrap()
         .to_owned();
     secrets.push(handle.clone());
-    let scoped = ClientConfig::default()
-        .serve(StreamableHttpClientTransport::from_config(
-            StreamableHttpClientTransportConfig::with_uri(system.url(&format!("/mcp/s/{handle}"))),
-        ))
-        .await
-        .unwrap();
+    let scoped = connect(&system.url(&format!("/mcp/s/{handle}"))).await;
     assert!(!scoped.list_tools(None).await.unwrap().tools.is_empty());
     scoped.cancel().await.unwrap();
     mcp.cancel().await.unwrap();
@@ -147,7 +133,7 @@ async fn no_token_or_handle_is_logged_in_split_mode() {
 #[tokio::test]
 async fn api_keys_are_never_logged() {
     const KEY: &str = "a-key-that-must-never-be-logged-42";
-    let mut system = System::binary(&[("RUST_LOG", "debug"), ("API_KEYS", KEY)]).await;
+    let mut system = System::binary(&[("RUST_LOG", "debug"), (ENV_API_KEYS, KEY)]).await;
     let (code, _) = system.create_session().await;
     for key in [Some(KEY), Some("a-wrong-key-that-is-long-enough"), None] {
         let mut request = system

@@ -9,19 +9,19 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use reqwest::StatusCode;
-use rmcp::model::{
-    CallToolRequestParams, CallToolResult, ClientConfig, JsonObject, ProgressNotificationParam,
-};
+use rmcp::model::{CallToolResult, ClientConfig, ProgressNotificationParam};
 use rmcp::service::{NotificationContext, RunningService};
-use rmcp::transport::StreamableHttpClientTransport;
-use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use rmcp::{ClientHandler, RoleClient};
 use serde_json::{Value, json};
-use toolrelay_gateway::config::McpSessions;
+use toolrelay_gateway::config::{ENV_MCP_SESSION_IDLE, McpSessions};
 use toolrelay_relay::RelayConfig;
+use toolrelay_relay::config::ENV_REDIS_URL;
+use toolrelay_tests::mcp::{call, connect_with};
 use toolrelay_tests::metrics::Scrape;
 use toolrelay_tests::system::{System, send};
-use toolrelay_tests::{BUILTIN_TOOLS, WsTab, demo_tools, tab_and_builtin_names};
+use toolrelay_tests::{
+    BUILTIN_TOOLS, Deadline, WsTab, demo_tools, tab_and_builtin_names, wait_until,
+};
 
 #[derive(Clone, Default)]
 struct Client {
@@ -51,21 +51,7 @@ impl ClientHandler for Client {
 type Connection = RunningService<RoleClient, Client>;
 
 async fn connect(url: &str) -> Connection {
-    let transport = StreamableHttpClientTransport::from_config(
-        StreamableHttpClientTransportConfig::with_uri(url),
-    );
-    Client::default().serve(transport).await.unwrap()
-}
-
-fn object(value: Value) -> JsonObject {
-    value.as_object().cloned().unwrap()
-}
-
-async fn call(connection: &Connection, name: &str, arguments: Value) -> CallToolResult {
-    connection
-        .call_tool(CallToolRequestParams::new(name.to_owned()).with_arguments(object(arguments)))
-        .await
-        .unwrap()
+    connect_with(Client::default(), url).await
 }
 
 fn text(result: &CallToolResult) -> String {
@@ -356,14 +342,15 @@ async fn unknown_handles_ended_sessions_bad_arguments_and_unknown_tools_are_clea
 
 /// Waits (with a deadline) until `condition` holds.
 async fn until(condition: impl Fn() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while !condition() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the condition never held"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let every = Deadline::within(Duration::from_secs(20)).every(Duration::from_millis(50));
+    wait_until(every, async || {
+        if condition() {
+            Ok(())
+        } else {
+            Err("the condition never held")
+        }
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -793,23 +780,20 @@ async fn an_idle_session_ends_in_the_gateway_and_in_the_store() {
     let url = system.url("/mcp");
     let session = initialize_with(&client, &url).await.session.unwrap();
     // Its place comes free once it has been idle a second (asking with its id would keep it).
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
+    let every = Deadline::within(Duration::from_secs(20)).every(Duration::from_millis(100));
+    wait_until(every, async || {
         let answer = initialize_with(&client, &url).await;
         if answer.status == StatusCode::OK {
-            break;
+            return Ok(());
         }
         assert_refused(
             &answer,
             StatusCode::TOO_MANY_REQUESTS,
             "MCP_SESSIONS_PER_IP",
         );
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the session never went idle"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        Err("the session never went idle")
+    })
+    .await;
     let gone = mcp_request(
         client
             .post(&url)
@@ -922,17 +906,17 @@ async fn flood(
     // Idle sessions end: the caps free up, and the memory comes back.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     let newcomer = client_from([127, 0, 0, 202]);
-    loop {
-        let answer = initialize_with(&newcomer, &url).await;
-        if answer.status == StatusCode::OK {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the sessions never went idle"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    wait_until(
+        Deadline::at(deadline).every(Duration::from_millis(500)),
+        async || {
+            if initialize_with(&newcomer, &url).await.status == StatusCode::OK {
+                Ok(())
+            } else {
+                Err("the sessions never went idle")
+            }
+        },
+    )
+    .await;
     let mut after = rss_mib(pid);
     while after > before + 64.0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -976,7 +960,7 @@ const FLOOD_IDLE: &str = "15";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a flood against the release binaries: scripts/test.sh runs it (TOOLRELAY_BINARIES)"]
 async fn a_flood_of_initialize_from_100_addresses_stays_bounded_in_memory() {
-    let env = [("MCP_SESSION_IDLE_SECONDS", FLOOD_IDLE)];
+    let env = [(ENV_MCP_SESSION_IDLE, FLOOD_IDLE)];
     let one_process = System::binary(&env).await;
     flood(
         "one process",
@@ -994,8 +978,8 @@ async fn a_flood_of_initialize_from_100_addresses_stays_bounded_in_memory() {
     let redis = toolrelay_tests::redis::RedisServer::start().await;
     let redis_url = redis.url();
     let on_redis = System::binary(&[
-        ("MCP_SESSION_IDLE_SECONDS", FLOOD_IDLE),
-        ("REDIS_URL", &redis_url),
+        (ENV_MCP_SESSION_IDLE, FLOOD_IDLE),
+        (ENV_REDIS_URL, &redis_url),
     ])
     .await;
     flood(

@@ -9,12 +9,12 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use toolrelay::json::to_struct;
-use toolrelay::proto::v1::relay_client::RelayClient;
 use toolrelay::proto::v1::{CallRequest, CreateSessionRequest, RequestStatus};
+use toolrelay_relay::config::{ENV_DRAIN_SECONDS, ENV_RATE_LIMIT_SESSION, ENV_REDIS_URL};
 use toolrelay_tests::metrics::Scrape;
 use toolrelay_tests::redis::RedisServer;
 use toolrelay_tests::system::System;
-use toolrelay_tests::{PATIENCE, WsTab, demo_tools};
+use toolrelay_tests::{Deadline, PATIENCE, WsTab, demo_tools, relay_client, wait_until};
 
 /// What `/metrics` answers with: the Prometheus text format.
 const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -35,34 +35,29 @@ fn echo(text: &str) -> Value {
 /// Waits (with a deadline) until the page at `url` has the line `line`: a call's answer
 /// reaches its caller as the relay counts it, so the count may trail the answer a moment.
 async fn until_line(http: &reqwest::Client, url: &str, line: &str) {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
+    wait_until(PATIENCE, async || {
         let text = http.get(url).send().await.unwrap().text().await.unwrap();
         if text.lines().any(|l| l == line) {
-            return;
+            Ok(())
+        } else {
+            Err(format!("{line} never showed in\n{text}"))
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{line} never showed in\n{text}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
 }
 
 /// Waits (with a deadline) until `GET url` answers `status`.
 async fn until_status(http: &reqwest::Client, url: &str, status: StatusCode) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
+    let every = Deadline::within(Duration::from_secs(20)).every(Duration::from_millis(50));
+    wait_until(every, async || {
         let answered = http.get(url).send().await.unwrap().status();
         if answered == status {
-            return;
+            Ok(())
+        } else {
+            Err(format!("{url} stayed {answered}, never {status}"))
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{url} stayed {answered}, never {status}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
 }
 
 /// One session's secrets, as created over HTTP.
@@ -87,7 +82,7 @@ async fn create(system: &System) -> Created {
 /// MIP model generated and solved: the one-process server's `/metrics` shows exactly that.
 #[tokio::test]
 async fn a_scripted_run_shows_exactly_its_counts() {
-    let system = System::binary(&[("RATE_LIMIT_SESSION_PER_IP", "3")]).await;
+    let system = System::binary(&[(ENV_RATE_LIMIT_SESSION, "3")]).await;
     let mut sessions = Vec::new();
     for _ in 0..3 {
         sessions.push(create(&system).await);
@@ -371,13 +366,8 @@ async fn the_split_relay_answers_probes_and_scrapes_on_its_websocket_port() {
 /// drains) but `/healthz` stays 200; the drain ends when the tab answers.
 #[tokio::test]
 async fn the_relay_port_is_not_ready_while_draining() {
-    let mut relay = System::relay_binary(&[("DRAIN_SECONDS", "30")]).await;
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", relay.grpc))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut client = RelayClient::new(channel);
+    let mut relay = System::relay_binary(&[(ENV_DRAIN_SECONDS, "30")]).await;
+    let mut client = relay_client(relay.grpc).await;
     let session = client
         .create_session(CreateSessionRequest {})
         .await
@@ -426,7 +416,7 @@ async fn the_relay_port_is_not_ready_while_draining() {
 #[tokio::test]
 async fn the_relay_port_is_not_ready_while_its_redis_is_down() {
     let mut redis = RedisServer::start().await;
-    let relay = System::relay_binary(&[("REDIS_URL", &redis.url())]).await;
+    let relay = System::relay_binary(&[(ENV_REDIS_URL, &redis.url())]).await;
     let ready = relay.url("/readyz");
     until_status(&relay.http, &ready, StatusCode::OK).await;
     redis.stop().await;

@@ -9,12 +9,14 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use tonic::transport::Endpoint;
 use toolrelay::json::to_struct;
-use toolrelay::proto::v1::{self as pb, relay_client::RelayClient};
+use toolrelay::proto::v1 as pb;
+use toolrelay_gateway::config::ENV_TRUSTED_PROXIES;
 use toolrelay_relay::RelayConfig;
+use toolrelay_relay::config::{ENV_MIP_MAX_CONCURRENT, ENV_MIP_QUEUE_WAIT};
 use toolrelay_tests::remip::ReMip;
 use toolrelay_tests::system::{Answer, System, send};
+use toolrelay_tests::{Deadline, relay_client, wait_until};
 
 /// A small production plan: integers, a binary, a continuous variable, an equality, an
 /// unnamed constraint and an objective constant (7).
@@ -111,8 +113,7 @@ const SIGUSR1_BIT: u64 = 1 << (10 - 1);
 /// waits to be released (it catches `SIGUSR1`); returns that Python's process id.
 async fn until_a_run_is_held(system: &System) -> u32 {
     let relay = system.pid().expect("a relay in a process of its own");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
+    wait_until(Duration::from_secs(30), async || {
         let held = descendants_of(relay).into_iter().find(|pid| {
             let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
             let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
@@ -122,15 +123,9 @@ async fn until_a_run_is_held(system: &System) -> u32 {
                 .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok());
             comm.starts_with("python") && caught.is_some_and(|mask| mask & SIGUSR1_BIT != 0)
         });
-        if let Some(pid) = held {
-            return pid;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no run of HELD waits to be released"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        held.ok_or("no run of HELD waits to be released")
+    })
+    .await
 }
 
 /// Starts a generate call for `scope` running [`HELD`] and waits (with a deadline) until its
@@ -510,8 +505,7 @@ async fn ids_are_found_only_in_the_scope_that_made_them() {
 
 #[tokio::test]
 async fn work_past_the_limits_gets_429_with_retry_after() {
-    let system =
-        System::binary(&[("MIP_MAX_CONCURRENT", "1"), ("MIP_QUEUE_WAIT_SECONDS", "1")]).await;
+    let system = System::binary(&[(ENV_MIP_MAX_CONCURRENT, "1"), (ENV_MIP_QUEUE_WAIT, "1")]).await;
     let (held, running) = start_held_run(&system, "first").await;
     // Another caller waits its second for the slot, then is told to come back.
     let other = tool(
@@ -572,9 +566,9 @@ async fn a_client_holding_every_slot_does_not_lock_others_out() {
     // turns instead of being refused, and are served ahead of the third (which then would
     // be the client's second model at once, while they run none).
     let system = System::binary(&[
-        ("MIP_MAX_CONCURRENT", "2"),
-        ("MIP_QUEUE_WAIT_SECONDS", "60"),
-        ("TRUSTED_PROXIES", "127.0.0.1"),
+        (ENV_MIP_MAX_CONCURRENT, "2"),
+        (ENV_MIP_QUEUE_WAIT, "60"),
+        (ENV_TRUSTED_PROXIES, "127.0.0.1"),
     ])
     .await;
     let hog = |scope: &'static str, seconds: u32| {
@@ -640,11 +634,8 @@ async fn a_split_gateway_gives_the_relay_the_client_address_to_take_turns_by() {
     // As above, over gRPC: were every call from the gateway keyed by the gateway's address,
     // the hog's waiting call, first in line, would go first.
     let system = System::split_with(
-        &[
-            ("MIP_MAX_CONCURRENT", "2"),
-            ("MIP_QUEUE_WAIT_SECONDS", "60"),
-        ],
-        &[("TRUSTED_PROXIES", "127.0.0.1")],
+        &[(ENV_MIP_MAX_CONCURRENT, "2"), (ENV_MIP_QUEUE_WAIT, "60")],
+        &[(ENV_TRUSTED_PROXIES, "127.0.0.1")],
     )
     .await;
     let hog = |scope: &'static str, seconds: u32| {
@@ -796,18 +787,18 @@ async fn mip_slots(system: &System) -> (u64, u64) {
 
 /// Waits (with a deadline) until the relay's MIP slots and waiting calls are `wanted`.
 async fn until_mip_slots(system: &System, wanted: (u64, u64)) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
+    let every = Deadline::within(Duration::from_secs(30)).every(Duration::from_millis(50));
+    wait_until(every, async || {
         let now = mip_slots(system).await;
         if now == wanted {
-            return;
+            Ok(())
+        } else {
+            Err(format!(
+                "the MIP slots and waiting calls never became {wanted:?} (now {now:?})"
+            ))
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the MIP slots and waiting calls never became {wanted:?} (now {now:?})"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -832,13 +823,7 @@ async fn a_solve_whose_caller_left_keeps_its_slot_until_it_ends() {
     // its 3 s. (Over HTTP/1 the server finishes a handler whose client has gone, so a caller
     // leaving there would show nothing.)
     let sent = tokio::time::Instant::now();
-    let mut client = RelayClient::new(
-        Endpoint::from_shared(format!("http://{}", system.grpc))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap(),
-    );
+    let mut client = relay_client(system.grpc).await;
     let solve = pb::CallToolRequest {
         name: "solve_mip_problem".into(),
         args: Some(to_struct(

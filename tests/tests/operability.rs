@@ -4,12 +4,13 @@
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap should fail loudly
 
 use std::process::Stdio;
-use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::json;
+use toolrelay_gateway::config::{ENV_LISTEN, ENV_RELAY_URL};
+use toolrelay_relay::config::{ENV_GRPC_LISTEN, ENV_LOG_FORMAT};
 use toolrelay_tests::system::{System, binary, send};
-use toolrelay_tests::{PATIENCE, WsTab, demo_tools, free_port, repo_file};
+use toolrelay_tests::{PATIENCE, WsTab, demo_tools, free_port, repo_file, wait_until};
 
 /// Runs a binary to its end (with a deadline); its status and everything it printed.
 async fn run(
@@ -43,7 +44,7 @@ async fn the_gateway_says_it_needs_a_relay_and_refuses_a_malformed_one_at_start(
     assert!(status.success(), "{help}");
     assert!(help.contains("RELAY_URL"), "{help}");
     assert!(!help.contains("runs in this process"), "{help}");
-    let (status, printed) = run("toolrelay-gateway", &[], &[("LISTEN_ADDR", "127.0.0.1:0")]).await;
+    let (status, printed) = run("toolrelay-gateway", &[], &[(ENV_LISTEN, "127.0.0.1:0")]).await;
     assert!(!status.success());
     assert!(
         printed.contains("relay-url") || printed.contains("RELAY_URL"),
@@ -53,7 +54,7 @@ async fn the_gateway_says_it_needs_a_relay_and_refuses_a_malformed_one_at_start(
         let (status, printed) = run(
             "toolrelay-gateway",
             &[],
-            &[("LISTEN_ADDR", "127.0.0.1:0"), ("RELAY_URL", url)],
+            &[(ENV_LISTEN, "127.0.0.1:0"), (ENV_RELAY_URL, url)],
         )
         .await;
         assert!(!status.success(), "{url}: {printed}");
@@ -67,9 +68,9 @@ async fn a_relay_that_cannot_be_reached_is_503_with_retry_after_everywhere() {
     let relay_url = format!("http://127.0.0.1:{}", free_port());
     let (_gateway, base) = {
         let mut child = tokio::process::Command::new(binary("toolrelay-gateway"))
-            .env("LISTEN_ADDR", "127.0.0.1:0")
-            .env("RELAY_URL", &relay_url)
-            .env("LOG_FORMAT", "json")
+            .env(ENV_LISTEN, "127.0.0.1:0")
+            .env(ENV_RELAY_URL, &relay_url)
+            .env(ENV_LOG_FORMAT, "json")
             .stdout(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
@@ -174,23 +175,20 @@ async fn text_logs_have_no_colour_codes_off_a_terminal() {
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
     let child = tokio::process::Command::new(binary("toolrelay"))
-        .env("LISTEN_ADDR", format!("127.0.0.1:{port}"))
-        .env("GRPC_LISTEN_ADDR", "127.0.0.1:0")
-        .env("LOG_FORMAT", "text")
+        .env(ENV_LISTEN, format!("127.0.0.1:{port}"))
+        .env(ENV_GRPC_LISTEN, "127.0.0.1:0")
+        .env(ENV_LOG_FORMAT, "text")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .unwrap();
     let http = reqwest::Client::new();
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while http.get(format!("{base}/healthz")).send().await.is_err() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the relay never answered"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until(PATIENCE, async || {
+        let answered = http.get(format!("{base}/healthz")).send().await;
+        answered.map(drop).map_err(|_| "the relay never answered")
+    })
+    .await;
     let refused = send(http.get(format!("{base}/api/sessions/ZZZZZZZZ"))).await;
     assert_eq!(refused.status, StatusCode::NOT_FOUND);
     let status = tokio::process::Command::new("kill")

@@ -16,8 +16,8 @@ use toolrelay::proto::v1::{
 };
 use toolrelay_relay::RelayConfig;
 use toolrelay_tests::{
-    BUILTIN_TOOLS, PATIENCE, TestRelay, WsTab, demo_tools, error_name, tab_and_builtin_names,
-    with_token,
+    BUILTIN_TOOLS, Deadline, PATIENCE, TestRelay, WsTab, demo_tools, error_name, grpc_channel,
+    relay_client, tab_and_builtin_names, wait_until, with_token,
 };
 
 /// The built-in tools every session offers besides the tab's.
@@ -140,8 +140,7 @@ async fn a_grpc_connect_provider_answers_calls() {
     };
 
     let mut client = relay.client().await;
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
+    wait_until(PATIENCE, async || {
         let info = client
             .get_session(GetSessionRequest {
                 code: session.code.clone(),
@@ -149,16 +148,13 @@ async fn a_grpc_connect_provider_answers_calls() {
             .await
             .unwrap()
             .into_inner();
-        if info.tool_count == 2 + BUILTINS {
-            assert_eq!(info.transport, "grpc");
-            break;
+        if info.tool_count != 2 + BUILTINS {
+            return Err("the provider registered in time");
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the provider registered in time"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        assert_eq!(info.transport, "grpc");
+        Ok(())
+    })
+    .await;
 
     let sum = client
         .call(call(
@@ -905,11 +901,7 @@ async fn health_and_reflection_list_the_services() {
     use tonic_reflection::pb::{v1, v1alpha};
 
     let relay = TestRelay::start().await;
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", relay.grpc))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let channel = grpc_channel(relay.grpc).await;
     let health = HealthClient::new(channel.clone())
         .check(HealthCheckRequest {
             service: "toolrelay.v1.Relay".into(),
@@ -1023,8 +1015,8 @@ async fn a_tab_that_stops_answering_pings_is_dropped_and_its_call_goes_to_the_ne
     assert_eq!(silent.next_request().await["requestId"], "stuck");
 
     // The tab stops reading (a sleeping laptop): it answers no ping, and no TCP close comes.
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
+    let every = Deadline::within(PATIENCE).every(Duration::from_millis(100));
+    wait_until(every, async || {
         let info = client
             .get_session(GetSessionRequest {
                 code: session.code.clone(),
@@ -1032,15 +1024,13 @@ async fn a_tab_that_stops_answering_pings_is_dropped_and_its_call_goes_to_the_ne
             .await
             .unwrap()
             .into_inner();
-        if !info.provider_connected {
-            break;
+        if info.provider_connected {
+            Err("the silent tab was never dropped")
+        } else {
+            Ok(())
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the silent tab was never dropped"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
 
     let mut next = WsTab::attach(&relay, &session).await;
     assert_eq!(
@@ -1150,12 +1140,7 @@ async fn one_process_http_and_grpc_share_the_session_budget_and_spend_it_once() 
     for _ in 0..2 {
         system.create_session().await;
     }
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", system.grpc))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut client = pb::relay_client::RelayClient::new(channel);
+    let mut client = relay_client(system.grpc).await;
     client
         .create_session(pb::CreateSessionRequest {})
         .await

@@ -7,11 +7,14 @@ use std::time::Duration;
 use futures::StreamExt;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
+use toolrelay_relay::config::{
+    ENV_RATE_LIMIT_LOOKUP, ENV_RATE_LIMIT_REQUEST, ENV_RATE_LIMIT_SESSION, ENV_RATE_LIMIT_TOOL,
+};
 use toolrelay_tests::cluster::Cluster;
 use toolrelay_tests::recording::RecordingTab;
 use toolrelay_tests::sdk_tab::SdkTab;
 use toolrelay_tests::system::{Answer, send};
-use toolrelay_tests::{PATIENCE, demo_tools};
+use toolrelay_tests::{Deadline, PATIENCE, demo_tools, wait_until};
 
 fn echo(id: &str, text: &str) -> Value {
     json!({"requestId": id, "functionName": "echo", "args": {"text": text}, "timeoutMs": 30_000})
@@ -25,8 +28,7 @@ fn assert_answered(answer: &Answer, text: &str) {
 
 /// Waits until gateway `gateway` has a tab on the session (registered through any replica).
 async fn until_tab_registered(cluster: &Cluster, gateway: usize, code: &str) {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
+    wait_until(PATIENCE, async || {
         // `toolCount` includes the built-in tools, so wait for the tab's own group to be
         // listed: the tab attaches before it registers its tools.
         let session = cluster.get(gateway, &format!("/api/sessions/{code}")).await;
@@ -34,14 +36,12 @@ async fn until_tab_registered(cluster: &Cluster, gateway: usize, code: &str) {
             .get(gateway, &format!("/api/sessions/{code}/metadata"))
             .await;
         if session.body["providerConnected"] == true && tools.body["tools"][0]["id"] == "demo" {
-            return;
+            Ok(())
+        } else {
+            Err(format!("the tab never showed up: {session:?} {tools:?}"))
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the tab never showed up: {session:?} {tools:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
 }
 
 /// 2 relays + 2 gateways + Redis: the tab on relay A, the LLM alternating gateways (B is in
@@ -49,7 +49,7 @@ async fn until_tab_registered(cluster: &Cluster, gateway: usize, code: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_hundred_calls_across_replicas_each_delivered_once() {
     // One test client makes all the calls: lift the per-address budget.
-    let cluster = Cluster::start(2, 2, &[("RATE_LIMIT_REQUEST_PER_CODE", "100000")]).await;
+    let cluster = Cluster::start(2, 2, &[(ENV_RATE_LIMIT_REQUEST, "100000")]).await;
     let (code, token) = cluster.create_session(1).await;
     let tab = RecordingTab::start(vec![cluster.tab_url(0, &code, &token)]);
     until_tab_registered(&cluster, 1, &code).await;
@@ -345,20 +345,17 @@ async fn built_in_session_calls_cross_replicas_and_outlive_a_killed_one() {
         "generate_mip_problem",
         slow.clone(),
     ));
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
+    wait_until(PATIENCE, async || {
         let seen = cluster
             .get(1, &format!("/api/sessions/{code}/requests/slow"))
             .await;
         if seen.body["status"] == "delivered" {
-            break;
+            Ok(())
+        } else {
+            Err(format!("the call never started: {seen:?}"))
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the call never started: {seen:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
     cluster.kill_relay(0).await;
     let lost = waiting.await.unwrap();
     assert_ne!(lost.body["success"], true, "relay A answered: {lost:?}");
@@ -404,24 +401,15 @@ async fn one_mip_run_per_caller_holds_across_replicas() {
     // Asked again and again on relay B while the slow run goes on: refused as soon as relay A
     // holds the caller's lock (a quick model that got in before it is simply served, and a
     // slow run that found a quick one under way is started again).
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    let (running, refused) = loop {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the runs never overlapped"
-        );
+    let again_at_once = Deadline::within(PATIENCE).every(Duration::ZERO);
+    let (running, refused) = wait_until(again_at_once, async || {
         let running = tokio::spawn(generate(0, slow));
-        let mut refused = None;
         while !running.is_finished() {
             let answer = generate(1, quick).await;
             if answer.status == StatusCode::TOO_MANY_REQUESTS {
-                refused = Some(answer);
-                break;
+                return Ok((running, answer));
             }
             assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
-        }
-        if refused.is_some() {
-            break (running, refused);
         }
         let first = running.await.unwrap();
         assert_eq!(
@@ -429,8 +417,9 @@ async fn one_mip_run_per_caller_holds_across_replicas() {
             StatusCode::TOO_MANY_REQUESTS,
             "relay B never saw relay A's run: {first:?}"
         );
-    };
-    let refused = refused.expect("refused");
+        Err("the runs never overlapped")
+    })
+    .await;
     assert!(refused.header("retry-after").is_some(), "{refused:?}");
     assert!(
         refused.body["error"]["message"]
@@ -441,19 +430,30 @@ async fn one_mip_run_per_caller_holds_across_replicas() {
     let first = running.await.unwrap();
     assert_eq!(first.status, StatusCode::OK, "{first:?}");
     // The run is over and its lock released: relay B serves the caller.
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
+    let every = Deadline::within(PATIENCE).every(Duration::from_millis(50));
+    wait_until(every, async || {
         let after = generate(1, quick).await;
         if after.status == StatusCode::OK {
-            break;
+            return Ok(());
         }
         assert_eq!(after.status, StatusCode::TOO_MANY_REQUESTS, "{after:?}");
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the lock was never released: {after:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        Err(format!("the lock was never released: {after:?}"))
+    })
+    .await;
+}
+
+/// Waits (with a deadline) until gateway 0's `/readyz` answers `status`; `otherwise` says
+/// what went wrong.
+async fn until_readyz(cluster: &Cluster, status: StatusCode, otherwise: &str) {
+    let every = Deadline::within(PATIENCE).every(Duration::from_millis(50));
+    wait_until(every, async || {
+        if cluster.get(0, "/readyz").await.status == status {
+            Ok(())
+        } else {
+            Err(otherwise)
+        }
+    })
+    .await;
 }
 
 /// Redis stopped for 5 s and started again (AOF on): 503 with Retry-After meanwhile,
@@ -510,23 +510,17 @@ async fn a_redis_outage_is_503_meanwhile_and_nothing_is_lost() {
     assert_eq!(call.status, StatusCode::SERVICE_UNAVAILABLE, "{call:?}");
     assert!(call.header("retry-after").is_some(), "{call:?}");
     // The relay notices within a second or so; its health (and the gateway's /readyz) turns red.
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while cluster.get(0, "/readyz").await.status != StatusCode::SERVICE_UNAVAILABLE {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "/readyz stayed green"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_readyz(
+        &cluster,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "/readyz stayed green",
+    )
+    .await;
     // Down for 5 s in all.
     tokio::time::sleep_until(outage_began + Duration::from_secs(5)).await;
     cluster.redis.restart().await;
 
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while cluster.get(0, "/readyz").await.status != StatusCode::OK {
-        assert!(tokio::time::Instant::now() < deadline, "/readyz stayed red");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_readyz(&cluster, StatusCode::OK, "/readyz stayed red").await;
     // The same processes serve, with what was queued before the outage.
     assert_eq!(
         cluster.processes(),
@@ -636,7 +630,7 @@ async fn call_until_answered(
 /// ran later (the call stayed delivered to a tab that never got it), and an answer refused
 /// with `store_unavailable` that the SDK had already forgotten.
 async fn calls_in_flight_survive(failure: RedisFailure) {
-    let mut cluster = Cluster::start(2, 2, &[("RATE_LIMIT_REQUEST_PER_CODE", "100000")]).await;
+    let mut cluster = Cluster::start(2, 2, &[(ENV_RATE_LIMIT_REQUEST, "100000")]).await;
     let (code, token) = cluster.create_session(0).await;
     // Each call takes 50 ms in the tab, so that some are always under way there: their
     // answers meet the failure.
@@ -729,10 +723,10 @@ async fn budgets_hold_across_gateways_and_relays() {
         2,
         2,
         &[
-            ("RATE_LIMIT_SESSION_PER_IP", "4"),
-            ("RATE_LIMIT_REQUEST_PER_CODE", "4"),
-            ("RATE_LIMIT_TOOL_PER_IP", "4"),
-            ("RATE_LIMIT_LOOKUP_PER_IP", "4"),
+            (ENV_RATE_LIMIT_SESSION, "4"),
+            (ENV_RATE_LIMIT_REQUEST, "4"),
+            (ENV_RATE_LIMIT_TOOL, "4"),
+            (ENV_RATE_LIMIT_LOOKUP, "4"),
         ],
     )
     .await;
@@ -859,9 +853,7 @@ async fn mcp_client(url: String) -> McpConnection {
 }
 
 async fn mcp_call(connection: &McpConnection, name: &str, arguments: Value) -> Value {
-    let params = rmcp::model::CallToolRequestParams::new(name.to_owned())
-        .with_arguments(arguments.as_object().cloned().unwrap());
-    let result = connection.call_tool(params).await.unwrap();
+    let result = toolrelay_tests::mcp::call(connection, name, arguments).await;
     assert_eq!(result.is_error, Some(false), "{name}: {result:?}");
     result.structured_content.unwrap_or(Value::Null)
 }
@@ -872,7 +864,7 @@ async fn mcp_call(connection: &McpConnection, name: &str, arguments: Value) -> V
 /// manifest change made through either gateway — with no "session not found".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mcp_works_behind_a_round_robin_balancer() {
-    let cluster = Cluster::start(2, 2, &[("RATE_LIMIT_REQUEST_PER_CODE", "100000")]).await;
+    let cluster = Cluster::start(2, 2, &[(ENV_RATE_LIMIT_REQUEST, "100000")]).await;
     let gateways: Vec<std::net::SocketAddr> = cluster
         .gateways
         .iter()
@@ -947,14 +939,16 @@ async fn mcp_works_behind_a_round_robin_balancer() {
         )
         .await;
         assert_eq!(registered.status, StatusCode::OK, "{registered:?}");
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        while changes.load(std::sync::atomic::Ordering::SeqCst) < gateway + 1 {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the client never heard of the change through gateway {gateway}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_until(PATIENCE, async || {
+            if changes.load(std::sync::atomic::Ordering::SeqCst) < gateway + 1 {
+                Err(format!(
+                    "the client never heard of the change through gateway {gateway}"
+                ))
+            } else {
+                Ok(())
+            }
+        })
+        .await;
     }
     let tools = scoped.list_tools(None).await.unwrap().tools;
     assert!(tools.iter().any(|tool| tool.name == "shout1"), "{tools:?}");

@@ -17,7 +17,7 @@ use toolrelay_relay::RelayConfig;
 use toolrelay_relay::builtin::mip::MipConfig;
 use toolrelay_relay::builtin::mip::sandbox::SandboxConfig;
 use toolrelay_tests::system::{Answer, System};
-use toolrelay_tests::{PATIENCE, repo_file};
+use toolrelay_tests::{PATIENCE, repo_file, wait_until};
 
 /// Processes still running the sandbox's runner (its marker is on their command line).
 fn sandbox_processes() -> usize {
@@ -31,15 +31,11 @@ fn sandbox_processes() -> usize {
 /// Waits (with a deadline) until no sandbox process is left: a run's answer can come before
 /// the last of its processes is reaped (bubblewrap's outer process may exit before the inner).
 async fn until_no_sandbox_processes(what: &str) {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let left = sandbox_processes();
-        if left == 0 {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{left} {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until(PATIENCE, async || match sandbox_processes() {
+        0 => Ok(()),
+        left => Err(format!("{left} {what}")),
+    })
+    .await;
 }
 
 async fn generate(system: &System, code: &str) -> Answer {

@@ -20,8 +20,8 @@ use toolrelay_relay::store::{
 // The parts of the store's interface, for the tests that hold a store by its own type.
 use toolrelay_relay::store::{BudgetStore, Reachable, SessionStore};
 use toolrelay_relay::{Clock, Metrics, SessionCode, Timestamp};
-use toolrelay_tests::PATIENCE;
 use toolrelay_tests::redis::RedisServer;
+use toolrelay_tests::{Deadline, PATIENCE, wait_until};
 
 const HOUR: Duration = Duration::from_secs(3600);
 
@@ -1441,26 +1441,22 @@ async fn a_redis_outage_fails_operations_but_ends_no_stream() {
         .await
         .expect("an event in time");
     assert_eq!(event, Some(SessionEvent::Missed));
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while store.ping().await.is_err() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the store did not recover"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let every = Deadline::within(PATIENCE).every(Duration::from_millis(50));
+    wait_until(every, async || {
+        let pinged = store.ping().await;
+        pinged.map_err(|_| "the store did not recover")
+    })
+    .await;
     assert_eq!(
         store.pending_count(&code).await.unwrap(),
         Some(1),
         "the queued call survived"
     );
     // Events flow again once the event connection is back (it reconnects on its own).
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    for n in 2.. {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no event after the outage"
-        );
+    let mut n = 1;
+    let again_at_once = Deadline::within(PATIENCE).every(Duration::ZERO);
+    wait_until(again_at_once, async || {
+        n += 1;
         store
             .enqueue(&code, call(&format!("r{n}"), now, json!({})), 100, now)
             .await
@@ -1475,9 +1471,12 @@ async fn a_redis_outage_fails_operations_but_ends_no_stream() {
         })
         .await;
         if heard == Ok(true) {
-            break;
+            Ok(())
+        } else {
+            Err("no event after the outage")
         }
-    }
+    })
+    .await;
 }
 
 /// What makes the `redis_cluster_node` run of this suite prove slot locality: on a Cluster

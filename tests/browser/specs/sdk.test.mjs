@@ -11,7 +11,7 @@ import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { after, before, test } from 'node:test';
-import { artifact, eventually, grpcCall, launchBrowser, Llm, McpClient, officialMcpCall, rmcpCall, rmcpWatchListChanged, startBlipProxy, startPageHost, startRelay, until } from '../harness.mjs';
+import { artifact, eventually, grpcCall, inNewPage, launchBrowser, Llm, McpClient, officialMcpCall, rmcpCall, rmcpWatchListChanged, startBlipProxy, startPageHost, startRelay, until } from '../harness.mjs';
 
 const AXE = readFileSync(path.join(path.dirname(fileURLToPath(import.meta.url)), '../node_modules/axe-core/axe.min.js'), 'utf8');
 // A call nobody answers expires this soon (REQUEST_TIMEOUT_SECONDS).
@@ -34,10 +34,6 @@ after(async () => {
   await impatient?.stop();
 });
 
-function watchErrors(page) {
-  page.on('pageerror', (error) => console.log('page error:', error.message));
-}
-
 async function accessibilityViolations(page) {
   await page.evaluate(AXE);
   return page.evaluate(async () => {
@@ -58,117 +54,115 @@ function mcpText(result) {
 }
 
 test('the demo page: tools called over HTTP, MCP and gRPC run once each and show; errors, time-outs and a tool added later', async () => {
-  const context = await browser.newContext();
-  const mcp = { client: null };
-  try {
-    const page = await context.newPage();
-    watchErrors(page);
-    await page.goto(`${impatient.base}/demo/`);
-    await until(page, () => window.demo?.relay.ready);
-    const { code, connectorUrl } = await page.evaluate(() => window.demo.relay.session);
-    assert.match(await page.textContent('#code'), /^[A-Z2-7]{4}-[A-Z2-7]{4}$/);
-    assert.equal(await page.evaluate(() => window.demo.relay.transportKind), 'websocket');
-    const llm = new Llm(impatient.base, code);
-    const names = await functionNames(llm);
-    for (const name of ['addItem', 'listItems', 'removeItem']) assert.ok(names.includes(name), `${name} in ${names}`);
+  await inNewPage(browser, async (page) => {
+    const mcp = { client: null };
+    try {
+      await page.goto(`${impatient.base}/demo/`);
+      await until(page, () => window.demo?.relay.ready);
+      const { code, connectorUrl } = await page.evaluate(() => window.demo.relay.session);
+      assert.match(await page.textContent('#code'), /^[A-Z2-7]{4}-[A-Z2-7]{4}$/);
+      assert.equal(await page.evaluate(() => window.demo.relay.transportKind), 'websocket');
+      const llm = new Llm(impatient.base, code);
+      const names = await functionNames(llm);
+      for (const name of ['addItem', 'listItems', 'removeItem']) assert.ok(names.includes(name), `${name} in ${names}`);
 
-    // One call over each way in.
-    const viaHttp = await llm.ok('addItem', { text: 'from HTTP' });
-    assert.deepEqual(viaHttp, { id: 1, text: 'from HTTP', by: 'assistant' });
-    mcp.client = new McpClient(connectorUrl);
-    await mcp.client.connect();
-    const listed = (await mcp.client.listTools()).map((tool) => tool.name);
-    assert.ok(listed.includes('addItem'), `MCP lists the page's tools: ${listed}`);
-    // The call itself with rmcp's client (the tests crate's mcp-call), as an MCP host would.
-    const viaMcp = await rmcpCall(connectorUrl, 'addItem', { text: 'from MCP' });
-    assert.ok(!viaMcp.isError, JSON.stringify(viaMcp));
-    assert.match(JSON.stringify(viaMcp), /from MCP/);
-    const viaGrpc = await grpcCall(impatient, code, 'addItem', { text: 'from gRPC' }, 'grpc-add-1');
-    assert.equal(viaGrpc.status, 'REQUEST_STATUS_COMPLETED', JSON.stringify(viaGrpc));
-    assert.equal(viaGrpc.response.success, true);
-    // Asked again with its id, the gRPC call is answered from the relay and not run again.
-    const again = await grpcCall(impatient, code, 'addItem', { text: 'from gRPC' }, 'grpc-add-1');
-    assert.deepEqual(again.response, viaGrpc.response);
-    const shown = await page.$$eval('#list li', (items) => items.map((li) => li.firstChild.textContent));
-    assert.deepEqual(shown, ['from HTTP', 'from MCP', 'from gRPC'], 'each call ran once, and the page shows it');
-    await until(page, () => document.querySelectorAll('#activity li.done').length === 3);
+      // One call over each way in.
+      const viaHttp = await llm.ok('addItem', { text: 'from HTTP' });
+      assert.deepEqual(viaHttp, { id: 1, text: 'from HTTP', by: 'assistant' });
+      mcp.client = new McpClient(connectorUrl);
+      await mcp.client.connect();
+      const listed = (await mcp.client.listTools()).map((tool) => tool.name);
+      assert.ok(listed.includes('addItem'), `MCP lists the page's tools: ${listed}`);
+      // The call itself with rmcp's client (the tests crate's mcp-call), as an MCP host would.
+      const viaMcp = await rmcpCall(connectorUrl, 'addItem', { text: 'from MCP' });
+      assert.ok(!viaMcp.isError, JSON.stringify(viaMcp));
+      assert.match(JSON.stringify(viaMcp), /from MCP/);
+      const viaGrpc = await grpcCall(impatient, code, 'addItem', { text: 'from gRPC' }, 'grpc-add-1');
+      assert.equal(viaGrpc.status, 'REQUEST_STATUS_COMPLETED', JSON.stringify(viaGrpc));
+      assert.equal(viaGrpc.response.success, true);
+      // Asked again with its id, the gRPC call is answered from the relay and not run again.
+      const again = await grpcCall(impatient, code, 'addItem', { text: 'from gRPC' }, 'grpc-add-1');
+      assert.deepEqual(again.response, viaGrpc.response);
+      const shown = await page.$$eval('#list li', (items) => items.map((li) => li.firstChild.textContent));
+      assert.deepEqual(shown, ['from HTTP', 'from MCP', 'from gRPC'], 'each call ran once, and the page shows it');
+      await until(page, () => document.querySelectorAll('#activity li.done').length === 3);
 
-    // A tool that throws answers with its message; the call does not hang.
-    const missing = await llm.call('removeItem', { id: 99 });
-    assert.equal(missing.success, false);
-    assert.equal(missing.error.code, 'tool_error');
-    assert.match(missing.error.message, /There is no item 99/);
-    await until(page, () => /There is no item 99/.test(document.querySelector('#activity li.failed .reason')?.textContent));
+      // A tool that throws answers with its message; the call does not hang.
+      const missing = await llm.call('removeItem', { id: 99 });
+      assert.equal(missing.success, false);
+      assert.equal(missing.error.code, 'tool_error');
+      assert.match(missing.error.message, /There is no item 99/);
+      await until(page, () => /There is no item 99/.test(document.querySelector('#activity li.failed .reason')?.textContent));
 
-    // Ask me before changes: a tool not marked read-only waits for the person.
-    await page.check('#confirm');
-    const removal = llm.call('removeItem', { id: 1 });
-    await until(page, () => !document.getElementById('held').hidden);
-    assert.deepEqual(await accessibilityViolations(page), [], 'no WCAG AA violations while asking');
-    await page.click('#allow');
-    assert.equal((await removal).success, true);
-    assert.equal(await page.locator('#list li').count(), 2);
+      // Ask me before changes: a tool not marked read-only waits for the person.
+      await page.check('#confirm');
+      const removal = llm.call('removeItem', { id: 1 });
+      await until(page, () => !document.getElementById('held').hidden);
+      assert.deepEqual(await accessibilityViolations(page), [], 'no WCAG AA violations while asking');
+      await page.click('#allow');
+      assert.equal((await removal).success, true);
+      assert.equal(await page.locator('#list li').count(), 2);
 
-    // A tool added after pairing: in the metadata, and MCP clients are told the list changed.
-    await mcp.client.listen();
-    const rmcpWatch = await rmcpWatchListChanged(connectorUrl, 20);
-    const addCountItems = () =>
-      page.evaluate(() =>
-        window.demo.relay.addTool({
-          name: 'countItems',
-          description: 'How many items the list has.',
-          // A read: the "ask me" switch, still on, lets it through.
-          readOnly: true,
-          inputSchema: { type: 'object', properties: {} },
-          execute: () => ({ count: window.demo.items.length }),
-        }),
-      );
-    await addCountItems();
-    const deadline = Date.now() + 10000;
-    while (!mcp.client.notifications.some((n) => n.method === 'notifications/tools/list_changed')) {
-      assert.ok(Date.now() < deadline, `list_changed arrives: ${JSON.stringify(mcp.client.notifications)}`);
-      await new Promise((resolve) => setTimeout(resolve, 50));
-    }
-    assert.ok((await mcp.client.listTools()).some((tool) => tool.name === 'countItems'));
-    // rmcp's client is told too, and then lists the new tool. It opens its stream for
-    // notifications by itself some time after connecting, and a change made before that
-    // reaches nobody: until it hears, the page registers the same tools again (each
-    // registration is a change).
-    const rmcpDeadline = Date.now() + 15000;
-    let rmcpListed;
-    while (!rmcpListed) {
-      rmcpListed = await Promise.race([rmcpWatch.changed, new Promise((resolve) => setTimeout(resolve, 500))]);
-      if (!rmcpListed) {
-        assert.ok(Date.now() < rmcpDeadline, 'rmcp hears of a change of the tools');
-        await addCountItems();
+      // A tool added after pairing: in the metadata, and MCP clients are told the list changed.
+      await mcp.client.listen();
+      const rmcpWatch = await rmcpWatchListChanged(connectorUrl, 20);
+      const addCountItems = () =>
+        page.evaluate(() =>
+          window.demo.relay.addTool({
+            name: 'countItems',
+            description: 'How many items the list has.',
+            // A read: the "ask me" switch, still on, lets it through.
+            readOnly: true,
+            inputSchema: { type: 'object', properties: {} },
+            execute: () => ({ count: window.demo.items.length }),
+          }),
+        );
+      await addCountItems();
+      const deadline = Date.now() + 10000;
+      while (!mcp.client.notifications.some((n) => n.method === 'notifications/tools/list_changed')) {
+        assert.ok(Date.now() < deadline, `list_changed arrives: ${JSON.stringify(mcp.client.notifications)}`);
+        await new Promise((resolve) => setTimeout(resolve, 50));
       }
+      assert.ok((await mcp.client.listTools()).some((tool) => tool.name === 'countItems'));
+      // rmcp's client is told too, and then lists the new tool. It opens its stream for
+      // notifications by itself some time after connecting, and a change made before that
+      // reaches nobody: until it hears, the page registers the same tools again (each
+      // registration is a change).
+      const rmcpDeadline = Date.now() + 15000;
+      let rmcpListed;
+      while (!rmcpListed) {
+        rmcpListed = await Promise.race([rmcpWatch.changed, new Promise((resolve) => setTimeout(resolve, 500))]);
+        if (!rmcpListed) {
+          assert.ok(Date.now() < rmcpDeadline, 'rmcp hears of a change of the tools');
+          await addCountItems();
+        }
+      }
+      assert.ok(rmcpListed.includes('countItems'), `rmcp lists countItems after list_changed: ${rmcpListed}`);
+      assert.ok((await functionNames(llm)).includes('countItems'));
+      assert.deepEqual(await llm.ok('countItems'), { count: 2 });
+      // And removed again.
+      await page.evaluate(() => window.demo.relay.removeTool('countItems'));
+      await eventually(async () => !(await functionNames(llm)).includes('countItems'), 'countItems to leave the metadata');
+
+      // A tool that never answers: the call expires with an error that says so.
+      await page.evaluate(() =>
+        window.demo.relay.addTool({ name: 'never', description: 'Never answers.', execute: () => new Promise(() => {}) }),
+      );
+      await eventually(async () => (await functionNames(llm)).includes('never'), 'the tool to be registered');
+      const started = Date.now();
+      const { status, body: expired } = await llm.request('POST', '/call', { functionName: 'never', args: {}, timeoutMs: 20000 });
+      assert.equal(status, 200, JSON.stringify(expired));
+      assert.equal(expired.success, false);
+      assert.equal(expired.error.code, 'request_expired', JSON.stringify(expired));
+      assert.match(expired.error.message, new RegExp(`did not answer within ${REQUEST_TIMEOUT_SECONDS} s`));
+      assert.ok(Date.now() - started < 15000, 'it expired at the relay\'s time-out');
+
+      await page.screenshot({ path: artifact('demo.png') });
+      assert.deepEqual(await accessibilityViolations(page), [], 'no WCAG AA violations on the demo');
+    } finally {
+      mcp.client?.close();
     }
-    assert.ok(rmcpListed.includes('countItems'), `rmcp lists countItems after list_changed: ${rmcpListed}`);
-    assert.ok((await functionNames(llm)).includes('countItems'));
-    assert.deepEqual(await llm.ok('countItems'), { count: 2 });
-    // And removed again.
-    await page.evaluate(() => window.demo.relay.removeTool('countItems'));
-    await eventually(async () => !(await functionNames(llm)).includes('countItems'), 'countItems to leave the metadata');
-
-    // A tool that never answers: the call expires with an error that says so.
-    await page.evaluate(() =>
-      window.demo.relay.addTool({ name: 'never', description: 'Never answers.', execute: () => new Promise(() => {}) }),
-    );
-    await eventually(async () => (await functionNames(llm)).includes('never'), 'the tool to be registered');
-    const started = Date.now();
-    const { status, body: expired } = await llm.request('POST', '/call', { functionName: 'never', args: {}, timeoutMs: 20000 });
-    assert.equal(status, 200, JSON.stringify(expired));
-    assert.equal(expired.success, false);
-    assert.equal(expired.error.code, 'request_expired', JSON.stringify(expired));
-    assert.match(expired.error.message, new RegExp(`did not answer within ${REQUEST_TIMEOUT_SECONDS} s`));
-    assert.ok(Date.now() - started < 15000, 'it expired at the relay\'s time-out');
-
-    await page.screenshot({ path: artifact('demo.png') });
-    assert.deepEqual(await accessibilityViolations(page), [], 'no WCAG AA violations on the demo');
-  } finally {
-    mcp.client?.close();
-    await context.close();
-  }
+  });
 });
 
 /** A WebMCP page (tools registered with document/navigator.modelContext) bridged by the SDK at `sdk`. */
@@ -242,20 +236,18 @@ function polyfilledPage(sdk) {
 
 test('a page with a WebMCP context of its own (a polyfill) is bridged through getTools and executeTool', async () => {
   const host = await startPageHost({ '/polyfilled.html': polyfilledPage(`${relay.base}/sdk/toolrelay.js`) });
-  const context = await browser.newContext();
   try {
-    const page = await context.newPage();
-    watchErrors(page);
-    await page.goto(`${host.origin}/polyfilled.html`);
-    await until(page, () => window.relay?.ready);
-    const llm = new Llm(relay.base, await page.evaluate(() => window.relay.code));
-    await eventually(async () => (await functionNames(llm)).includes('shout'), 'both tools to be registered');
-    assert.deepEqual(await llm.ok('say', { text: 'hello' }), { said: 'hello' });
-    assert.equal(await page.textContent('#said'), 'hello');
-    await llm.ok('shout', { text: 'hello' });
-    assert.equal(await page.textContent('#said'), 'HELLO');
+    await inNewPage(browser, async (page) => {
+      await page.goto(`${host.origin}/polyfilled.html`);
+      await until(page, () => window.relay?.ready);
+      const llm = new Llm(relay.base, await page.evaluate(() => window.relay.code));
+      await eventually(async () => (await functionNames(llm)).includes('shout'), 'both tools to be registered');
+      assert.deepEqual(await llm.ok('say', { text: 'hello' }), { said: 'hello' });
+      assert.equal(await page.textContent('#said'), 'hello');
+      await llm.ok('shout', { text: 'hello' });
+      assert.equal(await page.textContent('#said'), 'HELLO');
+    });
   } finally {
-    await context.close();
     await host.stop();
   }
 });
@@ -306,36 +298,34 @@ function nativePage(sdk) {
 
 test('a page with a native-like WebMCP context (registerTool, no getTools) is bridged by wrapping its methods; an aborted signal unregisters', async () => {
   const host = await startPageHost({ '/native.html': nativePage(`${relay.base}/sdk/toolrelay.js`) });
-  const context = await browser.newContext();
   try {
-    const page = await context.newPage();
-    watchErrors(page);
-    await page.goto(`${host.origin}/native.html`);
-    await until(page, () => window.relay?.ready && window.registered);
-    // The native context got them too.
-    assert.deepEqual(await page.evaluate(() => [...window.nativeTools.keys()]), ['say', 'shout']);
-    const llm = new Llm(relay.base, await page.evaluate(() => window.relay.code));
-    await eventually(async () => (await functionNames(llm)).includes('shout'), 'both tools to be registered');
-    assert.deepEqual(await llm.ok('say', { text: 'hello' }), { said: 'hello' });
-    assert.equal(await page.textContent('#said'), 'hello');
-    await llm.ok('shout', { text: 'hello' });
-    assert.equal(await page.textContent('#said'), 'HELLO');
+    await inNewPage(browser, async (page) => {
+      await page.goto(`${host.origin}/native.html`);
+      await until(page, () => window.relay?.ready && window.registered);
+      // The native context got them too.
+      assert.deepEqual(await page.evaluate(() => [...window.nativeTools.keys()]), ['say', 'shout']);
+      const llm = new Llm(relay.base, await page.evaluate(() => window.relay.code));
+      await eventually(async () => (await functionNames(llm)).includes('shout'), 'both tools to be registered');
+      assert.deepEqual(await llm.ok('say', { text: 'hello' }), { said: 'hello' });
+      assert.equal(await page.textContent('#said'), 'hello');
+      await llm.ok('shout', { text: 'hello' });
+      assert.equal(await page.textContent('#said'), 'HELLO');
 
-    await page.evaluate(() => window.shoutControl.abort());
-    await eventually(async () => !(await functionNames(llm)).includes('shout'), 'shout to be gone from /metadata');
-    assert.ok((await functionNames(llm)).includes('say'));
-    assert.deepEqual(await page.evaluate(() => [...window.nativeTools.keys()]), ['say']);
+      await page.evaluate(() => window.shoutControl.abort());
+      await eventually(async () => !(await functionNames(llm)).includes('shout'), 'shout to be gone from /metadata');
+      assert.ok((await functionNames(llm)).includes('say'));
+      assert.deepEqual(await page.evaluate(() => [...window.nativeTools.keys()]), ['say']);
 
-    // provideContext and clearContext pass through, and the relay follows.
-    await page.evaluate(() => navigator.modelContext.provideContext({ tools: [{ name: 'ping', description: 'Pong.', execute: () => ({ structuredContent: { pong: true }, content: [] }) }] }));
-    await eventually(async () => (await functionNames(llm)).includes('ping'), 'ping to be registered');
-    assert.deepEqual(await llm.ok('ping', {}), { pong: true });
-    await page.evaluate(() => navigator.modelContext.clearContext());
-    assert.equal(await page.evaluate(() => window.nativeTools.size), 0);
-    // (/metadata lists the relay's built-in tools as well.)
-    await eventually(async () => !(await functionNames(llm)).some((name) => ['say', 'ping'].includes(name)), 'say and ping to be gone after clearContext');
+      // provideContext and clearContext pass through, and the relay follows.
+      await page.evaluate(() => navigator.modelContext.provideContext({ tools: [{ name: 'ping', description: 'Pong.', execute: () => ({ structuredContent: { pong: true }, content: [] }) }] }));
+      await eventually(async () => (await functionNames(llm)).includes('ping'), 'ping to be registered');
+      assert.deepEqual(await llm.ok('ping', {}), { pong: true });
+      await page.evaluate(() => navigator.modelContext.clearContext());
+      assert.equal(await page.evaluate(() => window.nativeTools.size), 0);
+      // (/metadata lists the relay's built-in tools as well.)
+      await eventually(async () => !(await functionNames(llm)).some((name) => ['say', 'ping'].includes(name)), 'say and ping to be gone after clearContext');
+    });
   } finally {
-    await context.close();
     await host.stop();
   }
 });
@@ -359,28 +349,26 @@ function pairingPage(base) {
 
 test('<toolrelay-pairing> on a page of another origin loads its styles from the relay, shows the code, and has no WCAG AA violation', async () => {
   const host = await startPageHost({ '/pairing.html': pairingPage(relay.base) });
-  const context = await browser.newContext();
   try {
-    const page = await context.newPage();
-    watchErrors(page);
-    const styles = [];
-    page.on('response', (response) => {
-      if (response.url().endsWith('/pairing.css')) styles.push({ url: response.url(), status: response.status() });
+    await inNewPage(browser, async (page) => {
+      const styles = [];
+      page.on('response', (response) => {
+        if (response.url().endsWith('/pairing.css')) styles.push({ url: response.url(), status: response.status() });
+      });
+      await page.goto(`${host.origin}/pairing.html`);
+      await until(page, () => window.relay?.ready);
+      const code = await page.evaluate(() => window.relay.code);
+      await until(page, () => /^[A-Z2-7]{4}-[A-Z2-7]{4}$/.test(document.getElementById('code').textContent));
+      assert.equal((await page.textContent('#code')).replace('-', ''), code.replace('-', ''), 'the element shows the code of the session');
+      // Its stylesheet is the relay's, loaded, and applied; the page's origin was never asked.
+      assert.deepEqual(styles, [{ url: `${relay.base}/sdk/pairing.css`, status: 200 }]);
+      assert.equal(await page.evaluate(() => document.querySelector('link[rel="stylesheet"]').href), `${relay.base}/sdk/pairing.css`);
+      assert.equal(await page.evaluate(() => document.styleSheets.length), 1);
+      assert.deepEqual(await accessibilityViolations(page), [], 'no WCAG AA violations on the other origin');
+      // And the code is the session's: an assistant given it calls the page's tool.
+      assert.deepEqual(await new Llm(relay.base, code).ok('ping'), { pong: true });
     });
-    await page.goto(`${host.origin}/pairing.html`);
-    await until(page, () => window.relay?.ready);
-    const code = await page.evaluate(() => window.relay.code);
-    await until(page, () => /^[A-Z2-7]{4}-[A-Z2-7]{4}$/.test(document.getElementById('code').textContent));
-    assert.equal((await page.textContent('#code')).replace('-', ''), code.replace('-', ''), 'the element shows the code of the session');
-    // Its stylesheet is the relay's, loaded, and applied; the page's origin was never asked.
-    assert.deepEqual(styles, [{ url: `${relay.base}/sdk/pairing.css`, status: 200 }]);
-    assert.equal(await page.evaluate(() => document.querySelector('link[rel="stylesheet"]').href), `${relay.base}/sdk/pairing.css`);
-    assert.equal(await page.evaluate(() => document.styleSheets.length), 1);
-    assert.deepEqual(await accessibilityViolations(page), [], 'no WCAG AA violations on the other origin');
-    // And the code is the session's: an assistant given it calls the page's tool.
-    assert.deepEqual(await new Llm(relay.base, code).ok('ping'), { pong: true });
   } finally {
-    await context.close();
     await host.stop();
   }
 });
@@ -399,17 +387,15 @@ test('with CORS_ORIGIN narrowed to other origins, a page from an origin not list
 </script>
 </body></html>`,
   });
-  const context = await browser.newContext();
   try {
-    const page = await context.newPage();
-    watchErrors(page);
-    await page.goto(`${host.origin}/refused.html`);
-    const refused = await until(page, () => window.statuses?.find((status) => status.state === 'unreachable'));
-    assert.match(refused.message, /does not allow pages from http:\/\/127\.0\.0\.1:\d+ \(its CORS_ORIGIN\)/, refused.message);
-    assert.equal(await page.evaluate(() => window.relay.ready), false);
-    assert.equal(await page.evaluate(() => window.relay.code ?? null), null);
+    await inNewPage(browser, async (page) => {
+      await page.goto(`${host.origin}/refused.html`);
+      const refused = await until(page, () => window.statuses?.find((status) => status.state === 'unreachable'));
+      assert.match(refused.message, /does not allow pages from http:\/\/127\.0\.0\.1:\d+ \(its CORS_ORIGIN\)/, refused.message);
+      assert.equal(await page.evaluate(() => window.relay.ready), false);
+      assert.equal(await page.evaluate(() => window.relay.code ?? null), null);
+    });
   } finally {
-    await context.close();
     await host.stop();
     await narrowed.stop();
   }
@@ -424,48 +410,46 @@ const CALLS = 8;
 async function runWebMcp(block, expected) {
   const proxy = await startBlipProxy(relay);
   const host = await startPageHost({ '/counter.html': webMcpPage(`${proxy.base}/sdk/toolrelay.js`) });
-  const context = await browser.newContext();
   try {
-    if (block.includes('websocket')) await context.routeWebSocket(/\/api\/sessions\/[^/]+\/ws/, (ws) => ws.close());
-    if (block.includes('sse')) await context.route(/\/api\/sessions\/[^/]+\/stream/, (route) => route.abort());
-    const page = await context.newPage();
-    watchErrors(page);
-    await page.goto(`${host.origin}/counter.html`);
-    await until(page, (kind) => window.relay?.ready && window.relay.transportKind === kind, expected, 30000);
-    const code = await page.evaluate(() => window.relay.code);
-    const llm = new Llm(relay.base, code);
-    const names = (await functionNames(llm)).sort();
-    assert.deepEqual(names.filter((name) => ['increment', 'read_counter', 'refuse'].includes(name)), ['increment', 'read_counter', 'refuse']);
+    await inNewPage(browser, async (page, context) => {
+      if (block.includes('websocket')) await context.routeWebSocket(/\/api\/sessions\/[^/]+\/ws/, (ws) => ws.close());
+      if (block.includes('sse')) await context.route(/\/api\/sessions\/[^/]+\/stream/, (route) => route.abort());
+      await page.goto(`${host.origin}/counter.html`);
+      await until(page, (kind) => window.relay?.ready && window.relay.transportKind === kind, expected, 30000);
+      const code = await page.evaluate(() => window.relay.code);
+      const llm = new Llm(relay.base, code);
+      const names = (await functionNames(llm)).sort();
+      assert.deepEqual(names.filter((name) => ['increment', 'read_counter', 'refuse'].includes(name)), ['increment', 'read_counter', 'refuse']);
 
-    // Calls in flight while the page's network drops and comes back.
-    const calls = Array.from({ length: CALLS }, (_, n) => llm.call('increment', { n: 1, tag: `call-${n}` }, `${expected}-${n}`));
-    await until(page, () => window.counter.runs.length >= 2, undefined, 20000);
-    // Every call is queued before the network drops: on a busy machine a call still on its way
-    // would find no tab connected and be answered 202 (queued) instead of waiting.
-    const queued = async () => {
-      for (let n = 0; n < CALLS; n += 1) {
-        const { status } = await llm.request('GET', `/requests/${expected}-${n}`);
-        if (status !== 200) return false;
-      }
-      return true;
-    };
-    await eventually(queued, 'every call queued', 20000);
-    const seen = await page.evaluate(() => window.relay.interruptions);
-    proxy.cut();
-    await until(page, (before) => window.relay.interruptions > before, seen, 20000);
-    proxy.restore();
-    const answers = await Promise.all(calls);
-    await until(page, () => window.relay.ready, undefined, 20000);
-    for (const answer of answers) assert.equal(answer.success, true, JSON.stringify(answer));
-    const runs = await page.evaluate(() => window.counter.runs.slice().sort());
-    assert.deepEqual(runs, Array.from({ length: CALLS }, (_, n) => `call-${n}`).sort(), 'every call ran exactly once');
-    assert.equal(await page.textContent('#value'), String(CALLS), 'and the page shows it');
-    assert.deepEqual(await llm.ok('read_counter'), { content: [{ type: 'text', text: JSON.stringify({ value: CALLS }) }] });
-    const refused = await llm.call('refuse');
-    assert.equal(refused.success, false);
-    assert.match(refused.error.message, /The counter refuses\./);
+      // Calls in flight while the page's network drops and comes back.
+      const calls = Array.from({ length: CALLS }, (_, n) => llm.call('increment', { n: 1, tag: `call-${n}` }, `${expected}-${n}`));
+      await until(page, () => window.counter.runs.length >= 2, undefined, 20000);
+      // Every call is queued before the network drops: on a busy machine a call still on its way
+      // would find no tab connected and be answered 202 (queued) instead of waiting.
+      const queued = async () => {
+        for (let n = 0; n < CALLS; n += 1) {
+          const { status } = await llm.request('GET', `/requests/${expected}-${n}`);
+          if (status !== 200) return false;
+        }
+        return true;
+      };
+      await eventually(queued, 'every call queued', 20000);
+      const seen = await page.evaluate(() => window.relay.interruptions);
+      proxy.cut();
+      await until(page, (before) => window.relay.interruptions > before, seen, 20000);
+      proxy.restore();
+      const answers = await Promise.all(calls);
+      await until(page, () => window.relay.ready, undefined, 20000);
+      for (const answer of answers) assert.equal(answer.success, true, JSON.stringify(answer));
+      const runs = await page.evaluate(() => window.counter.runs.slice().sort());
+      assert.deepEqual(runs, Array.from({ length: CALLS }, (_, n) => `call-${n}`).sort(), 'every call ran exactly once');
+      assert.equal(await page.textContent('#value'), String(CALLS), 'and the page shows it');
+      assert.deepEqual(await llm.ok('read_counter'), { content: [{ type: 'text', text: JSON.stringify({ value: CALLS }) }] });
+      const refused = await llm.call('refuse');
+      assert.equal(refused.success, false);
+      assert.match(refused.error.message, /The counter refuses\./);
+    });
   } finally {
-    await context.close();
     await host.stop();
     await proxy.close();
   }
@@ -474,31 +458,32 @@ async function runWebMcp(block, expected) {
 test('a WebMCP page on another origin pairs over WebSocket and answers HTTP, MCP and gRPC; a dropped connection loses nothing', async () => {
   const proxy = await startBlipProxy(relay);
   const host = await startPageHost({ '/counter.html': webMcpPage(`${proxy.base}/sdk/toolrelay.js`) });
-  const context = await browser.newContext();
-  const mcp = { client: null };
   try {
-    const page = await context.newPage();
-    watchErrors(page);
-    await page.goto(`${host.origin}/counter.html`);
-    await until(page, () => window.relay?.ready);
-    assert.equal(await page.evaluate(() => window.relay.transportKind), 'websocket');
-    const { code, connectorUrl } = await page.evaluate(() => window.relay.session);
-    // MCP with the official Python SDK, a client of its own.
-    const viaMcp = await officialMcpCall(connectorUrl, 'increment', { n: 10 });
-    assert.ok(viaMcp.tools.includes('read_counter'), JSON.stringify(viaMcp));
-    assert.deepEqual(viaMcp.structured, { value: 10 }, JSON.stringify(viaMcp));
-    mcp.client = new McpClient(connectorUrl);
-    await mcp.client.connect();
-    const viaGrpc = await grpcCall(relay, code, 'increment', { n: 100 });
-    assert.equal(viaGrpc.response.success, true, JSON.stringify(viaGrpc));
-    assert.deepEqual(viaGrpc.response.result, { value: 110 });
-    const refused = await mcp.client.callTool('refuse', {});
-    assert.equal(refused.isError, true);
-    assert.match(mcpText(refused), /The counter refuses\./);
-    assert.equal(await page.textContent('#value'), '110');
+    await inNewPage(browser, async (page) => {
+      const mcp = { client: null };
+      try {
+        await page.goto(`${host.origin}/counter.html`);
+        await until(page, () => window.relay?.ready);
+        assert.equal(await page.evaluate(() => window.relay.transportKind), 'websocket');
+        const { code, connectorUrl } = await page.evaluate(() => window.relay.session);
+        // MCP with the official Python SDK, a client of its own.
+        const viaMcp = await officialMcpCall(connectorUrl, 'increment', { n: 10 });
+        assert.ok(viaMcp.tools.includes('read_counter'), JSON.stringify(viaMcp));
+        assert.deepEqual(viaMcp.structured, { value: 10 }, JSON.stringify(viaMcp));
+        mcp.client = new McpClient(connectorUrl);
+        await mcp.client.connect();
+        const viaGrpc = await grpcCall(relay, code, 'increment', { n: 100 });
+        assert.equal(viaGrpc.response.success, true, JSON.stringify(viaGrpc));
+        assert.deepEqual(viaGrpc.response.result, { value: 110 });
+        const refused = await mcp.client.callTool('refuse', {});
+        assert.equal(refused.isError, true);
+        assert.match(mcpText(refused), /The counter refuses\./);
+        assert.equal(await page.textContent('#value'), '110');
+      } finally {
+        mcp.client?.close();
+      }
+    });
   } finally {
-    mcp.client?.close();
-    await context.close();
     await host.stop();
     await proxy.close();
   }
