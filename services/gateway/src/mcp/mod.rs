@@ -1,0 +1,394 @@
+//! MCP (Streamable HTTP, with the official SDK `rmcp`): every tool for MCP clients such as
+//! Claude, ChatGPT connectors, Cursor or a local agent.
+//!
+//! * `/mcp` — the built-in tools and the pairing tools `connect_session`, `list_session_tools`
+//!   and `call_session_tool` (call by name: works in clients that ignore tool-list changes).
+//! * `/mcp/s/{handle}` — a server scoped to one session: its tools are exactly the session's
+//!   manifest (the tab's tools and the built-in ones); the handle is the session's 128-bit
+//!   secret, so the URL can be pasted into a connector's settings.
+//!
+//! Results are MCP content: structured content plus a text rendering; tool failures are
+//! `isError` results with the message; protocol errors are JSON-RPC errors. A call waiting for
+//! the tab sends progress notifications when the client asked for them, and fails cleanly at
+//! the relay's request timeout. Hosts and origins are checked by rmcp (allowed hosts from
+//! `PUBLIC_BASE_URL`, allowed origins from `CORS_ORIGIN`).
+//!
+//! Client sessions are bounded (see [`Keeper`]): at most `MCP_SESSIONS_PER_IP` live ones per
+//! client address and `MCP_MAX_SESSIONS` in all, counted in the store so the caps hold across
+//! gateways; a session unused for `MCP_SESSION_IDLE_SECONDS` ends in the gateway (rmcp's
+//! keep-alive) and in the store (its expiry slides on every request).
+//!
+//! # Layout
+//!
+//! This file is the rmcp wiring: the two endpoints, the HTTP context a handler reads, and
+//! [`ServerHandler`] answering `initialize`, `tools/list` and `tools/call` by handing each to
+//! its tool. `sessions` keeps client sessions within their caps and shared between gateways;
+//! `tools` is what a tool call means (a session's tools listed, called and watched, built-in
+//! tools called, results as MCP content); `pairing` holds the pairing tools of `/mcp`, one
+//! variant of `Pairing` each.
+
+mod pairing;
+mod sessions;
+mod tools;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use poem::endpoint::TowerCompatExt;
+use poem::{Endpoint, EndpointExt, IntoResponse, Request};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, ClientJsonRpcMessage, ClientRequest, Implementation,
+    InitializeRequestParams, InitializeResult, ListToolsResult, PaginatedRequestParams,
+    ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::RequestContext;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+use toolrelay_relay::Caller;
+use toolrelay_relay::clock::Clock;
+
+use crate::api::State;
+use pairing::Pairing;
+use sessions::{Keeper, OPENED, Running, SharedSessions};
+use tools::{from_error, tool};
+
+/// Messages a session's channels hold before the sender waits (rmcp's default is 16; a
+/// session's calls are few, and every slot is memory held by every idle session).
+const SESSION_CHANNEL_CAPACITY: usize = 4;
+/// How long a new session may wait for its `initialize` to be answered.
+const SESSION_INIT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What the gateway tells a handler about the HTTP request (inserted by [`with_context`]).
+#[derive(Debug, Clone)]
+struct McpRequest {
+    /// The `{handle}` of `/mcp/s/{handle}`.
+    handle: Option<String>,
+    /// The client, for rate limits.
+    caller: Caller,
+}
+
+/// The MCP server of `/mcp` (scoped = false) or `/mcp/s/{handle}` (scoped = true), one per
+/// client session.
+pub struct RelayMcp {
+    state: State,
+    scoped: bool,
+    ended: SessionEnd,
+}
+
+/// Cancelled when a session's server is dropped (rmcp drops it when the session ends): ends
+/// the session's watcher with it.
+struct SessionEnd(CancellationToken);
+
+impl Drop for SessionEnd {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
+/// The two MCP endpoints, ready to mount.
+pub fn endpoints(state: &State) -> (impl Endpoint + 'static, impl Endpoint + 'static) {
+    let running = Arc::new(std::sync::Mutex::new(Running::default()));
+    let make = |scoped: bool| {
+        let state = state.clone();
+        let namespace = if scoped { "s:" } else { "" };
+        let mut config = server_config(&state);
+        // A client's next request may reach another gateway (a round-robin balancer): that
+        // gateway takes the session over from what the store keeps.
+        config.session_store = Some(Arc::new(SharedSessions {
+            store: Arc::clone(&state.store),
+            clock: Clock::new(),
+            namespace,
+            idle: state.config.mcp_sessions.idle,
+        }));
+        let mut sessions = LocalSessionManager::default();
+        sessions.session_config.keep_alive = Some(state.config.mcp_sessions.idle);
+        sessions.session_config.channel_capacity = SESSION_CHANNEL_CAPACITY;
+        sessions.session_config.init_timeout = Some(SESSION_INIT_TIMEOUT);
+        let sessions = Arc::new(sessions);
+        let keeper = Keeper {
+            state: state.clone(),
+            sessions: Arc::clone(&sessions),
+            namespace,
+            clock: Clock::new(),
+            running: Arc::clone(&running),
+        };
+        let service = StreamableHttpService::new(
+            move || {
+                Ok(RelayMcp {
+                    state: state.clone(),
+                    scoped,
+                    ended: SessionEnd(CancellationToken::new()),
+                })
+            },
+            sessions,
+            config,
+        );
+        with_context(keeper, service.compat())
+    };
+    (make(false), make(true))
+}
+
+fn server_config(state: &State) -> StreamableHttpServerConfig {
+    // The names REST's `Host` check answers to, and the public authority as written.
+    let mut hosts = state.config.host_names();
+    if let Ok(uri) = state.config.public_base_url.parse::<poem::http::Uri>()
+        && let Some(authority) = uri.authority()
+    {
+        hosts.push(authority.as_str().to_owned());
+    }
+    let origins: Vec<String> = state
+        .config
+        .cors_origins
+        .iter()
+        .map(|origin| with_port(origin))
+        .collect();
+    StreamableHttpServerConfig::default()
+        .with_allowed_hosts(hosts)
+        .with_allowed_origins(origins)
+        .with_cancellation_token(state.shutdown.child_token())
+}
+
+/// An origin with its port spelled out (rmcp matches ports exactly).
+fn with_port(origin: &str) -> String {
+    let after_scheme = origin.split_once("://").map_or(origin, |(_, rest)| rest);
+    if after_scheme.contains(':') {
+        origin.to_owned()
+    } else if origin.starts_with("https://") {
+        format!("{origin}:443")
+    } else {
+        format!("{origin}:80")
+    }
+}
+
+/// Copies the path's `{handle}` and the client address into the request for the handler;
+/// answers a body that is not a JSON-RPC message with a JSON-RPC error (rmcp answers it with
+/// a plain-text 415); keeps sessions within their caps and idle time ([`Keeper`]); and
+/// answers an ended session's `DELETE` with 200 (rmcp's 202 makes clients report a failure).
+fn with_context<E: Endpoint + 'static>(keeper: Keeper, endpoint: E) -> impl Endpoint {
+    endpoint.around(move |endpoint, mut request: Request| {
+        let keeper = keeper.clone();
+        async move {
+            let mut initialize = None;
+            if request.method() == poem::http::Method::POST {
+                // The body is in memory already (the body-limit middleware read it).
+                let body = request.take_body().into_bytes().await?;
+                match read_message(&body) {
+                    Err(refusal) => return Ok(*refusal),
+                    Ok(message) => initialize = initialize_id(&message),
+                }
+                request.set_body(body);
+            }
+            let caller = keeper.state.caller(&request);
+            let session = request
+                .headers()
+                .get("mcp-session-id")
+                .and_then(|value| value.to_str().ok())
+                .map(str::to_owned);
+            let context = McpRequest {
+                handle: request.raw_path_param("handle").map(str::to_owned),
+                caller: caller.clone(),
+            };
+            request.extensions_mut().insert(context);
+            let deleting = request.method() == poem::http::Method::DELETE;
+            if let Some(session) = &session {
+                keeper.touch(session).await;
+            }
+            let opening = match (&initialize, &session) {
+                (Some(request_id), None) => match keeper.open(&caller, request_id).await {
+                    Ok(opened) => Some(opened),
+                    Err(refusal) => return Ok(refusal),
+                },
+                _ => None,
+            };
+            let Some(opened) = opening else {
+                let mut response = endpoint.call(request).await?.into_response();
+                if deleting && response.status() == poem::http::StatusCode::ACCEPTED {
+                    response.set_status(poem::http::StatusCode::OK);
+                }
+                return Ok(response);
+            };
+            let response = OPENED
+                .scope(opened.clone(), endpoint.call(request))
+                .await
+                .map(IntoResponse::into_response);
+            let created = response.as_ref().ok().and_then(|response| {
+                response
+                    .headers()
+                    .get("mcp-session-id")
+                    .and_then(|value| value.to_str().ok())
+            });
+            if let Some(id) = created {
+                keeper.used(id);
+            } else {
+                // No session took the place: free it.
+                let _ = keeper.state.store.delete_mcp_session(&opened.slot).await;
+            }
+            response
+        }
+    })
+}
+
+/// The request id of an `initialize` request.
+fn initialize_id(message: &ClientJsonRpcMessage) -> Option<Value> {
+    match message {
+        ClientJsonRpcMessage::Request(request)
+            if matches!(request.request, ClientRequest::InitializeRequest(_)) =>
+        {
+            serde_json::to_value(&request.id).ok()
+        }
+        _ => None,
+    }
+}
+
+/// The JSON-RPC message in `body`, or the JSON-RPC error for a body that is not JSON (-32700)
+/// or not a JSON-RPC message (-32600).
+fn read_message(body: &[u8]) -> Result<ClientJsonRpcMessage, Box<poem::Response>> {
+    let (code, message) = match serde_json::from_slice::<Value>(body) {
+        Err(error) => (
+            -32700,
+            format!("Parse error: the body is not JSON ({error})"),
+        ),
+        Ok(value) => match serde_json::from_value::<ClientJsonRpcMessage>(value) {
+            Ok(message) => return Ok(message),
+            Err(error) => (
+                -32600,
+                format!("Invalid Request: the body is not a JSON-RPC 2.0 message ({error})"),
+            ),
+        },
+    };
+    let body = json!({"jsonrpc": "2.0", "id": null, "error": {"code": code, "message": message}});
+    Err(Box::new(
+        poem::Response::builder()
+            .status(poem::http::StatusCode::BAD_REQUEST)
+            .content_type("application/json")
+            .body(body.to_string()),
+    ))
+}
+
+/// The client of an MCP request (an unknown one, if the gateway's context is missing, shares
+/// one budget with every other such request).
+fn caller_of(context: &RequestContext<RoleServer>) -> Caller {
+    request_of(context).map_or_else(
+        || Caller::new(std::net::IpAddr::from([0, 0, 0, 0])),
+        |request| request.caller,
+    )
+}
+
+fn request_of(context: &RequestContext<RoleServer>) -> Option<McpRequest> {
+    context
+        .extensions
+        .get::<poem::http::request::Parts>()
+        .and_then(|parts| parts.extensions.get::<McpRequest>())
+        .cloned()
+}
+
+fn mcp_session_of(context: &RequestContext<RoleServer>) -> Option<String> {
+    context
+        .extensions
+        .get::<poem::http::request::Parts>()
+        .and_then(|parts| parts.headers.get("mcp-session-id"))
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_owned)
+}
+
+impl ServerHandler for RelayMcp {
+    fn get_info(&self) -> ServerConfig {
+        let instructions = if self.scoped {
+            "Tools in the user's browser tab (a CODAP document) and tools built into the relay. Call them by name."
+        } else {
+            "Tools built into the relay, and pairing with a user's browser tab: ask the user for the pairing code shown in the plugin, call connect_session with it, then call_session_tool."
+        };
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tool_list_changed()
+                .build(),
+        )
+        .with_server_info(Implementation::new("toolrelay", env!("CARGO_PKG_VERSION")))
+        .with_instructions(instructions.to_owned())
+    }
+
+    /// Starts, on `/mcp/s/{handle}`, the watcher that tells the client each time the session's
+    /// tools change. At `initialize` rather than at `notifications/initialized`: behind a
+    /// round-robin balancer that notification may reach another gateway, and so may the
+    /// client's event stream; every gateway that has seen the session watches (a gateway
+    /// that takes a session over replays `initialize`).
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, McpError> {
+        context.peer.set_peer_info(request.clone());
+        self.watch_tools(&context);
+        self.negotiate_initialize(&request)
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        if self.scoped {
+            let tools = match self.scoped_code(&context).await {
+                Ok(code) => self.session_tools(&caller_of(&context), &code).await,
+                Err(error) => Err(error),
+            };
+            return tools.map(ListToolsResult::with_all_items).map_err(|error| {
+                McpError::invalid_params(error.message, Some(json!({"error": error.code.as_str()})))
+            });
+        }
+        let builtins = self
+            .state
+            .relay
+            .tools(&caller_of(&context))
+            .await
+            .map_err(|error| McpError::internal_error(error.message, None))?;
+        let mut tools: Vec<Tool> = builtins
+            .into_iter()
+            .map(|t| tool(&t.name, &t.description, t.input_schema))
+            .collect();
+        tools.extend(Pairing::tools());
+        Ok(ListToolsResult::with_all_items(tools))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let name = request.name.to_string();
+        let arguments = Value::Object(request.arguments.unwrap_or_default());
+        let result = if self.scoped {
+            match self.scoped_code(&context).await {
+                Ok(code) => {
+                    self.call_in_session(&code, &name, arguments, &context)
+                        .await
+                }
+                Err(error) => from_error(&error),
+            }
+        } else if let Some(pairing) = Pairing::named(&name) {
+            self.call_pairing(pairing, &arguments, &context).await
+        } else {
+            self.call_builtin(&name, arguments, &context).await
+        };
+        Ok(result.into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn origins_get_explicit_ports() {
+        assert_eq!(
+            with_port("https://codap.concord.org"),
+            "https://codap.concord.org:443"
+        );
+        assert_eq!(with_port("http://127.0.0.1:8080"), "http://127.0.0.1:8080");
+        assert_eq!(with_port("http://localhost"), "http://localhost:80");
+    }
+}

@@ -1,0 +1,183 @@
+//! The pairing tools of `/mcp`: how a client that knows no session pairs with the user's tab
+//! from the code shown in the plugin, lists the session's tools and calls one by name (for
+//! clients that ignore tool-list changes). Each tool is a variant of [`Pairing`], which owns
+//! its name, its definition and its call; `/mcp` dispatches on the variant.
+
+use rmcp::RoleServer;
+use rmcp::model::{CallToolResult, Tool};
+use rmcp::service::RequestContext;
+use serde_json::{Value, json};
+use toolrelay_relay::Caller;
+
+use super::tools::{failure, from_error, success, tool};
+use super::{RelayMcp, caller_of};
+
+/// A pairing tool of `/mcp`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Pairing {
+    /// `connect_session`: pairs with the user's tab from its pairing code.
+    Connect,
+    /// `list_session_tools`: a paired session's tools with their argument schemas.
+    ListTools,
+    /// `call_session_tool`: calls a paired session's tool by name.
+    CallTool,
+}
+
+impl Pairing {
+    /// The pairing tools, in the order `/mcp` lists them.
+    const ALL: [Self; 3] = [Self::Connect, Self::ListTools, Self::CallTool];
+
+    /// The tool's name, as clients call it.
+    fn name(self) -> &'static str {
+        match self {
+            Self::Connect => "connect_session",
+            Self::ListTools => "list_session_tools",
+            Self::CallTool => "call_session_tool",
+        }
+    }
+
+    /// The pairing tool a client calls by `name`, if it is one.
+    pub(super) fn named(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|tool| tool.name() == name)
+    }
+
+    /// The pairing tools, as `/mcp` lists them.
+    pub(super) fn tools() -> Vec<Tool> {
+        Self::ALL.into_iter().map(Self::tool).collect()
+    }
+
+    /// The tool's definition: its description and the JSON Schema of its arguments.
+    fn tool(self) -> Tool {
+        let session = json!({"type": "string", "description": "The session: its handle (from connect_session) or the pairing code the user gave you."});
+        match self {
+            Self::Connect => tool(
+                self.name(),
+                "Pairs with the user's tab. Ask the user for the pairing code shown in the plugin (like ABCD-EFGH). Returns the session handle, a connector URL for this session, and its tools.",
+                json!({"type": "object", "properties": {"code": {"type": "string", "description": "The pairing code, e.g. ABCD-EFGH."}}, "required": ["code"]}),
+            ),
+            Self::ListTools => tool(
+                self.name(),
+                "Lists the tools of a paired session with the JSON Schema of their arguments.",
+                json!({"type": "object", "properties": {"session": session}, "required": ["session"]}),
+            ),
+            Self::CallTool => tool(
+                self.name(),
+                "Calls a tool of a paired session by name, e.g. {\"session\": \"<handle>\", \"name\": \"createGraph\", \"arguments\": {...}}.",
+                json!({"type": "object", "properties": {
+                    "session": session,
+                    "name": {"type": "string", "description": "The tool's name, from list_session_tools."},
+                    "arguments": {"type": "object", "description": "The tool's arguments."}
+                }, "required": ["session", "name"]}),
+            ),
+        }
+    }
+}
+
+impl RelayMcp {
+    /// Calls the pairing tool `pairing` with `arguments`.
+    pub(super) async fn call_pairing(
+        &self,
+        pairing: Pairing,
+        arguments: &Value,
+        context: &RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        let caller = &caller_of(context);
+        match pairing {
+            Pairing::Connect => self.connect_session(caller, arguments).await,
+            Pairing::ListTools => self.list_session_tools(caller, arguments).await,
+            Pairing::CallTool => self.call_session_tool(caller, arguments, context).await,
+        }
+    }
+
+    async fn connect_session(&self, caller: &Caller, arguments: &Value) -> CallToolResult {
+        let Some(code) = text(arguments, "code") else {
+            return failure(
+                "invalid_arguments",
+                "connect_session needs {\"code\": \"<pairing code>\"}: ask the user for the code shown in the plugin.",
+            );
+        };
+        let status = match self.state.relay.session_status(caller, &code).await {
+            Ok(status) => status,
+            Err(error) => return from_error(&error),
+        };
+        let tools = match self.session_tools(caller, &code).await {
+            Ok(tools) => tools,
+            Err(error) => return from_error(&error),
+        };
+        success(json!({
+            "handle": status.mcp_handle,
+            // The plain form for programs; the hyphenated one to show people.
+            "code": status.code.as_str(),
+            "displayCode": status.code.display(),
+            "connectorUrl": self.state.url(&format!("/mcp/s/{}", status.mcp_handle)),
+            "expiresAt": status.expires_at.rfc3339(),
+            "tools": tools.iter().map(|t| json!({"name": t.name, "description": t.description})).collect::<Vec<_>>(),
+        }))
+    }
+
+    async fn list_session_tools(&self, caller: &Caller, arguments: &Value) -> CallToolResult {
+        let Some(session) = text(arguments, "session") else {
+            return failure(
+                "invalid_arguments",
+                "list_session_tools needs {\"session\": \"<handle or code>\"}.",
+            );
+        };
+        let tools = match self.session_code(caller, &session).await {
+            Ok(code) => self.session_tools(caller, &code).await,
+            Err(error) => Err(error),
+        };
+        match tools {
+            Ok(tools) => success(json!({"tools": tools.iter().map(|t| json!({
+                "name": t.name, "description": t.description, "inputSchema": &*t.input_schema
+            })).collect::<Vec<_>>()})),
+            Err(error) => from_error(&error),
+        }
+    }
+
+    async fn call_session_tool(
+        &self,
+        caller: &Caller,
+        arguments: &Value,
+        context: &RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        let (Some(session), Some(tool_name)) =
+            (text(arguments, "session"), text(arguments, "name"))
+        else {
+            return failure(
+                "invalid_arguments",
+                "call_session_tool needs {\"session\": \"<handle or code>\", \"name\": \"<tool>\", \"arguments\": {...}}.",
+            );
+        };
+        let arguments = arguments.get("arguments").cloned().unwrap_or(Value::Null);
+        match self.session_code(caller, &session).await {
+            Ok(code) => {
+                self.call_in_session(&code, &tool_name, arguments, context)
+                    .await
+            }
+            Err(error) => from_error(&error),
+        }
+    }
+}
+
+/// The string argument `key`, if there is one.
+fn text(arguments: &Value, key: &str) -> Option<String> {
+    arguments
+        .get(key)
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_pairing_tool_is_found_by_the_name_it_is_listed_under() {
+        let tools = Pairing::tools();
+        assert_eq!(tools.len(), Pairing::ALL.len());
+        for (tool, pairing) in tools.iter().zip(Pairing::ALL) {
+            assert_eq!(Pairing::named(&tool.name), Some(pairing));
+        }
+        assert_eq!(Pairing::named("connect_sessions"), None);
+    }
+}
