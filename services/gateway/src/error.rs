@@ -11,8 +11,10 @@ use std::time::Duration;
 
 use poem::http::{StatusCode, header};
 use poem::{Endpoint, IntoResponse, Request, Response};
+use poem_openapi::error::ParseRequestPayloadError;
 use poem_openapi::payload::Json;
 use poem_openapi::{ApiResponse, Object};
+use toolrelay::json::ReadError;
 use toolrelay_relay::{ErrorCode, ErrorInfo, ErrorKind};
 use tracing::Instrument;
 
@@ -384,6 +386,22 @@ pub async fn open_cors<E: Endpoint>(
     Ok(response)
 }
 
+/// Marks a body that its JSON reader refused for nesting past the parser's limit.
+#[derive(Debug, Clone, Copy)]
+struct TooDeepToRead;
+
+/// `error`, marked when it is the JSON payload's refusal of `body` for nesting deeper than the
+/// parser reads ([`toolrelay::json::ReadError::TooDeep`]): its answer is `nested_too_deeply`.
+/// Looked at only when the payload failed, so a body read well costs nothing more.
+pub fn note_too_deep(mut error: poem::Error, body: &[u8]) -> poem::Error {
+    if error.is::<ParseRequestPayloadError>()
+        && matches!(toolrelay::json::check(body), Err(ReadError::TooDeep(_)))
+    {
+        error.set_data(TooDeepToRead);
+    }
+    error
+}
+
 /// The error answer for an error poem raised before (or instead of) a handler.
 fn response_for(error: &poem::Error) -> Response {
     let status = error.status();
@@ -409,7 +427,7 @@ fn response_for(error: &poem::Error) -> Response {
             ErrorCode::BodyTooLarge,
             "The request body is too large (calls take up to 256 KB, tool responses up to 1 MB). Send less data.".to_owned(),
         ),
-        status if status.is_client_error() && detail.contains("recursion limit exceeded") => (
+        status if status.is_client_error() && error.data::<TooDeepToRead>().is_some() => (
             StatusCode::BAD_REQUEST,
             ErrorCode::NestedTooDeeply,
             "The JSON body is nested too deeply to read. Send flatter JSON (the relay accepts MAX_JSON_DEPTH levels, 32 unless its operator changed it).".to_owned(),

@@ -25,6 +25,7 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message, Utf8Bytes};
 use tokio_util::sync::CancellationToken;
+use toolrelay::json::ReadError;
 use toolrelay::wire::{ProviderFrame, ProviderResponse, RelayFrame};
 
 use crate::drain::{Drain, Hold};
@@ -372,7 +373,7 @@ fn read_frame(
     body: &str,
     limits: AnswerLimits,
 ) -> (Option<ProviderFrame>, Option<(ErrorCode, String)>) {
-    match serde_json::from_str::<ProviderFrame>(body) {
+    match toolrelay::json::from_str::<ProviderFrame>(body) {
         Ok(ProviderFrame::Response(response)) => {
             let (response, refused) = contain_response(*response, limits);
             let refusal = refused.map(|error| (error.code(), error.to_string()));
@@ -399,7 +400,7 @@ fn read_frame(
 /// skips the fields it does not need without recursing.
 fn unreadable_answer(
     body: &str,
-    error: &serde_json::Error,
+    error: &ReadError,
     limits: AnswerLimits,
 ) -> Option<(ProviderResponse, RelayError)> {
     #[derive(serde::Deserialize)]
@@ -413,15 +414,14 @@ fn unreadable_answer(
     if head.kind != "response" {
         return None;
     }
-    let refusal = if error.to_string().contains("recursion limit") {
-        RelayError::NestedTooDeeply {
+    let refusal = match error {
+        ReadError::TooDeep(_) => RelayError::NestedTooDeeply {
             what: "The tool's answer is",
             limit: limits.max_depth,
-        }
-    } else {
-        RelayError::InvalidResponse {
+        },
+        ReadError::Invalid(error) => RelayError::InvalidResponse {
             reason: format!("it could not be read ({error})"),
-        }
+        },
     };
     let response = ProviderResponse {
         request_id: head.request_id,
