@@ -14,6 +14,7 @@ use poem::{Endpoint, IntoResponse, Request, Response};
 use poem_openapi::error::ParseRequestPayloadError;
 use poem_openapi::payload::Json;
 use poem_openapi::{ApiResponse, Object};
+use toolrelay::errors::ToolCode;
 use toolrelay::json::ReadError;
 use toolrelay_relay::{ErrorCode, ErrorInfo, ErrorKind};
 use tracing::Instrument;
@@ -218,7 +219,7 @@ fn tool_response_for(path: &str, error: &poem::Error) -> Response {
     let (status, code, message) = if path == "/api/tools/" {
         (
             StatusCode::BAD_REQUEST,
-            "TOOL_NAME_REQUIRED",
+            ToolCode::ToolNameRequired,
             "Name the tool in the path: POST /api/tools/{toolName}. GET /api/tools lists them."
                 .to_owned(),
         )
@@ -226,30 +227,30 @@ fn tool_response_for(path: &str, error: &poem::Error) -> Response {
         match status {
             StatusCode::NOT_FOUND => (
                 status,
-                "TOOL_NOT_FOUND",
+                ToolCode::ToolNotFound,
                 "There is no tool at this path. GET /api/tools lists the tools.".to_owned(),
             ),
             StatusCode::METHOD_NOT_ALLOWED => (
                 status,
-                "METHOD_NOT_ALLOWED",
+                ToolCode::MethodNotAllowed,
                 "Run a tool with POST /api/tools/{toolName}; list them with GET /api/tools."
                     .to_owned(),
             ),
             StatusCode::PAYLOAD_TOO_LARGE => (
                 status,
-                "CODE_TOO_LARGE",
+                ToolCode::CodeTooLarge,
                 "The request body is over 256 KB. Send less.".to_owned(),
             ),
             status if status.is_client_error() => (
                 StatusCode::BAD_REQUEST,
-                "INVALID_JSON",
+                ToolCode::InvalidJson,
                 format!("The body must be a JSON object with the tool's input: {error}."),
             ),
             _ => {
                 tracing::error!(%status, detail = %error, "tool request failed");
                 (
                     StatusCode::INTERNAL_SERVER_ERROR,
-                    "INTERNAL_ERROR",
+                    ToolCode::InternalError,
                     "The relay could not handle this request. Try again in a few seconds."
                         .to_owned(),
                 )

@@ -760,7 +760,7 @@ impl RelayMcp {
             .await
         {
             Ok(Ok(value)) => success(value),
-            Ok(Err(error)) => failure(&error.code, &error.message),
+            Ok(Err(error)) => failure(&error.code.to_string(), &error.message),
             // The relay could not be reached (the gateway's own callers are let in).
             Err(refused) => failure(&refused.code.as_str().to_uppercase(), &refused.message),
         }

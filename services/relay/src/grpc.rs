@@ -450,7 +450,7 @@ impl RelayRpc for RelayService {
                 result: None,
                 failure: Some(pb::ToolFailure {
                     kind: failure_kind(failure.kind).into(),
-                    code: failure.code,
+                    code: failure.code.to_string(),
                     message: failure.message,
                     retry_after_seconds: failure
                         .retry_after

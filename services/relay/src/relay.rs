@@ -17,7 +17,7 @@ use toolrelay::wire::{
 
 use crate::builtin::{
     BUILTIN_GROUP, BUILTIN_GROUP_DESCRIPTION, Context, FailureKind, Registry, Scope, Tickets,
-    ToolFailure, ToolInfo,
+    ToolCode, ToolFailure, ToolInfo,
 };
 use crate::clock::{Clock, Timestamp};
 use crate::code::{self, SessionCode};
@@ -485,7 +485,7 @@ impl Relay {
             };
             return Err(ToolFailure::new(
                 FailureKind::BadInput,
-                "NESTED_TOO_DEEPLY",
+                ToolCode::NestedTooDeeply,
                 error.to_string(),
             ));
         }

@@ -27,7 +27,7 @@ use async_trait::async_trait;
 
 use crate::access::{GATEWAY_PROOF_METADATA, GatewaySecrets};
 use crate::api::{Outcome, RelayApi};
-use crate::builtin::{FailureKind, Scope, ToolFailure, ToolInfo};
+use crate::builtin::{FailureCode, FailureKind, Scope, ToolCode, ToolFailure, ToolInfo};
 use crate::code::SessionCode;
 use crate::config::ENV_GATEWAY_SECRET;
 use crate::convert::{
@@ -546,7 +546,7 @@ impl RelayApi for RemoteRelay {
         if let Err(error) = self.check_depth(&args, "The arguments are") {
             return Ok(Err(ToolFailure::new(
                 FailureKind::BadInput,
-                "NESTED_TOO_DEEPLY",
+                ToolCode::NestedTooDeeply,
                 error.message,
             )));
         }
@@ -574,7 +574,9 @@ impl RelayApi for RemoteRelay {
         let failure = reply.failure.unwrap_or_default();
         Ok(Err(ToolFailure {
             kind: failure_kind_of(failure.kind()),
-            code: failure.code,
+            // A code a newer relay named that this build does not know: as the relay's failure.
+            code: FailureCode::parse(&failure.code)
+                .unwrap_or(FailureCode::Refused(ErrorCode::InternalError)),
             message: failure.message,
             retry_after: (failure.retry_after_seconds > 0)
                 .then(|| Duration::from_secs(u64::from(failure.retry_after_seconds))),

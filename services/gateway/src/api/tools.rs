@@ -94,7 +94,7 @@ impl From<ToolFailure> for ToolOutcome {
             success: false,
             result: None,
             error: Some(ToolErrorBody {
-                code: failure.code,
+                code: failure.code.to_string(),
                 message: failure.message,
             }),
         });
@@ -184,7 +184,7 @@ fn refused(error: ErrorInfo) -> ToolFailure {
         } else {
             FailureKind::Unavailable
         },
-        code: error.code.as_str().to_uppercase(),
+        code: error.code.into(),
         message: error.message,
         retry_after: error.retry_after,
     }
