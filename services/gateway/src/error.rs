@@ -13,8 +13,9 @@ use poem::http::{StatusCode, header};
 use poem::{Endpoint, IntoResponse, Request, Response};
 use poem_openapi::error::ParseRequestPayloadError;
 use poem_openapi::payload::Json;
+use poem_openapi::registry::{MetaResponses, Registry};
 use poem_openapi::{ApiResponse, Object};
-use toolrelay::errors::ToolCode;
+use toolrelay::errors::{FailureCode, ToolCode};
 use toolrelay::json::ReadError;
 use toolrelay_relay::{ErrorCode, ErrorInfo, ErrorKind};
 use tracing::Instrument;
@@ -53,9 +54,9 @@ pub struct ErrorBody {
     pub request_id: Option<String>,
 }
 
-/// An error answer with its status.
+/// An error answer with its status: what the API documents [`ApiError`] as.
 #[derive(Debug, ApiResponse)]
-pub enum ApiError {
+pub enum ErrorAnswer {
     /// The request is malformed; the message says what to fix.
     #[oai(status = 400)]
     BadRequest(Json<ErrorBody>),
@@ -85,6 +86,15 @@ pub enum ApiError {
     Unavailable(Json<ErrorBody>, #[oai(header = "Retry-After")] u64),
 }
 
+/// An error answer: its body and status, and its name, which the response carries in its
+/// extensions for the metrics ([`crate::observe`]) to count it by.
+#[derive(Debug)]
+pub struct ApiError {
+    code: ErrorCode,
+    /// Boxed: handlers return `Result<_, ApiError>`, and the body is large.
+    answer: Box<ErrorAnswer>,
+}
+
 impl ApiError {
     /// An error `code`, answered with its kind's status.
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
@@ -98,25 +108,54 @@ impl ApiError {
 
     /// The HTTP status.
     pub fn status(&self) -> u16 {
-        match self {
-            Self::BadRequest(body)
-            | Self::Unauthorized(body)
-            | Self::Forbidden(body)
-            | Self::NotFound(body)
-            | Self::Conflict(body)
-            | Self::Gone(body)
-            | Self::TooLarge(body)
-            | Self::TooManyRequests(body, _)
-            | Self::Unavailable(body, _) => body.code,
+        match self.answer.as_ref() {
+            ErrorAnswer::BadRequest(body)
+            | ErrorAnswer::Unauthorized(body)
+            | ErrorAnswer::Forbidden(body)
+            | ErrorAnswer::NotFound(body)
+            | ErrorAnswer::Conflict(body)
+            | ErrorAnswer::Gone(body)
+            | ErrorAnswer::TooLarge(body)
+            | ErrorAnswer::TooManyRequests(body, _)
+            | ErrorAnswer::Unavailable(body, _) => body.code,
         }
+    }
+}
+
+impl ApiResponse for ApiError {
+    fn meta() -> MetaResponses {
+        ErrorAnswer::meta()
+    }
+
+    fn register(registry: &mut Registry) {
+        ErrorAnswer::register(registry);
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (*self.answer).into_response();
+        response.extensions_mut().insert(self.code);
+        response
+    }
+}
+
+impl From<ApiError> for poem::Error {
+    fn from(error: ApiError) -> Self {
+        // The code goes in the error's own extensions: they replace the response's when the
+        // error is answered.
+        let mut answer = poem::Error::from_response((*error.answer).into_response());
+        answer.set_data(error.code);
+        answer
     }
 }
 
 impl From<ErrorInfo> for ApiError {
     fn from(error: ErrorInfo) -> Self {
         let status = status_of(error.kind);
+        let code = error.code;
         let body = Json(ErrorBody {
-            error: error.code.as_str().to_owned(),
+            error: code.as_str().to_owned(),
             message: error.message,
             code: status.as_u16(),
             correlation_id: correlation_id(),
@@ -124,16 +163,20 @@ impl From<ErrorInfo> for ApiError {
         });
         let retry_after = error.retry_after.map_or(1, |wait| wait.as_secs().max(1));
         tracing::debug!(status = status.as_u16(), error = %body.error, "request refused");
-        match error.kind {
-            ErrorKind::BadRequest => Self::BadRequest(body),
-            ErrorKind::Unauthenticated => Self::Unauthorized(body),
-            ErrorKind::Forbidden => Self::Forbidden(body),
-            ErrorKind::NotFound => Self::NotFound(body),
-            ErrorKind::Conflict => Self::Conflict(body),
-            ErrorKind::Gone => Self::Gone(body),
-            ErrorKind::TooLarge => Self::TooLarge(body),
-            ErrorKind::TooManyRequests => Self::TooManyRequests(body, retry_after),
-            ErrorKind::Unavailable => Self::Unavailable(body, retry_after),
+        let answer = match error.kind {
+            ErrorKind::BadRequest => ErrorAnswer::BadRequest(body),
+            ErrorKind::Unauthenticated => ErrorAnswer::Unauthorized(body),
+            ErrorKind::Forbidden => ErrorAnswer::Forbidden(body),
+            ErrorKind::NotFound => ErrorAnswer::NotFound(body),
+            ErrorKind::Conflict => ErrorAnswer::Conflict(body),
+            ErrorKind::Gone => ErrorAnswer::Gone(body),
+            ErrorKind::TooLarge => ErrorAnswer::TooLarge(body),
+            ErrorKind::TooManyRequests => ErrorAnswer::TooManyRequests(body, retry_after),
+            ErrorKind::Unavailable => ErrorAnswer::Unavailable(body, retry_after),
+        };
+        Self {
+            code,
+            answer: Box::new(answer),
         }
     }
 }
@@ -258,10 +301,12 @@ fn tool_response_for(path: &str, error: &poem::Error) -> Response {
         }
     };
     let body = serde_json::json!({"success": false, "error": {"code": code, "message": message}});
-    Response::builder()
+    let mut response = Response::builder()
         .status(status)
         .content_type("application/json; charset=utf-8")
-        .body(body.to_string())
+        .body(body.to_string());
+    response.extensions_mut().insert(FailureCode::Tool(code));
+    response
 }
 
 /// Routes open to every origin (SPEC §10): the public tool API, the documents and the
@@ -470,8 +515,10 @@ pub fn error_response(status: StatusCode, code: ErrorCode, message: String) -> R
         "code": status.as_u16(),
         "correlationId": correlation_id(),
     });
-    Response::builder()
+    let mut response = Response::builder()
         .status(status)
         .content_type("application/json; charset=utf-8")
-        .body(body.to_string())
+        .body(body.to_string());
+    response.extensions_mut().insert(code);
+    response
 }
