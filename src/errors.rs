@@ -176,6 +176,9 @@ error_codes! {
     CrossSiteRequest = "cross_site_request", Forbidden;
     /// The request's `Host` is not a name the relay answers to (DNS rebinding): HTTP 421.
     HostNotAllowed = "host_not_allowed", BadRequest;
+    /// The tool failed without naming why: the code of a failed answer (and of an MCP tool
+    /// result), never of an HTTP refusal.
+    ToolError = "tool_error", BadRequest;
 }
 
 named_codes! {

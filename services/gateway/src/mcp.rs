@@ -40,13 +40,13 @@ use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
-use toolrelay_relay::builtin::Scope;
+use toolrelay_relay::builtin::{FailureCode, Scope};
 use toolrelay_relay::clock::{Clock, Timestamp};
 use toolrelay_relay::code::random_id;
 use toolrelay_relay::limits::client_key;
 use toolrelay_relay::metrics::Refusal;
 use toolrelay_relay::store::{McpSessionCaps, McpSessionStore, McpSessionsFull};
-use toolrelay_relay::{CallInput, Caller, ErrorInfo, ErrorKind, SessionCode};
+use toolrelay_relay::{CallInput, Caller, ErrorCode, ErrorInfo, ErrorKind, SessionCode};
 
 use crate::api::State;
 use crate::types::CallResponse;
@@ -725,7 +725,10 @@ impl RelayMcp {
             }
         }
         let Some(response) = view.response else {
-            return failure("tool_error", "The call ended without an answer.");
+            return failure(
+                ErrorCode::ToolError.as_str(),
+                "The call ended without an answer.",
+            );
         };
         let answer = CallResponse::from(response);
         match (answer.success, answer.error) {
@@ -737,7 +740,10 @@ impl RelayMcp {
                 success(value)
             }
             (false, Some(error)) => failure(&error.code, &error.message),
-            (false, None) => failure("tool_error", "The tool failed without a message."),
+            (false, None) => failure(
+                ErrorCode::ToolError.as_str(),
+                "The tool failed without a message.",
+            ),
         }
     }
 
@@ -762,7 +768,10 @@ impl RelayMcp {
             Ok(Ok(value)) => success(value),
             Ok(Err(error)) => failure(&error.code.to_string(), &error.message),
             // The relay could not be reached (the gateway's own callers are let in).
-            Err(refused) => failure(&refused.code.as_str().to_uppercase(), &refused.message),
+            Err(refused) => failure(
+                &FailureCode::from(refused.code).to_string(),
+                &refused.message,
+            ),
         }
     }
 

@@ -132,7 +132,7 @@ fn error_name(response: &Response) -> &'static str {
         return code.as_str();
     }
     extensions.get::<FailureCode>().map_or("other", |code| {
-        code.error_code().map_or("tool_error", ErrorCode::as_str)
+        code.error_code().unwrap_or(ErrorCode::ToolError).as_str()
     })
 }
 
