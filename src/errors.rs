@@ -248,12 +248,14 @@ impl FailureCode {
     /// The code named `name` (a tool's code first); `None` for a name this build does not
     /// know.
     pub fn parse(name: &str) -> Option<Self> {
-        ToolCode::parse(name).map(Self::Tool).or_else(|| {
-            let lower = name.to_ascii_lowercase();
-            (lower.to_ascii_uppercase() == name)
-                .then(|| ErrorCode::parse(&lower).map(Self::Refused))
-                .flatten()
-        })
+        if let Some(code) = ToolCode::parse(name) {
+            return Some(Self::Tool(code));
+        }
+        // A refusal is written in capitals only.
+        if name.bytes().any(|byte| byte.is_ascii_lowercase()) {
+            return None;
+        }
+        ErrorCode::parse(&name.to_ascii_lowercase()).map(Self::Refused)
     }
 
     /// The [`ErrorCode`] this code spells, when it spells one (`NOT_FOUND` is `not_found`).
