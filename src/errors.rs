@@ -5,6 +5,8 @@
 
 use std::fmt;
 
+use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
+
 /// The class of an error: which status each transport answers it with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ErrorKind {
@@ -28,25 +30,68 @@ pub enum ErrorKind {
     Unavailable,
 }
 
-macro_rules! error_codes {
-    ($($(#[$doc:meta])* $variant:ident = $name:literal, $kind:ident;)*) => {
-        /// A stable error name (`snake_case` on the wire).
+/// An enum of stable names: each variant's name on the wire, every variant in order, the
+/// variant a name spells, and serde through the name.
+macro_rules! named_codes {
+    ($(#[$meta:meta])* $name:ident { $($(#[$doc:meta])* $variant:ident = $wire:literal;)* }) => {
+        $(#[$meta])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-        pub enum ErrorCode {
+        pub enum $name {
             $($(#[$doc])* $variant,)*
         }
 
-        impl ErrorCode {
+        impl $name {
             /// Every code, in declaration order.
-            pub const ALL: &[ErrorCode] = &[$(ErrorCode::$variant,)*];
+            pub const ALL: &[$name] = &[$($name::$variant,)*];
 
             /// The name on the wire.
             pub const fn as_str(self) -> &'static str {
                 match self {
-                    $(ErrorCode::$variant => $name,)*
+                    $($name::$variant => $wire,)*
                 }
             }
 
+            /// The code named `name`; `None` for a name this build does not know (a newer
+            /// peer's).
+            pub fn parse(name: &str) -> Option<Self> {
+                Self::ALL.iter().copied().find(|code| code.as_str() == name)
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        /// On the wire, a code is its name.
+        impl Serialize for $name {
+            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(self.as_str())
+            }
+        }
+
+        /// A name this build does not know is refused (a newer peer's code needs a newer
+        /// reader).
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let name = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+                Self::parse(&name).ok_or_else(|| de::Error::unknown_variant(&name, &[]))
+            }
+        }
+    };
+}
+
+macro_rules! error_codes {
+    ($($(#[$doc:meta])* $variant:ident = $name:literal, $kind:ident;)*) => {
+        named_codes! {
+            /// A stable error name (`snake_case` on the wire).
+            ErrorCode {
+                $($(#[$doc])* $variant = $name;)*
+            }
+        }
+
+        impl ErrorCode {
             /// The class of the error.
             pub const fn kind(self) -> ErrorKind {
                 match self {
@@ -131,18 +176,129 @@ error_codes! {
     CrossSiteRequest = "cross_site_request", Forbidden;
     /// The request's `Host` is not a name the relay answers to (DNS rebinding): HTTP 421.
     HostNotAllowed = "host_not_allowed", BadRequest;
+    /// The tool failed without naming why: the code of a failed answer (and of an MCP tool
+    /// result), never of an HTTP refusal.
+    ToolError = "tool_error", BadRequest;
 }
 
-impl ErrorCode {
-    /// The code named `name`; `None` for a name this build does not know (a newer peer's).
-    pub fn parse(name: &str) -> Option<Self> {
-        Self::ALL.iter().copied().find(|code| code.as_str() == name)
+named_codes! {
+    /// The code of a built-in tool's own failure (`SCREAMING_SNAKE_CASE` on the wire): the
+    /// tool API's `error.code`, gRPC's `ToolFailure.code`, and a session call's failed answer.
+    ToolCode {
+        /// The diagram code is missing or blank.
+        EmptyCode = "EMPTY_CODE";
+        /// The diagram code (or a request body of the tool API) is too large.
+        CodeTooLarge = "CODE_TOO_LARGE";
+        /// The encoded diagram cannot be decoded.
+        InvalidEncoding = "INVALID_ENCODING";
+        /// The diagram could not be encoded.
+        EncodingFailed = "ENCODING_FAILED";
+        /// The PlantUML server's URL is not one the tool uses.
+        InvalidServerUrl = "INVALID_SERVER_URL";
+        /// No built-in tool has this name.
+        ToolNotFound = "TOOL_NOT_FOUND";
+        /// The tool API's path names no tool.
+        ToolNameRequired = "TOOL_NAME_REQUIRED";
+        /// The arguments do not match the tool's schema.
+        InvalidArguments = "INVALID_ARGUMENTS";
+        /// The tool API's body is not JSON.
+        InvalidJson = "INVALID_JSON";
+        /// The tool API's route does not take that method.
+        MethodNotAllowed = "METHOD_NOT_ALLOWED";
+        /// The tool API could not handle the request.
+        InternalError = "INTERNAL_ERROR";
+        /// The claim-check store cannot be reached.
+        StoreUnavailable = "STORE_UNAVAILABLE";
+        /// The arguments nest deeper than the relay reads.
+        NestedTooDeeply = "NESTED_TOO_DEEPLY";
+        /// Every slot is taken, or the caller has a run under way.
+        Busy = "BUSY";
+        /// A stateful tool outside a session needs a scope.
+        ScopeRequired = "SCOPE_REQUIRED";
+        /// No problem or solution with this id in this scope.
+        NotFound = "NOT_FOUND";
+        /// The sandboxed run was stopped (time, memory or output over its limit).
+        RunStopped = "RUN_STOPPED";
+        /// The sandbox cannot be started on this relay.
+        SandboxUnavailable = "SANDBOX_UNAVAILABLE";
+        /// The sandbox failed.
+        SandboxFailed = "SANDBOX_FAILED";
+        /// The caller's Python code raised.
+        PythonError = "PYTHON_ERROR";
+        /// The code did not make one readable model.
+        InvalidModel = "INVALID_MODEL";
+        /// The model is over the size the relay solves.
+        ModelTooLarge = "MODEL_TOO_LARGE";
+        /// The solver stopped unexpectedly.
+        SolverFailed = "SOLVER_FAILED";
     }
 }
 
-impl fmt::Display for ErrorCode {
+/// Why a built-in tool's call failed: the tool's own [`ToolCode`], or the relay's refusal of
+/// the call (its [`ErrorCode`], written in capitals on the tool API: `RATE_LIMITED`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailureCode {
+    /// The tool failed.
+    Tool(ToolCode),
+    /// The call was refused before the tool ran.
+    Refused(ErrorCode),
+}
+
+impl FailureCode {
+    /// The code named `name` (a tool's code first); `None` for a name this build does not
+    /// know.
+    pub fn parse(name: &str) -> Option<Self> {
+        if let Some(code) = ToolCode::parse(name) {
+            return Some(Self::Tool(code));
+        }
+        // A refusal is written in capitals only.
+        if name.bytes().any(|byte| byte.is_ascii_lowercase()) {
+            return None;
+        }
+        ErrorCode::parse(&name.to_ascii_lowercase()).map(Self::Refused)
+    }
+
+    /// The [`ErrorCode`] this code spells, when it spells one (`NOT_FOUND` is `not_found`).
+    pub fn error_code(self) -> Option<ErrorCode> {
+        match self {
+            Self::Tool(code) => ErrorCode::parse(&code.as_str().to_ascii_lowercase()),
+            Self::Refused(code) => Some(code),
+        }
+    }
+}
+
+/// On the wire, a code is its name.
+impl Serialize for FailureCode {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl From<ToolCode> for FailureCode {
+    fn from(code: ToolCode) -> Self {
+        Self::Tool(code)
+    }
+}
+
+impl From<ErrorCode> for FailureCode {
+    fn from(code: ErrorCode) -> Self {
+        Self::Refused(code)
+    }
+}
+
+impl PartialEq<ToolCode> for FailureCode {
+    fn eq(&self, other: &ToolCode) -> bool {
+        *self == Self::Tool(*other)
+    }
+}
+
+/// The name on the wire: a tool's code as it is, a refusal's in capitals.
+impl fmt::Display for FailureCode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        match self {
+            Self::Tool(code) => f.write_str(code.as_str()),
+            Self::Refused(code) => f.write_str(&code.as_str().to_ascii_uppercase()),
+        }
     }
 }
 
@@ -163,5 +319,28 @@ mod tests {
             assert_eq!(ErrorCode::parse(name), Some(code));
         }
         assert_eq!(ErrorCode::parse("no_such_error"), None);
+    }
+
+    #[test]
+    fn tool_codes_are_unique_screaming_snake_case_and_parse_back() {
+        let mut seen = std::collections::HashSet::new();
+        for &code in ToolCode::ALL {
+            let name = code.as_str();
+            assert!(seen.insert(name), "{name} twice");
+            assert!(
+                name.chars().all(|c| c.is_ascii_uppercase() || c == '_'),
+                "{name}"
+            );
+            assert_eq!(FailureCode::parse(name), Some(FailureCode::Tool(code)));
+        }
+        let refused = FailureCode::from(ErrorCode::RateLimited);
+        assert_eq!(refused.to_string(), "RATE_LIMITED");
+        assert_eq!(FailureCode::parse("RATE_LIMITED"), Some(refused));
+        assert_eq!(FailureCode::parse("rate_limited"), None);
+        assert_eq!(
+            FailureCode::from(ToolCode::NotFound).error_code(),
+            Some(ErrorCode::NotFound)
+        );
+        assert_eq!(FailureCode::from(ToolCode::EmptyCode).error_code(), None);
     }
 }

@@ -1,10 +1,14 @@
 //! Conversions between JSON (`serde_json::Value`) and the protobuf well-known types that carry
 //! JSON over gRPC (`google.protobuf.Struct` and `Value`).
 //!
+//! Reading JSON text goes through [`from_slice`] / [`from_str`], which tell JSON nested past
+//! the parser's own limit ([`ReadError::TooDeep`]) from JSON that is otherwise malformed.
+//!
 //! Protobuf numbers are doubles. Integral doubles that fit in JavaScript's safe range come
 //! back as JSON integers, so `{"age": 36}` survives a round trip as `36`, not `36.0`.
 
 use prost_types::{ListValue, Struct, Value as PbValue, value::Kind};
+use serde::de::DeserializeOwned;
 use serde_json::{Map, Number, Value};
 
 /// Largest integer a double holds exactly (2^53 - 1), as JavaScript's `Number.MAX_SAFE_INTEGER`.
@@ -130,6 +134,90 @@ fn number(n: f64) -> Value {
     }
 }
 
+/// Levels of arrays and objects serde_json refuses to read (its recursion limit): text that
+/// reaches this many is [`ReadError::TooDeep`].
+pub const PARSER_DEPTH_LIMIT: usize = 128;
+
+/// Why JSON text could not be read.
+#[derive(Debug)]
+pub enum ReadError {
+    /// The text reaches [`PARSER_DEPTH_LIMIT`] levels of nesting where the parser stopped.
+    TooDeep(serde_json::Error),
+    /// It is malformed, or not of the expected shape.
+    Invalid(serde_json::Error),
+}
+
+impl std::fmt::Display for ReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::TooDeep(error) | Self::Invalid(error) => error.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for ReadError {}
+
+/// Reads JSON text as a `T`.
+pub fn from_slice<T: DeserializeOwned>(text: &[u8]) -> Result<T, ReadError> {
+    serde_json::from_slice(text).map_err(|error| read_error(text, error))
+}
+
+/// Reads JSON text as a `T`.
+pub fn from_str<T: DeserializeOwned>(text: &str) -> Result<T, ReadError> {
+    from_slice(text.as_bytes())
+}
+
+/// Why `text` is not JSON, if it is not: what [`from_slice`] answers for a `Value` (which,
+/// unlike `IgnoredAny`, the parser reads to its depth limit).
+pub fn check(text: &[u8]) -> Result<(), ReadError> {
+    from_slice::<Value>(text).map(drop)
+}
+
+/// The parser's error, told apart by how deeply the text nests up to where the parser stopped
+/// (its line and 1-based column, the character it stopped at included).
+fn read_error(text: &[u8], error: serde_json::Error) -> ReadError {
+    if !error.is_syntax() {
+        return ReadError::Invalid(error);
+    }
+    let line_start = match error.line() {
+        0 | 1 => 0,
+        line => text
+            .iter()
+            .enumerate()
+            .filter(|(_, byte)| **byte == b'\n')
+            .nth(line - 2)
+            .map_or(text.len(), |(at, _)| at + 1),
+    };
+    let end = (line_start + error.column()).min(text.len());
+    if nesting(&text[..end]) >= PARSER_DEPTH_LIMIT {
+        ReadError::TooDeep(error)
+    } else {
+        ReadError::Invalid(error)
+    }
+}
+
+/// The deepest nesting of arrays and objects in (a prefix of) JSON text, brackets inside
+/// strings aside.
+fn nesting(text: &[u8]) -> usize {
+    let (mut level, mut deepest) = (0usize, 0);
+    let (mut in_string, mut escaped) = (false, false);
+    for &byte in text {
+        match byte {
+            _ if escaped => escaped = false,
+            b'\\' if in_string => escaped = true,
+            b'"' => in_string = !in_string,
+            _ if in_string => {}
+            b'[' | b'{' => {
+                level += 1;
+                deepest = deepest.max(level);
+            }
+            b']' | b'}' => level = level.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -196,5 +284,47 @@ mod tests {
             }),
             json!(null)
         );
+    }
+
+    #[test]
+    fn text_nested_past_the_parser_is_told_from_malformed_text() {
+        let deep = |levels: usize| "[".repeat(levels) + &"]".repeat(levels);
+        assert!(from_str::<Value>(&deep(PARSER_DEPTH_LIMIT - 1)).is_ok());
+        for levels in [PARSER_DEPTH_LIMIT, 300] {
+            assert!(matches!(
+                from_str::<Value>(&deep(levels)),
+                Err(ReadError::TooDeep(_))
+            ));
+            assert!(matches!(
+                check(deep(levels).as_bytes()),
+                Err(ReadError::TooDeep(_))
+            ));
+        }
+        // On a later line, and inside an object whose strings hold brackets.
+        let text = format!("{{\n \"a\": \"[[{{\\\"\",\n \"b\": {}}}", deep(200));
+        assert!(matches!(
+            from_str::<Value>(&text),
+            Err(ReadError::TooDeep(_))
+        ));
+        // Malformed before it gets that deep, or malformed only.
+        let text = format!("[1, x, {}]", deep(200));
+        assert!(matches!(
+            from_str::<Value>(&text),
+            Err(ReadError::Invalid(_))
+        ));
+        let text = format!("{}x{}", "[".repeat(PARSER_DEPTH_LIMIT - 1), "]".repeat(127));
+        assert!(matches!(
+            from_str::<Value>(&text),
+            Err(ReadError::Invalid(_))
+        ));
+        assert!(matches!(
+            from_str::<Value>("{\"a\": }"),
+            Err(ReadError::Invalid(_))
+        ));
+        // Well-formed JSON of the wrong shape is not "too deep".
+        assert!(matches!(
+            from_str::<Vec<u8>>("{}"),
+            Err(ReadError::Invalid(_))
+        ));
     }
 }

@@ -7,6 +7,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::errors::ErrorCode;
+
 /// Where a call stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -227,7 +229,7 @@ pub enum RelayFrame {
     /// `requestId`: that call's answer could not be stored now; send it again.
     Error {
         /// Stable snake_case name.
-        error: String,
+        error: ErrorCode,
         /// What to do about it.
         message: String,
         /// The call whose answer could not be stored, when that is what failed.
@@ -242,7 +244,7 @@ pub enum RelayFrame {
         /// Why the answer was refused for good, when it was (the call already had its
         /// answer, or was not delivered to this connection).
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        error: Option<String>,
+        error: Option<ErrorCode>,
         /// What the refusal means, when there is one.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         message: Option<String>,
@@ -290,7 +292,7 @@ mod tests {
             json!({"type": "ack", "requestId": "r1"})
         );
         let not_stored = RelayFrame::Error {
-            error: "store_unavailable".into(),
+            error: ErrorCode::StoreUnavailable,
             message: "Try again.".into(),
             request_id: Some("r1".into()),
         };
@@ -298,6 +300,13 @@ mod tests {
             serde_json::to_value(&not_stored).unwrap(),
             json!({"type": "error", "error": "store_unavailable", "message": "Try again.", "requestId": "r1"})
         );
+        let text = serde_json::to_string(&not_stored).unwrap();
+        assert_eq!(
+            serde_json::from_str::<RelayFrame>(&text).unwrap(),
+            not_stored
+        );
+        let unknown = json!({"type": "error", "error": "no_such_error", "message": "?"});
+        assert!(serde_json::from_value::<RelayFrame>(unknown).is_err());
     }
 
     #[test]

@@ -9,7 +9,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use toolrelay::json::{from_struct, from_value, to_struct};
 use toolrelay::proto::v1::{CallToolRequest, ListToolsRequest};
-use toolrelay_relay::builtin::{Context, FailureKind, Registry, Tool, ToolFailure};
+use toolrelay_relay::builtin::{Context, FailureKind, Registry, Tool, ToolCode, ToolFailure};
 use toolrelay_relay::store::memory::MemoryStore;
 use toolrelay_relay::{Clock, Relay, RelayConfig};
 use toolrelay_tests::system::{Answer, System, send};
@@ -175,7 +175,7 @@ impl Tool for BrokenEncoder {
     async fn call(&self, _args: Value, _context: &Context) -> Result<Value, ToolFailure> {
         Err(ToolFailure::new(
             FailureKind::Internal,
-            "ENCODING_FAILED",
+            ToolCode::EncodingFailed,
             "The encoder failed.",
         ))
     }

@@ -37,6 +37,7 @@ export const ErrorCode = Object.freeze({
   INTERNAL_ERROR: 'internal_error',
   CROSS_SITE_REQUEST: 'cross_site_request',
   HOST_NOT_ALLOWED: 'host_not_allowed',
+  TOOL_ERROR: 'tool_error',
 });
 
 /**

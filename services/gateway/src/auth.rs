@@ -11,6 +11,7 @@ use poem::http::{Method, StatusCode, header};
 use poem::{Endpoint, IntoResponse, Request, Response};
 use toolrelay_relay::ErrorCode;
 pub use toolrelay_relay::access::ApiKeys;
+use toolrelay_relay::builtin::FailureCode;
 
 use crate::error::error_response;
 
@@ -97,12 +98,15 @@ pub async fn require_api_key<E: Endpoint>(
     };
     let path = request.uri().path();
     let mut response = if path == "/api/tools" || path.starts_with("/api/tools/") {
+        let code = FailureCode::Refused(name);
         let body = serde_json::json!({"success": false, "error": {
-            "code": name.as_str().to_ascii_uppercase(), "message": message}});
-        Response::builder()
+            "code": code, "message": message}});
+        let mut response = Response::builder()
             .status(StatusCode::UNAUTHORIZED)
             .content_type("application/json; charset=utf-8")
-            .body(body.to_string())
+            .body(body.to_string());
+        response.extensions_mut().insert(code);
+        response
     } else {
         error_response(StatusCode::UNAUTHORIZED, name, message.to_owned())
     };

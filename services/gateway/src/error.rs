@@ -11,8 +11,12 @@ use std::time::Duration;
 
 use poem::http::{StatusCode, header};
 use poem::{Endpoint, IntoResponse, Request, Response};
+use poem_openapi::error::ParseRequestPayloadError;
 use poem_openapi::payload::Json;
+use poem_openapi::registry::{MetaResponses, Registry};
 use poem_openapi::{ApiResponse, Object};
+use toolrelay::errors::{FailureCode, ToolCode};
+use toolrelay::json::ReadError;
 use toolrelay_relay::{ErrorCode, ErrorInfo, ErrorKind};
 use tracing::Instrument;
 
@@ -50,9 +54,9 @@ pub struct ErrorBody {
     pub request_id: Option<String>,
 }
 
-/// An error answer with its status.
+/// An error answer with its status: what the API documents [`ApiError`] as.
 #[derive(Debug, ApiResponse)]
-pub enum ApiError {
+pub enum ErrorAnswer {
     /// The request is malformed; the message says what to fix.
     #[oai(status = 400)]
     BadRequest(Json<ErrorBody>),
@@ -82,6 +86,15 @@ pub enum ApiError {
     Unavailable(Json<ErrorBody>, #[oai(header = "Retry-After")] u64),
 }
 
+/// An error answer: its body and status, and its name, which the response carries in its
+/// extensions for the metrics ([`crate::observe`]) to count it by.
+#[derive(Debug)]
+pub struct ApiError {
+    code: ErrorCode,
+    /// Boxed: handlers return `Result<_, ApiError>`, and the body is large.
+    answer: Box<ErrorAnswer>,
+}
+
 impl ApiError {
     /// An error `code`, answered with its kind's status.
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
@@ -95,25 +108,54 @@ impl ApiError {
 
     /// The HTTP status.
     pub fn status(&self) -> u16 {
-        match self {
-            Self::BadRequest(body)
-            | Self::Unauthorized(body)
-            | Self::Forbidden(body)
-            | Self::NotFound(body)
-            | Self::Conflict(body)
-            | Self::Gone(body)
-            | Self::TooLarge(body)
-            | Self::TooManyRequests(body, _)
-            | Self::Unavailable(body, _) => body.code,
+        match self.answer.as_ref() {
+            ErrorAnswer::BadRequest(body)
+            | ErrorAnswer::Unauthorized(body)
+            | ErrorAnswer::Forbidden(body)
+            | ErrorAnswer::NotFound(body)
+            | ErrorAnswer::Conflict(body)
+            | ErrorAnswer::Gone(body)
+            | ErrorAnswer::TooLarge(body)
+            | ErrorAnswer::TooManyRequests(body, _)
+            | ErrorAnswer::Unavailable(body, _) => body.code,
         }
+    }
+}
+
+impl ApiResponse for ApiError {
+    fn meta() -> MetaResponses {
+        ErrorAnswer::meta()
+    }
+
+    fn register(registry: &mut Registry) {
+        ErrorAnswer::register(registry);
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (*self.answer).into_response();
+        response.extensions_mut().insert(self.code);
+        response
+    }
+}
+
+impl From<ApiError> for poem::Error {
+    fn from(error: ApiError) -> Self {
+        // The code goes in the error's own extensions: they replace the response's when the
+        // error is answered.
+        let mut answer = poem::Error::from_response((*error.answer).into_response());
+        answer.set_data(error.code);
+        answer
     }
 }
 
 impl From<ErrorInfo> for ApiError {
     fn from(error: ErrorInfo) -> Self {
         let status = status_of(error.kind);
+        let code = error.code;
         let body = Json(ErrorBody {
-            error: error.code.as_str().to_owned(),
+            error: code.as_str().to_owned(),
             message: error.message,
             code: status.as_u16(),
             correlation_id: correlation_id(),
@@ -121,16 +163,20 @@ impl From<ErrorInfo> for ApiError {
         });
         let retry_after = error.retry_after.map_or(1, |wait| wait.as_secs().max(1));
         tracing::debug!(status = status.as_u16(), error = %body.error, "request refused");
-        match error.kind {
-            ErrorKind::BadRequest => Self::BadRequest(body),
-            ErrorKind::Unauthenticated => Self::Unauthorized(body),
-            ErrorKind::Forbidden => Self::Forbidden(body),
-            ErrorKind::NotFound => Self::NotFound(body),
-            ErrorKind::Conflict => Self::Conflict(body),
-            ErrorKind::Gone => Self::Gone(body),
-            ErrorKind::TooLarge => Self::TooLarge(body),
-            ErrorKind::TooManyRequests => Self::TooManyRequests(body, retry_after),
-            ErrorKind::Unavailable => Self::Unavailable(body, retry_after),
+        let answer = match error.kind {
+            ErrorKind::BadRequest => ErrorAnswer::BadRequest(body),
+            ErrorKind::Unauthenticated => ErrorAnswer::Unauthorized(body),
+            ErrorKind::Forbidden => ErrorAnswer::Forbidden(body),
+            ErrorKind::NotFound => ErrorAnswer::NotFound(body),
+            ErrorKind::Conflict => ErrorAnswer::Conflict(body),
+            ErrorKind::Gone => ErrorAnswer::Gone(body),
+            ErrorKind::TooLarge => ErrorAnswer::TooLarge(body),
+            ErrorKind::TooManyRequests => ErrorAnswer::TooManyRequests(body, retry_after),
+            ErrorKind::Unavailable => ErrorAnswer::Unavailable(body, retry_after),
+        };
+        Self {
+            code,
+            answer: Box::new(answer),
         }
     }
 }
@@ -216,7 +262,7 @@ fn tool_response_for(path: &str, error: &poem::Error) -> Response {
     let (status, code, message) = if path == "/api/tools/" {
         (
             StatusCode::BAD_REQUEST,
-            "TOOL_NAME_REQUIRED",
+            ToolCode::ToolNameRequired,
             "Name the tool in the path: POST /api/tools/{toolName}. GET /api/tools lists them."
                 .to_owned(),
         )
@@ -224,30 +270,30 @@ fn tool_response_for(path: &str, error: &poem::Error) -> Response {
         match status {
             StatusCode::NOT_FOUND => (
                 status,
-                "TOOL_NOT_FOUND",
+                ToolCode::ToolNotFound,
                 "There is no tool at this path. GET /api/tools lists the tools.".to_owned(),
             ),
             StatusCode::METHOD_NOT_ALLOWED => (
                 status,
-                "METHOD_NOT_ALLOWED",
+                ToolCode::MethodNotAllowed,
                 "Run a tool with POST /api/tools/{toolName}; list them with GET /api/tools."
                     .to_owned(),
             ),
             StatusCode::PAYLOAD_TOO_LARGE => (
                 status,
-                "CODE_TOO_LARGE",
+                ToolCode::CodeTooLarge,
                 "The request body is over 256 KB. Send less.".to_owned(),
             ),
             status if status.is_client_error() => (
                 StatusCode::BAD_REQUEST,
-                "INVALID_JSON",
+                ToolCode::InvalidJson,
                 format!("The body must be a JSON object with the tool's input: {error}."),
             ),
             _ => {
                 tracing::error!(%status, detail = %error, "tool request failed");
                 (
                     StatusCode::INTERNAL_SERVER_ERROR,
-                    "INTERNAL_ERROR",
+                    ToolCode::InternalError,
                     "The relay could not handle this request. Try again in a few seconds."
                         .to_owned(),
                 )
@@ -255,10 +301,12 @@ fn tool_response_for(path: &str, error: &poem::Error) -> Response {
         }
     };
     let body = serde_json::json!({"success": false, "error": {"code": code, "message": message}});
-    Response::builder()
+    let mut response = Response::builder()
         .status(status)
         .content_type("application/json; charset=utf-8")
-        .body(body.to_string())
+        .body(body.to_string());
+    response.extensions_mut().insert(FailureCode::Tool(code));
+    response
 }
 
 /// Routes open to every origin (SPEC §10): the public tool API, the documents and the
@@ -384,6 +432,22 @@ pub async fn open_cors<E: Endpoint>(
     Ok(response)
 }
 
+/// Marks a body that its JSON reader refused for nesting past the parser's limit.
+#[derive(Debug, Clone, Copy)]
+struct TooDeepToRead;
+
+/// `error`, marked when it is the JSON payload's refusal of `body` for nesting deeper than the
+/// parser reads ([`toolrelay::json::ReadError::TooDeep`]): its answer is `nested_too_deeply`.
+/// Looked at only when the payload failed, so a body read well costs nothing more.
+pub fn note_too_deep(mut error: poem::Error, body: &[u8]) -> poem::Error {
+    if error.is::<ParseRequestPayloadError>()
+        && matches!(toolrelay::json::check(body), Err(ReadError::TooDeep(_)))
+    {
+        error.set_data(TooDeepToRead);
+    }
+    error
+}
+
 /// The error answer for an error poem raised before (or instead of) a handler.
 fn response_for(error: &poem::Error) -> Response {
     let status = error.status();
@@ -409,7 +473,7 @@ fn response_for(error: &poem::Error) -> Response {
             ErrorCode::BodyTooLarge,
             "The request body is too large (calls take up to 256 KB, tool responses up to 1 MB). Send less data.".to_owned(),
         ),
-        status if status.is_client_error() && detail.contains("recursion limit exceeded") => (
+        status if status.is_client_error() && error.data::<TooDeepToRead>().is_some() => (
             StatusCode::BAD_REQUEST,
             ErrorCode::NestedTooDeeply,
             "The JSON body is nested too deeply to read. Send flatter JSON (the relay accepts MAX_JSON_DEPTH levels, 32 unless its operator changed it).".to_owned(),
@@ -451,8 +515,10 @@ pub fn error_response(status: StatusCode, code: ErrorCode, message: String) -> R
         "code": status.as_u16(),
         "correlationId": correlation_id(),
     });
-    Response::builder()
+    let mut response = Response::builder()
         .status(status)
         .content_type("application/json; charset=utf-8")
-        .body(body.to_string())
+        .body(body.to_string());
+    response.extensions_mut().insert(code);
+    response
 }

@@ -1,7 +1,8 @@
 //! The gateway's HTTP metrics (`toolrelay_http_requests_total`,
 //! `toolrelay_http_request_duration_seconds`, `toolrelay_http_errors_total`): the outermost
 //! middleware times every request until its response head, and counts it by route template,
-//! method and status — and an error answer by the name in its body.
+//! method and status — and an error answer by its name, which the response carries in its
+//! extensions from where it was made ([`ErrorCode`], or a tool API's [`FailureCode`]).
 //!
 //! The route label is the template of the route a path matches (`/api/sessions/{code}/call`),
 //! found in a table made once from the route table — never the path, which carries codes and
@@ -12,10 +13,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use poem::http::header;
 use poem::{Endpoint, IntoResponse, Request, Response};
-use toolrelay_relay::Metrics;
-use toolrelay_relay::metrics::{RouteLabel, error_label};
+use toolrelay_relay::builtin::FailureCode;
+use toolrelay_relay::metrics::RouteLabel;
+use toolrelay_relay::{ErrorCode, Metrics};
 
 /// The route templates of the paths the gateway serves.
 pub struct Routes {
@@ -108,7 +109,7 @@ pub async fn observe<E: Endpoint>(
     let route = http.routes.label(request.uri().path()).clone();
     let method = request.method().clone();
     // An error is answered as poem would answer it, so that it is counted too.
-    let mut response = match next.call(request).await {
+    let response = match next.call(request).await {
         Ok(response) => response.into_response(),
         Err(error) => error.into_response(),
     };
@@ -116,38 +117,23 @@ pub async fn observe<E: Endpoint>(
     http.metrics
         .http_request(&route, method.as_str(), status.as_u16(), started.elapsed());
     if status.is_client_error() || status.is_server_error() {
-        let error = error_name(&mut response).await;
+        let error = error_name(&response);
         http.metrics.http_error(&route, error);
     }
     Ok(response)
 }
 
-/// The error name in an error answer's body — the API's `{error: name}` or the tool API's
-/// `{error: {code}}` — as a label from a closed set (see [`error_label`]). The body is read
-/// and put back: error bodies are small and complete.
-async fn error_name(response: &mut Response) -> &'static str {
-    let is_json = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|value| value.to_str().ok())
-        .is_some_and(|value| value.starts_with("application/json"));
-    if !is_json {
-        return "other";
+/// The `error` label of an error answer, from the code it carries in its extensions: an
+/// [`ErrorCode`] name (a tool API's code counts when it spells one), `tool_error` for another
+/// built-in tool code, `other` for an answer that names none.
+fn error_name(response: &Response) -> &'static str {
+    let extensions = response.extensions();
+    if let Some(code) = extensions.get::<ErrorCode>() {
+        return code.as_str();
     }
-    let Ok(bytes) = response.take_body().into_bytes().await else {
-        return "other";
-    };
-    let name = match serde_json::from_slice::<serde_json::Value>(&bytes) {
-        Ok(body) => match &body["error"] {
-            serde_json::Value::String(name) => error_label(name, false),
-            error => error["code"]
-                .as_str()
-                .map_or("other", |code| error_label(code, true)),
-        },
-        Err(_) => "other",
-    };
-    response.set_body(bytes);
-    name
+    extensions.get::<FailureCode>().map_or("other", |code| {
+        code.error_code().unwrap_or(ErrorCode::ToolError).as_str()
+    })
 }
 
 #[cfg(test)]
@@ -184,6 +170,30 @@ mod tests {
             ("/secret-token", "other"),
         ] {
             assert_eq!(routes.label(path).as_str(), label, "{path}");
+        }
+    }
+
+    #[test]
+    fn errors_are_named_by_the_code_their_response_carries() {
+        use toolrelay_relay::builtin::ToolCode;
+        // The body is never read: an answer that carries no code is `other`.
+        let refusal = || {
+            Response::builder()
+                .status(poem::http::StatusCode::BAD_REQUEST)
+                .body(r#"{"error": "rate_limited"}"#)
+        };
+        assert_eq!(error_name(&refusal()), "other");
+        let mut response = refusal();
+        response.extensions_mut().insert(ErrorCode::SessionNotFound);
+        assert_eq!(error_name(&response), "session_not_found");
+        for (code, name) in [
+            (FailureCode::Tool(ToolCode::EmptyCode), "tool_error"),
+            (FailureCode::Tool(ToolCode::NotFound), "not_found"),
+            (FailureCode::Refused(ErrorCode::RateLimited), "rate_limited"),
+        ] {
+            let mut response = refusal();
+            response.extensions_mut().insert(code);
+            assert_eq!(error_name(&response), name, "{code}");
         }
     }
 }

@@ -34,7 +34,7 @@ use crate::api::tools::ToolsApi;
 use crate::api::{Gateway, State};
 use crate::checks::{Checks, check_host, fetch_metadata};
 use crate::config::{GatewayConfig, MAX_CALL_BODY, MAX_PROVIDER_BODY};
-use crate::error::{REQUEST_ID_HEADER, normalise_errors, open_cors};
+use crate::error::{REQUEST_ID_HEADER, normalise_errors, note_too_deep, open_cors};
 use crate::limits::Limiters;
 use crate::observe::{HttpMetrics, Routes};
 use crate::{mcp, plugin, websocket};
@@ -555,8 +555,8 @@ async fn limit_body<E: Endpoint>(next: E, mut request: Request) -> poem::Result<
         if declared.is_some_and(|length| length > limit) {
             return Err(poem::Error::from_status(StatusCode::PAYLOAD_TOO_LARGE));
         }
-        match request.take_body().into_bytes_limit(limit).await {
-            Ok(bytes) => request.set_body(bytes),
+        let body = match request.take_body().into_bytes_limit(limit).await {
+            Ok(bytes) => bytes,
             Err(poem::error::ReadBodyError::PayloadTooLarge) => {
                 return Err(poem::Error::from_status(StatusCode::PAYLOAD_TOO_LARGE));
             }
@@ -566,7 +566,13 @@ async fn limit_body<E: Endpoint>(next: E, mut request: Request) -> poem::Result<
                     StatusCode::BAD_REQUEST,
                 ));
             }
-        }
+        };
+        request.set_body(body.clone());
+        return next
+            .call(request)
+            .await
+            .map(IntoResponse::into_response)
+            .map_err(|error| note_too_deep(error, &body));
     }
     next.call(request).await.map(IntoResponse::into_response)
 }

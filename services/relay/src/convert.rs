@@ -11,7 +11,7 @@ use toolrelay::convert::Malformed;
 use toolrelay::json::{from_struct, from_value, to_struct, to_value};
 use toolrelay::proto::v1 as pb;
 
-use crate::builtin::{BUILTIN_GROUP, FailureKind, Scope, ToolFailure, ToolInfo};
+use crate::builtin::{BUILTIN_GROUP, FailureCode, FailureKind, Scope, ToolFailure, ToolInfo};
 use crate::clock::Timestamp;
 use crate::code::SessionCode;
 use crate::error::{ErrorCode, RelayError};
@@ -107,7 +107,7 @@ impl From<ToolFailure> for pb::ToolFailure {
     fn from(failure: ToolFailure) -> Self {
         Self {
             kind: pb::FailureKind::from(failure.kind).into(),
-            code: failure.code,
+            code: failure.code.to_string(),
             message: failure.message,
             retry_after_seconds: failure
                 .retry_after
@@ -122,7 +122,9 @@ impl From<pb::ToolFailure> for ToolFailure {
             kind: failure.kind().into(),
             retry_after: (failure.retry_after_seconds > 0)
                 .then(|| Duration::from_secs(u64::from(failure.retry_after_seconds))),
-            code: failure.code,
+            // A code a newer relay named that this build does not know: as the relay's failure.
+            code: FailureCode::parse(&failure.code)
+                .unwrap_or(FailureCode::Refused(ErrorCode::InternalError)),
             message: failure.message,
         }
     }
@@ -397,6 +399,7 @@ mod tests {
     };
 
     use super::*;
+    use crate::builtin::ToolCode;
 
     /// `value` to `M` and back.
     fn round_trip<T, M>(value: T) -> T
@@ -478,7 +481,7 @@ mod tests {
         assert_eq!(tool_run(tool_run_message(ran.clone())), ran);
         let failed = Err(ToolFailure {
             kind: FailureKind::Busy,
-            code: "SOLVER_BUSY".into(),
+            code: ToolCode::Busy.into(),
             message: "Try again.".into(),
             retry_after: Some(std::time::Duration::from_secs(2)),
         });
@@ -641,7 +644,7 @@ mod tests {
             assert_eq!(round_trip::<_, pb::FailureKind>(kind), kind);
             let failure = ToolFailure {
                 kind,
-                code: "SOLVER_BUSY".into(),
+                code: ToolCode::Busy.into(),
                 message: "Try again.".into(),
                 retry_after: (kind == FailureKind::Busy).then(|| std::time::Duration::from_secs(3)),
             };

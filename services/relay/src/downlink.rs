@@ -172,7 +172,7 @@ impl Downlink {
                     .error()
                     .unwrap_or((ErrorCode::InternalError, String::new()));
                 RelayFrame::Error {
-                    error: error.as_str().to_owned(),
+                    error,
                     message,
                     request_id: None,
                 }
@@ -182,16 +182,14 @@ impl Downlink {
                 refusal,
             } => RelayFrame::Ack {
                 request_id: request_id.clone(),
-                error: refusal
-                    .as_ref()
-                    .map(|refusal| refusal.error.as_str().to_owned()),
+                error: refusal.as_ref().map(|refusal| refusal.error),
                 message: refusal.as_ref().map(|refusal| refusal.message.clone()),
             },
             Self::NotStored {
                 request_id,
                 refusal,
             } => RelayFrame::Error {
-                error: refusal.error.as_str().to_owned(),
+                error: refusal.error,
                 message: refusal.message.clone(),
                 request_id: Some(request_id.clone()),
             },

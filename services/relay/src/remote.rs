@@ -27,7 +27,7 @@ use async_trait::async_trait;
 
 use crate::access::{GATEWAY_PROOF_METADATA, GatewaySecrets};
 use crate::api::{Outcome, RelayApi};
-use crate::builtin::{FailureKind, Scope, ToolFailure, ToolInfo};
+use crate::builtin::{FailureKind, Scope, ToolCode, ToolFailure, ToolInfo};
 use crate::code::SessionCode;
 use crate::config::ENV_GATEWAY_SECRET;
 use crate::convert::tool_run;
@@ -533,7 +533,7 @@ impl RelayApi for RemoteRelay {
         if let Err(error) = self.check_depth(&args, "The arguments are") {
             return Ok(Err(ToolFailure::new(
                 FailureKind::BadInput,
-                "NESTED_TOO_DEEPLY",
+                ToolCode::NestedTooDeeply,
                 error.message,
             )));
         }

@@ -25,10 +25,11 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message, Utf8Bytes};
 use tokio_util::sync::CancellationToken;
+use toolrelay::json::ReadError;
 use toolrelay::wire::{ProviderFrame, ProviderResponse, RelayFrame};
 
 use crate::drain::{Drain, Hold};
-use crate::error::{ErrorInfo, ErrorKind, RelayError};
+use crate::error::{ErrorCode, ErrorInfo, ErrorKind, RelayError};
 use crate::limits::Caller;
 use crate::listen::Connections;
 use crate::metrics::Refusal;
@@ -235,7 +236,7 @@ pub async fn serve_link<S>(
         Err(error) => {
             let code = refusal_close_code(&error);
             let frame = RelayFrame::Error {
-                error: error.code.as_str().to_owned(),
+                error: error.code,
                 message: error.message.clone(),
                 request_id: None,
             };
@@ -342,7 +343,7 @@ pub async fn serve_link<S>(
                         refusal
                     }
                     Some(Ok(Message::Binary(_))) => Some((
-                        "invalid_frame".to_owned(),
+                        ErrorCode::InvalidFrame,
                         "Binary frames are not understood; send JSON as text frames.".to_owned(),
                     )),
                     // tungstenite answers pings itself; a pong is the answer to ours.
@@ -371,11 +372,11 @@ pub async fn serve_link<S>(
 fn read_frame(
     body: &str,
     limits: AnswerLimits,
-) -> (Option<ProviderFrame>, Option<(String, String)>) {
-    match serde_json::from_str::<ProviderFrame>(body) {
+) -> (Option<ProviderFrame>, Option<(ErrorCode, String)>) {
+    match toolrelay::json::from_str::<ProviderFrame>(body) {
         Ok(ProviderFrame::Response(response)) => {
             let (response, refused) = contain_response(*response, limits);
-            let refusal = refused.map(|error| (error.name().to_owned(), error.to_string()));
+            let refusal = refused.map(|error| (error.code(), error.to_string()));
             (Some(ProviderFrame::Response(Box::new(response))), refusal)
         }
         Ok(frame) => (Some(frame), None),
@@ -386,9 +387,9 @@ fn read_frame(
             match unreadable_answer(body, &error, limits) {
                 Some((response, refusal)) => (
                     Some(ProviderFrame::Response(Box::new(response))),
-                    Some((refusal.name().to_owned(), refusal.to_string())),
+                    Some((refusal.code(), refusal.to_string())),
                 ),
-                None => (None, Some(("invalid_frame".to_owned(), message))),
+                None => (None, Some((ErrorCode::InvalidFrame, message))),
             }
         }
     }
@@ -399,7 +400,7 @@ fn read_frame(
 /// skips the fields it does not need without recursing.
 fn unreadable_answer(
     body: &str,
-    error: &serde_json::Error,
+    error: &ReadError,
     limits: AnswerLimits,
 ) -> Option<(ProviderResponse, RelayError)> {
     #[derive(serde::Deserialize)]
@@ -413,15 +414,14 @@ fn unreadable_answer(
     if head.kind != "response" {
         return None;
     }
-    let refusal = if error.to_string().contains("recursion limit") {
-        RelayError::NestedTooDeeply {
+    let refusal = match error {
+        ReadError::TooDeep(_) => RelayError::NestedTooDeeply {
             what: "The tool's answer is",
             limit: limits.max_depth,
-        }
-    } else {
-        RelayError::InvalidResponse {
+        },
+        ReadError::Invalid(error) => RelayError::InvalidResponse {
             reason: format!("it could not be read ({error})"),
-        }
+        },
     };
     let response = ProviderResponse {
         request_id: head.request_id,

@@ -15,6 +15,7 @@ use poem_openapi::{ApiResponse, OpenApi};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tokio_stream::wrappers::ReceiverStream;
+use toolrelay::json::ReadError;
 use toolrelay::wire::ProviderResponse;
 use toolrelay_relay::relay::too_deep_response;
 use toolrelay_relay::{
@@ -394,12 +395,10 @@ impl<T: ParseFromJSON> ParsePayload for AnswerBody<T> {
         let value = if data.is_empty() {
             Value::Null
         } else {
-            match serde_json::from_slice(&data) {
+            match toolrelay::json::from_slice(&data) {
                 Ok(value) => value,
-                Err(error) if error.to_string().contains("recursion limit exceeded") => {
-                    return Ok(Self(Err(TooDeep(data))));
-                }
-                Err(error) => return Err(unreadable(error.to_string()).into()),
+                Err(ReadError::TooDeep(_)) => return Ok(Self(Err(TooDeep(data)))),
+                Err(ReadError::Invalid(error)) => return Err(unreadable(error.to_string()).into()),
             }
         };
         let parsed =

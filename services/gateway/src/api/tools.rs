@@ -2,11 +2,13 @@
 //! runs one. These routes keep the original tool API's shapes — `{success:true, result}` or
 //! `{success:false, error:{code, message}}` — and are open to every origin.
 
+use poem::{IntoResponse, Response};
 use poem_openapi::param::{Path, Query};
 use poem_openapi::payload::Json;
+use poem_openapi::registry::{MetaResponses, Registry};
 use poem_openapi::{ApiResponse, Object, OpenApi};
 use serde_json::Value;
-use toolrelay_relay::builtin::{FailureKind, Scope, ToolFailure};
+use toolrelay_relay::builtin::{FailureCode, FailureKind, Scope, ToolFailure};
 use toolrelay_relay::{ErrorInfo, ErrorKind};
 
 use super::{Client, State, Tag};
@@ -61,9 +63,9 @@ pub struct ToolResult {
     pub error: Option<ToolErrorBody>,
 }
 
-/// A tool call's answer.
+/// A tool call's answer: what the API documents [`ToolOutcome`] as.
 #[derive(ApiResponse)]
-pub enum ToolOutcome {
+pub enum ToolAnswer {
     /// The tool's result.
     #[oai(status = 200)]
     Done(Json<ToolResult>),
@@ -87,6 +89,33 @@ pub enum ToolOutcome {
     Unavailable(Json<ToolResult>, #[oai(header = "Retry-After")] u64),
 }
 
+/// A tool call's answer, and the failure's code, which the response carries in its extensions
+/// for the metrics ([`crate::observe`]) to count it by.
+pub struct ToolOutcome {
+    failure: Option<FailureCode>,
+    answer: ToolAnswer,
+}
+
+impl ApiResponse for ToolOutcome {
+    fn meta() -> MetaResponses {
+        ToolAnswer::meta()
+    }
+
+    fn register(registry: &mut Registry) {
+        ToolAnswer::register(registry);
+    }
+}
+
+impl IntoResponse for ToolOutcome {
+    fn into_response(self) -> Response {
+        let mut response = self.answer.into_response();
+        if let Some(code) = self.failure {
+            response.extensions_mut().insert(code);
+        }
+        response
+    }
+}
+
 impl From<ToolFailure> for ToolOutcome {
     fn from(failure: ToolFailure) -> Self {
         let retry_after = failure.retry_after.map_or(1, |wait| wait.as_secs().max(1));
@@ -94,17 +123,21 @@ impl From<ToolFailure> for ToolOutcome {
             success: false,
             result: None,
             error: Some(ToolErrorBody {
-                code: failure.code,
+                code: failure.code.to_string(),
                 message: failure.message,
             }),
         });
-        match failure.kind {
-            FailureKind::BadInput => Self::BadRequest(body),
-            FailureKind::NotFound => Self::NotFound(body),
-            FailureKind::TooLarge => Self::TooLarge(body),
-            FailureKind::Busy => Self::Busy(body, retry_after),
-            FailureKind::Internal => Self::Failed(body),
-            FailureKind::Unavailable => Self::Unavailable(body, retry_after),
+        let answer = match failure.kind {
+            FailureKind::BadInput => ToolAnswer::BadRequest(body),
+            FailureKind::NotFound => ToolAnswer::NotFound(body),
+            FailureKind::TooLarge => ToolAnswer::TooLarge(body),
+            FailureKind::Busy => ToolAnswer::Busy(body, retry_after),
+            FailureKind::Internal => ToolAnswer::Failed(body),
+            FailureKind::Unavailable => ToolAnswer::Unavailable(body, retry_after),
+        };
+        Self {
+            failure: Some(failure.code),
+            answer,
         }
     }
 }
@@ -163,11 +196,14 @@ impl ToolsApi {
             .call_tool(&client.0, &tool_name, body.0, scope)
             .await;
         match ran {
-            Ok(Ok(result)) => ToolOutcome::Done(Json(ToolResult {
-                success: true,
-                result: Some(result),
-                error: None,
-            })),
+            Ok(Ok(result)) => ToolOutcome {
+                failure: None,
+                answer: ToolAnswer::Done(Json(ToolResult {
+                    success: true,
+                    result: Some(result),
+                    error: None,
+                })),
+            },
             Ok(Err(failure)) => failure.into(),
             Err(refusal) => refused(refusal).into(),
         }
@@ -184,7 +220,7 @@ fn refused(error: ErrorInfo) -> ToolFailure {
         } else {
             FailureKind::Unavailable
         },
-        code: error.code.as_str().to_uppercase(),
+        code: error.code.into(),
         message: error.message,
         retry_after: error.retry_after,
     }

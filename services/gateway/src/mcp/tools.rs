@@ -10,8 +10,8 @@ use rmcp::RoleServer;
 use rmcp::model::{CallToolResult, ContentBlock, JsonObject, ProgressNotificationParam, Tool};
 use rmcp::service::RequestContext;
 use serde_json::{Value, json};
-use toolrelay_relay::builtin::Scope;
-use toolrelay_relay::{CallInput, Caller, ErrorInfo, ErrorKind, SessionCode};
+use toolrelay_relay::builtin::{FailureCode, Scope};
+use toolrelay_relay::{CallInput, Caller, ErrorCode, ErrorInfo, ErrorKind, SessionCode};
 
 use super::{RelayMcp, caller_of, mcp_session_of, request_of};
 use crate::types::CallResponse;
@@ -210,7 +210,10 @@ impl RelayMcp {
             }
         }
         let Some(response) = view.response else {
-            return failure("tool_error", "The call ended without an answer.");
+            return failure(
+                ErrorCode::ToolError.as_str(),
+                "The call ended without an answer.",
+            );
         };
         let answer = CallResponse::from(response);
         match (answer.success, answer.error) {
@@ -222,7 +225,10 @@ impl RelayMcp {
                 success(value)
             }
             (false, Some(error)) => failure(&error.code, &error.message),
-            (false, None) => failure("tool_error", "The tool failed without a message."),
+            (false, None) => failure(
+                ErrorCode::ToolError.as_str(),
+                "The tool failed without a message.",
+            ),
         }
     }
 
@@ -245,9 +251,12 @@ impl RelayMcp {
             .await
         {
             Ok(Ok(value)) => success(value),
-            Ok(Err(error)) => failure(&error.code, &error.message),
+            Ok(Err(error)) => failure(&error.code.to_string(), &error.message),
             // The relay could not be reached (the gateway's own callers are let in).
-            Err(refused) => failure(&refused.code.as_str().to_uppercase(), &refused.message),
+            Err(refused) => failure(
+                &FailureCode::from(refused.code).to_string(),
+                &refused.message,
+            ),
         }
     }
 }

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::Value;
+pub use toolrelay::errors::{FailureCode, ToolCode};
 
 use crate::clock::Clock;
 use crate::code::{SessionCode, random_id};
@@ -187,7 +188,7 @@ fn store_failure(error: crate::error::StoreError) -> ToolFailure {
     tracing::error!(%error, "claim-check store failed");
     ToolFailure {
         kind: FailureKind::Busy,
-        code: "STORE_UNAVAILABLE".into(),
+        code: ToolCode::StoreUnavailable.into(),
         message: "The relay cannot reach its store right now. Try again in a few seconds.".into(),
         retry_after: Some(Duration::from_secs(2)),
     }
@@ -229,8 +230,8 @@ pub enum FailureKind {
 pub struct ToolFailure {
     /// Its class.
     pub kind: FailureKind,
-    /// Stable SCREAMING_SNAKE_CASE code, e.g. `EMPTY_CODE`.
-    pub code: String,
+    /// Its stable code, e.g. `EMPTY_CODE`.
+    pub code: FailureCode,
     /// What went wrong and what to do.
     pub message: String,
     /// When a retry makes sense ([`FailureKind::Busy`]).
@@ -239,10 +240,14 @@ pub struct ToolFailure {
 
 impl ToolFailure {
     /// A failure of `kind` with `code`.
-    pub fn new(kind: FailureKind, code: &str, message: impl Into<String>) -> Self {
+    pub fn new(
+        kind: FailureKind,
+        code: impl Into<FailureCode>,
+        message: impl Into<String>,
+    ) -> Self {
         Self {
             kind,
-            code: code.to_owned(),
+            code: code.into(),
             message: message.into(),
             retry_after: None,
         }
@@ -252,7 +257,7 @@ impl ToolFailure {
     pub fn not_found(name: &str, available: &[&str]) -> Self {
         Self::new(
             FailureKind::NotFound,
-            "TOOL_NOT_FOUND",
+            ToolCode::ToolNotFound,
             format!(
                 "There is no tool {name:?}. Available tools: {}. GET /api/tools lists them with their inputs.",
                 available.join(", ")
@@ -397,7 +402,7 @@ impl Registry {
             None => Ok(()),
             Some(problems) => Err(ToolFailure::new(
                 FailureKind::BadInput,
-                "INVALID_ARGUMENTS",
+                ToolCode::InvalidArguments,
                 format!(
                     "The arguments for {name} do not match its input schema: {problems}. Correct them and call again."
                 ),
@@ -489,15 +494,15 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(
-            (missing.kind, missing.code.as_str()),
-            (FailureKind::NotFound, "TOOL_NOT_FOUND")
+            (missing.kind, missing.code),
+            (FailureKind::NotFound, ToolCode::ToolNotFound.into())
         );
         assert!(missing.message.contains("encodePlantUML"));
         let bad = registry
             .call("encodePlantUML", json!({"plantumlCode": 5}), &context)
             .await
             .unwrap_err();
-        assert_eq!(bad.code, "INVALID_ARGUMENTS");
+        assert_eq!(bad.code, ToolCode::InvalidArguments);
         assert!(bad.message.contains("/plantumlCode"), "{}", bad.message);
     }
 }

@@ -14,7 +14,7 @@ use flate2::read::DeflateDecoder;
 use flate2::write::DeflateEncoder;
 use serde_json::{Value, json};
 
-use super::{Context, FailureKind, Tool, ToolFailure};
+use super::{Context, FailureKind, Tool, ToolCode, ToolFailure};
 
 /// The public PlantUML server.
 pub const DEFAULT_SERVER: &str = "https://www.plantuml.com";
@@ -46,7 +46,7 @@ pub fn encode(text: &str) -> Result<String, ToolFailure> {
         .map_err(|error| {
             ToolFailure::new(
                 FailureKind::Internal,
-                "ENCODING_FAILED",
+                ToolCode::EncodingFailed,
                 format!("Compression failed: {error}."),
             )
         })?;
@@ -89,7 +89,7 @@ pub fn decode(encoded: &str) -> Result<String, ToolFailure> {
     if text.len() > MAX_DECODED_BYTES {
         return Err(ToolFailure::new(
             FailureKind::TooLarge,
-            "CODE_TOO_LARGE",
+            ToolCode::CodeTooLarge,
             format!("The decoded diagram is over {MAX_DECODED_BYTES} bytes."),
         ));
     }
@@ -103,7 +103,7 @@ fn text_of(bytes: Vec<u8>) -> Result<String, ToolFailure> {
 fn bad_encoding(why: &str) -> ToolFailure {
     ToolFailure::new(
         FailureKind::BadInput,
-        "INVALID_ENCODING",
+        ToolCode::InvalidEncoding,
         format!(
             "The encoded diagram cannot be decoded: {why}. Pass the part of a PlantUML URL after /svg/, /png/ or /txt/, or the whole URL as url."
         ),
@@ -173,14 +173,14 @@ impl Tool for EncodePlantUml {
         if code.trim().is_empty() {
             return Err(ToolFailure::new(
                 FailureKind::BadInput,
-                "EMPTY_CODE",
+                ToolCode::EmptyCode,
                 "plantumlCode is required and cannot be empty.",
             ));
         }
         if code.len() > MAX_CODE_BYTES {
             return Err(ToolFailure::new(
                 FailureKind::TooLarge,
-                "CODE_TOO_LARGE",
+                ToolCode::CodeTooLarge,
                 format!(
                     "plantumlCode is {} bytes; the limit is {MAX_CODE_BYTES} (50 KB). Split the diagram or simplify it.",
                     code.len()
@@ -196,7 +196,7 @@ impl Tool for EncodePlantUml {
                 {
                     return Err(ToolFailure::new(
                         FailureKind::BadInput,
-                        "INVALID_SERVER_URL",
+                        ToolCode::InvalidServerUrl,
                         "serverUrl must be an http:// or https:// URL, e.g. https://www.plantuml.com.",
                     ));
                 }
@@ -209,7 +209,7 @@ impl Tool for EncodePlantUml {
         if decode(&encoded).ok().as_deref() != Some(code) {
             return Err(ToolFailure::new(
                 FailureKind::Internal,
-                "ENCODING_FAILED",
+                ToolCode::EncodingFailed,
                 "The diagram could not be encoded without loss. Please report this diagram.",
             ));
         }
@@ -252,7 +252,7 @@ impl Tool for DecodePlantUml {
             (None, None) => {
                 return Err(ToolFailure::new(
                     FailureKind::BadInput,
-                    "EMPTY_CODE",
+                    ToolCode::EmptyCode,
                     "Give encoded (the encoded diagram) or url (a PlantUML URL).",
                 ));
             }
@@ -352,7 +352,7 @@ mod tests {
     fn refuses_what_is_not_an_encoding() {
         for bad in ["", "not valid!", "~zzz", "~hZZ", "AAAA"] {
             let failure = decode(bad).unwrap_err();
-            assert_eq!(failure.code, "INVALID_ENCODING", "{bad:?}");
+            assert_eq!(failure.code, ToolCode::InvalidEncoding, "{bad:?}");
         }
     }
 

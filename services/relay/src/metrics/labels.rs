@@ -328,15 +328,3 @@ pub(super) fn method_label(method: &str) -> &'static str {
         .find(|known| *known == method)
         .unwrap_or("other")
 }
-
-/// The `error` label of an error body's name: an [`ErrorCode`](crate::ErrorCode) name (a
-/// built-in tool's `SCREAMING_SNAKE` code counts when it spells one), `tool_error` for another
-/// built-in tool code, `other` for anything else — never the text a client could choose.
-pub fn error_label(name: &str, from_tool: bool) -> &'static str {
-    let lower = name.to_ascii_lowercase();
-    match crate::ErrorCode::parse(&lower) {
-        Some(code) => code.as_str(),
-        None if from_tool => "tool_error",
-        None => "other",
-    }
-}

@@ -9,7 +9,7 @@ use serde_json::Value;
 use toolrelay::wire::ProviderResponse;
 
 use super::Relay;
-use crate::builtin::{Context, FailureKind, Scope, Tickets, ToolFailure, ToolInfo};
+use crate::builtin::{Context, FailureKind, Scope, Tickets, ToolCode, ToolFailure, ToolInfo};
 use crate::code::{self, SessionCode};
 use crate::error::RelayError;
 use crate::metrics::AnsweredBy;
@@ -38,7 +38,7 @@ impl Relay {
             };
             return Err(ToolFailure::new(
                 FailureKind::BadInput,
-                "NESTED_TOO_DEEPLY",
+                ToolCode::NestedTooDeeply,
                 error.to_string(),
             ));
         }

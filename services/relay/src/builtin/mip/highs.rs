@@ -599,13 +599,8 @@ mod tests {
     /// A timeout is never optimal; values, when given, satisfy the model and match the objective.
     fn assert_honest_timeout(model: &Model, solution: &Solution) {
         assert_eq!(solution.status, SolveStatus::Timeout, "{solution:?}");
-        assert!(
-            solution
-                .message
-                .as_deref()
-                .unwrap_or_default()
-                .contains("time limit")
-        );
+        let message = solution.message.as_deref().unwrap_or_default();
+        assert!(message.contains("time limit"), "{message}");
         let Some(objective) = solution.objective_value else {
             assert!(solution.variables.is_empty());
             return;

@@ -29,7 +29,7 @@ use serde_json::{Value, json};
 use self::model::{Model, Solution};
 use self::sandbox::{Sandbox, SandboxConfig};
 use self::turns::{Turn, Turns};
-use super::{Context, FailureKind, Scope, SharedLock, Tool, ToolFailure};
+use super::{Context, FailureCode, FailureKind, Scope, SharedLock, Tool, ToolCode, ToolFailure};
 use crate::limits::{DEFAULT_IPV6_PREFIX, client_key};
 use crate::metrics::{Metrics, MipOutcome, MipTool};
 
@@ -114,7 +114,7 @@ impl Drop for Admission {
 fn scope_busy() -> ToolFailure {
     ToolFailure {
         kind: FailureKind::Busy,
-        code: "BUSY".into(),
+        code: ToolCode::Busy.into(),
         message: "You already have a model running; wait for it to finish, then try again.".into(),
         retry_after: Some(Duration::from_secs(5)),
     }
@@ -228,7 +228,7 @@ fn scope_of(context: &Context, args: &Value) -> Result<String, ToolFailure> {
         Some(scope) => Ok(Scope::Caller(scope.to_owned()).key().unwrap_or_default()),
         None => Err(ToolFailure::new(
             FailureKind::BadInput,
-            "SCOPE_REQUIRED",
+            ToolCode::ScopeRequired,
             "Outside a session, pass a scope (the \"scope\" argument, or ?scope= on /api/tools): any string that identifies you, e.g. a conversation id. Use the same scope for the later calls.",
         )),
     }
@@ -266,11 +266,10 @@ fn outcome_of(result: &Result<Value, ToolFailure>) -> MipOutcome {
             Some("error") => MipOutcome::Error,
             _ => MipOutcome::Ok,
         },
-        Err(failure) => match (failure.kind, failure.code.as_str()) {
-            (_, "RUN_STOPPED") => MipOutcome::Stopped,
-            (_, "SANDBOX_UNAVAILABLE" | "STORE_UNAVAILABLE") | (FailureKind::Unavailable, _) => {
-                MipOutcome::Unavailable
-            }
+        Err(failure) => match (failure.kind, failure.code) {
+            (_, FailureCode::Tool(ToolCode::RunStopped)) => MipOutcome::Stopped,
+            (_, FailureCode::Tool(ToolCode::SandboxUnavailable | ToolCode::StoreUnavailable))
+            | (FailureKind::Unavailable, _) => MipOutcome::Unavailable,
             (FailureKind::Busy, _) => MipOutcome::Busy,
             (FailureKind::BadInput | FailureKind::TooLarge | FailureKind::NotFound, _) => {
                 MipOutcome::Invalid
@@ -289,11 +288,13 @@ fn python_failure(outcome: &Value) -> ToolFailure {
         format!("{error}\n{trace}")
     };
     // The runner names its own refusals (INVALID_MODEL, MODEL_TOO_LARGE); else the code raised.
-    let code = outcome["code"].as_str().unwrap_or("PYTHON_ERROR");
-    let kind = if code == "MODEL_TOO_LARGE" {
-        FailureKind::TooLarge
-    } else {
-        FailureKind::BadInput
+    let code = outcome["code"]
+        .as_str()
+        .and_then(ToolCode::parse)
+        .unwrap_or(ToolCode::PythonError);
+    let kind = match code {
+        ToolCode::ModelTooLarge => FailureKind::TooLarge,
+        _ => FailureKind::BadInput,
     };
     ToolFailure::new(kind, code, message)
 }
@@ -301,7 +302,7 @@ fn python_failure(outcome: &Value) -> ToolFailure {
 fn not_found(what: &str, id: &str) -> ToolFailure {
     ToolFailure::new(
         FailureKind::NotFound,
-        "NOT_FOUND",
+        ToolCode::NotFound,
         format!(
             "No {what} {id} here: ids live for one hour and only in the scope (session) that made them. Make it again."
         ),
@@ -326,7 +327,7 @@ fn text_arg<'a>(args: &'a Value, name: &str) -> Result<&'a str, ToolFailure> {
         Some(text) if !text.trim().is_empty() => Ok(text),
         _ => Err(ToolFailure::new(
             FailureKind::BadInput,
-            "EMPTY_CODE",
+            ToolCode::EmptyCode,
             format!("{name} is required and cannot be empty."),
         )),
     }
@@ -394,7 +395,7 @@ impl Generate {
         let model = Model::from_pulp(&dict, constant).map_err(|error| {
             ToolFailure::new(
                 FailureKind::BadInput,
-                "INVALID_MODEL",
+                ToolCode::InvalidModel,
                 format!("PuLP produced a model the relay cannot read: {error}."),
             )
         })?;
@@ -450,8 +451,9 @@ impl Solve {
         let problem_id = text_arg(&args, "problemId")?;
         let problem = ticket(context, &scope, problem_id, "problem").await?;
         let constant = problem["constant"].as_f64().unwrap_or(0.0);
-        let model = Model::from_pulp(&problem["dict"], constant)
-            .map_err(|error| ToolFailure::new(FailureKind::Internal, "INVALID_MODEL", error))?;
+        let model = Model::from_pulp(&problem["dict"], constant).map_err(|error| {
+            ToolFailure::new(FailureKind::Internal, ToolCode::InvalidModel, error)
+        })?;
         let seconds = args["timeLimitSeconds"]
             .as_f64()
             .unwrap_or(DEFAULT_TIME_LIMIT)
@@ -475,7 +477,7 @@ impl Solve {
         let mut solution = solving.await.map_err(|error| {
             ToolFailure::new(
                 FailureKind::Internal,
-                "SOLVER_FAILED",
+                ToolCode::SolverFailed,
                 format!("The solver stopped unexpectedly: {error}."),
             )
         })?;

@@ -29,7 +29,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
 use super::seccomp;
-use crate::builtin::{FailureKind, ToolFailure};
+use crate::builtin::{FailureKind, ToolCode, ToolFailure};
 
 /// Room on stdout for the result's marker and envelope besides the model itself.
 const RESULT_SLACK: usize = 64 * 1024;
@@ -368,7 +368,7 @@ impl Sandbox {
         if let Some(reason) = &self.unavailable {
             return Err(ToolFailure::new(
                 FailureKind::Internal,
-                "SANDBOX_UNAVAILABLE",
+                ToolCode::SandboxUnavailable,
                 format!("Python cannot run here: {reason}. The code was not run."),
             ));
         }
@@ -425,7 +425,7 @@ impl Sandbox {
         let could_not_start = |error: std::io::Error| {
             ToolFailure::new(
                 FailureKind::Internal,
-                "SANDBOX_UNAVAILABLE",
+                ToolCode::SandboxUnavailable,
                 format!("The sandbox could not start: {error}. The code was not run."),
             )
         };
@@ -471,7 +471,7 @@ impl Sandbox {
             return serde_json::from_str(line).map_err(|error| {
                 ToolFailure::new(
                     FailureKind::Internal,
-                    "SANDBOX_FAILED",
+                    ToolCode::SandboxFailed,
                     format!("The run's result was unreadable: {error}."),
                 )
             });
@@ -479,7 +479,7 @@ impl Sandbox {
         if stdout_cut {
             return Err(ToolFailure::new(
                 FailureKind::TooLarge,
-                "MODEL_TOO_LARGE",
+                ToolCode::ModelTooLarge,
                 format!(
                     "The run wrote more than {} KB to its output, so its result was lost. Print less, or make the model smaller.",
                     limits.result_bytes / 1024
@@ -723,14 +723,14 @@ fn tasks_of(uid: u32) -> u64 {
 }
 
 fn stopped(message: String) -> ToolFailure {
-    ToolFailure::new(FailureKind::BadInput, "RUN_STOPPED", message)
+    ToolFailure::new(FailureKind::BadInput, ToolCode::RunStopped, message)
 }
 
 /// Every sandbox is in use.
 pub fn busy() -> ToolFailure {
     ToolFailure {
         kind: FailureKind::Busy,
-        code: "BUSY".into(),
+        code: ToolCode::Busy.into(),
         message:
             "The relay is running as many models as it can at once. Try again in a few seconds."
                 .into(),

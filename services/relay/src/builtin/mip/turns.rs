@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use crate::builtin::{FailureKind, ToolFailure};
+use crate::builtin::{FailureKind, ToolCode, ToolFailure};
 
 /// When a refused caller is told to come back.
 pub const RETRY_AFTER: Duration = Duration::from_secs(5);
@@ -235,7 +235,7 @@ impl Drop for Turn {
 fn queue_full(waited: Duration) -> ToolFailure {
     ToolFailure {
         kind: FailureKind::Busy,
-        code: "BUSY".into(),
+        code: ToolCode::Busy.into(),
         message: format!(
             "The relay is running as many models as it can at once, and none finished in the {} s a call waits for its turn. Try again in a few seconds.",
             waited.as_secs()
@@ -338,8 +338,8 @@ mod tests {
         let refused = turns.take("b").await.err().unwrap();
         assert_eq!(started.elapsed(), WAIT, "waited its full time, no longer");
         assert_eq!(
-            (refused.kind, refused.code.as_str()),
-            (FailureKind::Busy, "BUSY")
+            (refused.kind, refused.code),
+            (FailureKind::Busy, ToolCode::Busy.into())
         );
         assert_eq!(refused.retry_after, Some(RETRY_AFTER));
         assert_eq!(turns.waiting(), 0, "it left the queue");
