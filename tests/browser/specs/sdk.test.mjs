@@ -48,6 +48,15 @@ async function functionNames(llm) {
   return body.tools.flatMap((tool) => tool.functions.map((f) => f.name));
 }
 
+/** Once the page's `say` and `shout` are both registered, an assistant calls each, and the page shows it. */
+async function saysAndShouts(page, llm) {
+  await eventually(async () => (await functionNames(llm)).includes('shout'), 'both tools to be registered');
+  assert.deepEqual(await llm.ok('say', { text: 'hello' }), { said: 'hello' });
+  assert.equal(await page.textContent('#said'), 'hello');
+  await llm.ok('shout', { text: 'hello' });
+  assert.equal(await page.textContent('#said'), 'HELLO');
+}
+
 /** The text of an MCP tool result. */
 function mcpText(result) {
   return result.content.map((part) => part.text).join('\n');
@@ -241,11 +250,7 @@ test('a page with a WebMCP context of its own (a polyfill) is bridged through ge
       await page.goto(`${host.origin}/polyfilled.html`);
       await until(page, () => window.relay?.ready);
       const llm = new Llm(relay.base, await page.evaluate(() => window.relay.code));
-      await eventually(async () => (await functionNames(llm)).includes('shout'), 'both tools to be registered');
-      assert.deepEqual(await llm.ok('say', { text: 'hello' }), { said: 'hello' });
-      assert.equal(await page.textContent('#said'), 'hello');
-      await llm.ok('shout', { text: 'hello' });
-      assert.equal(await page.textContent('#said'), 'HELLO');
+      await saysAndShouts(page, llm);
     });
   } finally {
     await host.stop();
@@ -305,11 +310,7 @@ test('a page with a native-like WebMCP context (registerTool, no getTools) is br
       // The native context got them too.
       assert.deepEqual(await page.evaluate(() => [...window.nativeTools.keys()]), ['say', 'shout']);
       const llm = new Llm(relay.base, await page.evaluate(() => window.relay.code));
-      await eventually(async () => (await functionNames(llm)).includes('shout'), 'both tools to be registered');
-      assert.deepEqual(await llm.ok('say', { text: 'hello' }), { said: 'hello' });
-      assert.equal(await page.textContent('#said'), 'hello');
-      await llm.ok('shout', { text: 'hello' });
-      assert.equal(await page.textContent('#said'), 'HELLO');
+      await saysAndShouts(page, llm);
 
       await page.evaluate(() => window.shoutControl.abort());
       await eventually(async () => !(await functionNames(llm)).includes('shout'), 'shout to be gone from /metadata');
