@@ -16,6 +16,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // The RPC `Connect` would clash with the client's `connect` constructor; clients build a
         // `Channel` and call `RelayClient::new(channel)` instead.
         .build_transport(false)
+        // The relay's server routes each RPC to its operation unit itself
+        // (services/relay/src/grpc.rs): only the client is generated.
+        .build_server(false)
         .compile_with_config(config, &protos, &includes)?;
 
     for proto in &protos {

@@ -11,15 +11,17 @@ sources() {
   find services -name '*.rs' -not -path '*/tests/*' -not -name 'tests.rs' | sort
 }
 
-# The files (besides proto/) that mention a RelayApi operation by its Rust name.
+# The files (besides proto/) that mention a relay operation by its Rust name: its method
+# (snake_case) or its unit (CamelCase, services/relay/src/operation.rs). The store's methods
+# share some names and are not the operation.
 operation_files() {
-  local name=$1
-  grep -l -w -e "$name" $(sources) | grep -v '^services/relay/src/store/' || true
+  local name=$1 unit=$2
+  grep -l -w -e "$name" -e "$unit" $(sources) | grep -v '^services/relay/src/store/' || true
 }
 
-for operation in end_session register_manifest; do
-  files=$(operation_files "$operation")
-  printf 'files naming the operation %-18s %s  (%s)\n' "$operation:" \
+for operation in end_session:EndSession register_manifest:RegisterManifest; do
+  files=$(operation_files "${operation%%:*}" "${operation##*:}")
+  printf 'files naming the operation %-18s %s  (%s)\n' "${operation%%:*}:" \
     "$(wc -w <<<"$files")" "$(tr '\n' ' ' <<<"$files" | sed 's/ $//')"
 done
 

@@ -47,7 +47,7 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The gateway's state over `relay`, stopping with `drain`, keeping what it shares with other
 /// gateways (rate limits, MCP client sessions) in `store`, reporting to `metrics`.
 pub fn gateway(
-    relay: Arc<dyn RelayApi>,
+    relay: RelayApi,
     config: GatewayConfig,
     drain: Drain,
     store: Arc<dyn Store>,
@@ -428,7 +428,13 @@ pub async fn run_split(
     observe_gateway(&metrics, &drain, &store);
     tracing::info!(listen = %local(&public), relay = %relay_url, "{name} listening");
     let connections = Connections::new(config.connections.clone(), metrics.clone());
-    let state = gateway(Arc::new(relay), config, drain.clone(), store, metrics);
+    let state = gateway(
+        RelayApi::Remote(relay),
+        config,
+        drain.clone(),
+        store,
+        metrics,
+    );
     let serving = tokio::spawn(run(state, public, connections));
     shutdown.await;
     tracing::info!("draining: refusing new work, waiting for delivered calls to be answered");
@@ -464,7 +470,7 @@ pub async fn run_all(
         shutdown,
     ));
     let state = gateway(
-        Arc::new(relay.clone()),
+        RelayApi::Local(relay.clone()),
         config,
         relay.drain().clone(),
         Arc::clone(relay.store()),

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use serde_json::Value;
 use toolrelay_gateway::config::GatewayConfig;
 use toolrelay_gateway::server::{Documents, gateway};
-use toolrelay_relay::RelayConfig;
 use toolrelay_relay::server::memory_relay;
+use toolrelay_relay::{RelayApi, RelayConfig};
 
 /// The base URL the checked-in documents name (the default `toolrelay` address).
 const DOCUMENTED_BASE: &str = "http://127.0.0.1:8080";
@@ -31,7 +31,7 @@ fn documents() -> Vec<(&'static str, String)> {
     let relay = memory_relay(RelayConfig::default(), &metrics);
     let store = Arc::clone(relay.store());
     let state = gateway(
-        Arc::new(relay),
+        RelayApi::Local(relay),
         GatewayConfig::new(DOCUMENTED_BASE).unwrap(),
         toolrelay_relay::Drain::new(),
         store,

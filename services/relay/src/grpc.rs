@@ -1,39 +1,43 @@
-//! The gRPC transport (tonic): the `toolrelay.v1.Relay` service over the relay's operations
-//! ([`RelayApi`]), plus the standard health and reflection services.
+//! The gRPC transport (tonic): the `toolrelay.v1.Relay` service over the relay's operations,
+//! plus the standard health and reflection services.
 //!
-//! Each handler converts: the request's metadata into its [`Caller`] (who the peer is, or —
-//! with a gateway's proof — the client the gateway names; see [`crate::access`]), the message
-//! into the operation's arguments, the outcome into a reply or a status. Every check (API
-//! keys, budgets, the brute-force guard) is the operation's. Conversions between protobuf and
-//! domain types, and the one mapping from an error to a gRPC status, live here and nowhere
-//! else.
+//! [`RelayService`] routes each unary RPC by its path to its [`Operation`] unit, generically:
+//! the request's metadata becomes its [`Caller`] (who the peer is, or — with a gateway's
+//! proof — the client the gateway names; see [`crate::access`]) and its [`Credentials`], the
+//! message becomes the operation ([`Operation::from_message`]), and the outcome its reply or
+//! a status. No operation is named here but the two streaming ones (`Connect`,
+//! `WatchManifest`). Every check (API keys, budgets, the brute-force guard) is the
+//! operation's; the one mapping from an error to a gRPC status lives here.
 
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::marker::PhantomData;
 use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::task::{Context, Poll};
 
 use futures::{Stream, StreamExt};
-use serde_json::Value;
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::body::Body;
+use tonic::codegen::{BoxFuture, Service, http};
 use tonic::metadata::{MetadataMap, MetadataValue};
+use tonic::server::{NamedService, ServerStreamingService, StreamingService, UnaryService};
 use tonic::{Code, Request, Response, Status, Streaming};
-use toolrelay::convert::{non_empty, registered_tools};
-use toolrelay::json::from_struct;
+use tonic_prost::ProstCodec;
 use toolrelay::proto::v1 as pb;
-use toolrelay::proto::v1::relay_server::{Relay as RelayRpc, RelayServer};
 use toolrelay::wire::ProviderFrame;
 
 use crate::access::{GATEWAY_PROOF_METADATA, Gateways};
-use crate::api::RelayApi;
-use crate::builtin::Scope;
-use crate::convert::{count, tool_run_message};
 use crate::error::{ErrorInfo, ErrorKind, RelayError};
 use crate::limits::{CLIENT_ADDRESS_METADATA, CORRELATION_ID_METADATA, Caller};
+use crate::operation::{self, Credentials, Operation, Visitor};
 use crate::provider::ProviderLink;
-use crate::relay::{CallInput, Relay};
+use crate::relay::Relay;
 use crate::store::Transport;
 
+/// The service's name.
+pub const SERVICE: &str = "toolrelay.v1.Relay";
 /// Metadata entry with the session code on `Connect`.
 pub const SESSION_CODE_METADATA: &str = "x-session-code";
 /// Metadata entry naming the transport a `Connect` stands for (`grpc` by default).
@@ -51,25 +55,24 @@ const MAX_MESSAGE_BYTES: usize = 2 * 1024 * 1024;
 /// The `Relay` gRPC service over the relay's operations.
 #[derive(Clone)]
 pub struct RelayService {
-    api: Arc<dyn RelayApi>,
+    relay: Relay,
     /// Whose word about a client is believed.
     gateways: Arc<Gateways>,
+    routes: Arc<Routes>,
 }
 
 impl RelayService {
     /// The service over `relay`, ready to add to a tonic server.
-    pub fn server(relay: Relay) -> RelayServer<Self> {
+    pub fn server(relay: Relay) -> Self {
         let gateways = Gateways::new(
             relay.config().gateway_secrets.clone(),
             relay.metrics().clone(),
         );
-        let service = Self {
-            api: Arc::new(relay),
+        Self {
+            relay,
             gateways: Arc::new(gateways),
-        };
-        RelayServer::new(service)
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES)
+            routes: Arc::new(Routes::new()),
+        }
     }
 
     /// Who makes `request`: the client a proven gateway names, or the peer itself.
@@ -127,157 +130,86 @@ impl From<RelayError> for Status {
 
 type Reply<T> = Result<Response<T>, Status>;
 
-#[tonic::async_trait]
-impl RelayRpc for RelayService {
-    async fn create_session(
+/// A route: serves one RPC's HTTP/2 request.
+type Route = fn(&RelayService, http::Request<Body>) -> BoxFuture<http::Response<Body>, Infallible>;
+
+/// Every RPC's route, by path.
+struct Routes(HashMap<&'static str, Route>);
+
+impl Visitor for Routes {
+    fn visit<O: Operation>(&mut self) {
+        self.0.insert(O::PATH, RelayService::unary::<O>);
+    }
+}
+
+impl Routes {
+    fn new() -> Self {
+        let mut routes = Self(HashMap::new());
+        operation::each(&mut routes);
+        routes.0.insert(CONNECT, RelayService::connect_route);
+        routes
+            .0
+            .insert(WATCH_MANIFEST, RelayService::watch_manifest_route);
+        routes
+    }
+}
+
+/// The `Connect` RPC: a provider's connection.
+const CONNECT: &str = "/toolrelay.v1.Relay/Connect";
+/// The `WatchManifest` RPC: a session's manifest changes.
+const WATCH_MANIFEST: &str = "/toolrelay.v1.Relay/WatchManifest";
+
+impl RelayService {
+    /// The gRPC machinery for one RPC: the codec and the message size limits.
+    fn grpc<M: prost::Message + Default + Send + 'static, R: prost::Message + Send + 'static>()
+    -> tonic::server::Grpc<ProstCodec<R, M>> {
+        tonic::server::Grpc::new(ProstCodec::default())
+            .apply_max_message_size_config(Some(MAX_MESSAGE_BYTES), Some(MAX_MESSAGE_BYTES))
+    }
+
+    /// Serves a unary operation: its request converted, the operation served, its reply
+    /// converted (or its error as a status).
+    fn unary<O: Operation>(
         &self,
-        request: Request<pb::CreateSessionRequest>,
-    ) -> Reply<pb::CreateSessionResponse> {
-        let caller = self.caller(&request);
-        let session = self.api.create_session(&caller).await?;
-        Ok(Response::new(session.into()))
+        request: http::Request<Body>,
+    ) -> BoxFuture<http::Response<Body>, Infallible> {
+        let service = Unary::<O>(self.clone(), PhantomData);
+        Box::pin(async move {
+            Ok(Self::grpc::<O::Message, O::Reply>()
+                .unary(service, request)
+                .await)
+        })
     }
 
-    async fn get_session(&self, request: Request<pb::GetSessionRequest>) -> Reply<pb::SessionInfo> {
-        let caller = self.caller(&request);
-        let code = &request.get_ref().code;
-        // The session's own provider, with its token, is never refused by the guard.
-        let status_of = match metadata_str(request.metadata(), PROVIDER_TOKEN_METADATA) {
-            Some(token) => {
-                self.api
-                    .provider_session_status(&caller, code, &token)
-                    .await
-            }
-            None => self.api.session_status(&caller, code).await,
-        }?;
-        Ok(Response::new(status_of.into()))
-    }
-
-    async fn resolve_handle(
+    fn connect_route(
         &self,
-        request: Request<pb::ResolveHandleRequest>,
-    ) -> Reply<pb::SessionInfo> {
-        let caller = self.caller(&request);
-        let code = self
-            .api
-            .resolve_handle(&caller, &request.get_ref().handle)
-            .await?;
-        let status_of = self.api.session_status(&caller, &code).await?;
-        Ok(Response::new(status_of.into()))
+        request: http::Request<Body>,
+    ) -> BoxFuture<http::Response<Body>, Infallible> {
+        let service = Connect(self.clone());
+        Box::pin(async move {
+            Ok(Self::grpc::<pb::ProviderMessage, pb::RelayMessage>()
+                .streaming(service, request)
+                .await)
+        })
     }
 
-    async fn delete_session(
+    fn watch_manifest_route(
         &self,
-        request: Request<pb::DeleteSessionRequest>,
-    ) -> Reply<pb::DeleteSessionResponse> {
-        let caller = self.caller(&request);
-        let token = bearer(request.metadata());
-        self.api
-            .end_session(&caller, &request.get_ref().code, token.as_deref())
-            .await?;
-        Ok(Response::new(pb::DeleteSessionResponse {}))
+        request: http::Request<Body>,
+    ) -> BoxFuture<http::Response<Body>, Infallible> {
+        let service = WatchManifest(self.clone());
+        Box::pin(async move {
+            Ok(Self::grpc::<pb::GetManifestRequest, pb::ManifestChanged>()
+                .server_streaming(service, request)
+                .await)
+        })
     }
 
-    async fn get_manifest(&self, request: Request<pb::GetManifestRequest>) -> Reply<pb::Manifest> {
-        let caller = self.caller(&request);
-        let manifest = self.api.manifest(&caller, &request.get_ref().code).await?;
-        Ok(Response::new((&manifest).into()))
-    }
-
-    type WatchManifestStream =
-        Pin<Box<dyn Stream<Item = Result<pb::ManifestChanged, Status>> + Send>>;
-
-    async fn watch_manifest(
-        &self,
-        request: Request<pb::GetManifestRequest>,
-    ) -> Reply<Self::WatchManifestStream> {
-        let caller = self.caller(&request);
-        let changes = self
-            .api
-            .manifest_changes(&caller, &request.get_ref().code)
-            .await?;
-        Ok(Response::new(Box::pin(
-            changes.map(|()| Ok(pb::ManifestChanged {})),
-        )))
-    }
-
-    async fn submit(&self, request: Request<pb::SubmitRequest>) -> Reply<pb::RequestState> {
-        let caller = self.caller(&request);
-        let request = request.into_inner();
-        let call = CallInput::from_message(
-            request.request_id,
-            request.tool_id,
-            request.function_name,
-            request.args,
-        );
-        let view = self.api.submit(&caller, &request.code, call).await?;
-        Ok(Response::new(view.into()))
-    }
-
-    async fn await_response(
-        &self,
-        request: Request<pb::AwaitResponseRequest>,
-    ) -> Reply<pb::RequestState> {
-        let caller = self.caller(&request);
-        let request = request.into_inner();
-        let wait = Duration::from_millis(u64::from(request.wait_ms));
-        let view = self
-            .api
-            .await_response(&caller, &request.code, &request.request_id, wait)
-            .await?;
-        Ok(Response::new(view.into()))
-    }
-
-    async fn call(&self, request: Request<pb::CallRequest>) -> Reply<pb::RequestState> {
-        let caller = self.caller(&request);
-        let request = request.into_inner();
-        let wait =
-            (request.timeout_ms > 0).then(|| Duration::from_millis(u64::from(request.timeout_ms)));
-        let call = CallInput::from_message(
-            request.request_id,
-            request.tool_id,
-            request.function_name,
-            request.args,
-        );
-        let view = self.api.call(&caller, &request.code, call, wait).await?;
-        Ok(Response::new(view.into()))
-    }
-
-    async fn list_responses(
-        &self,
-        request: Request<pb::ListResponsesRequest>,
-    ) -> Reply<pb::ListResponsesResponse> {
-        let caller = self.caller(&request);
-        let request = request.into_inner();
-        let filter = non_empty(request.request_id);
-        let responses = self
-            .api
-            .responses(&caller, &request.code, filter.as_deref())
-            .await?;
-        Ok(Response::new(pb::ListResponsesResponse {
-            responses: responses.into_iter().map(Into::into).collect(),
-        }))
-    }
-
-    async fn get_request_status(
-        &self,
-        request: Request<pb::GetRequestStatusRequest>,
-    ) -> Reply<pb::RequestState> {
-        let caller = self.caller(&request);
-        let request = request.into_inner();
-        let view = self
-            .api
-            .request_status(&caller, &request.code, &request.request_id)
-            .await?;
-        Ok(Response::new(view.into()))
-    }
-
-    type ConnectStream = Pin<Box<dyn Stream<Item = Result<pb::RelayMessage, Status>> + Send>>;
-
+    /// Attaches a provider: the `Connect` stream both ways.
     async fn connect(
         &self,
         request: Request<Streaming<pb::ProviderMessage>>,
-    ) -> Reply<Self::ConnectStream> {
+    ) -> Reply<ConnectStream> {
         let metadata = request.metadata();
         let code = metadata_str(metadata, SESSION_CODE_METADATA).ok_or_else(|| {
             Status::invalid_argument(format!(
@@ -297,8 +229,8 @@ impl RelayRpc for RelayService {
         let ProviderLink {
             downlink, uplink, ..
         } = self
-            .api
-            .attach(&caller, &code, token.as_deref(), transport)
+            .relay
+            .attach_for(&caller, &code, token.as_deref(), transport)
             .await?;
 
         let mut inbound = request.into_inner();
@@ -324,89 +256,94 @@ impl RelayRpc for RelayService {
         Ok(Response::new(Box::pin(outbound)))
     }
 
-    async fn poll_requests(
+    /// A session's manifest changes.
+    async fn watch_manifest(
         &self,
-        request: Request<pb::PollRequestsRequest>,
-    ) -> Reply<pb::PollRequestsResponse> {
+        request: Request<pb::GetManifestRequest>,
+    ) -> Reply<WatchManifestStream> {
         let caller = self.caller(&request);
-        let token = bearer(request.metadata());
-        let request = request.into_inner();
-        let max = (request.max > 0).then(|| usize::try_from(request.max).unwrap_or(usize::MAX));
-        let requests = self
-            .api
-            .poll(&caller, &request.code, token.as_deref(), max)
+        let changes = self
+            .relay
+            .manifest_changes_for(&caller, &request.get_ref().code)
             .await?;
-        Ok(Response::new(pb::PollRequestsResponse {
-            requests: requests.into_iter().map(Into::into).collect(),
-        }))
-    }
-
-    async fn post_response(
-        &self,
-        request: Request<pb::PostResponseRequest>,
-    ) -> Reply<pb::PostResponseResponse> {
-        let caller = self.caller(&request);
-        let token = bearer(request.metadata());
-        let request = request.into_inner();
-        let response = request
-            .response
-            .ok_or_else(|| Status::invalid_argument("PostResponse needs a response"))?;
-        let outcome = self
-            .api
-            .post_response(&caller, &request.code, token.as_deref(), response.into())
-            .await?;
-        Ok(Response::new(pb::PostResponseResponse {
-            request_id: outcome.request_id,
-            status: pb::RequestStatus::from(outcome.status).into(),
-            accepted: outcome.accepted,
-        }))
-    }
-
-    async fn list_tools(
-        &self,
-        request: Request<pb::ListToolsRequest>,
-    ) -> Reply<pb::ListToolsResponse> {
-        let caller = self.caller(&request);
-        let tools = self.api.tools(&caller).await?;
-        Ok(Response::new(pb::ListToolsResponse {
-            tools: tools.into_iter().map(Into::into).collect(),
-        }))
-    }
-
-    async fn call_tool(
-        &self,
-        request: Request<pb::CallToolRequest>,
-    ) -> Reply<pb::CallToolResponse> {
-        let caller = self.caller(&request);
-        let request = request.into_inner();
-        let scope = Scope::try_from(request.scope)?;
-        let args = request.args.as_ref().map_or(Value::Null, from_struct);
-        let ran = self
-            .api
-            .call_tool(&caller, &request.name, args, scope)
-            .await?;
-        Ok(Response::new(tool_run_message(ran)))
-    }
-
-    async fn register_manifest(
-        &self,
-        request: Request<pb::RegisterManifestRequest>,
-    ) -> Reply<pb::RegisterManifestResponse> {
-        let caller = self.caller(&request);
-        let token = bearer(request.metadata());
-        let request = request.into_inner();
-        let tools = registered_tools(&request.tools, &request.tools_json);
-        let count = self
-            .api
-            .register_manifest(&caller, &request.code, token.as_deref(), &tools)
-            .await?;
-        Ok(Response::new(pb::RegisterManifestResponse {
-            tool_count: self::count(count),
-        }))
+        Ok(Response::new(Box::pin(
+            changes.map(|()| Ok(pb::ManifestChanged {})),
+        )))
     }
 }
 
-fn metadata_str(metadata: &MetadataMap, key: &str) -> Option<String> {
+type ConnectStream = Pin<Box<dyn Stream<Item = Result<pb::RelayMessage, Status>> + Send>>;
+type WatchManifestStream = Pin<Box<dyn Stream<Item = Result<pb::ManifestChanged, Status>> + Send>>;
+
+/// A unary operation's service.
+struct Unary<O>(RelayService, PhantomData<fn() -> O>);
+
+impl<O: Operation> UnaryService<O::Message> for Unary<O> {
+    type Response = O::Reply;
+    type Future = BoxFuture<Response<O::Reply>, Status>;
+
+    fn call(&mut self, request: Request<O::Message>) -> Self::Future {
+        let service = self.0.clone();
+        Box::pin(async move {
+            let caller = service.caller(&request);
+            let credentials = Credentials::of(request.metadata());
+            let operation = O::from_message(request.into_inner(), credentials)?;
+            let reply = operation.serve(&service.relay, &caller).await?;
+            Ok(Response::new(reply))
+        })
+    }
+}
+
+/// `Connect`'s service.
+struct Connect(RelayService);
+
+impl StreamingService<pb::ProviderMessage> for Connect {
+    type Response = pb::RelayMessage;
+    type ResponseStream = ConnectStream;
+    type Future = BoxFuture<Response<ConnectStream>, Status>;
+
+    fn call(&mut self, request: Request<Streaming<pb::ProviderMessage>>) -> Self::Future {
+        let service = self.0.clone();
+        Box::pin(async move { service.connect(request).await })
+    }
+}
+
+/// `WatchManifest`'s service.
+struct WatchManifest(RelayService);
+
+impl ServerStreamingService<pb::GetManifestRequest> for WatchManifest {
+    type Response = pb::ManifestChanged;
+    type ResponseStream = WatchManifestStream;
+    type Future = BoxFuture<Response<WatchManifestStream>, Status>;
+
+    fn call(&mut self, request: Request<pb::GetManifestRequest>) -> Self::Future {
+        let service = self.0.clone();
+        Box::pin(async move { service.watch_manifest(request).await })
+    }
+}
+
+impl Service<http::Request<Body>> for RelayService {
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<http::Response<Body>, Infallible>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        match self.routes.0.get(request.uri().path()) {
+            Some(route) => route(self, request),
+            None => Box::pin(async { Ok(Status::unimplemented("no such RPC").into_http()) }),
+        }
+    }
+}
+
+impl NamedService for RelayService {
+    const NAME: &'static str = SERVICE;
+}
+
+pub(crate) fn metadata_str(metadata: &MetadataMap, key: &str) -> Option<String> {
     metadata
         .get(key)
         .and_then(|value| value.to_str().ok())

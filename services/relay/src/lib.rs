@@ -35,6 +35,7 @@ pub mod limits;
 pub mod listen;
 pub mod manifest;
 pub mod metrics;
+pub mod operation;
 pub mod ops;
 pub mod pool;
 pub mod provider;
@@ -53,6 +54,7 @@ pub use drain::Drain;
 pub use error::{ErrorCode, ErrorInfo, ErrorKind, RelayError};
 pub use limits::Caller;
 pub use metrics::Metrics;
+pub use operation::Operation;
 pub use provider::{Downlink, ProviderLink};
 pub use relay::{
     AnswerLimits, CallInput, NewSession, Relay, RequestView, ResponseOutcome, SessionStatus,

@@ -16,7 +16,6 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::api::RelayApi;
 use crate::metrics::Refusal;
 use crate::relay::Relay;
 
@@ -62,12 +61,12 @@ pub async fn answer(relay: &Relay, mut stream: TcpStream, deadline: tokio::time:
     let plain = "text/plain; charset=utf-8";
     let (status, content_type, body) = match request_line(&head) {
         Some(("GET", "/healthz")) => ("200 OK", plain, "ok".to_owned()),
-        Some(("GET", "/readyz")) => match RelayApi::ready(relay).await {
+        Some(("GET", "/readyz")) => match relay.serving().await {
             Ok(()) => ("200 OK", plain, "ready".to_owned()),
             Err(error) => (
                 "503 Service Unavailable",
                 plain,
-                format!("not ready: {}", error.message),
+                format!("not ready: {}", crate::error::ErrorInfo::from(error).message),
             ),
         },
         Some(("GET", "/metrics")) => (

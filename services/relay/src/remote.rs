@@ -1,5 +1,8 @@
-//! The relay reached over gRPC: [`RemoteRelay`] offers the operations of [`Relay`] to a
-//! process that does not hold the relay itself (the gateway in a split deployment).
+//! The relay reached over gRPC: [`RemoteRelay`] runs the relay's operations for a process
+//! that does not hold the relay itself (the gateway in a split deployment). A unary operation
+//! is sent by [`RemoteRelay::unary`], generic over the [`Operation`] unit, which names its
+//! RPC, its retry rule and its wire form; what a front end checks first is the unit's
+//! [`send`](Operation::send).
 //!
 //! Results come back as the same domain types; errors as [`ErrorInfo`], rebuilt from the gRPC
 //! status, its `x-error` name and `retry-after`. Provider connections become a `Connect`
@@ -13,36 +16,29 @@ use futures::StreamExt;
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::codegen::http::uri::PathAndQuery;
 use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
 use tonic::{Request, Status};
-use toolrelay::json::to_struct;
+use tonic_prost::ProstCodec;
 use toolrelay::proto::v1 as pb;
 use toolrelay::proto::v1::relay_client::RelayClient;
-use toolrelay::wire::{
-    GroupedManifest, ProviderFrame, ProviderResponse, ToolRequest, ToolResponse,
-};
-
-use async_trait::async_trait;
+use toolrelay::wire::ProviderFrame;
 
 use crate::access::{GATEWAY_PROOF_METADATA, GatewaySecrets};
-use crate::api::{Outcome, RelayApi};
-use crate::builtin::{FailureKind, Scope, ToolCode, ToolFailure, ToolInfo};
+use crate::api::Outcome;
 use crate::code::SessionCode;
 use crate::config::ENV_GATEWAY_SECRET;
-use crate::convert::tool_run;
 use crate::drain::Drain;
-use crate::error::RelayError;
-use crate::error::{ErrorCode, ErrorInfo};
+use crate::error::{ErrorCode, ErrorInfo, RelayError};
 use crate::grpc::{
     ERROR_METADATA, PROVIDER_TOKEN_METADATA, RETRY_AFTER_METADATA, SESSION_CODE_METADATA,
     TRANSPORT_METADATA,
 };
 use crate::limits::{CLIENT_ADDRESS_METADATA, CORRELATION_ID_METADATA, Caller};
+use crate::operation::{Credential, Operation};
 use crate::pool::{RelayPool, Retry};
 use crate::provider::{Downlink, ProviderLink};
-use crate::relay::{AnswerLimits, contain_response};
-use crate::relay::{CallInput, NewSession, RequestView, ResponseOutcome, SessionStatus};
 use crate::store::Transport;
 
 /// Messages buffered between a remote `Connect` stream and its transport.
@@ -109,7 +105,7 @@ impl RemoteRelay {
 
     /// A request proving this front end a gateway, naming the client (for the relay's limits)
     /// and carrying the provider token as `authorization: Bearer …`, when there is one.
-    fn request<T>(&self, message: T, caller: &Caller, token: Option<&str>) -> Request<T> {
+    fn request<T>(&self, message: T, caller: &Caller, credential: &Credential) -> Request<T> {
         let mut request = Request::new(message);
         let metadata = request.metadata_mut();
         if let Some(Proof(proof)) = &self.proof {
@@ -126,34 +122,76 @@ impl RemoteRelay {
         {
             metadata.insert(CORRELATION_ID_METADATA, id);
         }
-        if let Some(value) =
-            token.and_then(|token| MetadataValue::try_from(format!("Bearer {token}")).ok())
-        {
-            metadata.insert("authorization", value);
+        match credential {
+            Credential::None => {}
+            Credential::Token(token) => {
+                if let Ok(value) = MetadataValue::try_from(format!("Bearer {token}")) {
+                    metadata.insert("authorization", value);
+                }
+            }
+            Credential::ProviderToken(token) => {
+                if let Ok(value) = MetadataValue::try_from(token) {
+                    metadata.insert(PROVIDER_TOKEN_METADATA, value);
+                }
+            }
         }
         request
     }
 
-    /// Runs one unary RPC on a replica, and again on another when this one did not answer
-    /// and `retry` allows it. `make` builds the request for each attempt.
-    async fn rpc<M, R, Fut>(
+    /// Sends `operation` to a replica, and again to another when this one did not answer
+    /// and the operation's [`RETRY`](Operation::RETRY) allows it.
+    pub(crate) async fn unary<O: Operation>(
         &self,
-        retry: Retry,
+        caller: &Caller,
+        operation: O,
+    ) -> Outcome<O::Output> {
+        let (message, credential) = operation.into_message();
+        let reply = self
+            .pool
+            .run(O::RETRY, |channel| {
+                let request = self.request(message.clone(), caller, &credential);
+                async move {
+                    let mut client = tonic::client::Grpc::new(channel);
+                    client.ready().await.map_err(|error| {
+                        Status::unavailable(format!("the relay is not ready: {error}"))
+                    })?;
+                    let path = PathAndQuery::from_static(O::PATH);
+                    client.unary(request, path, ProstCodec::default()).await
+                }
+            })
+            .await
+            .map_err(error_info)?;
+        O::output(reply.into_inner()).map_err(|_| unavailable("the relay sent a malformed reply"))
+    }
+
+    /// Opens one of the streaming RPCs on a replica (see [`RemoteRelay::unary`]); `make`
+    /// builds the request for each attempt.
+    async fn streaming<M, R, Fut>(
+        &self,
         make: impl Fn() -> Request<M>,
         rpc: impl Fn(RelayClient<Channel>, Request<M>) -> Fut,
     ) -> Outcome<R>
     where
         Fut: Future<Output = Result<tonic::Response<R>, Status>>,
     {
+        // Opening a stream again elsewhere is safe: a watch is a read, and the newest
+        // connection of a session wins.
         self.pool
-            .run(retry, |channel| rpc(RelayClient::new(channel), make()))
+            .run(Retry::Safe, |channel| {
+                rpc(RelayClient::new(channel), make())
+            })
             .await
             .map(tonic::Response::into_inner)
             .map_err(error_info)
     }
 
+    /// The deepest JSON this front end sends the relay.
+    pub(crate) fn max_json_depth(&self) -> usize {
+        self.options.max_json_depth
+    }
+
     /// Refuses new work while this process drains.
-    fn accepting(&self) -> Outcome<()> {
+    pub(crate) fn accepting(&self) -> Outcome<()> {
         if self.options.drain.is_draining() {
             Err(RelayError::ShuttingDown.into())
         } else {
@@ -161,7 +199,8 @@ impl RemoteRelay {
         }
     }
 
-    fn check_depth(&self, value: &Value, what: &'static str) -> Outcome<()> {
+    /// Refuses JSON nested deeper than the relay could decode.
+    pub(crate) fn check_depth(&self, value: &Value, what: &'static str) -> Outcome<()> {
         let limit = self.options.max_json_depth;
         if toolrelay::json::depth(value) > limit {
             return Err(RelayError::NestedTooDeeply { what, limit }.into());
@@ -171,7 +210,7 @@ impl RemoteRelay {
 
     /// Waits for `reply` while holding the drain open; when the drain ends first, the caller
     /// is told to ask for call `request_id`'s answer again.
-    async fn waiting<T>(
+    pub(crate) async fn waiting<T>(
         &self,
         code: &str,
         request_id: &str,
@@ -189,9 +228,9 @@ impl RemoteRelay {
     }
 }
 
-#[async_trait]
-impl RelayApi for RemoteRelay {
-    async fn ready(&self) -> Outcome<()> {
+impl RemoteRelay {
+    /// Whether a replica serves.
+    pub(crate) async fn ready(&self) -> Outcome<()> {
         use tonic_health::pb::health_check_response::ServingStatus;
         use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
         self.accepting()?;
@@ -200,7 +239,7 @@ impl RelayApi for RemoteRelay {
             .pool
             .run(Retry::Safe, |channel| async move {
                 let request = HealthCheckRequest {
-                    service: "toolrelay.v1.Relay".into(),
+                    service: crate::grpc::SERVICE.into(),
                 };
                 HealthClient::new(channel).check(request).await
             })
@@ -213,295 +252,16 @@ impl RelayApi for RemoteRelay {
         }
     }
 
-    async fn create_session(&self, caller: &Caller) -> Outcome<NewSession> {
-        self.accepting()?;
-        // Asking again at worst leaves a session nobody uses, which expires.
-        let created = self
-            .rpc(
-                Retry::Safe,
-                || self.request(pb::CreateSessionRequest {}, caller, None),
-                |mut client, request| async move { client.create_session(request).await },
-            )
-            .await?;
-        NewSession::try_from(created).map_err(|_| unavailable("the relay sent a malformed code"))
-    }
-
-    async fn session_status(&self, caller: &Caller, code: &str) -> Outcome<SessionStatus> {
-        let message = pb::GetSessionRequest { code: code.into() };
-        let info = self
-            .rpc(
-                Retry::Safe,
-                || self.request(message.clone(), caller, None),
-                |mut client, request| async move { client.get_session(request).await },
-            )
-            .await?;
-        SessionStatus::try_from(info).map_err(|_| unavailable("the relay sent a malformed code"))
-    }
-
-    async fn provider_session_status(
-        &self,
-        caller: &Caller,
-        code: &str,
-        token: &str,
-    ) -> Outcome<SessionStatus> {
-        let message = pb::GetSessionRequest { code: code.into() };
-        let info = self
-            .rpc(
-                Retry::Safe,
-                || {
-                    let mut request = self.request(message.clone(), caller, None);
-                    if let Ok(token) = MetadataValue::try_from(token) {
-                        request
-                            .metadata_mut()
-                            .insert(PROVIDER_TOKEN_METADATA, token);
-                    }
-                    request
-                },
-                |mut client, request| async move { client.get_session(request).await },
-            )
-            .await?;
-        SessionStatus::try_from(info).map_err(|_| unavailable("the relay sent a malformed code"))
-    }
-
-    async fn resolve_handle(&self, caller: &Caller, handle: &str) -> Outcome<String> {
-        let message = pb::ResolveHandleRequest {
-            handle: handle.into(),
-        };
-        let info = self
-            .rpc(
-                Retry::Safe,
-                || self.request(message.clone(), caller, None),
-                |mut client, request| async move { client.resolve_handle(request).await },
-            )
-            .await?;
-        Ok(info.code)
-    }
-
-    async fn end_session(&self, caller: &Caller, code: &str, token: Option<&str>) -> Outcome<()> {
-        // Not asked again once sent: a second ending would say the session is gone.
-        let message = pb::DeleteSessionRequest { code: code.into() };
-        self.rpc(
-            Retry::IfNotSent,
-            || self.request(message.clone(), caller, token),
-            |mut client, request| async move { client.delete_session(request).await },
-        )
-        .await?;
-        Ok(())
-    }
-
-    async fn manifest(&self, caller: &Caller, code: &str) -> Outcome<GroupedManifest> {
-        let message = pb::GetManifestRequest { code: code.into() };
-        let manifest = self
-            .rpc(
-                Retry::Safe,
-                || self.request(message.clone(), caller, None),
-                |mut client, request| async move { client.get_manifest(request).await },
-            )
-            .await?;
-        Ok(manifest.into())
-    }
-
-    async fn register_manifest(
-        &self,
-        caller: &Caller,
-        code: &str,
-        token: Option<&str>,
-        tools: &Value,
-    ) -> Outcome<usize> {
-        let message = pb::RegisterManifestRequest {
-            code: code.into(),
-            tools: Vec::new(),
-            tools_json: tools.to_string(),
-        };
-        // The same manifest again is the same manifest.
-        let reply = self
-            .rpc(
-                Retry::Safe,
-                || self.request(message.clone(), caller, token),
-                |mut client, request| async move { client.register_manifest(request).await },
-            )
-            .await?;
-        Ok(reply.tool_count as usize)
-    }
-
-    async fn submit(&self, caller: &Caller, code: &str, call: CallInput) -> Outcome<RequestView> {
-        self.accepting()?;
-        self.check_depth(&call.args, "The arguments are")?;
-        // Named here, so that asking another replica again is the same call.
-        let message = pb::SubmitRequest {
-            code: code.into(),
-            request_id: call.request_id.unwrap_or_else(crate::code::unique_id),
-            tool_id: call.tool_id.unwrap_or_default(),
-            function_name: call.function_name,
-            args: Some(to_struct(&call.args)),
-        };
-        let state = self
-            .rpc(
-                Retry::Safe,
-                || self.request(message.clone(), caller, None),
-                |mut client, request| async move { client.submit(request).await },
-            )
-            .await?;
-        Ok(state.into())
-    }
-
-    async fn await_response(
-        &self,
-        caller: &Caller,
-        code: &str,
-        request_id: &str,
-        wait: Duration,
-    ) -> Outcome<RequestView> {
-        let message = pb::AwaitResponseRequest {
-            code: code.into(),
-            request_id: request_id.into(),
-            wait_ms: millis(wait),
-        };
-        // A wait cut off by its replica's death goes on, on another replica.
-        let reply = self.rpc(
-            Retry::Safe,
-            || self.request(message.clone(), caller, None),
-            |mut client, request| async move { client.await_response(request).await },
-        );
-        let state = self.waiting(code, request_id, reply).await?;
-        Ok(state.into())
-    }
-
-    async fn call(
-        &self,
-        caller: &Caller,
-        code: &str,
-        call: CallInput,
-        wait: Option<Duration>,
-    ) -> Outcome<RequestView> {
-        self.accepting()?;
-        self.check_depth(&call.args, "The arguments are")?;
-        // Chosen here, so that a caller cut off by the drain can be told which call to ask for,
-        // and so that asking another replica again is the same call.
-        let request_id = call.request_id.unwrap_or_else(crate::code::unique_id);
-        let message = pb::CallRequest {
-            code: code.into(),
-            request_id: request_id.clone(),
-            tool_id: call.tool_id.unwrap_or_default(),
-            function_name: call.function_name,
-            args: Some(to_struct(&call.args)),
-            timeout_ms: wait.map_or(0, millis),
-        };
-        let reply = self.rpc(
-            Retry::Safe,
-            || self.request(message.clone(), caller, None),
-            |mut client, request| async move { client.call(request).await },
-        );
-        let state = self.waiting(code, &request_id, reply).await?;
-        Ok(state.into())
-    }
-
-    async fn responses(
-        &self,
-        caller: &Caller,
-        code: &str,
-        request_id: Option<&str>,
-    ) -> Outcome<Vec<ToolResponse>> {
-        let message = pb::ListResponsesRequest {
-            code: code.into(),
-            request_id: request_id.unwrap_or_default().into(),
-        };
-        let reply = self
-            .rpc(
-                Retry::Safe,
-                || self.request(message.clone(), caller, None),
-                |mut client, request| async move { client.list_responses(request).await },
-            )
-            .await?;
-        Ok(reply.responses.into_iter().map(Into::into).collect())
-    }
-
-    async fn request_status(
-        &self,
-        caller: &Caller,
-        code: &str,
-        request_id: &str,
-    ) -> Outcome<RequestView> {
-        let message = pb::GetRequestStatusRequest {
-            code: code.into(),
-            request_id: request_id.into(),
-        };
-        let state = self
-            .rpc(
-                Retry::Safe,
-                || self.request(message.clone(), caller, None),
-                |mut client, request| async move { client.get_request_status(request).await },
-            )
-            .await?;
-        Ok(state.into())
-    }
-
-    async fn poll(
-        &self,
-        caller: &Caller,
-        code: &str,
-        token: Option<&str>,
-        max: Option<usize>,
-    ) -> Outcome<Vec<ToolRequest>> {
-        // A stopping gateway hands out no more calls, as one process does.
-        self.accepting()?;
-        let message = pb::PollRequestsRequest {
-            code: code.into(),
-            max: max.map_or(0, |max| u32::try_from(max).unwrap_or(u32::MAX)),
-        };
-        // Calls a lost poll took are handed out again when their lease runs out.
-        let reply = self
-            .rpc(
-                Retry::IfNotSent,
-                || self.request(message.clone(), caller, token),
-                |mut client, request| async move { client.poll_requests(request).await },
-            )
-            .await?;
-        Ok(reply.requests.into_iter().map(Into::into).collect())
-    }
-
-    async fn post_response(
-        &self,
-        caller: &Caller,
-        code: &str,
-        token: Option<&str>,
-        response: ProviderResponse,
-    ) -> Outcome<ResponseOutcome> {
-        // Only the nesting is checked here (it could not cross gRPC); the relay checks the rest.
-        let limits = AnswerLimits::depth_only(self.options.max_json_depth);
-        let (response, refused) = contain_response(response, limits);
-        let message = pb::PostResponseRequest {
-            code: code.into(),
-            response: Some(response.into()),
-        };
-        // Not asked again once sent: the first answer wins, and a second would be told so.
-        let reply = self
-            .rpc(
-                Retry::IfNotSent,
-                || self.request(message.clone(), caller, token),
-                |mut client, request| async move { client.post_response(request).await },
-            )
-            .await?;
-        if let Some(error) = refused.filter(|_| reply.accepted) {
-            return Err(error.into());
-        }
-        Ok(ResponseOutcome {
-            status: reply.status().into(),
-            request_id: reply.request_id,
-            accepted: reply.accepted,
-        })
-    }
-
-    async fn manifest_changes(
+    /// An item each time the session's manifest changes; ends with the session or the stream.
+    pub(crate) async fn manifest_changes(
         &self,
         caller: &Caller,
         code: &str,
     ) -> Outcome<futures::stream::BoxStream<'static, ()>> {
         let message = pb::GetManifestRequest { code: code.into() };
         let changes = self
-            .rpc(
-                Retry::Safe,
-                || self.request(message.clone(), caller, None),
+            .streaming(
+                || self.request(message.clone(), caller, &Credential::None),
                 |mut client, request| async move { client.watch_manifest(request).await },
             )
             .await?;
@@ -512,48 +272,8 @@ impl RelayApi for RemoteRelay {
             .boxed())
     }
 
-    async fn tools(&self, caller: &Caller) -> Outcome<Vec<ToolInfo>> {
-        let reply = self
-            .rpc(
-                Retry::Safe,
-                || self.request(pb::ListToolsRequest {}, caller, None),
-                |mut client, request| async move { client.list_tools(request).await },
-            )
-            .await?;
-        Ok(reply.tools.into_iter().map(Into::into).collect())
-    }
-
-    async fn call_tool(
-        &self,
-        caller: &Caller,
-        name: &str,
-        args: Value,
-        scope: Scope,
-    ) -> Outcome<Result<Value, ToolFailure>> {
-        if let Err(error) = self.check_depth(&args, "The arguments are") {
-            return Ok(Err(ToolFailure::new(
-                FailureKind::BadInput,
-                ToolCode::NestedTooDeeply,
-                error.message,
-            )));
-        }
-        let request = pb::CallToolRequest {
-            name: name.to_owned(),
-            args: Some(to_struct(&args)),
-            scope: scope.into(),
-        };
-        // A tool's run is not repeated: a caller whose relay died asks again itself.
-        let reply = self
-            .rpc(
-                Retry::IfNotSent,
-                || self.request(request.clone(), caller, None),
-                |mut client, request| async move { client.call_tool(request).await },
-            )
-            .await?;
-        Ok(tool_run(reply))
-    }
-
-    async fn attach(
+    /// Attaches a provider connection: a `Connect` stream to a replica.
+    pub(crate) async fn attach(
         &self,
         caller: &Caller,
         code: &str,
@@ -563,16 +283,15 @@ impl RelayApi for RemoteRelay {
         self.accepting()?;
         let code_value = MetadataValue::try_from(code)
             .map_err(|_| ErrorInfo::from(crate::RelayError::InvalidCode))?;
+        let credential = Credential::token(token.map(str::to_owned));
         // Each attempt has its own uplink: a failed attempt drops the stream it was given.
-        // Attaching again elsewhere is safe: the newest connection of a session wins.
         let (uplink, mut inbound) = self
-            .rpc(
-                Retry::Safe,
+            .streaming(
                 || {
                     let (uplink, from_provider) = mpsc::channel::<ProviderFrame>(LINK_BUFFER);
                     let outbound =
                         ReceiverStream::new(from_provider).map(pb::ProviderMessage::from);
-                    let mut request = self.request((uplink, outbound), caller, token);
+                    let mut request = self.request((uplink, outbound), caller, &credential);
                     let metadata = request.metadata_mut();
                     metadata.insert(SESSION_CODE_METADATA, code_value.clone());
                     metadata.insert(
@@ -672,8 +391,4 @@ fn unavailable(cause: &str) -> ErrorInfo {
             "The relay cannot be reached right now. Try again in a few seconds.",
         )
     }
-}
-
-fn millis(duration: Duration) -> u32 {
-    u32::try_from(duration.as_millis()).unwrap_or(u32::MAX)
 }

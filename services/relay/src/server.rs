@@ -13,7 +13,6 @@ use tokio_util::sync::CancellationToken;
 use tonic::service::Routes;
 use tonic::transport::server::TcpConnectInfo;
 use toolrelay::proto::FILE_DESCRIPTOR_SET;
-use toolrelay::proto::v1::relay_server::RelayServer;
 
 use crate::clock::Clock;
 use crate::config::{ENV_GATEWAY_SECRET, ENV_REDIS_URL, RelayConfig, StoreConfig};
@@ -148,12 +147,12 @@ async fn watch_store(
         match (relay.ready().await, serving) {
             (Err(error), true) => {
                 tracing::warn!(%error, "the store does not answer: not serving until it does");
-                health.set_not_serving::<RelayServer<RelayService>>().await;
+                health.set_not_serving::<RelayService>().await;
                 serving = false;
             }
             (Ok(()), false) => {
                 tracing::info!("the store answers again: serving");
-                health.set_serving::<RelayServer<RelayService>>().await;
+                health.set_serving::<RelayService>().await;
                 serving = true;
             }
             _ => {}
@@ -184,7 +183,7 @@ pub async fn run_sharing(
 ) -> Result<(), ServeError> {
     let stop = CancellationToken::new();
     let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<RelayServer<RelayService>>().await;
+    health.set_serving::<RelayService>().await;
     // v1 for current tools, v1alpha for grpcurl-style tools and Python's grpcio-reflection.
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;
@@ -230,7 +229,7 @@ pub async fn run_sharing(
     // Health turns red first, so load balancers stop sending work while the drain runs; the
     // listeners stay open, because tabs still answer over them.
     watching.abort();
-    health.set_not_serving::<RelayServer<RelayService>>().await;
+    health.set_not_serving::<RelayService>().await;
     tracing::info!("draining: refusing new work, waiting for delivered calls to be answered");
     let unanswered = relay.drain().run(relay.config().drain_timeout).await;
     tracing::info!(

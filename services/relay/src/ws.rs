@@ -212,11 +212,7 @@ pub async fn serve_socket<S>(
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let link = relay
-        .guarded_provider(
-            caller,
-            token,
-            relay.attach(code, token, Transport::WebSocket),
-        )
+        .attach_for(caller, code, token, Transport::WebSocket)
         .await
         .map_err(ErrorInfo::from);
     serve_link(socket, &SocketSettings::of(&relay), link).await;

@@ -7,6 +7,7 @@ use poem_openapi::payload::Json;
 use poem_openapi::{ApiResponse, Object, OpenApi};
 use serde_json::{Value, json};
 use toolrelay::wire::ProviderResponse;
+use toolrelay_relay::relay::operations::{GetManifest, PostResponse, Submit};
 use toolrelay_relay::{Downlink, Transport};
 
 use super::llm::call_input;
@@ -76,7 +77,17 @@ impl LegacyApi {
         let caller = &client.0;
         let body = body.0;
         let call = call_input(body.id, None, body.tool, body.args);
-        let view = self.state.relay.submit(caller, &body.code, call).await?;
+        let view = self
+            .state
+            .relay
+            .run(
+                caller,
+                Submit {
+                    code: body.code,
+                    call,
+                },
+            )
+            .await?;
         Ok(LegacyAccepted::Accepted(Json(LegacyStatus {
             id: view.request_id,
             status: view.status.into(),
@@ -104,7 +115,14 @@ impl LegacyApi {
                 let response = legacy_answer(body.id, body.result);
                 self.state
                     .relay
-                    .post_response(caller, &body.code, token.as_deref(), response)
+                    .run(
+                        caller,
+                        PostResponse {
+                            code: body.code,
+                            token,
+                            response,
+                        },
+                    )
                     .await?
             }
             Err(too_deep) => {
@@ -166,7 +184,11 @@ impl LegacyApi {
         client: Client,
     ) -> Result<Json<FlatMetadata>, ApiError> {
         let caller = &client.0;
-        let manifest = self.state.relay.manifest(caller, &code).await?;
+        let manifest = self
+            .state
+            .relay
+            .run(caller, GetManifest { code: code.0 })
+            .await?;
         Ok(Json(manifest.into()))
     }
 }

@@ -9,6 +9,9 @@ use poem_openapi::payload::Json;
 use poem_openapi::types::ToJSON;
 use poem_openapi::{ApiResponse, OpenApi};
 use serde_json::Value;
+use toolrelay_relay::relay::operations::{
+    AwaitResponse, Call, GetManifest, GetRequestStatus, GetSession, ListResponses, Submit,
+};
 use toolrelay_relay::{CallInput, ErrorCode};
 
 use super::{Authorization, Client, State, Tag, provider_token};
@@ -93,7 +96,11 @@ impl LlmApi {
         let bearer = provider_token(authorization.0.as_deref(), None)
             .filter(|bearer| !keys.is_some_and(|keys| keys.accepts(bearer)));
         if let Some(token) = bearer {
-            match relay.provider_session_status(caller, &code, &token).await {
+            let status = GetSession {
+                code: code.0.clone(),
+                token: Some(token),
+            };
+            match relay.run(caller, status).await {
                 Ok(status) => return Ok(Json(status.into())),
                 Err(error)
                     if matches!(
@@ -111,7 +118,15 @@ impl LlmApi {
                 Err(error) => return Err(error.into()),
             }
         }
-        let status = relay.session_status(caller, &code).await?;
+        let status = relay
+            .run(
+                caller,
+                GetSession {
+                    code: code.0,
+                    token: None,
+                },
+            )
+            .await?;
         Ok(Json(status.into()))
     }
 
@@ -131,7 +146,11 @@ impl LlmApi {
         client: Client,
     ) -> Result<Json<Metadata>, ApiError> {
         let caller = &client.0;
-        let manifest = self.state.relay.manifest(caller, &code).await?;
+        let manifest = self
+            .state
+            .relay
+            .run(caller, GetManifest { code: code.0 })
+            .await?;
         Ok(Json(manifest.into()))
     }
 
@@ -161,7 +180,14 @@ impl LlmApi {
         let view = self
             .state
             .relay
-            .call(caller, &code, call, Some(wait))
+            .run(
+                caller,
+                Call {
+                    code: code.0,
+                    call,
+                    wait: Some(wait),
+                },
+            )
             .await?;
         Ok(match view.response {
             Some(response) => CallOutcome::Answered(Json(response.into())),
@@ -188,7 +214,11 @@ impl LlmApi {
         let caller = &client.0;
         let body = body.0;
         let call = call_input(body.request_id, body.tool_id, body.function_name, body.args);
-        let view = self.state.relay.submit(caller, &code, call).await?;
+        let view = self
+            .state
+            .relay
+            .run(caller, Submit { code: code.0, call })
+            .await?;
         Ok(QueuedCall::Accepted(Json(Queued::from(view))))
     }
 
@@ -224,13 +254,20 @@ impl LlmApi {
             usize::try_from(limit.clamp(1, MAX_PAGE as u64)).unwrap_or(MAX_PAGE)
         });
         if let Some(id) = request_id.as_deref().filter(|_| !wait.is_zero()) {
-            relay.await_response(caller, &code, id, wait).await?;
+            let waited = AwaitResponse {
+                code: code.0.clone(),
+                request_id: id.to_owned(),
+                wait,
+            };
+            relay.run(caller, waited).await?;
         }
         let deadline = tokio::time::Instant::now() + wait;
         loop {
-            let responses = relay
-                .responses(caller, &code, request_id.as_deref())
-                .await?;
+            let listed = ListResponses {
+                code: code.0.clone(),
+                request_id: request_id.clone(),
+            };
+            let responses = relay.run(caller, listed).await?;
             let page = page_after(responses, after.0.as_deref(), limit);
             if !page.is_empty() || tokio::time::Instant::now() >= deadline {
                 let (answers, truncated) = fitted(page);
@@ -262,7 +299,13 @@ impl LlmApi {
         let view = self
             .state
             .relay
-            .request_status(caller, &code, &request_id)
+            .run(
+                caller,
+                GetRequestStatus {
+                    code: code.0,
+                    request_id: request_id.0,
+                },
+            )
             .await?;
         Ok(Json(view.into()))
     }

@@ -25,7 +25,7 @@ use crate::limits::Limiters;
 /// The gateway's shared state.
 pub struct Gateway {
     /// The relay, in this process or over gRPC.
-    pub relay: Arc<dyn RelayApi>,
+    pub relay: RelayApi,
     /// Settings.
     pub config: GatewayConfig,
     /// Rate limiters.

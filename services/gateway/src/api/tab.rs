@@ -17,6 +17,9 @@ use serde_json::{Value, json};
 use tokio_stream::wrappers::ReceiverStream;
 use toolrelay::json::ReadError;
 use toolrelay::wire::ProviderResponse;
+use toolrelay_relay::relay::operations::{
+    CreateSession, EndSession, PollRequests, PostResponse, RegisterManifest,
+};
 use toolrelay_relay::relay::too_deep_response;
 use toolrelay_relay::{
     Caller, Downlink, ErrorInfo, ProviderLink, RelayError, ResponseOutcome, Transport,
@@ -64,7 +67,7 @@ impl TabApi {
     )]
     async fn create_session(&self, client: Client) -> Result<SessionCreated, ApiError> {
         self.state.limits.create_session(client.0.address).await?;
-        let session = self.state.relay.create_session(&client.0).await?;
+        let session = self.state.relay.run(&client.0, CreateSession).await?;
         let created = CreatedSession::new(session, &self.state.config.public_base_url);
         Ok(SessionCreated::Created(Json(created)))
     }
@@ -92,7 +95,13 @@ impl TabApi {
         let token = provider_token(authorization.as_deref(), token.0);
         self.state
             .relay
-            .end_session(caller, &code, token.as_deref())
+            .run(
+                caller,
+                EndSession {
+                    code: code.0,
+                    token,
+                },
+            )
             .await?;
         Ok(SessionEnded::Ended)
     }
@@ -162,7 +171,14 @@ impl TabApi {
         let calls = self
             .state
             .relay
-            .poll(caller, &code, token.as_deref(), None)
+            .run(
+                caller,
+                PollRequests {
+                    code: code.0,
+                    token,
+                    max: None,
+                },
+            )
             .await?;
         Ok(Json(calls.into_iter().map(PendingCall::from).collect()))
     }
@@ -200,7 +216,14 @@ impl TabApi {
                 };
                 self.state
                     .relay
-                    .post_response(caller, &code, token.as_deref(), response)
+                    .run(
+                        caller,
+                        PostResponse {
+                            code: code.0,
+                            token,
+                            response,
+                        },
+                    )
                     .await?
             }
             Err(too_deep) => {
@@ -253,7 +276,14 @@ impl TabApi {
         let count = self
             .state
             .relay
-            .register_manifest(caller, &code, token.as_deref(), &body.0)
+            .run(
+                caller,
+                RegisterManifest {
+                    code: code.0,
+                    token,
+                    tools: body.0,
+                },
+            )
             .await?;
         Ok(Json(Registered {
             tools: count as u64,
@@ -361,7 +391,14 @@ impl TooDeepAnswer<'_> {
         let (failed, refusal) = too_deep_response(self.request_id, state.config.max_json_depth);
         let outcome = state
             .relay
-            .post_response(self.caller, self.code, self.token, failed)
+            .run(
+                self.caller,
+                PostResponse {
+                    code: self.code.to_owned(),
+                    token: self.token.map(str::to_owned),
+                    response: failed,
+                },
+            )
             .await?;
         if outcome.accepted {
             return Err(ErrorInfo::from(refusal).into());

@@ -9,6 +9,7 @@ use poem_openapi::registry::{MetaResponses, Registry};
 use poem_openapi::{ApiResponse, Object, OpenApi};
 use serde_json::Value;
 use toolrelay_relay::builtin::{FailureCode, FailureKind, Scope, ToolFailure};
+use toolrelay_relay::relay::operations::{CallTool, ListTools};
 use toolrelay_relay::{ErrorInfo, ErrorKind};
 
 use super::{Client, State, Tag};
@@ -150,7 +151,7 @@ impl ToolsApi {
     /// input. They are also in every session's metadata.
     #[oai(path = "/api/tools", method = "get", operation_id = "listTools")]
     async fn list_tools(&self, client: Client) -> Result<Json<ToolList>, ApiError> {
-        let tools = self.state.relay.tools(&client.0).await?;
+        let tools = self.state.relay.run(&client.0, ListTools).await?;
         Ok(Json(ToolList {
             tools: tools
                 .into_iter()
@@ -193,7 +194,14 @@ impl ToolsApi {
         let ran = self
             .state
             .relay
-            .call_tool(&client.0, &tool_name, body.0, scope)
+            .run(
+                &client.0,
+                CallTool {
+                    name: tool_name.clone(),
+                    args: body.0,
+                    scope,
+                },
+            )
             .await;
         match ran {
             Ok(Ok(result)) => ToolOutcome {

@@ -49,6 +49,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use toolrelay_relay::Caller;
 use toolrelay_relay::clock::Clock;
+use toolrelay_relay::relay::operations::ListTools;
 
 use crate::api::State;
 use pairing::Pairing;
@@ -343,7 +344,7 @@ impl ServerHandler for RelayMcp {
         let builtins = self
             .state
             .relay
-            .tools(&caller_of(&context))
+            .run(&caller_of(&context), ListTools)
             .await
             .map_err(|error| McpError::internal_error(error.message, None))?;
         let mut tools: Vec<Tool> = builtins

@@ -8,6 +8,7 @@ use rmcp::model::{CallToolResult, Tool};
 use rmcp::service::RequestContext;
 use serde_json::{Value, json};
 use toolrelay_relay::Caller;
+use toolrelay_relay::relay::operations::GetSession;
 
 use super::tools::{failure, from_error, success, tool};
 use super::{RelayMcp, caller_of};
@@ -96,7 +97,18 @@ impl RelayMcp {
                 "connect_session needs {\"code\": \"<pairing code>\"}: ask the user for the code shown in the plugin.",
             );
         };
-        let status = match self.state.relay.session_status(caller, &code).await {
+        let status = match self
+            .state
+            .relay
+            .run(
+                caller,
+                GetSession {
+                    code: code.clone(),
+                    token: None,
+                },
+            )
+            .await
+        {
             Ok(status) => status,
             Err(error) => return from_error(&error),
         };

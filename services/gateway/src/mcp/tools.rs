@@ -11,6 +11,9 @@ use rmcp::model::{CallToolResult, ContentBlock, JsonObject, ProgressNotification
 use rmcp::service::RequestContext;
 use serde_json::{Value, json};
 use toolrelay_relay::builtin::{FailureCode, Scope};
+use toolrelay_relay::relay::operations::{
+    AwaitResponse, CallTool, GetManifest, ResolveHandle, Submit,
+};
 use toolrelay_relay::{CallInput, Caller, ErrorCode, ErrorInfo, ErrorKind, SessionCode};
 
 use super::{RelayMcp, caller_of, mcp_session_of, request_of};
@@ -64,7 +67,7 @@ impl RelayMcp {
             return;
         };
         let peer = context.peer.clone();
-        let relay = Arc::clone(&self.state.relay);
+        let relay = self.state.relay.clone();
         // The server's end or the session's.
         let stopping = self.state.shutdown.clone();
         let ended = self.ended.0.clone();
@@ -76,7 +79,10 @@ impl RelayMcp {
             loop {
                 // A relay that cannot be reached (a replica died, the store is away) is asked
                 // again; only a session that is gone ends the watch.
-                let watched = match relay.resolve_handle(&request.caller, &handle).await {
+                let resolve = ResolveHandle {
+                    handle: handle.clone(),
+                };
+                let watched = match relay.run(&request.caller, resolve).await {
                     Ok(code) => relay.manifest_changes(&request.caller, &code).await,
                     Err(error) => Err(error),
                 };
@@ -136,7 +142,7 @@ impl RelayMcp {
             .unwrap_or_default();
         self.state
             .relay
-            .resolve_handle(&caller_of(context), &handle)
+            .run(&caller_of(context), ResolveHandle { handle })
             .await
     }
 
@@ -149,7 +155,15 @@ impl RelayMcp {
         if SessionCode::parse(session).is_ok() {
             return Ok(session.to_owned());
         }
-        self.state.relay.resolve_handle(caller, session).await
+        self.state
+            .relay
+            .run(
+                caller,
+                ResolveHandle {
+                    handle: session.to_owned(),
+                },
+            )
+            .await
     }
 
     /// The session's tools, as MCP tools.
@@ -158,7 +172,16 @@ impl RelayMcp {
         caller: &Caller,
         code: &str,
     ) -> Result<Vec<Tool>, ErrorInfo> {
-        let manifest = self.state.relay.manifest(caller, code).await?;
+        let manifest = self
+            .state
+            .relay
+            .run(
+                caller,
+                GetManifest {
+                    code: code.to_owned(),
+                },
+            )
+            .await?;
         Ok(manifest
             .flat()
             .tools
@@ -182,7 +205,11 @@ impl RelayMcp {
             args: arguments,
             ..CallInput::default()
         };
-        let mut view = match relay.submit(caller, code, call).await {
+        let submit = Submit {
+            code: code.to_owned(),
+            call,
+        };
+        let mut view = match relay.run(caller, submit).await {
             Ok(view) => view,
             Err(error) => return from_error(&error),
         };
@@ -190,7 +217,7 @@ impl RelayMcp {
         let mut waited = 0.0;
         while view.response.is_none() {
             tokio::select! {
-                next = relay.await_response(caller, code, &view.request_id, PROGRESS_EVERY) => match next {
+                next = relay.run(caller, AwaitResponse { code: code.to_owned(), request_id: view.request_id.clone(), wait: PROGRESS_EVERY }) => match next {
                     Ok(next) => view = next,
                     Err(error) => return from_error(&error),
                 },
@@ -247,7 +274,14 @@ impl RelayMcp {
         match self
             .state
             .relay
-            .call_tool(&caller, name, arguments, scope)
+            .run(
+                &caller,
+                CallTool {
+                    name: name.to_owned(),
+                    args: arguments,
+                    scope,
+                },
+            )
             .await
         {
             Ok(Ok(value)) => success(value),

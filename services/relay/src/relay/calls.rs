@@ -6,12 +6,21 @@ use serde_json::Value;
 use toolrelay::wire::RequestStatus;
 
 use super::{CallInput, Relay, RequestView, not_found};
+use crate::api::Outcome;
 use crate::builtin::{BUILTIN_GROUP, Registry};
 use crate::clock::Timestamp;
 use crate::code::{self, SessionCode};
 use crate::error::RelayError;
+use crate::limits::Caller;
 use crate::manifest::Manifest;
+use crate::operation::{Credential, Credentials, Operation, Visitor};
+use crate::pool::Retry;
+use crate::remote::RemoteRelay;
 use crate::store::{EnqueueChecks, Enqueued, NewRequest, RateCharge, RequestRecord};
+use tonic::Status;
+use toolrelay::convert::Malformed;
+use toolrelay::json::to_struct;
+use toolrelay::proto::v1 as pb;
 
 impl Relay {
     /// Queues a call after checking it against the manifest; returns at once. Repeating a
@@ -335,4 +344,173 @@ pub(super) fn unknown_function(
             .unwrap_or_default(),
         available,
     }
+}
+
+/// Queues a call; answers at once.
+#[derive(Debug, Clone)]
+pub struct Submit {
+    /// The session code.
+    pub code: String,
+    /// The call.
+    pub call: CallInput,
+}
+
+impl Operation for Submit {
+    const PATH: &'static str = "/toolrelay.v1.Relay/Submit";
+    // Named by its request id, so asking another replica again is the same call.
+    const RETRY: Retry = Retry::Safe;
+    type Message = pb::SubmitRequest;
+    type Reply = pb::RequestState;
+    type Output = RequestView;
+
+    async fn run(self, relay: &Relay, caller: &Caller) -> Result<RequestView, RelayError> {
+        relay.limits().admit(caller)?;
+        // The caller's budget is spent as the call is queued: one round trip to the store.
+        let charge = relay.limits().call_charge(caller, &self.code);
+        let call = traced(self.call, caller);
+        relay
+            .guarded(caller, relay.submit_charged(&self.code, call, Some(charge)))
+            .await
+    }
+
+    fn into_message(self) -> (Self::Message, Credential) {
+        let call = self.call;
+        let message = pb::SubmitRequest {
+            code: self.code,
+            request_id: call.request_id.unwrap_or_default(),
+            tool_id: call.tool_id.unwrap_or_default(),
+            function_name: call.function_name,
+            args: Some(to_struct(&call.args)),
+        };
+        (message, Credential::None)
+    }
+
+    fn from_message(message: Self::Message, _: Credentials) -> Result<Self, Status> {
+        let call = CallInput::from_message(
+            message.request_id,
+            message.tool_id,
+            message.function_name,
+            message.args,
+        );
+        Ok(Self {
+            code: message.code,
+            call,
+        })
+    }
+
+    fn reply(output: RequestView) -> Self::Reply {
+        output.into()
+    }
+
+    fn output(reply: Self::Reply) -> Result<RequestView, Malformed> {
+        Ok(reply.into())
+    }
+
+    async fn send(mut self, remote: &RemoteRelay, caller: &Caller) -> Outcome<RequestView> {
+        remote.accepting()?;
+        remote.check_depth(&self.call.args, "The arguments are")?;
+        // Named here, so that asking another replica again is the same call.
+        self.call.request_id.get_or_insert_with(code::unique_id);
+        remote.unary(caller, self).await
+    }
+}
+
+/// Queues a call and waits for its answer, up to `wait` (the relay's default when `None`).
+#[derive(Debug, Clone)]
+pub struct Call {
+    /// The session code.
+    pub code: String,
+    /// The call.
+    pub call: CallInput,
+    /// How long to wait for the answer.
+    pub wait: Option<Duration>,
+}
+
+impl Operation for Call {
+    const PATH: &'static str = "/toolrelay.v1.Relay/Call";
+    // A wait cut off by its replica's death goes on, on another replica: the call is named.
+    const RETRY: Retry = Retry::Safe;
+    type Message = pb::CallRequest;
+    type Reply = pb::RequestState;
+    type Output = RequestView;
+
+    async fn run(self, relay: &Relay, caller: &Caller) -> Result<RequestView, RelayError> {
+        relay.limits().admit(caller)?;
+        let charge = relay.limits().call_charge(caller, &self.code);
+        let call = traced(self.call, caller);
+        let called = relay.call_charged(&self.code, call, self.wait, Some(charge));
+        relay.guarded(caller, called).await
+    }
+
+    fn into_message(self) -> (Self::Message, Credential) {
+        let call = self.call;
+        let message = pb::CallRequest {
+            code: self.code,
+            request_id: call.request_id.unwrap_or_default(),
+            tool_id: call.tool_id.unwrap_or_default(),
+            function_name: call.function_name,
+            args: Some(to_struct(&call.args)),
+            timeout_ms: self.wait.map_or(0, wire_millis),
+        };
+        (message, Credential::None)
+    }
+
+    fn from_message(message: Self::Message, _: Credentials) -> Result<Self, Status> {
+        let wait =
+            (message.timeout_ms > 0).then(|| Duration::from_millis(u64::from(message.timeout_ms)));
+        let call = CallInput::from_message(
+            message.request_id,
+            message.tool_id,
+            message.function_name,
+            message.args,
+        );
+        Ok(Self {
+            code: message.code,
+            call,
+            wait,
+        })
+    }
+
+    fn reply(output: RequestView) -> Self::Reply {
+        output.into()
+    }
+
+    fn output(reply: Self::Reply) -> Result<RequestView, Malformed> {
+        Ok(reply.into())
+    }
+
+    async fn send(mut self, remote: &RemoteRelay, caller: &Caller) -> Outcome<RequestView> {
+        remote.accepting()?;
+        remote.check_depth(&self.call.args, "The arguments are")?;
+        // Chosen here, so that a caller cut off by the drain can be told which call to ask
+        // for, and so that asking another replica again is the same call.
+        let request_id = self
+            .call
+            .request_id
+            .get_or_insert_with(code::unique_id)
+            .clone();
+        let code = self.code.clone();
+        remote
+            .waiting(&code, &request_id, remote.unary(caller, self))
+            .await
+    }
+}
+
+/// A call carrying its caller's correlation id, unless it has one.
+fn traced(mut call: CallInput, caller: &Caller) -> CallInput {
+    if call.correlation_id.is_none() {
+        call.correlation_id.clone_from(&caller.correlation_id);
+    }
+    call
+}
+
+/// A wait as the wire carries it: milliseconds, at most `u32::MAX`.
+pub(crate) fn wire_millis(duration: Duration) -> u32 {
+    u32::try_from(duration.as_millis()).unwrap_or(u32::MAX)
+}
+
+/// This family's operations, for the gRPC server's routes ([`crate::operation::each`]).
+pub(super) fn operations(visitor: &mut impl Visitor) {
+    visitor.visit::<Submit>();
+    visitor.visit::<Call>();
 }

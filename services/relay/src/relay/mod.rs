@@ -8,9 +8,32 @@ mod answers;
 mod builtin;
 mod calls;
 mod manifests;
+mod polling;
 mod sessions;
 pub(crate) mod tabs;
 mod waiting;
+
+/// The relay's operations as units ([`crate::operation`]), from every family.
+pub mod operations {
+    pub use super::answers::*;
+    pub use super::builtin::*;
+    pub use super::calls::*;
+    pub use super::manifests::*;
+    pub use super::polling::*;
+    pub use super::sessions::*;
+    pub use super::waiting::*;
+}
+
+/// Shows `visitor` every family's operations.
+pub(crate) fn each_operation(visitor: &mut impl crate::operation::Visitor) {
+    answers::operations(visitor);
+    builtin::operations(visitor);
+    calls::operations(visitor);
+    manifests::operations(visitor);
+    polling::operations(visitor);
+    sessions::operations(visitor);
+    waiting::operations(visitor);
+}
 
 pub use self::answers::{AnswerLimits, contain_response, too_deep_response};
 

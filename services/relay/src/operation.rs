@@ -1,0 +1,152 @@
+//! One operation in one place: the [`Operation`] unit every unary RPC of `toolrelay.v1.Relay`
+//! is written as.
+//!
+//! An operation is a struct holding its request (a session code, a provider token, …) and an
+//! `impl Operation` beside its domain step, in the family file under [`crate::relay`]
+//! (`sessions.rs`, `manifests.rs`, `calls.rs`, `waiting.rs`, `answers.rs`, `builtin.rs`). The
+//! unit owns everything about it:
+//! * [`run`](Operation::run) — the caller's checks (the brute-force guard, budgets), then the
+//!   domain step, in this process;
+//! * [`RETRY`](Operation::RETRY) — whether a front end may ask another replica again;
+//! * its wire form: [`into_message`](Operation::into_message) and
+//!   [`from_message`](Operation::from_message) for the request,
+//!   [`reply`](Operation::reply) and [`output`](Operation::output) for the answer;
+//! * [`send`](Operation::send) — what a front end in front of a remote relay does before it
+//!   sends the request (refusing while it drains, checking nesting, naming the call).
+//!
+//! The transports are generic over it and name no operation: the gRPC server routes
+//! [`PATH`](Operation::PATH) to `from_message` → [`serve`](Operation::serve) → `reply`
+//! ([`crate::grpc`]); [`RemoteRelay`] sends `into_message` and reads `output`; the gateway
+//! calls [`RelayApi::run`](crate::api::RelayApi::run), which is `run` in one process and
+//! `send` in a split deployment.
+//!
+//! # Adding an operation
+//! 1. Its RPC and messages in `proto/toolrelay/v1/relay.proto`.
+//! 2. Its struct and `impl Operation` in the family file of [`crate::relay`] it belongs to,
+//!    beside (or as) its domain step, listed in that file's `operations` function (a new
+//!    family file: its `mod` line and `use` line in `relay/mod.rs`).
+//! 3. Its HTTP route in the gateway (`services/gateway/src/api/`), which calls
+//!    `state.relay.run(caller, TheOperation { … })`.
+//!
+//! The streaming RPCs (`Connect`, `WatchManifest`) and readiness are not units: they are
+//! [`RelayApi`](crate::api::RelayApi)'s own methods.
+
+use std::future::Future;
+
+use tonic::Status;
+use tonic::metadata::MetadataMap;
+use toolrelay::convert::Malformed;
+
+use crate::api::Outcome;
+use crate::error::RelayError;
+use crate::limits::Caller;
+use crate::pool::Retry;
+use crate::relay::Relay;
+use crate::remote::RemoteRelay;
+
+/// A unary operation of the relay; see the [module](self).
+pub trait Operation: Sized + Send + Sync + 'static {
+    /// Its RPC: `/toolrelay.v1.Relay/{Method}`.
+    const PATH: &'static str;
+    /// Whether a front end may ask another replica again when the one it asked did not answer.
+    const RETRY: Retry;
+    /// The request on the wire.
+    type Message: prost::Message + Default + Clone + Send + Sync + 'static;
+    /// The answer on the wire.
+    type Reply: prost::Message + Default + Send + 'static;
+    /// The answer.
+    type Output: Send + 'static;
+
+    /// Runs the operation in this process for `caller`: its checks, then its domain step.
+    fn run(
+        self,
+        relay: &Relay,
+        caller: &Caller,
+    ) -> impl Future<Output = Result<Self::Output, RelayError>> + Send;
+
+    /// The request as sent: its message and the credential it carries.
+    fn into_message(self) -> (Self::Message, Credential);
+
+    /// The operation a request asks for.
+    fn from_message(message: Self::Message, credentials: Credentials) -> Result<Self, Status>;
+
+    /// The answer as sent.
+    fn reply(output: Self::Output) -> Self::Reply;
+
+    /// The answer as received.
+    fn output(reply: Self::Reply) -> Result<Self::Output, Malformed>;
+
+    /// Serves a request in this process: [`run`](Self::run), then [`reply`](Self::reply).
+    /// An operation whose reply says more than its output overrides it.
+    fn serve(
+        self,
+        relay: &Relay,
+        caller: &Caller,
+    ) -> impl Future<Output = Result<Self::Reply, RelayError>> + Send {
+        async move { self.run(relay, caller).await.map(Self::reply) }
+    }
+
+    /// Runs the operation on a relay in another process. By default the request is sent as
+    /// it is; an operation overrides this with what the front end checks first.
+    fn send(
+        self,
+        remote: &RemoteRelay,
+        caller: &Caller,
+    ) -> impl Future<Output = Outcome<Self::Output>> + Send {
+        remote.unary(caller, self)
+    }
+}
+
+/// The credential a request carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Credential {
+    /// None.
+    None,
+    /// The session's provider token, as `authorization: Bearer …`.
+    Token(String),
+    /// The session's provider token where `authorization` carries an API key
+    /// ([`PROVIDER_TOKEN_METADATA`](crate::grpc::PROVIDER_TOKEN_METADATA)): the brute-force
+    /// guard never refuses it.
+    ProviderToken(String),
+}
+
+impl Credential {
+    /// A provider token, when there is one, as `authorization: Bearer …`.
+    pub fn token(token: Option<String>) -> Self {
+        token.map_or(Self::None, Self::Token)
+    }
+}
+
+/// The credentials a request arrived with.
+#[derive(Debug, Clone, Default)]
+pub struct Credentials {
+    /// `authorization: Bearer …`: a provider token, or an API key.
+    pub bearer: Option<String>,
+    /// [`PROVIDER_TOKEN_METADATA`](crate::grpc::PROVIDER_TOKEN_METADATA).
+    pub provider_token: Option<String>,
+}
+
+impl Credentials {
+    /// What `metadata` carries.
+    pub fn of(metadata: &MetadataMap) -> Self {
+        Self {
+            bearer: crate::grpc::bearer(metadata),
+            provider_token: crate::grpc::metadata_str(
+                metadata,
+                crate::grpc::PROVIDER_TOKEN_METADATA,
+            ),
+        }
+    }
+}
+
+/// Something that takes every operation type in turn ([`each`]).
+pub trait Visitor {
+    /// Takes `O`.
+    fn visit<O: Operation>(&mut self);
+}
+
+/// Shows `visitor` every operation: the gRPC server's routes are built this way. Each family
+/// file lists its own (its `operations` function).
+pub fn each(visitor: &mut impl Visitor) {
+    crate::relay::each_operation(visitor);
+}

@@ -1,0 +1,82 @@
+//! Polling: a provider without a connection takes its session's waiting calls by asking
+//! (the domain step is [`Relay::poll`], beside the other provider transports in
+//! [`crate::provider`]).
+
+use tonic::Status;
+use toolrelay::convert::Malformed;
+use toolrelay::proto::v1 as pb;
+use toolrelay::wire::ToolRequest;
+
+use super::Relay;
+use crate::api::Outcome;
+use crate::error::RelayError;
+use crate::limits::Caller;
+use crate::operation::{Credential, Credentials, Operation, Visitor};
+use crate::pool::Retry;
+use crate::remote::RemoteRelay;
+
+/// The polling fallback (provider token): the session's waiting calls, at most `max`.
+#[derive(Debug, Clone)]
+pub struct PollRequests {
+    /// The session code.
+    pub code: String,
+    /// The provider token.
+    pub token: Option<String>,
+    /// Most calls handed out (all when `None`).
+    pub max: Option<usize>,
+}
+
+impl Operation for PollRequests {
+    const PATH: &'static str = "/toolrelay.v1.Relay/PollRequests";
+    // Calls a lost poll took are handed out again when their lease runs out.
+    const RETRY: Retry = Retry::IfNotSent;
+    type Message = pb::PollRequestsRequest;
+    type Reply = pb::PollRequestsResponse;
+    type Output = Vec<ToolRequest>;
+
+    async fn run(self, relay: &Relay, caller: &Caller) -> Result<Vec<ToolRequest>, RelayError> {
+        let token = self.token.as_deref();
+        let polled = relay.poll(&self.code, token, self.max);
+        relay.guarded_provider(caller, token, polled).await
+    }
+
+    fn into_message(self) -> (Self::Message, Credential) {
+        let message = pb::PollRequestsRequest {
+            code: self.code,
+            max: self
+                .max
+                .map_or(0, |max| u32::try_from(max).unwrap_or(u32::MAX)),
+        };
+        (message, Credential::token(self.token))
+    }
+
+    fn from_message(message: Self::Message, credentials: Credentials) -> Result<Self, Status> {
+        let max = (message.max > 0).then(|| usize::try_from(message.max).unwrap_or(usize::MAX));
+        Ok(Self {
+            code: message.code,
+            token: credentials.bearer,
+            max,
+        })
+    }
+
+    fn reply(output: Vec<ToolRequest>) -> Self::Reply {
+        pb::PollRequestsResponse {
+            requests: output.into_iter().map(Into::into).collect(),
+        }
+    }
+
+    fn output(reply: Self::Reply) -> Result<Vec<ToolRequest>, Malformed> {
+        Ok(reply.requests.into_iter().map(Into::into).collect())
+    }
+
+    async fn send(self, remote: &RemoteRelay, caller: &Caller) -> Outcome<Vec<ToolRequest>> {
+        // A stopping gateway hands out no more calls, as one process does.
+        remote.accepting()?;
+        remote.unary(caller, self).await
+    }
+}
+
+/// This family's operations, for the gRPC server's routes ([`crate::operation::each`]).
+pub(super) fn operations(visitor: &mut impl Visitor) {
+    visitor.visit::<PollRequests>();
+}
