@@ -12,7 +12,7 @@ use super::Relay;
 use crate::builtin::{Context, FailureKind, Scope, Tickets, ToolCode, ToolFailure, ToolInfo};
 use crate::code::{self, SessionCode};
 use crate::error::RelayError;
-use crate::metrics::AnsweredBy;
+use crate::metrics::{AnsweredBy, MipTool};
 use crate::store::{Answerer, BUILTIN_LEASE, NewRequest, RequestRecord};
 
 impl Relay {
@@ -76,7 +76,7 @@ impl Relay {
         let context = self.tool_context(Scope::Session(code.clone()));
         match self.inner.tools.ready(&request.function_name, &context) {
             Err(failure) if failure.kind == FailureKind::Busy => {
-                if let Some(tool) = crate::builtin::mip::metric_tool(&request.function_name) {
+                if let Some(tool) = MipTool::of_tool(&request.function_name) {
                     self.inner.metrics.mip_refused(tool);
                 }
                 Err(RelayError::ToolBusy {
