@@ -13,7 +13,7 @@
 # Usage: bench/redis-fleet.sh [BIN_DIR] [more toolrelay-bench flags]
 #   BIN_DIR: where `toolrelay` is (default: next to the bench). The bench itself is
 #   $BENCH, else $CARGO_TARGET_DIR/release/toolrelay-bench, else target/release/toolrelay-bench.
-# Build first: cargo build --release -p toolrelay-bench -p toolrelay-gateway --bins
+# Build first: cargo build --release -p toolrelay-bench -p toolrelay-server --bins
 # Before and after in one window: run it twice with the same bench, once per BIN_DIR.
 set -eu
 BENCH=${BENCH:-${CARGO_TARGET_DIR:-target}/release/toolrelay-bench}

@@ -4,7 +4,7 @@
 //! the same run, so that every figure comes with its ratio to the floor.
 //!
 //! ```text
-//! cargo build --release -p toolrelay-bench -p toolrelay-relay -p toolrelay-gateway --bins
+//! cargo build --release -p toolrelay-bench -p toolrelay-server -p toolrelay-gateway --bins
 //! target/release/toolrelay-bench --scenario all --mode one,split
 //! bench/redis-fleet.sh            # the Redis fleet's set: two replicas on one Redis
 //! ```

@@ -37,6 +37,7 @@ use toolrelay::proto::v1::relay_client::RelayClient;
 use toolrelay::proto::v1::{
     CallRequest, CreateSessionRequest, CreateSessionResponse, RequestState,
 };
+use toolrelay_builtin::BuiltinConfig;
 use toolrelay_relay::RelayConfig;
 use toolrelay_relay::server::{self, Listeners};
 
@@ -165,9 +166,18 @@ pub async fn test_redis() -> Option<redis::RedisServer> {
 }
 
 /// A relay over the store of this test run: memory, or (in Redis mode) a Redis of its own,
-/// returned with it so it lives as long as the relay.
+/// returned with it so it lives as long as the relay. It runs the built-in tools with their
+/// default settings.
 pub async fn test_relay(
+    config: RelayConfig,
+) -> (toolrelay_relay::Relay, Option<redis::RedisServer>) {
+    test_relay_with(config, &BuiltinConfig::default()).await
+}
+
+/// [`test_relay`] with the built-in tools set up as `tools` says.
+pub async fn test_relay_with(
     mut config: RelayConfig,
+    tools: &BuiltinConfig,
 ) -> (toolrelay_relay::Relay, Option<redis::RedisServer>) {
     let redis = test_redis().await;
     if let Some(redis) = &redis {
@@ -177,7 +187,8 @@ pub async fn test_relay(
         };
     }
     let metrics = toolrelay_relay::Metrics::new("toolrelay-test");
-    (server::relay(config, &metrics).await.unwrap(), redis)
+    let tools = toolrelay_builtin::standard(tools, &metrics);
+    (server::relay(config, tools, &metrics).await.unwrap(), redis)
 }
 
 impl TestRelay {
@@ -215,7 +226,8 @@ impl TestRelay {
         let websocket = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addresses = (grpc.local_addr().unwrap(), websocket.local_addr().unwrap());
         let metrics = toolrelay_relay::Metrics::new("toolrelay-test");
-        let relay = server::relay(config, &metrics).await.unwrap();
+        let tools = toolrelay_builtin::standard(&BuiltinConfig::default(), &metrics);
+        let relay = server::relay(config, tools, &metrics).await.unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
         let listeners = Listeners {
             grpc,

@@ -14,6 +14,7 @@ use tokio::net::TcpListener;
 use tokio::process::{Child, Command};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
+use toolrelay_builtin::BuiltinConfig;
 use toolrelay_gateway::config::{ENV_LISTEN, ENV_RELAY_URL, GatewayConfig};
 use toolrelay_relay::config::{
     ENV_GATEWAY_SECRET, ENV_GRPC_LISTEN, ENV_LOG_FORMAT, ENV_REDIS_URL, ENV_WS_LISTEN,
@@ -78,8 +79,19 @@ impl System {
 
     /// Relay and gateway in this process, with these settings.
     pub async fn with(relay: RelayConfig, adjust: impl FnOnce(&mut GatewayConfig)) -> Self {
+        Self::with_tools(relay, BuiltinConfig::default(), adjust).await
+    }
+
+    /// Relay and gateway in this process, with these settings and the built-in tools set up
+    /// as `tools` says.
+    pub async fn with_tools(
+        relay: RelayConfig,
+        tools: BuiltinConfig,
+        adjust: impl FnOnce(&mut GatewayConfig),
+    ) -> Self {
         relay.validate().unwrap();
-        let (relay, redis) = crate::test_relay(relay).await;
+        tools.validate().unwrap();
+        let (relay, redis) = crate::test_relay_with(relay, &tools).await;
         let mut system = Self::serving(relay, adjust).await;
         system.redis = redis;
         system

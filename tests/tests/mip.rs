@@ -11,9 +11,10 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use toolrelay::json::to_struct;
 use toolrelay::proto::v1 as pb;
+use toolrelay_builtin::BuiltinConfig;
+use toolrelay_builtin::config::{ENV_MIP_MAX_CONCURRENT, ENV_MIP_QUEUE_WAIT};
 use toolrelay_gateway::config::ENV_TRUSTED_PROXIES;
 use toolrelay_relay::RelayConfig;
-use toolrelay_relay::config::{ENV_MIP_MAX_CONCURRENT, ENV_MIP_QUEUE_WAIT};
 use toolrelay_tests::remip::ReMip;
 use toolrelay_tests::system::{Answer, System, send};
 use toolrelay_tests::{Deadline, relay_client, wait_until};
@@ -301,9 +302,9 @@ async fn a_small_mip_is_solved_with_highs() {
 #[tokio::test]
 async fn a_small_mip_is_solved_by_a_remip_server() {
     let remip = ReMip::start().await;
-    let mut config = RelayConfig::default();
-    config.builtin.mip.remip_url = Some(remip.url.clone());
-    let system = System::with(config, |_| {}).await;
+    let mut tools = BuiltinConfig::default();
+    tools.mip.remip_url = Some(remip.url.clone());
+    let system = System::with_tools(RelayConfig::default(), tools, |_| {}).await;
     plan_round_trip(&system, "remip-conversation").await;
     assert!(
         remip.solves() >= 1,
@@ -705,9 +706,9 @@ async fn one_caller_runs_one_model_at_a_time() {
 
 #[tokio::test]
 async fn models_that_cannot_be_solved_honestly_are_refused() {
-    let mut config = RelayConfig::default();
-    config.builtin.mip.sandbox.result_bytes = 20_000;
-    let system = System::with(config, |_| {}).await;
+    let mut tools = BuiltinConfig::default();
+    tools.mip.sandbox.result_bytes = 20_000;
+    let system = System::with_tools(RelayConfig::default(), tools, |_| {}).await;
     let generate = |code: &str| {
         tool(
             &system,
@@ -804,11 +805,11 @@ async fn until_mip_slots(system: &System, wanted: (u64, u64)) {
 #[tokio::test]
 async fn a_solve_whose_caller_left_keeps_its_slot_until_it_ends() {
     const LIMIT_SECONDS: f64 = 3.0;
-    let mut config = RelayConfig::default();
-    config.builtin.mip.max_concurrent = 1;
+    let mut tools = BuiltinConfig::default();
+    tools.mip.max_concurrent = 1;
     // A call that finds the slot taken is refused at once rather than waiting for its turn.
-    config.builtin.mip.queue_wait = Duration::ZERO;
-    let system = System::with(config, |_| {}).await;
+    tools.mip.queue_wait = Duration::ZERO;
+    let system = System::with_tools(RelayConfig::default(), tools, |_| {}).await;
     let hard = ok(
         &system,
         "leaver",

@@ -5,8 +5,8 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use toolrelay_relay::builtin::mip::model::{Model, Solution, SolveStatus};
-use toolrelay_relay::builtin::mip::{highs, remip};
+use toolrelay_builtin::mip::model::{Model, Solution, SolveStatus};
+use toolrelay_builtin::mip::{highs, remip};
 use toolrelay_tests::free_port;
 use toolrelay_tests::remip::ReMip;
 

@@ -13,9 +13,10 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use serde_json::json;
 use tokio::net::TcpListener;
+use toolrelay_builtin::BuiltinConfig;
+use toolrelay_builtin::mip::MipConfig;
+use toolrelay_builtin::mip::sandbox::SandboxConfig;
 use toolrelay_relay::RelayConfig;
-use toolrelay_relay::builtin::mip::MipConfig;
-use toolrelay_relay::builtin::mip::sandbox::SandboxConfig;
 use toolrelay_tests::system::{Answer, System};
 use toolrelay_tests::{PATIENCE, repo_file, wait_until};
 
@@ -112,17 +113,19 @@ fn refused(answer: &Answer, code: &str, words: &[&str]) {
 
 #[tokio::test]
 async fn hostile_code_is_stopped_and_the_relay_stays_healthy() {
-    let mut config = RelayConfig::default();
-    config.builtin.mip = MipConfig {
-        sandbox: SandboxConfig {
-            cpu_seconds: 2,
-            wall_clock: Duration::from_secs(4),
-            memory_bytes: 512 * 1024 * 1024,
-            ..SandboxConfig::default()
+    let tools = BuiltinConfig {
+        mip: MipConfig {
+            sandbox: SandboxConfig {
+                cpu_seconds: 2,
+                wall_clock: Duration::from_secs(4),
+                memory_bytes: 512 * 1024 * 1024,
+                ..SandboxConfig::default()
+            },
+            ..MipConfig::default()
         },
-        ..MipConfig::default()
+        ..BuiltinConfig::default()
     };
-    let system = System::with(config, |_| {}).await;
+    let system = System::with_tools(RelayConfig::default(), tools, |_| {}).await;
     // Something listening on loopback that the code will try to reach.
     let bait = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = bait.local_addr().unwrap().port();

@@ -9,6 +9,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use toolrelay::json::{from_struct, from_value, to_struct};
 use toolrelay::proto::v1::{CallToolRequest, ListToolsRequest};
+use toolrelay_builtin::BuiltinConfig;
 use toolrelay_relay::builtin::{Context, FailureKind, Registry, Tool, ToolCode, ToolFailure};
 use toolrelay_relay::store::memory::MemoryStore;
 use toolrelay_relay::{Clock, Relay, RelayConfig};
@@ -133,14 +134,11 @@ async fn known_vectors_agree_with_plantuml() {
 
 #[tokio::test]
 async fn formats_and_servers_shape_the_url() {
-    let config = RelayConfig {
-        builtin: toolrelay_relay::builtin::BuiltinConfig {
-            plantuml_server: "https://plantuml.internal.example/".into(),
-            ..Default::default()
-        },
-        ..RelayConfig::default()
+    let tools = BuiltinConfig {
+        plantuml_server: "https://plantuml.internal.example/".into(),
+        ..Default::default()
     };
-    let system = System::with(config, |_| {}).await;
+    let system = System::with_tools(RelayConfig::default(), tools, |_| {}).await;
     let png = encode(&system, json!({"plantumlCode": HELLO, "format": "png"})).await;
     let url = png.body["result"]["url"].as_str().unwrap();
     assert!(

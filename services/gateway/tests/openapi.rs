@@ -12,6 +12,7 @@ use std::sync::Arc;
 use serde_json::Value;
 use toolrelay_gateway::config::GatewayConfig;
 use toolrelay_gateway::server::{Documents, gateway};
+use toolrelay_relay::builtin::Registry;
 use toolrelay_relay::server::memory_relay;
 use toolrelay_relay::{RelayApi, RelayConfig};
 
@@ -28,7 +29,7 @@ fn repo_file(name: &str) -> PathBuf {
 
 fn documents() -> Vec<(&'static str, String)> {
     let metrics = toolrelay_relay::Metrics::default();
-    let relay = memory_relay(RelayConfig::default(), &metrics);
+    let relay = memory_relay(RelayConfig::default(), Registry::default(), &metrics);
     let store = Arc::clone(relay.store());
     let state = gateway(
         RelayApi::Local(relay),

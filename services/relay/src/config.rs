@@ -10,9 +10,6 @@ use std::sync::Arc;
 use clap::Args;
 
 use crate::access::{ApiKeys, GatewaySecrets};
-use crate::builtin::BuiltinConfig;
-use crate::builtin::mip::MipConfig;
-use crate::builtin::mip::sandbox::SandboxConfig;
 use crate::limits::RateLimits;
 use crate::listen::{self, ConnectionLimits};
 
@@ -36,16 +33,6 @@ pub const ENV_TAB_SWEEP: &str = "TAB_SWEEP_SECONDS";
 pub const ENV_GRPC_LISTEN: &str = "GRPC_LISTEN_ADDR";
 /// `WS_LISTEN_ADDR`: where the standalone relay serves the browser WebSocket.
 pub const ENV_WS_LISTEN: &str = "WS_LISTEN_ADDR";
-/// `PLANTUML_SERVER_URL`: the PlantUML server `encodePlantUML`'s URLs point at.
-pub const ENV_PLANTUML_SERVER: &str = "PLANTUML_SERVER_URL";
-/// `MIP_PYTHON`: the Python (a virtualenv with PuLP 3) the MIP sandbox runs.
-pub const ENV_MIP_PYTHON: &str = "MIP_PYTHON";
-/// `REMIP_URL`: a ReMIP server to solve MIPs with instead of HiGHS.
-pub const ENV_REMIP_URL: &str = "REMIP_URL";
-/// `MIP_MAX_CONCURRENT`: sandbox runs and solves at once.
-pub const ENV_MIP_MAX_CONCURRENT: &str = "MIP_MAX_CONCURRENT";
-/// `MIP_QUEUE_WAIT_SECONDS`: how long a MIP call waits for its turn when every slot is taken.
-pub const ENV_MIP_QUEUE_WAIT: &str = "MIP_QUEUE_WAIT_SECONDS";
 /// `LOG_FORMAT`: `text` (default) or `json`.
 pub const ENV_LOG_FORMAT: &str = "LOG_FORMAT";
 /// `RATE_LIMIT_REQUEST_PER_CODE`: calls one address may make to one session per minute.
@@ -157,8 +144,6 @@ pub struct RelayConfig {
     pub gateway_secrets: Option<Arc<GatewaySecrets>>,
     /// How long a stopping relay waits for delivered calls to be answered.
     pub drain_timeout: Duration,
-    /// Settings of the built-in tools.
-    pub builtin: BuiltinConfig,
     /// Where the state lives.
     pub store: StoreConfig,
     /// What the gRPC and WebSocket listeners allow a connection.
@@ -203,7 +188,6 @@ impl Default for RelayConfig {
             api_keys: None,
             gateway_secrets: None,
             drain_timeout: Duration::from_secs(10),
-            builtin: BuiltinConfig::default(),
             store: StoreConfig::Memory,
             connections: ConnectionLimits::default(),
         }
@@ -264,19 +248,6 @@ impl RelayConfig {
                 "{ENV_RESPONSE_SESSION_SHARE} ({share}) must be a share of {ENV_RESPONSE_BUDGET} above 0 and at most 1, such as 1/8 or 0.125"
             ));
         }
-        if let Some(url) = &self.builtin.mip.remip_url
-            && !url.starts_with("http://")
-        {
-            return Err(format!(
-                "{ENV_REMIP_URL} ({url}) must be an http:// URL (the ReMIP client speaks plain HTTP, e.g. inside the cluster)"
-            ));
-        }
-        let server = &self.builtin.plantuml_server;
-        if !(server.starts_with("http://") || server.starts_with("https://")) {
-            return Err(format!(
-                "{ENV_PLANTUML_SERVER} ({server}) must be an http:// or https:// URL"
-            ));
-        }
         Ok(())
     }
 }
@@ -329,21 +300,6 @@ pub struct RelayArgs {
     /// Seconds between a replica's looks at its busy or doubtful tabs' sessions.
     #[arg(long, env = ENV_TAB_SWEEP, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     pub tab_sweep_seconds: u64,
-    /// PlantUML server the URLs of encodePlantUML point at.
-    #[arg(long, env = ENV_PLANTUML_SERVER, default_value = crate::builtin::plantuml::DEFAULT_SERVER)]
-    pub plantuml_server_url: String,
-    /// Python of the virtualenv (with PuLP 3) that the MIP sandbox runs.
-    #[arg(long, env = ENV_MIP_PYTHON, default_value = "/opt/toolrelay/mip-venv/bin/python")]
-    pub mip_python: std::path::PathBuf,
-    /// A ReMIP server (http://host:port) to solve with instead of HiGHS.
-    #[arg(long, env = ENV_REMIP_URL)]
-    pub remip_url: Option<String>,
-    /// Sandbox runs and solves at once.
-    #[arg(long, env = ENV_MIP_MAX_CONCURRENT, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=64))]
-    pub mip_max_concurrent: u64,
-    /// Seconds a MIP call waits for its turn when every slot is taken (then 429 BUSY).
-    #[arg(long, env = ENV_MIP_QUEUE_WAIT, default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=600))]
-    pub mip_queue_wait_seconds: u64,
     /// Calls one client address may make to one session per minute.
     #[arg(long, env = ENV_RATE_LIMIT_REQUEST, default_value_t = RateLimits::default().calls_per_code)]
     pub rate_limit_request_per_code: NonZeroU32,
@@ -544,18 +500,6 @@ impl RelayArgs {
             heartbeat_interval: Duration::from_secs(self.heartbeat_seconds),
             tab_refresh: Duration::from_secs(self.tab_refresh_seconds),
             tab_sweep: Duration::from_secs(self.tab_sweep_seconds),
-            builtin: BuiltinConfig {
-                plantuml_server: self.plantuml_server_url.clone(),
-                mip: MipConfig {
-                    sandbox: SandboxConfig {
-                        python: self.mip_python.clone(),
-                        ..SandboxConfig::default()
-                    },
-                    remip_url: self.remip_url.clone(),
-                    max_concurrent: usize::try_from(self.mip_max_concurrent).unwrap_or(2),
-                    queue_wait: Duration::from_secs(self.mip_queue_wait_seconds),
-                },
-            },
             store: service.store_config(),
             connections: service.connection_limits()?,
             ..RelayConfig::default()

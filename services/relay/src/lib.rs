@@ -6,7 +6,10 @@
 //!   responses); [`provider`] — attaching providers, delivery, heartbeats, polling;
 //!   [`manifest`] — validated manifests with compiled argument schemas; [`store`] — the
 //!   [`Store`](store::Store) trait and the in-memory store; [`code`] — pairing codes and
-//!   tokens; [`clock`] — time that tests can pause; [`error`] — the one error type.
+//!   tokens; [`clock`] — time that tests can pause; [`error`] — the one error type;
+//!   [`builtin`] — the [`Tool`](builtin::Tool) trait and the [`Registry`](builtin::Registry)
+//!   the relay runs built-in tools from (the tools themselves are the `toolrelay-builtin`
+//!   crate's, handed in by the binaries that run them, so a gateway links none).
 //! * Transports, each a thin adapter over the domain: [`grpc`] (tonic: consumers and backend
 //!   providers, plus health and reflection) and [`ws`] (the browser WebSocket,
 //!   tokio-tungstenite), whose port also answers probes and scrapes ([`ops`]); [`remote`] —
@@ -15,10 +18,10 @@
 //!   through [`RelayApi`]; [`access`] — API keys and the proof a gateway gives before the
 //!   relay believes the client it names; [`listen`] — every listener's connection caps,
 //!   header-read and idle timeouts (the gateway's too).
-//! * [`server`] — `run(listeners, shutdown)`, used by the binaries and by tests; [`drain`] —
-//!   the graceful shutdown both servers of a process share; [`metrics`] — the process's
-//!   Prometheus metrics, which everything above reports to; [`config`] — settings and
-//!   command-line flags.
+//! * [`server`] — `run(listeners, shutdown)`, used by the binaries (package
+//!   `toolrelay-server`) and by tests; [`drain`] — the graceful shutdown both servers of a
+//!   process share; [`metrics`] — the process's Prometheus metrics, which everything above
+//!   reports to; [`config`] — settings and command-line flags.
 
 pub mod access;
 pub mod api;

@@ -14,6 +14,7 @@ use tonic::service::Routes;
 use tonic::transport::server::TcpConnectInfo;
 use toolrelay::proto::FILE_DESCRIPTOR_SET;
 
+use crate::builtin::Registry;
 use crate::clock::Clock;
 use crate::config::{ENV_GATEWAY_SECRET, ENV_REDIS_URL, RelayConfig, StoreConfig};
 use crate::grpc::RelayService;
@@ -46,22 +47,34 @@ pub enum ServeError {
     Reflection(#[from] tonic_reflection::server::Error),
 }
 
-/// A relay over a fresh in-memory store (one process, nothing shared), reporting to `metrics`.
-pub fn memory_relay(config: RelayConfig, metrics: &Metrics) -> Relay {
+/// A relay over a fresh in-memory store (one process, nothing shared) running `tools`,
+/// reporting to `metrics`.
+pub fn memory_relay(config: RelayConfig, tools: Registry, metrics: &Metrics) -> Relay {
     let clock = Clock::new();
     let store = MemoryStore::observed(clock.clone(), store_limits(&config), metrics.clone());
-    Relay::new(store, config, clock, metrics.clone())
+    Relay::with_tools(store, config, clock, tools, metrics.clone())
 }
 
-/// A relay over the store its configuration names, reporting to `metrics`. With Redis this
-/// waits (saying so in the log) until Redis answers.
-pub async fn relay(config: RelayConfig, metrics: &Metrics) -> Result<Relay, String> {
+/// A relay over the store its configuration names, running `tools` (the binaries pass
+/// `toolrelay-builtin`'s standard registry), reporting to `metrics`. With Redis this waits
+/// (saying so in the log) until Redis answers.
+pub async fn relay(
+    config: RelayConfig,
+    tools: Registry,
+    metrics: &Metrics,
+) -> Result<Relay, String> {
     if config.store == StoreConfig::Memory {
-        return Ok(memory_relay(config, metrics));
+        return Ok(memory_relay(config, tools, metrics));
     }
     let clock = Clock::new();
     let store = open_store(&config.store, &clock, store_limits(&config), metrics).await?;
-    Ok(Relay::new(store, config, clock, metrics.clone()))
+    Ok(Relay::with_tools(
+        store,
+        config,
+        clock,
+        tools,
+        metrics.clone(),
+    ))
 }
 
 /// The store `config` names, within `limits`, counting what it expires into `metrics`. With

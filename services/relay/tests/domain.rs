@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::time::advance;
 use toolrelay::wire::{ProviderFrame, ProviderResponse, RequestStatus};
+use toolrelay_relay::builtin::{Context, Registry, Tool, ToolFailure};
 use toolrelay_relay::store::memory::MemoryStore as Mem;
 use toolrelay_relay::store::memory::{MemoryStore, StoreLimits};
 use toolrelay_relay::{
@@ -21,12 +22,38 @@ fn relay(config: RelayConfig) -> Relay {
     // One registry for the relay and its store, as the binaries have.
     let metrics = Metrics::default();
     let limits = StoreLimits::keeping(config.response_retention);
-    Relay::new(
+    Relay::with_tools(
         MemoryStore::observed(clock.clone(), limits, metrics.clone()),
         config,
         clock,
+        Registry::new(vec![Arc::new(Shout)]),
         metrics,
     )
+}
+
+/// A tool built into the relay (the real ones are the `toolrelay-builtin` crate's): it answers
+/// its text in capitals.
+struct Shout;
+
+#[async_trait::async_trait]
+impl Tool for Shout {
+    fn name(&self) -> &'static str {
+        "shout"
+    }
+
+    fn description(&self) -> &'static str {
+        "Answers the text in capitals."
+    }
+
+    fn input_schema(&self) -> Value {
+        json!({"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]})
+    }
+
+    async fn call(&self, args: Value, _context: &Context) -> Result<Value, ToolFailure> {
+        Ok(json!(
+            args["text"].as_str().unwrap_or_default().to_uppercase()
+        ))
+    }
 }
 
 /// The value of the series `series` (name and labels as written) on the relay's page.
@@ -1076,19 +1103,19 @@ async fn finished_calls_are_counted_once_under_what_answered_them() {
         .await
         .unwrap();
 
-    let encoded = relay
+    let shouted = relay
         .call(
             code,
             CallInput {
-                function_name: "encodePlantUML".into(),
-                args: json!({"plantumlCode": "A -> B"}),
+                function_name: "shout".into(),
+                args: json!({"text": "A -> B"}),
                 ..CallInput::default()
             },
             None,
         )
         .await
         .unwrap();
-    assert_eq!(encoded.status, RequestStatus::Completed);
+    assert_eq!(shouted.status, RequestStatus::Completed);
 
     relay.submit(code, echo("nobody takes it")).await.unwrap();
     advance(Duration::from_secs(61)).await;

@@ -2,10 +2,11 @@
 //! `GET /api/tools`, `POST /api/tools/{name}`, every session's manifest (as the group
 //! [`BUILTIN_GROUP`]), calls through a session, gRPC and MCP.
 //!
-//! Adding a tool is one file implementing [`Tool`] plus one line in [`Registry::standard`].
-
-pub mod mip;
-pub mod plantuml;
+//! This module holds what every relay needs to run tools: the [`Tool`] trait, the
+//! [`Registry`], scopes, claim checks and failures. The tools themselves (PlantUML, MIP) live
+//! in the `toolrelay-builtin` crate, whose `standard` registry the binaries that run tools
+//! hand to the relay; the split-mode gateway links none of them. Adding a tool is one file
+//! there implementing [`Tool`] plus one line in its `standard`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -301,24 +302,6 @@ struct Entry {
     validator: jsonschema::Validator,
 }
 
-/// Settings of the built-in tools.
-#[derive(Debug, Clone)]
-pub struct BuiltinConfig {
-    /// PlantUML server the encoder's URLs point at (`PLANTUML_SERVER_URL`).
-    pub plantuml_server: String,
-    /// The MIP tools' sandbox and solver.
-    pub mip: mip::MipConfig,
-}
-
-impl Default for BuiltinConfig {
-    fn default() -> Self {
-        Self {
-            plantuml_server: plantuml::DEFAULT_SERVER.to_owned(),
-            mip: mip::MipConfig::default(),
-        }
-    }
-}
-
 /// The built-in tools, with their compiled argument schemas.
 pub struct Registry {
     entries: Vec<Entry>,
@@ -326,16 +309,6 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// Every built-in tool, reporting to `metrics`.
-    pub fn standard(config: &BuiltinConfig, metrics: &crate::metrics::Metrics) -> Self {
-        let mut tools: Vec<Arc<dyn Tool>> = vec![
-            Arc::new(plantuml::EncodePlantUml::new(&config.plantuml_server)),
-            Arc::new(plantuml::DecodePlantUml),
-        ];
-        tools.extend(mip::tools(&config.mip, metrics));
-        Self::new(tools)
-    }
-
     /// A registry of `tools`.
     ///
     /// # Panics
@@ -439,70 +412,17 @@ impl Registry {
     }
 }
 
+/// No tools: a relay that runs none (its sessions list only their tabs' tools).
+impl Default for Registry {
+    fn default() -> Self {
+        Self::new(Vec::new())
+    }
+}
+
 impl std::fmt::Debug for Registry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Registry")
             .field("tools", &self.names())
             .finish()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::manifest::is_valid_name;
-    use serde_json::json;
-
-    #[test]
-    fn the_standard_tools_are_well_formed() {
-        let registry = Registry::standard(
-            &BuiltinConfig::default(),
-            &crate::metrics::Metrics::default(),
-        );
-        for tool in registry.list() {
-            assert!(is_valid_name(&tool.name), "{}", tool.name);
-            assert_eq!(tool.input_schema["type"], "object", "{}", tool.name);
-            assert!(!tool.description.is_empty());
-        }
-        assert!(registry.contains("encodePlantUML") && registry.contains("decodePlantUML"));
-        for name in [
-            "generate_mip_problem",
-            "solve_mip_problem",
-            "validate_mip_solution",
-            "get_mip_solution",
-        ] {
-            assert!(registry.contains(name), "{name}");
-        }
-    }
-
-    #[tokio::test]
-    async fn unknown_tools_and_bad_arguments_are_refused() {
-        let registry = Registry::standard(
-            &BuiltinConfig::default(),
-            &crate::metrics::Metrics::default(),
-        );
-        let clock = Clock::new();
-        let store = crate::store::memory::MemoryStore::new(clock.clone(), Duration::from_secs(60));
-        let context = Context {
-            scope: Scope::None,
-            client: None,
-            tickets: Tickets::new(store, clock),
-            metrics: crate::metrics::Metrics::default(),
-        };
-        let missing = registry
-            .call("nope", json!({}), &context)
-            .await
-            .unwrap_err();
-        assert_eq!(
-            (missing.kind, missing.code),
-            (FailureKind::NotFound, ToolCode::ToolNotFound.into())
-        );
-        assert!(missing.message.contains("encodePlantUML"));
-        let bad = registry
-            .call("encodePlantUML", json!({"plantumlCode": 5}), &context)
-            .await
-            .unwrap_err();
-        assert_eq!(bad.code, ToolCode::InvalidArguments);
-        assert!(bad.message.contains("/plantumlCode"), "{}", bad.message);
     }
 }

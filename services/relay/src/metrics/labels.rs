@@ -162,6 +162,16 @@ pub enum MipTool {
 impl MipTool {
     pub(super) const ALL: [Self; 3] = [Self::Generate, Self::Solve, Self::Validate];
 
+    /// The MIP tool called `name`, as the metrics name it (`None` for any other tool).
+    pub fn of_tool(name: &str) -> Option<Self> {
+        match name {
+            "generate_mip_problem" => Some(Self::Generate),
+            "solve_mip_problem" => Some(Self::Solve),
+            "validate_mip_solution" => Some(Self::Validate),
+            _ => None,
+        }
+    }
+
     /// The label value.
     pub fn as_str(self) -> &'static str {
         match self {

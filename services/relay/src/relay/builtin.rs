@@ -15,7 +15,7 @@ use crate::code::{self, SessionCode};
 use crate::convert::{tool_run, tool_run_message};
 use crate::error::RelayError;
 use crate::limits::Caller;
-use crate::metrics::AnsweredBy;
+use crate::metrics::{AnsweredBy, MipTool};
 use crate::operation::{Credential, Credentials, Operation, Visitor};
 use crate::pool::Retry;
 use crate::remote::RemoteRelay;
@@ -86,7 +86,7 @@ impl Relay {
         let context = self.tool_context(Scope::Session(code.clone()));
         match self.inner.tools.ready(&request.function_name, &context) {
             Err(failure) if failure.kind == FailureKind::Busy => {
-                if let Some(tool) = crate::builtin::mip::metric_tool(&request.function_name) {
+                if let Some(tool) = MipTool::of_tool(&request.function_name) {
                     self.inner.metrics.mip_refused(tool);
                 }
                 Err(RelayError::ToolBusy {

@@ -174,12 +174,12 @@ pub struct ResponseOutcome {
     pub accepted: bool,
 }
 impl Relay {
-    /// A relay over `store`, with the standard built-in tools, reporting to `metrics` (the
-    /// store should count what it expires there too). `config` must be valid
-    /// ([`RelayConfig::validate`]).
+    /// A relay over `store` without built-in tools, reporting to `metrics` (the store should
+    /// count what it expires there too). `config` must be valid ([`RelayConfig::validate`]).
+    /// The binaries give theirs with [`Relay::with_tools`] (`toolrelay-builtin`'s standard
+    /// registry).
     pub fn new(store: Arc<dyn Store>, config: RelayConfig, clock: Clock, metrics: Metrics) -> Self {
-        let tools = Registry::standard(&config.builtin, &metrics);
-        Self::with_tools(store, config, clock, tools, metrics)
+        Self::with_tools(store, config, clock, Registry::default(), metrics)
     }
 
     /// A relay with these built-in tools. Its store's operations are measured, and what the

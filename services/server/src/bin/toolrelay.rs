@@ -6,6 +6,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
+use toolrelay_builtin::ToolArgs;
 use toolrelay_gateway::config::{ENV_LISTEN, GatewayArgs};
 use toolrelay_gateway::server;
 use toolrelay_relay::config::{ENV_GRPC_LISTEN, LogArgs, RelayArgs, ServiceArgs};
@@ -26,6 +27,8 @@ struct Cli {
     gateway: GatewayArgs,
     #[command(flatten)]
     relay: RelayArgs,
+    #[command(flatten)]
+    tools: ToolArgs,
     #[command(flatten)]
     service: ServiceArgs,
     #[command(flatten)]
@@ -59,9 +62,12 @@ async fn serve(cli: Cli) -> Result<(), String> {
         .await;
     }
     let relay_config = cli.relay.relay_config(&cli.service)?;
+    let tools = cli.tools.builtin_config()?;
     let grpc = bind(cli.relay.grpc_listen, ENV_GRPC_LISTEN).await?;
+    let metrics = Metrics::new("toolrelay");
     // Built before the line saying it listens: building it checks the MIP sandbox.
-    let relay = relay(relay_config, &Metrics::new("toolrelay")).await?;
+    let tools = toolrelay_builtin::standard(&tools, &metrics);
+    let relay = relay(relay_config, tools, &metrics).await?;
     tracing::info!(
         listen = %local(&public),
         grpc = %local(&grpc),

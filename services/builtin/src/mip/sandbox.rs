@@ -29,7 +29,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
 use super::seccomp;
-use crate::builtin::{FailureKind, ToolCode, ToolFailure};
+use toolrelay_relay::builtin::{FailureKind, ToolCode, ToolFailure};
 
 /// Room on stdout for the result's marker and envelope besides the model itself.
 const RESULT_SLACK: usize = 64 * 1024;

@@ -266,7 +266,7 @@ fn decide_empty(model: &Model) -> Outcome {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::builtin::mip::model::Variable;
+    use crate::mip::model::Variable;
 
     const LIMIT: Duration = Duration::from_secs(30);
 

@@ -29,9 +29,11 @@ use serde_json::{Value, json};
 use self::model::{Model, Solution};
 use self::sandbox::{Sandbox, SandboxConfig};
 use self::turns::{Turn, Turns};
-use super::{Context, FailureCode, FailureKind, Scope, SharedLock, Tool, ToolCode, ToolFailure};
-use crate::limits::{DEFAULT_IPV6_PREFIX, client_key};
-use crate::metrics::{Metrics, MipOutcome, MipTool};
+use toolrelay_relay::builtin::{
+    Context, FailureCode, FailureKind, Scope, SharedLock, Tool, ToolCode, ToolFailure,
+};
+use toolrelay_relay::limits::{DEFAULT_IPV6_PREFIX, client_key};
+use toolrelay_relay::metrics::{Metrics, MipOutcome, MipTool};
 
 /// Settings of the MIP tools.
 #[derive(Debug, Clone)]
@@ -231,16 +233,6 @@ fn scope_of(context: &Context, args: &Value) -> Result<String, ToolFailure> {
             ToolCode::ScopeRequired,
             "Outside a session, pass a scope (the \"scope\" argument, or ?scope= on /api/tools): any string that identifies you, e.g. a conversation id. Use the same scope for the later calls.",
         )),
-    }
-}
-
-/// The MIP tool called `name`, as the metrics name it.
-pub fn metric_tool(name: &str) -> Option<MipTool> {
-    match name {
-        "generate_mip_problem" => Some(MipTool::Generate),
-        "solve_mip_problem" => Some(MipTool::Solve),
-        "validate_mip_solution" => Some(MipTool::Validate),
-        _ => None,
     }
 }
 

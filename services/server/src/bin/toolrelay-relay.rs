@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use clap::Parser;
+use toolrelay_builtin::ToolArgs;
 use toolrelay_relay::config::{ENV_GRPC_LISTEN, ENV_WS_LISTEN, LogArgs, RelayArgs, ServiceArgs};
 use toolrelay_relay::server::{self, Listeners, bind, local};
 use toolrelay_relay::{Metrics, telemetry};
@@ -22,6 +23,8 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 struct Cli {
     #[command(flatten)]
     relay: RelayArgs,
+    #[command(flatten)]
+    tools: ToolArgs,
     #[command(flatten)]
     service: ServiceArgs,
     #[command(flatten)]
@@ -43,9 +46,13 @@ async fn main() -> ExitCode {
 
 async fn serve(cli: Cli) -> Result<(), String> {
     let config = cli.relay.relay_config(&cli.service)?;
+    let tools = cli.tools.builtin_config()?;
     let grpc = bind(cli.relay.grpc_listen, ENV_GRPC_LISTEN).await?;
     let websocket = bind(cli.ws_listen, ENV_WS_LISTEN).await?;
-    let relay = server::relay(config, &Metrics::new("toolrelay-relay")).await?;
+    let metrics = Metrics::new("toolrelay-relay");
+    // Built before the line saying it listens: building it checks the MIP sandbox.
+    let tools = toolrelay_builtin::standard(&tools, &metrics);
+    let relay = server::relay(config, tools, &metrics).await?;
     tracing::info!(grpc = %local(&grpc), websocket = %local(&websocket), "toolrelay-relay listening");
     let listeners = Listeners {
         grpc,

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use crate::builtin::{FailureKind, ToolCode, ToolFailure};
+use toolrelay_relay::builtin::{FailureKind, ToolCode, ToolFailure};
 
 /// When a refused caller is told to come back.
 pub const RETRY_AFTER: Duration = Duration::from_secs(5);

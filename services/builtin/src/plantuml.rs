@@ -14,7 +14,7 @@ use flate2::read::DeflateDecoder;
 use flate2::write::DeflateEncoder;
 use serde_json::{Value, json};
 
-use super::{Context, FailureKind, Tool, ToolCode, ToolFailure};
+use toolrelay_relay::builtin::{Context, FailureKind, Tool, ToolCode, ToolFailure};
 
 /// The public PlantUML server.
 pub const DEFAULT_SERVER: &str = "https://www.plantuml.com";
