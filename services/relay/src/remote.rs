@@ -1,6 +1,6 @@
 //! The relay reached over gRPC: [`RemoteRelay`] runs the relay's operations for a process
 //! that does not hold the relay itself (the gateway in a split deployment). A unary operation
-//! is sent by [`RemoteRelay::unary`], generic over the [`Operation`] unit, which names its
+//! is sent by `RemoteRelay::unary`, generic over the [`Operation`] unit, which names its
 //! RPC, its retry rule and its wire form; what a front end checks first is the unit's
 //! [`send`](Operation::send).
 //!

@@ -1,6 +1,9 @@
 //! Answers: a provider's answer to a call, checked where it enters the system.
 
 use serde_json::Value;
+use tonic::Status;
+use toolrelay::convert::Malformed;
+use toolrelay::proto::v1 as pb;
 use toolrelay::wire::{ProviderResponse, RequestStatus, ToolError, ToolResponse};
 
 use super::calls::is_valid_request_id;
@@ -14,9 +17,6 @@ use crate::operation::{Credential, Credentials, Operation, Visitor};
 use crate::pool::Retry;
 use crate::remote::RemoteRelay;
 use crate::store::{Answerer, Finished};
-use tonic::Status;
-use toolrelay::convert::Malformed;
-use toolrelay::proto::v1 as pb;
 
 impl Relay {
     /// A provider's answer to a call, over any transport. Needs the provider token.

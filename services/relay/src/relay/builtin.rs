@@ -6,6 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
+use tonic::Status;
+use toolrelay::convert::Malformed;
+use toolrelay::json::{from_struct, to_struct};
+use toolrelay::proto::v1 as pb;
 use toolrelay::wire::ProviderResponse;
 
 use super::Relay;
@@ -20,10 +24,6 @@ use crate::operation::{Credential, Credentials, Operation, Visitor};
 use crate::pool::Retry;
 use crate::remote::RemoteRelay;
 use crate::store::{Answerer, BUILTIN_LEASE, NewRequest, RequestRecord};
-use tonic::Status;
-use toolrelay::convert::Malformed;
-use toolrelay::json::{from_struct, to_struct};
-use toolrelay::proto::v1 as pb;
 
 impl Relay {
     /// The built-in tools.

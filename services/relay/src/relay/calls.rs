@@ -3,6 +3,10 @@
 use std::time::Duration;
 
 use serde_json::Value;
+use tonic::Status;
+use toolrelay::convert::Malformed;
+use toolrelay::json::to_struct;
+use toolrelay::proto::v1 as pb;
 use toolrelay::wire::RequestStatus;
 
 use super::{CallInput, Relay, RequestView, not_found};
@@ -17,10 +21,6 @@ use crate::operation::{Credential, Credentials, Operation, Visitor};
 use crate::pool::Retry;
 use crate::remote::RemoteRelay;
 use crate::store::{EnqueueChecks, Enqueued, NewRequest, RateCharge, RequestRecord};
-use tonic::Status;
-use toolrelay::convert::Malformed;
-use toolrelay::json::to_struct;
-use toolrelay::proto::v1 as pb;
 
 impl Relay {
     /// Queues a call after checking it against the manifest; returns at once. Repeating a

@@ -4,6 +4,9 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use serde_json::Value;
+use tonic::Status;
+use toolrelay::convert::{Malformed, registered_tools};
+use toolrelay::proto::v1 as pb;
 use toolrelay::wire::{FunctionSpec, GroupedManifest, ToolGroup};
 
 use super::{Relay, not_found};
@@ -16,9 +19,6 @@ use crate::manifest::{Manifest, ManifestLimits};
 use crate::operation::{Credential, Credentials, Operation, Visitor};
 use crate::pool::Retry;
 use crate::store::SessionEvent;
-use tonic::Status;
-use toolrelay::convert::{Malformed, registered_tools};
-use toolrelay::proto::v1 as pb;
 
 impl Relay {
     /// The session's tools: the provider's, then the built-in ones (group [`BUILTIN_GROUP`]).
@@ -30,21 +30,25 @@ impl Relay {
             .manifest_of(&code, session.manifest_revision)
             .await?
             .grouped();
-        grouped.tools.push(ToolGroup {
-            id: BUILTIN_GROUP.to_owned(),
-            description: BUILTIN_GROUP_DESCRIPTION.to_owned(),
-            functions: self
-                .inner
-                .tools
-                .list()
-                .into_iter()
-                .map(|tool| FunctionSpec {
-                    name: tool.name,
-                    description: tool.description,
-                    parameters: tool.input_schema,
-                })
-                .collect(),
-        });
+        let builtin: Vec<FunctionSpec> = self
+            .inner
+            .tools
+            .list()
+            .into_iter()
+            .map(|tool| FunctionSpec {
+                name: tool.name,
+                description: tool.description,
+                parameters: tool.input_schema,
+            })
+            .collect();
+        // A relay that runs no tools (one built without them) shows no empty group.
+        if !builtin.is_empty() {
+            grouped.tools.push(ToolGroup {
+                id: BUILTIN_GROUP.to_owned(),
+                description: BUILTIN_GROUP_DESCRIPTION.to_owned(),
+                functions: builtin,
+            });
+        }
         Ok(grouped)
     }
 

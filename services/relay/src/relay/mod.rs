@@ -1,6 +1,12 @@
 //! The relay's domain operations, shared by every transport: sessions, manifests, calls and
 //! their responses. Provider attachment lives in [`crate::provider`].
 //!
+//! One file per family of operations (`sessions.rs`, `manifests.rs`, `calls.rs`,
+//! `waiting.rs`, `answers.rs`, `polling.rs`, `builtin.rs`): each holds the domain steps, as
+//! [`Relay`] methods, and the [`Operation`](crate::operation::Operation) units the transports
+//! run them through, listed in its `operations` function. [`crate::operation`] says how to
+//! add one.
+//!
 //! Each operation takes the session code as the caller typed it, normalises it, and returns a
 //! [`RelayError`] whose message tells the caller what to do next.
 

@@ -1,5 +1,9 @@
 //! Sessions: creating one, where one stands, its connector handle, ending it.
 
+use tonic::Status;
+use toolrelay::convert::Malformed;
+use toolrelay::proto::v1 as pb;
+
 use super::{
     CODE_ATTEMPTS, NewSession, POLLING_PRESENCE, Relay, RequestView, SessionStatus, not_found,
 };
@@ -12,9 +16,6 @@ use crate::operation::{Credential, Credentials, Operation, Visitor};
 use crate::pool::Retry;
 use crate::remote::RemoteRelay;
 use crate::store::{RequestRecord, SessionRecord, Transport};
-use tonic::Status;
-use toolrelay::convert::Malformed;
-use toolrelay::proto::v1 as pb;
 
 impl Relay {
     /// Creates a session.

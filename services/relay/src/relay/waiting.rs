@@ -3,6 +3,9 @@
 use std::time::Duration;
 
 use futures::StreamExt;
+use tonic::Status;
+use toolrelay::convert::{Malformed, non_empty};
+use toolrelay::proto::v1 as pb;
 use toolrelay::wire::ToolResponse;
 
 use super::calls::wire_millis;
@@ -15,9 +18,6 @@ use crate::operation::{Credential, Credentials, Operation, Visitor};
 use crate::pool::Retry;
 use crate::remote::RemoteRelay;
 use crate::store::{BUILTIN_LEASE, EventStream, RequestRecord, SessionEvent};
-use tonic::Status;
-use toolrelay::convert::{Malformed, non_empty};
-use toolrelay::proto::v1 as pb;
 
 impl Relay {
     /// Waits up to `wait` for a call's final answer; returns its state either way.
