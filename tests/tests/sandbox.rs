@@ -7,7 +7,7 @@
 //! left running afterwards.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap should fail loudly
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
@@ -20,21 +20,31 @@ use toolrelay_relay::RelayConfig;
 use toolrelay_tests::system::{Answer, System};
 use toolrelay_tests::{PATIENCE, repo_file, wait_until};
 
-/// Processes still running the sandbox's runner (its marker is on their command line).
-fn sandbox_processes() -> usize {
+/// Processes running the sandbox's runner (its marker is on their command line), by pid.
+fn sandbox_processes() -> BTreeSet<String> {
     std::fs::read_dir("/proc")
         .unwrap()
-        .filter_map(|entry| std::fs::read(entry.ok()?.path().join("cmdline")).ok())
-        .filter(|cmdline| String::from_utf8_lossy(cmdline).contains("TOOLRELAY-RESULT"))
-        .count()
+        .filter_map(|entry| {
+            let path = entry.ok()?.path();
+            let cmdline = std::fs::read(path.join("cmdline")).ok()?;
+            String::from_utf8_lossy(&cmdline)
+                .contains("TOOLRELAY-RESULT")
+                .then(|| path.file_name()?.to_str().map(str::to_owned))?
+        })
+        .collect()
 }
 
-/// Waits (with a deadline) until no sandbox process is left: a run's answer can come before
-/// the last of its processes is reaped (bubblewrap's outer process may exit before the inner).
-async fn until_no_sandbox_processes(what: &str) {
-    wait_until(PATIENCE, async || match sandbox_processes() {
-        0 => Ok(()),
-        left => Err(format!("{left} {what}")),
+/// Waits (with a deadline) until no sandbox process is left but the `others` there before this
+/// test began (another suite's relay killed with `kill -9` under load can orphan one): a run's
+/// answer can come before the last of its processes is reaped (bubblewrap's outer process may
+/// exit before the inner).
+async fn until_no_sandbox_processes(what: &str, others: &BTreeSet<String>) {
+    wait_until(PATIENCE, async || {
+        let left = sandbox_processes().difference(others).count();
+        match left {
+            0 => Ok(()),
+            left => Err(format!("{left} {what}")),
+        }
     })
     .await;
 }
@@ -113,6 +123,7 @@ fn refused(answer: &Answer, code: &str, words: &[&str]) {
 
 #[tokio::test]
 async fn hostile_code_is_stopped_and_the_relay_stays_healthy() {
+    let others = sandbox_processes();
     let tools = BuiltinConfig {
         mip: MipConfig {
             sandbox: SandboxConfig {
@@ -378,7 +389,7 @@ for name in ["config.gz", "cmdline", "kallsyms", "version", "sys/kernel/osreleas
 
     // Nothing of those runs is left, and the relay still works: a model still generates,
     // solves and validates.
-    until_no_sandbox_processes("sandbox processes outlived their runs").await;
+    until_no_sandbox_processes("sandbox processes outlived their runs", &others).await;
     let health = system.get("/healthz").await;
     assert_eq!(health.status, StatusCode::OK, "{health:?}");
     let fine = generate(&system, "import pulp\nprob = pulp.LpProblem('p', pulp.LpMaximize)\nx = pulp.LpVariable('x', 0, 3, cat='Integer')\nprob += x\nprob += x <= 2.5").await;
@@ -405,7 +416,7 @@ for name in ["config.gz", "cmdline", "kallsyms", "version", "sys/kernel/osreleas
         json!({"status": "success", "message": "x is 2.0"}),
         "{checked:?}"
     );
-    until_no_sandbox_processes("sandbox processes outlived the last runs").await;
+    until_no_sandbox_processes("sandbox processes outlived the last runs", &others).await;
     drop(bait);
     system.stop().await;
 }

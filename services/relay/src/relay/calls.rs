@@ -364,10 +364,7 @@ impl Operation for Submit {
     type Output = RequestView;
 
     async fn run(self, relay: &Relay, caller: &Caller) -> Result<RequestView, RelayError> {
-        relay.limits().admit(caller)?;
-        // The caller's budget is spent as the call is queued: one round trip to the store.
-        let charge = relay.limits().call_charge(caller, &self.code);
-        let call = traced(self.call, caller);
+        let (call, charge) = admitted(relay, caller, &self.code, self.call)?;
         relay
             .guarded(caller, relay.submit_charged(&self.code, call, Some(charge)))
             .await
@@ -407,10 +404,7 @@ impl Operation for Submit {
     }
 
     async fn send(mut self, remote: &RemoteRelay, caller: &Caller) -> Outcome<RequestView> {
-        remote.accepting()?;
-        remote.check_depth(&self.call.args, "The arguments are")?;
-        // Named here, so that asking another replica again is the same call.
-        self.call.request_id.get_or_insert_with(code::unique_id);
+        prepare_to_send(remote, &mut self.call)?;
         remote.unary(caller, self).await
     }
 }
@@ -435,9 +429,7 @@ impl Operation for Call {
     type Output = RequestView;
 
     async fn run(self, relay: &Relay, caller: &Caller) -> Result<RequestView, RelayError> {
-        relay.limits().admit(caller)?;
-        let charge = relay.limits().call_charge(caller, &self.code);
-        let call = traced(self.call, caller);
+        let (call, charge) = admitted(relay, caller, &self.code, self.call)?;
         let called = relay.call_charged(&self.code, call, self.wait, Some(charge));
         relay.guarded(caller, called).await
     }
@@ -480,15 +472,8 @@ impl Operation for Call {
     }
 
     async fn send(mut self, remote: &RemoteRelay, caller: &Caller) -> Outcome<RequestView> {
-        remote.accepting()?;
-        remote.check_depth(&self.call.args, "The arguments are")?;
-        // Chosen here, so that a caller cut off by the drain can be told which call to ask
-        // for, and so that asking another replica again is the same call.
-        let request_id = self
-            .call
-            .request_id
-            .get_or_insert_with(code::unique_id)
-            .clone();
+        // A caller cut off by the drain is told which call to ask for.
+        let request_id = prepare_to_send(remote, &mut self.call)?;
         let code = self.code.clone();
         remote
             .waiting(&code, &request_id, remote.unary(caller, self))
@@ -496,12 +481,29 @@ impl Operation for Call {
     }
 }
 
-/// A call carrying its caller's correlation id, unless it has one.
-fn traced(mut call: CallInput, caller: &Caller) -> CallInput {
+/// A call let in for `caller`: the budget it spends as it is queued (one round trip to the
+/// store), and the call carrying its caller's correlation id, unless it has one.
+fn admitted(
+    relay: &Relay,
+    caller: &Caller,
+    code: &str,
+    mut call: CallInput,
+) -> Result<(CallInput, RateCharge), RelayError> {
+    relay.limits().admit(caller)?;
+    let charge = relay.limits().call_charge(caller, code);
     if call.correlation_id.is_none() {
         call.correlation_id.clone_from(&caller.correlation_id);
     }
-    call
+    Ok((call, charge))
+}
+
+/// What a front end does before it sends a call to a remote relay: refuses it while draining
+/// or when its arguments are nested too deeply to cross gRPC, and names it, so that asking
+/// another replica again is the same call. Its request id.
+fn prepare_to_send(remote: &RemoteRelay, call: &mut CallInput) -> Outcome<String> {
+    remote.accepting()?;
+    remote.check_depth(&call.args, "The arguments are")?;
+    Ok(call.request_id.get_or_insert_with(code::unique_id).clone())
 }
 
 /// A wait as the wire carries it: milliseconds, at most `u32::MAX`.
