@@ -294,12 +294,14 @@ impl RelayRpc for RelayService {
         };
         let token = bearer(metadata);
         let caller = self.caller(&request);
-        let ProviderLink {
-            downlink, uplink, ..
-        } = self
+        let mut link = self
             .api
             .attach(&caller, &code, token.as_deref(), transport)
             .await?;
+        link.spawn_driver();
+        let ProviderLink {
+            downlink, uplink, ..
+        } = link;
 
         let mut inbound = request.into_inner();
         tokio::spawn(async move {

@@ -3,11 +3,18 @@
 //!
 //! [`Relay::attach`] returns a [`ProviderLink`]: a transport forwards what arrives from the
 //! provider into `uplink` and writes what comes out of `downlink` to the provider, and that is
-//! all it does. A driver task per connection owns the rest: it delivers queued calls (and,
-//! after a reconnect, calls delivered to an earlier connection and never answered), handles
+//! all it does. The link's [`LinkDriver`] owns the rest: it delivers queued calls (and, after a
+//! reconnect, calls delivered to an earlier connection and never answered), handles
 //! registrations, responses and pings, sends heartbeats that keep the session alive, and ends
 //! the connection when the session ends, another connection replaces it, or the relay stops.
 //! When `downlink` ends, the transport closes the connection.
+//!
+//! The driver is a future, not a task: a WebSocket tab runs it in its socket's task
+//! ([`crate::ws`]), so a call delivered to it wakes one task, not two; transports whose work
+//! lives elsewhere (a gRPC stream, an SSE body) spawn it ([`ProviderLink::spawn_driver`]). Either
+//! way it sees the transport's end as `uplink` dropped and records the provider's departure. A
+//! driver dropped without having run is spawned, so a link taken apart or dropped still
+//! detaches cleanly.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -61,6 +68,69 @@ pub struct ProviderLink {
     /// sending them up `uplink` (`None`: send them up, as a gateway relaying to a relay
     /// elsewhere must).
     pub answers: Option<Answers>,
+    /// What serves the connection on the relay's side, for the transport to run in its own
+    /// task or to spawn ([`ProviderLink::spawn_driver`]); `None` for a link to a relay
+    /// elsewhere, whose driver runs there.
+    pub driver: Option<LinkDriver>,
+}
+
+impl ProviderLink {
+    /// Runs the link's driver in a task of its own, for a transport whose work does not live in
+    /// one task it could share (a gRPC stream, an SSE body).
+    pub fn spawn_driver(&mut self) {
+        if let Some(driver) = self.driver.take() {
+            tokio::spawn(driver.run());
+        }
+    }
+}
+
+/// A provider connection's driver, not running yet: [`LinkDriver::run`] is the connection's
+/// whole life on the relay's side, and ends once the connection has ended and its departure is
+/// recorded. Dropped without having run, it is spawned (inside a Tokio runtime): an attached
+/// connection is always served, and always detached.
+pub struct LinkDriver(Option<Box<Start>>);
+
+/// What a driver starts from.
+struct Start {
+    driver: Driver,
+    max_expires_at: Timestamp,
+    events: EventStream,
+    attended: Attended,
+    uplink: mpsc::Receiver<ProviderFrame>,
+}
+
+impl Start {
+    /// The driver's future alone (not an `async fn`, whose future would keep a moved-out copy
+    /// of `self` beside it).
+    fn run(self) -> impl Future<Output = ()> + Send + 'static {
+        self.driver
+            .run(self.max_expires_at, self.events, self.attended, self.uplink)
+    }
+}
+
+impl LinkDriver {
+    /// Serves the connection until it ends, then records the provider's departure.
+    pub async fn run(mut self) {
+        if let Some(start) = self.0.take() {
+            Start::run(*start).await;
+        }
+    }
+}
+
+impl Drop for LinkDriver {
+    fn drop(&mut self) {
+        if let Some(start) = self.0.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(Start::run(*start));
+        }
+    }
+}
+
+impl std::fmt::Debug for LinkDriver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LinkDriver").finish_non_exhaustive()
+    }
 }
 
 /// A provider's answers recorded by the transport's own task: an answer needs nothing of the
@@ -153,8 +223,15 @@ impl Relay {
             watch: attended.watch.clone(),
             answered: std::sync::Mutex::default(),
         };
-        tokio::spawn(driver.run(session.max_expires_at, events, attended, up_rx));
+        let driver = LinkDriver(Some(Box::new(Start {
+            driver,
+            max_expires_at: session.max_expires_at,
+            events,
+            attended,
+            uplink: up_rx,
+        })));
         Ok(ProviderLink {
+            driver: Some(driver),
             answers: Some(Answers {
                 relay: self.clone(),
                 code: code.clone(),
@@ -675,11 +752,9 @@ impl Driver {
 mod tests {
     use super::*;
 
-    /// Every connection's two channels allocate a block of 32 messages when they are made, so
-    /// the size of a message is paid 32 times by every idle tab (BENCHMARKS.md): the large
-    /// ones travel boxed. A tab's frames are an answer or a manifest, both boxed, or a ping.
-    /// An idle tab's driver task is resident for as long as the tab stays: its future (the
-    /// state machine of `Driver::run`) is what every idle tab pays (BENCHMARKS.md).
+    /// An idle tab's driver is resident for as long as the tab stays (in its socket's task):
+    /// its future (the state machine of `Driver::run`) is what every idle tab pays
+    /// (BENCHMARKS.md).
     #[tokio::test]
     async fn an_idle_drivers_task_stays_small() {
         use crate::clock::Clock;
@@ -712,6 +787,9 @@ mod tests {
         assert!(size <= 1200, "a driver's future is {size} bytes");
     }
 
+    /// Every connection's two channels allocate a block of 32 messages when they are made, so
+    /// the size of a message is paid 32 times by every idle tab (BENCHMARKS.md): the large
+    /// ones travel boxed. A tab's frames are an answer or a manifest, both boxed, or a ping.
     #[test]
     fn channel_messages_stay_small() {
         let down = std::mem::size_of::<Downlink>();

@@ -628,6 +628,8 @@ impl RelayApi for RemoteRelay {
             uplink,
             // Answers go up the `Connect` stream to the relay that holds the session.
             answers: None,
+            // It runs there too.
+            driver: None,
         })
     }
 }

@@ -87,6 +87,7 @@ async fn next(link: &mut ProviderLink) -> Downlink {
     }
 }
 
+/// Attaches a provider, its driver running in a task of its own (the test is its transport).
 async fn attach(relay: &Relay, session: &NewSession) -> ProviderLink {
     let mut link = relay
         .attach(
@@ -96,6 +97,7 @@ async fn attach(relay: &Relay, session: &NewSession) -> ProviderLink {
         )
         .await
         .unwrap();
+    link.spawn_driver();
     assert!(matches!(next(&mut link).await, Downlink::Welcome { .. }));
     link
 }
@@ -739,10 +741,15 @@ async fn overlapping_attaches_leave_one_connection_standing() {
     );
     let session = relay.create_session().await.unwrap();
     let (code, token) = (session.code.as_str(), Some(session.provider_token.as_str()));
-    let (a, b) = tokio::join!(
-        relay.attach(code, token, Transport::WebSocket),
-        relay.attach(code, token, Transport::WebSocket),
-    );
+    // Each driver starts as soon as its attach returns, while the other may still run.
+    let attach = || async {
+        let mut link = relay.attach(code, token, Transport::WebSocket).await;
+        if let Ok(link) = &mut link {
+            link.spawn_driver();
+        }
+        link
+    };
+    let (a, b) = tokio::join!(attach(), attach());
     let (mut a, mut b) = (a.unwrap(), b.unwrap());
     let mut replaced = 0;
     for link in [&mut a, &mut b] {
@@ -1043,6 +1050,7 @@ async fn finished_calls_are_counted_once_under_what_answered_them() {
     let sse_connections = "toolrelay_providers_connected{transport=\"sse\"}";
 
     let mut link = relay.attach(code, token, Transport::Sse).await.unwrap();
+    link.spawn_driver();
     assert!(matches!(next(&mut link).await, Downlink::Welcome { .. }));
     assert_eq!(metric(&relay, sse_connections).await, 1.0);
     relay.submit(code, echo("over sse")).await.unwrap();

@@ -264,7 +264,8 @@ impl TabApi {
 /// The SSE stream of a provider link, each message shaped by `shape`. The stream owns the
 /// link: when the tab goes away the stream is dropped and the provider detached. It ends when
 /// the process's drain does, so that the tab reconnects to another replica.
-pub fn events(link: ProviderLink, shape: fn(Downlink) -> Value, state: &State) -> Events {
+pub fn events(mut link: ProviderLink, shape: fn(Downlink) -> Value, state: &State) -> Events {
+    link.spawn_driver();
     let uplink = link.uplink;
     let stream = ReceiverStream::new(link.downlink)
         .map(move |message| {
