@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use serde_json::Value;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Code, Request, Response, Status, Streaming};
 use toolrelay::convert::{non_empty, registered_tools};
@@ -322,7 +321,7 @@ impl RelayRpc for RelayService {
                 }
             }
         });
-        let outbound = ReceiverStream::new(downlink).map(|message| Ok(message.into()));
+        let outbound = downlink.map(|message| Ok(message.into()));
         Ok(Response::new(Box::pin(outbound)))
     }
 

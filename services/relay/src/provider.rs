@@ -20,9 +20,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use futures::StreamExt;
-use tokio::sync::mpsc;
 use toolrelay::wire::{ProviderFrame, ProviderResponse, RelayFrame, ToolRequest};
 
+use crate::channel::{self, Receiver, Sender};
 use crate::clock::Timestamp;
 use crate::code::SessionCode;
 use crate::drain::Hold;
@@ -61,9 +61,9 @@ pub struct ProviderLink {
     /// This connection's id.
     pub connection_id: String,
     /// Messages for the provider, in order; ends when the connection should close.
-    pub downlink: mpsc::Receiver<Downlink>,
+    pub downlink: Receiver<Downlink>,
     /// Messages from the provider. Dropping it means the provider went away.
-    pub uplink: mpsc::Sender<ProviderFrame>,
+    pub uplink: Sender<ProviderFrame>,
     /// Where the transport may hand the provider's answers straight to the relay instead of
     /// sending them up `uplink` (`None`: send them up, as a gateway relaying to a relay
     /// elsewhere must).
@@ -96,7 +96,7 @@ struct Start {
     max_expires_at: Timestamp,
     events: EventStream,
     attended: Attended,
-    uplink: mpsc::Receiver<ProviderFrame>,
+    uplink: Receiver<ProviderFrame>,
 }
 
 impl Start {
@@ -211,8 +211,8 @@ impl Relay {
         attended.watch.seen_expiring(session.expires_at);
         tracing::info!(code = %code.redacted(), transport = transport.as_str(), "provider attached");
 
-        let (down_tx, downlink) = mpsc::channel(DOWNLINK_BUFFER);
-        let (uplink, up_rx) = mpsc::channel(UPLINK_BUFFER);
+        let (down_tx, downlink) = channel::channel(DOWNLINK_BUFFER);
+        let (uplink, up_rx) = channel::channel(UPLINK_BUFFER);
         let driver = Driver {
             relay: self.clone(),
             code: code.clone(),
@@ -289,7 +289,7 @@ struct Driver {
     code: SessionCode,
     connection_id: String,
     transport: Transport,
-    down: mpsc::Sender<Downlink>,
+    down: Sender<Downlink>,
     /// Calls delivered to this connection and not answered yet: each holds a stopping relay
     /// open until it is answered (by any path) or the drain ends, and counts in the queue
     /// depth. A std mutex: held for one map operation, never across an `.await`.
@@ -380,7 +380,7 @@ impl Driver {
         max_expires_at: Timestamp,
         events: EventStream,
         mut attended: Attended,
-        mut uplink: mpsc::Receiver<ProviderFrame>,
+        mut uplink: Receiver<ProviderFrame>,
     ) {
         let _connected = self.relay.metrics().provider_connected(self.transport);
         let ending = self
@@ -424,7 +424,7 @@ impl Driver {
         max_expires_at: Timestamp,
         mut events: EventStream,
         attended: &mut Attended,
-        uplink: &mut mpsc::Receiver<ProviderFrame>,
+        uplink: &mut Receiver<ProviderFrame>,
     ) -> Result<Ending, Gone> {
         // What the loop awaits besides its events is boxed: the future of this function is
         // what an idle tab's task keeps, and the work it waits for is short-lived.
@@ -765,8 +765,8 @@ mod tests {
         let limits = StoreLimits::keeping(config.response_retention);
         let store = MemoryStore::observed(clock.clone(), limits, Metrics::default());
         let relay = Relay::new(store, config, clock, Metrics::default());
-        let (down, _downlink) = mpsc::channel(1);
-        let (_uplink, up_rx) = mpsc::channel(1);
+        let (down, _downlink) = channel::channel(1);
+        let (_uplink, up_rx) = channel::channel(1);
         let code = SessionCode::generate();
         let now = Timestamp(0);
         let attended = relay.attend(&code, "c", now);
@@ -787,9 +787,9 @@ mod tests {
         assert!(size <= 1200, "a driver's future is {size} bytes");
     }
 
-    /// Every connection's two channels allocate a block of 32 messages when they are made, so
-    /// the size of a message is paid 32 times by every idle tab (BENCHMARKS.md): the large
-    /// ones travel boxed. A tab's frames are an answer or a manifest, both boxed, or a ping.
+    /// A link's channels keep the slots they grew to for as long as the tab stays, each the
+    /// size of a message: the large ones travel boxed. A tab's frames are an answer or a
+    /// manifest, both boxed, or a ping.
     #[test]
     fn channel_messages_stay_small() {
         let down = std::mem::size_of::<Downlink>();

@@ -11,8 +11,6 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use serde_json::Value;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
 use tonic::{Request, Status};
@@ -28,6 +26,7 @@ use async_trait::async_trait;
 use crate::access::{GATEWAY_PROOF_METADATA, GatewaySecrets};
 use crate::api::{Outcome, RelayApi};
 use crate::builtin::{FailureKind, Scope, ToolCode, ToolFailure, ToolInfo};
+use crate::channel::channel;
 use crate::code::SessionCode;
 use crate::config::ENV_GATEWAY_SECRET;
 use crate::convert::tool_run;
@@ -569,9 +568,8 @@ impl RelayApi for RemoteRelay {
             .rpc(
                 Retry::Safe,
                 || {
-                    let (uplink, from_provider) = mpsc::channel::<ProviderFrame>(LINK_BUFFER);
-                    let outbound =
-                        ReceiverStream::new(from_provider).map(pb::ProviderMessage::from);
+                    let (uplink, from_provider) = channel::<ProviderFrame>(LINK_BUFFER);
+                    let outbound = from_provider.map(pb::ProviderMessage::from);
                     let mut request = self.request((uplink, outbound), caller, token);
                     let metadata = request.metadata_mut();
                     metadata.insert(SESSION_CODE_METADATA, code_value.clone());
@@ -591,7 +589,7 @@ impl RelayApi for RemoteRelay {
             .await?;
         let code = SessionCode::parse(code).map_err(ErrorInfo::from)?;
 
-        let (to_transport, downlink) = mpsc::channel(LINK_BUFFER);
+        let (to_transport, downlink) = channel(LINK_BUFFER);
         tokio::spawn(async move {
             let mut ended_by_relay = false;
             loop {

@@ -14,7 +14,7 @@
 //! the tab's answers itself ([`crate::provider::Answers`]) and hands the driver the rest; the
 //! driver delivers calls, heartbeats and the connection's end down the link. Everything such a
 //! task keeps while the tab is idle is paid by every tab, so what it awaits besides its events
-//! is boxed.
+//! is boxed and its channels allocate as they fill ([`crate::channel`]).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

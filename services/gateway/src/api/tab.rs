@@ -14,7 +14,6 @@ use poem_openapi::types::{ParseFromJSON, Type};
 use poem_openapi::{ApiResponse, OpenApi};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
-use tokio_stream::wrappers::ReceiverStream;
 use toolrelay::json::ReadError;
 use toolrelay::wire::ProviderResponse;
 use toolrelay_relay::relay::too_deep_response;
@@ -267,7 +266,8 @@ impl TabApi {
 pub fn events(mut link: ProviderLink, shape: fn(Downlink) -> Value, state: &State) -> Events {
     link.spawn_driver();
     let uplink = link.uplink;
-    let stream = ReceiverStream::new(link.downlink)
+    let stream = link
+        .downlink
         .map(move |message| {
             let _attached = &uplink;
             shape(message)
