@@ -320,8 +320,8 @@ enum Delivered {
 /// it is due after a wait that doubles from [`RETRY_START`] to [`RETRY_MAX`] while the
 /// store keeps failing, and nothing is owed once a redelivering delivery goes through.
 struct Retry {
-    /// Boxed: an idle tab's task keeps it.
-    sleep: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// Made at the first failure, boxed: an idle tab's task keeps it.
+    sleep: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
     wait: Duration,
     /// A redelivering delivery is owed.
     owed: bool,
@@ -332,7 +332,7 @@ struct Retry {
 impl Retry {
     fn new() -> Self {
         Self {
-            sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
+            sleep: None,
             wait: RETRY_START,
             owed: false,
             armed: false,
@@ -343,9 +343,11 @@ impl Retry {
     fn failed(&mut self) {
         self.owed = true;
         if !self.armed {
-            self.sleep
-                .as_mut()
-                .reset(tokio::time::Instant::now() + self.wait);
+            let due = tokio::time::Instant::now() + self.wait;
+            match &mut self.sleep {
+                Some(sleep) => sleep.as_mut().reset(due),
+                None => self.sleep = Some(Box::pin(tokio::time::sleep_until(due))),
+            }
             self.wait = (self.wait * 2).min(RETRY_MAX);
             self.armed = true;
         }
@@ -366,10 +368,10 @@ impl Retry {
 
     /// Completes when an armed retry is due (and disarms it); never while unarmed.
     async fn due(&mut self) {
-        if !self.armed {
-            return std::future::pending().await;
+        match &mut self.sleep {
+            Some(sleep) if self.armed => sleep.as_mut().await,
+            _ => return std::future::pending().await,
         }
-        self.sleep.as_mut().await;
         self.armed = false;
     }
 }
