@@ -206,6 +206,40 @@ async fn a_connected_provider_keeps_its_session_alive_until_it_leaves() {
     );
 }
 
+/// A link whose driver never ran (a transport that dropped it, or took it apart and kept none
+/// of it) still detaches: the driver, dropped, runs by itself and records the provider gone,
+/// as it does when its transport ends.
+#[tokio::test(start_paused = true)]
+async fn a_link_dropped_with_its_driver_unrun_still_detaches() {
+    let relay = relay(RelayConfig::default());
+    let session = session_with_tools(&relay).await;
+    let link = relay
+        .attach(
+            session.code.as_str(),
+            Some(&session.provider_token),
+            Transport::WebSocket,
+        )
+        .await
+        .unwrap();
+    let recorded = |relay: Relay| {
+        let code = session.code.clone();
+        async move {
+            let session = relay.store().session(&code).await.unwrap().unwrap();
+            session.provider.is_some()
+        }
+    };
+    assert!(recorded(relay.clone()).await, "the attach is recorded");
+    drop(link);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while recorded(relay.clone()).await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the dropped link's provider is still recorded"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_unanswered_call_expires_with_a_clear_error() {
     let relay = relay(RelayConfig::default());
