@@ -133,8 +133,9 @@ impl std::fmt::Debug for LinkDriver {
     }
 }
 
-/// A provider's answers recorded by the transport's own task: an answer needs nothing of the
-/// driver, and going through it would cost a hand-off between tasks for every call.
+/// A provider's answers recorded by the transport itself: an answer needs nothing of the
+/// driver, and going through it would cost a hand-off through `uplink` for every call (and,
+/// where the driver has a task of its own, a wake-up of that task).
 #[derive(Clone)]
 pub struct Answers {
     relay: Relay,
