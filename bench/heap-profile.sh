@@ -26,7 +26,7 @@ cargo build --release -p toolrelay-server --bin toolrelay
 
 # The bench's own limits (bench/src/system.rs): no rate limit gets in the way.
 RATE_LIMIT_REQUEST_PER_CODE=100000000 RATE_LIMIT_SESSION_PER_IP=100000000 \
-  LISTEN_ADDR=127.0.0.1:0 GRPC_LISTEN_ADDR=127.0.0.1:0 LOG_FORMAT=json \
+  MAX_CONNECTIONS_PER_IP=1000000 LISTEN_ADDR=127.0.0.1:0 GRPC_LISTEN_ADDR=127.0.0.1:0 LOG_FORMAT=json \
   RUST_LOG=warn,toolrelay=info heaptrack -o "$work/heap" "$work/toolrelay" >"$work/log" 2>&1 &
 relay=$!
 for _ in $(seq 200); do grep -q '"toolrelay listening"' "$work/log" 2>/dev/null && break; sleep 0.1; done

@@ -18,7 +18,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures::{Stream, StreamExt};
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::body::Body;
 use tonic::codegen::{BoxFuture, Service, http};
 use tonic::metadata::{MetadataMap, MetadataValue};
@@ -226,12 +225,14 @@ impl RelayService {
         };
         let token = bearer(metadata);
         let caller = self.caller(&request);
-        let ProviderLink {
-            downlink, uplink, ..
-        } = self
+        let mut link = self
             .relay
             .attach_for(&caller, &code, token.as_deref(), transport)
             .await?;
+        link.spawn_driver();
+        let ProviderLink {
+            downlink, uplink, ..
+        } = link;
 
         let mut inbound = request.into_inner();
         tokio::spawn(async move {
@@ -252,7 +253,7 @@ impl RelayService {
                 }
             }
         });
-        let outbound = ReceiverStream::new(downlink).map(|message| Ok(message.into()));
+        let outbound = downlink.map(|message| Ok(message.into()));
         Ok(Response::new(Box::pin(outbound)))
     }
 

@@ -3,7 +3,8 @@
 //! # Layout
 //! * Domain (plain Rust, no transport types):
 //!   [`relay`] — the [`Relay`] and its consumer-side operations (sessions, manifests, calls,
-//!   responses); [`provider`] — attaching providers, delivery, heartbeats, polling;
+//!   responses); [`provider`] — attaching providers, delivery, heartbeats, polling, and
+//!   [`channel`], the channels between a provider's transport and its driver;
 //!   [`manifest`] — validated manifests with compiled argument schemas; [`store`] — the
 //!   [`Store`](store::Store) trait and the in-memory store; [`code`] — pairing codes and
 //!   tokens; [`clock`] — time that tests can pause; [`error`] — the one error type;
@@ -26,6 +27,7 @@
 pub mod access;
 pub mod api;
 pub mod builtin;
+pub mod channel;
 pub mod clock;
 pub mod code;
 pub mod config;

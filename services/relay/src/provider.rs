@@ -3,19 +3,26 @@
 //!
 //! [`Relay::attach`] returns a [`ProviderLink`]: a transport forwards what arrives from the
 //! provider into `uplink` and writes what comes out of `downlink` to the provider, and that is
-//! all it does. A driver task per connection owns the rest: it delivers queued calls (and,
-//! after a reconnect, calls delivered to an earlier connection and never answered), handles
+//! all it does. The link's [`LinkDriver`] owns the rest: it delivers queued calls (and, after a
+//! reconnect, calls delivered to an earlier connection and never answered), handles
 //! registrations, responses and pings, sends heartbeats that keep the session alive, and ends
 //! the connection when the session ends, another connection replaces it, or the relay stops.
 //! When `downlink` ends, the transport closes the connection.
+//!
+//! The driver is a future, not a task: a WebSocket tab runs it in its socket's task
+//! ([`crate::ws`]), so a call delivered to it wakes one task, not two; transports whose work
+//! lives elsewhere (a gRPC stream, an SSE body) spawn it ([`ProviderLink::spawn_driver`]). Either
+//! way it sees the transport's end as `uplink` dropped and records the provider's departure. A
+//! driver dropped without having run is spawned, so a link taken apart or dropped still
+//! detaches cleanly.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use futures::StreamExt;
-use tokio::sync::mpsc;
 use toolrelay::wire::{ProviderFrame, ProviderResponse, RelayFrame, ToolRequest};
 
+use crate::channel::{self, Receiver, Sender};
 use crate::clock::Timestamp;
 use crate::code::SessionCode;
 use crate::drain::Hold;
@@ -54,17 +61,81 @@ pub struct ProviderLink {
     /// This connection's id.
     pub connection_id: String,
     /// Messages for the provider, in order; ends when the connection should close.
-    pub downlink: mpsc::Receiver<Downlink>,
+    pub downlink: Receiver<Downlink>,
     /// Messages from the provider. Dropping it means the provider went away.
-    pub uplink: mpsc::Sender<ProviderFrame>,
+    pub uplink: Sender<ProviderFrame>,
     /// Where the transport may hand the provider's answers straight to the relay instead of
     /// sending them up `uplink` (`None`: send them up, as a gateway relaying to a relay
     /// elsewhere must).
     pub answers: Option<Answers>,
+    /// What serves the connection on the relay's side, for the transport to run in its own
+    /// task or to spawn ([`ProviderLink::spawn_driver`]); `None` for a link to a relay
+    /// elsewhere, whose driver runs there.
+    pub driver: Option<LinkDriver>,
 }
 
-/// A provider's answers recorded by the transport's own task: an answer needs nothing of the
-/// driver, and going through it would cost a hand-off between tasks for every call.
+impl ProviderLink {
+    /// Runs the link's driver in a task of its own, for a transport whose work does not live in
+    /// one task it could share (a gRPC stream, an SSE body).
+    pub fn spawn_driver(&mut self) {
+        if let Some(driver) = self.driver.take() {
+            tokio::spawn(driver.run());
+        }
+    }
+}
+
+/// A provider connection's driver, not running yet: [`LinkDriver::run`] is the connection's
+/// whole life on the relay's side, and ends once the connection has ended and its departure is
+/// recorded. Dropped without having run, it is spawned (inside a Tokio runtime): an attached
+/// connection is always served, and always detached.
+pub struct LinkDriver(Option<Box<Start>>);
+
+/// What a driver starts from.
+struct Start {
+    driver: Driver,
+    max_expires_at: Timestamp,
+    events: EventStream,
+    attended: Attended,
+    uplink: Receiver<ProviderFrame>,
+}
+
+impl Start {
+    /// The driver's future alone (not an `async fn`, whose future would keep a moved-out copy
+    /// of `self` beside it).
+    fn run(self) -> impl Future<Output = ()> + Send + 'static {
+        self.driver
+            .run(self.max_expires_at, self.events, self.attended, self.uplink)
+    }
+}
+
+impl LinkDriver {
+    /// Serves the connection until it ends, then records the provider's departure.
+    pub async fn run(mut self) {
+        if let Some(start) = self.0.take() {
+            Start::run(*start).await;
+        }
+    }
+}
+
+impl Drop for LinkDriver {
+    fn drop(&mut self) {
+        if let Some(start) = self.0.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(Start::run(*start));
+        }
+    }
+}
+
+impl std::fmt::Debug for LinkDriver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LinkDriver").finish_non_exhaustive()
+    }
+}
+
+/// A provider's answers recorded by the transport itself: an answer needs nothing of the
+/// driver, and going through it would cost a hand-off through `uplink` for every call (and,
+/// where the driver has a task of its own, a wake-up of that task).
 #[derive(Clone)]
 pub struct Answers {
     relay: Relay,
@@ -141,8 +212,8 @@ impl Relay {
         attended.watch.seen_expiring(session.expires_at);
         tracing::info!(code = %code.redacted(), transport = transport.as_str(), "provider attached");
 
-        let (down_tx, downlink) = mpsc::channel(DOWNLINK_BUFFER);
-        let (uplink, up_rx) = mpsc::channel(UPLINK_BUFFER);
+        let (down_tx, downlink) = channel::channel(DOWNLINK_BUFFER);
+        let (uplink, up_rx) = channel::channel(UPLINK_BUFFER);
         let driver = Driver {
             relay: self.clone(),
             code: code.clone(),
@@ -153,8 +224,15 @@ impl Relay {
             watch: attended.watch.clone(),
             answered: std::sync::Mutex::default(),
         };
-        tokio::spawn(driver.run(session.max_expires_at, events, attended, up_rx));
+        let driver = LinkDriver(Some(Box::new(Start {
+            driver,
+            max_expires_at: session.max_expires_at,
+            events,
+            attended,
+            uplink: up_rx,
+        })));
         Ok(ProviderLink {
+            driver: Some(driver),
             answers: Some(Answers {
                 relay: self.clone(),
                 code: code.clone(),
@@ -212,7 +290,7 @@ struct Driver {
     code: SessionCode,
     connection_id: String,
     transport: Transport,
-    down: mpsc::Sender<Downlink>,
+    down: Sender<Downlink>,
     /// Calls delivered to this connection and not answered yet: each holds a stopping relay
     /// open until it is answered (by any path) or the drain ends, and counts in the queue
     /// depth. A std mutex: held for one map operation, never across an `.await`.
@@ -243,8 +321,8 @@ enum Delivered {
 /// it is due after a wait that doubles from [`RETRY_START`] to [`RETRY_MAX`] while the
 /// store keeps failing, and nothing is owed once a redelivering delivery goes through.
 struct Retry {
-    /// Boxed: an idle tab's task keeps it.
-    sleep: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// Made at the first failure, boxed: an idle tab's task keeps it.
+    sleep: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
     wait: Duration,
     /// A redelivering delivery is owed.
     owed: bool,
@@ -255,7 +333,7 @@ struct Retry {
 impl Retry {
     fn new() -> Self {
         Self {
-            sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
+            sleep: None,
             wait: RETRY_START,
             owed: false,
             armed: false,
@@ -266,9 +344,11 @@ impl Retry {
     fn failed(&mut self) {
         self.owed = true;
         if !self.armed {
-            self.sleep
-                .as_mut()
-                .reset(tokio::time::Instant::now() + self.wait);
+            let due = tokio::time::Instant::now() + self.wait;
+            match &mut self.sleep {
+                Some(sleep) => sleep.as_mut().reset(due),
+                None => self.sleep = Some(Box::pin(tokio::time::sleep_until(due))),
+            }
             self.wait = (self.wait * 2).min(RETRY_MAX);
             self.armed = true;
         }
@@ -289,10 +369,10 @@ impl Retry {
 
     /// Completes when an armed retry is due (and disarms it); never while unarmed.
     async fn due(&mut self) {
-        if !self.armed {
-            return std::future::pending().await;
+        match &mut self.sleep {
+            Some(sleep) if self.armed => sleep.as_mut().await,
+            _ => return std::future::pending().await,
         }
-        self.sleep.as_mut().await;
         self.armed = false;
     }
 }
@@ -303,7 +383,7 @@ impl Driver {
         max_expires_at: Timestamp,
         events: EventStream,
         mut attended: Attended,
-        mut uplink: mpsc::Receiver<ProviderFrame>,
+        mut uplink: Receiver<ProviderFrame>,
     ) {
         let _connected = self.relay.metrics().provider_connected(self.transport);
         let ending = self
@@ -347,7 +427,7 @@ impl Driver {
         max_expires_at: Timestamp,
         mut events: EventStream,
         attended: &mut Attended,
-        uplink: &mut mpsc::Receiver<ProviderFrame>,
+        uplink: &mut Receiver<ProviderFrame>,
     ) -> Result<Ending, Gone> {
         // What the loop awaits besides its events is boxed: the future of this function is
         // what an idle tab's task keeps, and the work it waits for is short-lived.
@@ -675,11 +755,9 @@ impl Driver {
 mod tests {
     use super::*;
 
-    /// Every connection's two channels allocate a block of 32 messages when they are made, so
-    /// the size of a message is paid 32 times by every idle tab (BENCHMARKS.md): the large
-    /// ones travel boxed. A tab's frames are an answer or a manifest, both boxed, or a ping.
-    /// An idle tab's driver task is resident for as long as the tab stays: its future (the
-    /// state machine of `Driver::run`) is what every idle tab pays (BENCHMARKS.md).
+    /// An idle tab's driver is resident for as long as the tab stays (in its socket's task):
+    /// its future (the state machine of `Driver::run`) is what every idle tab pays
+    /// (BENCHMARKS.md).
     #[tokio::test]
     async fn an_idle_drivers_task_stays_small() {
         use crate::clock::Clock;
@@ -690,8 +768,8 @@ mod tests {
         let limits = StoreLimits::keeping(config.response_retention);
         let store = MemoryStore::observed(clock.clone(), limits, Metrics::default());
         let relay = Relay::new(store, config, clock, Metrics::default());
-        let (down, _downlink) = mpsc::channel(1);
-        let (_uplink, up_rx) = mpsc::channel(1);
+        let (down, _downlink) = channel::channel(1);
+        let (_uplink, up_rx) = channel::channel(1);
         let code = SessionCode::generate();
         let now = Timestamp(0);
         let attended = relay.attend(&code, "c", now);
@@ -712,6 +790,9 @@ mod tests {
         assert!(size <= 1200, "a driver's future is {size} bytes");
     }
 
+    /// A link's channels keep the slots they grew to for as long as the tab stays, each the
+    /// size of a message: the large ones travel boxed. A tab's frames are an answer or a
+    /// manifest, both boxed, or a ping.
     #[test]
     fn channel_messages_stay_small() {
         let down = std::mem::size_of::<Downlink>();

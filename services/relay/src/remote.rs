@@ -14,8 +14,6 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use serde_json::Value;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
@@ -27,6 +25,7 @@ use toolrelay::wire::ProviderFrame;
 
 use crate::access::{GATEWAY_PROOF_METADATA, GatewaySecrets};
 use crate::api::Outcome;
+use crate::channel::channel;
 use crate::code::SessionCode;
 use crate::config::ENV_GATEWAY_SECRET;
 use crate::drain::Drain;
@@ -288,9 +287,8 @@ impl RemoteRelay {
         let (uplink, mut inbound) = self
             .streaming(
                 || {
-                    let (uplink, from_provider) = mpsc::channel::<ProviderFrame>(LINK_BUFFER);
-                    let outbound =
-                        ReceiverStream::new(from_provider).map(pb::ProviderMessage::from);
+                    let (uplink, from_provider) = channel::<ProviderFrame>(LINK_BUFFER);
+                    let outbound = from_provider.map(pb::ProviderMessage::from);
                     let mut request = self.request((uplink, outbound), caller, &credential);
                     let metadata = request.metadata_mut();
                     metadata.insert(SESSION_CODE_METADATA, code_value.clone());
@@ -310,7 +308,7 @@ impl RemoteRelay {
             .await?;
         let code = SessionCode::parse(code).map_err(ErrorInfo::from)?;
 
-        let (to_transport, downlink) = mpsc::channel(LINK_BUFFER);
+        let (to_transport, downlink) = channel(LINK_BUFFER);
         tokio::spawn(async move {
             let mut ended_by_relay = false;
             loop {
@@ -347,6 +345,8 @@ impl RemoteRelay {
             uplink,
             // Answers go up the `Connect` stream to the relay that holds the session.
             answers: None,
+            // It runs there too.
+            driver: None,
         })
     }
 }

@@ -8,13 +8,21 @@
 //! [`serve_listener`] runs the standalone relay's listener, whose port also answers the plain
 //! HTTP of probes and scrapes ([`crate::ops`]); [`serve_upgraded`] serves a connection another
 //! HTTP server (the gateway in one-process mode) has already upgraded.
+//!
+//! A tab is one task: [`serve_link`] runs the socket's loop and the link's driver
+//! ([`crate::provider::LinkDriver`]) joined in it. The loop reads and writes the socket, records
+//! the tab's answers itself ([`crate::provider::Answers`]) and hands the driver the rest; the
+//! driver delivers calls, heartbeats and the connection's end down the link. Everything such a
+//! task keeps while the tab is idle is paid by every tab, so what it awaits besides its events
+//! is boxed and its channels allocate as they fill ([`crate::channel`]).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{SinkExt, StreamExt};
+use futures::future::{Either, OptionFuture, join};
+use futures::{FutureExt, SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_tungstenite::WebSocketStream;
@@ -33,7 +41,7 @@ use crate::error::{ErrorCode, ErrorInfo, ErrorKind, RelayError};
 use crate::limits::Caller;
 use crate::listen::Connections;
 use crate::metrics::Refusal;
-use crate::provider::{Downlink, ProviderLink};
+use crate::provider::{Downlink, LinkDriver, ProviderLink};
 use crate::relay::{AnswerLimits, Relay, contain_response};
 use crate::store::Transport;
 
@@ -177,16 +185,18 @@ impl SocketSettings {
 }
 
 /// Serves a connection whose HTTP upgrade another server has completed (the gateway), with
-/// the provider link it attached (or the reason it could not).
-pub async fn serve_upgraded<S>(
+/// the provider link it attached (or the reason it could not). (Not an `async fn`, for the
+/// reason [`serve_link`] is not.)
+pub fn serve_upgraded<'a, S>(
     io: S,
-    settings: &SocketSettings,
+    settings: &'a SocketSettings,
     link: Result<ProviderLink, ErrorInfo>,
-) where
-    S: AsyncRead + AsyncWrite + Unpin,
+) -> impl Future<Output = ()> + 'a
+where
+    S: AsyncRead + AsyncWrite + Unpin + 'a,
 {
-    let socket = WebSocketStream::from_raw_socket(io, Role::Server, Some(settings.config)).await;
-    serve_link(socket, settings, link).await;
+    WebSocketStream::from_raw_socket(io, Role::Server, Some(settings.config))
+        .then(move |socket| serve_link(socket, settings, link))
 }
 
 /// Limits for provider sockets: a frame may carry the largest response a provider may send,
@@ -220,29 +230,53 @@ pub async fn serve_socket<S>(
 
 /// Relays frames between a socket and an attached provider link until either side ends; a
 /// refused attach becomes an `error` frame and a close.
-pub async fn serve_link<S>(
+///
+/// The link's driver runs in the same task, beside the socket's loop and polled first, so that
+/// a call it delivers is written in the same wake-up. When the socket ends, the loop drops its
+/// side of the link, and the driver, seeing the provider gone, records its departure.
+/// (Not an `async fn`: its future would keep a moved-out copy of the socket and the link
+/// beside the loop's, and an idle tab's task keeps it.)
+pub fn serve_link<'a, S>(
+    socket: WebSocketStream<S>,
+    settings: &'a SocketSettings,
+    link: Result<ProviderLink, ErrorInfo>,
+) -> impl Future<Output = ()> + 'a
+where
+    S: AsyncRead + AsyncWrite + Unpin + 'a,
+{
+    match link {
+        Ok(mut link) => {
+            let driver = OptionFuture::from(link.driver.take().map(LinkDriver::run));
+            Either::Left(join(driver, relay_frames(socket, settings, link)).map(|_| ()))
+        }
+        Err(error) => Either::Right(refuse(socket, error)),
+    }
+}
+
+/// Tells the provider why it could not attach, and closes.
+async fn refuse<S>(mut socket: WebSocketStream<S>, error: ErrorInfo)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let code = refusal_close_code(&error);
+    let frame = RelayFrame::Error {
+        error: error.code,
+        message: error.message,
+        request_id: None,
+    };
+    if Box::pin(send(&mut socket, text(&frame))).await {
+        Box::pin(close(&mut socket, code, "refused")).await;
+    }
+}
+
+/// Relays frames between a socket and an attached provider link until either side ends.
+async fn relay_frames<S>(
     mut socket: WebSocketStream<S>,
     settings: &SocketSettings,
-    link: Result<ProviderLink, ErrorInfo>,
+    mut link: ProviderLink,
 ) where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let mut link = match link {
-        Ok(link) => link,
-        Err(error) => {
-            let code = refusal_close_code(&error);
-            let frame = RelayFrame::Error {
-                error: error.code,
-                message: error.message.clone(),
-                request_id: None,
-            };
-            if Box::pin(send(&mut socket, text(&frame))).await {
-                Box::pin(close(&mut socket, code, "refused")).await;
-            }
-            return;
-        }
-    };
-
     // What the loop awaits besides the socket and the link is boxed: this future is what an
     // idle tab's task keeps, and a write is short-lived.
     // A frame read from the socket and not yet taken by the driver. While one waits, the loop
@@ -475,6 +509,36 @@ fn text(frame: &RelayFrame) -> Message {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An idle tab's task keeps the future of `serve_upgraded` (or of `serve_link`), the
+    /// driver's inside it: every idle tab pays its size (BENCHMARKS.md).
+    #[tokio::test]
+    async fn an_idle_tabs_task_stays_small() {
+        use crate::clock::Clock;
+        use crate::metrics::Metrics;
+        use crate::store::memory::{MemoryStore, StoreLimits};
+        let config = crate::config::RelayConfig::default();
+        let clock = Clock::new();
+        let limits = StoreLimits::keeping(config.response_retention);
+        let store = MemoryStore::observed(clock.clone(), limits, Metrics::default());
+        let relay = Relay::new(store, config, clock, Metrics::default());
+        let session = relay.create_session().await.unwrap();
+        let link = relay
+            .attach(
+                session.code.as_str(),
+                Some(&session.provider_token),
+                Transport::WebSocket,
+            )
+            .await
+            .unwrap();
+        let settings = SocketSettings::of(&relay);
+        let (io, _peer) = tokio::io::duplex(64);
+        let serving = serve_upgraded(io, &settings, Ok(link));
+        let size = std::mem::size_of_val(&serving);
+        // 4,168 bytes when `serve_upgraded` and `serve_link` were `async fn`s, which kept the
+        // socket and the link twice.
+        assert!(size <= 3000, "an idle tab's future is {size} bytes");
+    }
 
     #[test]
     fn parses_the_websocket_path() {

@@ -114,6 +114,7 @@ async fn next(link: &mut ProviderLink) -> Downlink {
     }
 }
 
+/// Attaches a provider, its driver running in a task of its own (the test is its transport).
 async fn attach(relay: &Relay, session: &NewSession) -> ProviderLink {
     let mut link = relay
         .attach(
@@ -123,6 +124,7 @@ async fn attach(relay: &Relay, session: &NewSession) -> ProviderLink {
         )
         .await
         .unwrap();
+    link.spawn_driver();
     assert!(matches!(next(&mut link).await, Downlink::Welcome { .. }));
     link
 }
@@ -229,6 +231,40 @@ async fn a_connected_provider_keeps_its_session_alive_until_it_leaves() {
         relay.session_status(code).await.is_err(),
         "expired one TTL after the tab left"
     );
+}
+
+/// A link whose driver never ran (a transport that dropped it, or took it apart and kept none
+/// of it) still detaches: the driver, dropped, runs by itself and records the provider gone,
+/// as it does when its transport ends.
+#[tokio::test(start_paused = true)]
+async fn a_link_dropped_with_its_driver_unrun_still_detaches() {
+    let relay = relay(RelayConfig::default());
+    let session = session_with_tools(&relay).await;
+    let link = relay
+        .attach(
+            session.code.as_str(),
+            Some(&session.provider_token),
+            Transport::WebSocket,
+        )
+        .await
+        .unwrap();
+    let recorded = |relay: Relay| {
+        let code = session.code.clone();
+        async move {
+            let session = relay.store().session(&code).await.unwrap().unwrap();
+            session.provider.is_some()
+        }
+    };
+    assert!(recorded(relay.clone()).await, "the attach is recorded");
+    drop(link);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while recorded(relay.clone()).await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the dropped link's provider is still recorded"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -766,10 +802,15 @@ async fn overlapping_attaches_leave_one_connection_standing() {
     );
     let session = relay.create_session().await.unwrap();
     let (code, token) = (session.code.as_str(), Some(session.provider_token.as_str()));
-    let (a, b) = tokio::join!(
-        relay.attach(code, token, Transport::WebSocket),
-        relay.attach(code, token, Transport::WebSocket),
-    );
+    // Each driver starts as soon as its attach returns, while the other may still run.
+    let attach = || async {
+        let mut link = relay.attach(code, token, Transport::WebSocket).await;
+        if let Ok(link) = &mut link {
+            link.spawn_driver();
+        }
+        link
+    };
+    let (a, b) = tokio::join!(attach(), attach());
     let (mut a, mut b) = (a.unwrap(), b.unwrap());
     let mut replaced = 0;
     for link in [&mut a, &mut b] {
@@ -1070,6 +1111,7 @@ async fn finished_calls_are_counted_once_under_what_answered_them() {
     let sse_connections = "toolrelay_providers_connected{transport=\"sse\"}";
 
     let mut link = relay.attach(code, token, Transport::Sse).await.unwrap();
+    link.spawn_driver();
     assert!(matches!(next(&mut link).await, Downlink::Welcome { .. }));
     assert_eq!(metric(&relay, sse_connections).await, 1.0);
     relay.submit(code, echo("over sse")).await.unwrap();

@@ -14,7 +14,6 @@ use poem_openapi::types::{ParseFromJSON, Type};
 use poem_openapi::{ApiResponse, OpenApi};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
-use tokio_stream::wrappers::ReceiverStream;
 use toolrelay::json::ReadError;
 use toolrelay::wire::ProviderResponse;
 use toolrelay_relay::relay::operations::{
@@ -294,9 +293,11 @@ impl TabApi {
 /// The SSE stream of a provider link, each message shaped by `shape`. The stream owns the
 /// link: when the tab goes away the stream is dropped and the provider detached. It ends when
 /// the process's drain does, so that the tab reconnects to another replica.
-pub fn events(link: ProviderLink, shape: fn(Downlink) -> Value, state: &State) -> Events {
+pub fn events(mut link: ProviderLink, shape: fn(Downlink) -> Value, state: &State) -> Events {
+    link.spawn_driver();
     let uplink = link.uplink;
-    let stream = ReceiverStream::new(link.downlink)
+    let stream = link
+        .downlink
         .map(move |message| {
             let _attached = &uplink;
             shape(message)

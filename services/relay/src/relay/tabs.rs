@@ -22,8 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 use tokio::time::Instant;
 
-use tokio::sync::mpsc;
-
+use crate::channel::{Receiver, Sender, channel};
 use crate::clock::Timestamp;
 use crate::code::{SessionCode, random_id};
 use crate::relay::{Inner, Relay};
@@ -77,7 +76,7 @@ impl Watch {
 
 struct Tab {
     code: SessionCode,
-    notices: mpsc::Sender<Notice>,
+    notices: Sender<Notice>,
     watch: Arc<Watch>,
 }
 
@@ -110,7 +109,7 @@ pub(crate) struct Attended {
     /// What the driver shares with the upkeep.
     pub(crate) watch: Arc<Watch>,
     /// What the upkeep found.
-    pub(crate) notices: mpsc::Receiver<Notice>,
+    pub(crate) notices: Receiver<Notice>,
 }
 
 impl Drop for Attended {
@@ -147,7 +146,7 @@ impl Relay {
         connection_id: &str,
         expires_at: Timestamp,
     ) -> Attended {
-        let (notices, received) = mpsc::channel(NOTICES);
+        let (notices, received) = channel(NOTICES);
         let watch = Arc::new(Watch {
             expires_at: AtomicI64::new(expires_at.0),
             doubt: AtomicBool::new(false),
@@ -333,7 +332,7 @@ impl Relay {
 }
 
 /// What the upkeep needs of a tab once it has its state.
-type TabParts = (mpsc::Sender<Notice>, Arc<Watch>);
+type TabParts = (Sender<Notice>, Arc<Watch>);
 
 impl Tab {
     fn clone_parts(&self) -> TabParts {
