@@ -1,5 +1,5 @@
 //! The provider side of a session: attaching a connection, delivering calls to it, heartbeats,
-//! replacement, and the polling fallback.
+//! replacement (the polling fallback is `relay/polling.rs`).
 //!
 //! [`Relay::attach`] returns a [`ProviderLink`]: a transport forwards what arrives from the
 //! provider into `uplink` and writes what comes out of `downlink` to the provider, and that is
@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use futures::StreamExt;
-use toolrelay::wire::{ProviderFrame, ProviderResponse, RelayFrame, ToolRequest};
+use toolrelay::wire::{ProviderFrame, ProviderResponse, RelayFrame};
 
 use crate::channel::{self, Receiver, Sender};
 use crate::clock::Timestamp;
@@ -42,8 +42,6 @@ const DOWNLINK_BUFFER: usize = 128;
 const UPLINK_BUFFER: usize = 64;
 /// Calls claimed at a time.
 const CLAIM_BATCH: usize = 32;
-/// The connection id shared by every poll of a session.
-const POLLING_CONNECTION: &str = "polling";
 /// Most calls a redelivering claim hands out (one claim: it would return the same calls
 /// again in batches). Far above what a session may have waiting.
 const REDELIVER_LIMIT: usize = 100_000;
@@ -244,44 +242,6 @@ impl Relay {
             downlink,
             uplink,
         })
-    }
-
-    /// The polling fallback: hands out the session's waiting calls (at most `max`, all when
-    /// `None`) under a lease; a call not answered within the lease is handed out again.
-    /// Needs the provider token; polling makes the poller the session's provider.
-    pub async fn poll(
-        &self,
-        code: &str,
-        token: Option<&str>,
-        max: Option<usize>,
-    ) -> Result<Vec<ToolRequest>, RelayError> {
-        let (code, session) = self.authorized(code, token).await?;
-        let now = self.now();
-        let is_current = session
-            .provider
-            .as_ref()
-            .is_some_and(|provider| provider.connection_id == POLLING_CONNECTION);
-        if !is_current {
-            // A poller taking over is a new attach: refused while the relay drains.
-            self.accepting()?;
-            let provider = ProviderInfo {
-                connection_id: POLLING_CONNECTION.to_owned(),
-                transport: Transport::Polling,
-                connected_at: now,
-                last_seen: now,
-            };
-            self.store().set_provider(&code, provider).await?;
-        }
-        self.touch(&code, Some(POLLING_CONNECTION)).await?;
-        let claim = Claim {
-            connection_id: POLLING_CONNECTION.to_owned(),
-            now,
-            lease_until: now.plus(self.config().poll_lease),
-            limit: max.unwrap_or(usize::MAX),
-            redeliver: false,
-        };
-        let claimed = self.store().claim(&code, &claim).await?;
-        Ok(claimed.iter().map(|record| record.tool_request()).collect())
     }
 }
 

@@ -1,6 +1,4 @@
-//! Polling: a provider without a connection takes its session's waiting calls by asking
-//! (the domain step is [`Relay::poll`], beside the other provider transports in
-//! [`crate::provider`]).
+//! Polling: a provider without a connection takes its session's waiting calls by asking.
 
 use tonic::Status;
 use toolrelay::convert::Malformed;
@@ -14,6 +12,50 @@ use crate::limits::Caller;
 use crate::operation::{Credential, Credentials, Operation, Visitor};
 use crate::pool::Retry;
 use crate::remote::RemoteRelay;
+use crate::store::{Claim, ProviderInfo, Transport};
+
+/// The connection id shared by every poll of a session.
+const POLLING_CONNECTION: &str = "polling";
+
+impl Relay {
+    /// The polling fallback: hands out the session's waiting calls (at most `max`, all when
+    /// `None`) under a lease; a call not answered within the lease is handed out again.
+    /// Needs the provider token; polling makes the poller the session's provider.
+    pub async fn poll(
+        &self,
+        code: &str,
+        token: Option<&str>,
+        max: Option<usize>,
+    ) -> Result<Vec<ToolRequest>, RelayError> {
+        let (code, session) = self.authorized(code, token).await?;
+        let now = self.now();
+        let is_current = session
+            .provider
+            .as_ref()
+            .is_some_and(|provider| provider.connection_id == POLLING_CONNECTION);
+        if !is_current {
+            // A poller taking over is a new attach: refused while the relay drains.
+            self.accepting()?;
+            let provider = ProviderInfo {
+                connection_id: POLLING_CONNECTION.to_owned(),
+                transport: Transport::Polling,
+                connected_at: now,
+                last_seen: now,
+            };
+            self.store().set_provider(&code, provider).await?;
+        }
+        self.touch(&code, Some(POLLING_CONNECTION)).await?;
+        let claim = Claim {
+            connection_id: POLLING_CONNECTION.to_owned(),
+            now,
+            lease_until: now.plus(self.config().poll_lease),
+            limit: max.unwrap_or(usize::MAX),
+            redeliver: false,
+        };
+        let claimed = self.store().claim(&code, &claim).await?;
+        Ok(claimed.iter().map(|record| record.tool_request()).collect())
+    }
+}
 
 /// The polling fallback (provider token): the session's waiting calls, at most `max`.
 #[derive(Debug, Clone)]
