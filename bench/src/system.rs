@@ -177,13 +177,16 @@ impl Replica {
         // The bench makes thousands of calls a minute from one address to one session, and
         // creates thousands of sessions and holds thousands of connections (tabs) from one
         // address. A split gateway proves itself to its relay with the secret both are given.
-        let limits = [
+        let mut limits = vec![
             ("RATE_LIMIT_REQUEST_PER_CODE", "100000000"),
             ("RATE_LIMIT_SESSION_PER_IP", "100000000"),
             ("MAX_CONNECTIONS_PER_IP", "1000000"),
-            ("REDIS_URL", redis_url.unwrap_or("")),
             ("GATEWAY_SECRET", "bench-gateway-secret-0123456789"),
         ];
+        // Unset, the state lives in the process (an empty REDIS_URL is refused at start).
+        if let Some(url) = redis_url {
+            limits.push(("REDIS_URL", url));
+        }
         match target {
             Target::Floor => {
                 let (child, line) = spawn(
@@ -208,7 +211,7 @@ impl Replica {
                     ("LISTEN_ADDR", "127.0.0.1:0"),
                     ("GRPC_LISTEN_ADDR", "127.0.0.1:0"),
                 ];
-                env.extend(limits);
+                env.extend(limits.iter().copied());
                 let (child, line) =
                     spawn(bin_dir, "toolrelay", &env, quiet, "toolrelay listening").await?;
                 let base = format!("http://{}", field(&line, "listen")?);
@@ -226,7 +229,7 @@ impl Replica {
                     ("GRPC_LISTEN_ADDR", "127.0.0.1:0"),
                     ("WS_LISTEN_ADDR", "127.0.0.1:0"),
                 ];
-                env.extend(limits);
+                env.extend(limits.iter().copied());
                 let (relay, line) = spawn(
                     bin_dir,
                     "toolrelay-relay",
@@ -240,7 +243,7 @@ impl Replica {
                 let metrics = format!("http://{}/metrics", field(&line, "websocket")?);
                 // The limits are the gateway's in older builds: set for both.
                 let mut env = vec![("LISTEN_ADDR", "127.0.0.1:0"), ("RELAY_URL", &relay_url)];
-                env.extend(limits);
+                env.extend(limits.iter().copied());
                 let (gateway, line) = spawn(
                     bin_dir,
                     "toolrelay-gateway",
@@ -288,6 +291,8 @@ pub async fn spawn(
 ) -> anyhow::Result<(Child, Value)> {
     let path = bin_dir.join(name);
     let mut child = Command::new(&path)
+        // The store is the bench's choice (`REDIS_URL` in `env` or none), not the shell's.
+        .env_remove("REDIS_URL")
         .envs(env.iter().copied())
         .env("LOG_FORMAT", "json")
         .env(

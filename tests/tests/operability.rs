@@ -8,7 +8,7 @@ use std::process::Stdio;
 use reqwest::StatusCode;
 use serde_json::json;
 use toolrelay_gateway::config::{ENV_LISTEN, ENV_RELAY_URL};
-use toolrelay_relay::config::{ENV_GRPC_LISTEN, ENV_LOG_FORMAT};
+use toolrelay_relay::config::{ENV_GRPC_LISTEN, ENV_LOG_FORMAT, ENV_REDIS_URL, ENV_WS_LISTEN};
 use toolrelay_tests::system::{System, binary, send};
 use toolrelay_tests::{PATIENCE, WsTab, demo_tools, free_port, repo_file, wait_until};
 
@@ -252,4 +252,35 @@ fn the_licence_the_manifest_names_is_in_the_repository() {
     assert!(manifest.contains("license = \"MIT\""));
     let licence = std::fs::read_to_string(repo_file("LICENSE")).unwrap();
     assert!(licence.starts_with("MIT License"), "{licence}");
+}
+
+/// An empty `REDIS_URL` (a Secret that lost its URL) would run each replica on a state of its
+/// own: every binary refuses it at start, naming the variable.
+#[tokio::test]
+async fn an_empty_redis_url_is_refused_at_start() {
+    let gateway = [(ENV_RELAY_URL, "http://127.0.0.1:9")];
+    for (name, extra) in [
+        ("toolrelay", &[][..]),
+        ("toolrelay-relay", &[][..]),
+        ("toolrelay-gateway", &gateway[..]),
+    ] {
+        for empty in ["", "  "] {
+            let mut env = vec![
+                (ENV_LISTEN, "127.0.0.1:0"),
+                (ENV_GRPC_LISTEN, "127.0.0.1:0"),
+                (ENV_WS_LISTEN, "127.0.0.1:0"),
+                (ENV_REDIS_URL, empty),
+            ];
+            env.extend_from_slice(extra);
+            let (status, printed) = run(name, &[], &env).await;
+            assert!(
+                !status.success(),
+                "{name} with REDIS_URL={empty:?}: {printed}"
+            );
+            assert!(
+                printed.contains("REDIS_URL is set but empty"),
+                "{name}: {printed}"
+            );
+        }
+    }
 }

@@ -249,7 +249,7 @@ impl GatewayArgs {
             ));
         }
         config.check_host = bound.ip().is_loopback();
-        config.store = service.store_config();
+        config.store = service.store_config()?;
         config.connections = ConnectionLimits {
             uncapped: self.trusted_proxies.clone(),
             ..service.connection_limits()?

@@ -442,14 +442,18 @@ impl ServiceArgs {
         Duration::from_secs(self.drain_seconds)
     }
 
-    /// Where the shared state lives.
-    pub fn store_config(&self) -> StoreConfig {
+    /// Where the shared state lives. An empty `REDIS_URL` is refused: a fleet whose Secret
+    /// lost its URL would otherwise run each replica on a state of its own.
+    pub fn store_config(&self) -> Result<StoreConfig, String> {
         match self.redis_url.as_deref().map(str::trim) {
-            None | Some("") => StoreConfig::Memory,
-            Some(url) => StoreConfig::Redis {
+            None => Ok(StoreConfig::Memory),
+            Some("") => Err(format!(
+                "{ENV_REDIS_URL} is set but empty: give a Redis URL (redis://host:6379/0), or leave it unset to keep the state in this process"
+            )),
+            Some(url) => Ok(StoreConfig::Redis {
                 url: url.to_owned(),
                 prefix: self.redis_prefix.clone(),
-            },
+            }),
         }
     }
 }
@@ -500,7 +504,7 @@ impl RelayArgs {
             heartbeat_interval: Duration::from_secs(self.heartbeat_seconds),
             tab_refresh: Duration::from_secs(self.tab_refresh_seconds),
             tab_sweep: Duration::from_secs(self.tab_sweep_seconds),
-            store: service.store_config(),
+            store: service.store_config()?,
             connections: service.connection_limits()?,
             ..RelayConfig::default()
         };
