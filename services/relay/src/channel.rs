@@ -412,7 +412,7 @@ mod tests {
             sender.send(3).await.unwrap();
             sender
         });
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::task::yield_now().await;
         assert!(
             !waiting.is_finished(),
             "a full channel took a third message"
@@ -462,7 +462,7 @@ mod tests {
             let sender = sender.clone();
             async move { sender.send(2).await }
         });
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::task::yield_now().await;
         receiver.close();
         assert_eq!(receiver.recv().await, Some(1), "queued before the close");
         assert_eq!(receiver.recv().await, None);
@@ -485,10 +485,10 @@ mod tests {
             let end = receiver.recv().await;
             (first, end)
         });
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::task::yield_now().await;
         sender.send(7).await.unwrap();
         drop(sender);
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::task::yield_now().await;
         drop(other);
         let received = tokio::time::timeout(Duration::from_secs(5), waiting)
             .await
