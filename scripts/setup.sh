@@ -18,7 +18,8 @@ say() { printf '\033[1msetup:\033[0m %s\n' "$*" >&2; }
 apt_packages=(ca-certificates gcc make pkg-config bubblewrap util-linux cmake g++ libclang-dev
   python3 python3-venv)
 if [[ $mode == --test ]]; then
-  apt_packages+=(redis-server chromium)
+  # openssl: the test certificates of the Redis TLS tests.
+  apt_packages+=(redis-server chromium openssl)
   # The container image and the Kubernetes manifests (scripts/image.sh; tests/tests/container.rs,
   # kube_play.rs, manifests.rs): podman builds and runs images with no daemon (runc: the
   # runtime that works in this kind of VM; catatonit: the init of the pause image `podman kube

@@ -81,6 +81,32 @@ impl Cluster {
         let one_at_a_time = std::sync::Arc::clone(&RUNNING).lock_owned().await;
         let redis = RedisServer::durable().await;
         let url = redis.url();
+        let mut all = vec![(ENV_REDIS_URL, url.as_str())];
+        all.extend_from_slice(env);
+        Self::launch(redis, relays, gateways, &all, balanced, one_at_a_time).await
+    }
+
+    /// `relays` relays and `gateways` gateways, every gateway in front of every relay, on the
+    /// Redis `redis`, reached as `env` says (it names the Redis: `REDIS_URL`, the Sentinels
+    /// or the Cluster, with any user and certificates); `env` goes to every process.
+    pub async fn on(
+        redis: RedisServer,
+        relays: usize,
+        gateways: usize,
+        env: &[(&str, &str)],
+    ) -> Self {
+        let one_at_a_time = std::sync::Arc::clone(&RUNNING).lock_owned().await;
+        Self::launch(redis, relays, gateways, env, true, one_at_a_time).await
+    }
+
+    async fn launch(
+        redis: RedisServer,
+        relays: usize,
+        gateways: usize,
+        env: &[(&str, &str)],
+        balanced: bool,
+        one_at_a_time: tokio::sync::OwnedMutexGuard<()>,
+    ) -> Self {
         let gateway_logs = Logs::default();
         let mut relay_logs = Vec::new();
         let mut relay_processes = Vec::new();
@@ -90,7 +116,6 @@ impl Cluster {
             let mut all = vec![
                 (ENV_GRPC_LISTEN, "127.0.0.1:0"),
                 (ENV_WS_LISTEN, "127.0.0.1:0"),
-                (ENV_REDIS_URL, url.as_str()),
                 (ENV_GATEWAY_SECRET, crate::GATEWAY_SECRET),
             ];
             all.extend_from_slice(env);
@@ -118,7 +143,6 @@ impl Cluster {
             let mut all = vec![
                 (ENV_LISTEN, "127.0.0.1:0"),
                 (ENV_RELAY_URL, relay_url.as_str()),
-                (ENV_REDIS_URL, url.as_str()),
                 (ENV_GATEWAY_SECRET, crate::GATEWAY_SECRET),
             ];
             all.extend_from_slice(env);

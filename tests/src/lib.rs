@@ -11,6 +11,7 @@
 #![allow(clippy::unwrap_used, clippy::missing_panics_doc)] // test support fails loudly
 
 pub mod balancer;
+pub mod certs;
 pub mod cluster;
 pub mod deploy;
 pub mod mcp;
@@ -181,10 +182,9 @@ pub async fn test_relay_with(
 ) -> (toolrelay_relay::Relay, Option<redis::RedisServer>) {
     let redis = test_redis().await;
     if let Some(redis) = &redis {
-        config.store = toolrelay_relay::config::StoreConfig::Redis {
-            url: redis.url(),
-            prefix: "test:".into(),
-        };
+        config.store = toolrelay_relay::config::StoreConfig::Redis(Box::new(
+            toolrelay_relay::config::RedisSettings::primary(redis.url(), "test:"),
+        ));
     }
     let metrics = toolrelay_relay::Metrics::new("toolrelay-test");
     let tools = toolrelay_builtin::standard(tools, &metrics);
@@ -217,10 +217,9 @@ impl TestRelay {
     async fn serving(mut config: RelayConfig, redis: Option<redis::RedisServer>) -> Self {
         config.validate().unwrap();
         if let Some(redis) = &redis {
-            config.store = toolrelay_relay::config::StoreConfig::Redis {
-                url: redis.url(),
-                prefix: "test:".into(),
-            };
+            config.store = toolrelay_relay::config::StoreConfig::Redis(Box::new(
+                toolrelay_relay::config::RedisSettings::primary(redis.url(), "test:"),
+            ));
         }
         let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let websocket = TcpListener::bind("127.0.0.1:0").await.unwrap();

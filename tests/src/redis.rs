@@ -14,13 +14,33 @@ pub struct RedisServer {
     dir: PathBuf,
     durable: bool,
     cluster: bool,
+    options: RedisOptions,
     child: Option<Child>,
+}
+
+/// How a test Redis is set up beyond a plain throwaway one.
+#[derive(Clone, Debug, Default)]
+pub struct RedisOptions {
+    /// TLS only (no plain port), with `server.pem` of these certificates' directory
+    /// ([`crate::certs::TestCertificates`]); clients must show a certificate its CA signed.
+    pub tls: Option<PathBuf>,
+    /// ACL users, each the words after `--user` (the default user is turned off when set).
+    pub users: Vec<Vec<String>>,
+    /// The user and password the test itself connects as (to ping, inspect, fill).
+    pub admin: Option<(String, String)>,
+    /// The primary it replicates, by port (with the same TLS and admin user).
+    pub replica_of: Option<u16>,
 }
 
 impl RedisServer {
     /// A throwaway Redis: nothing written to disk.
     pub async fn start() -> Self {
         Self::launch(false, false).await
+    }
+
+    /// A throwaway Redis set up as `options` say.
+    pub async fn with(options: RedisOptions) -> Self {
+        Self::launch_with(false, false, options).await
     }
 
     /// A Redis with the append-only file on (`appendfsync always`), so a restart keeps
@@ -60,6 +80,10 @@ impl RedisServer {
     }
 
     async fn launch(durable: bool, cluster: bool) -> Self {
+        Self::launch_with(durable, cluster, RedisOptions::default()).await
+    }
+
+    async fn launch_with(durable: bool, cluster: bool, options: RedisOptions) -> Self {
         let port = free_port();
         let dir =
             std::env::temp_dir().join(format!("toolrelay-redis-{}-{port}", std::process::id()));
@@ -69,6 +93,7 @@ impl RedisServer {
             dir,
             durable,
             cluster,
+            options,
             child: None,
         };
         server.run().await;
@@ -77,10 +102,37 @@ impl RedisServer {
 
     async fn run(&mut self) {
         let mut command = Command::new("redis-server");
+        let port = self.port.to_string();
+        match &self.options.tls {
+            None => command.args(["--port", &port]),
+            Some(dir) => command
+                .args(["--port", "0", "--tls-port", &port])
+                .arg("--tls-cert-file")
+                .arg(dir.join("server.pem"))
+                .arg("--tls-key-file")
+                .arg(dir.join("server.key"))
+                .arg("--tls-ca-cert-file")
+                .arg(dir.join("ca.pem"))
+                .args(["--tls-auth-clients", "yes", "--tls-replication", "yes"]),
+        };
+        if !self.options.users.is_empty() {
+            command.args(["--user", "default", "off"]);
+            for user in &self.options.users {
+                command.arg("--user").args(user);
+            }
+        }
+        if let Some(primary) = self.options.replica_of {
+            command.args(["--replicaof", "127.0.0.1", &primary.to_string()]);
+            if let Some((user, password)) = &self.options.admin {
+                command.args(["--masteruser", user, "--masterauth", password]);
+            }
+        }
         command
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--daemonize", "no", "--protected-mode", "yes"])
             .args(["--maxmemory-policy", "noeviction"])
+            // A replica is sent the data at once (Redis waits 5 s for more replicas otherwise).
+            .args(["--repl-diskless-sync-delay", "0"])
             .arg("--dir")
             .arg(&self.dir);
         if self.durable {
@@ -109,20 +161,68 @@ impl RedisServer {
         .await;
     }
 
-    /// `redis://127.0.0.1:<port>`.
+    /// `redis://127.0.0.1:<port>` (`rediss://` with TLS), with no user or password.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let scheme = if self.options.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
-    async fn connection(&self) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
-        redis::Client::open(self.url())?
-            .get_multiplexed_async_connection()
-            .await
+    /// Its port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// A connection as the test's own user (the admin user, the CA and client certificate
+    /// when it has them).
+    pub async fn connection(&self) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
+        toolrelay_relay::store::redis::install_tls_provider();
+        let mut info = redis::IntoConnectionInfo::into_connection_info(self.url())?;
+        if let Some((user, password)) = &self.options.admin {
+            let settings = info
+                .redis_settings()
+                .clone()
+                .set_username(user)
+                .set_password(password);
+            info = info.set_redis_settings(settings);
+        }
+        let client = match &self.options.tls {
+            None => redis::Client::open(info)?,
+            Some(dir) => redis::Client::build_with_tls(
+                info,
+                redis::TlsCertificates {
+                    client_tls: Some(redis::ClientTlsConfig {
+                        client_cert: std::fs::read(dir.join("server.pem"))?,
+                        client_key: std::fs::read(dir.join("server.key"))?,
+                    }),
+                    root_cert: Some(std::fs::read(dir.join("ca.pem"))?),
+                },
+            )?,
+        };
+        client.get_multiplexed_async_connection().await
     }
 
     async fn ping(&self) -> redis::RedisResult<()> {
         let mut connection = self.connection().await?;
         redis::cmd("PING").query_async(&mut connection).await
+    }
+
+    /// Replicas that are in sync with it (`INFO replication`'s replicas `state=online`).
+    pub async fn replicas_online(&self) -> usize {
+        let Ok(mut connection) = self.connection().await else {
+            return 0;
+        };
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut connection)
+            .await
+            .unwrap_or_default();
+        info.lines()
+            .filter(|line| line.starts_with("slave") && line.contains("state=online"))
+            .count()
     }
 
     /// What it holds in memory now (`INFO memory`'s `used_memory`, bytes).
@@ -204,6 +304,96 @@ impl Drop for RedisServer {
         if let Some(child) = self.child.as_mut() {
             let _ = child.start_kill();
         }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A Redis Sentinel (`redis-server <conf> --sentinel`) on an ephemeral loopback port,
+/// watching the primary on `primary` under the name `master`, with short timeouts (down after
+/// 1 s), killed when dropped.
+pub struct RedisSentinel {
+    port: u16,
+    dir: PathBuf,
+    child: Child,
+}
+
+impl RedisSentinel {
+    /// Starts one; `quorum` Sentinels must agree that the primary is down.
+    pub async fn start(master: &str, primary: u16, quorum: u32) -> Self {
+        let port = free_port();
+        let dir =
+            std::env::temp_dir().join(format!("toolrelay-sentinel-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = dir.join("sentinel.conf");
+        std::fs::write(
+            &config,
+            format!(
+                "port {port}\nbind 127.0.0.1\ndir {dir}\nsentinel monitor {master} 127.0.0.1 {primary} {quorum}\nsentinel down-after-milliseconds {master} 1000\nsentinel failover-timeout {master} 5000\nsentinel parallel-syncs {master} 1\n",
+                dir = dir.display()
+            ),
+        )
+        .unwrap();
+        let child = Command::new("redis-server")
+            .arg(&config)
+            .arg("--sentinel")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|error| {
+                panic!(
+                    "redis-server --sentinel cannot start ({error}): run scripts/setup.sh --test"
+                )
+            });
+        let sentinel = Self { port, dir, child };
+        wait_until(PATIENCE, async || {
+            sentinel.primary(master).await.map(|_| ()).ok_or(format!(
+                "the Sentinel on port {port} does not know {master}"
+            ))
+        })
+        .await;
+        sentinel
+    }
+
+    /// `127.0.0.1:<port>`.
+    pub fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// How many replicas and other Sentinels it knows for `master`, when it answers.
+    pub async fn peers(&self, master: &str) -> Option<(u32, u32)> {
+        let client = redis::Client::open(format!("redis://{}", self.address())).ok()?;
+        let mut connection = client.get_multiplexed_async_connection().await.ok()?;
+        let fields: Vec<String> = redis::cmd("SENTINEL")
+            .arg("master")
+            .arg(master)
+            .query_async(&mut connection)
+            .await
+            .ok()?;
+        let field = |name: &str| {
+            let at = fields.iter().position(|field| field == name)?;
+            fields.get(at + 1)?.parse().ok()
+        };
+        Some((field("num-slaves")?, field("num-other-sentinels")?))
+    }
+
+    /// The port of the primary it names for `master`, when it answers.
+    pub async fn primary(&self, master: &str) -> Option<u16> {
+        let client = redis::Client::open(format!("redis://{}", self.address())).ok()?;
+        let mut connection = client.get_multiplexed_async_connection().await.ok()?;
+        let (_, port): (String, u16) = redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(master)
+            .query_async(&mut connection)
+            .await
+            .ok()?;
+        Some(port)
+    }
+}
+
+impl Drop for RedisSentinel {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

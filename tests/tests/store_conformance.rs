@@ -10,6 +10,7 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 use toolrelay::wire::{RequestStatus, ToolResponse};
 use toolrelay_relay::clock::ClockHand;
+use toolrelay_relay::config::RedisSettings;
 use toolrelay_relay::store::memory::{MAX_TICKETS_PER_SCOPE, MemoryStore, StoreLimits};
 use toolrelay_relay::store::redis::RedisStore;
 use toolrelay_relay::store::{
@@ -73,8 +74,7 @@ async fn on_redis(server: RedisServer, limits: StoreLimits) -> Fixture {
     let (clock, hand) = Clock::manual(wall_now());
     let metrics = Metrics::default();
     let store = RedisStore::connect(
-        &server.url(),
-        "test:",
+        &RedisSettings::primary(server.url(), "test:"),
         clock.clone(),
         limits,
         metrics.clone(),
@@ -1283,9 +1283,8 @@ conformance! {
 async fn replicas_share_sessions_calls_and_events_through_redis() {
     let server = RedisServer::start().await;
     let (clock, _hand) = Clock::manual(wall_now());
-    let url = server.url();
-    let connect =
-        || RedisStore::connect(&url, "shared:", clock.clone(), limits(), Metrics::default());
+    let shared = RedisSettings::primary(server.url(), "shared:");
+    let connect = || RedisStore::connect(&shared, clock.clone(), limits(), Metrics::default());
     let (a, b) = (connect().await.unwrap(), connect().await.unwrap());
     let now = clock.now();
     let budget = RateBudget::per_minute(std::num::NonZeroU32::new(2).unwrap());
@@ -1349,8 +1348,7 @@ async fn replicas_share_sessions_calls_and_events_through_redis() {
     assert_eq!(record.response.unwrap().result, Some(json!(2)));
     // Keys stay under their prefix: another prefix is another world.
     let other = RedisStore::connect(
-        &server.url(),
-        "other:",
+        &RedisSettings::primary(server.url(), "other:"),
         clock.clone(),
         limits(),
         Metrics::default(),
@@ -1369,8 +1367,7 @@ async fn replicas_share_the_counts_and_count_an_expiry_once() {
     let replica = async || {
         let metrics = Metrics::default();
         let store = RedisStore::connect(
-            &server.url(),
-            "m:",
+            &RedisSettings::primary(server.url(), "m:"),
             clock.clone(),
             limits(),
             metrics.clone(),
@@ -1409,8 +1406,7 @@ async fn a_redis_outage_fails_operations_but_ends_no_stream() {
     let mut server = RedisServer::durable().await;
     let (clock, _hand) = Clock::manual(wall_now());
     let store = RedisStore::connect(
-        &server.url(),
-        "t:",
+        &RedisSettings::primary(server.url(), "t:"),
         clock.clone(),
         limits(),
         Metrics::default(),

@@ -16,7 +16,7 @@ use toolrelay::proto::FILE_DESCRIPTOR_SET;
 
 use crate::builtin::Registry;
 use crate::clock::Clock;
-use crate::config::{ENV_GATEWAY_SECRET, ENV_REDIS_URL, RelayConfig, StoreConfig};
+use crate::config::{ENV_GATEWAY_SECRET, RelayConfig, StoreConfig};
 use crate::grpc::RelayService;
 use crate::limits::CORRELATION_ID_METADATA;
 use crate::listen::{self, Connections, Protocol};
@@ -91,11 +91,11 @@ pub async fn open_store(
             limits,
             metrics.clone(),
         )),
-        StoreConfig::Redis { url, prefix } => {
-            let store = RedisStore::connect(url, prefix, clock.clone(), limits, metrics.clone())
+        StoreConfig::Redis(settings) => {
+            let store = RedisStore::connect(settings, clock.clone(), limits, metrics.clone())
                 .await
-                .map_err(|error| format!("{error} (set by {ENV_REDIS_URL})"))?;
-            tracing::info!(prefix = %prefix, "state in Redis, shared with every replica using it");
+                .map_err(|error| error.to_string())?;
+            tracing::info!(prefix = %settings.prefix, "state in Redis, shared with every replica using it");
             Ok(store)
         }
     }

@@ -75,6 +75,8 @@ struct Inner {
     store_durations: Vec<Histogram>,
     store_errors: Vec<Counter>,
     store_up: Gauge,
+    redis_primary: Family<[(&'static str, String); 1], Gauge>,
+    redis_failovers: Counter,
     mip_runs: [[Counter; MipOutcome::ALL.len()]; MipTool::ALL.len()],
     mip_durations: [Histogram; MipTool::ALL.len()],
     mip_slots_busy: Gauge,
@@ -194,6 +196,20 @@ impl Metrics {
         } else if operation == StoreOperation::Ping {
             self.inner.store_up.set(1);
         }
+    }
+
+    /// The Redis primary this process talks to now, at `address`.
+    pub fn redis_primary(&self, address: &str) {
+        let primary = &self.inner.redis_primary;
+        primary.clear();
+        primary
+            .get_or_create(&[("address", address.to_owned())])
+            .set(1);
+    }
+
+    /// This process followed Redis to another primary.
+    pub fn redis_failover(&self) {
+        self.inner.redis_failovers.inc();
     }
 
     // ---- the MIP tools ----

@@ -144,6 +144,20 @@ impl Metrics {
             "1 when the store answered the last operation or readiness check, 0 when it did not",
             store_up.clone(),
         );
+        // The one label taken from outside the code: the primary's address, from the
+        // operator's settings or the Sentinels they name, never from a request.
+        let redis_primary = Family::<[(&'static str, String); 1], Gauge>::default();
+        registry.register(
+            "toolrelay_redis_primary",
+            "1 for the Redis primary this process talks to, by its address (host:port)",
+            redis_primary.clone(),
+        );
+        let redis_failovers = Counter::default();
+        registry.register(
+            "toolrelay_redis_failovers",
+            "Times this process followed Redis to another primary (Sentinel failovers seen)",
+            redis_failovers.clone(),
+        );
 
         let mip_family = Family::<[(&'static str, &'static str); 2], Counter>::default();
         let mip_runs = MipTool::ALL.map(|tool| {
@@ -238,6 +252,8 @@ impl Metrics {
                 store_durations,
                 store_errors,
                 store_up,
+                redis_primary,
+                redis_failovers,
                 mip_runs,
                 mip_durations,
                 mip_slots_busy,

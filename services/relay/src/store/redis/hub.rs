@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use redis::AsyncCommands;
-use redis::aio::ConnectionManager;
 
+use super::link::Link;
 use super::records;
 use super::{HEARTBEAT, RESPONSE_TIMEOUT, timed_out};
 use crate::store::events::SessionChannel;
@@ -38,22 +38,23 @@ fn announced(packed: &str, event: impl FnOnce(Box<RequestRecord>) -> SessionEven
 /// (when Redis is there), and no unsubscription can overtake a subscription.
 pub(super) struct EventHub {
     channels: Mutex<HashMap<String, Arc<SessionChannel>>>,
-    /// Reads a call handed over too large to be announced whole (`h:`).
-    redis: ConnectionManager,
+    /// The way to Redis: the pub/sub connection goes to its current primary, and a call
+    /// handed over too large to be announced whole (`h:`) is read through it.
+    link: Arc<Link>,
     sink: tokio::sync::Mutex<Option<redis::aio::PubSubSink>>,
     /// Wakes the listener to reconnect when a subscription failed on a live connection.
     reconnect: tokio::sync::Notify,
 }
 
 impl EventHub {
-    pub(super) fn start(client: redis::Client, redis: ConnectionManager) -> Arc<Self> {
+    pub(super) fn start(link: Arc<Link>) -> Arc<Self> {
         let hub = Arc::new(Self {
             channels: Mutex::new(HashMap::new()),
-            redis,
+            link,
             sink: tokio::sync::Mutex::new(None),
             reconnect: tokio::sync::Notify::new(),
         });
-        tokio::spawn(listen(Arc::downgrade(&hub), client));
+        tokio::spawn(listen(Arc::downgrade(&hub)));
         hub
     }
 
@@ -168,7 +169,7 @@ impl EventHub {
         let (key, field) = (format!("{base}s"), format!("r:{id}"));
         let (hub, channel) = (self.clone(), channel.to_owned());
         tokio::spawn(async move {
-            let mut redis = hub.redis.clone();
+            let mut redis = hub.link.commands();
             let packed: Result<Option<String>, _> = redis.hget(&key, &field).await;
             let event = match packed {
                 Ok(Some(packed)) => announced(&packed, SessionEvent::CallHanded),
@@ -235,11 +236,15 @@ impl EventHub {
 }
 
 /// Keeps the hub's pub/sub connection: connects, subscribes to what is wanted, delivers
-/// messages, and on a drop reconnects (with `Missed` for everyone, as messages may be lost).
-async fn listen(hub: Weak<EventHub>, client: redis::Client) {
+/// messages, and on a drop, or when Redis fails over to another primary, reconnects (with
+/// `Missed` for everyone, as messages may be lost).
+async fn listen(hub: Weak<EventHub>) {
     let mut delay = Duration::from_millis(100);
     loop {
         let Some(strong) = hub.upgrade() else { return };
+        let mut failed_over = strong.link.primary_changed();
+        failed_over.mark_unchanged();
+        let client = strong.link.client();
         match tokio::time::timeout(RESPONSE_TIMEOUT, client.get_async_pubsub())
             .await
             .unwrap_or_else(|_| Err(timed_out()))
@@ -262,6 +267,7 @@ async fn listen(hub: Weak<EventHub>, client: redis::Client) {
                                 strong.deliver(channel, &payload);
                             }
                             () = strong.reconnect.notified() => break,
+                            _ = failed_over.changed() => break,
                             _ = sweep.tick() => strong.unsubscribe_unused().await,
                             _ = heartbeat.tick() => {
                                 // A half-open connection (a Redis that vanished without a

@@ -40,6 +40,7 @@
 
 mod hub;
 mod keyed;
+mod link;
 mod presence;
 mod records;
 mod scripts;
@@ -49,11 +50,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{AsyncCommands, Script};
 use toolrelay::wire::{RequestStatus, ToolResponse};
 
 use self::hub::EventHub;
+pub use self::link::install_tls_provider;
+use self::link::{Connection, Link};
 use self::records::{call_in, counted, missing, outcome, unexpected, unreadable};
 use self::scripts::{
     Arguments, ClaimCalls, ClearProvider, Enqueue, Finish, Insert, LeaseBuiltin, Named,
@@ -66,6 +68,7 @@ use super::{
 };
 use crate::clock::{Clock, Timestamp};
 use crate::code::SessionCode;
+use crate::config::{RedisSettings, Topology, WaitReplicas};
 use crate::error::StoreError;
 use crate::metrics::Metrics;
 
@@ -76,7 +79,7 @@ const HEARTBEAT: Duration = Duration::from_secs(5);
 
 /// Sessions, calls and claim checks in Redis, shared by every replica.
 pub struct RedisStore {
-    redis: ConnectionManager,
+    link: Arc<Link>,
     prefix: String,
     clock: Clock,
     limits: StoreLimits,
@@ -86,6 +89,8 @@ pub struct RedisStore {
     metrics: Metrics,
     /// Whether Redis runs as a Cluster node: then each refresh script covers one session.
     cluster: bool,
+    /// Replicas the enqueue and finish scripts' writes must reach (`WAIT`), when set.
+    wait: Option<WaitReplicas>,
     /// The sessions whose answers went through this replica, for the budget's trim.
     answered: Mutex<trim::Answered>,
     /// This replica's name in the answer budget's counts.
@@ -93,66 +98,59 @@ pub struct RedisStore {
 }
 
 impl RedisStore {
-    /// A store on the Redis at `url`, its keys under `prefix`, counting the sessions and
-    /// calls it expires into `metrics`. Waits (retrying, and saying so in the log) until
-    /// Redis answers, so a replica started before its Redis comes up rather than
-    /// crash-looping.
+    /// A store on the Redis `settings` name, counting the sessions and calls it expires into
+    /// `metrics`. Waits (retrying, and saying so in the log) until Redis answers, so a
+    /// replica started before its Redis comes up rather than crash-looping; a refused
+    /// password, a missing permission or an untrusted certificate is an error at once.
     pub async fn connect(
-        url: &str,
-        prefix: &str,
+        settings: &RedisSettings,
         clock: Clock,
         limits: StoreLimits,
         metrics: Metrics,
     ) -> Result<Arc<Self>, StoreError> {
-        let unusable = |error: redis::RedisError| {
-            StoreError(format!("REDIS_URL {url:?} is not usable: {error}"))
-        };
-        // Nagle's algorithm off (the crate leaves it on): every store operation is a small
-        // write that would otherwise wait for the peer's delayed ACK.
-        let info = redis::IntoConnectionInfo::into_connection_info(url)
-            .map_err(unusable)?
-            .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
-        let client = redis::Client::open(info).map_err(unusable)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(RESPONSE_TIMEOUT))
-            .set_response_timeout(Some(RESPONSE_TIMEOUT))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_secs(1));
-        let mut delay = Duration::from_millis(200);
-        let redis = loop {
-            match ConnectionManager::new_with_config(client.clone(), config.clone()).await {
-                Ok(redis) => break redis,
-                Err(error) => {
-                    tracing::warn!(%error, retry_in_ms = delay.as_millis() as u64, "Redis is not reachable yet; retrying");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(5));
-                }
-            }
-        };
+        let link = Link::connect(settings, metrics.clone()).await?;
         let scripts = Scripts::new();
-        let mut connection = redis.clone();
+        let mut connection = link.commands();
+        let refused = |error: redis::RedisError| match error.kind() {
+            redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) => StoreError(format!(
+                "the Redis user may not do what toolrelay needs ({error}): grant it the README's ACL line (`~{prefix}* &{prefix}* +@read +@write +@scripting +@pubsub +ping`)",
+                prefix = settings.prefix
+            )),
+            _ => store_error(error),
+        };
         // Loaded up front, so the first calls after a start do not each meet NOSCRIPT.
         for script in scripts.all() {
             let loaded: Result<String, _> =
                 script.prepare_invoke().load_async(&mut connection).await;
-            loaded.map_err(store_error)?;
+            loaded.map_err(refused)?;
         }
-        let info: String = redis::cmd("INFO")
+        // The events' channels are allowed too (a user without them would hear nothing).
+        let _: i64 = redis::cmd("PUBLISH")
+            .arg(format!("{}probe", settings.prefix))
+            .arg("")
+            .query_async(&mut connection)
+            .await
+            .map_err(refused)?;
+        // A Cluster node refuses scripts that stray out of a slot. `INFO` may be denied to a
+        // least-privilege user: then only a Cluster named as one counts as one.
+        let info: Option<String> = redis::cmd("INFO")
             .arg("cluster")
             .query_async(&mut connection)
             .await
-            .map_err(store_error)?;
-        let cluster = info.contains("cluster_enabled:1");
-        let events = EventHub::start(client, redis.clone());
+            .ok();
+        let cluster = matches!(settings.topology, Topology::Cluster(_))
+            || info.is_some_and(|info| info.contains("cluster_enabled:1"));
+        let events = EventHub::start(link.clone());
         let store = Arc::new(Self {
-            redis,
-            prefix: prefix.to_owned(),
+            link,
+            prefix: settings.prefix.clone(),
             clock,
             limits,
             events,
             scripts,
             metrics,
             cluster,
+            wait: settings.wait,
             answered: Mutex::new(trim::Answered::default()),
             replica: crate::code::random_id(),
         });
@@ -180,12 +178,12 @@ impl RedisStore {
         invocation
     }
 
-    fn connection(&self) -> ConnectionManager {
-        self.redis.clone()
+    fn connection(&self) -> Connection {
+        self.link.commands()
     }
 
-    /// A session script on `keys` (the first a session's key base) with the common
-    /// arguments every one reads first: now, the retention of finished calls.
+    /// A script on `keys` (the first a session's key base) with the common arguments every
+    /// session script reads first: now, the retention of finished calls.
     fn invocation<'a>(&self, script: &'a Script, keys: &[String]) -> redis::ScriptInvocation<'a> {
         let mut invocation = script.prepare_invoke();
         for key in keys {
@@ -209,18 +207,80 @@ impl RedisStore {
     ) -> Result<T, StoreError> {
         let mut keys = vec![self.base(code)];
         keys.extend_from_slice(extra);
-        let mut invocation = self.invocation(&script.script, &keys);
-        args.push(&mut invocation);
-        let answer: redis::Value = invocation
-            .invoke_async(&mut self.connection())
-            .await
-            .map_err(store_error)?;
+        let mut command = redis::cmd("EVALSHA");
+        command
+            .arg(script.script.get_hash())
+            .arg(keys.len())
+            .arg(&keys)
+            .arg(self.clock.now().0)
+            .arg(millis(self.limits.retention));
+        args.push(&mut command);
+        let answer = self
+            .evaluate(&script.script, &command, script.replicated)
+            .await?;
         let (expired, slid_to, answer) = counted(answer)?;
         self.metrics.calls_expired(expired);
         if let Some(slid_to) = slid_to {
             self.index_session(code, slid_to).await?;
         }
         T::from_redis_value(answer).map_err(unreadable)
+    }
+
+    /// Runs a script's `EVALSHA` `command`, loading the script first when Redis does not have
+    /// it (a Redis restarted, or a replica promoted, since this replica loaded it). When
+    /// `replicated` and `REDIS_WAIT_REPLICAS` is set, `WAIT` goes in the same round trip, and
+    /// a write the replicas did not confirm in time is an error (retryable: the write stays,
+    /// and the idempotent scripts find it when called again).
+    async fn evaluate(
+        &self,
+        script: &Script,
+        command: &redis::Cmd,
+        replicated: bool,
+    ) -> Result<redis::Value, StoreError> {
+        let wait = self.wait.filter(|_| replicated);
+        let mut connection = match wait {
+            Some(_) => self.link.waiting(),
+            None => self.connection(),
+        };
+        let mut loaded = false;
+        loop {
+            let answered = match wait {
+                None => command.query_async(&mut connection).await,
+                Some(wait) => {
+                    let replicated: redis::RedisResult<(redis::Value, u32)> = redis::pipe()
+                        .add_command(command.clone())
+                        .cmd("WAIT")
+                        .arg(wait.replicas)
+                        .arg(wait.timeout_ms)
+                        .query_async(&mut connection)
+                        .await;
+                    match replicated {
+                        Ok((_, confirmed)) if confirmed < wait.replicas => {
+                            return Err(StoreError(format!(
+                                "Redis confirmed the write on {confirmed} of {} replicas within {} ms (REDIS_WAIT_REPLICAS, REDIS_WAIT_MS)",
+                                wait.replicas, wait.timeout_ms
+                            )));
+                        }
+                        replicated => replicated.map(|(answer, _)| answer),
+                    }
+                }
+            };
+            match answered {
+                Err(error)
+                    if !loaded
+                        && error.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                {
+                    let _: String = script
+                        .prepare_invoke()
+                        .load_async(&mut connection)
+                        .await
+                        .map_err(store_error)?;
+                    loaded = true;
+                }
+                answered => return answered.map_err(store_error),
+            }
+        }
     }
 
     /// Files the session in the sessions by expiry (what the metrics count).

@@ -6,7 +6,7 @@
 
 use std::marker::PhantomData;
 
-use redis::{Script, ScriptInvocation};
+use redis::{Cmd, Script};
 
 use crate::store::rules;
 
@@ -20,8 +20,8 @@ pub(super) trait Arguments {
     /// The names, in order.
     #[cfg(test)]
     const NAMES: &'static [&'static str];
-    /// Adds the values to `invocation`, in order.
-    fn push(&self, invocation: &mut ScriptInvocation<'_>);
+    /// Adds the values to `command` (the script's `EVALSHA`), in order.
+    fn push(&self, command: &mut Cmd);
 }
 
 /// An argument struct as a type of its own, whatever it borrows (what [`SessionScript`] is
@@ -42,8 +42,8 @@ macro_rules! arguments {
             impl Arguments for $name<'_> {
                 #[cfg(test)]
                 const NAMES: &'static [&'static str] = &[$(stringify!($field)),+];
-                fn push(&self, invocation: &mut ScriptInvocation<'_>) {
-                    $(invocation.arg(self.$field);)+
+                fn push(&self, command: &mut Cmd) {
+                    $(command.arg(self.$field);)+
                 }
             }
 
@@ -85,7 +85,7 @@ pub(super) struct NoArguments;
 impl Arguments for NoArguments {
     #[cfg(test)]
     const NAMES: &'static [&'static str] = &[];
-    fn push(&self, _: &mut ScriptInvocation<'_>) {}
+    fn push(&self, _: &mut Cmd) {}
 }
 
 impl Named for NoArguments {
@@ -95,6 +95,9 @@ impl Named for NoArguments {
 /// A session script (see [`session_script`]) with the arguments `A` names.
 pub(super) struct SessionScript<A> {
     pub script: Script,
+    /// Whether its writes wait for replicas when `REDIS_WAIT_REPLICAS` asks for it: a call's
+    /// queueing and its answer, and a session's creation.
+    pub replicated: bool,
     /// Its body, as written in `lua/`.
     #[cfg(test)]
     body: &'static str,
@@ -105,9 +108,18 @@ impl<A: Named> SessionScript<A> {
     fn new(body: &'static str) -> Self {
         Self {
             script: session_script(body),
+            replicated: false,
             #[cfg(test)]
             body,
             arguments: PhantomData,
+        }
+    }
+
+    /// The same, its writes waiting for replicas when asked to.
+    fn replicated(self) -> Self {
+        Self {
+            replicated: true,
+            ..self
         }
     }
 }
@@ -165,7 +177,7 @@ fn session_script(body: &str) -> Script {
 impl Scripts {
     pub(super) fn new() -> Self {
         Self {
-            insert: SessionScript::new(include_str!("lua/insert.lua")),
+            insert: SessionScript::new(include_str!("lua/insert.lua")).replicated(),
             session: SessionScript::new(include_str!("lua/session.lua")),
             touch: SessionScript::new(include_str!("lua/touch.lua")),
             refresh: session_script(include_str!("lua/refresh.lua")),
@@ -175,8 +187,8 @@ impl Scripts {
             set_manifest: SessionScript::new(include_str!("lua/set_manifest.lua")),
             manifest: SessionScript::new(include_str!("lua/manifest.lua")),
             store_manifest: script(&[include_str!("lua/store_manifest.lua")]),
-            enqueue: SessionScript::new(include_str!("lua/enqueue.lua")),
-            finish: SessionScript::new(include_str!("lua/finish.lua")),
+            enqueue: SessionScript::new(include_str!("lua/enqueue.lua")).replicated(),
+            finish: SessionScript::new(include_str!("lua/finish.lua")).replicated(),
             claim: SessionScript::new(include_str!("lua/claim.lua")),
             request: SessionScript::new(include_str!("lua/request.lua")),
             responses: SessionScript::new(include_str!("lua/responses.lua")),

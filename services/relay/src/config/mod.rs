@@ -9,6 +9,10 @@ use std::sync::Arc;
 
 use clap::Args;
 
+mod redis;
+
+pub use self::redis::*;
+
 use crate::access::{ApiKeys, GatewaySecrets};
 use crate::limits::RateLimits;
 use crate::listen::{self, ConnectionLimits};
@@ -83,11 +87,6 @@ pub const ENV_MAX_CONNECTIONS_PER_IP: &str = "MAX_CONNECTIONS_PER_IP";
 /// limit).
 pub const ENV_MAX_CONNECTIONS: &str = "MAX_CONNECTIONS";
 
-/// `REDIS_URL`: the Redis holding the state shared by several replicas (unset: in memory).
-pub const ENV_REDIS_URL: &str = "REDIS_URL";
-/// `REDIS_PREFIX`: what every key in Redis starts with, so deployments can share a Redis.
-pub const ENV_REDIS_PREFIX: &str = "REDIS_PREFIX";
-
 /// Deepest JSON nesting by default (SPEC §10).
 pub const DEFAULT_MAX_JSON_DEPTH: usize = 32;
 /// Deepest nesting that may be configured: protobuf decoders refuse messages nested more than
@@ -157,12 +156,7 @@ pub enum StoreConfig {
     #[default]
     Memory,
     /// In Redis, shared by every replica.
-    Redis {
-        /// `redis://…` or `rediss://…`.
-        url: String,
-        /// What every key starts with.
-        prefix: String,
-    },
+    Redis(Box<RedisSettings>),
 }
 
 impl Default for RelayConfig {
@@ -351,14 +345,9 @@ pub struct ServiceArgs {
     /// (one home or office line gets a /64); IPv4 addresses are keyed whole.
     #[arg(long, env = ENV_GUARD_IPV6_PREFIX, default_value_t = crate::limits::DEFAULT_IPV6_PREFIX, value_parser = clap::value_parser!(u8).range(1..=128))]
     pub guard_ipv6_prefix: u8,
-    /// Redis holding the state shared by several replicas (`redis://host:6379/0`): sessions
-    /// and calls for relays, rate limits and MCP sessions for gateways. Unset, the state
-    /// lives in this process.
-    #[arg(long, env = ENV_REDIS_URL)]
-    pub redis_url: Option<String>,
-    /// What every key in Redis starts with.
-    #[arg(long, env = ENV_REDIS_PREFIX, default_value = "toolrelay:")]
-    pub redis_prefix: String,
+    /// Where the state shared by several replicas lives, when in Redis.
+    #[command(flatten)]
+    pub redis: RedisArgs,
     /// Sessions one client address may create per minute.
     #[arg(long, env = ENV_RATE_LIMIT_SESSION, default_value_t = RateLimits::default().sessions_per_ip)]
     pub rate_limit_session_per_ip: NonZeroU32,
@@ -442,19 +431,16 @@ impl ServiceArgs {
         Duration::from_secs(self.drain_seconds)
     }
 
-    /// Where the shared state lives. An empty `REDIS_URL` is refused: a fleet whose Secret
-    /// lost its URL would otherwise run each replica on a state of its own.
+    /// Where the shared state lives (`REDIS_*`, see [`RedisArgs`]). An empty `REDIS_URL` is
+    /// refused: a fleet whose Secret lost its URL would otherwise run each replica on a state
+    /// of its own.
     pub fn store_config(&self) -> Result<StoreConfig, String> {
-        match self.redis_url.as_deref().map(str::trim) {
-            None => Ok(StoreConfig::Memory),
-            Some("") => Err(format!(
-                "{ENV_REDIS_URL} is set but empty: give a Redis URL (redis://host:6379/0), or leave it unset to keep the state in this process"
-            )),
-            Some(url) => Ok(StoreConfig::Redis {
-                url: url.to_owned(),
-                prefix: self.redis_prefix.clone(),
-            }),
-        }
+        Ok(self
+            .redis
+            .settings()?
+            .map_or(StoreConfig::Memory, |settings| {
+                StoreConfig::Redis(Box::new(settings))
+            }))
     }
 }
 

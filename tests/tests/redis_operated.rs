@@ -1,0 +1,433 @@
+//! Redis as operators run it, on the real binaries and real `redis-server`s: TLS (with a
+//! client certificate) and a least-privilege ACL user shared by two relays and two gateways;
+//! a wrong password and an untrusted CA each end the start naming the variable to fix; a
+//! primary found through Sentinel, `kill -9`ed under calls.
+
+use futures::StreamExt;
+use reqwest::StatusCode;
+use serde_json::json;
+use toolrelay_gateway::config::{ENV_LISTEN, ENV_RELAY_URL};
+use toolrelay_relay::config::{
+    ENV_GRPC_LISTEN, ENV_RATE_LIMIT_REQUEST, ENV_REDIS_CA_FILE, ENV_REDIS_CLIENT_CERT_FILE,
+    ENV_REDIS_CLIENT_KEY_FILE, ENV_REDIS_PASSWORD_FILE, ENV_REDIS_SENTINEL_MASTER,
+    ENV_REDIS_SENTINELS, ENV_REDIS_URL, ENV_REDIS_USERNAME, ENV_REDIS_WAIT_MS,
+    ENV_REDIS_WAIT_REPLICAS, ENV_WS_LISTEN,
+};
+use toolrelay_tests::certs::TestCertificates;
+use toolrelay_tests::cluster::Cluster;
+use toolrelay_tests::recording::RecordingTab;
+use toolrelay_tests::redis::{RedisOptions, RedisSentinel, RedisServer};
+use toolrelay_tests::system::binary;
+use toolrelay_tests::{PATIENCE, wait_until};
+
+/// The least-privilege ACL the README gives, for the default `toolrelay:` prefix.
+const ACL: [&str; 7] = [
+    "~toolrelay:*",
+    "&toolrelay:*",
+    "+@read",
+    "+@write",
+    "+@scripting",
+    "+@pubsub",
+    "+ping",
+];
+const USER: &str = "relay";
+const PASSWORD: &str = "a-long-redis-password-0123456789";
+
+/// A TLS-only Redis that asks clients for a certificate, with the ACL user `relay` (and an
+/// `admin` user for the test itself).
+async fn secured_redis(certificates: &TestCertificates) -> RedisServer {
+    let mut relay = vec![USER.to_owned(), "on".to_owned(), format!(">{PASSWORD}")];
+    relay.extend(ACL.iter().map(|rule| (*rule).to_owned()));
+    let admin = [
+        "admin",
+        "on",
+        ">admin-password-0123456789",
+        "~*",
+        "&*",
+        "+@all",
+    ];
+    RedisServer::with(RedisOptions {
+        tls: Some(certificates.dir().to_owned()),
+        users: vec![relay, admin.iter().map(|word| (*word).to_owned()).collect()],
+        admin: Some(("admin".into(), "admin-password-0123456789".into())),
+        replica_of: None,
+    })
+    .await
+}
+
+/// What every process is given to reach the secured Redis, the password in a file.
+fn secured_env(
+    redis: &RedisServer,
+    certificates: &TestCertificates,
+) -> Vec<(&'static str, String)> {
+    let password = certificates.path("redis-password");
+    std::fs::write(&password, format!("{PASSWORD}\n")).unwrap();
+    let path = |name: &str| certificates.path(name).to_str().unwrap().to_owned();
+    vec![
+        (ENV_REDIS_URL, redis.url()),
+        (ENV_REDIS_USERNAME, USER.to_owned()),
+        (
+            ENV_REDIS_PASSWORD_FILE,
+            password.to_str().unwrap().to_owned(),
+        ),
+        (ENV_REDIS_CA_FILE, path("ca.pem")),
+        (ENV_REDIS_CLIENT_CERT_FILE, path("server.pem")),
+        (ENV_REDIS_CLIENT_KEY_FILE, path("server.key")),
+    ]
+}
+
+fn borrowed<'a>(env: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
+    env.iter()
+        .map(|(name, value)| (*name, value.as_str()))
+        .collect()
+}
+
+/// Two relays and two gateways on a TLS Redis as a least-privilege ACL user: a session made
+/// through one gateway, its tab on the other relay, and calls through both gateways, each
+/// answered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_share_a_session_over_tls_as_a_least_privilege_user() {
+    let certificates = TestCertificates::generate();
+    let redis = secured_redis(&certificates).await;
+    let mut env = secured_env(&redis, &certificates);
+    env.push((ENV_RATE_LIMIT_REQUEST, "100000".into()));
+    let cluster = Cluster::on(redis, 2, 2, &borrowed(&env)).await;
+    let (code, token) = cluster.create_session(0).await;
+    let tab = RecordingTab::start(vec![cluster.tab_url(1, &code, &token)]);
+    wait_until(PATIENCE, async || {
+        let tools = cluster
+            .get(1, &format!("/api/sessions/{code}/metadata"))
+            .await;
+        if tools.body["tools"][0]["id"] == "demo" {
+            Ok(())
+        } else {
+            Err(format!("the tab never registered: {tools:?}"))
+        }
+    })
+    .await;
+    let answers = futures::stream::iter(0..40)
+        .map(|n| {
+            let answer = cluster.post(
+                n % 2,
+                &format!("/api/sessions/{code}/call"),
+                json!({"requestId": format!("call-{n}"), "functionName": "echo", "args": {"text": format!("n{n}")}, "timeoutMs": 30_000}),
+            );
+            async move { (n, answer.await) }
+        })
+        .buffer_unordered(8)
+        .collect::<Vec<_>>()
+        .await;
+    for (n, answer) in &answers {
+        assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+        assert_eq!(
+            answer.body["result"],
+            json!({"text": format!("n{n}")}),
+            "{answer:?}"
+        );
+    }
+    let deliveries = tab.deliveries();
+    let distinct: std::collections::HashSet<&String> = deliveries.iter().collect();
+    assert_eq!(
+        (deliveries.len(), distinct.len()),
+        (40, 40),
+        "each call delivered once"
+    );
+    // The connections really are TLS as the ACL user: Redis lists them so.
+    let mut admin = cluster.redis.connection().await.unwrap();
+    let clients: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let as_relay = clients
+        .lines()
+        .filter(|line| line.contains(&format!(" user={USER} ")))
+        .count();
+    assert!(as_relay >= 4, "every process connects as {USER}: {clients}");
+}
+
+/// Runs a binary with `env` until it ends (it must, within the patience); its exit status
+/// and what it printed.
+async fn run_to_end(name: &str, env: &[(&str, &str)]) -> (std::process::ExitStatus, String) {
+    let output = tokio::time::timeout(
+        PATIENCE,
+        tokio::process::Command::new(binary(name))
+            .envs(env.iter().copied())
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("{name} kept running: it should have ended at start"))
+    .unwrap();
+    let printed = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status, printed)
+}
+
+/// A wrong password and an untrusted CA are not waited out: every binary ends at start with
+/// a message naming the variable to fix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_or_an_untrusted_ca_ends_the_start_naming_the_variable() {
+    let certificates = TestCertificates::generate();
+    let redis = secured_redis(&certificates).await;
+    let good = secured_env(&redis, &certificates);
+    let wrong_password = certificates.path("wrong-password");
+    std::fs::write(&wrong_password, "not-the-password-0123456789\n").unwrap();
+    let other_ca = certificates.path("other-ca.pem");
+    let cases = [
+        (ENV_REDIS_PASSWORD_FILE, wrong_password.to_str().unwrap()),
+        (ENV_REDIS_CA_FILE, other_ca.to_str().unwrap()),
+    ];
+    let listen = [
+        (ENV_LISTEN, "127.0.0.1:0"),
+        (ENV_GRPC_LISTEN, "127.0.0.1:0"),
+        (ENV_WS_LISTEN, "127.0.0.1:0"),
+        (ENV_RELAY_URL, "http://127.0.0.1:9"),
+    ];
+    for (variable, value) in cases {
+        for name in ["toolrelay", "toolrelay-relay", "toolrelay-gateway"] {
+            let mut env: Vec<(&str, &str)> = borrowed(&good)
+                .into_iter()
+                .filter(|(name, _)| *name != variable)
+                .collect();
+            env.push((variable, value));
+            env.extend_from_slice(&listen);
+            let (status, printed) = run_to_end(name, &env).await;
+            assert!(!status.success(), "{name} with a bad {variable}: {printed}");
+            assert!(
+                printed.contains(variable),
+                "{name} must name {variable}: {printed}"
+            );
+        }
+    }
+}
+
+/// What one caller's call came to.
+#[derive(Debug)]
+struct Outcome {
+    /// 503s (with `Retry-After`) before the answer.
+    refusals: usize,
+    /// When the last of them came.
+    last_refusal: Option<tokio::time::Instant>,
+    /// Whether it was answered, with its own text.
+    answered: bool,
+}
+
+/// Makes the call `id` through gateway `gateway`, asking again with the same requestId after
+/// each 503 (with `Retry-After`: the retryable error callers are promised) until `deadline`.
+/// Any other answer than its own text, or another error, fails the test.
+async fn call_until_answered(
+    cluster: &Cluster,
+    gateway: usize,
+    code: &str,
+    id: &str,
+    deadline: tokio::time::Instant,
+) -> Outcome {
+    let (mut refusals, mut last_refusal) = (0, None);
+    while tokio::time::Instant::now() < deadline {
+        let answer = cluster
+            .post(
+                gateway,
+                &format!("/api/sessions/{code}/call"),
+                json!({"requestId": id, "functionName": "echo", "args": {"text": id}, "timeoutMs": 10_000}),
+            )
+            .await;
+        if answer.status == StatusCode::SERVICE_UNAVAILABLE {
+            assert!(answer.header("retry-after").is_some(), "{answer:?}");
+            refusals += 1;
+            last_refusal = Some(tokio::time::Instant::now());
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            continue;
+        }
+        if answer.status == StatusCode::ACCEPTED {
+            // Not answered within the call's wait: asked again, as a caller is told to.
+            continue;
+        }
+        assert_eq!(answer.status, StatusCode::OK, "{id}: {answer:?}");
+        assert_eq!(
+            answer.body["result"],
+            json!({ "text": id }),
+            "{id} got another call's answer: {answer:?}"
+        );
+        return Outcome {
+            refusals,
+            last_refusal,
+            answered: true,
+        };
+    }
+    Outcome {
+        refusals,
+        last_refusal,
+        answered: false,
+    }
+}
+
+/// One primary, one replica and three Sentinels; two relays and two gateways find the primary
+/// through the Sentinels and wait for the replica on every call's writes (`WAIT 1`). The
+/// primary is `kill -9`ed under calls, then comes back (as a replica, the Sentinels see to
+/// it): no call is answered twice or with another's answer, every call is answered or told
+/// to retry (503), none hangs, and none is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_killed_under_calls_fails_over_losing_no_call() {
+    const MASTER: &str = "toolrelay";
+    let mut primary = RedisServer::start().await;
+    let replica = RedisServer::with(RedisOptions {
+        replica_of: Some(primary.port()),
+        ..RedisOptions::default()
+    })
+    .await;
+    wait_until(PATIENCE, async || {
+        if primary.replicas_online().await == 1 {
+            Ok(())
+        } else {
+            Err("the replica never caught up with the primary")
+        }
+    })
+    .await;
+    let mut sentinels = Vec::new();
+    for _ in 0..3 {
+        sentinels.push(RedisSentinel::start(MASTER, primary.port(), 2).await);
+    }
+    // The Sentinels know the replica and each other before the primary may fail.
+    wait_until(PATIENCE, async || {
+        let mut ready = 0;
+        for sentinel in &sentinels {
+            if sentinel.peers(MASTER).await == Some((1, 2)) {
+                ready += 1;
+            }
+        }
+        if ready == sentinels.len() {
+            Ok(())
+        } else {
+            Err("the Sentinels never saw the replica and each other")
+        }
+    })
+    .await;
+    let addresses = sentinels
+        .iter()
+        .map(RedisSentinel::address)
+        .collect::<Vec<_>>()
+        .join(",");
+    let env = [
+        (ENV_REDIS_SENTINELS, addresses.as_str()),
+        (ENV_REDIS_SENTINEL_MASTER, MASTER),
+        (ENV_REDIS_WAIT_REPLICAS, "1"),
+        (ENV_REDIS_WAIT_MS, "1000"),
+        (ENV_RATE_LIMIT_REQUEST, "100000"),
+    ];
+    // The cluster keeps the replica; the test keeps the primary, to kill and restart it.
+    let replica_port = replica.port();
+    let cluster = Cluster::on(replica, 2, 2, &env).await;
+    let (code, token) = cluster.create_session(0).await;
+    let tab = RecordingTab::start(vec![
+        cluster.tab_url(1, &code, &token),
+        cluster.tab_url(0, &code, &token),
+    ]);
+    wait_until(PATIENCE, async || {
+        let tools = cluster
+            .get(0, &format!("/api/sessions/{code}/metadata"))
+            .await;
+        if tools.body["tools"][0]["id"] == "demo" {
+            Ok(())
+        } else {
+            Err(format!("the tab never registered: {tools:?}"))
+        }
+    })
+    .await;
+
+    // Four callers, through both gateways, until the fleet has answered calls after the
+    // failover for a while.
+    let deadline = tokio::time::Instant::now() + 8 * PATIENCE;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let outcomes = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let killed_at = std::sync::Mutex::new(None::<tokio::time::Instant>);
+    let cluster_ref = &cluster;
+    let callers = (0..4).map(|caller| {
+        let (stop, outcomes) = (stop.clone(), outcomes.clone());
+        let code = code.clone();
+        async move {
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let id = format!("c{caller}-{n}");
+                let outcome = call_until_answered(cluster_ref, n % 2, &code, &id, deadline).await;
+                outcomes.lock().unwrap().push((id, outcome));
+                n += 1;
+            }
+        }
+    });
+    let failover = async {
+        let answered = || outcomes.lock().unwrap().len();
+        wait_until(PATIENCE, async || {
+            if answered() >= 40 {
+                Ok(())
+            } else {
+                Err("the callers never got going")
+            }
+        })
+        .await;
+        *killed_at.lock().unwrap() = Some(tokio::time::Instant::now());
+        primary.stop().await;
+        // The Sentinels promote the replica; the old primary comes back, empty, and they make
+        // it the new primary's replica (what `WAIT 1` needs again).
+        wait_until(PATIENCE, async || {
+            match sentinels[0].primary(MASTER).await {
+                Some(port) if port == replica_port => Ok(()),
+                _ => Err("the Sentinels never promoted the replica"),
+            }
+        })
+        .await;
+        primary.restart().await;
+        // Writes wait for a replica again once the old primary has caught up with the new.
+        wait_until(3 * PATIENCE, async || {
+            if cluster_ref.redis.replicas_online().await == 1 {
+                Ok(())
+            } else {
+                Err("the old primary never became the new one's replica")
+            }
+        })
+        .await;
+        let settled = answered() + 40;
+        wait_until(PATIENCE, async || {
+            if answered() >= settled {
+                Ok(())
+            } else {
+                Err("calls stalled after the failover")
+            }
+        })
+        .await;
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    };
+    let ((), _) = tokio::join!(failover, futures::future::join_all(callers));
+
+    let outcomes = outcomes.lock().unwrap();
+    let lost: Vec<&String> = outcomes
+        .iter()
+        .filter(|(_, outcome)| !outcome.answered)
+        .map(|(id, _)| id)
+        .collect();
+    let refusals: usize = outcomes.iter().map(|(_, outcome)| outcome.refusals).sum();
+    let deliveries = tab.deliveries();
+    let mut per_call = std::collections::HashMap::<&String, usize>::new();
+    for id in &deliveries {
+        *per_call.entry(id).or_default() += 1;
+    }
+    let twice = per_call.values().filter(|count| **count > 1).count();
+    let killed = killed_at.lock().unwrap().expect("the primary was killed");
+    let last_refusal = outcomes
+        .iter()
+        .filter_map(|(_, outcome)| outcome.last_refusal)
+        .max();
+    println!(
+        "failover: {} calls, {} delivered once, {twice} delivered more than once, {} lost, {refusals} 503s, the last {:?} after the kill",
+        outcomes.len(),
+        per_call.values().filter(|count| **count == 1).count(),
+        lost.len(),
+        last_refusal.map(|at| at.duration_since(killed))
+    );
+    assert!(lost.is_empty(), "calls never answered: {lost:?}");
+    assert_eq!(twice, 0, "no call delivered twice");
+}
