@@ -11,6 +11,8 @@ use crate::{PATIENCE, free_port, wait_until};
 /// A running `redis-server`.
 pub struct RedisServer {
     port: u16,
+    /// The Cluster bus port, when it is a Cluster node.
+    bus_port: u16,
     dir: PathBuf,
     durable: bool,
     cluster: bool,
@@ -90,6 +92,7 @@ impl RedisServer {
         std::fs::create_dir_all(&dir).unwrap();
         let mut server = Self {
             port,
+            bus_port: free_port(),
             dir,
             durable,
             cluster,
@@ -141,9 +144,13 @@ impl RedisServer {
             command.args(["--appendonly", "no"]);
         }
         if self.cluster {
+            // The bus port is chosen too: the default (port + 10000) can pass 65535 or collide.
             command
                 .args(["--cluster-enabled", "yes", "--cluster-config-file"])
-                .arg(self.dir.join("nodes.conf"));
+                .arg(self.dir.join("nodes.conf"))
+                .args(["--cluster-port", &self.bus_port.to_string()])
+                .args(["--cluster-require-full-coverage", "no"])
+                .args(["--cluster-node-timeout", "2000"]);
         }
         let child = command
             .stdout(Stdio::null())
@@ -305,6 +312,111 @@ impl Drop for RedisServer {
             let _ = child.start_kill();
         }
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A Redis Cluster of three primaries (no replicas) on ephemeral loopback ports, made with
+/// `redis-cli --cluster create`, each node with `cluster-require-full-coverage no` (a shard
+/// that is down costs only its own slots) and a 2 s node timeout.
+pub struct RedisCluster {
+    /// Its nodes; node `i` holds the `i`th third of the slots.
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts three nodes and makes them a Cluster.
+    pub async fn start() -> Self {
+        let mut nodes = Vec::new();
+        for _ in 0..3 {
+            nodes.push(RedisServer::launch(false, true).await);
+        }
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|node| format!("127.0.0.1:{}", node.port))
+            .collect();
+        let created = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addresses)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output()
+            .await
+            .unwrap_or_else(|error| {
+                panic!("redis-cli cannot run ({error}): run scripts/setup.sh --test")
+            });
+        assert!(
+            created.status.success(),
+            "redis-cli --cluster create failed: {}",
+            String::from_utf8_lossy(&created.stderr)
+        );
+        let cluster = Self { nodes };
+        for node in &cluster.nodes {
+            wait_until(PATIENCE, async || {
+                let mut connection = node.connection().await.map_err(|error| error.to_string())?;
+                let info: String = redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query_async(&mut connection)
+                    .await
+                    .map_err(|error| error.to_string())?;
+                if info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:3") {
+                    Ok(())
+                } else {
+                    Err(format!("the cluster did not come up: {info}"))
+                }
+            })
+            .await;
+        }
+        cluster
+    }
+
+    /// The seed nodes, as `REDIS_CLUSTER_URLS` takes them.
+    pub fn urls(&self) -> String {
+        self.nodes
+            .iter()
+            .map(RedisServer::url)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The node holding `key`'s slot.
+    pub async fn node_of(&self, key: &str) -> usize {
+        let mut connection = self.nodes[0].connection().await.unwrap();
+        let slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        let ranges: Vec<redis::Value> = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        for range in ranges {
+            let (from, to, primary): (u16, u16, (String, u16)) = match range {
+                redis::Value::Array(items) => {
+                    let mut items = items.into_iter();
+                    let from = redis::from_redis_value(items.next().unwrap()).unwrap();
+                    let to = redis::from_redis_value(items.next().unwrap()).unwrap();
+                    let primary: Vec<redis::Value> =
+                        redis::from_redis_value(items.next().unwrap()).unwrap();
+                    let mut primary = primary.into_iter();
+                    let host = redis::from_redis_value(primary.next().unwrap()).unwrap();
+                    let port = redis::from_redis_value(primary.next().unwrap()).unwrap();
+                    (from, to, (host, port))
+                }
+                other => panic!("CLUSTER SLOTS answered {other:?}"),
+            };
+            if (from..=to).contains(&slot) {
+                return self
+                    .nodes
+                    .iter()
+                    .position(|node| node.port == primary.1)
+                    .unwrap();
+            }
+        }
+        panic!("no node holds the slot of {key}")
     }
 }
 

@@ -10,7 +10,7 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 use toolrelay::wire::{RequestStatus, ToolResponse};
 use toolrelay_relay::clock::ClockHand;
-use toolrelay_relay::config::RedisSettings;
+use toolrelay_relay::config::{RedisSettings, Topology};
 use toolrelay_relay::store::memory::{MAX_TICKETS_PER_SCOPE, MemoryStore, StoreLimits};
 use toolrelay_relay::store::redis::RedisStore;
 use toolrelay_relay::store::{
@@ -21,7 +21,7 @@ use toolrelay_relay::store::{
 // The parts of the store's interface, for the tests that hold a store by its own type.
 use toolrelay_relay::store::{BudgetStore, Reachable, SessionStore};
 use toolrelay_relay::{Clock, Metrics, SessionCode, Timestamp};
-use toolrelay_tests::redis::RedisServer;
+use toolrelay_tests::redis::{RedisCluster, RedisServer};
 use toolrelay_tests::{Deadline, PATIENCE, wait_until};
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -32,7 +32,8 @@ struct Fixture {
     clock: Clock,
     hand: ClockHand,
     metrics: Metrics,
-    _redis: Option<RedisServer>,
+    /// The Redis server or Cluster behind the store, kept running as long as it.
+    _redis: Option<Box<dyn std::any::Any + Send>>,
 }
 
 impl Fixture {
@@ -70,23 +71,38 @@ async fn cluster_node(limits: StoreLimits) -> Fixture {
     on_redis(RedisServer::cluster_node().await, limits).await
 }
 
+/// On a Redis Cluster of three primaries: sessions spread over its shards, events by
+/// sharded pub/sub.
+async fn cluster(limits: StoreLimits) -> Fixture {
+    let cluster = RedisCluster::start().await;
+    let settings = RedisSettings {
+        topology: Topology::Cluster(cluster.urls().split(',').map(str::to_owned).collect()),
+        ..RedisSettings::primary("", "test:")
+    };
+    connected(&settings, Box::new(cluster), limits).await
+}
+
 async fn on_redis(server: RedisServer, limits: StoreLimits) -> Fixture {
+    let settings = RedisSettings::primary(server.url(), "test:");
+    connected(&settings, Box::new(server), limits).await
+}
+
+async fn connected(
+    settings: &RedisSettings,
+    redis: Box<dyn std::any::Any + Send>,
+    limits: StoreLimits,
+) -> Fixture {
     let (clock, hand) = Clock::manual(wall_now());
     let metrics = Metrics::default();
-    let store = RedisStore::connect(
-        &RedisSettings::primary(server.url(), "test:"),
-        clock.clone(),
-        limits,
-        metrics.clone(),
-    )
-    .await
-    .unwrap();
+    let store = RedisStore::connect(settings, clock.clone(), limits, metrics.clone())
+        .await
+        .unwrap();
     Fixture {
         store,
         clock,
         hand,
         metrics,
-        _redis: Some(server),
+        _redis: Some(redis),
     }
 }
 
@@ -131,6 +147,14 @@ macro_rules! conformance {
                 #[tokio::test]
                 async fn $name() {
                     super::$name(super::cluster_node(super::limits()).await).await;
+                }
+            )*
+        }
+        mod redis_cluster {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name(super::cluster(super::limits()).await).await;
                 }
             )*
         }
@@ -1524,7 +1548,11 @@ async fn finished_calls_in_redis_cost_what_the_budget_counts() {
         ticket_budget: 64 * 1024,
     })
     .await;
-    let server = fixture._redis.as_ref().unwrap();
+    let server = fixture
+        ._redis
+        .as_ref()
+        .and_then(|redis| redis.downcast_ref::<RedisServer>())
+        .unwrap();
     let now = fixture.now();
     let codes: Vec<SessionCode> = (0..SESSIONS).map(|_| SessionCode::generate()).collect();
     for code in &codes {

@@ -6,6 +6,12 @@
 //! (the same, too large to send whole: read it), `R:<call>` (a call finished, whole), `r:<id>`
 //! (the same, too large), `p:<connection>` (a new provider), `m` (a new manifest), `e` (the
 //! session ended).
+//!
+//! On one primary the hub holds a pub/sub connection of its own (`SUBSCRIBE`), reconnected
+//! when it drops or when the primary changes. On a Cluster it subscribes to each session's
+//! channel on the shard holding it (`SSUBSCRIBE`, through the cluster connection, which
+//! subscribes again by itself after it reconnects to a shard); a shard's lost connection
+//! tells every reader to look again.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -14,7 +20,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use redis::AsyncCommands;
 
-use super::link::Link;
+use super::link::{Connection, Events, Link};
 use super::records;
 use super::{HEARTBEAT, RESPONSE_TIMEOUT, timed_out};
 use crate::store::events::SessionChannel;
@@ -41,9 +47,12 @@ pub(super) struct EventHub {
     /// The way to Redis: the pub/sub connection goes to its current primary, and a call
     /// handed over too large to be announced whole (`h:`) is read through it.
     link: Arc<Link>,
-    sink: tokio::sync::Mutex<Option<redis::aio::PubSubSink>>,
+    sink: tokio::sync::Mutex<Option<Sink>>,
     /// Wakes the listener to reconnect when a subscription failed on a live connection.
     reconnect: tokio::sync::Notify,
+    /// On a Cluster, the channels whose subscription failed (their shard was unreachable):
+    /// tried again every second, while the other shards' channels go on.
+    stray: Mutex<std::collections::HashSet<String>>,
 }
 
 impl EventHub {
@@ -53,6 +62,7 @@ impl EventHub {
             link,
             sink: tokio::sync::Mutex::new(None),
             reconnect: tokio::sync::Notify::new(),
+            stray: Mutex::new(std::collections::HashSet::new()),
         });
         tokio::spawn(listen(Arc::downgrade(&hub)));
         hub
@@ -101,14 +111,20 @@ impl EventHub {
             }
         };
         if new && let Some(connected) = sink.as_mut() {
-            let subscribed = tokio::time::timeout(RESPONSE_TIMEOUT, connected.subscribe(&channel))
-                .await
-                .unwrap_or_else(|_| Err(timed_out()));
-            if let Err(error) = subscribed {
-                // The listener reconnects, subscribes to every channel and says Missed.
-                tracing::warn!(%error, "could not subscribe to a session's events; reconnecting");
-                *sink = None;
-                self.reconnect.notify_one();
+            let subscribed = connected.subscribe(&channel).await;
+            match subscribed {
+                Ok(()) => {}
+                Err(error) if matches!(connected, Sink::Sharded(_)) => {
+                    // Its shard is unreachable: tried again every second.
+                    tracing::warn!(%error, "could not subscribe to a session's events on its shard; trying again");
+                    self.strays().insert(channel.clone());
+                }
+                Err(error) => {
+                    // The listener reconnects, subscribes to every channel and says Missed.
+                    tracing::warn!(%error, "could not subscribe to a session's events; reconnecting");
+                    *sink = None;
+                    self.reconnect.notify_one();
+                }
             }
         }
         drop(sink);
@@ -121,10 +137,7 @@ impl EventHub {
         let Some(sink) = sink.as_mut() else {
             return false;
         };
-        matches!(
-            tokio::time::timeout(RESPONSE_TIMEOUT, sink.ping::<redis::Value>()).await,
-            Ok(Ok(_))
-        )
+        sink.ping().await.is_ok()
     }
 
     fn deliver(self: &Arc<Self>, channel: &str, payload: &str) {
@@ -197,19 +210,50 @@ impl EventHub {
     /// On a new connection: subscribes to every wanted channel and installs the connection,
     /// holding the sink's lock so that no reader joins in between; then says `Missed` to
     /// everyone, who look again with their events flowing. False if a subscription failed.
-    async fn resubscribe(&self, mut connected: redis::aio::PubSubSink) -> bool {
+    async fn resubscribe(&self, mut connected: Sink) -> bool {
         let mut sink = self.sink.lock().await;
         for channel in self.wanted() {
-            let subscribed =
-                tokio::time::timeout(RESPONSE_TIMEOUT, connected.subscribe(&channel)).await;
-            if !matches!(subscribed, Ok(Ok(()))) {
-                return false;
+            if connected.subscribe(&channel).await.is_err() {
+                if !matches!(connected, Sink::Sharded(_)) {
+                    return false;
+                }
+                self.strays().insert(channel);
             }
         }
         *sink = Some(connected);
         drop(sink);
         self.missed_all();
         true
+    }
+
+    fn strays(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+        self.stray
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// On a Cluster: subscribes again to the channels whose shard was unreachable; the
+    /// readers of each that succeeds look again (`Missed`).
+    async fn retry_strays(&self) {
+        let strays: Vec<String> = self.strays().drain().collect();
+        if strays.is_empty() {
+            return;
+        }
+        let mut sink = self.sink.lock().await;
+        let Some(connected) = sink.as_mut() else {
+            return;
+        };
+        for channel in strays {
+            let wanted = self.channels().contains_key(&channel);
+            if !wanted {
+                continue;
+            }
+            if connected.subscribe(&channel).await.is_ok() {
+                self.announce(&channel, SessionEvent::Missed);
+            } else {
+                self.strays().insert(channel);
+            }
+        }
     }
 
     /// Unsubscribes from sessions no local reader follows any more.
@@ -230,7 +274,72 @@ impl EventHub {
         if let Some(connected) = sink.as_mut()
             && !unused.is_empty()
         {
-            let _ = tokio::time::timeout(RESPONSE_TIMEOUT, connected.unsubscribe(&unused)).await;
+            connected.unsubscribe(&unused).await;
+        }
+    }
+}
+
+/// Where the hub subscribes: its own pub/sub connection to the primary, or the cluster
+/// connection (sharded pub/sub). Every operation is bounded by [`RESPONSE_TIMEOUT`].
+enum Sink {
+    Plain(redis::aio::PubSubSink),
+    Sharded(redis::cluster_async::ClusterConnection),
+}
+
+impl Sink {
+    async fn subscribe(&mut self, channel: &str) -> redis::RedisResult<()> {
+        let subscribed = match self {
+            Self::Plain(sink) => {
+                tokio::time::timeout(RESPONSE_TIMEOUT, sink.subscribe(channel)).await
+            }
+            Self::Sharded(cluster) => {
+                tokio::time::timeout(RESPONSE_TIMEOUT, cluster.ssubscribe(channel)).await
+            }
+        };
+        subscribed.unwrap_or_else(|_| Err(timed_out()))
+    }
+
+    /// Unsubscribes from `channels` (on a Cluster one by one: they live on several shards).
+    async fn unsubscribe(&mut self, channels: &[String]) {
+        match self {
+            Self::Plain(sink) => {
+                let _ = tokio::time::timeout(RESPONSE_TIMEOUT, sink.unsubscribe(channels)).await;
+            }
+            Self::Sharded(cluster) => {
+                for channel in channels {
+                    let _ =
+                        tokio::time::timeout(RESPONSE_TIMEOUT, cluster.sunsubscribe(channel)).await;
+                }
+            }
+        }
+    }
+
+    async fn ping(&mut self) -> redis::RedisResult<()> {
+        let pinged = match self {
+            Self::Plain(sink) => {
+                tokio::time::timeout(RESPONSE_TIMEOUT, sink.ping::<redis::Value>())
+                    .await
+                    .map(|pinged| pinged.map(|_| ()))
+            }
+            Self::Sharded(cluster) => {
+                let mut connection = Connection::Cluster(cluster.clone());
+                tokio::time::timeout(RESPONSE_TIMEOUT, connection.ping()).await
+            }
+        };
+        pinged.unwrap_or_else(|_| Err(timed_out()))
+    }
+}
+
+/// Keeps the hub hearing its events, the one way or the other (see [`Sink`]).
+async fn listen(hub: Weak<EventHub>) {
+    let Some(strong) = hub.upgrade() else { return };
+    let events = strong.link.events();
+    drop(strong);
+    match events {
+        Events::Plain(_) => listen_plain(hub).await,
+        Events::Sharded(cluster, Some(pushes)) => listen_sharded(hub, cluster, pushes).await,
+        Events::Sharded(_, None) => {
+            tracing::error!("a second event hub on one Redis Cluster link hears nothing");
         }
     }
 }
@@ -238,20 +347,22 @@ impl EventHub {
 /// Keeps the hub's pub/sub connection: connects, subscribes to what is wanted, delivers
 /// messages, and on a drop, or when Redis fails over to another primary, reconnects (with
 /// `Missed` for everyone, as messages may be lost).
-async fn listen(hub: Weak<EventHub>) {
+async fn listen_plain(hub: Weak<EventHub>) {
     let mut delay = Duration::from_millis(100);
     loop {
         let Some(strong) = hub.upgrade() else { return };
         let mut failed_over = strong.link.primary_changed();
         failed_over.mark_unchanged();
-        let client = strong.link.client();
+        let Events::Plain(client) = strong.link.events() else {
+            return;
+        };
         match tokio::time::timeout(RESPONSE_TIMEOUT, client.get_async_pubsub())
             .await
             .unwrap_or_else(|_| Err(timed_out()))
         {
             Ok(pubsub) => {
                 let (sink, mut stream) = pubsub.split();
-                let subscribed = strong.resubscribe(sink).await;
+                let subscribed = strong.resubscribe(Sink::Plain(sink)).await;
                 drop(strong);
                 if subscribed {
                     delay = Duration::from_millis(100);
@@ -288,6 +399,61 @@ async fn listen(hub: Weak<EventHub>) {
                 drop(strong);
                 tracing::warn!(%error, "Redis events are not reachable yet; retrying");
             }
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// Hears a Cluster's sharded messages: subscribes to what is wanted through the cluster
+/// connection, delivers what its shards send, and when a shard's connection drops (the
+/// connection subscribes there again by itself) or a subscription failed, tells everyone to
+/// look again.
+async fn listen_sharded(
+    hub: Weak<EventHub>,
+    cluster: redis::cluster_async::ClusterConnection,
+    mut pushes: tokio::sync::mpsc::UnboundedReceiver<redis::PushInfo>,
+) {
+    let mut delay = Duration::from_millis(100);
+    loop {
+        let Some(strong) = hub.upgrade() else { return };
+        if strong.resubscribe(Sink::Sharded(cluster.clone())).await {
+            drop(strong);
+            delay = Duration::from_millis(100);
+            let mut sweep = tokio::time::interval(Duration::from_secs(30));
+            let mut strays = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                let Some(strong) = hub.upgrade() else { return };
+                tokio::select! {
+                    _ = strays.tick() => strong.retry_strays().await,
+                    push = pushes.recv() => {
+                        let Some(push) = push else { return };
+                        match push.kind {
+                            redis::PushKind::SMessage => {
+                                let mut data = push.data.into_iter();
+                                let channel: Option<String> =
+                                    data.next().and_then(|value| redis::from_redis_value(value).ok());
+                                let payload: Option<String> =
+                                    data.next().and_then(|value| redis::from_redis_value(value).ok());
+                                if let (Some(channel), Some(payload)) = (channel, payload) {
+                                    strong.deliver(&channel, &payload);
+                                }
+                            }
+                            redis::PushKind::Disconnection => strong.missed_all(),
+                            _ => {}
+                        }
+                    }
+                    () = strong.reconnect.notified() => break,
+                    _ = sweep.tick() => strong.unsubscribe_unused().await,
+                }
+            }
+            tracing::warn!("a Redis Cluster subscription failed; subscribing again");
+        } else {
+            drop(strong);
+            tracing::warn!("the Redis Cluster's events are not reachable yet; retrying");
+        }
+        if let Some(hub) = hub.upgrade() {
+            *hub.sink.lock().await = None;
         }
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_secs(5));

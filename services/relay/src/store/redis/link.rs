@@ -14,6 +14,10 @@
 //!   name another one it connects there, swaps the command connection, counts a failover and
 //!   tells the event hub to reconnect ([`Link::primary_changed`]). While the old primary is
 //!   gone and no new one is named, commands fail (the store is unreachable, `/readyz` red).
+//! * **Cluster.** The `redis` crate's cluster client routes each command to the shard that
+//!   holds its slot and follows the cluster's own failovers; it speaks RESP3, so that the
+//!   event hub can take sharded pub/sub (`SSUBSCRIBE`) messages from it. A pipeline whose
+//!   commands fall in several slots is sent as its commands, all at once.
 
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -21,18 +25,20 @@ use std::time::Duration;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
-    Client, ConnectionAddr, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind,
-    TlsCertificates, TlsMode,
+    Client, ConnectionAddr, ErrorKind, IntoConnectionInfo, ProtocolVersion, PushInfo, RedisError,
+    ServerErrorKind, TlsCertificates, TlsMode,
 };
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 use super::RESPONSE_TIMEOUT;
 use crate::config::{
     ENV_REDIS_CA_FILE, ENV_REDIS_CLIENT_CERT_FILE, ENV_REDIS_CLUSTER_URLS, ENV_REDIS_PASSWORD_FILE,
     ENV_REDIS_SENTINEL_PASSWORD_FILE, ENV_REDIS_SENTINELS, ENV_REDIS_URL, ENV_REDIS_USERNAME,
-    RedisSettings, Topology,
+    ENV_REDIS_WAIT_REPLICAS, RedisSettings, Topology,
 };
 use crate::error::StoreError;
 use crate::metrics::Metrics;
@@ -40,8 +46,28 @@ use crate::metrics::Metrics;
 /// How often a replica on Sentinel asks which primary to use.
 const FOLLOW: Duration = Duration::from_secs(1);
 
-/// The connection to the current primary, and how to find the next one.
+/// The way to Redis: one primary (named, or found through the Sentinels), or a Cluster.
 pub(super) struct Link {
+    way: Way,
+    /// Bumped when the primary changes; the event hub reconnects on it.
+    changed: watch::Sender<u64>,
+    metrics: Metrics,
+}
+
+enum Way {
+    Primary(Box<Primaries>),
+    Cluster(Shards),
+}
+
+/// A Redis Cluster: one connection that routes each command to its shard, and the sharded
+/// pub/sub messages it receives (taken by the event hub).
+struct Shards {
+    connection: ClusterConnection,
+    pushes: std::sync::Mutex<Option<mpsc::UnboundedReceiver<PushInfo>>>,
+}
+
+/// The connection to the current primary, and how to find the next one.
+struct Primaries {
     current: RwLock<Primary>,
     /// How many connections writes that wait for replicas get (0 without `WAIT`).
     waiting: usize,
@@ -49,9 +75,6 @@ pub(super) struct Link {
     next_waiting: std::sync::atomic::AtomicUsize,
     /// The Sentinels, when the primary is found through them.
     sentinel: Option<tokio::sync::Mutex<SentinelClient>>,
-    /// Bumped when the primary changes; the event hub reconnects on it.
-    changed: watch::Sender<u64>,
-    metrics: Metrics,
 }
 
 /// One primary: its address (for the log and the metrics), a client for new connections
@@ -71,9 +94,13 @@ struct Primary {
 /// Connections for writes that wait for replicas, per process.
 const WAITING_CONNECTIONS: usize = 8;
 
-/// The command connection: cheap to clone, retried once on a connection found dropped.
+/// The command connection: cheap to clone. To one primary it is retried once on a
+/// connection found dropped; to a Cluster, the cluster client retries as it sees fit.
 #[derive(Clone)]
-pub(super) struct Connection(ConnectionManager);
+pub(super) enum Connection {
+    Primary(ConnectionManager),
+    Cluster(ClusterConnection),
+}
 
 impl Link {
     /// Connects as `settings` say, waiting while Redis cannot be reached; what waiting cannot
@@ -88,10 +115,8 @@ impl Link {
             Topology::Sentinel { sentinels, master } => {
                 Some(sentinel_client(settings, sentinels, master)?)
             }
-            Topology::Cluster(_) => {
-                return Err(StoreError(format!(
-                    "{ENV_REDIS_CLUSTER_URLS}: Redis Cluster is not supported yet; name one primary by {ENV_REDIS_URL} or a primary through Sentinel by {ENV_REDIS_SENTINELS}"
-                )));
+            Topology::Cluster(seeds) => {
+                return Self::connect_cluster(settings, seeds, metrics).await;
             }
         };
         let waiting = if settings.wait.is_some() {
@@ -126,48 +151,132 @@ impl Link {
         };
         tracing::info!(primary = %primary.address, "connected to Redis");
         metrics.redis_primary(&primary.address);
+        let following = sentinel.is_some();
         let link = Arc::new(Self {
-            current: RwLock::new(primary),
-            waiting,
-            next_waiting: std::sync::atomic::AtomicUsize::new(0),
-            sentinel: sentinel.map(tokio::sync::Mutex::new),
+            way: Way::Primary(Box::new(Primaries {
+                current: RwLock::new(primary),
+                waiting,
+                next_waiting: std::sync::atomic::AtomicUsize::new(0),
+                sentinel: sentinel.map(tokio::sync::Mutex::new),
+            })),
             changed: watch::channel(0).0,
             metrics,
         });
-        if link.sentinel.is_some() {
+        if following {
             tokio::spawn(follow(Arc::downgrade(&link)));
         }
         Ok(link)
     }
 
-    fn current(&self) -> Primary {
-        self.current
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
+    /// Connects to the Cluster the `seeds` belong to, waiting while none answers.
+    async fn connect_cluster(
+        settings: &RedisSettings,
+        seeds: &[String],
+        metrics: Metrics,
+    ) -> Result<Arc<Self>, StoreError> {
+        if settings.wait.is_some() {
+            return Err(StoreError(format!(
+                "{ENV_REDIS_WAIT_REPLICAS} is for one primary or Sentinel: a Cluster's shards replicate on their own; unset it, or unset {ENV_REDIS_CLUSTER_URLS}"
+            )));
+        }
+        let mut tls = false;
+        let mut nodes = Vec::new();
+        for seed in seeds {
+            let info = seed.as_str().into_connection_info().map_err(|error| {
+                StoreError(format!("{ENV_REDIS_CLUSTER_URLS}: {seed:?} is not a Redis URL ({error}); give redis://host:port or rediss://host:port"))
+            })?;
+            tls |= matches!(info.addr(), ConnectionAddr::TcpTls { .. });
+            nodes.push(info);
+        }
+        if !tls {
+            plain_only(settings, ENV_REDIS_CLUSTER_URLS)?;
+        }
+        let (pushes, received) = mpsc::unbounded_channel();
+        let mut builder = ClusterClientBuilder::new(nodes)
+            .use_protocol(ProtocolVersion::RESP3)
+            .push_sender(pushes)
+            .connection_timeout(RESPONSE_TIMEOUT)
+            .response_timeout(RESPONSE_TIMEOUT)
+            .tcp_settings(nodelay());
+        if let Some(username) = &settings.username {
+            builder = builder.username(username);
+        }
+        if let Some(password) = &settings.password {
+            builder = builder.password(password);
+        }
+        if tls {
+            builder = builder.tls(TlsMode::Secure).certs(certificates(settings));
+        }
+        let client = builder.build().map_err(|error| {
+            StoreError(format!(
+                "{ENV_REDIS_CLUSTER_URLS} cannot be used: {}",
+                certificate_hint(&error)
+            ))
+        })?;
+        let mut delay = Duration::from_millis(200);
+        let connection = loop {
+            match client.get_async_connection().await {
+                Ok(connection) => break connection,
+                Err(error) => {
+                    if let Some(fatal) = fatal(&error, settings) {
+                        return Err(fatal);
+                    }
+                    tracing::warn!(%error, retry_in_ms = delay.as_millis() as u64, "the Redis Cluster is not reachable yet; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+            }
+        };
+        tracing::info!(seeds = seeds.len(), "connected to the Redis Cluster");
+        Ok(Arc::new(Self {
+            way: Way::Cluster(Shards {
+                connection,
+                pushes: std::sync::Mutex::new(Some(received)),
+            }),
+            changed: watch::channel(0).0,
+            metrics,
+        }))
     }
 
-    /// The command connection to the current primary.
+    /// The command connection to the current primary, or to the Cluster.
     pub(super) fn commands(&self) -> Connection {
-        Connection(self.current().commands)
+        match &self.way {
+            Way::Primary(primaries) => Connection::Primary(primaries.current().commands),
+            Way::Cluster(shards) => Connection::Cluster(shards.connection.clone()),
+        }
     }
 
     /// A connection for writes followed by `WAIT` (see [`Primary::waiting`]); the command
     /// connection when no write waits.
     pub(super) fn waiting(&self) -> Connection {
-        let primary = self.current();
+        let Way::Primary(primaries) = &self.way else {
+            return self.commands();
+        };
+        let primary = primaries.current();
         if primary.waiting.is_empty() {
-            return Connection(primary.commands);
+            return Connection::Primary(primary.commands);
         }
-        let next = self
+        let next = primaries
             .next_waiting
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Connection(primary.waiting[next % primary.waiting.len()].clone())
+        Connection::Primary(primary.waiting[next % primary.waiting.len()].clone())
     }
 
-    /// A client for new connections to the current primary (the event hub's).
-    pub(super) fn client(&self) -> Client {
-        self.current().client
+    /// How the event hub hears events: a client for its own pub/sub connection to the
+    /// current primary, or, on a Cluster, the connection and the sharded messages it
+    /// receives (these the first time only: one hub per link).
+    pub(super) fn events(&self) -> Events {
+        match &self.way {
+            Way::Primary(primaries) => Events::Plain(Box::new(primaries.current().client)),
+            Way::Cluster(shards) => Events::Sharded(
+                shards.connection.clone(),
+                shards
+                    .pushes
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .take(),
+            ),
+        }
     }
 
     /// Says when the primary changed (the event hub reconnects to the new one).
@@ -177,7 +286,11 @@ impl Link {
 
     /// Asks the Sentinels for the primary; when they name another one, connects there and
     /// switches to it.
-    async fn follow_once(&self, sentinel: &tokio::sync::Mutex<SentinelClient>) {
+    async fn follow_once(
+        &self,
+        primaries: &Primaries,
+        sentinel: &tokio::sync::Mutex<SentinelClient>,
+    ) {
         let found = sentinel.lock().await.async_get_client().await;
         let client = match found {
             Ok(client) => client,
@@ -187,16 +300,16 @@ impl Link {
             }
         };
         let address = client.get_connection_info().addr().to_string();
-        if address == self.current().address {
+        if address == primaries.current().address {
             return;
         }
-        match Primary::connect(client, self.waiting).await {
+        match Primary::connect(client, primaries.waiting).await {
             Ok(primary) => {
-                let old = self.current().address;
+                let old = primaries.current().address;
                 tracing::warn!(from = %old, to = %primary.address, "Redis failed over: following the new primary");
                 self.metrics.redis_primary(&primary.address);
                 self.metrics.redis_failover();
-                *self
+                *primaries
                     .current
                     .write()
                     .unwrap_or_else(|poisoned| poisoned.into_inner()) = primary;
@@ -216,9 +329,28 @@ async fn follow(link: std::sync::Weak<Link>) {
     loop {
         ticks.tick().await;
         let Some(link) = link.upgrade() else { return };
-        if let Some(sentinel) = &link.sentinel {
-            link.follow_once(sentinel).await;
+        if let Way::Primary(primaries) = &link.way
+            && let Some(sentinel) = &primaries.sentinel
+        {
+            link.follow_once(primaries, sentinel).await;
         }
+    }
+}
+
+/// How the event hub hears events (see [`Link::events`]).
+pub(super) enum Events {
+    /// Plain pub/sub on a connection of its own to the primary this client reaches.
+    Plain(Box<Client>),
+    /// Sharded pub/sub on the Cluster connection, its messages on the receiver.
+    Sharded(ClusterConnection, Option<mpsc::UnboundedReceiver<PushInfo>>),
+}
+
+impl Primaries {
+    fn current(&self) -> Primary {
+        self.current
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
     }
 }
 
@@ -246,17 +378,43 @@ impl Primary {
     }
 }
 
+impl Connection {
+    /// Whether Redis answers. On a Cluster one primary answering is enough: a shard that is
+    /// down costs its own sessions, not the replica's readiness (which would take every
+    /// replica out of its Service at once).
+    pub(super) async fn ping(&mut self) -> redis::RedisResult<()> {
+        let ping = redis::cmd("PING");
+        let _: redis::Value = match self {
+            Self::Primary(_) => ping.query_async(self).await?,
+            Self::Cluster(cluster) => {
+                use redis::cluster_routing::{
+                    MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo,
+                };
+                let anyone = RoutingInfo::MultiNode((
+                    MultipleNodeRoutingInfo::AllMasters,
+                    Some(ResponsePolicy::OneSucceeded),
+                ));
+                cluster.route_command(ping, anyone).await?
+            }
+        };
+        Ok(())
+    }
+}
+
 impl ConnectionLike for Connection {
     fn req_packed_command<'a>(
         &'a mut self,
         cmd: &'a redis::Cmd,
     ) -> BoxFuture<'a, redis::RedisResult<redis::Value>> {
         async move {
-            match self.0.send_packed_command(cmd).await {
-                Err(error) if error.is_connection_dropped() => {
-                    self.0.send_packed_command(cmd).await
-                }
-                answered => answered,
+            match self {
+                Self::Primary(manager) => match manager.send_packed_command(cmd).await {
+                    Err(error) if error.is_connection_dropped() => {
+                        manager.send_packed_command(cmd).await
+                    }
+                    answered => answered,
+                },
+                Self::Cluster(cluster) => cluster.req_packed_command(cmd).await,
             }
         }
         .boxed()
@@ -269,18 +427,36 @@ impl ConnectionLike for Connection {
         count: usize,
     ) -> BoxFuture<'a, redis::RedisResult<Vec<redis::Value>>> {
         async move {
-            match self.0.send_packed_commands(pipeline, offset, count).await {
-                Err(error) if error.is_connection_dropped() => {
-                    self.0.send_packed_commands(pipeline, offset, count).await
+            match self {
+                Self::Primary(manager) => {
+                    match manager.send_packed_commands(pipeline, offset, count).await {
+                        Err(error) if error.is_connection_dropped() => {
+                            manager.send_packed_commands(pipeline, offset, count).await
+                        }
+                        answered => answered,
+                    }
                 }
-                answered => answered,
+                // A Cluster takes a pipeline only within one slot: the commands go one by
+                // one, all at once (in order on each shard's connection). The store sends no
+                // transactions, so every command's answer is kept.
+                Self::Cluster(cluster) => {
+                    let sent = pipeline.cmd_iter().map(|command| {
+                        let mut cluster = cluster.clone();
+                        async move { cluster.req_packed_command(command).await }
+                    });
+                    let answers = futures::future::try_join_all(sent).await?;
+                    Ok(answers.into_iter().skip(offset).take(count).collect())
+                }
             }
         }
         .boxed()
     }
 
     fn get_db(&self) -> i64 {
-        self.0.get_db()
+        match self {
+            Self::Primary(manager) => manager.get_db(),
+            Self::Cluster(_) => 0,
+        }
     }
 }
 

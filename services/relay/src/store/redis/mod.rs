@@ -109,7 +109,10 @@ impl RedisStore {
         metrics: Metrics,
     ) -> Result<Arc<Self>, StoreError> {
         let link = Link::connect(settings, metrics.clone()).await?;
-        let scripts = Scripts::new();
+        // On a Cluster, events go by sharded pub/sub: a message reaches only the shard that
+        // holds its session (plain `PUBLISH` is copied to every node).
+        let sharded = matches!(settings.topology, Topology::Cluster(_));
+        let scripts = Scripts::new(sharded);
         let mut connection = link.commands();
         let refused = |error: redis::RedisError| match error.kind() {
             redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) => StoreError(format!(
@@ -125,7 +128,7 @@ impl RedisStore {
             loaded.map_err(refused)?;
         }
         // The events' channels are allowed too (a user without them would hear nothing).
-        let _: i64 = redis::cmd("PUBLISH")
+        let _: i64 = redis::cmd(if sharded { "SPUBLISH" } else { "PUBLISH" })
             .arg(format!("{}probe", settings.prefix))
             .arg("")
             .query_async(&mut connection)
@@ -133,13 +136,14 @@ impl RedisStore {
             .map_err(refused)?;
         // A Cluster node refuses scripts that stray out of a slot. `INFO` may be denied to a
         // least-privilege user: then only a Cluster named as one counts as one.
-        let info: Option<String> = redis::cmd("INFO")
-            .arg("cluster")
-            .query_async(&mut connection)
-            .await
-            .ok();
-        let cluster = matches!(settings.topology, Topology::Cluster(_))
-            || info.is_some_and(|info| info.contains("cluster_enabled:1"));
+        let cluster = sharded || {
+            let info: Option<String> = redis::cmd("INFO")
+                .arg("cluster")
+                .query_async(&mut connection)
+                .await
+                .ok();
+            info.is_some_and(|info| info.contains("cluster_enabled:1"))
+        };
         let events = EventHub::start(link.clone());
         let store = Arc::new(Self {
             link,
@@ -325,10 +329,7 @@ fn store_error(error: redis::RedisError) -> StoreError {
 #[async_trait]
 impl Reachable for RedisStore {
     async fn ping(&self) -> Result<(), StoreError> {
-        let _: String = redis::cmd("PING")
-            .query_async(&mut self.connection())
-            .await
-            .map_err(store_error)?;
+        self.connection().ping().await.map_err(store_error)?;
         // Without the event connection no tab hears of a call but by the sweep.
         if !self.events.alive().await {
             return Err(StoreError("the Redis event connection is down".into()));

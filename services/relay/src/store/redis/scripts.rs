@@ -105,9 +105,9 @@ pub(super) struct SessionScript<A> {
 }
 
 impl<A: Named> SessionScript<A> {
-    fn new(body: &'static str) -> Self {
+    fn new(body: &'static str, sharded: bool) -> Self {
         Self {
-            script: session_script(body),
+            script: session_script(body, sharded),
             replicated: false,
             #[cfg(test)]
             body,
@@ -154,55 +154,67 @@ pub(super) struct Scripts {
     pub delete_mcp: Script,
 }
 
-/// A script: the `#!lua` line, the rules' constants, `parts` in order.
-fn script(parts: &[&str]) -> Script {
+/// A script: the `#!lua` line, the rules' constants, `parts` in order; on a Cluster
+/// (`sharded`) its events go by sharded pub/sub (`SPUBLISH`, to the session's shard only).
+fn script(parts: &[&str], sharded: bool) -> Script {
+    Script::new(&source(parts, sharded))
+}
+
+/// The source of [`script`].
+fn source(parts: &[&str], sharded: bool) -> String {
     let mut source = format!("#!lua\n{}", rules::lua_preamble());
     for part in parts {
         source.push('\n');
         source.push_str(part);
     }
-    Script::new(&source)
+    if sharded {
+        source = source.replace(PUBLISH, "redis.call('SPUBLISH'");
+    }
+    source
 }
+
+/// How the scripts publish an event (the only way they do, a test holds them to it).
+const PUBLISH: &str = "redis.call('PUBLISH'";
 
 /// A session script: its body runs as a function after the library, and the script answers
 /// `{ calls it expired, the expiry it slid the session to (0: none), the body's answer }`
 /// (see `super::RedisStore::run`).
-fn session_script(body: &str) -> Script {
+fn session_script(body: &str, sharded: bool) -> Script {
     let wrapped = format!(
         "local function body()\n{body}\nend\nlocal answered = body()\nreturn {{ expired_calls, slid_to, answered }}"
     );
-    script(&[GCRA, LIBRARY, &wrapped])
+    script(&[GCRA, LIBRARY, &wrapped], sharded)
 }
 
 impl Scripts {
-    pub(super) fn new() -> Self {
+    pub(super) fn new(sharded: bool) -> Self {
         Self {
-            insert: SessionScript::new(include_str!("lua/insert.lua")).replicated(),
-            session: SessionScript::new(include_str!("lua/session.lua")),
-            touch: SessionScript::new(include_str!("lua/touch.lua")),
-            refresh: session_script(include_str!("lua/refresh.lua")),
-            delete: SessionScript::new(include_str!("lua/delete.lua")),
-            set_provider: SessionScript::new(include_str!("lua/set_provider.lua")),
-            clear_provider: SessionScript::new(include_str!("lua/clear_provider.lua")),
-            set_manifest: SessionScript::new(include_str!("lua/set_manifest.lua")),
-            manifest: SessionScript::new(include_str!("lua/manifest.lua")),
-            store_manifest: script(&[include_str!("lua/store_manifest.lua")]),
-            enqueue: SessionScript::new(include_str!("lua/enqueue.lua")).replicated(),
-            finish: SessionScript::new(include_str!("lua/finish.lua")).replicated(),
-            claim: SessionScript::new(include_str!("lua/claim.lua")),
-            request: SessionScript::new(include_str!("lua/request.lua")),
-            responses: SessionScript::new(include_str!("lua/responses.lua")),
-            pending: SessionScript::new(include_str!("lua/pending.lua")),
-            lease_builtin: SessionScript::new(include_str!("lua/lease_builtin.lua")),
-            evict: SessionScript::new(include_str!("lua/evict.lua")),
-            put_ticket: script(&[include_str!("lua/put_ticket.lua")]),
-            spend: script(&[GCRA, include_str!("lua/spend.lua")]),
-            lock: script(&[include_str!("lua/lock.lua")]),
-            unlock: script(&[include_str!("lua/unlock.lua")]),
-            open_mcp: script(&[MCP, include_str!("lua/open_mcp.lua")]),
-            put_mcp: script(&[MCP, include_str!("lua/put_mcp.lua")]),
-            touch_mcp: script(&[MCP, include_str!("lua/touch_mcp.lua")]),
-            delete_mcp: script(&[MCP, include_str!("lua/delete_mcp.lua")]),
+            insert: SessionScript::new(include_str!("lua/insert.lua"), sharded).replicated(),
+            session: SessionScript::new(include_str!("lua/session.lua"), sharded),
+            touch: SessionScript::new(include_str!("lua/touch.lua"), sharded),
+            refresh: session_script(include_str!("lua/refresh.lua"), sharded),
+            delete: SessionScript::new(include_str!("lua/delete.lua"), sharded),
+            set_provider: SessionScript::new(include_str!("lua/set_provider.lua"), sharded),
+            clear_provider: SessionScript::new(include_str!("lua/clear_provider.lua"), sharded),
+            set_manifest: SessionScript::new(include_str!("lua/set_manifest.lua"), sharded),
+            manifest: SessionScript::new(include_str!("lua/manifest.lua"), sharded),
+            store_manifest: script(&[include_str!("lua/store_manifest.lua")], sharded),
+            enqueue: SessionScript::new(include_str!("lua/enqueue.lua"), sharded).replicated(),
+            finish: SessionScript::new(include_str!("lua/finish.lua"), sharded).replicated(),
+            claim: SessionScript::new(include_str!("lua/claim.lua"), sharded),
+            request: SessionScript::new(include_str!("lua/request.lua"), sharded),
+            responses: SessionScript::new(include_str!("lua/responses.lua"), sharded),
+            pending: SessionScript::new(include_str!("lua/pending.lua"), sharded),
+            lease_builtin: SessionScript::new(include_str!("lua/lease_builtin.lua"), sharded),
+            evict: SessionScript::new(include_str!("lua/evict.lua"), sharded),
+            put_ticket: script(&[include_str!("lua/put_ticket.lua")], sharded),
+            spend: script(&[GCRA, include_str!("lua/spend.lua")], sharded),
+            lock: script(&[include_str!("lua/lock.lua")], sharded),
+            unlock: script(&[include_str!("lua/unlock.lua")], sharded),
+            open_mcp: script(&[MCP, include_str!("lua/open_mcp.lua")], sharded),
+            put_mcp: script(&[MCP, include_str!("lua/put_mcp.lua")], sharded),
+            touch_mcp: script(&[MCP, include_str!("lua/touch_mcp.lua")], sharded),
+            delete_mcp: script(&[MCP, include_str!("lua/delete_mcp.lua")], sharded),
         }
     }
 
@@ -271,7 +283,7 @@ mod tests {
     /// Each session script's Rust arguments are its Lua locals, in order.
     #[test]
     fn each_script_s_arguments_are_named_as_its_lua_names_them() {
-        let scripts = Scripts::new();
+        let scripts = Scripts::new(false);
         assert_named(&scripts.insert);
         assert_named(&scripts.session);
         assert_named(&scripts.touch);
@@ -288,6 +300,28 @@ mod tests {
         assert_named(&scripts.pending);
         assert_named(&scripts.lease_builtin);
         assert_named(&scripts.evict);
+    }
+
+    /// On a Cluster every event goes by sharded pub/sub, elsewhere by plain pub/sub; the
+    /// library is the one place that publishes, and only in the way that is switched.
+    #[test]
+    fn a_cluster_s_scripts_publish_to_the_session_s_shard() {
+        let plain = source(&[LIBRARY], false);
+        let sharded = source(&[LIBRARY], true);
+        assert!(plain.contains(PUBLISH) && !plain.contains("SPUBLISH"));
+        assert!(sharded.contains("redis.call('SPUBLISH'") && !sharded.contains(PUBLISH));
+        assert_eq!(
+            LIBRARY.matches("PUBLISH").count(),
+            LIBRARY.matches(PUBLISH).count()
+        );
+        for body in [
+            GCRA,
+            MCP,
+            include_str!("lua/enqueue.lua"),
+            include_str!("lua/finish.lua"),
+        ] {
+            assert!(!body.contains("PUBLISH"), "only the library publishes");
+        }
     }
 
     /// The scripts spell no number the rules module owns: each comes from the preamble (unit
