@@ -38,8 +38,10 @@ impl Replica {
 
 /// The relays, gateways and Redis.
 pub struct Cluster {
-    /// The Redis all of them share.
+    /// The Redis all of them share (on a Redis Cluster, its first node).
     pub redis: RedisServer,
+    /// The other nodes of a Redis Cluster, or the other servers of a group, kept running.
+    pub more_redis: Vec<RedisServer>,
     /// Each relay's browser WebSocket address.
     pub relay_websockets: Vec<SocketAddr>,
     /// Each gateway's `http://127.0.0.1:port`.
@@ -83,24 +85,37 @@ impl Cluster {
         let url = redis.url();
         let mut all = vec![(ENV_REDIS_URL, url.as_str())];
         all.extend_from_slice(env);
-        Self::launch(redis, relays, gateways, &all, balanced, one_at_a_time).await
+        Self::launch(
+            redis,
+            Vec::new(),
+            relays,
+            gateways,
+            &all,
+            balanced,
+            one_at_a_time,
+        )
+        .await
     }
 
     /// `relays` relays and `gateways` gateways, every gateway in front of every relay, on the
-    /// Redis `redis`, reached as `env` says (it names the Redis: `REDIS_URL`, the Sentinels
-    /// or the Cluster, with any user and certificates); `env` goes to every process.
+    /// Redis `redis` (with `more`: a Redis Cluster's other nodes, say), reached as `env` says
+    /// (it names the Redis: `REDIS_URL`, the Sentinels or the Cluster, with any user and
+    /// certificates); `env` goes to every process.
     pub async fn on(
         redis: RedisServer,
+        more: Vec<RedisServer>,
         relays: usize,
         gateways: usize,
         env: &[(&str, &str)],
     ) -> Self {
         let one_at_a_time = std::sync::Arc::clone(&RUNNING).lock_owned().await;
-        Self::launch(redis, relays, gateways, env, true, one_at_a_time).await
+        Self::launch(redis, more, relays, gateways, env, true, one_at_a_time).await
     }
 
+    #[allow(clippy::too_many_arguments)] // the private constructor behind the public ones
     async fn launch(
         redis: RedisServer,
+        more_redis: Vec<RedisServer>,
         relays: usize,
         gateways: usize,
         env: &[(&str, &str)],
@@ -158,6 +173,7 @@ impl Cluster {
         }
         Self {
             redis,
+            more_redis,
             relay_websockets,
             gateways: gateway_bases,
             relay_logs,

@@ -217,6 +217,46 @@ impl RedisServer {
         redis::cmd("PING").query_async(&mut connection).await
     }
 
+    /// As a Cluster node: the port of the primary holding `key`'s slot.
+    pub async fn primary_port_of(&self, key: &str) -> u16 {
+        let mut connection = self.connection().await.unwrap();
+        let slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        let ranges: Vec<(u16, u16, (String, u16))> = {
+            let ranges: Vec<redis::Value> = redis::cmd("CLUSTER")
+                .arg("SLOTS")
+                .query_async(&mut connection)
+                .await
+                .unwrap();
+            ranges
+                .into_iter()
+                .map(|range| {
+                    let redis::Value::Array(items) = range else {
+                        panic!("CLUSTER SLOTS answered {range:?}")
+                    };
+                    let mut items = items.into_iter();
+                    let mut next = || items.next().unwrap();
+                    let from = redis::from_redis_value(next()).unwrap();
+                    let to = redis::from_redis_value(next()).unwrap();
+                    let primary: Vec<redis::Value> = redis::from_redis_value(next()).unwrap();
+                    let mut primary = primary.into_iter();
+                    let host = redis::from_redis_value(primary.next().unwrap()).unwrap();
+                    let port = redis::from_redis_value(primary.next().unwrap()).unwrap();
+                    (from, to, (host, port))
+                })
+                .collect()
+        };
+        ranges
+            .into_iter()
+            .find(|(from, to, _)| (*from..=*to).contains(&slot))
+            .map(|(_, _, (_, port))| port)
+            .unwrap_or_else(|| panic!("no node holds the slot of {key}"))
+    }
+
     /// Replicas that are in sync with it (`INFO replication`'s replicas `state=online`).
     pub async fn replicas_online(&self) -> usize {
         let Ok(mut connection) = self.connection().await else {
@@ -326,15 +366,30 @@ pub struct RedisCluster {
 impl RedisCluster {
     /// Starts three nodes and makes them a Cluster.
     pub async fn start() -> Self {
+        Self::with(RedisOptions::default()).await
+    }
+
+    /// [`RedisCluster::start`], each node set up as `options` say (ACL users, say).
+    pub async fn with(options: RedisOptions) -> Self {
         let mut nodes = Vec::new();
         for _ in 0..3 {
-            nodes.push(RedisServer::launch(false, true).await);
+            nodes.push(RedisServer::launch_with(false, true, options.clone()).await);
+        }
+        let mut login = Vec::new();
+        if let Some((user, password)) = &options.admin {
+            login = vec![
+                "--user".to_owned(),
+                user.clone(),
+                "--pass".to_owned(),
+                password.clone(),
+            ];
         }
         let addresses: Vec<String> = nodes
             .iter()
             .map(|node| format!("127.0.0.1:{}", node.port))
             .collect();
         let created = Command::new("redis-cli")
+            .args(&login)
             .args(["--cluster", "create"])
             .args(&addresses)
             .args(["--cluster-replicas", "0", "--cluster-yes"])
@@ -381,42 +436,11 @@ impl RedisCluster {
 
     /// The node holding `key`'s slot.
     pub async fn node_of(&self, key: &str) -> usize {
-        let mut connection = self.nodes[0].connection().await.unwrap();
-        let slot: u16 = redis::cmd("CLUSTER")
-            .arg("KEYSLOT")
-            .arg(key)
-            .query_async(&mut connection)
-            .await
-            .unwrap();
-        let ranges: Vec<redis::Value> = redis::cmd("CLUSTER")
-            .arg("SLOTS")
-            .query_async(&mut connection)
-            .await
-            .unwrap();
-        for range in ranges {
-            let (from, to, primary): (u16, u16, (String, u16)) = match range {
-                redis::Value::Array(items) => {
-                    let mut items = items.into_iter();
-                    let from = redis::from_redis_value(items.next().unwrap()).unwrap();
-                    let to = redis::from_redis_value(items.next().unwrap()).unwrap();
-                    let primary: Vec<redis::Value> =
-                        redis::from_redis_value(items.next().unwrap()).unwrap();
-                    let mut primary = primary.into_iter();
-                    let host = redis::from_redis_value(primary.next().unwrap()).unwrap();
-                    let port = redis::from_redis_value(primary.next().unwrap()).unwrap();
-                    (from, to, (host, port))
-                }
-                other => panic!("CLUSTER SLOTS answered {other:?}"),
-            };
-            if (from..=to).contains(&slot) {
-                return self
-                    .nodes
-                    .iter()
-                    .position(|node| node.port == primary.1)
-                    .unwrap();
-            }
-        }
-        panic!("no node holds the slot of {key}")
+        let port = self.nodes[0].primary_port_of(key).await;
+        self.nodes
+            .iter()
+            .position(|node| node.port == port)
+            .unwrap()
     }
 }
 

@@ -8,15 +8,15 @@ use reqwest::StatusCode;
 use serde_json::json;
 use toolrelay_gateway::config::{ENV_LISTEN, ENV_RELAY_URL};
 use toolrelay_relay::config::{
-    ENV_GRPC_LISTEN, ENV_RATE_LIMIT_REQUEST, ENV_REDIS_CA_FILE, ENV_REDIS_CLIENT_CERT_FILE,
-    ENV_REDIS_CLIENT_KEY_FILE, ENV_REDIS_PASSWORD_FILE, ENV_REDIS_SENTINEL_MASTER,
-    ENV_REDIS_SENTINELS, ENV_REDIS_URL, ENV_REDIS_USERNAME, ENV_REDIS_WAIT_MS,
-    ENV_REDIS_WAIT_REPLICAS, ENV_WS_LISTEN,
+    ENV_GRPC_LISTEN, ENV_RATE_LIMIT_REQUEST, ENV_RATE_LIMIT_SESSION, ENV_REDIS_CA_FILE,
+    ENV_REDIS_CLIENT_CERT_FILE, ENV_REDIS_CLIENT_KEY_FILE, ENV_REDIS_CLUSTER_URLS,
+    ENV_REDIS_PASSWORD_FILE, ENV_REDIS_SENTINEL_MASTER, ENV_REDIS_SENTINELS, ENV_REDIS_URL,
+    ENV_REDIS_USERNAME, ENV_REDIS_WAIT_MS, ENV_REDIS_WAIT_REPLICAS, ENV_WS_LISTEN,
 };
 use toolrelay_tests::certs::TestCertificates;
 use toolrelay_tests::cluster::Cluster;
 use toolrelay_tests::recording::RecordingTab;
-use toolrelay_tests::redis::{RedisOptions, RedisSentinel, RedisServer};
+use toolrelay_tests::redis::{RedisCluster, RedisOptions, RedisSentinel, RedisServer};
 use toolrelay_tests::system::binary;
 use toolrelay_tests::{PATIENCE, wait_until};
 
@@ -30,6 +30,8 @@ const ACL: [&str; 7] = [
     "+@pubsub",
     "+ping",
 ];
+/// What the cluster client needs on top, to learn the slots.
+const CLUSTER_ACL: [&str; 1] = ["+cluster|slots"];
 const USER: &str = "relay";
 const PASSWORD: &str = "a-long-redis-password-0123456789";
 
@@ -91,7 +93,7 @@ async fn two_replicas_share_a_session_over_tls_as_a_least_privilege_user() {
     let redis = secured_redis(&certificates).await;
     let mut env = secured_env(&redis, &certificates);
     env.push((ENV_RATE_LIMIT_REQUEST, "100000".into()));
-    let cluster = Cluster::on(redis, 2, 2, &borrowed(&env)).await;
+    let cluster = Cluster::on(redis, Vec::new(), 2, 2, &borrowed(&env)).await;
     let (code, token) = cluster.create_session(0).await;
     let tab = RecordingTab::start(vec![cluster.tab_url(1, &code, &token)]);
     wait_until(PATIENCE, async || {
@@ -321,7 +323,7 @@ async fn a_primary_killed_under_calls_fails_over_losing_no_call() {
     ];
     // The cluster keeps the replica; the test keeps the primary, to kill and restart it.
     let replica_port = replica.port();
-    let cluster = Cluster::on(replica, 2, 2, &env).await;
+    let cluster = Cluster::on(replica, Vec::new(), 2, 2, &env).await;
     let (code, token) = cluster.create_session(0).await;
     let tab = RecordingTab::start(vec![
         cluster.tab_url(1, &code, &token),
@@ -430,4 +432,220 @@ async fn a_primary_killed_under_calls_fails_over_losing_no_call() {
     );
     assert!(lost.is_empty(), "calls never answered: {lost:?}");
     assert_eq!(twice, 0, "no call delivered twice");
+}
+
+/// The `i`th node of the Redis Cluster behind `cluster` (see [`Cluster::on`]).
+fn shard(cluster: &mut Cluster, index: usize) -> &mut RedisServer {
+    match index {
+        0 => &mut cluster.redis,
+        other => &mut cluster.more_redis[other - 1],
+    }
+}
+
+/// Two relays and two gateways on a three-primary Redis Cluster, as the least-privilege ACL
+/// user: sessions spread over the shards and each shard's calls are answered exactly once; a
+/// relay `kill -9`ed mid-call loses no call; one shard's primary stopped, only its sessions
+/// see 503 while the others go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_carries_sessions_on_every_shard_and_a_stopped_shard_costs_only_its_own() {
+    let mut relay = vec![USER.to_owned(), "on".to_owned(), format!(">{PASSWORD}")];
+    relay.extend(ACL.iter().map(|rule| (*rule).to_owned()));
+    relay.extend(CLUSTER_ACL.iter().map(|rule| (*rule).to_owned()));
+    let admin = [
+        "admin",
+        "on",
+        ">admin-password-0123456789",
+        "~*",
+        "&*",
+        "+@all",
+    ];
+    let shards = RedisCluster::with(RedisOptions {
+        users: vec![relay, admin.iter().map(|word| (*word).to_owned()).collect()],
+        admin: Some(("admin".into(), "admin-password-0123456789".into())),
+        ..RedisOptions::default()
+    })
+    .await;
+    let urls = shards.urls();
+    let password =
+        std::env::temp_dir().join(format!("toolrelay-cluster-password-{}", std::process::id()));
+    std::fs::write(&password, PASSWORD).unwrap();
+    let env = [
+        (ENV_REDIS_CLUSTER_URLS, urls.as_str()),
+        (ENV_REDIS_USERNAME, USER),
+        (ENV_REDIS_PASSWORD_FILE, password.to_str().unwrap()),
+        (ENV_RATE_LIMIT_REQUEST, "100000"),
+        (ENV_RATE_LIMIT_SESSION, "100000"),
+    ];
+    let mut nodes = shards.nodes;
+    let first = nodes.remove(0);
+    let mut cluster = Cluster::on(first, nodes, 2, 2, &env).await;
+
+    // Sessions until every shard holds one.
+    let mut on_shard: [Option<(String, String)>; 3] = [None, None, None];
+    let mut made = 0;
+    while on_shard.iter().any(Option::is_none) {
+        assert!(made < 60, "60 sessions and a shard still holds none");
+        let (code, token) = cluster.create_session(made % 2).await;
+        let port = cluster
+            .redis
+            .primary_port_of(&format!("toolrelay:{{{code}}}:s"))
+            .await;
+        let index = (0..3)
+            .find(|index| shard(&mut cluster, *index).port() == port)
+            .unwrap();
+        on_shard[index].get_or_insert((code, token));
+        made += 1;
+    }
+    let sessions: Vec<(String, String)> = on_shard.into_iter().map(Option::unwrap).collect();
+    let tabs: Vec<RecordingTab> = sessions
+        .iter()
+        .enumerate()
+        .map(|(index, (code, token))| {
+            RecordingTab::start(vec![
+                cluster.tab_url(index % 2, code, token),
+                cluster.tab_url((index + 1) % 2, code, token),
+            ])
+        })
+        .collect();
+    for (code, _) in &sessions {
+        wait_until(PATIENCE, async || {
+            let tools = cluster
+                .get(0, &format!("/api/sessions/{code}/metadata"))
+                .await;
+            if tools.body["tools"][0]["id"] == "demo" {
+                Ok(())
+            } else {
+                Err(format!("the tab never registered: {tools:?}"))
+            }
+        })
+        .await;
+    }
+
+    // Calls on every shard, through both gateways: each answered with its own answer.
+    let deadline = tokio::time::Instant::now() + 3 * PATIENCE;
+    let calls = futures::stream::iter(0..90)
+        .map(|n| {
+            let (code, _) = &sessions[n % 3];
+            let id = format!("s{}-{n}", n % 3);
+            let cluster = &cluster;
+            async move { call_until_answered(cluster, n % 2, code, &id, deadline).await }
+        })
+        .buffer_unordered(9)
+        .collect::<Vec<_>>()
+        .await;
+    assert!(calls.iter().all(|outcome| outcome.answered), "{calls:?}");
+    for tab in &tabs {
+        let deliveries = tab.deliveries();
+        let distinct: std::collections::HashSet<&String> = deliveries.iter().collect();
+        assert_eq!(
+            (deliveries.len(), distinct.len()),
+            (30, 30),
+            "each call delivered once"
+        );
+    }
+
+    // A relay killed while its tabs hold delivered calls: every call still answered once.
+    for tab in &tabs {
+        tab.hold(true);
+    }
+    let held: Vec<_> = sessions
+        .iter()
+        .enumerate()
+        .map(|(index, (code, _))| {
+            tokio::spawn(cluster.post(
+                index % 2,
+                &format!("/api/sessions/{code}/call"),
+                json!({"requestId": format!("held-{index}"), "functionName": "echo", "args": {"text": format!("held-{index}")}, "timeoutMs": 30_000}),
+            ))
+        })
+        .collect();
+    for tab in &tabs {
+        tab.until("the held call", 3 * PATIENCE, |ledger| {
+            ledger.deliveries.len() >= 31
+        })
+        .await;
+    }
+    cluster.kill_relay(0).await;
+    for tab in &tabs {
+        tab.hold(false);
+    }
+    for (index, held) in held.into_iter().enumerate() {
+        let answer = held.await.unwrap();
+        if answer.status == StatusCode::OK {
+            assert_eq!(
+                answer.body["result"],
+                json!({"text": format!("held-{index}")}),
+                "{answer:?}"
+            );
+        }
+        // A caller whose gateway's relay died asks again with its requestId.
+        let (code, _) = &sessions[index];
+        let outcome = call_until_answered(
+            &cluster,
+            1,
+            code,
+            &format!("held-{index}"),
+            tokio::time::Instant::now() + 3 * PATIENCE,
+        )
+        .await;
+        assert!(outcome.answered, "held-{index}: {outcome:?}");
+    }
+    for tab in &tabs {
+        for connection in 1..=tab.connections() {
+            let delivered = tab.delivered_on(connection);
+            let distinct: std::collections::HashSet<&String> = delivered.iter().collect();
+            assert_eq!(
+                distinct.len(),
+                delivered.len(),
+                "twice on one connection: {delivered:?}"
+            );
+        }
+    }
+
+    // One shard's primary stopped: its session's calls get 503, the others go on.
+    shard(&mut cluster, 2).stop().await;
+    let (down, _) = &sessions[2];
+    wait_until(3 * PATIENCE, async || {
+        let answer = cluster
+            .post(
+                1,
+                &format!("/api/sessions/{down}/call"),
+                json!({"functionName": "echo", "args": {"text": "x"}, "timeoutMs": 2_000}),
+            )
+            .await;
+        if answer.status == StatusCode::SERVICE_UNAVAILABLE
+            && answer.header("retry-after").is_some()
+        {
+            Ok(())
+        } else {
+            Err(format!(
+                "the stopped shard's session still answers: {answer:?}"
+            ))
+        }
+    })
+    .await;
+    let mut refusals = 0;
+    for n in 0..20 {
+        let (code, _) = &sessions[n % 2];
+        let id = format!("after-{n}");
+        let outcome = call_until_answered(
+            &cluster,
+            1,
+            code,
+            &id,
+            tokio::time::Instant::now() + 3 * PATIENCE,
+        )
+        .await;
+        assert!(outcome.answered, "{id} on a live shard: {outcome:?}");
+        refusals += outcome.refusals;
+    }
+    println!(
+        "cluster: {made} sessions made to cover 3 shards; with one shard stopped, 20 calls on the others met {refusals} 503s"
+    );
+    assert_eq!(
+        cluster.get(1, "/readyz").await.status,
+        StatusCode::OK,
+        "one shard down is not the fleet down"
+    );
+    std::fs::remove_file(password).unwrap();
 }

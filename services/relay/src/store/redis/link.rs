@@ -74,7 +74,7 @@ struct Primaries {
     /// The next of them to use.
     next_waiting: std::sync::atomic::AtomicUsize,
     /// The Sentinels, when the primary is found through them.
-    sentinel: Option<tokio::sync::Mutex<SentinelClient>>,
+    sentinels: Option<Sentinels>,
 }
 
 /// One primary: its address (for the log and the metrics), a client for new connections
@@ -110,10 +110,11 @@ impl Link {
         metrics: Metrics,
     ) -> Result<Arc<Self>, StoreError> {
         install_tls_provider();
-        let mut sentinel = match &settings.topology {
-            Topology::Primary(_) => None,
+        let (mut sentinel, sentinels) = match &settings.topology {
+            Topology::Primary(_) => (None, None),
             Topology::Sentinel { sentinels, master } => {
-                Some(sentinel_client(settings, sentinels, master)?)
+                let (client, each) = sentinel_client(settings, sentinels, master)?;
+                (Some(client), Some(each))
             }
             Topology::Cluster(seeds) => {
                 return Self::connect_cluster(settings, seeds, metrics).await;
@@ -151,13 +152,13 @@ impl Link {
         };
         tracing::info!(primary = %primary.address, "connected to Redis");
         metrics.redis_primary(&primary.address);
-        let following = sentinel.is_some();
+        let following = sentinels.is_some();
         let link = Arc::new(Self {
             way: Way::Primary(Box::new(Primaries {
                 current: RwLock::new(primary),
                 waiting,
                 next_waiting: std::sync::atomic::AtomicUsize::new(0),
-                sentinel: sentinel.map(tokio::sync::Mutex::new),
+                sentinels,
             })),
             changed: watch::channel(0).0,
             metrics,
@@ -284,25 +285,26 @@ impl Link {
         self.changed.subscribe()
     }
 
-    /// Asks the Sentinels for the primary; when they name another one, connects there and
-    /// switches to it.
-    async fn follow_once(
-        &self,
-        primaries: &Primaries,
-        sentinel: &tokio::sync::Mutex<SentinelClient>,
-    ) {
-        let found = sentinel.lock().await.async_get_client().await;
-        let client = match found {
-            Ok(client) => client,
-            Err(error) => {
-                tracing::debug!(%error, "the Sentinels name no reachable primary yet");
-                return;
-            }
+    /// Asks every Sentinel for the primary; when most of them name another one, connects
+    /// there and switches to it. (Not the first Sentinel that answers, as the crate's client
+    /// does: during a failover one may still name the old primary, which, restarted empty,
+    /// answers as a primary until the Sentinels make it a replica.)
+    async fn follow_once(&self, primaries: &Primaries, sentinels: &Sentinels) {
+        let Some((host, port)) = sentinels.agreed_primary().await else {
+            tracing::debug!("no majority of the Sentinels names a primary yet");
+            return;
         };
-        let address = client.get_connection_info().addr().to_string();
+        let address = format!("{host}:{port}");
         if address == primaries.current().address {
             return;
         }
+        let client = match sentinels.primary_client(&host, port) {
+            Ok(client) => client,
+            Err(error) => {
+                tracing::warn!(%error, %address, "the primary the Sentinels name cannot be used");
+                return;
+            }
+        };
         match Primary::connect(client, primaries.waiting).await {
             Ok(primary) => {
                 let old = primaries.current().address;
@@ -322,6 +324,54 @@ impl Link {
     }
 }
 
+/// The Sentinels, each asked on its own, and what it takes to reach the primary they name.
+struct Sentinels {
+    /// One client per Sentinel (with its user, password and TLS).
+    each: Vec<Client>,
+    master: String,
+    /// `redis` or `rediss`, for the primary.
+    scheme: &'static str,
+    settings: RedisSettings,
+}
+
+impl Sentinels {
+    /// The primary more than half of the Sentinels name, if they agree.
+    async fn agreed_primary(&self) -> Option<(String, u16)> {
+        let asked = self.each.iter().map(|sentinel| async move {
+            let named = async {
+                let mut connection = sentinel.get_multiplexed_async_connection().await?;
+                redis::cmd("SENTINEL")
+                    .arg("get-master-addr-by-name")
+                    .arg(&self.master)
+                    .query_async::<Option<(String, u16)>>(&mut connection)
+                    .await
+            };
+            tokio::time::timeout(RESPONSE_TIMEOUT, named)
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .flatten()
+        });
+        let named = futures::future::join_all(asked).await;
+        let mut votes: Vec<((String, u16), usize)> = Vec::new();
+        for primary in named.into_iter().flatten() {
+            match votes.iter_mut().find(|(known, _)| *known == primary) {
+                Some((_, count)) => *count += 1,
+                None => votes.push((primary, 1)),
+            }
+        }
+        votes
+            .into_iter()
+            .find(|(_, count)| *count * 2 > self.each.len())
+            .map(|(primary, _)| primary)
+    }
+
+    /// A client for the primary at `host:port`, as the settings say to reach it.
+    fn primary_client(&self, host: &str, port: u16) -> Result<Client, StoreError> {
+        client(&format!("{}://{host}:{port}", self.scheme), &self.settings)
+    }
+}
+
 /// Keeps a Sentinel link on the primary the Sentinels name, until the link is dropped.
 async fn follow(link: std::sync::Weak<Link>) {
     let mut ticks = tokio::time::interval(FOLLOW);
@@ -330,9 +380,9 @@ async fn follow(link: std::sync::Weak<Link>) {
         ticks.tick().await;
         let Some(link) = link.upgrade() else { return };
         if let Way::Primary(primaries) = &link.way
-            && let Some(sentinel) = &primaries.sentinel
+            && let Some(sentinels) = &primaries.sentinels
         {
-            link.follow_once(primaries, sentinel).await;
+            link.follow_once(primaries, sentinels).await;
         }
     }
 }
@@ -499,13 +549,14 @@ fn client(url: &str, settings: &RedisSettings) -> Result<Client, StoreError> {
     })
 }
 
-/// A client that finds the primary through the Sentinels, with the user, password and
-/// certificates `settings` name for the primary and the Sentinels' own.
+/// A client that finds the primary through the Sentinels (the crate's, for the start), and
+/// each Sentinel on its own (to follow failovers), with the user, password and certificates
+/// `settings` name for the primary and the Sentinels' own.
 fn sentinel_client(
     settings: &RedisSettings,
     sentinels: &[String],
     master: &str,
-) -> Result<SentinelClient, StoreError> {
+) -> Result<(SentinelClient, Sentinels), StoreError> {
     let mut addresses = Vec::new();
     let mut sentinel_user = None;
     let mut sentinel_password = settings.sentinel_password.clone();
@@ -527,20 +578,21 @@ fn sentinel_client(
     if !tls {
         plain_only(settings, ENV_REDIS_SENTINELS)?;
     }
-    let mut builder = SentinelClientBuilder::new(addresses, master, SentinelServerType::Master)
-        .map_err(|error| StoreError(format!("{ENV_REDIS_SENTINELS} cannot be used: {error}")))?
-        .set_client_to_redis_tcp_settings(nodelay())
-        .set_client_to_sentinel_tcp_settings(nodelay());
+    let mut builder =
+        SentinelClientBuilder::new(addresses.clone(), master, SentinelServerType::Master)
+            .map_err(|error| StoreError(format!("{ENV_REDIS_SENTINELS} cannot be used: {error}")))?
+            .set_client_to_redis_tcp_settings(nodelay())
+            .set_client_to_sentinel_tcp_settings(nodelay());
     if let Some(username) = &settings.username {
         builder = builder.set_client_to_redis_username(username);
     }
     if let Some(password) = &settings.password {
         builder = builder.set_client_to_redis_password(password);
     }
-    if let Some(username) = sentinel_user {
+    if let Some(username) = &sentinel_user {
         builder = builder.set_client_to_sentinel_username(username);
     }
-    if let Some(password) = sentinel_password {
+    if let Some(password) = &sentinel_password {
         builder = builder.set_client_to_sentinel_password(password);
     }
     if tls {
@@ -552,12 +604,43 @@ fn sentinel_client(
             .set_client_to_redis_tls_mode(TlsMode::Secure)
             .set_client_to_redis_certificates(certificates(settings));
     }
-    builder.build().map_err(|error| {
+    let unusable = |error: RedisError| {
         StoreError(format!(
             "{ENV_REDIS_SENTINELS} cannot be used: {}",
             certificate_hint(&error)
         ))
-    })
+    };
+    let mut each = Vec::new();
+    for address in &addresses {
+        let mut redis = redis::RedisConnectionInfo::default();
+        if let Some(username) = &sentinel_user {
+            redis = redis.set_username(username);
+        }
+        if let Some(password) = &sentinel_password {
+            redis = redis.set_password(password);
+        }
+        let info = address
+            .clone()
+            .into_connection_info()
+            .map_err(unusable)?
+            .set_redis_settings(redis)
+            .set_tcp_settings(nodelay());
+        each.push(if tls {
+            Client::build_with_tls(info, certificates(settings)).map_err(unusable)?
+        } else {
+            Client::open(info).map_err(unusable)?
+        });
+    }
+    let client = builder.build().map_err(unusable)?;
+    Ok((
+        client,
+        Sentinels {
+            each,
+            master: master.to_owned(),
+            scheme: if tls { "rediss" } else { "redis" },
+            settings: settings.clone(),
+        },
+    ))
 }
 
 fn nodelay() -> redis::io::tcp::TcpSettings {
@@ -610,7 +693,8 @@ fn fatal(error: &RedisError, settings: &RedisSettings) -> Option<StoreError> {
         format!("Redis refused to let this replica in ({error}): check {credentials}")
     } else if error.kind() == ErrorKind::Server(ServerErrorKind::NoPerm) {
         format!(
-            "the Redis user may not do what toolrelay needs ({error}): grant it `~PREFIX* &PREFIX* +@read +@write +@scripting +@pubsub +ping` (the README's ACL line), or check {credentials}"
+            "the Redis user may not do what toolrelay needs ({error}): grant it `{}` (the README's ACL line), or check {credentials}",
+            acl_line(settings)
         )
     } else if let Some(certificate) = tls_error(error) {
         format!(
@@ -622,6 +706,17 @@ fn fatal(error: &RedisError, settings: &RedisSettings) -> Option<StoreError> {
         return None;
     };
     Some(StoreError(message))
+}
+
+/// The least privilege toolrelay needs, as an `ACL SETUSER` rule list for `settings`' prefix.
+pub(super) fn acl_line(settings: &RedisSettings) -> String {
+    let prefix = &settings.prefix;
+    let mut line = format!("~{prefix}* &{prefix}* +@read +@write +@scripting +@pubsub +ping");
+    if matches!(settings.topology, Topology::Cluster(_)) {
+        // The cluster client learns which shard holds which slots.
+        line.push_str(" +cluster|slots");
+    }
+    line
 }
 
 /// The TLS error behind a failed connection, if that is what failed it.

@@ -116,8 +116,8 @@ impl RedisStore {
         let mut connection = link.commands();
         let refused = |error: redis::RedisError| match error.kind() {
             redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) => StoreError(format!(
-                "the Redis user may not do what toolrelay needs ({error}): grant it the README's ACL line (`~{prefix}* &{prefix}* +@read +@write +@scripting +@pubsub +ping`)",
-                prefix = settings.prefix
+                "the Redis user may not do what toolrelay needs ({error}): grant it the README's ACL line (`{}`)",
+                link::acl_line(settings)
             )),
             _ => store_error(error),
         };
