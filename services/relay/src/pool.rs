@@ -330,10 +330,15 @@ async fn resolve_forever(pool: Weak<Inner>) {
 }
 
 /// Whether the relay answered (with a result or its own error), as opposed to the call
-/// failing on the way: the relay names each of its errors in `x-error`.
+/// failing on the way: the relay names each of its errors in `x-error`. (A relay that stops
+/// resets the HTTP/2 streams still open on its connections, which tonic reports as
+/// `Internal` "h2 protocol error" or `Cancelled`.)
 fn answered(status: &Status) -> bool {
     status.metadata().get(ERROR_METADATA).is_some()
-        || !matches!(status.code(), Code::Unavailable | Code::Unknown)
+        || !matches!(
+            status.code(),
+            Code::Unavailable | Code::Unknown | Code::Internal | Code::Cancelled
+        )
 }
 
 /// Whether the relay refused the call because it is draining.
