@@ -50,7 +50,7 @@ pub const ERROR_METADATA: &str = "x-error";
 pub const RETRY_AFTER_METADATA: &str = "retry-after";
 /// Trailer naming the call an error leaves unfinished, whose answer the caller can ask for
 /// later (a caller cut off by the drain).
-pub const REQUEST_ID_METADATA: &str = "x-request-id";
+pub const REQUEST_ID_METADATA: &str = "x-call-id";
 /// Largest message the service accepts (a provider's response may be up to 1 MiB of JSON).
 const MAX_MESSAGE_BYTES: usize = 2 * 1024 * 1024;
 
