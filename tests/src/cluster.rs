@@ -2,7 +2,8 @@
 //! `toolrelay-gateway`s (gateway `i` in front of relay `i % N`, or of all of them), and a
 //! `redis-server` with its
 //! append-only file on. Every one of them can be killed (`SIGKILL`) or, for Redis, stopped
-//! and started again; dropping the cluster stops what is left.
+//! and started again, and a relay stopped (`SIGTERM`); dropping the cluster stops what is
+//! left.
 
 use std::net::SocketAddr;
 
@@ -230,6 +231,18 @@ impl Cluster {
     /// Kills relay `index` with `SIGKILL`.
     pub async fn kill_relay(&mut self, index: usize) {
         self.relays[index].kill().await;
+    }
+
+    /// Sends relay `index` `SIGTERM` (how Kubernetes stops a pod in a rolling restart).
+    pub async fn terminate_relay(&mut self, index: usize) {
+        let child = self.relays[index].child.as_ref().expect("the relay runs");
+        crate::system::terminate(child).await;
+    }
+
+    /// Waits (with a deadline) for relay `index` to exit.
+    pub async fn relay_exited(&mut self, index: usize) -> std::process::ExitStatus {
+        let child = self.relays[index].child.as_mut().expect("the relay runs");
+        crate::system::exited(child).await
     }
 
     /// The process ids of the relays and gateways not killed, `None` for one that has exited:

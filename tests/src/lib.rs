@@ -415,6 +415,15 @@ impl WsTab {
         }
     }
 
+    /// Connects to `url` without reading anything; `None` when nothing listens there.
+    pub async fn try_connect(url: &str) -> Option<Self> {
+        let (socket, _) = tokio_tungstenite::connect_async(url).await.ok()?;
+        Some(Self {
+            socket,
+            welcome: Value::Null,
+        })
+    }
+
     /// Sends a JSON frame.
     pub async fn send(&mut self, frame: Value) {
         self.socket

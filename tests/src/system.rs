@@ -403,7 +403,7 @@ impl Drop for System {
 }
 
 /// Sends SIGTERM to a child process.
-async fn terminate(process: &Child) {
+pub(crate) async fn terminate(process: &Child) {
     let pid = process.id().expect("the process runs");
     let status = Command::new("kill")
         .args(["-TERM", &pid.to_string()])
@@ -414,7 +414,7 @@ async fn terminate(process: &Child) {
 }
 
 /// Waits (with a deadline) for a child process to exit.
-async fn exited(process: &mut Child) -> std::process::ExitStatus {
+pub(crate) async fn exited(process: &mut Child) -> std::process::ExitStatus {
     tokio::time::timeout(Duration::from_secs(30), process.wait())
         .await
         .expect("the process exits")

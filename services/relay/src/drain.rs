@@ -7,6 +7,12 @@
 //! waiting for an answer. When nothing is held, or the drain deadline passes, the drain
 //! [`end`](Drain::end)s: callers still waiting get 503 with their `requestId`, tabs are closed
 //! with 1012 so that they reconnect elsewhere, and the servers stop.
+//!
+//! A relay whose store other relays share [`hand_over`](Drain::hand_over)s as it begins (a
+//! rolling restart): it delivers no new call to its tabs — they stay queued in the store — and
+//! tells each tab to move (1012) as soon as the calls delivered to it are answered, so that the
+//! tab reconnects to another relay and takes its queued calls there. A relay alone (the memory
+//! store) keeps delivering to the end, since there is nowhere else for its calls to go.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -24,6 +30,8 @@ pub struct Drain {
 #[derive(Debug)]
 struct Inner {
     draining: CancellationToken,
+    /// Cancelled before `draining` when tabs are to move to other relays.
+    handing_over: CancellationToken,
     ended: CancellationToken,
     /// What is held now. A counter, not a channel: every call takes and releases holds, and
     /// only a draining process needs to hear when the count reaches zero.
@@ -59,6 +67,7 @@ impl Drain {
         Self {
             inner: Arc::new(Inner {
                 draining: CancellationToken::new(),
+                handing_over: CancellationToken::new(),
                 ended: CancellationToken::new(),
                 held: AtomicUsize::new(0),
                 settled: Notify::new(),
@@ -69,6 +78,24 @@ impl Drain {
     /// Starts the drain: new work is refused from now on.
     pub fn begin(&self) {
         self.inner.draining.cancel();
+    }
+
+    /// Starts the drain of a relay that other relays stand in for: besides refusing new work,
+    /// it delivers no new call, and its tabs move once their delivered calls are answered.
+    pub fn hand_over(&self) {
+        // Before `draining`: whoever sees the drain begun sees the hand-over too.
+        self.inner.handing_over.cancel();
+        self.inner.draining.cancel();
+    }
+
+    /// Whether the drain hands the tabs over to other relays (see [`Drain::hand_over`]).
+    pub fn is_handing_over(&self) -> bool {
+        self.inner.handing_over.is_cancelled()
+    }
+
+    /// Completes when the drain hands the tabs over to other relays.
+    pub fn handing_over(&self) -> WaitForCancellationFutureOwned {
+        self.inner.handing_over.clone().cancelled_owned()
     }
 
     /// Whether new work must be refused.
@@ -157,5 +184,21 @@ mod tests {
         assert_eq!(stuck.run(Duration::from_secs(10)).await, 1);
         assert_eq!(started.elapsed(), Duration::from_secs(10));
         assert!(stuck.has_ended());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hand_over_is_a_drain_that_moves_tabs_and_a_plain_drain_is_not() {
+        let alone = Drain::new();
+        alone.begin();
+        assert!(alone.is_draining() && !alone.is_handing_over());
+
+        let shared = Drain::new();
+        let handing_over = tokio::spawn(shared.handing_over());
+        shared.hand_over();
+        assert!(shared.is_draining() && shared.is_handing_over());
+        handing_over.await.unwrap();
+        // The drain then runs as any other.
+        assert_eq!(shared.run(Duration::from_secs(10)).await, 0);
+        assert!(shared.has_ended());
     }
 }

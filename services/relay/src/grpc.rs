@@ -48,6 +48,9 @@ pub const PROVIDER_TOKEN_METADATA: &str = "x-provider-token";
 pub const ERROR_METADATA: &str = "x-error";
 /// Trailer with the seconds after which a retry makes sense.
 pub const RETRY_AFTER_METADATA: &str = "retry-after";
+/// Trailer naming the call an error leaves unfinished, whose answer the caller can ask for
+/// later (a caller cut off by the drain).
+pub const REQUEST_ID_METADATA: &str = "x-call-id";
 /// Largest message the service accepts (a provider's response may be up to 1 MiB of JSON).
 const MAX_MESSAGE_BYTES: usize = 2 * 1024 * 1024;
 
@@ -93,7 +96,8 @@ impl RelayService {
     }
 }
 
-/// The gRPC status for an error: its message, the `x-error` name and `retry-after`.
+/// The gRPC status for an error: its message, the `x-error` name, `retry-after` and the
+/// unfinished call's `x-request-id`.
 impl From<ErrorInfo> for Status {
     fn from(error: ErrorInfo) -> Self {
         let code = match error.kind {
@@ -115,6 +119,13 @@ impl From<ErrorInfo> for Status {
             && let Ok(value) = retry_after.as_secs().max(1).to_string().parse()
         {
             metadata.insert(RETRY_AFTER_METADATA, value);
+        }
+        if let Some(value) = error
+            .request_id
+            .as_deref()
+            .and_then(|id| MetadataValue::try_from(id).ok())
+        {
+            metadata.insert(REQUEST_ID_METADATA, value);
         }
         Self::with_metadata(code, error.message, metadata)
     }

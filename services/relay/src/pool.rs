@@ -10,7 +10,9 @@
 //! A replica that does not answer — its process died, its connection broke — is passed over
 //! for [`PASS_OVER`], and the call is tried on the next one when that is safe (see
 //! [`Retry`]): every call and wait carries its `requestId`, so asking another replica again is
-//! the same call, never a second one.
+//! the same call, never a second one. A replica that refuses a call because it is draining
+//! (`shutting_down`, a rolling restart) is passed over the same way, and a call that is safe
+//! to ask again is tried on each other replica once before its caller hears the refusal.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -21,6 +23,7 @@ use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
+use crate::error::ErrorCode;
 use crate::grpc::ERROR_METADATA;
 
 /// How often names in `RELAY_URL` are resolved again.
@@ -155,7 +158,8 @@ impl RelayPool {
     }
 
     /// Runs `attempt` on a replica's channel, and on the next replica when this one did not
-    /// answer and `retry` allows it (at most [`MAX_ATTEMPTS`] replicas).
+    /// answer and `retry` allows it (at most [`MAX_ATTEMPTS`] replicas), or when it is draining
+    /// and `retry` is [`Retry::Safe`] (every replica once at most).
     pub async fn run<T, F, Fut>(&self, retry: Retry, mut attempt: F) -> Result<T, Status>
     where
         F: FnMut(Channel) -> Fut,
@@ -176,6 +180,20 @@ impl RelayPool {
                         detail = status.message(),
                         trying_another = again,
                         "a relay replica did not answer"
+                    );
+                    if !again {
+                        return Err(status);
+                    }
+                    tried.push(replica);
+                }
+                Err(status) if retry == Retry::Safe && draining(&status) => {
+                    // Refused before it did anything: another replica takes the call.
+                    replica.pass_over();
+                    let again = self.inner.has_untried(&tried, &replica);
+                    tracing::info!(
+                        replica = %replica.url,
+                        trying_another = again,
+                        "a relay replica is draining"
                     );
                     if !again {
                         return Err(status);
@@ -312,10 +330,25 @@ async fn resolve_forever(pool: Weak<Inner>) {
 }
 
 /// Whether the relay answered (with a result or its own error), as opposed to the call
-/// failing on the way: the relay names each of its errors in `x-error`.
+/// failing on the way: the relay names each of its errors in `x-error`. (A relay that stops
+/// resets the HTTP/2 streams still open on its connections, which tonic reports as
+/// `Internal` "h2 protocol error" or `Cancelled`.)
 fn answered(status: &Status) -> bool {
     status.metadata().get(ERROR_METADATA).is_some()
-        || !matches!(status.code(), Code::Unavailable | Code::Unknown)
+        || !matches!(
+            status.code(),
+            Code::Unavailable | Code::Unknown | Code::Internal | Code::Cancelled
+        )
+}
+
+/// Whether the relay refused the call because it is draining.
+fn draining(status: &Status) -> bool {
+    status
+        .metadata()
+        .get(ERROR_METADATA)
+        .and_then(|value| value.to_str().ok())
+        .and_then(ErrorCode::parse)
+        == Some(ErrorCode::ShuttingDown)
 }
 
 /// Whether the call never reached the relay: the connection to it was refused or could not

@@ -175,6 +175,8 @@ enum Ending {
     Disconnected,
     /// The relay ended it and told the provider why.
     Closed,
+    /// The relay hands its tabs over and told the provider to reconnect to another relay.
+    Moved,
 }
 
 impl Relay {
@@ -364,10 +366,19 @@ impl Driver {
                 tracing::debug!(code = %self.code.redacted(), %error, "a last answer was refused");
             }
         }
-        if let Ok(Ending::Closed) = ending {
-            tracing::info!(code = %self.code.redacted(), "provider connection closed by the relay");
-        } else {
-            tracing::info!(code = %self.code.redacted(), "provider disconnected");
+        match ending {
+            Ok(Ending::Closed) => {
+                tracing::info!(code = %self.code.redacted(), "provider connection closed by the relay");
+            }
+            Ok(Ending::Moved) => {
+                // The session keeps this connection as its provider until the tab's next one
+                // replaces it: meanwhile the other relays see a tab there (this replica is
+                // alive) and their callers wait for it, rather than hear that no tab is
+                // connected. (A tab that never comes back stops counting with this replica.)
+                tracing::info!(code = %self.code.redacted(), "provider told to move to another relay");
+                return;
+            }
+            _ => tracing::info!(code = %self.code.redacted(), "provider disconnected"),
         }
         // Requests delivered to this connection stay delivered to it: the next connection
         // claims them again, because they are not delivered to *it*.
@@ -406,8 +417,16 @@ impl Driver {
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut end_of_life = Box::pin(tokio::time::sleep_until(clock.instant(max_expires_at)));
         let mut drained = std::pin::pin!(self.relay.drain().ended());
+        let mut handing_over = std::pin::pin!(self.relay.drain().handing_over());
+        let mut moving = false;
 
         loop {
+            // A relay handing its tabs over tells this one to move once what it was given is
+            // answered: it reconnects to another relay, which delivers its queued calls.
+            if moving && self.outstanding().is_empty() {
+                Box::pin(self.send(Downlink::Restarting)).await?;
+                return Ok(Ending::Moved);
+            }
             // Biased: frames the provider already sent (answers above all) are handled before
             // anything that could end the connection.
             tokio::select! {
@@ -424,6 +443,7 @@ impl Driver {
                     Box::pin(self.send(Downlink::Restarting)).await?;
                     return Ok(Ending::Closed);
                 }
+                () = &mut handing_over, if !moving => moving = true,
                 () = retry.due() => {
                     // A store operation failed: a claim whose reply was lost may have run.
                     Box::pin(self.deliver_or_retry(&mut retry, true)).await?;
@@ -569,6 +589,9 @@ impl Driver {
     /// has: it sends their answers until they are acknowledged.)
     async fn deliver(&self, redeliver: bool) -> Result<Delivered, Gone> {
         loop {
+            if self.relay.drain().is_handing_over() {
+                return Ok(Delivered::All);
+            }
             let now = self.relay.now();
             let claim = Claim {
                 connection_id: self.connection_id.clone(),
@@ -608,8 +631,13 @@ impl Driver {
     }
 
     /// Sends calls delivered to this connection, each holding a stopping relay open and
-    /// counted in the queue depth until it is answered.
+    /// counted in the queue depth until it is answered. A relay handing its tabs over sends
+    /// none: they stay delivered to this connection in the store, and the tab's next
+    /// connection (on another relay) claims them.
     async fn forward(&self, calls: Vec<RequestRecord>) -> Result<(), Gone> {
+        if self.relay.drain().is_handing_over() {
+            return Ok(());
+        }
         if !calls.is_empty() {
             // Calls out: the upkeep looks at the session at its sweeps until none are.
             self.watch.doubt();

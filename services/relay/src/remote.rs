@@ -31,8 +31,8 @@ use crate::config::ENV_GATEWAY_SECRET;
 use crate::drain::Drain;
 use crate::error::{ErrorCode, ErrorInfo, RelayError};
 use crate::grpc::{
-    ERROR_METADATA, PROVIDER_TOKEN_METADATA, RETRY_AFTER_METADATA, SESSION_CODE_METADATA,
-    TRANSPORT_METADATA,
+    ERROR_METADATA, PROVIDER_TOKEN_METADATA, REQUEST_ID_METADATA, RETRY_AFTER_METADATA,
+    SESSION_CODE_METADATA, TRANSPORT_METADATA,
 };
 use crate::limits::{CLIENT_ADDRESS_METADATA, CORRELATION_ID_METADATA, Caller};
 use crate::operation::{Credential, Operation};
@@ -373,12 +373,17 @@ fn error_info(status: Status) -> ErrorInfo {
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.parse().ok())
         .map(Duration::from_secs);
+    // A caller cut off by the relay's drain is told which call to ask for, as in one process.
+    let request_id = metadata
+        .get(REQUEST_ID_METADATA)
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_owned);
     ErrorInfo {
         kind: code.kind(),
         code,
         message: status.message().to_owned(),
         retry_after,
-        request_id: None,
+        request_id,
     }
 }
 

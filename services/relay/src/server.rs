@@ -243,7 +243,15 @@ pub async fn run_sharing(
     // listeners stay open, because tabs still answer over them.
     watching.abort();
     health.set_not_serving::<RelayService>().await;
-    tracing::info!("draining: refusing new work, waiting for delivered calls to be answered");
+    // Other relays share a Redis store: they take over this one's tabs and their queued calls.
+    if relay.config().store != StoreConfig::Memory {
+        relay.drain().hand_over();
+        tracing::info!(
+            "draining: refusing new work and delivering no new call; each tab moves to another relay once its delivered calls are answered"
+        );
+    } else {
+        tracing::info!("draining: refusing new work, waiting for delivered calls to be answered");
+    }
     let unanswered = relay.drain().run(relay.config().drain_timeout).await;
     tracing::info!(
         unanswered,

@@ -20,7 +20,8 @@ const POLLING_CONNECTION: &str = "polling";
 impl Relay {
     /// The polling fallback: hands out the session's waiting calls (at most `max`, all when
     /// `None`) under a lease; a call not answered within the lease is handed out again.
-    /// Needs the provider token; polling makes the poller the session's provider.
+    /// Needs the provider token; polling makes the poller the session's provider. None while
+    /// the relay hands its tabs over ([`crate::drain::Drain::hand_over`]).
     pub async fn poll(
         &self,
         code: &str,
@@ -45,6 +46,11 @@ impl Relay {
             self.store().set_provider(&code, provider).await?;
         }
         self.touch(&code, Some(POLLING_CONNECTION)).await?;
+        // A relay handing its tabs over hands out no new call: the poller's next poll, on
+        // another relay, takes them.
+        if self.drain().is_handing_over() {
+            return Ok(Vec::new());
+        }
         let claim = Claim {
             connection_id: POLLING_CONNECTION.to_owned(),
             now,

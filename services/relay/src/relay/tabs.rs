@@ -216,7 +216,10 @@ impl Relay {
             return recent;
         };
         if replica == self.inner.replica {
-            return self.inner.tabs.lock().contains_key(connection_id);
+            // A tab this replica told to move while it hands its tabs over is on its way to
+            // another relay: it counts as there, as it does for the other replicas.
+            return self.inner.drain.is_handing_over()
+                || self.inner.tabs.lock().contains_key(connection_id);
         }
         if self.replica_alive(replica, now) {
             return true;
