@@ -23,6 +23,7 @@ use crate::listen::{self, Connections, Protocol};
 use crate::metrics::Metrics;
 use crate::relay::Relay;
 use crate::store::Store;
+use crate::store::connecting::{Connecting, Connection};
 use crate::store::memory::{MemoryStore, StoreLimits};
 use crate::store::redis::RedisStore;
 use crate::ws;
@@ -56,47 +57,61 @@ pub fn memory_relay(config: RelayConfig, tools: Registry, metrics: &Metrics) -> 
 }
 
 /// A relay over the store its configuration names, running `tools` (the binaries pass
-/// `toolrelay-builtin`'s standard registry), reporting to `metrics`. With Redis this waits
-/// (saying so in the log) until Redis answers.
+/// `toolrelay-builtin`'s standard registry), reporting to `metrics`, once its store is
+/// connected. With Redis this waits (saying so in the log) until Redis answers.
 pub async fn relay(
     config: RelayConfig,
     tools: Registry,
     metrics: &Metrics,
 ) -> Result<Relay, String> {
-    if config.store == StoreConfig::Memory {
-        return Ok(memory_relay(config, tools, metrics));
-    }
-    let clock = Clock::new();
-    let store = open_store(&config.store, &clock, store_limits(&config), metrics).await?;
-    Ok(Relay::with_tools(
-        store,
-        config,
-        clock,
-        tools,
-        metrics.clone(),
-    ))
+    let (relay, mut connection) = start_relay(config, tools, metrics);
+    connection.ready().await?;
+    Ok(relay)
 }
 
-/// The store `config` names, within `limits`, counting what it expires into `metrics`. With
-/// Redis this waits (saying so in the log) until Redis answers.
-pub async fn open_store(
+/// [`relay`] at once, its store connecting in the background: the binaries serve (and answer
+/// `/healthz`) meanwhile, with `/readyz` red and requests refused with 503 `store_unavailable`
+/// until Redis answers. The connection ends the process if it fails for good
+/// ([`Connection::failed`]).
+pub fn start_relay(config: RelayConfig, tools: Registry, metrics: &Metrics) -> (Relay, Connection) {
+    if config.store == StoreConfig::Memory {
+        return (memory_relay(config, tools, metrics), Connection::made());
+    }
+    let clock = Clock::new();
+    let (store, connection) = start_store(&config.store, &clock, store_limits(&config), metrics);
+    let relay = Relay::with_tools(store, config, clock, tools, metrics.clone());
+    (relay, connection)
+}
+
+/// The store `config` names, within `limits`, counting what it expires into `metrics`. A Redis
+/// store connects in the background ([`Connecting`]): it answers [`StoreError`]s until Redis
+/// answers.
+///
+/// [`StoreError`]: crate::error::StoreError
+pub fn start_store(
     config: &StoreConfig,
     clock: &Clock,
     limits: StoreLimits,
     metrics: &Metrics,
-) -> Result<Arc<dyn Store>, String> {
+) -> (Arc<dyn Store>, Connection) {
     match config {
-        StoreConfig::Memory => Ok(MemoryStore::observed(
-            clock.clone(),
-            limits,
-            metrics.clone(),
-        )),
+        StoreConfig::Memory => (
+            MemoryStore::observed(clock.clone(), limits, metrics.clone()),
+            Connection::made(),
+        ),
         StoreConfig::Redis { url, prefix } => {
-            let store = RedisStore::connect(url, prefix, clock.clone(), limits, metrics.clone())
-                .await
-                .map_err(|error| format!("{error} (set by {ENV_REDIS_URL})"))?;
-            tracing::info!(prefix = %prefix, "state in Redis, shared with every replica using it");
-            Ok(store)
+            let (url, prefix, metrics) = (url.clone(), prefix.clone(), metrics.clone());
+            let connect_clock = clock.clone();
+            let connect = async move {
+                let store = RedisStore::connect(&url, &prefix, connect_clock, limits, metrics)
+                    .await
+                    .map_err(|error| format!("{error} (set by {ENV_REDIS_URL})"))?;
+                tracing::info!(prefix = %prefix, "state in Redis, shared with every replica using it");
+                Ok(store as Arc<dyn Store>)
+            };
+            let (store, connection) =
+                Connecting::start(format!("Redis ({ENV_REDIS_URL})"), clock.clone(), connect);
+            (store, connection)
         }
     }
 }

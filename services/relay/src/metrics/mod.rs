@@ -74,6 +74,7 @@ struct Inner {
     refused: [Counter; Refusal::ALL.len()],
     store_durations: Vec<Histogram>,
     store_errors: Vec<Counter>,
+    store_full: Counter,
     store_up: Gauge,
     mip_runs: [[Counter; MipOutcome::ALL.len()]; MipTool::ALL.len()],
     mip_durations: [Histogram; MipTool::ALL.len()],
@@ -194,6 +195,12 @@ impl Metrics {
         } else if operation == StoreOperation::Ping {
             self.inner.store_up.set(1);
         }
+    }
+
+    /// A store operation was refused because the store is full
+    /// (`toolrelay_store_full_total`; it counts among the errors too).
+    pub fn store_full(&self) {
+        self.inner.store_full.inc();
     }
 
     // ---- the MIP tools ----
