@@ -18,7 +18,7 @@ pub enum StoreError {
     /// The store refused a write because it is at its memory limit (a Redis at `maxmemory`
     /// with the `noeviction` policy answers `OOM`).
     #[error(
-        "the store is full and refuses writes ({0}): raise Redis's maxmemory, or free memory (fewer or shorter-lived sessions, a smaller RESPONSE_BUDGET_BYTES)"
+        "the store is full and refuses writes ({0}): raise Redis's maxmemory, or free memory (fewer or shorter-lived sessions, a smaller RESPONSE_BUDGET_MB)"
     )]
     Full(String),
 }
