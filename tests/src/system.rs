@@ -156,7 +156,8 @@ impl System {
     }
 
     /// [`System::split`] with extra environment variables for the relay and the gateway (both
-    /// share [`crate::GATEWAY_SECRET`] unless these say otherwise).
+    /// share [`crate::GATEWAY_SECRET`] unless these say otherwise; a `REDIS_URL` among the
+    /// relay's is the gateway's too, in place of a Redis of the test's own).
     pub async fn split_with(relay_env: &[(&str, &str)], gateway_env: &[(&str, &str)]) -> Self {
         let mut env = vec![
             (ENV_GRPC_LISTEN, "127.0.0.1:0"),
@@ -164,9 +165,19 @@ impl System {
             (ENV_GATEWAY_SECRET, crate::GATEWAY_SECRET),
         ];
         env.extend_from_slice(relay_env);
-        let redis = crate::test_redis().await;
-        let redis_url = redis.as_ref().map(crate::redis::RedisServer::url);
-        if let Some(url) = &redis_url {
+        // A Redis the relay's variables name is the gateway's too.
+        let named = relay_env
+            .iter()
+            .find(|(name, _)| *name == ENV_REDIS_URL)
+            .map(|(_, url)| (*url).to_owned());
+        let redis = match named {
+            Some(_) => None,
+            None => crate::test_redis().await,
+        };
+        let redis_url = named.or_else(|| redis.as_ref().map(crate::redis::RedisServer::url));
+        if let Some(url) = &redis_url
+            && !relay_env.iter().any(|(name, _)| *name == ENV_REDIS_URL)
+        {
             env.push((ENV_REDIS_URL, url));
         }
         let logs = Logs::default();
@@ -247,14 +258,18 @@ impl System {
     }
 
     /// The real one-process binary `toolrelay` as a child process, with extra environment
-    /// variables.
+    /// variables (in Redis mode, a Redis of its own unless `env` names one).
     pub async fn binary(env: &[(&str, &str)]) -> Self {
         let mut all = vec![
             (ENV_LISTEN, "127.0.0.1:0"),
             (ENV_GRPC_LISTEN, "127.0.0.1:0"),
         ];
         all.extend_from_slice(env);
-        let redis = crate::test_redis().await;
+        let redis = if env.iter().any(|(name, _)| *name == ENV_REDIS_URL) {
+            None
+        } else {
+            crate::test_redis().await
+        };
         let redis_url = redis.as_ref().map(crate::redis::RedisServer::url);
         if let Some(url) = &redis_url {
             all.push((ENV_REDIS_URL, url));
