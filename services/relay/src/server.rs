@@ -154,8 +154,11 @@ pub fn local(listener: &TcpListener) -> String {
     )
 }
 
-/// How often the gRPC health status is brought in line with the store's.
+/// How often the gRPC health status is brought in line with the store's while serving.
 const STORE_CHECK_EVERY: Duration = Duration::from_secs(1);
+/// How often while not serving: a store that answers again (or a connection just made at
+/// start) is served at once.
+const STORE_RECHECK_EVERY: Duration = Duration::from_millis(200);
 
 /// Keeps the gRPC health status (what a split gateway's `/readyz` and Kubernetes probes ask)
 /// in line with the store: not serving while it does not answer, serving again when it does.
@@ -165,11 +168,11 @@ async fn watch_store(
     stop: CancellationToken,
 ) {
     let mut serving = true;
-    let mut ticks = tokio::time::interval(STORE_CHECK_EVERY);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first check at once: a store still connecting turns the status red from the start.
+    let mut wait = Duration::ZERO;
     loop {
         tokio::select! {
-            _ = ticks.tick() => {}
+            () = tokio::time::sleep(wait) => {}
             () = stop.cancelled() => return,
         }
         match (relay.ready().await, serving) {
@@ -185,6 +188,11 @@ async fn watch_store(
             }
             _ => {}
         }
+        wait = if serving {
+            STORE_CHECK_EVERY
+        } else {
+            STORE_RECHECK_EVERY
+        };
     }
 }
 
