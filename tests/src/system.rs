@@ -208,6 +208,10 @@ impl System {
         )
         .await;
         let base = format!("http://{}", gateway_line["listen"].as_str().unwrap());
+        if redis.is_some() {
+            until_ready(&format!("http://{relay_ws}/readyz")).await;
+            until_ready(&format!("{base}/readyz")).await;
+        }
         Self {
             base,
             grpc,
@@ -246,6 +250,9 @@ impl System {
         )
         .await;
         let websocket: std::net::SocketAddr = line["websocket"].as_str().unwrap().parse().unwrap();
+        if redis.is_some() {
+            until_ready(&format!("http://{websocket}/readyz")).await;
+        }
         Self {
             base: format!("http://{websocket}"),
             grpc: line["grpc"].as_str().unwrap().parse().unwrap(),
@@ -277,8 +284,12 @@ impl System {
         let logs = Logs::default();
         let (child, line) =
             spawn_logged("toolrelay", &all, "toolrelay listening", logs.clone()).await;
+        let base = format!("http://{}", line["listen"].as_str().unwrap());
+        if redis.is_some() {
+            until_ready(&format!("{base}/readyz")).await;
+        }
         Self {
-            base: format!("http://{}", line["listen"].as_str().unwrap()),
+            base,
             grpc: line["grpc"].as_str().unwrap().parse().unwrap(),
             relay_ws: None,
             http: client(),
@@ -476,6 +487,21 @@ pub fn binary(name: &str) -> PathBuf {
         path.display()
     );
     path
+}
+
+/// Waits (up to [`crate::PATIENCE`]) until `GET url` (a `/readyz`) answers 200: a binary
+/// serves at once and connects to its Redis in the background, so "listening" is not "ready".
+pub async fn until_ready(url: &str) {
+    let http = client();
+    crate::wait_until(crate::PATIENCE, async || {
+        let ready = send(http.get(url)).await;
+        if ready.status == StatusCode::OK {
+            Ok(())
+        } else {
+            Err(format!("{url}: {ready:?}"))
+        }
+    })
+    .await;
 }
 
 /// Starts a binary with JSON logs and waits for its log line containing `ready`.
