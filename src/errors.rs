@@ -135,6 +135,8 @@ error_codes! {
     InvalidResponse = "invalid_response", BadRequest;
     /// The store cannot be reached.
     StoreUnavailable = "store_unavailable", Unavailable;
+    /// The store is at its memory limit and refuses writes.
+    StoreFull = "store_full", Unavailable;
     /// The relay (or gateway) is shutting down.
     ShuttingDown = "shutting_down", Unavailable;
     /// Too many requests from this client.

@@ -128,6 +128,11 @@ def facts(path):
                     "env": sorted(set(env)),
                     "readiness": ((container.get("readinessProbe") or {}).get("httpGet") or {}).get("path"),
                     "liveness": ((container.get("livenessProbe") or {}).get("httpGet") or {}).get("path"),
+                    "startup": ((container.get("startupProbe") or {}).get("httpGet") or {}).get("path"),
+                    # How long a start may take before the kubelet restarts the container
+                    # (Kubernetes' defaults: a 10 s period, 3 failures).
+                    "startup_seconds": (container.get("startupProbe") or {}).get("periodSeconds", 10)
+                    * (container.get("startupProbe") or {}).get("failureThreshold", 3),
                     "pre_stop_sleep": int(command[1]) if command[:1] == ["sleep"] else 0,
                 }
             )

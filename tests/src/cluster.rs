@@ -13,7 +13,7 @@ use toolrelay_gateway::config::{ENV_LISTEN, ENV_RELAY_URL};
 use toolrelay_relay::config::{ENV_GATEWAY_SECRET, ENV_GRPC_LISTEN, ENV_REDIS_URL, ENV_WS_LISTEN};
 
 use crate::redis::RedisServer;
-use crate::system::{Answer, Logs, send, spawn_logged};
+use crate::system::{Answer, Logs, send, spawn_logged, until_ready};
 
 /// One replica's process.
 struct Replica {
@@ -171,6 +171,12 @@ impl Cluster {
             .await;
             gateway_bases.push(format!("http://{}", line["listen"].as_str().unwrap()));
             gateway_processes.push(Replica { child: Some(child) });
+        }
+        for relay in &relay_websockets {
+            until_ready(&format!("http://{relay}/readyz")).await;
+        }
+        for gateway in &gateway_bases {
+            until_ready(&format!("{gateway}/readyz")).await;
         }
         Self {
             redis,

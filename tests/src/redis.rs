@@ -81,16 +81,29 @@ impl RedisServer {
         server
     }
 
+    /// A throwaway Redis that is not running yet: its port is chosen and nothing listens on
+    /// it, so a replica can be started against a Redis that is away;
+    /// [`RedisServer::restart`] starts it.
+    pub fn away() -> Self {
+        Self::unstarted(false, false, RedisOptions::default())
+    }
+
     async fn launch(durable: bool, cluster: bool) -> Self {
         Self::launch_with(durable, cluster, RedisOptions::default()).await
     }
 
     async fn launch_with(durable: bool, cluster: bool, options: RedisOptions) -> Self {
+        let mut server = Self::unstarted(durable, cluster, options);
+        server.run().await;
+        server
+    }
+
+    fn unstarted(durable: bool, cluster: bool, options: RedisOptions) -> Self {
         let port = free_port();
         let dir =
             std::env::temp_dir().join(format!("toolrelay-redis-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let mut server = Self {
+        Self {
             port,
             bus_port: free_port(),
             dir,
@@ -98,9 +111,7 @@ impl RedisServer {
             cluster,
             options,
             child: None,
-        };
-        server.run().await;
-        server
+        }
     }
 
     async fn run(&mut self) {
@@ -284,6 +295,47 @@ impl RedisServer {
             .find_map(|line| line.strip_prefix("used_memory:"))
             .and_then(|bytes| bytes.trim().parse().ok())
             .unwrap()
+    }
+
+    /// `CONFIG SET name value`.
+    pub async fn config_set(&self, name: &str, value: &str) {
+        let mut connection = self.connection().await.unwrap();
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(name)
+            .arg(value)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+    }
+
+    /// Fills it as sessions would: a `maxmemory` a little above what it holds, then filler
+    /// keys written until Redis refuses one with `OOM` (it runs with `noeviction`). The limit
+    /// then goes a little below what it holds, so that buffers freed later (the filler's
+    /// connection's) leave no room for another write.
+    pub async fn fill(&self) {
+        let room = self.used_memory().await + 2 * 1024 * 1024;
+        self.config_set("maxmemory", &room.to_string()).await;
+        let mut connection = self.connection().await.unwrap();
+        let filler = "x".repeat(64 * 1024);
+        for key in 0..1000 {
+            let written: redis::RedisResult<()> = redis::cmd("SET")
+                .arg(format!("filler:{key}"))
+                .arg(&filler)
+                .query_async(&mut connection)
+                .await;
+            match written {
+                Ok(()) => {}
+                Err(error) if error.code() == Some("OOM") => {
+                    drop(connection);
+                    let full = self.used_memory().await - 512 * 1024;
+                    self.config_set("maxmemory", &full.to_string()).await;
+                    return;
+                }
+                Err(error) => panic!("filling Redis failed otherwise: {error}"),
+            }
+        }
+        panic!("Redis took 64 MB of filler over a maxmemory of {room} bytes");
     }
 
     /// Commands it has run since it started, the commands that scripts run counted one by

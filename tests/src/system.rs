@@ -156,7 +156,8 @@ impl System {
     }
 
     /// [`System::split`] with extra environment variables for the relay and the gateway (both
-    /// share [`crate::GATEWAY_SECRET`] unless these say otherwise).
+    /// share [`crate::GATEWAY_SECRET`] unless these say otherwise; a `REDIS_URL` among the
+    /// relay's is the gateway's too, in place of a Redis of the test's own).
     pub async fn split_with(relay_env: &[(&str, &str)], gateway_env: &[(&str, &str)]) -> Self {
         let mut env = vec![
             (ENV_GRPC_LISTEN, "127.0.0.1:0"),
@@ -164,9 +165,19 @@ impl System {
             (ENV_GATEWAY_SECRET, crate::GATEWAY_SECRET),
         ];
         env.extend_from_slice(relay_env);
-        let redis = crate::test_redis().await;
-        let redis_url = redis.as_ref().map(crate::redis::RedisServer::url);
-        if let Some(url) = &redis_url {
+        // A Redis the relay's variables name is the gateway's too.
+        let named = relay_env
+            .iter()
+            .find(|(name, _)| *name == ENV_REDIS_URL)
+            .map(|(_, url)| (*url).to_owned());
+        let redis = match named {
+            Some(_) => None,
+            None => crate::test_redis().await,
+        };
+        let redis_url = named.or_else(|| redis.as_ref().map(crate::redis::RedisServer::url));
+        if let Some(url) = &redis_url
+            && !relay_env.iter().any(|(name, _)| *name == ENV_REDIS_URL)
+        {
             env.push((ENV_REDIS_URL, url));
         }
         let logs = Logs::default();
@@ -197,6 +208,10 @@ impl System {
         )
         .await;
         let base = format!("http://{}", gateway_line["listen"].as_str().unwrap());
+        if redis.is_some() {
+            until_ready(&format!("http://{relay_ws}/readyz")).await;
+            until_ready(&format!("{base}/readyz")).await;
+        }
         Self {
             base,
             grpc,
@@ -235,6 +250,9 @@ impl System {
         )
         .await;
         let websocket: std::net::SocketAddr = line["websocket"].as_str().unwrap().parse().unwrap();
+        if redis.is_some() {
+            until_ready(&format!("http://{websocket}/readyz")).await;
+        }
         Self {
             base: format!("http://{websocket}"),
             grpc: line["grpc"].as_str().unwrap().parse().unwrap(),
@@ -247,14 +265,18 @@ impl System {
     }
 
     /// The real one-process binary `toolrelay` as a child process, with extra environment
-    /// variables.
+    /// variables (in Redis mode, a Redis of its own unless `env` names one).
     pub async fn binary(env: &[(&str, &str)]) -> Self {
         let mut all = vec![
             (ENV_LISTEN, "127.0.0.1:0"),
             (ENV_GRPC_LISTEN, "127.0.0.1:0"),
         ];
         all.extend_from_slice(env);
-        let redis = crate::test_redis().await;
+        let redis = if env.iter().any(|(name, _)| *name == ENV_REDIS_URL) {
+            None
+        } else {
+            crate::test_redis().await
+        };
         let redis_url = redis.as_ref().map(crate::redis::RedisServer::url);
         if let Some(url) = &redis_url {
             all.push((ENV_REDIS_URL, url));
@@ -262,8 +284,12 @@ impl System {
         let logs = Logs::default();
         let (child, line) =
             spawn_logged("toolrelay", &all, "toolrelay listening", logs.clone()).await;
+        let base = format!("http://{}", line["listen"].as_str().unwrap());
+        if redis.is_some() {
+            until_ready(&format!("{base}/readyz")).await;
+        }
         Self {
-            base: format!("http://{}", line["listen"].as_str().unwrap()),
+            base,
             grpc: line["grpc"].as_str().unwrap().parse().unwrap(),
             relay_ws: None,
             http: client(),
@@ -461,6 +487,21 @@ pub fn binary(name: &str) -> PathBuf {
         path.display()
     );
     path
+}
+
+/// Waits (up to [`crate::PATIENCE`]) until `GET url` (a `/readyz`) answers 200: a binary
+/// serves at once and connects to its Redis in the background, so "listening" is not "ready".
+pub async fn until_ready(url: &str) {
+    let http = client();
+    crate::wait_until(crate::PATIENCE, async || {
+        let ready = send(http.get(url)).await;
+        if ready.status == StatusCode::OK {
+            Ok(())
+        } else {
+            Err(format!("{url}: {ready:?}"))
+        }
+    })
+    .await;
 }
 
 /// Starts a binary with JSON logs and waits for its log line containing `ready`.

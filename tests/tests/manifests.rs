@@ -2,7 +2,8 @@
 //! `kubectl`, every object validates strictly against the Kubernetes schemas and, for the
 //! ServiceMonitor and PrometheusRule, prometheus-operator's; the alerts pass `promtool check
 //! rules` and their unit tests; and the Deployments give each binary only settings it takes,
-//! with the probes and drain timing an operator relies on. (`kube_play.rs` runs them.)
+//! with the probes (a startupProbe before the liveness probe) and drain timing an operator
+//! relies on. (`kube_play.rs` runs them.)
 
 use std::collections::BTreeSet;
 
@@ -202,6 +203,14 @@ async fn the_deployments_give_each_binary_only_settings_it_takes_and_drain_in_ti
                 }
                 assert_eq!(container["readiness"], "/readyz", "{name}");
                 assert_eq!(container["liveness"], "/healthz", "{name}");
+                // A start that waits for Redis (or a slow node) is not killed by the liveness
+                // probe: the startup probe holds it off for at least a minute.
+                assert_eq!(container["startup"], "/healthz", "{name}");
+                let startup = container["startup_seconds"].as_u64().unwrap();
+                assert!(
+                    startup >= 60,
+                    "{name}: the startupProbe allows only {startup} s"
+                );
                 let grace = workload["grace"].as_u64().unwrap();
                 let pre_stop = container["pre_stop_sleep"].as_u64().unwrap();
                 assert!(

@@ -18,6 +18,7 @@ export const ErrorCode = Object.freeze({
   MANIFEST_TOO_LARGE: 'manifest_too_large',
   INVALID_RESPONSE: 'invalid_response',
   STORE_UNAVAILABLE: 'store_unavailable',
+  STORE_FULL: 'store_full',
   SHUTTING_DOWN: 'shutting_down',
   RATE_LIMITED: 'rate_limited',
   NESTED_TOO_DEEPLY: 'nested_too_deeply',

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use toolrelay_relay::clock::Clock;
 use toolrelay_relay::listen::{self, Connections, Protocol};
 use toolrelay_relay::remote::{RemoteOptions, RemoteRelay};
-use toolrelay_relay::server::{local, open_store};
+use toolrelay_relay::server::{local, start_store};
 use toolrelay_relay::store::memory::StoreLimits;
 use toolrelay_relay::store::observed::Observed;
 use toolrelay_relay::store::{BudgetStore, Store};
@@ -417,13 +417,13 @@ pub async fn run_split(
     }
     let relay = RemoteRelay::connect_lazy(relay_url, options)
         .map_err(|error| format!("{}: {error}", crate::config::ENV_RELAY_URL))?;
-    let store = open_store(
+    // Serves while its store connects: `/healthz` answers at once, `/readyz` once it is made.
+    let (store, connection) = start_store(
         &config.store,
         &Clock::new(),
         StoreLimits::keeping(Duration::from_secs(60)),
         &metrics,
-    )
-    .await?;
+    );
     let store = Observed::wrap(store, metrics.clone());
     observe_gateway(&metrics, &drain, &store);
     tracing::info!(listen = %local(&public), relay = %relay_url, "{name} listening");
@@ -436,7 +436,10 @@ pub async fn run_split(
         metrics,
     );
     let serving = tokio::spawn(run(state, public, connections));
-    shutdown.await;
+    tokio::select! {
+        () = shutdown => {}
+        message = connection.failed() => return Err(message),
+    }
     tracing::info!("draining: refusing new work, waiting for delivered calls to be answered");
     let unanswered = drain.run(drain_timeout).await;
     tracing::info!(unanswered, "drained: closing connections");

@@ -107,10 +107,12 @@ pub fn receipt(
             refusal: None,
         }),
         Err(error @ RelayError::SessionNotFound { .. }) => Err(error),
-        Err(error @ RelayError::StoreUnavailable(_)) => Ok(Downlink::NotStored {
-            request_id,
-            refusal: Refusal::of(&error),
-        }),
+        Err(error @ (RelayError::StoreUnavailable(_) | RelayError::StoreFull(_))) => {
+            Ok(Downlink::NotStored {
+                request_id,
+                refusal: Refusal::of(&error),
+            })
+        }
         // Not the connection's call, no such call, an unusable answer (the caller then has a
         // failed one): sending it again changes nothing.
         Err(error) => Ok(Downlink::Ack {

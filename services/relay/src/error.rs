@@ -8,10 +8,27 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-/// A store operation failed (connection lost, timeout, corrupt data).
+/// A store operation failed.
 #[derive(Debug, Error)]
-#[error("store error: {0}")]
-pub struct StoreError(pub String);
+pub enum StoreError {
+    /// The store did not answer, or answered something unreadable (connection lost, timeout,
+    /// corrupt data).
+    #[error("store error: {0}")]
+    Unavailable(String),
+    /// The store refused a write because it is at its memory limit (a Redis at `maxmemory`
+    /// with the `noeviction` policy answers `OOM`).
+    #[error(
+        "the store is full and refuses writes ({0}): raise Redis's maxmemory, or free memory (fewer or shorter-lived sessions, a smaller RESPONSE_BUDGET_MB)"
+    )]
+    Full(String),
+}
+
+/// A [`StoreError::Unavailable`] saying `message`. Written like the tuple struct the error
+/// used to be, which the store implementations construct in many places.
+#[allow(non_snake_case)] // it stands in for a tuple struct's constructor
+pub fn StoreError(message: String) -> StoreError {
+    StoreError::Unavailable(message)
+}
 
 pub use toolrelay::errors::{ErrorCode, ErrorKind};
 
@@ -145,7 +162,12 @@ pub enum RelayError {
     },
     /// The store cannot be reached.
     #[error("The relay cannot reach its store right now. Try again in a few seconds.")]
-    StoreUnavailable(#[from] StoreError),
+    StoreUnavailable(StoreError),
+    /// The store is full: it refuses writes until its operator gives it room.
+    #[error(
+        "The relay's store is full and refuses new work right now. Try again in a minute; if it lasts, tell the relay's operator (its store is at its memory limit)."
+    )]
+    StoreFull(StoreError),
     /// The relay is stopping.
     #[error("The relay is restarting. Reconnect in a moment.")]
     ShuttingDown,
@@ -205,6 +227,19 @@ pub enum RelayError {
     },
 }
 
+/// When to try again after the store refused a write for being full.
+const STORE_FULL_RETRY: Duration = Duration::from_secs(10);
+
+/// A store failure, by its kind: full, or unavailable.
+impl From<StoreError> for RelayError {
+    fn from(error: StoreError) -> Self {
+        match error {
+            StoreError::Full(_) => Self::StoreFull(error),
+            StoreError::Unavailable(_) => Self::StoreUnavailable(error),
+        }
+    }
+}
+
 impl RelayError {
     /// What went wrong, by name: for error bodies, frames and the gRPC `x-error` trailer.
     pub fn code(&self) -> ErrorCode {
@@ -225,6 +260,7 @@ impl RelayError {
             Self::ManifestTooLarge { .. } => ErrorCode::ManifestTooLarge,
             Self::InvalidResponse { .. } => ErrorCode::InvalidResponse,
             Self::StoreUnavailable(_) => ErrorCode::StoreUnavailable,
+            Self::StoreFull(_) => ErrorCode::StoreFull,
             Self::ShuttingDown => ErrorCode::ShuttingDown,
             Self::Drained { .. } => ErrorCode::ShuttingDown,
             Self::ApiKeyRequired => ErrorCode::ApiKeyRequired,
@@ -255,6 +291,8 @@ impl RelayError {
             Self::StoreUnavailable(_) | Self::ShuttingDown | Self::Drained { .. } => {
                 Some(Duration::from_secs(2))
             }
+            // Room comes back when an operator acts or sessions expire, not in a moment.
+            Self::StoreFull(_) => Some(STORE_FULL_RETRY),
             _ => None,
         }
     }
@@ -291,8 +329,10 @@ impl ErrorInfo {
 
 impl From<RelayError> for ErrorInfo {
     fn from(error: RelayError) -> Self {
-        if let RelayError::StoreUnavailable(cause) = &error {
-            tracing::error!(%cause, "store unavailable");
+        match &error {
+            RelayError::StoreUnavailable(cause) => tracing::error!(%cause, "store unavailable"),
+            RelayError::StoreFull(cause) => tracing::error!(%cause, "store full"),
+            _ => {}
         }
         let request_id = match &error {
             RelayError::Drained { request_id, .. } | RelayError::ResponseEvicted { request_id } => {

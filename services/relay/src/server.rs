@@ -23,6 +23,7 @@ use crate::listen::{self, Connections, Protocol};
 use crate::metrics::Metrics;
 use crate::relay::Relay;
 use crate::store::Store;
+use crate::store::connecting::{Connecting, Connection};
 use crate::store::memory::{MemoryStore, StoreLimits};
 use crate::store::redis::RedisStore;
 use crate::ws;
@@ -56,47 +57,60 @@ pub fn memory_relay(config: RelayConfig, tools: Registry, metrics: &Metrics) -> 
 }
 
 /// A relay over the store its configuration names, running `tools` (the binaries pass
-/// `toolrelay-builtin`'s standard registry), reporting to `metrics`. With Redis this waits
-/// (saying so in the log) until Redis answers.
+/// `toolrelay-builtin`'s standard registry), reporting to `metrics`, once its store is
+/// connected. With Redis this waits (saying so in the log) until Redis answers.
 pub async fn relay(
     config: RelayConfig,
     tools: Registry,
     metrics: &Metrics,
 ) -> Result<Relay, String> {
-    if config.store == StoreConfig::Memory {
-        return Ok(memory_relay(config, tools, metrics));
-    }
-    let clock = Clock::new();
-    let store = open_store(&config.store, &clock, store_limits(&config), metrics).await?;
-    Ok(Relay::with_tools(
-        store,
-        config,
-        clock,
-        tools,
-        metrics.clone(),
-    ))
+    let (relay, mut connection) = start_relay(config, tools, metrics);
+    connection.ready().await?;
+    Ok(relay)
 }
 
-/// The store `config` names, within `limits`, counting what it expires into `metrics`. With
-/// Redis this waits (saying so in the log) until Redis answers.
-pub async fn open_store(
+/// [`relay`] at once, its store connecting in the background: the binaries serve (and answer
+/// `/healthz`) meanwhile, with `/readyz` red and requests refused with 503 `store_unavailable`
+/// until Redis answers. The connection ends the process if it fails for good
+/// ([`Connection::failed`]).
+pub fn start_relay(config: RelayConfig, tools: Registry, metrics: &Metrics) -> (Relay, Connection) {
+    if config.store == StoreConfig::Memory {
+        return (memory_relay(config, tools, metrics), Connection::made());
+    }
+    let clock = Clock::new();
+    let (store, connection) = start_store(&config.store, &clock, store_limits(&config), metrics);
+    let relay = Relay::with_tools(store, config, clock, tools, metrics.clone());
+    (relay, connection)
+}
+
+/// The store `config` names, within `limits`, counting what it expires into `metrics`. A Redis
+/// store connects in the background ([`Connecting`]): it answers [`StoreError`]s until Redis
+/// answers.
+///
+/// [`StoreError`]: crate::error::StoreError
+pub fn start_store(
     config: &StoreConfig,
     clock: &Clock,
     limits: StoreLimits,
     metrics: &Metrics,
-) -> Result<Arc<dyn Store>, String> {
+) -> (Arc<dyn Store>, Connection) {
     match config {
-        StoreConfig::Memory => Ok(MemoryStore::observed(
-            clock.clone(),
-            limits,
-            metrics.clone(),
-        )),
+        StoreConfig::Memory => (
+            MemoryStore::observed(clock.clone(), limits, metrics.clone()),
+            Connection::made(),
+        ),
         StoreConfig::Redis(settings) => {
-            let store = RedisStore::connect(settings, clock.clone(), limits, metrics.clone())
-                .await
-                .map_err(|error| error.to_string())?;
-            tracing::info!(prefix = %settings.prefix, "state in Redis, shared with every replica using it");
-            Ok(store)
+            let (settings, metrics) = (settings.clone(), metrics.clone());
+            let connect_clock = clock.clone();
+            let connect = async move {
+                let store = RedisStore::connect(&settings, connect_clock, limits, metrics)
+                    .await
+                    .map_err(|error| error.to_string())?;
+                tracing::info!(prefix = %settings.prefix, "state in Redis, shared with every replica using it");
+                Ok(store as Arc<dyn Store>)
+            };
+            let (store, connection) = Connecting::start("Redis".to_owned(), clock.clone(), connect);
+            (store, connection)
         }
     }
 }
@@ -139,8 +153,11 @@ pub fn local(listener: &TcpListener) -> String {
     )
 }
 
-/// How often the gRPC health status is brought in line with the store's.
+/// How often the gRPC health status is brought in line with the store's while serving.
 const STORE_CHECK_EVERY: Duration = Duration::from_secs(1);
+/// How often while not serving: a store that answers again (or a connection just made at
+/// start) is served at once.
+const STORE_RECHECK_EVERY: Duration = Duration::from_millis(200);
 
 /// Keeps the gRPC health status (what a split gateway's `/readyz` and Kubernetes probes ask)
 /// in line with the store: not serving while it does not answer, serving again when it does.
@@ -150,11 +167,11 @@ async fn watch_store(
     stop: CancellationToken,
 ) {
     let mut serving = true;
-    let mut ticks = tokio::time::interval(STORE_CHECK_EVERY);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first check at once: a store still connecting turns the status red from the start.
+    let mut wait = Duration::ZERO;
     loop {
         tokio::select! {
-            _ = ticks.tick() => {}
+            () = tokio::time::sleep(wait) => {}
             () = stop.cancelled() => return,
         }
         match (relay.ready().await, serving) {
@@ -170,6 +187,11 @@ async fn watch_store(
             }
             _ => {}
         }
+        wait = if serving {
+            STORE_CHECK_EVERY
+        } else {
+            STORE_RECHECK_EVERY
+        };
     }
 }
 

@@ -74,6 +74,7 @@ struct Inner {
     refused: [Counter; Refusal::ALL.len()],
     store_durations: Vec<Histogram>,
     store_errors: Vec<Counter>,
+    store_full: Counter,
     store_up: Gauge,
     redis_primary: Family<[(&'static str, String); 1], Gauge>,
     redis_failovers: Counter,
@@ -210,6 +211,12 @@ impl Metrics {
     /// This process followed Redis to another primary.
     pub fn redis_failover(&self) {
         self.inner.redis_failovers.inc();
+    }
+
+    /// A store operation was refused because the store is full
+    /// (`toolrelay_store_full_total`; it counts among the errors too).
+    pub fn store_full(&self) {
+        self.inner.store_full.inc();
     }
 
     // ---- the MIP tools ----

@@ -137,6 +137,12 @@ impl Metrics {
             "Store operations that failed (unreachable, timed out, unreadable), by operation",
             store_error_family,
         );
+        let store_full = Counter::default();
+        registry.register(
+            "toolrelay_store_full",
+            "Store operations refused because the store is at its memory limit (Redis OOM)",
+            store_full.clone(),
+        );
         let store_up = Gauge::default();
         store_up.set(1);
         registry.register(
@@ -251,6 +257,7 @@ impl Metrics {
                 refused,
                 store_durations,
                 store_errors,
+                store_full,
                 store_up,
                 redis_primary,
                 redis_failovers,

@@ -14,6 +14,7 @@
 //!
 //! [`memory::MemoryStore`] is the default implementation.
 
+pub mod connecting;
 mod events;
 pub mod memory;
 pub mod observed;

@@ -1,6 +1,6 @@
 //! [`Observed`]: any [`Store`] with each operation timed and its failures counted
 //! (`toolrelay_store_operation_duration_seconds`, `toolrelay_store_errors_total`,
-//! `toolrelay_store_up`). The relay wraps its store in one, and so does a gateway its own, so
+//! `toolrelay_store_full_total`, `toolrelay_store_up`). The relay wraps its store in one, and so does a gateway its own, so
 //! both stores are measured the same way without either implementation knowing.
 
 use std::sync::Arc;
@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use serde_json::Value;
 use toolrelay::wire::{RequestStatus, ToolResponse};
 
+use super::traits::store_methods;
 use super::{
     Answerer, BudgetStore, Claim, EnqueueChecks, Enqueued, EventStream, Finished, McpSessionCaps,
     McpSessionStore, McpSessionsFull, NewRequest, ProviderInfo, RateBudget, Reachable,
@@ -45,6 +46,9 @@ impl Observed {
         let result = run.await;
         self.metrics
             .store_operation(operation, started.elapsed(), result.is_ok());
+        if let Err(StoreError::Full(_)) = &result {
+            self.metrics.store_full();
+        }
         result
     }
 }
@@ -71,71 +75,4 @@ macro_rules! measured {
     };
 }
 
-measured!(Reachable {
-    fn ping(&self) -> () => Ping;
-});
-
-measured!(SessionStore {
-    fn insert_session(&self, session: SessionRecord) -> bool => InsertSession;
-    fn session(&self, code: &SessionCode) -> Option<SessionRecord> => Session;
-    fn session_by_handle(&self, handle: &str) -> Option<SessionCode> => SessionByHandle;
-    fn touch_session(
-        &self, code: &SessionCode, now: Timestamp, until: Timestamp, seen: Option<&str>,
-    ) -> Option<SessionRecord> => TouchSession;
-    fn refresh(
-        &self, tabs: &[(SessionCode, String)], now: Timestamp, until: Option<Timestamp>,
-    ) -> Vec<TabState> => Refresh;
-    fn keep_replica(&self, replica: &str, now: Timestamp, until: Timestamp)
-        -> Vec<(String, Timestamp)> => KeepReplica;
-    fn live_replicas(&self, now: Timestamp) -> Vec<(String, Timestamp)> => LiveReplicas;
-    fn delete_session(&self, code: &SessionCode) -> bool => DeleteSession;
-    fn set_provider(&self, code: &SessionCode, provider: ProviderInfo)
-        -> Option<SessionRecord> => SetProvider;
-    fn clear_provider(&self, code: &SessionCode, connection_id: &str) -> () => ClearProvider;
-    fn set_manifest(&self, code: &SessionCode, json: String) -> Option<u64> => SetManifest;
-    fn manifest(&self, code: &SessionCode) -> Option<(u64, Option<String>)> => Manifest;
-    fn enqueue_checked(
-        &self, code: &SessionCode, request: &NewRequest, max_pending: usize, until: Timestamp,
-        checks: EnqueueChecks,
-    ) -> (Enqueued, Option<SessionRecord>) => Enqueue;
-    fn request(&self, code: &SessionCode, id: &str) -> Option<RequestRecord> => Request;
-    fn responses(&self, code: &SessionCode) -> Option<Vec<ToolResponse>> => Responses;
-    fn pending_count(&self, code: &SessionCode) -> Option<usize> => PendingCount;
-    fn lease_builtin(
-        &self, code: &SessionCode, id: &str, holder: &str, now: Timestamp, until: Timestamp,
-    ) -> Option<RequestRecord> => LeaseBuiltin;
-    fn claim(&self, code: &SessionCode, claim: &Claim) -> Vec<RequestRecord> => Claim;
-    #[allow(clippy::too_many_arguments)]
-    fn finish(
-        &self, code: &SessionCode, id: &str, status: RequestStatus, response: ToolResponse,
-        answerer: Answerer<'_>, now: Timestamp, until: Timestamp,
-    ) -> Finished => Finish;
-    fn subscribe(&self, code: &SessionCode) -> Option<EventStream> => Subscribe;
-    fn listen(&self, code: &SessionCode) -> EventStream => Listen;
-    fn listen_for_answer(&self, code: &SessionCode, id: &str) -> EventStream => Listen;
-    fn usage(&self) -> StoreUsage => Usage;
-});
-
-measured!(TicketStore {
-    fn put_ticket(&self, scope: &str, id: &str, value: Arc<Value>, expires_at: Timestamp)
-        -> () => PutTicket;
-    fn ticket(&self, scope: &str, id: &str) -> Option<Arc<Value>> => Ticket;
-});
-
-measured!(McpSessionStore {
-    fn open_mcp_session(
-        &self, slot: &str, address: &str, caps: McpSessionCaps, expires_at: Timestamp,
-    ) -> Result<(), McpSessionsFull> => OpenMcpSession;
-    fn put_mcp_session(
-        &self, id: &str, slot: &str, address: &str, state: String, expires_at: Timestamp,
-    ) -> () => PutMcpSession;
-    fn touch_mcp_session(&self, id: &str, expires_at: Timestamp) -> bool => TouchMcpSession;
-    fn mcp_session(&self, id: &str) -> Option<String> => McpSession;
-    fn delete_mcp_session(&self, id: &str) -> () => DeleteMcpSession;
-});
-
-measured!(BudgetStore {
-    fn lock(&self, key: &str, holder: &str, until: Timestamp) -> bool => Lock;
-    fn unlock(&self, key: &str, holder: &str) -> () => Unlock;
-    fn spend(&self, key: &str, budget: RateBudget, now: Timestamp) -> Option<Duration> => Spend;
-});
+store_methods!(measured);

@@ -353,3 +353,82 @@ pub trait BudgetStore: Reachable {
 pub trait Store: SessionStore + TicketStore + McpSessionStore + BudgetStore {}
 
 impl<T: SessionStore + TicketStore + McpSessionStore + BudgetStore> Store for T {}
+
+/// Calls `$callback!` once per part of the store's interface with every method of that part
+/// (its arguments, its output inside `Result<_, StoreError>`, and after `=>` the
+/// [`StoreOperation`](crate::metrics::StoreOperation) it counts as): the one list of the
+/// store's methods that the wrappers ([`super::observed::Observed`],
+/// [`super::connecting::Connecting`]) forward.
+macro_rules! store_methods {
+    ($callback:ident) => {
+        $callback!(Reachable {
+            fn ping(&self) -> () => Ping;
+        });
+
+        $callback!(SessionStore {
+            fn insert_session(&self, session: SessionRecord) -> bool => InsertSession;
+            fn session(&self, code: &SessionCode) -> Option<SessionRecord> => Session;
+            fn session_by_handle(&self, handle: &str) -> Option<SessionCode> => SessionByHandle;
+            fn touch_session(
+                &self, code: &SessionCode, now: Timestamp, until: Timestamp, seen: Option<&str>,
+            ) -> Option<SessionRecord> => TouchSession;
+            fn refresh(
+                &self, tabs: &[(SessionCode, String)], now: Timestamp, until: Option<Timestamp>,
+            ) -> Vec<TabState> => Refresh;
+            fn keep_replica(&self, replica: &str, now: Timestamp, until: Timestamp)
+                -> Vec<(String, Timestamp)> => KeepReplica;
+            fn live_replicas(&self, now: Timestamp) -> Vec<(String, Timestamp)> => LiveReplicas;
+            fn delete_session(&self, code: &SessionCode) -> bool => DeleteSession;
+            fn set_provider(&self, code: &SessionCode, provider: ProviderInfo)
+                -> Option<SessionRecord> => SetProvider;
+            fn clear_provider(&self, code: &SessionCode, connection_id: &str) -> () => ClearProvider;
+            fn set_manifest(&self, code: &SessionCode, json: String) -> Option<u64> => SetManifest;
+            fn manifest(&self, code: &SessionCode) -> Option<(u64, Option<String>)> => Manifest;
+            fn enqueue_checked(
+                &self, code: &SessionCode, request: &NewRequest, max_pending: usize, until: Timestamp,
+                checks: EnqueueChecks,
+            ) -> (Enqueued, Option<SessionRecord>) => Enqueue;
+            fn request(&self, code: &SessionCode, id: &str) -> Option<RequestRecord> => Request;
+            fn responses(&self, code: &SessionCode) -> Option<Vec<ToolResponse>> => Responses;
+            fn pending_count(&self, code: &SessionCode) -> Option<usize> => PendingCount;
+            fn lease_builtin(
+                &self, code: &SessionCode, id: &str, holder: &str, now: Timestamp, until: Timestamp,
+            ) -> Option<RequestRecord> => LeaseBuiltin;
+            fn claim(&self, code: &SessionCode, claim: &Claim) -> Vec<RequestRecord> => Claim;
+            #[allow(clippy::too_many_arguments)]
+            fn finish(
+                &self, code: &SessionCode, id: &str, status: RequestStatus, response: ToolResponse,
+                answerer: Answerer<'_>, now: Timestamp, until: Timestamp,
+            ) -> Finished => Finish;
+            fn subscribe(&self, code: &SessionCode) -> Option<EventStream> => Subscribe;
+            fn listen(&self, code: &SessionCode) -> EventStream => Listen;
+            fn listen_for_answer(&self, code: &SessionCode, id: &str) -> EventStream => Listen;
+            fn usage(&self) -> StoreUsage => Usage;
+        });
+
+        $callback!(TicketStore {
+            fn put_ticket(&self, scope: &str, id: &str, value: Arc<Value>, expires_at: Timestamp)
+                -> () => PutTicket;
+            fn ticket(&self, scope: &str, id: &str) -> Option<Arc<Value>> => Ticket;
+        });
+
+        $callback!(McpSessionStore {
+            fn open_mcp_session(
+                &self, slot: &str, address: &str, caps: McpSessionCaps, expires_at: Timestamp,
+            ) -> Result<(), McpSessionsFull> => OpenMcpSession;
+            fn put_mcp_session(
+                &self, id: &str, slot: &str, address: &str, state: String, expires_at: Timestamp,
+            ) -> () => PutMcpSession;
+            fn touch_mcp_session(&self, id: &str, expires_at: Timestamp) -> bool => TouchMcpSession;
+            fn mcp_session(&self, id: &str) -> Option<String> => McpSession;
+            fn delete_mcp_session(&self, id: &str) -> () => DeleteMcpSession;
+        });
+
+        $callback!(BudgetStore {
+            fn lock(&self, key: &str, holder: &str, until: Timestamp) -> bool => Lock;
+            fn unlock(&self, key: &str, holder: &str) -> () => Unlock;
+            fn spend(&self, key: &str, budget: RateBudget, now: Timestamp) -> Option<Duration> => Spend;
+        });
+    };
+}
+pub(crate) use store_methods;

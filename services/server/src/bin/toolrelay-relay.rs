@@ -52,13 +52,17 @@ async fn serve(cli: Cli) -> Result<(), String> {
     let metrics = Metrics::new("toolrelay-relay");
     // Built before the line saying it listens: building it checks the MIP sandbox.
     let tools = toolrelay_builtin::standard(&tools, &metrics);
-    let relay = server::relay(config, tools, &metrics).await?;
+    // Serves while the store connects: `/healthz` answers at once, `/readyz` once it is made.
+    let (relay, connection) = server::start_relay(config, tools, &metrics);
     tracing::info!(grpc = %local(&grpc), websocket = %local(&websocket), "toolrelay-relay listening");
     let listeners = Listeners {
         grpc,
         websocket: Some(websocket),
     };
-    server::run(relay, listeners, server::shutdown_signal())
-        .await
-        .map_err(|error| error.to_string())
+    tokio::select! {
+        served = server::run(relay, listeners, server::shutdown_signal()) => {
+            served.map_err(|error| error.to_string())
+        }
+        message = connection.failed() => Err(message),
+    }
 }

@@ -10,7 +10,7 @@ use toolrelay_builtin::ToolArgs;
 use toolrelay_gateway::config::{ENV_LISTEN, GatewayArgs};
 use toolrelay_gateway::server;
 use toolrelay_relay::config::{ENV_GRPC_LISTEN, LogArgs, RelayArgs, ServiceArgs};
-use toolrelay_relay::server::{bind, exit_code, local, relay, shutdown_signal};
+use toolrelay_relay::server::{bind, exit_code, local, shutdown_signal, start_relay};
 use toolrelay_relay::{Metrics, telemetry};
 
 /// jemalloc rather than glibc's malloc: parsing big MIP models on many threads left glibc's
@@ -67,12 +67,16 @@ async fn serve(cli: Cli) -> Result<(), String> {
     let metrics = Metrics::new("toolrelay");
     // Built before the line saying it listens: building it checks the MIP sandbox.
     let tools = toolrelay_builtin::standard(&tools, &metrics);
-    let relay = relay(relay_config, tools, &metrics).await?;
+    // Serves while the store connects: `/healthz` answers at once, `/readyz` once it is made.
+    let (relay, connection) = start_relay(relay_config, tools, &metrics);
     tracing::info!(
         listen = %local(&public),
         grpc = %local(&grpc),
         public_base_url = %config.public_base_url,
         "toolrelay listening"
     );
-    server::run_all(relay, config, public, grpc, shutdown_signal()).await
+    tokio::select! {
+        served = server::run_all(relay, config, public, grpc, shutdown_signal()) => served,
+        message = connection.failed() => Err(message),
+    }
 }

@@ -323,6 +323,10 @@ fn millis(duration: Duration) -> u64 {
 }
 
 fn store_error(error: redis::RedisError) -> StoreError {
+    // At `maxmemory` with `noeviction`, Redis refuses writes (scripts included) with `OOM`.
+    if error.code() == Some("OOM") {
+        return StoreError::Full(format!("Redis: {error}"));
+    }
     StoreError(format!("Redis: {error}"))
 }
 
