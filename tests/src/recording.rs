@@ -28,7 +28,8 @@ pub struct Ledger {
 /// A tab that connects to the first URL, and after a lost connection to the next (what the
 /// load balancer would do), registers the demo tools, and runs `echo`. While `holding`, it
 /// runs calls but keeps their answers back (a slow tool); a call delivered again after a
-/// reconnect is answered from what it ran, never run again.
+/// reconnect is answered from what it ran, never run again; an answer the relay could not
+/// store (an `error` naming it) is sent again, as the SDK does.
 pub struct RecordingTab {
     ledger: Arc<Mutex<Ledger>>,
     holding: Arc<AtomicBool>,
@@ -133,6 +134,16 @@ async fn run_tab(urls: Vec<String>, ledger: Arc<Mutex<Ledger>>, holding: Arc<Ato
                     let Some(Ok(message)) = message else { break };
                     let Message::Text(text) = message else { continue };
                     let frame: Value = serde_json::from_str(&text).unwrap();
+                    if frame["type"] == "error"
+                        && let Some(id) = frame["requestId"].as_str()
+                        && answers.contains_key(id)
+                    {
+                        // That answer could not be stored now (the store is away): it goes
+                        // again shortly, as the SDK sends it.
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        held.push(id.to_owned());
+                        continue;
+                    }
                     if frame["type"] != "tool-request" {
                         let kind = frame["type"].as_str().unwrap_or_default().to_owned();
                         ledger.lock().unwrap().other_frames.push(kind);

@@ -49,8 +49,12 @@ impl Relay {
         let (response, refused) = contain_response(response, self.answer_limits());
         let (status, response) = normalise_response(response)?;
         let request_id = response.request_id.clone();
+        let now = self.now();
+        let until = now.plus(self.inner.config.session_ttl);
         let finished = self
-            .finish_patiently(code, &request_id, status, response, answerer)
+            .inner
+            .store
+            .finish(code, &request_id, status, response, answerer, now, until)
             .await?;
         let outcome = match finished {
             Finished::Finished(record) => {
@@ -94,47 +98,6 @@ impl Relay {
         match refused {
             Some(error) if outcome.accepted => Err(error),
             _ => Ok(outcome),
-        }
-    }
-
-    /// Records an answer in the store; while the store cannot be reached (Redis restarting,
-    /// or failing over to its replica) it tries again, with growing pauses, for as long as a
-    /// call may wait for its answer (`REQUEST_TIMEOUT_SECONDS`): an answer the tool gave is
-    /// not dropped because the store blinked.
-    async fn finish_patiently(
-        &self,
-        code: &SessionCode,
-        request_id: &str,
-        status: RequestStatus,
-        response: ToolResponse,
-        answerer: Answerer<'_>,
-    ) -> Result<Finished, RelayError> {
-        let give_up = tokio::time::Instant::now() + self.inner.config.request_timeout;
-        let mut pause = std::time::Duration::from_millis(100);
-        loop {
-            let now = self.now();
-            let until = now.plus(self.inner.config.session_ttl);
-            let finished = self
-                .inner
-                .store
-                .finish(
-                    code,
-                    request_id,
-                    status,
-                    response.clone(),
-                    answerer,
-                    now,
-                    until,
-                )
-                .await;
-            match finished {
-                Err(error) if tokio::time::Instant::now() + pause < give_up => {
-                    tracing::warn!(code = %code.redacted(), %request_id, %error, "an answer could not be stored yet; trying again");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(std::time::Duration::from_secs(2));
-                }
-                finished => return Ok(finished?),
-            }
         }
     }
 
