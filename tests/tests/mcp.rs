@@ -982,6 +982,8 @@ async fn a_flood_of_initialize_from_100_addresses_stays_bounded_in_memory() {
         (ENV_REDIS_URL, &redis_url),
     ])
     .await;
+    // The binary serves while it connects to its Redis: the flood starts once it is ready.
+    toolrelay_tests::system::until_ready(&on_redis.url("/readyz")).await;
     flood(
         "one process on Redis",
         &on_redis,

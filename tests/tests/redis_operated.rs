@@ -404,6 +404,22 @@ async fn a_primary_killed_under_calls_fails_over_losing_no_call() {
         stop.store(true, std::sync::atomic::Ordering::SeqCst);
     };
     let ((), _) = tokio::join!(failover, futures::future::join_all(callers));
+    // Each relay says it followed the failover, and to which primary.
+    for relay in &cluster.relay_websockets {
+        let metrics = reqwest::get(format!("http://{relay}/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            metrics.contains("toolrelay_redis_failovers_total 1\n"),
+            "{metrics}"
+        );
+        let primary =
+            format!("toolrelay_redis_primary{{address=\"127.0.0.1:{replica_port}\"}} 1\n");
+        assert!(metrics.contains(&primary), "{primary} in {metrics}");
+    }
 
     let outcomes = outcomes.lock().unwrap();
     let lost: Vec<&String> = outcomes
