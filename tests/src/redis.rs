@@ -154,6 +154,10 @@ impl RedisServer {
         } else {
             command.args(["--appendonly", "no"]);
         }
+        if self.cluster && self.options.tls.is_some() {
+            // The Cluster bus over TLS too, and the clients told the TLS port.
+            command.args(["--tls-cluster", "yes"]);
+        }
         if self.cluster {
             // The bus port is chosen too: the default (port + 10000) can pass 65535 or collide.
             command
@@ -435,6 +439,18 @@ impl RedisCluster {
                 "--pass".to_owned(),
                 password.clone(),
             ];
+        }
+        if let Some(dir) = &options.tls {
+            let file = |name: &str| dir.join(name).to_str().unwrap().to_owned();
+            login.extend([
+                "--tls".to_owned(),
+                "--cacert".to_owned(),
+                file("ca.pem"),
+                "--cert".to_owned(),
+                file("server.pem"),
+                "--key".to_owned(),
+                file("server.key"),
+            ]);
         }
         let addresses: Vec<String> = nodes
             .iter()

@@ -665,3 +665,63 @@ async fn a_cluster_carries_sessions_on_every_shard_and_a_stopped_shard_costs_onl
     );
     std::fs::remove_file(password).unwrap();
 }
+
+/// A Redis Cluster over TLS (clients and the cluster bus), as the least-privilege ACL user:
+/// two relays and a gateway find its shards, and calls on a session are answered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_over_tls_serves_calls_as_a_least_privilege_user() {
+    let certificates = TestCertificates::generate();
+    let mut relay = vec![USER.to_owned(), "on".to_owned(), format!(">{PASSWORD}")];
+    relay.extend(ACL.iter().map(|rule| (*rule).to_owned()));
+    relay.extend(CLUSTER_ACL.iter().map(|rule| (*rule).to_owned()));
+    let admin = [
+        "admin",
+        "on",
+        ">admin-password-0123456789",
+        "~*",
+        "&*",
+        "+@all",
+    ];
+    let shards = RedisCluster::with(RedisOptions {
+        tls: Some(certificates.dir().to_owned()),
+        users: vec![relay, admin.iter().map(|word| (*word).to_owned()).collect()],
+        admin: Some(("admin".into(), "admin-password-0123456789".into())),
+        ..RedisOptions::default()
+    })
+    .await;
+    let urls = shards.urls();
+    assert!(urls.starts_with("rediss://"), "{urls}");
+    let mut env = secured_env(&shards.nodes[0], &certificates);
+    env.retain(|(name, _)| *name != ENV_REDIS_URL);
+    env.push((ENV_REDIS_CLUSTER_URLS, urls));
+    env.push((ENV_RATE_LIMIT_REQUEST, "100000".into()));
+    let mut nodes = shards.nodes;
+    let first = nodes.remove(0);
+    let cluster = Cluster::on(first, nodes, 2, 1, &borrowed(&env)).await;
+    let (code, token) = cluster.create_session(0).await;
+    let tab = RecordingTab::start(vec![cluster.tab_url(1, &code, &token)]);
+    wait_until(PATIENCE, async || {
+        let tools = cluster
+            .get(0, &format!("/api/sessions/{code}/metadata"))
+            .await;
+        if tools.body["tools"][0]["id"] == "demo" {
+            Ok(())
+        } else {
+            Err(format!("the tab never registered: {tools:?}"))
+        }
+    })
+    .await;
+    let deadline = tokio::time::Instant::now() + 3 * PATIENCE;
+    for n in 0..20 {
+        let id = format!("tls-{n}");
+        let outcome = call_until_answered(&cluster, 0, &code, &id, deadline).await;
+        assert!(outcome.answered, "{id}: {outcome:?}");
+    }
+    let deliveries = tab.deliveries();
+    let distinct: std::collections::HashSet<&String> = deliveries.iter().collect();
+    assert_eq!(
+        (deliveries.len(), distinct.len()),
+        (20, 20),
+        "each call delivered once"
+    );
+}
