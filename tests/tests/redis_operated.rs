@@ -34,24 +34,56 @@ const ACL: [&str; 7] = [
 const CLUSTER_ACL: [&str; 1] = ["+cluster|slots"];
 const USER: &str = "relay";
 const PASSWORD: &str = "a-long-redis-password-0123456789";
+/// The user the test itself connects as (to inspect and create the Cluster).
+const ADMIN: &str = "admin";
+const ADMIN_PASSWORD: &str = "admin-password-0123456789";
+
+/// The ACL users of a test Redis: `relay` with the least privilege (plus what the cluster
+/// client needs, on a `cluster`), and `admin` for the test itself.
+fn users(cluster: bool) -> Vec<Vec<String>> {
+    let mut relay = vec![USER.to_owned(), "on".to_owned(), format!(">{PASSWORD}")];
+    relay.extend(ACL.iter().map(|rule| (*rule).to_owned()));
+    if cluster {
+        relay.extend(CLUSTER_ACL.iter().map(|rule| (*rule).to_owned()));
+    }
+    let admin = [
+        ADMIN,
+        "on",
+        &format!(">{ADMIN_PASSWORD}"),
+        "~*",
+        "&*",
+        "+@all",
+    ]
+    .iter()
+    .map(|word| (*word).to_owned())
+    .collect();
+    vec![relay, admin]
+}
+
+/// Waits (with a deadline) until gateway `gateway` lists the demo tools of the session
+/// `code`: its tab attached and registered.
+async fn until_tab_registered(cluster: &Cluster, gateway: usize, code: &str) {
+    wait_until(PATIENCE, async || {
+        let tools = cluster
+            .get(gateway, &format!("/api/sessions/{code}/metadata"))
+            .await;
+        if tools.body["tools"][0]["id"] == "demo" {
+            Ok(())
+        } else {
+            Err(format!("the tab never registered: {tools:?}"))
+        }
+    })
+    .await;
+}
 
 /// A TLS-only Redis that asks clients for a certificate, with the ACL user `relay` (and an
 /// `admin` user for the test itself).
 async fn secured_redis(certificates: &TestCertificates) -> RedisServer {
-    let mut relay = vec![USER.to_owned(), "on".to_owned(), format!(">{PASSWORD}")];
-    relay.extend(ACL.iter().map(|rule| (*rule).to_owned()));
-    let admin = [
-        "admin",
-        "on",
-        ">admin-password-0123456789",
-        "~*",
-        "&*",
-        "+@all",
-    ];
+    let users = users(false);
     RedisServer::with(RedisOptions {
         tls: Some(certificates.dir().to_owned()),
-        users: vec![relay, admin.iter().map(|word| (*word).to_owned()).collect()],
-        admin: Some(("admin".into(), "admin-password-0123456789".into())),
+        users,
+        admin: Some((ADMIN.into(), ADMIN_PASSWORD.into())),
         replica_of: None,
     })
     .await
@@ -96,17 +128,7 @@ async fn two_replicas_share_a_session_over_tls_as_a_least_privilege_user() {
     let cluster = Cluster::on(redis, Vec::new(), 2, 2, &borrowed(&env)).await;
     let (code, token) = cluster.create_session(0).await;
     let tab = RecordingTab::start(vec![cluster.tab_url(1, &code, &token)]);
-    wait_until(PATIENCE, async || {
-        let tools = cluster
-            .get(1, &format!("/api/sessions/{code}/metadata"))
-            .await;
-        if tools.body["tools"][0]["id"] == "demo" {
-            Ok(())
-        } else {
-            Err(format!("the tab never registered: {tools:?}"))
-        }
-    })
-    .await;
+    until_tab_registered(&cluster, 1, code.as_str()).await;
     let answers = futures::stream::iter(0..40)
         .map(|n| {
             let answer = cluster.post(
@@ -329,17 +351,7 @@ async fn a_primary_killed_under_calls_fails_over_losing_no_call() {
         cluster.tab_url(1, &code, &token),
         cluster.tab_url(0, &code, &token),
     ]);
-    wait_until(PATIENCE, async || {
-        let tools = cluster
-            .get(0, &format!("/api/sessions/{code}/metadata"))
-            .await;
-        if tools.body["tools"][0]["id"] == "demo" {
-            Ok(())
-        } else {
-            Err(format!("the tab never registered: {tools:?}"))
-        }
-    })
-    .await;
+    until_tab_registered(&cluster, 0, code.as_str()).await;
 
     // Four callers, through both gateways, until the fleet has answered calls after the
     // failover for a while.
@@ -375,11 +387,38 @@ async fn a_primary_killed_under_calls_fails_over_losing_no_call() {
         primary.stop().await;
         // The Sentinels promote the replica; the old primary comes back, empty, and they make
         // it the new primary's replica (what `WAIT 1` needs again).
+        // The old primary comes back (empty) only once every Sentinel names the new one and
+        // every process follows it, as an operator restarts a crashed primary: before that,
+        // a process could still reach the old address and find it empty.
         wait_until(PATIENCE, async || {
-            match sentinels[0].primary(MASTER).await {
-                Some(port) if port == replica_port => Ok(()),
-                _ => Err("the Sentinels never promoted the replica"),
+            for sentinel in &sentinels {
+                if sentinel.primary(MASTER).await != Some(replica_port) {
+                    return Err("the Sentinels never all named the replica");
+                }
             }
+            Ok(())
+        })
+        .await;
+        let followed =
+            format!("toolrelay_redis_primary{{address=\"127.0.0.1:{replica_port}\"}} 1\n");
+        wait_until(PATIENCE, async || {
+            let mut pages = Vec::new();
+            for relay in &cluster_ref.relay_websockets {
+                pages.push(format!("http://{relay}/metrics"));
+            }
+            for gateway in &cluster_ref.gateways {
+                pages.push(format!("{gateway}/metrics"));
+            }
+            for page in pages {
+                let metrics = reqwest::get(&page)
+                    .await
+                    .map_err(|error| error.to_string())?;
+                let metrics = metrics.text().await.map_err(|error| error.to_string())?;
+                if !metrics.contains(&followed) {
+                    return Err(format!("{page} still names another primary"));
+                }
+            }
+            Ok(())
         })
         .await;
         primary.restart().await;
@@ -464,20 +503,10 @@ fn shard(cluster: &mut Cluster, index: usize) -> &mut RedisServer {
 /// see 503 while the others go on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_carries_sessions_on_every_shard_and_a_stopped_shard_costs_only_its_own() {
-    let mut relay = vec![USER.to_owned(), "on".to_owned(), format!(">{PASSWORD}")];
-    relay.extend(ACL.iter().map(|rule| (*rule).to_owned()));
-    relay.extend(CLUSTER_ACL.iter().map(|rule| (*rule).to_owned()));
-    let admin = [
-        "admin",
-        "on",
-        ">admin-password-0123456789",
-        "~*",
-        "&*",
-        "+@all",
-    ];
+    let users = users(true);
     let shards = RedisCluster::with(RedisOptions {
-        users: vec![relay, admin.iter().map(|word| (*word).to_owned()).collect()],
-        admin: Some(("admin".into(), "admin-password-0123456789".into())),
+        users,
+        admin: Some((ADMIN.into(), ADMIN_PASSWORD.into())),
         ..RedisOptions::default()
     })
     .await;
@@ -524,17 +553,7 @@ async fn a_cluster_carries_sessions_on_every_shard_and_a_stopped_shard_costs_onl
         })
         .collect();
     for (code, _) in &sessions {
-        wait_until(PATIENCE, async || {
-            let tools = cluster
-                .get(0, &format!("/api/sessions/{code}/metadata"))
-                .await;
-            if tools.body["tools"][0]["id"] == "demo" {
-                Ok(())
-            } else {
-                Err(format!("the tab never registered: {tools:?}"))
-            }
-        })
-        .await;
+        until_tab_registered(&cluster, 0, code.as_str()).await;
     }
 
     // Calls on every shard, through both gateways: each answered with its own answer.
@@ -671,21 +690,11 @@ async fn a_cluster_carries_sessions_on_every_shard_and_a_stopped_shard_costs_onl
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_over_tls_serves_calls_as_a_least_privilege_user() {
     let certificates = TestCertificates::generate();
-    let mut relay = vec![USER.to_owned(), "on".to_owned(), format!(">{PASSWORD}")];
-    relay.extend(ACL.iter().map(|rule| (*rule).to_owned()));
-    relay.extend(CLUSTER_ACL.iter().map(|rule| (*rule).to_owned()));
-    let admin = [
-        "admin",
-        "on",
-        ">admin-password-0123456789",
-        "~*",
-        "&*",
-        "+@all",
-    ];
+    let users = users(true);
     let shards = RedisCluster::with(RedisOptions {
         tls: Some(certificates.dir().to_owned()),
-        users: vec![relay, admin.iter().map(|word| (*word).to_owned()).collect()],
-        admin: Some(("admin".into(), "admin-password-0123456789".into())),
+        users,
+        admin: Some((ADMIN.into(), ADMIN_PASSWORD.into())),
         ..RedisOptions::default()
     })
     .await;
@@ -700,17 +709,7 @@ async fn a_cluster_over_tls_serves_calls_as_a_least_privilege_user() {
     let cluster = Cluster::on(first, nodes, 2, 1, &borrowed(&env)).await;
     let (code, token) = cluster.create_session(0).await;
     let tab = RecordingTab::start(vec![cluster.tab_url(1, &code, &token)]);
-    wait_until(PATIENCE, async || {
-        let tools = cluster
-            .get(0, &format!("/api/sessions/{code}/metadata"))
-            .await;
-        if tools.body["tools"][0]["id"] == "demo" {
-            Ok(())
-        } else {
-            Err(format!("the tab never registered: {tools:?}"))
-        }
-    })
-    .await;
+    until_tab_registered(&cluster, 0, code.as_str()).await;
     let deadline = tokio::time::Instant::now() + 3 * PATIENCE;
     for n in 0..20 {
         let id = format!("tls-{n}");
