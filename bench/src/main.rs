@@ -11,8 +11,9 @@
 //!
 //! # Layout
 //! * The coordinator (this file) starts the relay under test ([`system`]: toolrelay in one
-//!   process or split, memory or Redis — one replica or several on one `redis-server` of its
-//!   own ([`redis`]) — or the floor), then the tabs and the callers, each a process of its
+//!   process or split, memory or Redis — one replica or several on a Redis of its own
+//!   ([`redis`]: one primary, a primary with a replica and `WAIT`, or a Cluster) — or the
+//!   floor), then the tabs and the callers, each a process of its
 //!   own: this binary again, with the hidden subcommands `tabs` ([`tabs`]) and `callers`
 //!   ([`callers`]), which talk to it in JSON lines on stdout. With several replicas the tabs
 //!   attach to the last and the callers call the first.
@@ -87,7 +88,7 @@ enum Scenario {
 enum StoreChoice {
     /// In memory (the default deployment).
     Memory,
-    /// Redis (`REDIS_URL`), a `redis-server` the bench starts (AOF on, fsync every second).
+    /// Redis the bench starts (AOF on, fsync every second), laid out as `--redis` says.
     Redis,
     /// Memory, then Redis.
     Both,
@@ -105,6 +106,11 @@ struct Bench {
     /// Where toolrelay keeps its state.
     #[arg(long, value_enum, default_value_t = StoreChoice::Memory)]
     store: StoreChoice,
+    /// How the bench's Redis is laid out, comma-separated, each measured in turn (the Redis
+    /// store only): `primary,wait` shows what `WAIT` costs, `primary,cluster` what a Cluster of
+    /// three primaries carries per shard.
+    #[arg(long, value_enum, value_delimiter = ',', action = ArgAction::Set, default_value = "primary")]
+    redis: Vec<redis::Topology>,
     /// How tabs attach, comma-separated (the floor has WebSocket only; idle: ws, sse, grpc).
     #[arg(long, value_enum, value_delimiter = ',', action = ArgAction::Set, default_value = "ws")]
     transport: Vec<Transport>,
@@ -213,19 +219,24 @@ async fn coordinate(bench: Bench) -> anyhow::Result<()> {
         floor: own_dir,
         idle_manifest: idle_manifest.as_ref().map(|(path, _)| path.clone()),
     };
-    let stores: &[bool] = match bench.store {
-        StoreChoice::Memory => &[false],
-        StoreChoice::Redis => &[true],
-        StoreChoice::Both => &[false, true],
+    let redis: Vec<Option<redis::Topology>> = bench.redis.iter().copied().map(Some).collect();
+    let stores: Vec<Option<redis::Topology>> = match bench.store {
+        StoreChoice::Memory => vec![None],
+        StoreChoice::Redis => redis,
+        StoreChoice::Both => std::iter::once(None).chain(redis).collect(),
     };
     let mut targets = Vec::new();
     if !bench.no_floor {
         targets.push(Target::Floor);
     }
     for &mode in &bench.mode {
-        for &redis in stores {
+        for &redis in &stores {
             // Several replicas share their state through Redis only.
-            let replicas = if redis { bench.replicas.max(1) } else { 1 };
+            let replicas = if redis.is_some() {
+                bench.replicas.max(1)
+            } else {
+                1
+            };
             targets.push(Target::Toolrelay {
                 mode,
                 redis,

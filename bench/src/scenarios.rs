@@ -39,18 +39,14 @@ pub struct Running {
 /// Starts the target, with a fresh `redis-server` of its own for the Redis store.
 pub async fn start(target: Target, bench: &Bench, dirs: &Dirs) -> anyhow::Result<Running> {
     let redis = match target {
-        Target::Toolrelay { redis: true, .. } => Some(Redis::start().await?),
+        Target::Toolrelay {
+            redis: Some(topology),
+            ..
+        } => Some(Redis::start(topology).await?),
         _ => None,
     };
-    let redis_url = redis.as_ref().map(Redis::url);
-    let system = System::start(
-        target,
-        &dirs.bin,
-        &dirs.floor,
-        redis_url.as_deref(),
-        !bench.no_call_log,
-    )
-    .await?;
+    let env = redis.as_ref().map(Redis::env).unwrap_or_default();
+    let system = System::start(target, &dirs.bin, &dirs.floor, &env, !bench.no_call_log).await?;
     Ok(Running { system, redis })
 }
 
@@ -72,16 +68,17 @@ fn supports(target: Target, transport: Transport, caller: CallerKind) -> bool {
 
 fn mode_of(target: Target) -> Option<(Mode, bool)> {
     match target {
-        Target::Toolrelay { mode, redis, .. } => Some((mode, redis)),
+        Target::Toolrelay { mode, redis, .. } => Some((mode, redis.is_some())),
         Target::Floor => None,
     }
 }
 
-/// The header of the Redis table of the latency and throughput scenarios.
-pub const REDIS_PER_CALL: &str = "| relay | mode | store | tab | caller | callers | calls | Redis commands / call | round trips / call | Redis CPU µs / call | Redis CPU, % of a core | calls/s a Redis core carries | top commands / call | top µs in commands / call (a script's own included) | round trips by operation / call | Redis errors |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|";
+/// The header of the Redis table of the latency and throughput scenarios: with several Redis
+/// nodes, a row for all of them and one for each (`node`).
+pub const REDIS_PER_CALL: &str = "| relay | mode | store | tab | caller | callers | calls | node | Redis commands / call | round trips / call | Redis CPU µs / call | Redis CPU, % of a core | calls/s a Redis core carries | top commands / call | top µs in commands / call (a script's own included) | round trips by operation / call | Redis errors |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|";
 
 /// The header of the Redis table of the idle scenario.
-pub const REDIS_IDLE: &str = "| relay | mode | store | tab | tabs | window s | Redis commands / s | per tab per s | Redis CPU ms / s | round trips / s | top commands / s | round trips by operation / s | Redis errors | relay CPU ms / s | used_memory before (MB) | after (MB) | KB / session |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|";
+pub const REDIS_IDLE: &str = "| relay | mode | store | tab | tabs | node | window s | Redis commands / s | per tab per s | Redis CPU ms / s | round trips / s | top commands / s | round trips by operation / s | Redis errors | relay CPU ms / s | used_memory before (MB) | after (MB) | KB / session |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|";
 
 /// `calls` calls by `callers`; their summary, the relay's CPU µs per call, and what Redis did
 /// meanwhile (with the Redis store).
@@ -163,11 +160,10 @@ pub async fn latency(
             }
             if let Some(spent) = spent {
                 let calls = number(&summary, "calls");
-                seen.redis_rows.push(format!(
-                    "| {cells} | 1 | {} | {} |",
-                    grouped(calls),
-                    spent.per_call_cells(calls)
-                ));
+                for row in spent.per_call_rows(calls) {
+                    seen.redis_rows
+                        .push(format!("| {cells} | 1 | {} | {row} |", grouped(calls)));
+                }
             }
             match mode_of(target) {
                 None => seen.floor_latency = Some(summary),
@@ -250,11 +246,12 @@ pub async fn throughput(
                 );
                 if let Some(spent) = spent {
                     let calls = number(&summary, "calls");
-                    seen.redis_rows.push(format!(
-                        "| {cells} | {count} | {} | {} |",
-                        grouped(calls),
-                        spent.per_call_cells(calls)
-                    ));
+                    for row in spent.per_call_rows(calls) {
+                        seen.redis_rows.push(format!(
+                            "| {cells} | {count} | {} | {row} |",
+                            grouped(calls)
+                        ));
+                    }
                 }
                 match mode_of(target) {
                     None => seen.floor_throughput.push((count, summary, cpu)),
@@ -272,8 +269,8 @@ struct Idle {
     /// The relay's RSS and PSS (KB) before the tabs and with them.
     rss: ((u64, u64), (u64, u64)),
     /// With Redis: what it did over the quiet window, the relay's CPU ms/s meanwhile, and
-    /// `used_memory` before the sessions and with them.
-    redis: Option<(Spent, f64, u64, u64)>,
+    /// each node's `used_memory` before the sessions and with them.
+    redis: Option<(Spent, f64, Vec<u64>, Vec<u64>)>,
 }
 
 pub async fn idle(
@@ -339,14 +336,21 @@ pub async fn idle(
         );
         if let Some((spent, relay_cpu, empty, full)) = redis {
             let mb = |bytes: u64| bytes as f64 / (1024.0 * 1024.0);
-            seen.redis_rows.push(format!(
-                "| {cells} | {} | {} | {relay_cpu:.1} | {:.1} | {:.1} | {:.2} |",
-                grouped(tabs),
-                spent.idle_cells(bench.tabs),
-                mb(empty),
-                mb(full),
-                (full as f64 - empty as f64) / 1024.0 / tabs,
-            ));
+            for (node, row) in spent.idle_rows(bench.tabs) {
+                // The node's memory, or all nodes' (`None`).
+                let memory = |all: &[u64]| match node {
+                    Some(i) => all.get(i).copied().unwrap_or(0),
+                    None => all.iter().sum(),
+                };
+                let (empty, full) = (memory(&empty), memory(&full));
+                seen.redis_rows.push(format!(
+                    "| {cells} | {} | {row} | {relay_cpu:.1} | {:.1} | {:.1} | {:.2} |",
+                    grouped(tabs),
+                    mb(empty),
+                    mb(full),
+                    (full as f64 - empty as f64) / 1024.0 / tabs,
+                ));
+            }
         }
         if target == Target::Floor {
             seen.floor_idle = Some(rss_per_tab);
@@ -363,7 +367,7 @@ async fn quiet_window(
     system: &System,
     empty: &crate::redis::Snapshot,
     seconds: u64,
-) -> anyhow::Result<(Spent, f64, u64, u64)> {
+) -> anyhow::Result<(Spent, f64, Vec<u64>, Vec<u64>)> {
     let start = redis.snapshot(&system.metrics).await?;
     let cpu = system.cpu()?;
     tokio::time::sleep(Duration::from_secs(seconds)).await;
@@ -374,8 +378,8 @@ async fn quiet_window(
     Ok((
         spent,
         relay_ms_per_second,
-        empty.used_memory,
-        start.used_memory,
+        empty.used_memory(),
+        start.used_memory(),
     ))
 }
 

@@ -1,5 +1,5 @@
 //! What the bench starts and watches: the relay under test (toolrelay in one process or split,
-//! one replica or several on one Redis, or the floor), and the processes' CPU time and memory
+//! one replica or several on the bench's Redis, or the floor), and the processes' CPU time and memory
 //! from `/proc`.
 
 use std::path::Path;
@@ -11,6 +11,8 @@ use clap::ValueEnum;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
+
+use crate::redis::Topology;
 
 /// How toolrelay is deployed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -24,10 +26,11 @@ pub enum Mode {
 /// What is measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Target {
-    /// toolrelay, deployed so, with or without Redis; `replicas` of it on one Redis.
+    /// toolrelay, deployed so, in memory or on Redis laid out so; `replicas` of it on one
+    /// Redis.
     Toolrelay {
         mode: Mode,
-        redis: bool,
+        redis: Option<Topology>,
         replicas: usize,
     },
     /// `toolrelay-floor`.
@@ -54,7 +57,7 @@ impl Target {
                 } else {
                     String::new()
                 },
-                if redis { "redis" } else { "memory" }
+                redis.map_or("memory", Topology::cell)
             ),
         }
     }
@@ -77,13 +80,14 @@ pub struct System {
 }
 
 impl System {
-    /// Starts the target with ephemeral loopback ports; `redis_url` for the Redis store.
+    /// Starts the target with ephemeral loopback ports; `redis` (`REDIS_URL`, …) for the
+    /// Redis store.
     /// The floor is `floor_dir/toolrelay-floor`, toolrelay's binaries are in `bin_dir`.
     pub async fn start(
         target: Target,
         bin_dir: &Path,
         floor_dir: &Path,
-        redis_url: Option<&str>,
+        redis: &[(&str, String)],
         call_log: bool,
     ) -> anyhow::Result<Self> {
         let replicas = match target {
@@ -92,7 +96,12 @@ impl System {
         };
         let mut started = Vec::with_capacity(replicas);
         for _ in 0..replicas {
-            started.push(Replica::start(target, bin_dir, floor_dir, redis_url, call_log).await?);
+            let replica = Replica::start(target, bin_dir, floor_dir, redis, call_log).await?;
+            if target != Target::Floor {
+                // It listens while it connects to its store; it serves once `/readyz` is green.
+                ready(&replica.base).await?;
+            }
+            started.push(replica);
         }
         let first = &started[0];
         let last = &started[replicas - 1];
@@ -164,7 +173,7 @@ impl Replica {
         target: Target,
         bin_dir: &Path,
         floor_dir: &Path,
-        redis_url: Option<&str>,
+        redis: &[(&str, String)],
         call_log: bool,
     ) -> anyhow::Result<Self> {
         // toolrelay logs every finished call at `info` (its default level); without it, the
@@ -184,9 +193,7 @@ impl Replica {
             ("GATEWAY_SECRET", "bench-gateway-secret-0123456789"),
         ];
         // Unset, the state lives in the process (an empty REDIS_URL is refused at start).
-        if let Some(url) = redis_url {
-            limits.push(("REDIS_URL", url));
-        }
+        limits.extend(redis.iter().map(|(name, value)| (*name, value.as_str())));
         match target {
             Target::Floor => {
                 let (child, line) = spawn(
@@ -263,6 +270,24 @@ impl Replica {
     }
 }
 
+/// Waits (30 s at most) until `base`'s `/readyz` answers 200.
+async fn ready(base: &str) -> anyhow::Result<()> {
+    let http = reqwest::Client::new();
+    let by = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let answer = http
+            .get(format!("{base}/readyz"))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await;
+        match answer {
+            Ok(answer) if answer.status().is_success() => return Ok(()),
+            _ if std::time::Instant::now() > by => bail!("{base}/readyz stayed red for 30 s"),
+            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
 /// Clock ticks per second of `/proc/<pid>/stat` (`getconf CLK_TCK`; 100 on Linux).
 fn clock_ticks() -> u64 {
     std::process::Command::new("getconf")
@@ -291,8 +316,11 @@ pub async fn spawn(
 ) -> anyhow::Result<(Child, Value)> {
     let path = bin_dir.join(name);
     let mut child = Command::new(&path)
-        // The store is the bench's choice (`REDIS_URL` in `env` or none), not the shell's.
+        // The store is the bench's choice (`REDIS_URL` … in `env` or none), not the shell's.
         .env_remove("REDIS_URL")
+        .env_remove("REDIS_CLUSTER_URLS")
+        .env_remove("REDIS_SENTINELS")
+        .env_remove("REDIS_WAIT_REPLICAS")
         .envs(env.iter().copied())
         .env("LOG_FORMAT", "json")
         .env(
