@@ -40,9 +40,10 @@ use poem::{Endpoint, EndpointExt, IntoResponse, Request};
 use rmcp::model::{
     CacheScope, CallToolRequestParams, CallToolResponse, ClientJsonRpcMessage, ClientRequest,
     DiscoverResult, Implementation, InitializeRequestParams, InitializeResult, ListToolsResult,
-    PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig, Tool,
+    PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig, SubscriptionFilter,
+    Tool,
 };
-use rmcp::service::RequestContext;
+use rmcp::service::{RequestContext, SubscriptionContext};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
@@ -368,6 +369,26 @@ impl ServerHandler for RelayMcp {
                 .with_ttl_ms(LISTING_TTL_MS)
                 .with_cache_scope(CacheScope::Public),
         )
+    }
+
+    /// 2026-07-28's way to hear that the tools changed: followed on `/mcp/s/{handle}`; `/mcp`'s
+    /// tools never change, so there the acknowledgement accepts nothing and the stream ends.
+    fn accepted_subscription_filter(
+        &self,
+        requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        let mut accepted = SubscriptionFilter::new();
+        if self.scoped {
+            accepted.tools_list_changed = requested.tools_list_changed;
+        }
+        Some(accepted)
+    }
+
+    async fn listen(&self, subscription: SubscriptionContext) -> Result<(), McpError> {
+        if subscription.accepted().tools_list_changed == Some(true) {
+            self.listen_tools(&subscription).await;
+        }
+        Ok(())
     }
 
     /// Accepted at any level: the relay sends clients no log messages.
