@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::process::Output;
 
 use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
 use toolrelay_tests::balancer::RoundRobin;
 use toolrelay_tests::cluster::Cluster;
 use toolrelay_tests::recording::RecordingTab;
@@ -318,6 +319,52 @@ async fn the_sessionless_revision_works_through_two_gateways_on_redis() {
         answer["structured"]["text"], "from the Python SDK",
         "{answer}"
     );
+
+    // The tools change (a manifest put through gateway 0): a 2026-07-28 client listening on
+    // gateway 1 (`subscriptions/listen`) hears it and lists them again.
+    let mut listener = tokio::process::Command::new(test_python())
+        .arg(repo_file("tests/python/mcp_listen.py"))
+        .arg(scoped(1))
+        .arg("shout")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(listener.stdout.take().unwrap()).lines();
+    let mut next_line = async || {
+        let line = tokio::time::timeout(PATIENCE, lines.next_line()).await;
+        let line = line.expect("the listener said nothing in time").unwrap();
+        serde_json::from_str::<Value>(&line.expect("the listener ended")).unwrap()
+    };
+    let acknowledged = next_line().await;
+    assert_eq!(
+        acknowledged["acknowledged"]["toolsListChanged"], true,
+        "{acknowledged}"
+    );
+    let mut tools = toolrelay_tests::demo_tools();
+    tools[0]["functions"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "shout", "description": "Shouts", "parameters": {"type": "object"}}));
+    let put = http
+        .put(format!(
+            "{}/api/sessions/{code}/manifest",
+            cluster.gateways[0]
+        ))
+        .bearer_auth(&token)
+        .json(&json!({"tools": tools}))
+        .send()
+        .await
+        .unwrap();
+    assert!(put.status().is_success(), "{put:?}");
+    // (The relay may say the tools changed once as it starts watching.)
+    loop {
+        let heard = next_line().await;
+        if heard["tools"].as_array().unwrap().contains(&json!("shout")) {
+            break;
+        }
+    }
+    assert!(listener.wait().await.unwrap().success());
 }
 
 /// Runs the conformance suite against `url` with the expected failures; prints its summary.
