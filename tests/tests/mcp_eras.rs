@@ -15,7 +15,7 @@ use toolrelay_tests::balancer::RoundRobin;
 use toolrelay_tests::cluster::Cluster;
 use toolrelay_tests::recording::RecordingTab;
 use toolrelay_tests::system::System;
-use toolrelay_tests::{BUILTIN_TOOLS, PATIENCE, repo_file, test_python, wait_until};
+use toolrelay_tests::{BUILTIN_TOOLS, PATIENCE, repo_file, test_python};
 
 /// The revisions with an `initialize` handshake, oldest first.
 const HANDSHAKE_REVISIONS: [&str; 4] = ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
@@ -224,17 +224,7 @@ async fn the_sessionless_revision_works_through_two_gateways_on_redis() {
     let cluster = Cluster::start(1, 2, &[]).await;
     let (code, token) = cluster.create_session(0).await;
     let _tab = RecordingTab::start(vec![cluster.tab_url(0, &code, &token)]);
-    wait_until(PATIENCE, async || {
-        let tools = cluster
-            .get(1, &format!("/api/sessions/{code}/metadata"))
-            .await;
-        if tools.body["tools"][0]["id"] == "demo" {
-            Ok(())
-        } else {
-            Err(format!("the tab's tools are not listed yet: {tools:?}"))
-        }
-    })
-    .await;
+    cluster.until_tab_registered(1, &code).await;
     let http = reqwest::Client::new();
     let mcp = |gateway: usize| format!("{}/mcp", cluster.gateways[gateway]);
 
