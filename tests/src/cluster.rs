@@ -234,6 +234,22 @@ impl Cluster {
         )
     }
 
+    /// Waits (with a deadline) until gateway `gateway` lists the demo tools of the session
+    /// `code`: its tab attached and registered.
+    pub async fn until_tab_registered(&self, gateway: usize, code: &str) {
+        crate::wait_until(crate::PATIENCE, async || {
+            let tools = self
+                .get(gateway, &format!("/api/sessions/{code}/metadata"))
+                .await;
+            if tools.body["tools"][0]["id"] == "demo" {
+                Ok(())
+            } else {
+                Err(format!("the tab never registered: {tools:?}"))
+            }
+        })
+        .await;
+    }
+
     /// Kills relay `index` with `SIGKILL`.
     pub async fn kill_relay(&mut self, index: usize) {
         self.relays[index].kill().await;

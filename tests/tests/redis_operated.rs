@@ -60,22 +60,6 @@ fn users(cluster: bool) -> Vec<Vec<String>> {
     vec![relay, admin]
 }
 
-/// Waits (with a deadline) until gateway `gateway` lists the demo tools of the session
-/// `code`: its tab attached and registered.
-async fn until_tab_registered(cluster: &Cluster, gateway: usize, code: &str) {
-    wait_until(PATIENCE, async || {
-        let tools = cluster
-            .get(gateway, &format!("/api/sessions/{code}/metadata"))
-            .await;
-        if tools.body["tools"][0]["id"] == "demo" {
-            Ok(())
-        } else {
-            Err(format!("the tab never registered: {tools:?}"))
-        }
-    })
-    .await;
-}
-
 /// A TLS-only Redis that asks clients for a certificate, with the ACL user `relay` (and an
 /// `admin` user for the test itself).
 async fn secured_redis(certificates: &TestCertificates) -> RedisServer {
@@ -128,7 +112,7 @@ async fn two_replicas_share_a_session_over_tls_as_a_least_privilege_user() {
     let cluster = Cluster::on(redis, Vec::new(), 2, 2, &borrowed(&env)).await;
     let (code, token) = cluster.create_session(0).await;
     let tab = RecordingTab::start(vec![cluster.tab_url(1, &code, &token)]);
-    until_tab_registered(&cluster, 1, code.as_str()).await;
+    cluster.until_tab_registered(1, code.as_str()).await;
     let answers = futures::stream::iter(0..40)
         .map(|n| {
             let answer = cluster.post(
@@ -351,7 +335,7 @@ async fn a_primary_killed_under_calls_fails_over_losing_no_call() {
         cluster.tab_url(1, &code, &token),
         cluster.tab_url(0, &code, &token),
     ]);
-    until_tab_registered(&cluster, 0, code.as_str()).await;
+    cluster.until_tab_registered(0, code.as_str()).await;
 
     // Four callers, through both gateways, until the fleet has answered calls after the
     // failover for a while.
@@ -553,7 +537,7 @@ async fn a_cluster_carries_sessions_on_every_shard_and_a_stopped_shard_costs_onl
         })
         .collect();
     for (code, _) in &sessions {
-        until_tab_registered(&cluster, 0, code.as_str()).await;
+        cluster.until_tab_registered(0, code.as_str()).await;
     }
 
     // Calls on every shard, through both gateways: each answered with its own answer.
@@ -709,7 +693,7 @@ async fn a_cluster_over_tls_serves_calls_as_a_least_privilege_user() {
     let cluster = Cluster::on(first, nodes, 2, 1, &borrowed(&env)).await;
     let (code, token) = cluster.create_session(0).await;
     let tab = RecordingTab::start(vec![cluster.tab_url(1, &code, &token)]);
-    until_tab_registered(&cluster, 0, code.as_str()).await;
+    cluster.until_tab_registered(0, code.as_str()).await;
     let deadline = tokio::time::Instant::now() + 3 * PATIENCE;
     for n in 0..20 {
         let id = format!("tls-{n}");

@@ -31,17 +31,19 @@ mod pairing;
 mod sessions;
 mod tools;
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
 use poem::endpoint::TowerCompatExt;
 use poem::{Endpoint, EndpointExt, IntoResponse, Request};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, ClientJsonRpcMessage, ClientRequest, Implementation,
-    InitializeRequestParams, InitializeResult, ListToolsResult, PaginatedRequestParams,
-    ServerCapabilities, ServerConfig, Tool,
+    CacheScope, CallToolRequestParams, CallToolResponse, ClientJsonRpcMessage, ClientRequest,
+    DiscoverResult, Implementation, InitializeRequestParams, InitializeResult, ListToolsResult,
+    PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig, SubscriptionFilter,
+    Tool,
 };
-use rmcp::service::RequestContext;
+use rmcp::service::{RequestContext, SubscriptionContext};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
@@ -61,6 +63,26 @@ use tools::{from_error, tool};
 const SESSION_CHANNEL_CAPACITY: usize = 4;
 /// How long a new session may wait for its `initialize` to be answered.
 const SESSION_INIT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The MCP revisions served, oldest first. The four with an `initialize` handshake keep a
+/// client session (`Mcp-Session-Id`); 2026-07-28 is sessionless (`server/discover`, then
+/// every request self-contained, any gateway answering it). `initialize` asking for a
+/// revision not here is answered with 2025-11-25, as the handshake allows; a request whose
+/// `_meta` names one gets JSON-RPC error -32022 listing these (rmcp). Named one by one rather
+/// than rmcp's list of every revision it knows, so a newer rmcp serves nothing new unasked.
+static REVISIONS: [ProtocolVersion; 5] = [
+    ProtocolVersion::V_2024_11_05,
+    ProtocolVersion::V_2025_03_26,
+    ProtocolVersion::V_2025_06_18,
+    ProtocolVersion::V_2025_11_25,
+    ProtocolVersion::V_2026_07_28,
+];
+
+/// How long (ms) a 2026-07-28 client may keep `server/discover` and `/mcp`'s `tools/list`
+/// (the same for every caller, so `cacheScope: public`): the built-in and pairing tools only
+/// change with a new release. A session's own tools (`/mcp/s/{handle}`) change with its tab:
+/// `ttlMs: 0`, `cacheScope: private`.
+const LISTING_TTL_MS: u64 = 300_000;
 
 /// What the gateway tells a handler about the HTTP request (inserted by [`with_context`]).
 #[derive(Debug, Clone)]
@@ -302,14 +324,20 @@ impl ServerHandler for RelayMcp {
         } else {
             "Tools built into the relay, and pairing with a user's browser tab: ask the user for the pairing code shown in the plugin, call connect_session with it, then call_session_tool."
         };
-        ServerConfig::new(
-            ServerCapabilities::builder()
-                .enable_tools()
-                .enable_tool_list_changed()
-                .build(),
-        )
-        .with_server_info(Implementation::new("toolrelay", env!("CARGO_PKG_VERSION")))
-        .with_instructions(instructions.to_owned())
+        // Logging: `logging/setLevel` is answered (the relay sends no log messages; it is
+        // deprecated from 2026-07-28 on, SEP-2577). Prompts and resources: none, listed as
+        // such rather than refused.
+        #[allow(deprecated)]
+        let capabilities = ServerCapabilities::builder()
+            .enable_logging()
+            .enable_prompts()
+            .enable_resources()
+            .enable_tools()
+            .enable_tool_list_changed()
+            .build();
+        ServerConfig::new(capabilities)
+            .with_server_info(Implementation::new("toolrelay", env!("CARGO_PKG_VERSION")))
+            .with_instructions(instructions.to_owned())
     }
 
     /// Starts, on `/mcp/s/{handle}`, the watcher that tells the client each time the session's
@@ -327,6 +355,52 @@ impl ServerHandler for RelayMcp {
         self.negotiate_initialize(&request)
     }
 
+    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
+        Cow::Borrowed(&REVISIONS)
+    }
+
+    /// The 2026-07-28 entry: what `initialize` answers, the same for every caller.
+    async fn discover(
+        &self,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<DiscoverResult, McpError> {
+        Ok(
+            DiscoverResult::from_server_info(REVISIONS.to_vec(), self.get_info())
+                .with_ttl_ms(LISTING_TTL_MS)
+                .with_cache_scope(CacheScope::Public),
+        )
+    }
+
+    /// 2026-07-28's way to hear that the tools changed: followed on `/mcp/s/{handle}`; `/mcp`'s
+    /// tools never change, so there the acknowledgement accepts nothing and the stream ends.
+    fn accepted_subscription_filter(
+        &self,
+        requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        let mut accepted = SubscriptionFilter::new();
+        if self.scoped {
+            accepted.tools_list_changed = requested.tools_list_changed;
+        }
+        Some(accepted)
+    }
+
+    async fn listen(&self, subscription: SubscriptionContext) -> Result<(), McpError> {
+        if subscription.accepted().tools_list_changed == Some(true) {
+            self.listen_tools(&subscription).await;
+        }
+        Ok(())
+    }
+
+    /// Accepted at any level: the relay sends clients no log messages.
+    #[allow(deprecated)] // logging, deprecated from 2026-07-28 on, is still in the older ones
+    async fn set_level(
+        &self,
+        _request: rmcp::model::SetLevelRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        Ok(())
+    }
+
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
@@ -337,9 +411,18 @@ impl ServerHandler for RelayMcp {
                 Ok(code) => self.session_tools(&caller_of(&context), &code).await,
                 Err(error) => Err(error),
             };
-            return tools.map(ListToolsResult::with_all_items).map_err(|error| {
-                McpError::invalid_params(error.message, Some(json!({"error": error.code.as_str()})))
-            });
+            return tools
+                .map(|tools| {
+                    ListToolsResult::with_all_items(tools)
+                        .with_ttl_ms(0)
+                        .with_cache_scope(CacheScope::Private)
+                })
+                .map_err(|error| {
+                    McpError::invalid_params(
+                        error.message,
+                        Some(json!({"error": error.code.as_str()})),
+                    )
+                });
         }
         let builtins = self
             .state
@@ -352,7 +435,9 @@ impl ServerHandler for RelayMcp {
             .map(|t| tool(&t.name, &t.description, t.input_schema))
             .collect();
         tools.extend(Pairing::tools());
-        Ok(ListToolsResult::with_all_items(tools))
+        Ok(ListToolsResult::with_all_items(tools)
+            .with_ttl_ms(LISTING_TTL_MS)
+            .with_cache_scope(CacheScope::Public))
     }
 
     async fn call_tool(

@@ -8,15 +8,15 @@ use std::time::Duration;
 use futures::StreamExt;
 use rmcp::RoleServer;
 use rmcp::model::{CallToolResult, ContentBlock, JsonObject, ProgressNotificationParam, Tool};
-use rmcp::service::RequestContext;
+use rmcp::service::{RequestContext, SubscriptionContext};
 use serde_json::{Value, json};
 use toolrelay_relay::builtin::{FailureCode, Scope};
 use toolrelay_relay::relay::operations::{
     AwaitResponse, CallTool, GetManifest, ResolveHandle, Submit,
 };
-use toolrelay_relay::{CallInput, Caller, ErrorCode, ErrorInfo, ErrorKind, SessionCode};
+use toolrelay_relay::{CallInput, Caller, ErrorCode, ErrorInfo, ErrorKind, RelayApi, SessionCode};
 
-use super::{RelayMcp, caller_of, mcp_session_of, request_of};
+use super::{McpRequest, RelayMcp, caller_of, mcp_session_of, request_of};
 use crate::types::CallResponse;
 
 /// How often a call waiting for the tab reports progress.
@@ -58,7 +58,7 @@ pub(super) fn from_error(error: &ErrorInfo) -> CallToolResult {
 impl RelayMcp {
     /// On `/mcp/s/{handle}`, a task telling the client each time the session's tools change
     /// (the tab reloads, registers more), for as long as the client stays and the session
-    /// lives.
+    /// lives: the revisions with a client session, which hear it on their event stream.
     pub(super) fn watch_tools(&self, context: &RequestContext<RoleServer>) {
         if !self.scoped {
             return;
@@ -72,64 +72,33 @@ impl RelayMcp {
         let stopping = self.state.shutdown.clone();
         let ended = self.ended.0.clone();
         tokio::spawn(async move {
-            let handle = request.handle.unwrap_or_default();
-            let mut still_there = tokio::time::interval(CLIENT_CHECK_EVERY);
-            let mut retry = WATCH_RETRY;
-            let mut resumed = false;
-            loop {
-                // A relay that cannot be reached (a replica died, the store is away) is asked
-                // again; only a session that is gone ends the watch.
-                let resolve = ResolveHandle {
-                    handle: handle.clone(),
-                };
-                let watched = match relay.run(&request.caller, resolve).await {
-                    Ok(code) => relay.manifest_changes(&request.caller, &code).await,
-                    Err(error) => Err(error),
-                };
-                let mut changes = match watched {
-                    Ok(changes) => changes,
-                    Err(error) if error.kind == ErrorKind::NotFound => return,
-                    Err(_) => {
-                        tokio::select! {
-                            () = tokio::time::sleep(retry) => {}
-                            () = stopping.cancelled() => return,
-                            () = ended.cancelled() => return,
-                        }
-                        retry = (retry * 2).min(Duration::from_secs(5));
-                        if peer.is_transport_closed() {
-                            return;
-                        }
-                        continue;
-                    }
-                };
-                retry = WATCH_RETRY;
-                // The tools may have changed while the watch was broken.
-                if resumed && peer.notify_tool_list_changed().await.is_err() {
-                    return;
+            let stopped = async {
+                tokio::select! {
+                    () = stopping.cancelled() => {}
+                    () = ended.cancelled() => {}
                 }
-                resumed = true;
-                loop {
-                    tokio::select! {
-                        change = changes.next() => match change {
-                            Some(()) => {
-                                if peer.notify_tool_list_changed().await.is_err() {
-                                    return;
-                                }
-                            }
-                            // The session ended, or the stream broke: look again.
-                            None => break,
-                        },
-                        _ = still_there.tick() => {
-                            if peer.is_transport_closed() {
-                                return;
-                            }
-                        }
-                        () = stopping.cancelled() => return,
-                        () = ended.cancelled() => return,
-                    }
-                }
-            }
+            };
+            let notify = || async { peer.notify_tool_list_changed().await.is_ok() };
+            let gone = || peer.is_transport_closed();
+            follow_tools(&relay, &request, false, stopped, gone, notify).await;
         });
+    }
+
+    /// 2026-07-28's `subscriptions/listen` for `notifications/tools/list_changed` on
+    /// `/mcp/s/{handle}`: the same changes, on the listen request's own stream, until the
+    /// client cancels it (closes the stream) or the session ends.
+    pub(super) async fn listen_tools(&self, subscription: &SubscriptionContext) {
+        let Some(request) = request_of(subscription.request_context()) else {
+            return;
+        };
+        let sink = subscription.sink();
+        let notify = || async { sink.notify_tool_list_changed().await.is_ok() };
+        let peer = &subscription.request_context().peer;
+        let stopped = subscription.cancelled();
+        let gone = || peer.is_transport_closed();
+        // rmcp acknowledges the subscription before this starts watching: a change in between
+        // would be missed, so the first watch says the tools may have changed.
+        follow_tools(&self.state.relay, &request, true, stopped, gone, notify).await;
     }
 
     /// The session code of `/mcp/s/{handle}`.
@@ -291,6 +260,75 @@ impl RelayMcp {
                 &FailureCode::from(refused.code).to_string(),
                 &refused.message,
             ),
+        }
+    }
+}
+
+/// Calls `notify` each time the tools of the session behind `request`'s handle change, and
+/// once when a broken watch resumes (they may have changed meanwhile), or starts if
+/// `from_start`; until the session is
+/// gone, `notify` fails, `client_gone` says so (asked every `CLIENT_CHECK_EVERY`) or `stopped`
+/// completes. A relay that cannot be reached (a replica died, the store is away) is asked
+/// again; only a session that is gone ends the watch.
+async fn follow_tools<N: Future<Output = bool>>(
+    relay: &RelayApi,
+    request: &McpRequest,
+    from_start: bool,
+    stopped: impl Future<Output = ()>,
+    client_gone: impl Fn() -> bool,
+    mut notify: impl FnMut() -> N,
+) {
+    let handle = request.handle.clone().unwrap_or_default();
+    let mut still_there = tokio::time::interval(CLIENT_CHECK_EVERY);
+    let mut retry = WATCH_RETRY;
+    let mut resumed = from_start;
+    let mut stopped = std::pin::pin!(stopped);
+    loop {
+        let resolve = ResolveHandle {
+            handle: handle.clone(),
+        };
+        let watched = match relay.run(&request.caller, resolve).await {
+            Ok(code) => relay.manifest_changes(&request.caller, &code).await,
+            Err(error) => Err(error),
+        };
+        let mut changes = match watched {
+            Ok(changes) => changes,
+            Err(error) if error.kind == ErrorKind::NotFound => return,
+            Err(_) => {
+                tokio::select! {
+                    () = tokio::time::sleep(retry) => {}
+                    () = &mut stopped => return,
+                }
+                retry = (retry * 2).min(Duration::from_secs(5));
+                if client_gone() {
+                    return;
+                }
+                continue;
+            }
+        };
+        retry = WATCH_RETRY;
+        if resumed && !notify().await {
+            return;
+        }
+        resumed = true;
+        loop {
+            tokio::select! {
+                change = changes.next() => match change {
+                    Some(()) => {
+                        if !notify().await {
+                            return;
+                        }
+                    }
+                    // The session ended, or the stream broke: look again.
+                    None => break,
+                },
+                _ = still_there.tick() => {
+                    if client_gone() {
+                        return;
+                    }
+                }
+                () = &mut stopped => return,
+            }
         }
     }
 }
