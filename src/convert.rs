@@ -40,6 +40,7 @@ impl From<RequestStatus> for pb::RequestStatus {
             RequestStatus::Completed => Self::Completed,
             RequestStatus::Failed => Self::Failed,
             RequestStatus::Expired => Self::Expired,
+            RequestStatus::Cancelled => Self::Cancelled,
         }
     }
 }
@@ -52,6 +53,7 @@ impl From<pb::RequestStatus> for RequestStatus {
             pb::RequestStatus::Completed => Self::Completed,
             pb::RequestStatus::Failed => Self::Failed,
             pb::RequestStatus::Expired => Self::Expired,
+            pb::RequestStatus::Cancelled => Self::Cancelled,
         }
     }
 }

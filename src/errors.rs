@@ -181,6 +181,8 @@ error_codes! {
     /// The tool failed without naming why: the code of a failed answer (and of an MCP tool
     /// result), never of an HTTP refusal.
     ToolError = "tool_error", BadRequest;
+    /// The caller cancelled the call: the code of its answer, never of an HTTP refusal.
+    Cancelled = "cancelled", Conflict;
 }
 
 named_codes! {

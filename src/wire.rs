@@ -23,12 +23,17 @@ pub enum RequestStatus {
     Failed,
     /// Not answered in time.
     Expired,
+    /// Cancelled by its caller before it had an answer.
+    Cancelled,
 }
 
 impl RequestStatus {
     /// True once the call has its final response.
     pub fn is_terminal(self) -> bool {
-        matches!(self, Self::Completed | Self::Failed | Self::Expired)
+        matches!(
+            self,
+            Self::Completed | Self::Failed | Self::Expired | Self::Cancelled
+        )
     }
 
     /// The lowercase name used on the wire.
@@ -39,6 +44,7 @@ impl RequestStatus {
             Self::Completed => "completed",
             Self::Failed => "failed",
             Self::Expired => "expired",
+            Self::Cancelled => "cancelled",
         }
     }
 }
@@ -215,6 +221,12 @@ pub enum RelayFrame {
     },
     /// A call to run; answer with a `response` frame carrying the same `requestId`.
     ToolRequest(ToolRequest),
+    /// The caller cancelled a call this connection was given: stop running it; its answer
+    /// would be refused.
+    Cancel {
+        /// The call.
+        request_id: String,
+    },
     /// Sent every 25 s and in answer to `ping`.
     Heartbeat {
         /// RFC 3339 time at which the session expires unless there is activity.
@@ -282,6 +294,18 @@ mod tests {
             serde_json::to_value(&request).unwrap(),
             json!({"type": "tool-request", "requestId": "r1", "functionName": "add", "args": {"a": 1}})
         );
+        let cancel = RelayFrame::Cancel {
+            request_id: "r1".into(),
+        };
+        assert_eq!(
+            serde_json::to_value(&cancel).unwrap(),
+            json!({"type": "cancel", "requestId": "r1"})
+        );
+        assert_eq!(
+            serde_json::to_value(RequestStatus::Cancelled).unwrap(),
+            json!("cancelled")
+        );
+        assert!(RequestStatus::Cancelled.is_terminal());
         let ack = RelayFrame::Ack {
             request_id: "r1".into(),
             error: None,

@@ -23,6 +23,8 @@ pub struct SdkLedger {
     pub statuses: Vec<String>,
     /// How often the relay confirmed its tools.
     pub registrations: u32,
+    /// The calls whose AbortSignal the tool saw aborted (their callers cancelled them).
+    pub aborted: Vec<String>,
 }
 
 /// A running SDK tab; dropping it stops the node process.
@@ -35,6 +37,12 @@ impl SdkTab {
     /// Starts the SDK's transport against `base` (the origin a page would load the SDK from:
     /// a gateway, `http://127.0.0.1:port`) for session `code`; each call takes `run_time`.
     pub fn start(base: &str, code: &str, token: &str, run_time: Duration) -> Self {
+        Self::over(base, code, token, run_time, "websocket")
+    }
+
+    /// [`SdkTab::start`] on the transport `kind` (`websocket`, `sse` or `polling`) from the
+    /// start.
+    pub fn over(base: &str, code: &str, token: &str, run_time: Duration, kind: &str) -> Self {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/node/sdk_tab.mjs");
         let mut child = Command::new("node")
             .arg("--experimental-websocket")
@@ -42,6 +50,7 @@ impl SdkTab {
             .arg(script)
             .args([base, code, token, &demo_tools().to_string()])
             .arg(run_time.as_millis().to_string())
+            .arg(kind)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -62,6 +71,8 @@ impl SdkTab {
                 let mut ledger = recorded.lock().unwrap();
                 if let Some(id) = event["ran"].as_str() {
                     *ledger.runs.entry(id.to_owned()).or_default() += 1;
+                } else if let Some(id) = event["aborted"].as_str() {
+                    ledger.aborted.push(id.to_owned());
                 } else if let Some(state) = event["status"].as_str() {
                     ledger.statuses.push(state.to_owned());
                 } else if !event["registered"].is_null() {

@@ -246,7 +246,11 @@ async fn every_grpc_rpc_that_takes_a_code_is_guarded() {
             "PollRequests",
             client
                 .poll_requests(with_token(
-                    pb::PollRequestsRequest { code: c(), max: 0 },
+                    pb::PollRequestsRequest {
+                        code: c(),
+                        max: 0,
+                        running: vec![],
+                    },
                     "t",
                 ))
                 .await
@@ -516,6 +520,7 @@ async fn a_blocked_address_keeps_its_own_tab_but_learns_nothing_without_the_toke
             pb::PollRequestsRequest {
                 code: code.clone(),
                 max: 0,
+                running: vec![],
             },
             &token,
         ))

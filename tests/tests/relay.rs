@@ -287,6 +287,7 @@ async fn the_provider_token_is_required_and_the_code_alone_is_refused() {
     let poll = PollRequestsRequest {
         code: session.code.clone(),
         max: 0,
+        running: vec![],
     };
     assert_eq!(
         client.poll_requests(poll.clone()).await.unwrap_err().code(),
@@ -761,6 +762,7 @@ async fn the_fallback_rpcs_serve_a_polling_provider() {
             PollRequestsRequest {
                 code: session.code.clone(),
                 max: 10,
+                running: vec![],
             },
             token,
         )

@@ -180,7 +180,14 @@ pub async fn serve(
                 }
                 eprintln!("relay refused something we sent: {}", error.message);
             }
-            Some(relay_message::Kind::Welcome(_) | relay_message::Kind::Registered(_)) | None => {}
+            // This provider's tools answer at once: a call is never running when its caller
+            // cancels it (a provider with long tools stops the one named).
+            Some(
+                relay_message::Kind::Welcome(_)
+                | relay_message::Kind::Registered(_)
+                | relay_message::Kind::Cancel(_),
+            )
+            | None => {}
         }
     }
 }

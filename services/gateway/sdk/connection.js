@@ -12,7 +12,7 @@
 //   expiry         {expiresAt}
 
 import { Dispatcher, ToolError, heldForConfirmation } from './dispatcher.js';
-import { ToolErrorCode } from './errors.js';
+import { ErrorCode, ToolErrorCode } from './errors.js';
 import { Sessions } from './session.js';
 import { Transport } from './transport.js';
 
@@ -147,7 +147,7 @@ export class Connection extends EventTarget {
   }
 
   startTransport(session) {
-    const transport = new Transport(this.base, session, () => this.dispatcher.manifest(), (call) => this.run(call));
+    const transport = new Transport(this.base, session, () => this.dispatcher.manifest(), (call, signal) => this.run(call, signal));
     this.transport = transport;
     const mine = (listener) => (event) => {
       if (this.transport === transport) listener(event.detail);
@@ -208,8 +208,12 @@ export class Connection extends EventTarget {
 
   // ---- calls ----
 
-  /** Runs one call (the transport sees that it runs once); always resolves with its answer. */
-  async run(call) {
+  /**
+   * Runs one call (the transport sees that it runs once); always resolves with its answer.
+   * `signal` is aborted when the caller cancels it: the tool sees it (`execute(args,
+   * {signal})`), and the answer says `cancelled`.
+   */
+  async run(call, signal = new AbortController().signal) {
     const { requestId, toolId, functionName, args } = call;
     this.handled += 1;
     this.emit('call-started', { requestId, name: functionName, args });
@@ -219,7 +223,7 @@ export class Connection extends EventTarget {
       if (fn && this.confirm && heldForConfirmation(fn, args) && !(await this.confirm(call))) {
         throw new ToolError(ToolErrorCode.DECLINED_BY_USER, 'The user declined this change. Ask them before trying again.');
       }
-      const result = await this.dispatcher.call(toolId, functionName, args);
+      const result = await this.dispatcher.call(toolId, functionName, args, { signal });
       // What cannot travel as JSON (a cycle, a BigInt) is a failure, not a lost answer.
       const json = JSON.stringify(result === undefined ? null : result);
       answer = { requestId, success: true, result: JSON.parse(json) };
@@ -227,6 +231,9 @@ export class Connection extends EventTarget {
       const code = error?.code && typeof error.code === 'string' ? error.code : ToolErrorCode.TOOL_ERROR;
       const message = error?.message || String(error);
       answer = { requestId, success: false, error: { code, message } };
+    }
+    if (signal.aborted) {
+      answer = { requestId, success: false, error: { code: ErrorCode.CANCELLED, message: 'The caller cancelled the call.' } };
     }
     this.emit('call-finished', { requestId, name: functionName, args, ...answer });
     return answer;

@@ -150,13 +150,19 @@ export class Dispatcher {
     return null;
   }
 
-  /** Runs a function after checking its arguments; throws ToolError on failure. */
-  async call(toolId, name, args = {}) {
+  /**
+   * Runs a function after checking its arguments; throws ToolError on failure. `context.signal`
+   * (an AbortSignal) is passed to the function as `execute(args, {signal})`: it is aborted
+   * when the caller cancels the call.
+   */
+  async call(toolId, name, args = {}, context = {}) {
     const fn = this.find(toolId, name);
     if (!fn) throw new ToolError(ErrorCode.UNKNOWN_FUNCTION, `This tab has no function ${name}.`);
     const problems = validate(fn.parameters, args ?? {});
     if (problems.length) throw new ToolError(ErrorCode.INVALID_ARGUMENTS, `Invalid arguments: ${problems.join('; ')}.`);
-    return fn.run(args ?? {});
+    const signal = context.signal ?? new AbortController().signal;
+    signal.throwIfAborted();
+    return fn.run(args ?? {}, { signal });
   }
 }
 
@@ -174,6 +180,6 @@ function normalised(fn) {
     // WebMCP tools say it with MCP's annotations.
     readOnly: fn.readOnly ?? fn.annotations?.readOnlyHint === true,
     destructive: fn.destructive ?? fn.annotations?.destructiveHint === true,
-    run: (args) => run.call(fn, args),
+    run: (args, context) => run.call(fn, args, context),
   };
 }

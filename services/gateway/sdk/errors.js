@@ -39,6 +39,7 @@ export const ErrorCode = Object.freeze({
   CROSS_SITE_REQUEST: 'cross_site_request',
   HOST_NOT_ALLOWED: 'host_not_allowed',
   TOOL_ERROR: 'tool_error',
+  CANCELLED: 'cancelled',
 });
 
 /**

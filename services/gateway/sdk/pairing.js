@@ -15,6 +15,7 @@
 // copies the prompt, r makes a new code), standalone (it is the whole page: header and main).
 
 import { displayCode } from './connection.js';
+import { ErrorCode } from './errors.js';
 
 const ACTIVITY_SHOWN = 20;
 // The last hour of a session's maximum lifetime gets a warning.
@@ -294,7 +295,7 @@ export class ToolrelayPairing extends HTMLElement {
       }
       if (this.linkState === 'idle') this.setLink('connected', connection.transportKind ?? '');
     });
-    on('call-finished', ({ name, args, success, error }) => this.record(name, args, success, error?.message));
+    on('call-finished', ({ name, args, success, error }) => this.record(name, args, success, error?.message, error?.code === ErrorCode.CANCELLED));
     if (connection.session) this.showSession();
   }
 
@@ -400,10 +401,10 @@ export class ToolrelayPairing extends HTMLElement {
     this.announce(`Session expired. ${message} Press ${this.hasAttribute('keys') ? 'r' : 'New code'} for a new code.`);
   }
 
-  record(name, args, ok, reason) {
+  record(name, args, ok, reason, cancelled = false) {
     this.$('no-activity').hidden = true;
     const item = document.createElement('li');
-    item.className = ok ? 'done' : 'failed';
+    item.className = ok ? 'done' : cancelled ? 'cancelled' : 'failed';
     const what = document.createElement('span');
     what.className = 'what';
     what.textContent = (this.describeCall ?? summarize)(name, args);
@@ -413,10 +414,10 @@ export class ToolrelayPairing extends HTMLElement {
     time.dateTime = now.toISOString();
     time.textContent = now.toLocaleTimeString([], { hour: '2-digit', minute: '2-digit', second: '2-digit', hourCycle: 'h23' });
     const outcome = document.createElement('span');
-    outcome.className = ok ? 'ok' : 'error';
-    outcome.textContent = ok ? 'ok' : 'error';
+    outcome.className = ok ? 'ok' : cancelled ? 'cancelled' : 'error';
+    outcome.textContent = ok ? 'ok' : cancelled ? 'cancelled' : 'error';
     item.append(what, time, outcome);
-    if (!ok && reason) {
+    if (!ok && !cancelled && reason) {
       const why = document.createElement('span');
       why.className = 'reason';
       why.textContent = reason.length > 160 ? `${reason.slice(0, 157)}…` : reason;

@@ -7,7 +7,10 @@ const POLL_INTERVAL_MS = 1000;
 export async function poll(transport) {
   if (transport.stopped) return;
   try {
-    const response = await fetch(transport.url('/request'), { headers: transport.auth() });
+    // The calls running here: the relay answers with a cancel item for each one cancelled.
+    const running = transport.runningIds();
+    const query = running.length ? `?running=${running.map(encodeURIComponent).join(',')}` : '';
+    const response = await fetch(transport.url(`/request${query}`), { headers: transport.auth() });
     if (transport.ended({ type: 'error', status: response.status, message: 'The session has ended.' })) return;
     if (!response.ok) throw new Error(`HTTP ${response.status}`);
     if (!transport.polling) {
@@ -19,7 +22,10 @@ export async function poll(transport) {
       // enough to miss every poll is no reconnection.
       for (const answer of [...transport.unsent.values()]) transport.send(answer);
     }
-    for (const call of await response.json()) transport.handle(call);
+    for (const item of await response.json()) {
+      if (item.type === 'cancel') transport.cancel(item.requestId);
+      else transport.handle(item);
+    }
     transport.pollTimer = setTimeout(() => poll(transport), POLL_INTERVAL_MS);
   } catch {
     const worked = transport.polling;

@@ -14,6 +14,7 @@ export function openEventStream(transport) {
     transport.putManifest();
   });
   events.addEventListener('tool-request', (event) => transport.handle(JSON.parse(event.data)));
+  events.addEventListener('cancel', (event) => transport.cancel(JSON.parse(event.data).requestId));
   events.addEventListener('heartbeat', (event) => transport.emit('expiry', JSON.parse(event.data).expiresAt));
   events.addEventListener('expired', (event) => {
     if (transport.ended({ ...JSON.parse(event.data), type: 'expired' })) events.close();

@@ -36,6 +36,9 @@ export function openWebSocket(transport) {
       case 'tool-request':
         transport.handle(frame);
         break;
+      case 'cancel':
+        transport.cancel(frame.requestId);
+        break;
       case 'heartbeat':
         transport.emit('expiry', frame.expiresAt);
         break;

@@ -6,7 +6,9 @@
 // kept until the relay has it: over WebSocket until an `ack` frame names it (sent again after
 // an `error` frame naming its requestId, and after a reconnect), over HTTP until a POST is
 // answered with anything but a 5xx or 429 (sent again after a short backoff). A call
-// delivered again gets the answer it had, without running twice.
+// delivered again gets the answer it had, without running twice. A call the caller cancels
+// (a `cancel` frame, SSE event or polling item naming it) has its AbortSignal aborted; its
+// answer is not sent (the relay has the call's end already).
 
 import { ErrorCode } from './errors.js';
 import { poll } from './transport-polling.js';
@@ -55,7 +57,8 @@ export class Transport extends EventTarget {
    * @param {string} base  the relay's origin
    * @param {{code: string, token: string}} session
    * @param {() => object[]} manifest  the tools to register
-   * @param {(call: object) => Promise<object>} run  runs a call; resolves with {success, result?, error?}
+   * @param {(call: object, signal: AbortSignal) => Promise<object>} run  runs a call (the
+   *   signal is aborted if the caller cancels it); resolves with {success, result?, error?}
    */
   constructor(base, session, manifest, run) {
     super();
@@ -72,6 +75,7 @@ export class Transport extends EventTarget {
     this.pollTimer = null;
     this.retryTimer = null;
     this.answers = new Map(); // requestId → answer (or a promise of it while running)
+    this.running = new Map(); // requestId → the AbortController of a call running
     this.unsent = new Map(); // requestId → answer the relay has not acknowledged yet
     this.resends = new Map(); // requestId → {timer, wait}: when an unsent answer goes again
     this.polling = false;
@@ -182,12 +186,29 @@ export class Transport extends EventTarget {
       this.send(known);
       return;
     }
-    const running = this.run(call).then((answer) => {
+    const controller = new AbortController();
+    this.running.set(id, controller);
+    const running = this.run(call, controller.signal).then((answer) => {
+      this.running.delete(id);
       this.remember(id, answer);
-      this.send(answer);
+      // A cancelled call's answer would be refused: the call has its end already.
+      if (!controller.signal.aborted) this.send(answer);
       return answer;
     });
     this.answers.set(id, running);
+  }
+
+  /** The caller cancelled the call `id`: abort it if it runs here (nothing otherwise). */
+  cancel(id) {
+    const controller = this.running.get(id);
+    if (!controller || controller.signal.aborted) return;
+    controller.abort(new DOMException('The caller cancelled the call.', 'AbortError'));
+    this.emit('cancelled', { requestId: id });
+  }
+
+  /** The calls running here, by requestId (a polling tab tells the relay, to learn of cancels). */
+  runningIds() {
+    return [...this.running.keys()];
   }
 
   remember(id, answer) {

@@ -42,7 +42,10 @@ pub fn is_llm_route(method: &Method, path: &str) -> bool {
             (Some("call"), None, None) => *method == Method::POST,
             (Some("request"), None, None) => *method == Method::POST,
             (Some("response"), None, None) => *method == Method::GET,
-            (Some("requests"), Some(_), None) => *method == Method::GET,
+            // Reading a call's status, and cancelling it.
+            (Some("requests"), Some(_), None) => {
+                *method == Method::GET || *method == Method::DELETE
+            }
             _ => false,
         };
     }
@@ -130,6 +133,7 @@ mod tests {
             (Method::POST, "/api/sessions/ABCD2345/request"),
             (Method::GET, "/api/sessions/ABCD2345/response"),
             (Method::GET, "/api/sessions/ABCD2345/requests/r1"),
+            (Method::DELETE, "/api/sessions/ABCD2345/requests/r1"),
             (Method::POST, "/api/tools/encodePlantUML"),
             (Method::GET, "/api/tools"),
             (Method::POST, "/mcp"),

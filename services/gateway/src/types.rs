@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use poem_openapi::{Enum, Object};
+use poem_openapi::{Enum, Object, Union};
 use serde_json::Value;
 use toolrelay::wire::{GroupedManifest, RequestStatus, ToolRequest, ToolResponse};
 use toolrelay_relay::{NewSession, RequestView, SessionStatus};
@@ -34,6 +34,8 @@ pub enum Status {
     Failed,
     /// Not answered in time.
     Expired,
+    /// Cancelled by its caller before it had an answer.
+    Cancelled,
 }
 
 impl From<RequestStatus> for Status {
@@ -44,6 +46,7 @@ impl From<RequestStatus> for Status {
             RequestStatus::Completed => Self::Completed,
             RequestStatus::Failed => Self::Failed,
             RequestStatus::Expired => Self::Expired,
+            RequestStatus::Cancelled => Self::Cancelled,
         }
     }
 }
@@ -394,6 +397,42 @@ pub struct PendingCall {
     pub function_name: String,
     /// Its arguments, already checked against the schema.
     pub args: Value,
+}
+
+/// A call the tab was given and its caller cancelled: stop running it.
+#[derive(Debug, Clone, Object)]
+#[oai(rename_all = "camelCase")]
+pub struct CancelledCall {
+    /// The call's id.
+    pub request_id: String,
+}
+
+/// An item of a poll: a call to run (`tool-request`) or one to stop (`cancel`), as the
+/// WebSocket's frames of the same types.
+#[derive(Debug, Clone, Union)]
+#[oai(discriminator_name = "type")]
+pub enum PolledItem {
+    /// A call to run.
+    #[oai(mapping = "tool-request")]
+    Call(PendingCall),
+    /// A call to stop.
+    #[oai(mapping = "cancel")]
+    Cancel(CancelledCall),
+}
+
+impl PolledItem {
+    /// A poll's items: the calls to stop first, then the calls to run.
+    pub fn all(polled: toolrelay_relay::relay::operations::Polled) -> Vec<Self> {
+        let cancels = polled
+            .cancelled
+            .into_iter()
+            .map(|request_id| Self::Cancel(CancelledCall { request_id }));
+        let calls = polled
+            .requests
+            .into_iter()
+            .map(|request| Self::Call(request.into()));
+        cancels.chain(calls).collect()
+    }
 }
 
 impl From<ToolRequest> for PendingCall {

@@ -296,6 +296,7 @@ impl From<Downlink> for pb::RelayMessage {
                 tool_count: count(tools),
             }),
             Downlink::Expired { message } => Kind::Expired(pb::Expired { message }),
+            Downlink::Cancel { request_id } => Kind::Cancel(pb::Cancel { request_id }),
             other @ (Downlink::Error { .. } | Downlink::Replaced | Downlink::Restarting) => {
                 let (error, message) = other
                     .error()
@@ -384,6 +385,9 @@ impl TryFrom<pb::RelayMessage> for Downlink {
                 },
                 Kind::Expired(expired) => Self::Expired {
                     message: expired.message,
+                },
+                Kind::Cancel(cancel) => Self::Cancel {
+                    request_id: cancel.request_id,
                 },
             },
         )
@@ -496,6 +500,7 @@ mod tests {
             RequestStatus::Completed,
             RequestStatus::Failed,
             RequestStatus::Expired,
+            RequestStatus::Cancelled,
         ] {
             assert_eq!(round_trip::<_, pb::RequestStatus>(status), status);
         }
@@ -556,6 +561,9 @@ mod tests {
                 answers_ping: true,
             },
             Downlink::Registered { tools: 3 },
+            Downlink::Cancel {
+                request_id: "r0".into(),
+            },
             Downlink::Error {
                 error: ErrorCode::InvalidResponse,
                 message: "Say it again.".into(),

@@ -27,6 +27,11 @@ pub enum Downlink {
         /// Its position in the session's queue.
         seq: u64,
     },
+    /// The caller cancelled a call this connection was given: the provider stops running it.
+    Cancel {
+        /// The call.
+        request_id: String,
+    },
     /// Periodic, and the answer to a ping.
     Heartbeat {
         /// When the session expires unless there is activity.
@@ -169,6 +174,9 @@ impl Downlink {
                 expires_at: expires_at.rfc3339(),
             },
             Self::Registered { tools } => RelayFrame::Registered { tools: *tools },
+            Self::Cancel { request_id } => RelayFrame::Cancel {
+                request_id: request_id.clone(),
+            },
             Self::Error { .. } | Self::Replaced | Self::Restarting => {
                 let (error, message) = self
                     .error()

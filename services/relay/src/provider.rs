@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use futures::StreamExt;
-use toolrelay::wire::{ProviderFrame, ProviderResponse, RelayFrame};
+use toolrelay::wire::{ProviderFrame, ProviderResponse, RelayFrame, RequestStatus};
 
 use crate::channel::{self, Receiver, Sender};
 use crate::clock::Timestamp;
@@ -478,7 +478,10 @@ impl Driver {
                     Some(SessionEvent::SessionEnded) | None => {
                         return Box::pin(self.expire("The session has ended. Start a new session to pair again.")).await;
                     }
-                    Some(SessionEvent::ResponseReady { id, .. }) => self.settled(&id),
+                    Some(SessionEvent::ResponseReady { id, record }) => {
+                        Box::pin(self.cancel_if_cancelled(&id, record)).await?;
+                        self.settled(&id);
+                    }
                     Some(SessionEvent::ManifestChanged) => {}
                 },
                 notice = attended.notices.recv() => match notice {
@@ -681,6 +684,33 @@ impl Driver {
         self.outstanding
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// A call this connection was given and has not answered was cancelled by its caller
+    /// (its answer, announced by the store, says so): tell the provider to stop running it.
+    async fn cancel_if_cancelled(
+        &self,
+        id: &str,
+        record: Option<Box<RequestRecord>>,
+    ) -> Result<(), Gone> {
+        if !self.outstanding().contains_key(id) {
+            return Ok(());
+        }
+        let status = match record {
+            Some(record) => Some(record.status),
+            // Not sent along with the event: read it.
+            None => match self.relay.store().request(&self.code, id).await {
+                Ok(record) => record.map(|record| record.status),
+                Err(_) => None,
+            },
+        };
+        if status == Some(RequestStatus::Cancelled) {
+            self.send(Downlink::Cancel {
+                request_id: id.to_owned(),
+            })
+            .await?;
+        }
+        Ok(())
     }
 
     /// A call this connection was given has its answer: it is no longer outstanding, and is

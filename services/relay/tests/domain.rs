@@ -429,11 +429,16 @@ async fn polled_calls_are_handed_out_again_after_their_lease() {
     let token = Some(session.provider_token.as_str());
     let call = relay.submit(code, echo("poll me")).await.unwrap();
 
-    let first = relay.poll(code, token, None).await.unwrap();
+    let first = relay.poll(code, token, None, &[]).await.unwrap().requests;
     assert_eq!(first.len(), 1);
     assert_eq!(first[0].request_id, call.request_id);
     assert!(
-        relay.poll(code, token, None).await.unwrap().is_empty(),
+        relay
+            .poll(code, token, None, &[])
+            .await
+            .unwrap()
+            .requests
+            .is_empty(),
         "leased"
     );
     assert_eq!(
@@ -446,7 +451,7 @@ async fn polled_calls_are_handed_out_again_after_their_lease() {
     );
 
     advance(Duration::from_secs(31)).await;
-    let again = relay.poll(code, token, None).await.unwrap();
+    let again = relay.poll(code, token, None, &[]).await.unwrap().requests;
     assert_eq!(again.len(), 1, "the lease ran out");
     assert_eq!(
         relay.session_status(code).await.unwrap().transport,
@@ -875,9 +880,10 @@ async fn an_answer_after_the_deadline_does_not_complete_the_call() {
     let code = session.code.as_str();
     let call = relay.submit(code, echo("slow")).await.unwrap();
     let polled = relay
-        .poll(code, Some(&session.provider_token), None)
+        .poll(code, Some(&session.provider_token), None, &[])
         .await
-        .unwrap();
+        .unwrap()
+        .requests;
     assert_eq!(polled.len(), 1);
     advance(Duration::from_secs(61)).await;
     let late = relay
@@ -1139,7 +1145,7 @@ async fn finished_calls_are_counted_once_under_what_answered_them() {
     }
 
     relay.submit(code, echo("polled")).await.unwrap();
-    let polled = relay.poll(code, token, None).await.unwrap();
+    let polled = relay.poll(code, token, None, &[]).await.unwrap().requests;
     relay
         .post_response(code, token, answer(&polled[0].request_id, json!("polled")))
         .await
@@ -1216,4 +1222,111 @@ async fn calls_handed_over_in_a_burst_all_reach_the_tab() {
         30,
         "calls handed over that never reached the tab"
     );
+}
+
+/// A cancelled call that was only queued is never delivered; its status and its answer say
+/// `cancelled`; cancelling again changes nothing.
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_queued_call_is_never_delivered() {
+    let relay = relay(RelayConfig::default());
+    let session = session_with_tools(&relay).await;
+    let code = session.code.as_str();
+    let queued = relay.submit(code, echo("never")).await.unwrap();
+
+    let view = relay.cancel(code, &queued.request_id).await.unwrap();
+    assert_eq!(view.status, RequestStatus::Cancelled);
+    let ended = view.response.unwrap();
+    assert!(!ended.success);
+    assert_eq!(ended.error.unwrap().code, "cancelled");
+    let again = relay.cancel(code, &queued.request_id).await.unwrap();
+    assert_eq!(again.status, RequestStatus::Cancelled, "idempotent");
+
+    // A tab attaching now is given the next call, not the cancelled one.
+    let mut link = attach(&relay, &session).await;
+    let next_call = relay.submit(code, echo("next")).await.unwrap();
+    assert_eq!(request_id(next(&mut link).await), next_call.request_id);
+    relay
+        .post_response(
+            code,
+            Some(&session.provider_token),
+            answer(&next_call.request_id, json!("next")),
+        )
+        .await
+        .unwrap();
+    // Nor does a poller taking over: nothing is left to hand out.
+    let polled = relay
+        .poll(code, Some(&session.provider_token), None, &[])
+        .await
+        .unwrap();
+    assert!(polled.requests.is_empty(), "{polled:?}");
+    assert_eq!(
+        metric(
+            &relay,
+            "toolrelay_calls_total{status=\"cancelled\",transport=\"none\"}"
+        )
+        .await,
+        1.0
+    );
+}
+
+/// A delivered call's tab is told to stop; its late answer is refused with the call's status;
+/// a call with an answer keeps it when cancelled.
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_delivered_call_tells_its_tab_and_refuses_a_late_answer() {
+    let relay = relay(RelayConfig::default());
+    let session = session_with_tools(&relay).await;
+    let code = session.code.as_str();
+    let token = Some(session.provider_token.as_str());
+    let mut link = attach(&relay, &session).await;
+    let delivered = relay.submit(code, echo("stop me")).await.unwrap();
+    assert_eq!(request_id(next(&mut link).await), delivered.request_id);
+
+    let view = relay.cancel(code, &delivered.request_id).await.unwrap();
+    assert_eq!(view.status, RequestStatus::Cancelled);
+    assert_eq!(
+        next(&mut link).await,
+        Downlink::Cancel {
+            request_id: delivered.request_id.clone()
+        }
+    );
+    let late = relay
+        .post_response(code, token, answer(&delivered.request_id, json!("late")))
+        .await
+        .unwrap();
+    assert!(!late.accepted);
+    assert_eq!(late.status, RequestStatus::Cancelled);
+
+    let answered = relay.submit(code, echo("done")).await.unwrap();
+    assert_eq!(request_id(next(&mut link).await), answered.request_id);
+    relay
+        .post_response(code, token, answer(&answered.request_id, json!("done")))
+        .await
+        .unwrap();
+    let kept = relay.cancel(code, &answered.request_id).await.unwrap();
+    assert_eq!(kept.status, RequestStatus::Completed, "it keeps its answer");
+    assert!(matches!(
+        relay.cancel(code, "no-such-call").await,
+        Err(RelayError::RequestNotFound { .. })
+    ));
+}
+
+/// A polling tab names the calls it runs; a poll after one is cancelled says so, once the call
+/// was handed to polling.
+#[tokio::test(start_paused = true)]
+async fn a_polling_tab_learns_of_a_cancel_by_naming_what_it_runs() {
+    let relay = relay(RelayConfig::default());
+    let session = session_with_tools(&relay).await;
+    let code = session.code.as_str();
+    let token = Some(session.provider_token.as_str());
+    let call = relay.submit(code, echo("polled")).await.unwrap();
+    let polled = relay.poll(code, token, None, &[]).await.unwrap();
+    assert_eq!(polled.requests.len(), 1);
+    let running = vec![call.request_id.clone(), "not-mine".to_owned()];
+    let nothing_yet = relay.poll(code, token, None, &running).await.unwrap();
+    assert!(nothing_yet.cancelled.is_empty());
+
+    relay.cancel(code, &call.request_id).await.unwrap();
+    let told = relay.poll(code, token, None, &running).await.unwrap();
+    assert_eq!(told.cancelled, vec![call.request_id]);
+    assert!(told.requests.is_empty());
 }

@@ -10,7 +10,8 @@ use poem_openapi::types::ToJSON;
 use poem_openapi::{ApiResponse, OpenApi};
 use serde_json::Value;
 use toolrelay_relay::relay::operations::{
-    AwaitResponse, Call, GetManifest, GetRequestStatus, GetSession, ListResponses, Submit,
+    AwaitResponse, Call, CancelRequest, GetManifest, GetRequestStatus, GetSession, ListResponses,
+    Submit,
 };
 use toolrelay_relay::{CallInput, ErrorCode};
 
@@ -279,7 +280,7 @@ impl LlmApi {
 
     /// Get one call's status and answer
     ///
-    /// Where the call stands (queued, delivered, completed, failed, expired) and its answer
+    /// Where the call stands (queued, delivered, completed, failed, expired, cancelled) and its answer
     /// once it has one.
     #[oai(
         path = "/api/sessions/:code/requests/:requestId",
@@ -302,6 +303,40 @@ impl LlmApi {
             .run(
                 caller,
                 GetRequestStatus {
+                    code: code.0,
+                    request_id: request_id.0,
+                },
+            )
+            .await?;
+        Ok(Json(view.into()))
+    }
+
+    /// Cancel a call
+    ///
+    /// Ends a call that has no answer yet: a queued call is never delivered, the tab running
+    /// a delivered one is told to stop, and its status becomes cancelled. A call that has its
+    /// answer keeps it. Idempotent: answers where the call stands.
+    #[oai(
+        path = "/api/sessions/:code/requests/:requestId",
+        method = "delete",
+        operation_id = "cancelCall"
+    )]
+    async fn cancel_call(
+        &self,
+        /// The pairing code the user gave you, e.g. ABCD-EFGH.
+        code: Path<String>,
+        /// The requestId of the call.
+        #[oai(name = "requestId")]
+        request_id: Path<String>,
+        client: Client,
+    ) -> Result<Json<CallState>, ApiError> {
+        let caller = &client.0;
+        let view = self
+            .state
+            .relay
+            .run(
+                caller,
+                CancelRequest {
                     code: code.0,
                     request_id: request_id.0,
                 },

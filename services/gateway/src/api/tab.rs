@@ -26,7 +26,7 @@ use toolrelay_relay::{
 
 use super::{Client, State, Tag, provider_token};
 use crate::error::ApiError;
-use crate::types::{CreatedSession, PendingCall, Registered, ResponseAccepted, TabResponse};
+use crate::types::{CreatedSession, PolledItem, Registered, ResponseAccepted, TabResponse};
 
 /// The tab-side operations.
 pub struct TabApi {
@@ -147,8 +147,10 @@ impl TabApi {
 
     /// Fetch waiting calls (polling fallback)
     ///
-    /// Returns the calls waiting for this tab as a JSON array and hands them to it for 30 s;
-    /// a call not answered by then is handed out again. Poll every second.
+    /// Returns the calls waiting for this tab as a JSON array (`type: "tool-request"`) and
+    /// hands them to it for 30 s; a call not answered by then is handed out again. Poll every
+    /// second. Name the calls the tab is running in `running`: those their callers cancelled
+    /// come first, as `{type: "cancel", requestId}` items.
     #[oai(
         path = "/api/sessions/:code/request",
         method = "get",
@@ -163,11 +165,21 @@ impl TabApi {
         /// `Bearer <providerToken>`.
         #[oai(name = "Authorization")]
         authorization: Header<Option<String>>,
+        /// The requestIds of the calls the tab is running, comma-separated (at most 64 are
+        /// looked at).
+        running: Query<Option<String>>,
         client: Client,
-    ) -> Result<Json<Vec<PendingCall>>, ApiError> {
+    ) -> Result<Json<Vec<PolledItem>>, ApiError> {
         let caller = &client.0;
         let token = provider_token(authorization.as_deref(), token.0);
-        let calls = self
+        let running = running
+            .0
+            .iter()
+            .flat_map(|ids| ids.split(','))
+            .filter(|id| !id.is_empty())
+            .map(str::to_owned)
+            .collect();
+        let polled = self
             .state
             .relay
             .run(
@@ -176,10 +188,11 @@ impl TabApi {
                     code: code.0,
                     token,
                     max: None,
+                    running,
                 },
             )
             .await?;
-        Ok(Json(calls.into_iter().map(PendingCall::from).collect()))
+        Ok(Json(PolledItem::all(polled)))
     }
 
     /// Answer a call

@@ -12,7 +12,7 @@ use rmcp::service::{RequestContext, SubscriptionContext};
 use serde_json::{Value, json};
 use toolrelay_relay::builtin::{FailureCode, Scope};
 use toolrelay_relay::relay::operations::{
-    AwaitResponse, CallTool, GetManifest, ResolveHandle, Submit,
+    AwaitResponse, CallTool, CancelRequest, GetManifest, ResolveHandle, Submit,
 };
 use toolrelay_relay::{CallInput, Caller, ErrorCode, ErrorInfo, ErrorKind, RelayApi, SessionCode};
 
@@ -190,7 +190,15 @@ impl RelayMcp {
                     Ok(next) => view = next,
                     Err(error) => return from_error(&error),
                 },
-                () = context.ct.cancelled() => return failure("cancelled", "The call was cancelled by the client."),
+                () = context.ct.cancelled() => {
+                    // The client cancelled (`notifications/cancelled`, or it closed the
+                    // response stream): the call ends for the tab too.
+                    let cancel = CancelRequest { code: code.to_owned(), request_id: view.request_id.clone() };
+                    if let Err(error) = relay.run(caller, cancel).await {
+                        tracing::warn!(error = %error.message, "a call its MCP client cancelled could not be cancelled");
+                    }
+                    return failure(ErrorCode::Cancelled.as_str(), "The call was cancelled by the client.");
+                }
             }
             if view.response.is_none()
                 && let Some(token) = token.clone()
@@ -240,19 +248,19 @@ impl RelayMcp {
             return failure(limited.code.as_str(), &limited.message);
         }
         let scope = mcp_session_of(context).map_or(Scope::None, Scope::Mcp);
-        match self
-            .state
-            .relay
-            .run(
-                &caller,
-                CallTool {
-                    name: name.to_owned(),
-                    args: arguments,
-                    scope,
-                },
-            )
-            .await
-        {
+        let call = CallTool {
+            name: name.to_owned(),
+            args: arguments,
+            scope,
+        };
+        // A cancelled call's run is dropped: a sandboxed process is killed, its slot freed.
+        let outcome = tokio::select! {
+            outcome = self.state.relay.run(&caller, call) => outcome,
+            () = context.ct.cancelled() => {
+                return failure(ErrorCode::Cancelled.as_str(), "The call was cancelled by the client.");
+            }
+        };
+        match outcome {
             Ok(Ok(value)) => success(value),
             Ok(Err(error)) => failure(&error.code.to_string(), &error.message),
             // The relay could not be reached (the gateway's own callers are let in).

@@ -22,6 +22,7 @@ pub(super) fn status_index(status: RequestStatus) -> Option<usize> {
         RequestStatus::Completed => Some(0),
         RequestStatus::Failed => Some(1),
         RequestStatus::Expired => Some(2),
+        RequestStatus::Cancelled => Some(3),
         _ => None,
     }
 }

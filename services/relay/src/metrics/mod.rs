@@ -65,8 +65,9 @@ struct Inner {
     sessions_created: Counter,
     sessions_expired: Counter,
     sessions_active: Gauge,
-    /// By [`status_index`], then [`AnsweredBy::index`] (every `expired` one is the same).
-    calls: [[Counter; AnsweredBy::COUNT]; 3],
+    /// By [`status_index`], then [`AnsweredBy::index`] (every `expired` one is the same, and
+    /// so is every `cancelled` one).
+    calls: [[Counter; AnsweredBy::COUNT]; 4],
     queue_depth: Gauge,
     /// By [`connection_index`].
     providers: [Gauge; 3],

@@ -70,15 +70,18 @@ impl Metrics {
                 .get_or_create_owned(&[("status", status.as_str()), ("transport", by.as_str())])
         };
         // Nothing answers an expired call: it has the one series `transport="none"`.
+        // Nor a cancelled one: its caller ended it (`transport="none"`).
         let expired = call(RequestStatus::Expired, AnsweredBy::Nobody);
+        let cancelled = call(RequestStatus::Cancelled, AnsweredBy::Nobody);
         let calls = [
             AnsweredBy::ALL.map(|by| call(RequestStatus::Completed, by)),
             AnsweredBy::ALL.map(|by| call(RequestStatus::Failed, by)),
             AnsweredBy::ALL.map(|_| expired.clone()),
+            AnsweredBy::ALL.map(|_| cancelled.clone()),
         ];
         registry.register(
             "toolrelay_calls",
-            "Calls finished, by how they ended and what answered them (none: they expired), counted once by the replica that finished them",
+            "Calls finished, by how they ended and what answered them (none: they expired or were cancelled), counted once by the replica that finished them",
             calls_family,
         );
         let queue_depth = Gauge::default();

@@ -1,4 +1,5 @@
-//! Answers: a provider's answer to a call, checked where it enters the system.
+//! Answers: a provider's answer to a call, checked where it enters the system; and a call's
+//! end by its caller (cancellation), which is recorded as its answer.
 
 use serde_json::Value;
 use tonic::Status;
@@ -7,16 +8,16 @@ use toolrelay::proto::v1 as pb;
 use toolrelay::wire::{ProviderResponse, RequestStatus, ToolError, ToolResponse};
 
 use super::calls::is_valid_request_id;
-use super::{Relay, ResponseOutcome, millis, not_found};
+use super::{Relay, RequestView, ResponseOutcome, millis, not_found};
 use crate::api::Outcome;
 use crate::code::SessionCode;
-use crate::error::RelayError;
+use crate::error::{ErrorCode, RelayError};
 use crate::limits::Caller;
 use crate::metrics::AnsweredBy;
 use crate::operation::{Credential, Credentials, Operation, Visitor};
 use crate::pool::Retry;
 use crate::remote::RemoteRelay;
-use crate::store::{Answerer, Finished};
+use crate::store::{Answerer, Finished, RequestRecord};
 
 impl Relay {
     /// A provider's answer to a call, over any transport. Needs the provider token.
@@ -58,17 +59,7 @@ impl Relay {
             .await?;
         let outcome = match finished {
             Finished::Finished(record) => {
-                self.inner.metrics.call_finished(record.status, by);
-                // Which tool, how it ended, how long it took: never its arguments or result.
-                tracing::info!(
-                    code = %code.redacted(),
-                    request_id = %record.id,
-                    call_correlation_id = record.correlation_id.as_deref().unwrap_or(""),
-                    function = %record.function_name,
-                    status = record.status.as_str(),
-                    duration_ms = millis(self.now().since(record.created_at)),
-                    "call finished"
-                );
+                self.finished(code, &record, by);
                 ResponseOutcome {
                     request_id,
                     status: record.status,
@@ -99,6 +90,75 @@ impl Relay {
             Some(error) if outcome.accepted => Err(error),
             _ => Ok(outcome),
         }
+    }
+
+    /// A call got its end here (`by` gave it): counted, and logged with which tool, how it
+    /// ended and how long it took — never its arguments or result.
+    fn finished(&self, code: &SessionCode, record: &RequestRecord, by: AnsweredBy) {
+        self.inner.metrics.call_finished(record.status, by);
+        tracing::info!(
+            code = %code.redacted(),
+            request_id = %record.id,
+            call_correlation_id = record.correlation_id.as_deref().unwrap_or(""),
+            function = %record.function_name,
+            status = record.status.as_str(),
+            duration_ms = millis(self.now().since(record.created_at)),
+            "call finished"
+        );
+    }
+
+    /// Cancels a call for its caller: its answer becomes a `cancelled` failure, so a queued
+    /// call is never delivered, the connection running a delivered one is told to stop
+    /// (`cancel`, from the answer's event, on whichever replica serves the tab), a built-in
+    /// run stops, and a late answer is refused. A call that has its answer keeps it:
+    /// cancelling is idempotent, and answers where the call stands.
+    pub async fn cancel(&self, code: &str, request_id: &str) -> Result<RequestView, RelayError> {
+        let code = SessionCode::parse(code)?;
+        let record = self.request_record(&code, request_id).await?;
+        if record.status.is_terminal() {
+            return self.view(&code, record).await;
+        }
+        let response = ToolResponse {
+            request_id: request_id.to_owned(),
+            success: false,
+            result: None,
+            error: Some(ToolError {
+                code: ErrorCode::Cancelled.as_str().to_owned(),
+                message: "The caller cancelled the call before it had an answer.".to_owned(),
+            }),
+        };
+        let now = self.now();
+        let until = now.plus(self.inner.config.session_ttl);
+        let status = RequestStatus::Cancelled;
+        let finished = self
+            .inner
+            .store
+            .finish(
+                &code,
+                request_id,
+                status,
+                response,
+                Answerer::Relay,
+                now,
+                until,
+            )
+            .await?;
+        let record = match finished {
+            Finished::Finished(record) => {
+                self.finished(&code, &record, AnsweredBy::Nobody);
+                record
+            }
+            // Answered (or expired) meanwhile: it keeps that end.
+            Finished::AlreadyFinished(record) => record,
+            Finished::NoSession => return Err(not_found(&code)),
+            Finished::NoRequest | Finished::NotDelivered => {
+                return Err(RelayError::RequestNotFound {
+                    code: code.display(),
+                    request_id: request_id.to_owned(),
+                });
+            }
+        };
+        self.view(&code, record).await
     }
 
     /// The limits a provider's answer must respect.
@@ -326,7 +386,56 @@ impl Operation for PostResponse {
     }
 }
 
+/// Cancels a call (by its caller): see [`Relay::cancel`].
+#[derive(Debug, Clone)]
+pub struct CancelRequest {
+    /// The session code.
+    pub code: String,
+    /// The call.
+    pub request_id: String,
+}
+
+impl Operation for CancelRequest {
+    const PATH: &'static str = "/toolrelay.v1.Relay/CancelRequest";
+    // Cancelling twice ends the call once.
+    const RETRY: Retry = Retry::Safe;
+    type Message = pb::CancelRequestRequest;
+    type Reply = pb::RequestState;
+    type Output = RequestView;
+
+    async fn run(self, relay: &Relay, caller: &Caller) -> Result<RequestView, RelayError> {
+        // What reading the call's status takes: the caller's budget and the guard.
+        relay.limits().admit(caller)?;
+        let cancelled = relay.cancel(&self.code, &self.request_id);
+        relay.guarded(caller, cancelled).await
+    }
+
+    fn into_message(self) -> (Self::Message, Credential) {
+        let message = pb::CancelRequestRequest {
+            code: self.code,
+            request_id: self.request_id,
+        };
+        (message, Credential::None)
+    }
+
+    fn from_message(message: Self::Message, _: Credentials) -> Result<Self, Status> {
+        Ok(Self {
+            code: message.code,
+            request_id: message.request_id,
+        })
+    }
+
+    fn reply(output: RequestView) -> Self::Reply {
+        output.into()
+    }
+
+    fn output(reply: Self::Reply) -> Result<RequestView, Malformed> {
+        Ok(reply.into())
+    }
+}
+
 /// This family's operations, for the gRPC server's routes ([`crate::operation::each`]).
 pub(super) fn operations(visitor: &mut impl Visitor) {
     visitor.visit::<PostResponse>();
+    visitor.visit::<CancelRequest>();
 }

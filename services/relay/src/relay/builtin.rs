@@ -5,6 +5,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use serde_json::Value;
 use tonic::Status;
 use toolrelay::convert::Malformed;
@@ -23,7 +24,7 @@ use crate::metrics::{AnsweredBy, MipTool};
 use crate::operation::{Credential, Credentials, Operation, Visitor};
 use crate::pool::Retry;
 use crate::remote::RemoteRelay;
-use crate::store::{Answerer, BUILTIN_LEASE, NewRequest, RequestRecord};
+use crate::store::{Answerer, BUILTIN_LEASE, NewRequest, RequestRecord, SessionEvent};
 
 impl Relay {
     /// The built-in tools.
@@ -129,6 +130,13 @@ impl Relay {
                     return;
                 }
             }
+            // The call's answer from elsewhere (its caller cancelled it) stops the run: the
+            // tool's future is dropped, which ends its sandbox process or its solve and frees
+            // its slot.
+            let mut answered = match relay.inner.store.listen_for_answer(&code, &id).await {
+                Ok(events) => events,
+                Err(_) => Box::pin(futures::stream::pending()),
+            };
             let context = relay.tool_context(Scope::Session(code.clone()));
             let mut run = std::pin::pin!(relay.inner.tools.call(&name, args, &context));
             let mut renew = tokio::time::interval(BUILTIN_LEASE / 3);
@@ -136,6 +144,16 @@ impl Relay {
             let outcome = loop {
                 tokio::select! {
                     outcome = &mut run => break outcome,
+                    event = answered.next() => match event {
+                        Some(SessionEvent::ResponseReady { id: answered_id, .. }) if answered_id == id => {
+                            tracing::info!(code = %code.redacted(), request_id = %id, function = %name, "a built-in call was cancelled; its run stops");
+                            return;
+                        }
+                        Some(SessionEvent::SessionEnded) => return,
+                        // Lost events, or the stream's end: the lease's renewal finds out.
+                        Some(_) => {}
+                        None => answered = Box::pin(futures::stream::pending()),
+                    },
                     _ = renew.tick() => match lease().await {
                         Ok(Some(_)) => {}
                         Ok(None) => return,

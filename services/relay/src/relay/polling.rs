@@ -1,9 +1,10 @@
-//! Polling: a provider without a connection takes its session's waiting calls by asking.
+//! Polling: a provider without a connection takes its session's waiting calls by asking, and
+//! learns which of the calls it runs were cancelled by saying which it runs.
 
 use tonic::Status;
 use toolrelay::convert::Malformed;
 use toolrelay::proto::v1 as pb;
-use toolrelay::wire::ToolRequest;
+use toolrelay::wire::{RequestStatus, ToolRequest};
 
 use super::Relay;
 use crate::api::Outcome;
@@ -16,18 +17,33 @@ use crate::store::{Claim, ProviderInfo, Transport};
 
 /// The connection id shared by every poll of a session.
 const POLLING_CONNECTION: &str = "polling";
+/// Most running calls a poll asks about (more are not looked at).
+pub const MAX_RUNNING: usize = 64;
+
+/// What a poll hands out: calls to run, and which of the calls the poller said it runs were
+/// cancelled by their callers.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Polled {
+    /// Calls to run.
+    pub requests: Vec<ToolRequest>,
+    /// Calls to stop running.
+    pub cancelled: Vec<String>,
+}
 
 impl Relay {
     /// The polling fallback: hands out the session's waiting calls (at most `max`, all when
     /// `None`) under a lease; a call not answered within the lease is handed out again.
     /// Needs the provider token; polling makes the poller the session's provider. None while
-    /// the relay hands its tabs over ([`crate::drain::Drain::hand_over`]).
+    /// the relay hands its tabs over ([`crate::drain::Drain::hand_over`]). Of the calls in
+    /// `running` (at most [`MAX_RUNNING`]), those handed to the poller and since cancelled are
+    /// named in [`Polled::cancelled`].
     pub async fn poll(
         &self,
         code: &str,
         token: Option<&str>,
         max: Option<usize>,
-    ) -> Result<Vec<ToolRequest>, RelayError> {
+        running: &[String],
+    ) -> Result<Polled, RelayError> {
         let (code, session) = self.authorized(code, token).await?;
         let now = self.now();
         let is_current = session
@@ -46,10 +62,22 @@ impl Relay {
             self.store().set_provider(&code, provider).await?;
         }
         self.touch(&code, Some(POLLING_CONNECTION)).await?;
+        let mut cancelled = Vec::new();
+        for id in running.iter().take(MAX_RUNNING) {
+            if let Some(record) = self.store().request(&code, id).await?
+                && record.status == RequestStatus::Cancelled
+                && record.delivered_to.as_deref() == Some(POLLING_CONNECTION)
+            {
+                cancelled.push(record.id);
+            }
+        }
         // A relay handing its tabs over hands out no new call: the poller's next poll, on
         // another relay, takes them.
         if self.drain().is_handing_over() {
-            return Ok(Vec::new());
+            return Ok(Polled {
+                requests: Vec::new(),
+                cancelled,
+            });
         }
         let claim = Claim {
             connection_id: POLLING_CONNECTION.to_owned(),
@@ -59,7 +87,10 @@ impl Relay {
             redeliver: false,
         };
         let claimed = self.store().claim(&code, &claim).await?;
-        Ok(claimed.iter().map(|record| record.tool_request()).collect())
+        Ok(Polled {
+            requests: claimed.iter().map(|record| record.tool_request()).collect(),
+            cancelled,
+        })
     }
 }
 
@@ -72,6 +103,8 @@ pub struct PollRequests {
     pub token: Option<String>,
     /// Most calls handed out (all when `None`).
     pub max: Option<usize>,
+    /// The calls the poller runs (to learn which were cancelled).
+    pub running: Vec<String>,
 }
 
 impl Operation for PollRequests {
@@ -80,11 +113,11 @@ impl Operation for PollRequests {
     const RETRY: Retry = Retry::IfNotSent;
     type Message = pb::PollRequestsRequest;
     type Reply = pb::PollRequestsResponse;
-    type Output = Vec<ToolRequest>;
+    type Output = Polled;
 
-    async fn run(self, relay: &Relay, caller: &Caller) -> Result<Vec<ToolRequest>, RelayError> {
+    async fn run(self, relay: &Relay, caller: &Caller) -> Result<Polled, RelayError> {
         let token = self.token.as_deref();
-        let polled = relay.poll(&self.code, token, self.max);
+        let polled = relay.poll(&self.code, token, self.max, &self.running);
         relay.guarded_provider(caller, token, polled).await
     }
 
@@ -94,6 +127,7 @@ impl Operation for PollRequests {
             max: self
                 .max
                 .map_or(0, |max| u32::try_from(max).unwrap_or(u32::MAX)),
+            running: self.running,
         };
         (message, Credential::token(self.token))
     }
@@ -104,20 +138,25 @@ impl Operation for PollRequests {
             code: message.code,
             token: credentials.bearer,
             max,
+            running: message.running,
         })
     }
 
-    fn reply(output: Vec<ToolRequest>) -> Self::Reply {
+    fn reply(output: Polled) -> Self::Reply {
         pb::PollRequestsResponse {
-            requests: output.into_iter().map(Into::into).collect(),
+            requests: output.requests.into_iter().map(Into::into).collect(),
+            cancelled: output.cancelled,
         }
     }
 
-    fn output(reply: Self::Reply) -> Result<Vec<ToolRequest>, Malformed> {
-        Ok(reply.requests.into_iter().map(Into::into).collect())
+    fn output(reply: Self::Reply) -> Result<Polled, Malformed> {
+        Ok(Polled {
+            requests: reply.requests.into_iter().map(Into::into).collect(),
+            cancelled: reply.cancelled,
+        })
     }
 
-    async fn send(self, remote: &RemoteRelay, caller: &Caller) -> Outcome<Vec<ToolRequest>> {
+    async fn send(self, remote: &RemoteRelay, caller: &Caller) -> Outcome<Polled> {
         // A stopping gateway hands out no more calls, as one process does.
         remote.accepting()?;
         remote.unary(caller, self).await

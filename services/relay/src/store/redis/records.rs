@@ -119,6 +119,7 @@ fn status_of(name: &str) -> Result<RequestStatus, StoreError> {
         "completed" => RequestStatus::Completed,
         "failed" => RequestStatus::Failed,
         "expired" => RequestStatus::Expired,
+        "cancelled" => RequestStatus::Cancelled,
         _ => return Err(corrupt("status")),
     })
 }

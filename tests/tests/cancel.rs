@@ -1,0 +1,293 @@
+//! Cancellation, end to end: a caller over REST (`DELETE …/requests/{id}`), gRPC
+//! (`CancelRequest`) or MCP (`notifications/cancelled`) ends a call. A queued call is never
+//! delivered; a delivered one's tab — the SDK's own transport and dispatcher under node, over
+//! WebSocket, SSE or polling — sees its AbortSignal aborted; the call reads `cancelled`,
+//! through either replica of a fleet on Redis; a late answer is refused.
+#![allow(clippy::unwrap_used)] // a test that cannot unwrap should fail loudly
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use rmcp::model::{CallToolRequestParams, ClientRequest};
+use rmcp::service::PeerRequestOptions;
+use serde_json::{Value, json};
+use toolrelay::proto::v1::{self as pb, CancelRequestRequest};
+use toolrelay_tests::cluster::Cluster;
+use toolrelay_tests::sdk_tab::SdkTab;
+use toolrelay_tests::system::{Answer, System, send};
+use toolrelay_tests::{PATIENCE, demo_tools, mcp, relay_client, wait_until};
+
+/// A tool call takes this long in the test's tabs unless it is cancelled.
+const LONG: Duration = Duration::from_secs(120);
+
+/// Queues `echo` on a session through `base` (`POST …/request`): its requestId.
+async fn queue(http: &reqwest::Client, base: &str, code: &str) -> String {
+    let queued = send(
+        http.post(format!("{base}/api/sessions/{code}/request"))
+            .json(&json!({"functionName": "echo", "args": {"text": "stop me"}})),
+    )
+    .await;
+    assert_eq!(queued.status, StatusCode::ACCEPTED, "{queued:?}");
+    queued.body["requestId"].as_str().unwrap().to_owned()
+}
+
+/// `DELETE …/requests/{id}` through `base`.
+async fn cancel(http: &reqwest::Client, base: &str, code: &str, id: &str) -> Answer {
+    send(http.delete(format!("{base}/api/sessions/{code}/requests/{id}"))).await
+}
+
+/// The call's status as `GET …/requests/{id}` through `base` reads it.
+async fn status(http: &reqwest::Client, base: &str, code: &str, id: &str) -> Value {
+    let answer = send(http.get(format!("{base}/api/sessions/{code}/requests/{id}"))).await;
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    answer.body["status"].clone()
+}
+
+/// Waits until the tab runs `id`.
+async fn until_running(tab: &SdkTab, id: &str) {
+    tab.until(&format!("running {id}"), PATIENCE, |ledger| {
+        ledger.runs.contains_key(id)
+    })
+    .await;
+}
+
+/// Waits until the tab's tool sees `id`'s signal aborted.
+async fn until_aborted(tab: &SdkTab, id: &str) {
+    tab.until(&format!("{id} aborted"), PATIENCE, |ledger| {
+        ledger.aborted.iter().any(|aborted| aborted == id)
+    })
+    .await;
+}
+
+/// A session whose tools are registered but whose tab is not there: calls stay queued.
+async fn without_tab(system: &System) -> (String, String) {
+    let (code, token) = system.create_session().await;
+    system.put_manifest(&code, &token, demo_tools()).await;
+    (code, token)
+}
+
+/// A session with the SDK tab attached over `kind`, its tools registered: its code, token
+/// and tab.
+async fn with_tab(system: &System, kind: &str) -> (String, String, SdkTab) {
+    let (code, token) = system.create_session().await;
+    let tab = SdkTab::over(&system.base, &code, &token, LONG, kind);
+    tab.until("registered", PATIENCE, |ledger| ledger.registrations > 0)
+        .await;
+    (code, token, tab)
+}
+
+#[tokio::test]
+async fn a_queued_call_cancelled_over_rest_or_grpc_is_never_delivered() {
+    let system = System::start().await;
+    let http = &system.http;
+    let base = system.base.as_str();
+    let (code, token) = without_tab(&system).await;
+
+    let over_rest = queue(http, base, &code).await;
+    let cancelled = cancel(http, base, &code, &over_rest).await;
+    assert_eq!(cancelled.status, StatusCode::OK, "{cancelled:?}");
+    assert_eq!(cancelled.body["status"], "cancelled");
+    assert_eq!(cancelled.body["response"]["error"]["code"], "cancelled");
+    let again = cancel(http, base, &code, &over_rest).await;
+    assert_eq!(again.body["status"], "cancelled", "idempotent: {again:?}");
+
+    let over_grpc = queue(http, base, &code).await;
+    let mut client = relay_client(system.grpc).await;
+    let state = client
+        .cancel_request(CancelRequestRequest {
+            code: code.clone(),
+            request_id: over_grpc.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(state.status(), pb::RequestStatus::Cancelled);
+    assert_eq!(status(http, base, &code, &over_grpc).await, "cancelled");
+
+    // The tab comes: it runs the call queued after them, never the cancelled ones.
+    let kept = queue(http, base, &code).await;
+    let tab = SdkTab::start(base, &code, &token, Duration::ZERO);
+    until_running(&tab, &kept).await;
+    wait_until(PATIENCE, async || {
+        match status(http, base, &code, &kept).await {
+            status if status == "completed" => Ok(()),
+            other => Err(format!("the kept call is {other}")),
+        }
+    })
+    .await;
+    tab.read(|ledger| {
+        assert!(!ledger.runs.contains_key(&over_rest), "{:?}", ledger.runs);
+        assert!(!ledger.runs.contains_key(&over_grpc), "{:?}", ledger.runs);
+    });
+
+    let unknown = cancel(http, base, &code, "no-such-call").await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND, "{unknown:?}");
+    assert_eq!(unknown.body["error"], "request_not_found");
+    system.stop().await;
+}
+
+#[tokio::test]
+async fn a_delivered_call_cancelled_over_rest_or_grpc_aborts_the_tools_signal() {
+    let system = System::start().await;
+    let http = &system.http;
+    let base = system.base.as_str();
+    let (code, token, tab) = with_tab(&system, "websocket").await;
+
+    let over_rest = queue(http, base, &code).await;
+    until_running(&tab, &over_rest).await;
+    let cancelled = cancel(http, base, &code, &over_rest).await;
+    assert_eq!(cancelled.body["status"], "cancelled", "{cancelled:?}");
+    until_aborted(&tab, &over_rest).await;
+    assert_eq!(status(http, base, &code, &over_rest).await, "cancelled");
+
+    let over_grpc = queue(http, base, &code).await;
+    until_running(&tab, &over_grpc).await;
+    let mut client = relay_client(system.grpc).await;
+    client
+        .cancel_request(CancelRequestRequest {
+            code: code.clone(),
+            request_id: over_grpc.clone(),
+        })
+        .await
+        .unwrap();
+    until_aborted(&tab, &over_grpc).await;
+    assert_eq!(status(http, base, &code, &over_grpc).await, "cancelled");
+
+    // A late answer (the tab's, posted with its token) is refused with the call's status.
+    let late = send(
+        http.post(format!("{base}/api/sessions/{code}/response"))
+            .bearer_auth(&token)
+            .json(&json!({"requestId": over_rest, "success": true, "result": {"text": "late"}})),
+    )
+    .await;
+    assert_eq!(late.status, StatusCode::OK, "{late:?}");
+    assert_eq!(late.body["accepted"], false, "{late:?}");
+    assert_eq!(late.body["status"], "cancelled", "{late:?}");
+    system.stop().await;
+}
+
+#[tokio::test]
+async fn sse_and_polling_tabs_see_the_cancel() {
+    let system = System::start().await;
+    let http = &system.http;
+    let base = system.base.as_str();
+    for kind in ["sse", "polling"] {
+        let (code, _token, tab) = with_tab(&system, kind).await;
+        let id = queue(http, base, &code).await;
+        until_running(&tab, &id).await;
+        let cancelled = cancel(http, base, &code, &id).await;
+        assert_eq!(
+            cancelled.body["status"], "cancelled",
+            "{kind}: {cancelled:?}"
+        );
+        until_aborted(&tab, &id).await;
+    }
+    system.stop().await;
+}
+
+#[tokio::test]
+async fn an_mcp_client_cancelling_ends_the_call_for_the_tab() {
+    let system = System::start().await;
+    let http = &system.http;
+    let base = system.base.as_str();
+    let created = system.post("/api/sessions", json!({})).await;
+    let code = created.body["code"].as_str().unwrap().to_owned();
+    let token = created.body["providerToken"].as_str().unwrap().to_owned();
+    let connector = created.body["connectorUrl"].as_str().unwrap().to_owned();
+    let tab = SdkTab::start(base, &code, &token, LONG);
+    tab.until("registered", PATIENCE, |ledger| ledger.registrations > 0)
+        .await;
+    let client = mcp::connect(&connector).await;
+
+    let arguments = json!({"text": "stop me"}).as_object().cloned().unwrap();
+    let request = ClientRequest::CallToolRequest(rmcp::model::CallToolRequest::new(
+        CallToolRequestParams::new("echo").with_arguments(arguments),
+    ));
+    let handle = client
+        .send_cancellable_request(request, PeerRequestOptions::no_options())
+        .await
+        .unwrap();
+    tab.until("the MCP call running", PATIENCE, |ledger| {
+        ledger.runs.len() == 1
+    })
+    .await;
+    let id = tab.read(|ledger| ledger.runs.keys().next().cloned().unwrap());
+    handle
+        .cancel(Some("the person changed their mind".into()))
+        .await
+        .unwrap();
+    until_aborted(&tab, &id).await;
+    wait_until(PATIENCE, async || {
+        match status(http, base, &code, &id).await {
+            status if status == "cancelled" => Ok(()),
+            other => Err(format!("the call is {other}")),
+        }
+    })
+    .await;
+    client.cancel().await.unwrap();
+    system.stop().await;
+}
+
+#[tokio::test]
+async fn a_cancel_through_one_replica_reaches_the_tab_on_the_other() {
+    let cluster = Cluster::start(2, 2, &[]).await;
+    let http = reqwest::Client::new();
+    let (caller_side, tab_side) = (cluster.gateways[0].as_str(), cluster.gateways[1].as_str());
+    let (code, token) = cluster.create_session(1).await;
+    let tab = SdkTab::start(tab_side, &code, &token, LONG);
+    tab.until("registered", PATIENCE, |ledger| ledger.registrations > 0)
+        .await;
+
+    let queued_then_delivered = queue(&http, caller_side, &code).await;
+    until_running(&tab, &queued_then_delivered).await;
+    let cancelled = cancel(&http, caller_side, &code, &queued_then_delivered).await;
+    assert_eq!(cancelled.body["status"], "cancelled", "{cancelled:?}");
+    until_aborted(&tab, &queued_then_delivered).await;
+    for side in [caller_side, tab_side] {
+        assert_eq!(
+            status(&http, side, &code, &queued_then_delivered).await,
+            "cancelled"
+        );
+    }
+}
+
+/// A MIP run cancelled while its sandboxed Python sleeps stops: its slot is free again.
+#[tokio::test]
+async fn a_cancelled_mip_run_frees_its_slot() {
+    let system = System::start().await;
+    let http = &system.http;
+    let base = system.base.as_str();
+    let (code, _token) = system.create_session().await;
+    // Longer than the test waits: only the cancel can end it in time (the sandbox's own
+    // wall-clock limit is 30 s).
+    let slow = "import time\ntime.sleep(300)\n";
+    let args = json!({"problemDefinitionCode": slow});
+    let queued = send(
+        http.post(format!("{base}/api/sessions/{code}/request"))
+            .json(&json!({"functionName": "generate_mip_problem", "args": args})),
+    )
+    .await;
+    assert_eq!(queued.status, StatusCode::ACCEPTED, "{queued:?}");
+    let id = queued.body["requestId"].as_str().unwrap().to_owned();
+    let busy = async |want: f64| {
+        let page = http.get(format!("{base}/metrics")).send().await;
+        let text = match page {
+            Ok(page) => page.text().await.unwrap_or_default(),
+            Err(error) => return Err(error.to_string()),
+        };
+        let slots = text
+            .lines()
+            .find_map(|line| line.strip_prefix("toolrelay_mip_slots_busy "))
+            .and_then(|n| n.parse::<f64>().ok());
+        if slots == Some(want) {
+            Ok(())
+        } else {
+            Err(format!("toolrelay_mip_slots_busy is {slots:?}, not {want}"))
+        }
+    };
+    wait_until(PATIENCE, async || busy(1.0).await).await;
+    let cancelled = cancel(http, base, &code, &id).await;
+    assert_eq!(cancelled.body["status"], "cancelled", "{cancelled:?}");
+    wait_until(PATIENCE, async || busy(0.0).await).await;
+    system.stop().await;
+}
