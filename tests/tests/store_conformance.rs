@@ -1423,6 +1423,46 @@ async fn replicas_share_the_counts_and_count_an_expiry_once() {
     assert_eq!(counted, 1.0);
 }
 
+/// Redis restarted while the store was idle: the first operation after Redis answers again
+/// succeeds. (Its connection broke with the restart: the store sends it again once on a
+/// fresh connection rather than failing it, which a caller would see as a 503.)
+#[tokio::test]
+async fn the_first_operation_after_a_redis_restart_succeeds() {
+    let mut server = RedisServer::durable().await;
+    let (clock, _hand) = Clock::manual(wall_now());
+    let store = RedisStore::connect(
+        &RedisSettings::primary(server.url(), "t:"),
+        clock.clone(),
+        limits(),
+        Metrics::default(),
+    )
+    .await
+    .unwrap();
+    let now = clock.now();
+    store
+        .insert_session(session("ABCD2345", now, HOUR))
+        .await
+        .unwrap();
+    let code = code_of("ABCD2345");
+    server.restart().await;
+    // Redis answers again (the test's own connection, not the store's).
+    wait_until(PATIENCE, async || {
+        server
+            .connection()
+            .await
+            .map(drop)
+            .map_err(|error| error.to_string())
+    })
+    .await;
+    for _ in 0..3 {
+        let read = store.session(&code).await;
+        assert!(
+            matches!(read, Ok(Some(_))),
+            "an operation after the restart failed: {read:?}"
+        );
+    }
+}
+
 /// Redis gone and back: operations fail (they do not hang), streams do not end, and they say
 /// `Missed` once Redis is back, so readers look again; what was stored is still there.
 #[tokio::test]
