@@ -17,6 +17,9 @@
 // * `getTools()` resolves with plain objects {name, title, description, inputSchema,
 //   annotations, origin, window}; `annotations` holds what the tool gave plus
 //   `consequentialHint: false, debugging: false` (`readOnlyHint`, `untrustedContentHint` kept).
+//   It lists only the calling document's tools: a cross-origin iframe's are not in its
+//   parent's list (with `allow="tools"` the iframe lists its own; without it, the iframe's
+//   `getTools()` throws NotAllowedError: the permissions policy feature "tools" is disallowed).
 // * `executeTool(tool, input, {signal})`: `tool` must be such an object (a name is refused:
 //   "not of type 'RegisteredTool'"); `input` must be an object: a JSON string is refused with
 //   TypeError "invalid input object: value is not an object"; omitted, the tool gets {}.*
