@@ -205,11 +205,11 @@ export async function startCodapHost() {
   };
 }
 
-/** Debian's chromium, headless. */
-export function launchBrowser() {
+/** Debian's chromium, headless; `args` adds switches (e.g. `--enable-features=WebMCP`). */
+export function launchBrowser(args = []) {
   return chromium.launch({
     executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
-    args: ['--no-sandbox', '--disable-background-networking', '--disable-gpu', '--disable-component-update', '--no-first-run'],
+    args: ['--no-sandbox', '--disable-background-networking', '--disable-gpu', '--disable-component-update', '--no-first-run', ...args],
   });
 }
 

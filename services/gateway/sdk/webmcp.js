@@ -4,11 +4,16 @@
 //
 // Follows the W3C Web Machine Learning community group's WebMCP draft (index.bs of
 // webmachinelearning/webmcp as of 2026-06-17: `document.modelContext.registerTool(tool,
-// {signal})` returning a promise, unregistering by AbortSignal, `toolchange` events) and keeps
-// what MCP-B's polyfill (@mcp-b/webmcp-polyfill) still accepts from earlier drafts:
-// `navigator.modelContext` as an alias, `unregisterTool(name)`, and from the MCP-B global
-// runtime `provideContext({tools})` / `clearContext()`. Declarative (form) tools, resources,
-// prompts, sampling and elicitation are not bridged.
+// {signal})` returning a promise, unregistering by AbortSignal, `toolchange` events) and what
+// Chromium 156 does with --enable-features=WebMCP (verified 2026-11-26 on Debian's chromium
+// 156, see tests/browser/specs/webmcp.test.mjs): `getTools()` lists {name, title, description,
+// inputSchema, annotations, origin, window}, `executeTool(tool, input, {signal})` takes the
+// input as an object (a JSON string is refused), passes the tool `{signal}` and resolves with
+// the tool's result as a string (JSON, or the string it returned). Keeps what MCP-B's polyfill
+// (@mcp-b/webmcp-polyfill) still accepts from earlier drafts: `navigator.modelContext` as an
+// alias, `unregisterTool(name)`, and from the MCP-B global runtime `provideContext({tools})` /
+// `clearContext()`; a context whose `executeTool` refuses an object gets the JSON string.
+// Declarative (form) tools, resources, prompts, sampling and elicitation are not bridged.
 
 import { ToolError } from './dispatcher.js';
 import { ToolErrorCode } from './errors.js';
@@ -40,10 +45,23 @@ function parsed(value) {
   }
 }
 
+/** Where a result of a tool marked `untrustedContentHint` says so (README, "WebMCP pages"). */
+export const UNTRUSTED_CONTENT = 'toolrelay/untrustedContent';
+
 /**
- * A minimal model context, installed when the page has none: the draft's core (registerTool
- * with an AbortSignal, toolchange events), the MCP-B compatibility methods, and getTools /
- * executeTool so other scripts can list and run what is registered.
+ * A result of a tool whose content comes from outside the page's control: the result object
+ * the tab returns gains `_meta["toolrelay/untrustedContent"]: true` (a value that is not an
+ * object is wrapped as `{result}`, as MCP's structured content wraps it).
+ */
+function markedUntrusted(result) {
+  const object = result && typeof result === 'object' && !Array.isArray(result) ? result : { result: result ?? null };
+  return { ...object, _meta: { ...(object._meta ?? {}), [UNTRUSTED_CONTENT]: true } };
+}
+
+/**
+ * A minimal model context, installed when the page has none: as Chromium 156's (registerTool
+ * with an AbortSignal, toolchange events, getTools, executeTool(tool, input object, {signal})
+ * resolving with a string), plus the MCP-B compatibility methods.
  */
 class ModelContext extends EventTarget {
   constructor() {
@@ -109,11 +127,15 @@ class ModelContext extends EventTarget {
     }));
   }
 
-  async executeTool(toolOrName, inputJson = '{}') {
+  /** As Chromium 156: the input an object (a string is refused), the result a string. */
+  async executeTool(toolOrName, input = {}, { signal } = {}) {
     const name = typeof toolOrName === 'string' ? toolOrName : toolOrName?.name;
     const tool = this.registered.get(name);
     if (!tool) throw new DOMException(`No tool named ${name}.`, 'NotFoundError');
-    return tool.execute(typeof inputJson === 'string' ? JSON.parse(inputJson) : inputJson, {});
+    if (input === null || typeof input !== 'object') throw new TypeError('executeTool takes the input as an object, not a JSON string.');
+    signal?.throwIfAborted();
+    const result = await tool.execute(input, { signal: signal ?? new AbortController().signal });
+    return typeof result === 'string' ? result : String(JSON.stringify(result));
   }
 }
 
@@ -129,9 +151,10 @@ function modelContext() {
 }
 
 /**
- * Watches a context that cannot list or run its tools (a browser's native one: registerTool,
- * unregisterTool, provideContext, clearContext only): its methods are wrapped so that every
- * tool registered from now on is remembered here, then passed on to the original method.
+ * Watches a context that cannot list or run its tools (registerTool, unregisterTool,
+ * provideContext, clearContext only, as browsers before Chromium 156 had): its methods are
+ * wrapped so that every tool registered from now on is remembered here, then passed on to the
+ * original method.
  * Tools registered before cannot be seen. Returns the remembered tools (name → tool) and a
  * function that puts the original methods back.
  */
@@ -205,6 +228,29 @@ function watchRegistrations(context, changed) {
 }
 
 /**
+ * Runs tools through `context.executeTool` with the input as an object, as Chromium 156 takes
+ * it; a context that refuses the object on the first call (a TypeError or, from one that
+ * parses what it is given, a SyntaxError) is given the JSON string from then on.
+ */
+function executor(context) {
+  let form = null; // 'object' or 'string', once a call has told
+  return async (tool, args, signal) => {
+    const input = args ?? {};
+    if (form === 'string') return context.executeTool(tool, JSON.stringify(input), { signal });
+    try {
+      const result = await context.executeTool(tool, input, { signal });
+      form = 'object';
+      return result;
+    } catch (error) {
+      if (form !== null || !(error instanceof TypeError || error instanceof SyntaxError)) throw error;
+      const result = await context.executeTool(tool, JSON.stringify(input), { signal });
+      form = 'string';
+      return result;
+    }
+  };
+}
+
+/**
  * Serves the page's WebMCP tools through `connection` (from `connect()`), now and as they come
  * and go. Returns a function that stops the bridge.
  */
@@ -214,25 +260,35 @@ export function bridgeWebMCP(connection) {
   const lists = ours || (typeof context.getTools === 'function' && typeof context.executeTool === 'function');
   // A context that cannot list its tools: only registrations made from now on are seen.
   const watched = lists ? null : watchRegistrations(context, () => onChange());
+  const execute = lists ? executor(context) : null;
 
-  // The relay takes names of letters, digits and _ (WebMCP's often have - or .).
-  const asTool = (tool, run) => ({
-    name: relayName(tool.name),
-    description: tool.description || tool.title || tool.name,
-    inputSchema: tool.inputSchema ?? { type: 'object', properties: {} },
-    annotations: tool.annotations,
-    execute: async (args) => unwrap(parsed(await run(args))),
-  });
+  // The relay takes names of letters, digits and _ (WebMCP's often have - or .). Not marked
+  // `readOnlyHint` counts as changing data (the "ask me" switch holds it); content from
+  // outside (`untrustedContentHint`) makes the tool open-world and marks its results.
+  const asTool = (tool, run) => {
+    const untrusted = tool.annotations?.untrustedContentHint === true;
+    return {
+      name: relayName(tool.name),
+      title: tool.title,
+      description: tool.description || tool.title || tool.name,
+      inputSchema: tool.inputSchema ?? { type: 'object', properties: {} },
+      annotations: tool.annotations,
+      readOnly: tool.annotations?.readOnlyHint === true,
+      ...(untrusted ? { openWorld: true } : {}),
+      execute: async (args, { signal } = {}) => {
+        const result = unwrap(parsed(await run(args ?? {}, signal ?? new AbortController().signal)));
+        return untrusted ? markedUntrusted(result) : result;
+      },
+    };
+  };
 
   /** Makes the bridged set what the context holds now. */
   async function sync() {
     let tools;
-    if (ours) {
-      tools = [...context.registered.values()].map((tool) => asTool(tool, (args) => tool.execute(args, {})));
-    } else if (!watched) {
-      tools = (await context.getTools()).map((tool) => asTool(tool, (args) => context.executeTool(tool, JSON.stringify(args ?? {}))));
+    if (watched) {
+      tools = [...watched.seen.values()].map((tool) => asTool(tool, (args, signal) => tool.execute(args, { signal })));
     } else {
-      tools = [...watched.seen.values()].map((tool) => asTool(tool, (args) => tool.execute(args ?? {}, {})));
+      tools = (await context.getTools()).map((tool) => asTool(tool, (args, signal) => execute(tool, args, signal)));
     }
     const names = new Set(tools.map((tool) => tool.name));
     let changed = false;

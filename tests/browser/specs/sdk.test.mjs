@@ -213,9 +213,10 @@ function webMcpPage(sdk) {
 }
 
 /**
- * A page whose model context came before the SDK (as MCP-B's polyfill or a browser's own would:
- * registerTool, getTools, executeTool with JSON, toolchange), with a tool registered before
- * the bridge and one after.
+ * A page whose model context came before the SDK (as an older polyfill's: registerTool,
+ * getTools, executeTool taking a JSON string, so it refuses the object the bridge gives first;
+ * toolchange), with a tool registered before the bridge and one after. (Chromium 156's own
+ * context: specs/webmcp.test.mjs.)
  */
 function polyfilledPage(sdk) {
   return `<!doctype html>
@@ -243,7 +244,7 @@ function polyfilledPage(sdk) {
 </body></html>`;
 }
 
-test('a page with a WebMCP context of its own (a polyfill) is bridged through getTools and executeTool', async () => {
+test('a page with a WebMCP context of its own (a polyfill taking JSON strings) is bridged through getTools and executeTool', async () => {
   const host = await startPageHost({ '/polyfilled.html': polyfilledPage(`${relay.base}/sdk/toolrelay.js`) });
   try {
     await inNewPage(browser, async (page) => {
@@ -258,7 +259,7 @@ test('a page with a WebMCP context of its own (a polyfill) is bridged through ge
 });
 
 /**
- * A page with a native-like model context (as Chrome's own: registerTool with {signal},
+ * A page with a model context as browsers before Chromium 156 had (registerTool with {signal},
  * unregisterTool, provideContext, clearContext; no getTools, no executeTool), defined before
  * the SDK; the page registers its tools after bridging.
  */
@@ -301,7 +302,7 @@ function nativePage(sdk) {
 </body></html>`;
 }
 
-test('a page with a native-like WebMCP context (registerTool, no getTools) is bridged by wrapping its methods; an aborted signal unregisters', async () => {
+test('a page with a pre-156 native WebMCP context (registerTool, no getTools) is bridged by wrapping its methods; an aborted signal unregisters', async () => {
   const host = await startPageHost({ '/native.html': nativePage(`${relay.base}/sdk/toolrelay.js`) });
   try {
     await inNewPage(browser, async (page) => {
