@@ -119,6 +119,7 @@ impl From<SessionStatus> for SessionInfo {
 
 /// A function of a tool.
 #[derive(Debug, Clone, Object)]
+#[oai(rename_all = "camelCase")]
 pub struct FunctionInfo {
     /// Function name: pass it as functionName.
     pub name: String,
@@ -126,6 +127,18 @@ pub struct FunctionInfo {
     pub description: String,
     /// JSON Schema of the args object.
     pub parameters: Value,
+    /// A short name for people.
+    #[oai(skip_serializing_if_is_none)]
+    pub title: Option<String>,
+    /// True when it only reads: call it with readTool.
+    #[oai(skip_serializing_if_is_none)]
+    pub read_only: Option<bool>,
+    /// False when it only adds; unmarked functions may change or delete data.
+    #[oai(skip_serializing_if_is_none)]
+    pub destructive: Option<bool>,
+    /// True when calling it again changes nothing more.
+    #[oai(skip_serializing_if_is_none)]
+    pub idempotent: Option<bool>,
 }
 
 /// A tool: a group of functions.
@@ -165,6 +178,10 @@ impl From<GroupedManifest> for Metadata {
                             name: function.name,
                             description: function.description,
                             parameters: function.parameters,
+                            title: function.hints.title,
+                            read_only: function.hints.read_only,
+                            destructive: function.hints.destructive,
+                            idempotent: function.hints.idempotent,
                         })
                         .collect(),
                 })

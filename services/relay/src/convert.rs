@@ -138,6 +138,11 @@ impl From<ToolInfo> for pb::Tool {
             description: tool.description,
             input_schema: Some(to_struct(&tool.input_schema)),
             tool_id: BUILTIN_GROUP.to_owned(),
+            title: tool.hints.title.unwrap_or_default(),
+            read_only: tool.hints.read_only,
+            destructive: tool.hints.destructive,
+            idempotent: tool.hints.idempotent,
+            output_schema: tool.output_schema.as_ref().map(to_struct),
         }
     }
 }
@@ -145,6 +150,8 @@ impl From<ToolInfo> for pb::Tool {
 impl From<pb::Tool> for ToolInfo {
     fn from(tool: pb::Tool) -> Self {
         Self {
+            hints: toolrelay::convert::hints_of(&tool),
+            output_schema: tool.output_schema.as_ref().map(from_struct),
             name: tool.name,
             description: tool.description,
             input_schema: tool.input_schema.as_ref().map_or(Value::Null, from_struct),
@@ -159,6 +166,7 @@ impl CallInput {
         tool_id: String,
         function_name: String,
         args: Option<prost_types::Struct>,
+        read_only: bool,
     ) -> Self {
         Self {
             request_id: toolrelay::convert::non_empty(request_id),
@@ -166,6 +174,7 @@ impl CallInput {
             function_name,
             args: args.map_or(Value::Null, |args| from_struct(&args)),
             correlation_id: None,
+            read_only,
         }
     }
 }
@@ -395,7 +404,7 @@ mod tests {
     use serde_json::json;
     use toolrelay::wire::{
         FunctionSpec, GroupedManifest, ProviderFrame, ProviderResponse, RequestStatus, ToolError,
-        ToolGroup, ToolRequest, ToolResponse,
+        ToolGroup, ToolHints, ToolRequest, ToolResponse,
     };
 
     use super::*;
@@ -623,6 +632,13 @@ mod tests {
                     name: "create_table".into(),
                     description: "Makes a table".into(),
                     parameters: json!({"type": "object", "properties": {"name": {"type": "string"}}}),
+                    hints: ToolHints {
+                        title: Some("Create table".into()),
+                        read_only: Some(false),
+                        destructive: Some(false),
+                        idempotent: None,
+                    },
+                    output_schema: None,
                 }],
             }],
         };
@@ -631,6 +647,13 @@ mod tests {
             name: "encodePlantUML".into(),
             description: "Encodes".into(),
             input_schema: json!({"type": "object"}),
+            output_schema: Some(json!({"type": "object", "required": ["url"]})),
+            hints: ToolHints {
+                title: Some("Encode PlantUML".into()),
+                read_only: Some(true),
+                destructive: None,
+                idempotent: Some(true),
+            },
         };
         assert_eq!(round_trip::<_, pb::Tool>(tool.clone()), tool);
         for kind in [

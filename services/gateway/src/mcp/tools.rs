@@ -7,9 +7,13 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use rmcp::RoleServer;
-use rmcp::model::{CallToolResult, ContentBlock, JsonObject, ProgressNotificationParam, Tool};
+use rmcp::model::{
+    CallToolResult, ContentBlock, Icon, JsonObject, ProgressNotificationParam, Tool,
+    ToolAnnotations,
+};
 use rmcp::service::RequestContext;
 use serde_json::{Value, json};
+use toolrelay::wire::{FunctionSpec, ToolHints};
 use toolrelay_relay::builtin::{FailureCode, Scope};
 use toolrelay_relay::relay::operations::{
     AwaitResponse, CallTool, GetManifest, ResolveHandle, Submit,
@@ -27,9 +31,47 @@ const CLIENT_CHECK_EVERY: Duration = Duration::from_secs(30);
 /// (doubling up to 5 s).
 const WATCH_RETRY: Duration = Duration::from_millis(500);
 
-pub(super) fn tool(name: &str, description: &str, schema: Value) -> Tool {
+/// The relay's icon (an SVG, as a `data:` URI): the server's and its own tools'.
+pub(super) fn relay_icon() -> Icon {
+    let svg = data_encoding::BASE64.encode(include_bytes!("icon.svg"));
+    Icon::new(format!("data:image/svg+xml;base64,{svg}"))
+        .with_mime_type("image/svg+xml")
+        .with_sizes(vec!["any".to_owned()])
+}
+
+/// An MCP tool with its title and annotations: what it does to data as given, the rest by
+/// SPEC §4's defaults (an untitled tool is titled after its name; an unmarked one may change
+/// or delete data; none reaches outside the user's document and the relay).
+pub(super) fn tool(name: &str, description: &str, schema: Value, hints: &ToolHints) -> Tool {
     let schema: JsonObject = schema.as_object().cloned().unwrap_or_default();
+    let title = hints.title_or(name);
+    let annotations = ToolAnnotations::from_raw(
+        Some(title.clone()),
+        Some(hints.is_read_only()),
+        Some(hints.destructive_hint()),
+        Some(hints.idempotent_hint()),
+        Some(false),
+    );
     Tool::new(name.to_owned(), description.to_owned(), Arc::new(schema))
+        .with_title(title)
+        .with_annotations(annotations)
+}
+
+/// A function of a manifest (a tab's, or a built-in tool) as an MCP tool; a built-in tool
+/// carries its output schema and the relay's icon.
+pub(super) fn listed(function: FunctionSpec) -> Tool {
+    let listed = tool(
+        &function.name,
+        &function.description,
+        function.parameters,
+        &function.hints,
+    );
+    match function.output_schema {
+        Some(Value::Object(schema)) => listed
+            .with_raw_output_schema(Arc::new(schema))
+            .with_icons(vec![relay_icon()]),
+        _ => listed,
+    }
 }
 
 /// A successful result: the value as structured content (wrapped when not an object) and as
@@ -183,19 +225,21 @@ impl RelayMcp {
             )
             .await?;
         Ok(manifest
-            .flat()
             .tools
             .into_iter()
-            .map(|t| tool(&t.name, &t.description, t.input_schema))
+            .flat_map(|group| group.functions)
+            .map(listed)
             .collect())
     }
 
-    /// Calls a tool of a session and waits for its answer, reporting progress meanwhile.
+    /// Calls a tool of a session and waits for its answer, reporting progress meanwhile. A
+    /// read (`read_only`) runs only a function marked read-only.
     pub(super) async fn call_in_session(
         &self,
         code: &str,
         name: &str,
         arguments: Value,
+        read_only: bool,
         context: &RequestContext<RoleServer>,
     ) -> CallToolResult {
         let caller = &caller_of(context);
@@ -203,6 +247,7 @@ impl RelayMcp {
         let call = CallInput {
             function_name: name.to_owned(),
             args: arguments,
+            read_only,
             ..CallInput::default()
         };
         let submit = Submit {
