@@ -220,6 +220,8 @@ export function bridgeWebMCP(connection) {
     name: relayName(tool.name),
     description: tool.description || tool.title || tool.name,
     inputSchema: tool.inputSchema ?? { type: 'object', properties: {} },
+    // readOnlyHint becomes the manifest's readOnly (the dispatcher reads annotations).
+    title: tool.title,
     annotations: tool.annotations,
     execute: async (args) => unwrap(parsed(await run(args))),
   });

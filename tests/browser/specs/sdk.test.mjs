@@ -204,7 +204,7 @@ function webMcpPage(sdk) {
   });
   navigator.modelContext.provideContext({
     tools: [
-      { name: 'read-counter', description: 'The counter.', execute: async () => ({ content: [{ type: 'text', text: JSON.stringify({ value: window.counter.value }) }] }) },
+      { name: 'read-counter', description: 'The counter.', annotations: { readOnlyHint: true }, execute: async () => ({ content: [{ type: 'text', text: JSON.stringify({ value: window.counter.value }) }] }) },
       { name: 'refuse', description: 'Always fails.', execute: async () => ({ isError: true, content: [{ type: 'text', text: 'The counter refuses.' }] }) },
     ],
   });
@@ -473,6 +473,16 @@ test('a WebMCP page on another origin pairs over WebSocket and answers HTTP, MCP
         assert.deepEqual(viaMcp.structured, { value: 10 }, JSON.stringify(viaMcp));
         mcp.client = new McpClient(connectorUrl);
         await mcp.client.connect();
+        // WebMCP's readOnlyHint reaches hosts; an unmarked tool is taken to change data.
+        const { tools } = await mcp.client.request('tools/list');
+        const annotations = Object.fromEntries(tools.map((tool) => [tool.name, tool.annotations]));
+        assert.equal(annotations.read_counter.readOnlyHint, true, JSON.stringify(annotations));
+        assert.deepEqual(
+          [annotations.increment.readOnlyHint, annotations.increment.destructiveHint],
+          [false, true],
+          JSON.stringify(annotations),
+        );
+        assert.equal(tools.find((tool) => tool.name === 'increment').title, 'Increment');
         const viaGrpc = await grpcCall(relay, code, 'increment', { n: 100 });
         assert.equal(viaGrpc.response.success, true, JSON.stringify(viaGrpc));
         assert.deepEqual(viaGrpc.response.result, { value: 110 });

@@ -369,7 +369,7 @@ impl Registry {
                 name: entry.tool.name().to_owned(),
                 description: entry.tool.description().to_owned(),
                 input_schema: entry.schema.clone(),
-                output_schema: Some(entry.tool.output_schema()),
+                output_schema: Some(result_or_failure(entry.tool.output_schema())),
                 hints: entry.tool.hints(),
             })
             .collect()
@@ -439,6 +439,32 @@ impl Registry {
             .map(|index| &self.entries[*index])
             .ok_or_else(|| ToolFailure::not_found(name, &self.names()))
     }
+}
+
+/// A tool's output schema as listed: its result, or the failure MCP answers with in the same
+/// field (`{error: {code, message}}`, with `isError`), since clients check every structured
+/// content against the schema, a failure's included.
+fn result_or_failure(result: Value) -> Value {
+    let Value::Object(mut schema) = result else {
+        return result;
+    };
+    let required = schema.remove("required").unwrap_or_else(|| Value::Array(Vec::new()));
+    if let Some(Value::Object(properties)) = schema.get_mut("properties") {
+        properties.insert(
+            "error".into(),
+            serde_json::json!({
+                "type": "object",
+                "description": "Why the call failed (only on failure).",
+                "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
+                "required": ["code", "message"]
+            }),
+        );
+    }
+    schema.insert(
+        "anyOf".into(),
+        serde_json::json!([{"required": required}, {"required": ["error"]}]),
+    );
+    Value::Object(schema)
 }
 
 /// No tools: a relay that runs none (its sessions list only their tabs' tools).
