@@ -448,7 +448,9 @@ fn result_or_failure(result: Value) -> Value {
     let Value::Object(mut schema) = result else {
         return result;
     };
-    let required = schema.remove("required").unwrap_or_else(|| Value::Array(Vec::new()));
+    let required = schema
+        .remove("required")
+        .unwrap_or_else(|| Value::Array(Vec::new()));
     if let Some(Value::Object(properties)) = schema.get_mut("properties") {
         properties.insert(
             "error".into(),
