@@ -206,10 +206,10 @@ export async function startCodapHost() {
 }
 
 /** Debian's chromium, headless. */
-export function launchBrowser() {
+export function launchBrowser(extraArgs = []) {
   return chromium.launch({
     executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
-    args: ['--no-sandbox', '--disable-background-networking', '--disable-gpu', '--disable-component-update', '--no-first-run'],
+    args: ['--no-sandbox', '--disable-background-networking', '--disable-gpu', '--disable-component-update', '--no-first-run', ...extraArgs],
   });
 }
 

@@ -194,6 +194,6 @@ function normalised(fn) {
     readOnly: fn.readOnly ?? fn.annotations?.readOnlyHint,
     destructive: fn.destructive ?? fn.annotations?.destructiveHint,
     idempotent: fn.idempotent ?? fn.annotations?.idempotentHint,
-    run: (args) => run.call(fn, args),
+    run: (args, options) => run.call(fn, args, options),
   };
 }

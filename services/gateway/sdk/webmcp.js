@@ -9,6 +9,11 @@
 // `navigator.modelContext` as an alias, `unregisterTool(name)`, and from the MCP-B global
 // runtime `provideContext({tools})` / `clearContext()`. Declarative (form) tools, resources,
 // prompts, sampling and elicitation are not bridged.
+//
+// Chromium 156 with --enable-features=WebMCP (tests/browser/specs/webmcp-native.test.mjs
+// records what it does): `document.modelContext` only, with registerTool, getTools and
+// executeTool(tool, input object, {signal}) resolving to a string (JSON for objects, strings
+// as they are); a JSON string input is refused with a TypeError (Chrome 154 wanted one).
 
 import { ToolError } from './dispatcher.js';
 import { ToolErrorCode } from './errors.js';
@@ -109,11 +114,51 @@ class ModelContext extends EventTarget {
     }));
   }
 
-  async executeTool(toolOrName, inputJson = '{}') {
+  /**
+   * Runs a tool as Chromium 156 does: the input an object (a JSON string, as earlier drafts
+   * took it, is read too), `{signal}` passed to the tool and ending the wait when aborted, the
+   * result a string (JSON for anything but a string).
+   */
+  async executeTool(toolOrName, input = {}, { signal } = {}) {
     const name = typeof toolOrName === 'string' ? toolOrName : toolOrName?.name;
     const tool = this.registered.get(name);
     if (!tool) throw new DOMException(`No tool named ${name}.`, 'NotFoundError');
-    return tool.execute(typeof inputJson === 'string' ? JSON.parse(inputJson) : inputJson, {});
+    const args = typeof input === 'string' ? JSON.parse(input) : input;
+    if (args === null || typeof args !== 'object') throw new TypeError('executeTool: invalid input object: value is not an object');
+    signal?.throwIfAborted();
+    const running = Promise.resolve(tool.execute(args, { signal }));
+    const aborted = new Promise((_, reject) => signal?.addEventListener('abort', () => reject(signal.reason), { once: true }));
+    const result = await Promise.race([running, aborted]);
+    return typeof result === 'string' ? result : (JSON.stringify(result) ?? String(result));
+  }
+}
+
+/**
+ * Runs a tool through a context's own executeTool: its input as an object (Chromium 156, the
+ * draft) or, where a context refuses the object before running anything (a TypeError, or a
+ * SyntaxError from parsing it), as a JSON string (Chrome 154, earlier polyfills). The form
+ * that worked is kept for the context, so a tool's own error is never taken for a refusal
+ * twice. Resolves to what the context answered (a string: see `parsed`).
+ */
+const inputForms = new WeakMap(); // context → 'object' | 'string'
+async function executeThrough(context, tool, args, signal) {
+  const options = signal ? { signal } : undefined;
+  const form = inputForms.get(context);
+  if (form === 'string') return context.executeTool(tool, JSON.stringify(args), options);
+  try {
+    const result = await context.executeTool(tool, args, options);
+    inputForms.set(context, 'object');
+    return result;
+  } catch (error) {
+    if (form === 'object' || !(error instanceof TypeError || error instanceof SyntaxError)) throw error;
+    let result;
+    try {
+      result = await context.executeTool(tool, JSON.stringify(args), options);
+    } catch {
+      throw error; // the string is refused too: the object's refusal says why
+    }
+    inputForms.set(context, 'string');
+    return result;
   }
 }
 
@@ -223,18 +268,19 @@ export function bridgeWebMCP(connection) {
     // readOnlyHint becomes the manifest's readOnly (the dispatcher reads annotations).
     title: tool.title,
     annotations: tool.annotations,
-    execute: async (args) => unwrap(parsed(await run(args))),
+    // A signal given with the call (`execute(args, {signal})`) reaches the page's tool.
+    execute: async (args, { signal } = {}) => unwrap(parsed(await run(args ?? {}, signal))),
   });
 
   /** Makes the bridged set what the context holds now. */
   async function sync() {
     let tools;
     if (ours) {
-      tools = [...context.registered.values()].map((tool) => asTool(tool, (args) => tool.execute(args, {})));
+      tools = [...context.registered.values()].map((tool) => asTool(tool, (args, signal) => tool.execute(args, { signal })));
     } else if (!watched) {
-      tools = (await context.getTools()).map((tool) => asTool(tool, (args) => context.executeTool(tool, JSON.stringify(args ?? {}))));
+      tools = (await context.getTools()).map((tool) => asTool(tool, (args, signal) => executeThrough(context, tool, args, signal)));
     } else {
-      tools = [...watched.seen.values()].map((tool) => asTool(tool, (args) => tool.execute(args ?? {}, {})));
+      tools = [...watched.seen.values()].map((tool) => asTool(tool, (args, signal) => tool.execute(args, { signal })));
     }
     const names = new Set(tools.map((tool) => tool.name));
     let changed = false;

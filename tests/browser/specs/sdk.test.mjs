@@ -466,6 +466,15 @@ test('a WebMCP page on another origin pairs over WebSocket and answers HTTP, MCP
         await page.goto(`${host.origin}/counter.html`);
         await until(page, () => window.relay?.ready);
         assert.equal(await page.evaluate(() => window.relay.transportKind), 'websocket');
+        // The SDK's own model context runs tools as Chromium 156 does: an object in, a string out.
+        const polyfill = await page.evaluate(async () => {
+          const context = document.modelContext;
+          const tool = (await context.getTools()).find((t) => t.name === 'read-counter');
+          const answer = await context.executeTool(tool, {});
+          const refused = await context.executeTool(tool, null).then(() => 'accepted', (error) => error.constructor.name);
+          return { type: typeof answer, value: JSON.parse(answer).content[0].text, refused };
+        });
+        assert.deepEqual(polyfill, { type: 'string', value: '{"value":0}', refused: 'TypeError' });
         const { code, connectorUrl } = await page.evaluate(() => window.relay.session);
         // MCP with the official Python SDK, a client of its own.
         const viaMcp = await officialMcpCall(connectorUrl, 'increment', { n: 10 });
