@@ -186,6 +186,7 @@ impl From<&GroupedManifest> for pb::Manifest {
                     read_only: tool.hints.read_only,
                     destructive: tool.hints.destructive,
                     idempotent: tool.hints.idempotent,
+                    untrusted_content: tool.hints.untrusted_content,
                     output_schema: tool.output_schema.as_ref().map(to_struct),
                 })
                 .collect(),
@@ -237,6 +238,7 @@ pub fn hints_of(tool: &pb::Tool) -> ToolHints {
         read_only: tool.read_only,
         destructive: tool.destructive,
         idempotent: tool.idempotent,
+        untrusted_content: tool.untrusted_content,
     }
 }
 

@@ -117,6 +117,10 @@ pub struct ToolHints {
     /// Calling it again with the same arguments changes nothing more.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotent: Option<bool>,
+    /// Its results may hold content from outside the user's document (WebMCP's
+    /// `untrustedContentHint`): MCP's `openWorldHint`, and a mark on each result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub untrusted_content: Option<bool>,
 }
 
 impl ToolHints {
@@ -133,6 +137,11 @@ impl ToolHints {
     /// Whether calling it again changes nothing more: marked so, or read-only.
     pub fn idempotent_hint(&self) -> bool {
         self.idempotent.unwrap_or_else(|| self.is_read_only())
+    }
+
+    /// Whether its results may hold untrusted content (so it reaches an open world).
+    pub fn is_untrusted(&self) -> bool {
+        self.untrusted_content == Some(true)
     }
 
     /// Its title, or one made from `name` ([`title_from_name`]).

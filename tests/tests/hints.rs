@@ -11,14 +11,16 @@ use toolrelay_tests::mcp::{Mcp, call, connect};
 use toolrelay_tests::system::System;
 use toolrelay_tests::{BUILTIN_TOOLS, WsTab};
 
-/// A tab's tools: one marked read-only and titled, one that only adds, one unmarked.
+/// A tab's tools: one marked read-only, titled and with untrusted content, one that only
+/// adds, one unmarked.
 fn marked_tools() -> Value {
     json!([{
         "id": "table",
         "description": "A table of cases",
         "functions": [
             {"name": "countCases", "description": "Counts the cases", "title": "Count cases",
-             "readOnly": true, "parameters": {"type": "object", "properties": {}}},
+             "readOnly": true, "untrustedContent": true,
+             "parameters": {"type": "object", "properties": {}}},
             {"name": "createCase", "description": "Adds a case", "destructive": false,
              "parameters": {"type": "object", "properties": {"value": {"type": "number"}}}},
             {"name": "deleteAllCases", "description": "Deletes every case",
@@ -127,8 +129,10 @@ async fn every_tool_is_described(system: &System) {
     assert_eq!(hints_of(&tools, "createCase"), (false, false, false));
     // Unmarked: taken to change data.
     assert_eq!(hints_of(&tools, "deleteAllCases"), (false, true, false));
+    // Only a function whose results may hold untrusted content reaches an open world.
     for tool in &tools {
-        assert_eq!(described(tool)["openWorldHint"], false, "{}", tool.name);
+        let open = tool.name == "countCases";
+        assert_eq!(described(tool)["openWorldHint"], open, "{}", tool.name);
     }
 
     // list_session_tools says the same, for clients that call by name.
@@ -218,6 +222,8 @@ async fn reads_run_only_read_only_functions(system: &System) {
     };
     let (answer, ()) = tokio::join!(reading, tab_side);
     assert_eq!(structured(&answer), json!({"count": 3}));
+    let meta = serde_json::to_value(answer.meta.as_ref().unwrap()).unwrap();
+    assert_eq!(meta, json!({"toolrelay/untrustedContent": true}));
     let rest = system.post(
         &format!("/api/sessions/{code}/read"),
         json!({"functionName": "countCases", "args": {}}),
@@ -249,12 +255,14 @@ async fn reads_run_only_read_only_functions(system: &System) {
     };
     let (answer, ()) = tokio::join!(calling, tab_side);
     assert_eq!(structured(&answer), json!({"deleted": 3}));
+    assert!(answer.meta.is_none(), "a trusted result has no mark");
 
     // getMetadata tells a GPT which functions it may read.
     let metadata = system.get(&format!("/api/sessions/{code}/metadata")).await;
     let functions = &metadata.body["tools"][0]["functions"];
     assert_eq!(functions[0]["readOnly"], true);
     assert_eq!(functions[0]["title"], "Count cases");
+    assert_eq!(functions[0]["untrustedContent"], true);
     assert_eq!(functions[1]["destructive"], false);
     assert!(functions[2].get("readOnly").is_none());
 

@@ -296,6 +296,7 @@ pub(crate) fn read_only(title: &str) -> ToolHints {
         read_only: Some(true),
         destructive: Some(false),
         idempotent: Some(true),
+        untrusted_content: None,
     }
 }
 

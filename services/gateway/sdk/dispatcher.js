@@ -163,7 +163,8 @@ export class Dispatcher {
 
 /**
  * What a function tells hosts it does to data (SPEC §4): `title`, `readOnly`, `destructive`,
- * `idempotent` as booleans, left out when unmarked. A `readOnly` that depends on the arguments
+ * `idempotent` and `untrustedContent` (its results may hold content from outside the page's
+ * own data: WebMCP's `untrustedContentHint`) as booleans, left out when unmarked. A `readOnly` that depends on the arguments
  * is not read-only for hosts (some calls change data); a `destructive` that does is destructive.
  */
 export function hints(fn) {
@@ -175,6 +176,7 @@ export function hints(fn) {
     else if (typeof fn.destructive === 'function') out.destructive = true;
   }
   if (typeof fn.idempotent === 'boolean') out.idempotent = fn.idempotent;
+  if (typeof fn.untrustedContent === 'boolean') out.untrustedContent = fn.untrustedContent;
   return out;
 }
 
@@ -194,6 +196,7 @@ function normalised(fn) {
     readOnly: fn.readOnly ?? fn.annotations?.readOnlyHint,
     destructive: fn.destructive ?? fn.annotations?.destructiveHint,
     idempotent: fn.idempotent ?? fn.annotations?.idempotentHint,
+    untrustedContent: fn.untrustedContent ?? fn.annotations?.untrustedContentHint,
     run: (args, options) => run.call(fn, args, options),
   };
 }

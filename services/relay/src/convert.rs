@@ -142,6 +142,7 @@ impl From<ToolInfo> for pb::Tool {
             read_only: tool.hints.read_only,
             destructive: tool.hints.destructive,
             idempotent: tool.hints.idempotent,
+            untrusted_content: tool.hints.untrusted_content,
             output_schema: tool.output_schema.as_ref().map(to_struct),
         }
     }
@@ -637,6 +638,7 @@ mod tests {
                         read_only: Some(false),
                         destructive: Some(false),
                         idempotent: None,
+                        untrusted_content: None,
                     },
                     output_schema: None,
                 }],
@@ -653,6 +655,7 @@ mod tests {
                 read_only: Some(true),
                 destructive: None,
                 idempotent: Some(true),
+                untrusted_content: Some(false),
             },
         };
         assert_eq!(round_trip::<_, pb::Tool>(tool.clone()), tool);

@@ -191,7 +191,7 @@ test('every plugin function is classified for hosts as the table says', () => {
 test('the SDK passes a definition\'s hints and WebMCP\'s annotations into the manifest', () => {
   const dispatcher = new Dispatcher();
   dispatcher.add({ name: 'count', title: 'Count rows', readOnly: true, idempotent: true, inputSchema: { type: 'object' }, execute: () => 1 });
-  dispatcher.add({ name: 'webmcpRead', inputSchema: { type: 'object' }, annotations: { readOnlyHint: true, title: 'Read it' }, execute: () => 1 });
+  dispatcher.add({ name: 'webmcpRead', inputSchema: { type: 'object' }, annotations: { readOnlyHint: true, title: 'Read it', untrustedContentHint: true }, execute: () => 1 });
   dispatcher.add({ name: 'append', destructive: false, inputSchema: { type: 'object' }, execute: () => 1 });
   dispatcher.add({ name: 'anything', inputSchema: { type: 'object' }, execute: () => 1 });
   const entries = Object.fromEntries(dispatcher.manifest()[0].functions.map((entry) => [entry.name, entry]));
@@ -201,6 +201,7 @@ test('the SDK passes a definition\'s hints and WebMCP\'s annotations into the ma
   );
   assert.equal(entries.webmcpRead.readOnly, true);
   assert.equal(entries.webmcpRead.title, 'Read it');
+  assert.equal(entries.webmcpRead.untrustedContent, true);
   assert.equal(entries.append.destructive, false);
   assert.deepEqual(Object.keys(entries.anything).sort(), ['description', 'name', 'parameters'], 'unmarked stays unmarked');
 });

@@ -348,6 +348,7 @@ fn adds(title: &str) -> ToolHints {
         read_only: Some(false),
         destructive: Some(false),
         idempotent: Some(false),
+        untrusted_content: None,
     }
 }
 

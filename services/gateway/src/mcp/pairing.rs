@@ -62,6 +62,7 @@ impl Pairing {
             read_only: Some(read_only),
             destructive: Some(!read_only),
             idempotent: Some(read_only),
+            untrusted_content: None,
         }
     }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use rmcp::RoleServer;
 use rmcp::model::{
-    CallToolResult, ContentBlock, Icon, JsonObject, ProgressNotificationParam, Tool,
+    CallToolResult, ContentBlock, Icon, JsonObject, MetaObject, ProgressNotificationParam, Tool,
     ToolAnnotations,
 };
 use rmcp::service::RequestContext;
@@ -41,7 +41,7 @@ pub(super) fn relay_icon() -> Icon {
 
 /// An MCP tool with its title and annotations: what it does to data as given, the rest by
 /// SPEC §4's defaults (an untitled tool is titled after its name; an unmarked one may change
-/// or delete data; none reaches outside the user's document and the relay).
+/// or delete data; only one whose results may hold untrusted content reaches an open world).
 pub(super) fn tool(name: &str, description: &str, schema: Value, hints: &ToolHints) -> Tool {
     let schema: JsonObject = schema.as_object().cloned().unwrap_or_default();
     let title = hints.title_or(name);
@@ -50,7 +50,7 @@ pub(super) fn tool(name: &str, description: &str, schema: Value, hints: &ToolHin
         Some(hints.is_read_only()),
         Some(hints.destructive_hint()),
         Some(hints.idempotent_hint()),
-        Some(false),
+        Some(hints.is_untrusted()),
     );
     Tool::new(name.to_owned(), description.to_owned(), Arc::new(schema))
         .with_title(title)
@@ -85,6 +85,9 @@ pub(super) fn success(value: Value) -> CallToolResult {
     });
     result
 }
+
+/// The `_meta` key that marks a result holding content from outside the user's document.
+const UNTRUSTED_CONTENT: &str = "toolrelay/untrustedContent";
 
 /// A tool failure: `isError` with the message (and the error's name, for programs).
 pub(super) fn failure(code: &str, message: &str) -> CallToolResult {
@@ -294,7 +297,13 @@ impl RelayMcp {
                 if answer.truncated == Some(true) {
                     value = json!({"truncated": true, "note": answer.note, "result": value});
                 }
-                success(value)
+                let mut result = success(value);
+                if self.untrusted(caller, code, name).await {
+                    let mut meta = JsonObject::new();
+                    meta.insert(UNTRUSTED_CONTENT.to_owned(), Value::Bool(true));
+                    result.meta = Some(MetaObject(meta));
+                }
+                result
             }
             (false, Some(error)) => failure(&error.code, &error.message),
             (false, None) => failure(
@@ -302,6 +311,25 @@ impl RelayMcp {
                 "The tool failed without a message.",
             ),
         }
+    }
+
+    /// Whether the session's function `name` says its results may hold untrusted content
+    /// (WebMCP's `untrustedContentHint`); a manifest that cannot be read says no.
+    async fn untrusted(&self, caller: &Caller, code: &str, name: &str) -> bool {
+        let manifest = GetManifest {
+            code: code.to_owned(),
+        };
+        self.state
+            .relay
+            .run(caller, manifest)
+            .await
+            .is_ok_and(|manifest| {
+                manifest
+                    .tools
+                    .iter()
+                    .flat_map(|group| &group.functions)
+                    .any(|function| function.name == name && function.hints.is_untrusted())
+            })
     }
 
     /// A built-in tool, outside any session (scope: the MCP session when there is one).

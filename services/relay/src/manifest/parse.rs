@@ -247,7 +247,8 @@ fn description(object: &Map<String, Value>, at: &str) -> Result<String, RelayErr
     }
 }
 /// What a function says it does to data: `title` (a string) and the booleans `readOnly`,
-/// `destructive` and `idempotent`, each optional; read-only and destructive at once is refused.
+/// `destructive`, `idempotent` and `untrustedContent`, each optional; read-only and
+/// destructive at once is refused.
 fn hints(object: &Map<String, Value>, name: &str, at: &str) -> Result<ToolHints, RelayError> {
     let flag = |key: &str| match object.get(key) {
         None | Some(Value::Null) => Ok(None),
@@ -274,6 +275,7 @@ fn hints(object: &Map<String, Value>, name: &str, at: &str) -> Result<ToolHints,
         read_only: flag("readOnly")?,
         destructive: flag("destructive")?,
         idempotent: flag("idempotent")?,
+        untrusted_content: flag("untrustedContent")?,
     };
     if hints.read_only == Some(true) && hints.destructive == Some(true) {
         return Err(invalid(format!(

@@ -204,7 +204,7 @@ fn size_and_count_limits_apply() {
 #[test]
 fn what_a_function_does_to_data_is_kept_and_checked() {
     let tools = json!([
-        {"name": "countCases", "title": "Count cases", "readOnly": true},
+        {"name": "countCases", "title": "Count cases", "readOnly": true, "untrustedContent": true},
         {"name": "createGraph", "destructive": false},
         {"name": "deleteCases", "destructive": true, "idempotent": true},
         {"name": "codapRequest"}
@@ -214,7 +214,7 @@ fn what_a_function_does_to_data_is_kept_and_checked() {
     for manifest in [&manifest, &again] {
         let hints = |name| manifest.function(None, name).unwrap().hints.clone();
         assert_eq!(hints("countCases").title.as_deref(), Some("Count cases"));
-        assert!(hints("countCases").is_read_only());
+        assert!(hints("countCases").is_read_only() && hints("countCases").is_untrusted());
         assert!(!hints("createGraph").destructive_hint());
         assert!(hints("deleteCases").destructive_hint() && hints("deleteCases").idempotent_hint());
         assert_eq!(hints("codapRequest"), ToolHints::default());
