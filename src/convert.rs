@@ -10,8 +10,8 @@ use serde_json::{Map, Value, json};
 use crate::json::{from_struct, from_value, to_struct, to_value};
 use crate::proto::v1 as pb;
 use crate::wire::{
-    FunctionSpec, GroupedManifest, ProviderFrame, ProviderResponse, RequestStatus, ToolError,
-    ToolGroup, ToolHints, ToolRequest, ToolResponse,
+    FlatTool, FunctionSpec, GroupedManifest, ProviderFrame, ProviderResponse, RequestStatus,
+    ToolError, ToolGroup, ToolHints, ToolRequest, ToolResponse,
 };
 
 /// A protobuf message that cannot stand for the domain value: a required part is missing or
@@ -174,23 +174,26 @@ impl From<&GroupedManifest> for pb::Manifest {
         let flat = grouped.flat();
         Self {
             version: flat.version,
-            tools: flat
-                .tools
-                .into_iter()
-                .map(|tool| pb::Tool {
-                    name: tool.name,
-                    description: tool.description,
-                    input_schema: Some(to_struct(&tool.input_schema)),
-                    tool_id: tool.tool_id.unwrap_or_default(),
-                    title: tool.hints.title.unwrap_or_default(),
-                    read_only: tool.hints.read_only,
-                    destructive: tool.hints.destructive,
-                    idempotent: tool.hints.idempotent,
-                    untrusted_content: tool.hints.untrusted_content,
-                    output_schema: tool.output_schema.as_ref().map(to_struct),
-                })
-                .collect(),
+            tools: flat.tools.into_iter().map(pb::Tool::from).collect(),
             groups,
+        }
+    }
+}
+
+/// A function of the flat manifest as a protobuf `Tool`, with what it does to data.
+impl From<FlatTool> for pb::Tool {
+    fn from(tool: FlatTool) -> Self {
+        Self {
+            name: tool.name,
+            description: tool.description,
+            input_schema: Some(to_struct(&tool.input_schema)),
+            tool_id: tool.tool_id.unwrap_or_default(),
+            title: tool.hints.title.unwrap_or_default(),
+            read_only: tool.hints.read_only,
+            destructive: tool.hints.destructive,
+            idempotent: tool.hints.idempotent,
+            untrusted_content: tool.hints.untrusted_content,
+            output_schema: tool.output_schema.as_ref().map(to_struct),
         }
     }
 }

@@ -8,8 +8,9 @@ use serde_json::Value;
 use std::time::Duration;
 use toolrelay::convert::Malformed;
 
-use toolrelay::json::{from_struct, from_value, to_struct, to_value};
+use toolrelay::json::{from_struct, from_value, to_value};
 use toolrelay::proto::v1 as pb;
+use toolrelay::wire::FlatTool;
 
 use crate::builtin::{BUILTIN_GROUP, FailureCode, FailureKind, Scope, ToolFailure, ToolInfo};
 use crate::clock::Timestamp;
@@ -133,18 +134,15 @@ impl From<pb::ToolFailure> for ToolFailure {
 /// A built-in tool as a protobuf `Tool` (in the built-in group).
 impl From<ToolInfo> for pb::Tool {
     fn from(tool: ToolInfo) -> Self {
-        Self {
+        FlatTool {
             name: tool.name,
             description: tool.description,
-            input_schema: Some(to_struct(&tool.input_schema)),
-            tool_id: BUILTIN_GROUP.to_owned(),
-            title: tool.hints.title.unwrap_or_default(),
-            read_only: tool.hints.read_only,
-            destructive: tool.hints.destructive,
-            idempotent: tool.hints.idempotent,
-            untrusted_content: tool.hints.untrusted_content,
-            output_schema: tool.output_schema.as_ref().map(to_struct),
+            input_schema: tool.input_schema,
+            tool_id: Some(BUILTIN_GROUP.to_owned()),
+            hints: tool.hints,
+            output_schema: tool.output_schema,
         }
+        .into()
     }
 }
 
