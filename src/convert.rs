@@ -10,8 +10,8 @@ use serde_json::{Map, Value, json};
 use crate::json::{from_struct, from_value, to_struct, to_value};
 use crate::proto::v1 as pb;
 use crate::wire::{
-    FunctionSpec, GroupedManifest, ProviderFrame, ProviderResponse, RequestStatus, ToolError,
-    ToolGroup, ToolRequest, ToolResponse,
+    FlatTool, FunctionSpec, GroupedManifest, ProviderFrame, ProviderResponse, RequestStatus,
+    ToolError, ToolGroup, ToolHints, ToolRequest, ToolResponse,
 };
 
 /// A protobuf message that cannot stand for the domain value: a required part is missing or
@@ -176,17 +176,26 @@ impl From<&GroupedManifest> for pb::Manifest {
         let flat = grouped.flat();
         Self {
             version: flat.version,
-            tools: flat
-                .tools
-                .into_iter()
-                .map(|tool| pb::Tool {
-                    name: tool.name,
-                    description: tool.description,
-                    input_schema: Some(to_struct(&tool.input_schema)),
-                    tool_id: tool.tool_id.unwrap_or_default(),
-                })
-                .collect(),
+            tools: flat.tools.into_iter().map(pb::Tool::from).collect(),
             groups,
+        }
+    }
+}
+
+/// A function of the flat manifest as a protobuf `Tool`, with what it does to data.
+impl From<FlatTool> for pb::Tool {
+    fn from(tool: FlatTool) -> Self {
+        Self {
+            name: tool.name,
+            description: tool.description,
+            input_schema: Some(to_struct(&tool.input_schema)),
+            tool_id: tool.tool_id.unwrap_or_default(),
+            title: tool.hints.title.unwrap_or_default(),
+            read_only: tool.hints.read_only,
+            destructive: tool.hints.destructive,
+            idempotent: tool.hints.idempotent,
+            untrusted_content: tool.hints.untrusted_content,
+            output_schema: tool.output_schema.as_ref().map(to_struct),
         }
     }
 }
@@ -205,6 +214,8 @@ impl From<pb::Manifest> for GroupedManifest {
             .collect();
         for tool in manifest.tools {
             let spec = FunctionSpec {
+                hints: hints_of(&tool),
+                output_schema: tool.output_schema.as_ref().map(from_struct),
                 name: tool.name,
                 description: tool.description,
                 parameters: tool.input_schema.as_ref().map_or(Value::Null, from_struct),
@@ -222,6 +233,17 @@ impl From<pb::Manifest> for GroupedManifest {
             version: manifest.version,
             tools,
         }
+    }
+}
+
+/// What a protobuf `Tool` says it does to data.
+pub fn hints_of(tool: &pb::Tool) -> ToolHints {
+    ToolHints {
+        title: non_empty(tool.title.clone()),
+        read_only: tool.read_only,
+        destructive: tool.destructive,
+        idempotent: tool.idempotent,
+        untrusted_content: tool.untrusted_content,
     }
 }
 
@@ -247,6 +269,11 @@ fn tools_value(tools: &[pb::Tool]) -> Value {
                 }
                 if !tool.tool_id.is_empty() {
                     entry["toolId"] = Value::String(tool.tool_id.clone());
+                }
+                if let (Value::Object(entry), Ok(Value::Object(hints))) =
+                    (&mut entry, serde_json::to_value(hints_of(tool)))
+                {
+                    entry.extend(hints);
                 }
                 entry
             })

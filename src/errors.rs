@@ -115,6 +115,8 @@ error_codes! {
     UnknownHandle = "unknown_handle", NotFound;
     /// The session offers no such function.
     UnknownFunction = "unknown_function", NotFound;
+    /// A read (`…/read`, `read_session_tool`) asked for a function not marked read-only.
+    NotReadOnly = "not_read_only", Forbidden;
     /// The arguments do not match the function's schema.
     InvalidArguments = "invalid_arguments", BadRequest;
     /// The request id is malformed.

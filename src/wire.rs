@@ -106,8 +106,109 @@ pub struct ProviderResponse {
     pub error: Option<Value>,
 }
 
+/// What a function does to data, for hosts that ask the person before a change (SPEC §4).
+/// Each is optional; an unmarked function is taken to change data ([`ToolHints::destructive_hint`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolHints {
+    /// A short name for people, e.g. "Create graph".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    /// Only reads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_only: Option<bool>,
+    /// Changes or deletes what is there (`false`: only adds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub destructive: Option<bool>,
+    /// Calling it again with the same arguments changes nothing more.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotent: Option<bool>,
+    /// Its results may hold content from outside the user's document (WebMCP's
+    /// `untrustedContentHint`): MCP's `openWorldHint`, and a mark on each result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub untrusted_content: Option<bool>,
+}
+
+impl ToolHints {
+    /// Whether the function is marked read-only.
+    pub fn is_read_only(&self) -> bool {
+        self.read_only == Some(true)
+    }
+
+    /// Whether it may change or delete data: unless marked read-only or `destructive: false`.
+    pub fn destructive_hint(&self) -> bool {
+        !self.is_read_only() && self.destructive != Some(false)
+    }
+
+    /// Whether calling it again changes nothing more: marked so, or read-only.
+    pub fn idempotent_hint(&self) -> bool {
+        self.idempotent.unwrap_or_else(|| self.is_read_only())
+    }
+
+    /// Whether its results may hold untrusted content (so it reaches an open world).
+    pub fn is_untrusted(&self) -> bool {
+        self.untrusted_content == Some(true)
+    }
+
+    /// Its title, or one made from `name` ([`title_from_name`]).
+    pub fn title_or(&self, name: &str) -> String {
+        self.title.clone().unwrap_or_else(|| title_from_name(name))
+    }
+}
+
+/// A title made from a function's name: `createGraph` → "Create graph",
+/// `get_mip_solution` → "Get mip solution", `encodePlantUML` → "Encode plant UML".
+pub fn title_from_name(name: &str) -> String {
+    let mut words: Vec<String> = Vec::new();
+    let chars: Vec<char> = name.chars().collect();
+    let mut word = String::new();
+    for (i, &c) in chars.iter().enumerate() {
+        if c == '_' || c == '-' || c == ' ' {
+            words.extend((!word.is_empty()).then(|| std::mem::take(&mut word)));
+            continue;
+        }
+        let previous = i.checked_sub(1).map(|p| chars[p]);
+        let next = chars.get(i + 1);
+        // A word starts at an upper-case letter after a lower-case one or a digit, and at the
+        // last capital of a run followed by a lower-case letter ("UMLFile" → "UML", "File").
+        let starts = c.is_uppercase()
+            && previous.is_some_and(|p| {
+                p.is_lowercase()
+                    || p.is_ascii_digit()
+                    || (p.is_uppercase() && next.is_some_and(|n| n.is_lowercase()))
+            });
+        if starts && !word.is_empty() {
+            words.push(std::mem::take(&mut word));
+        }
+        word.push(c);
+    }
+    words.extend((!word.is_empty()).then_some(word));
+    let words: Vec<String> = words
+        .into_iter()
+        .enumerate()
+        .map(|(i, word)| {
+            let acronym = word.chars().count() > 1 && word.chars().all(|c| !c.is_lowercase());
+            if acronym {
+                word
+            } else if i == 0 {
+                let mut chars = word.chars();
+                chars.next().map_or_else(String::new, |first| {
+                    first
+                        .to_uppercase()
+                        .chain(chars.flat_map(char::to_lowercase))
+                        .collect()
+                })
+            } else {
+                word.to_lowercase()
+            }
+        })
+        .collect();
+    words.join(" ")
+}
+
 /// A function of the grouped manifest.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct FunctionSpec {
     /// Function name, unique in the session.
     pub name: String,
@@ -116,6 +217,12 @@ pub struct FunctionSpec {
     pub description: String,
     /// JSON Schema of the arguments.
     pub parameters: Value,
+    /// What it does to data.
+    #[serde(flatten)]
+    pub hints: ToolHints,
+    /// JSON Schema of its results (the built-in tools give one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<Value>,
 }
 
 /// A tool of the grouped manifest: a named group of functions.
@@ -153,6 +260,8 @@ impl GroupedManifest {
                         description: function.description.clone(),
                         input_schema: function.parameters.clone(),
                         tool_id: Some(group.id.clone()),
+                        hints: function.hints.clone(),
+                        output_schema: function.output_schema.clone(),
                     })
                 })
                 .collect(),
@@ -174,6 +283,12 @@ pub struct FlatTool {
     /// The group the function belongs to, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_id: Option<String>,
+    /// What it does to data.
+    #[serde(flatten)]
+    pub hints: ToolHints,
+    /// JSON Schema of its results (the built-in tools give one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<Value>,
 }
 
 /// The flat manifest: `{version, tools:[{name, description, inputSchema}]}`.
@@ -272,6 +387,45 @@ pub enum RelayFrame {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn untitled_functions_get_a_title_from_their_name() {
+        for (name, title) in [
+            ("createGraph", "Create graph"),
+            ("get_mip_solution", "Get mip solution"),
+            ("encodePlantUML", "Encode plant UML"),
+            ("getUMLFile2", "Get UML file2"),
+            ("codapRequest", "Codap request"),
+            ("x", "X"),
+        ] {
+            assert_eq!(title_from_name(name), title, "{name}");
+        }
+    }
+
+    #[test]
+    fn unmarked_functions_are_taken_to_change_data() {
+        let unmarked = ToolHints::default();
+        assert!(!unmarked.is_read_only() && unmarked.destructive_hint());
+        assert!(!unmarked.idempotent_hint());
+        let create = ToolHints {
+            destructive: Some(false),
+            ..ToolHints::default()
+        };
+        assert!(!create.destructive_hint());
+        let read = ToolHints {
+            read_only: Some(true),
+            ..ToolHints::default()
+        };
+        assert!(read.is_read_only() && !read.destructive_hint() && read.idempotent_hint());
+        let spec: FunctionSpec = serde_json::from_value(json!({"name": "f", "parameters": {},
+            "title": "F", "readOnly": true}))
+        .unwrap();
+        assert_eq!(spec.hints.title.as_deref(), Some("F"));
+        assert_eq!(
+            serde_json::to_value(&spec).unwrap(),
+            json!({"name": "f", "description": "", "parameters": {}, "title": "F", "readOnly": true})
+        );
+    }
 
     #[test]
     fn relay_frames_use_the_documented_shapes() {

@@ -101,7 +101,12 @@ async fn the_built_in_tools_over_mcp() {
         names,
         BUILTIN_TOOLS
             .into_iter()
-            .chain(["connect_session", "list_session_tools", "call_session_tool"])
+            .chain([
+                "connect_session",
+                "list_session_tools",
+                "call_session_tool",
+                "read_session_tool"
+            ])
             .collect::<Vec<_>>()
     );
 

@@ -737,6 +737,9 @@ async fn the_fallback_rpcs_serve_a_polling_provider() {
             &json!({"type": "object", "properties": {"text": {"type": "string"}}}),
         )),
         tool_id: String::new(),
+        title: "Shout".into(),
+        read_only: Some(true),
+        ..Default::default()
     }];
     let registered = client
         .register_manifest(with_token(
@@ -751,6 +754,19 @@ async fn the_fallback_rpcs_serve_a_polling_provider() {
         .unwrap()
         .into_inner();
     assert_eq!(registered.tool_count, 1);
+    // What the function does to data comes back with the manifest.
+    let manifest = client
+        .get_manifest(GetManifestRequest {
+            code: session.code.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let shout = manifest.tools.iter().find(|t| t.name == "shout").unwrap();
+    assert_eq!(
+        (shout.title.as_str(), shout.read_only, shout.destructive),
+        ("Shout", Some(true), None)
+    );
 
     let queued = client
         .submit(submit(&session.code, "p1", "shout", json!({"text": "hey"})))

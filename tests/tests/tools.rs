@@ -170,6 +170,12 @@ impl Tool for BrokenEncoder {
     fn input_schema(&self) -> Value {
         json!({"type": "object"})
     }
+    fn output_schema(&self) -> Value {
+        json!({"type": "object"})
+    }
+    fn hints(&self) -> toolrelay_relay::builtin::ToolHints {
+        toolrelay_relay::builtin::ToolHints::default()
+    }
     async fn call(&self, _args: Value, _context: &Context) -> Result<Value, ToolFailure> {
         Err(ToolFailure::new(
             FailureKind::Internal,

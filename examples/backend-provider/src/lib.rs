@@ -45,6 +45,9 @@ pub fn tools() -> Vec<Tool> {
         description: description.into(),
         input_schema: Some(to_struct(&schema)),
         tool_id: "example".into(),
+        // Both only compute: read-only, so hosts need not ask the person before a call.
+        read_only: Some(true),
+        ..Tool::default()
     };
     vec![
         tool(

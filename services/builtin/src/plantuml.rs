@@ -14,7 +14,7 @@ use flate2::read::DeflateDecoder;
 use flate2::write::DeflateEncoder;
 use serde_json::{Value, json};
 
-use toolrelay_relay::builtin::{Context, FailureKind, Tool, ToolCode, ToolFailure};
+use toolrelay_relay::builtin::{Context, FailureKind, Tool, ToolCode, ToolFailure, ToolHints};
 
 /// The public PlantUML server.
 pub const DEFAULT_SERVER: &str = "https://www.plantuml.com";
@@ -168,6 +168,22 @@ impl Tool for EncodePlantUml {
         })
     }
 
+    fn output_schema(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "url": {"type": "string", "description": "The URL that renders the diagram."},
+                "encoded": {"type": "string", "description": "The encoded diagram (PlantUML's alphabet)."},
+                "format": {"type": "string", "enum": FORMATS}
+            },
+            "required": ["url", "encoded", "format"]
+        })
+    }
+
+    fn hints(&self) -> ToolHints {
+        read_only("Encode PlantUML diagram")
+    }
+
     async fn call(&self, args: Value, _context: &Context) -> Result<Value, ToolFailure> {
         let code = args["plantumlCode"].as_str().unwrap_or_default();
         if code.trim().is_empty() {
@@ -245,6 +261,18 @@ impl Tool for DecodePlantUml {
         })
     }
 
+    fn output_schema(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {"plantumlCode": {"type": "string", "description": "The diagram code."}},
+            "required": ["plantumlCode"]
+        })
+    }
+
+    fn hints(&self) -> ToolHints {
+        read_only("Decode PlantUML diagram")
+    }
+
     async fn call(&self, args: Value, _context: &Context) -> Result<Value, ToolFailure> {
         let encoded = match (args["encoded"].as_str(), args["url"].as_str()) {
             (Some(encoded), _) => encoded.to_owned(),
@@ -258,6 +286,17 @@ impl Tool for DecodePlantUml {
             }
         };
         Ok(json!({"plantumlCode": decode(&encoded)?}))
+    }
+}
+
+/// A tool that only computes: read-only (so idempotent), titled `title`.
+pub(crate) fn read_only(title: &str) -> ToolHints {
+    ToolHints {
+        title: Some(title.to_owned()),
+        read_only: Some(true),
+        destructive: Some(false),
+        idempotent: Some(true),
+        untrusted_content: None,
     }
 }
 

@@ -5,7 +5,8 @@
 // Every function says whether it only reads (`readOnly`: true, false, or a function of the
 // arguments): the "ask me before changing data" switch holds every call that is not read-only
 // (creates, selections and layout changes included). `destructive` marks what changes or
-// deletes what is there; creates are not destructive.
+// deletes what is there (updates, deletes, selections, codapRequest); creates say
+// `destructive: false` (they only add). Hosts get both as MCP annotations (SDK `hints`).
 
 import { ToolError } from '../sdk/dispatcher.js';
 import { CodapErrorCode } from './codap.js';
@@ -111,6 +112,7 @@ export function codapTools(codap) {
         {
           name: 'createDataContext',
           readOnly: false,
+          destructive: false,
           description:
             'Creates a data set with its collections and attributes. Most data sets need ONE collection, e.g. ' +
             '{"name": "People", "collections": [{"name": "People", "attributes": [{"name": "name"}, {"name": "age", "type": "numeric"}]}]}. ' +
@@ -161,6 +163,7 @@ export function codapTools(codap) {
         {
           name: 'createCollection',
           readOnly: false,
+          destructive: false,
           description: 'Adds a collection (level) to a data set. With "parent" it becomes a child level of that collection.',
           parameters: object(
             {
@@ -192,6 +195,7 @@ export function codapTools(codap) {
         {
           name: 'createAttributes',
           readOnly: false,
+          destructive: false,
           description: `Adds attributes (columns) to a collection; give "formula" for a computed one. ${FORMULA_HELP}`,
           parameters: object(
             { dataContext: DATA_CONTEXT, collection: COLLECTION, attributes: { type: 'array', minItems: 1, items: ATTRIBUTE } },
@@ -366,6 +370,7 @@ export function codapTools(codap) {
         {
           name: 'selectCases',
           readOnly: false,
+          destructive: true,
           description: 'Selects cases by id (replacing the selection, or adding to it with extend).',
           parameters: object({ dataContext: DATA_CONTEXT, caseIds: { type: 'array', items: { type: 'integer' } }, extend: { type: 'boolean' } }, ['dataContext', 'caseIds']),
           run: ({ dataContext, caseIds, extend }) => ask(extend ? 'update' : 'create', `${dc(dataContext)}.selectionList`, caseIds),
@@ -386,6 +391,7 @@ export function codapTools(codap) {
         {
           name: 'createCaseTable',
           readOnly: false,
+          destructive: false,
           description: 'Shows a data set as a case table.',
           parameters: object({ dataContext: DATA_CONTEXT, title: { type: 'string' } }, ['dataContext']),
           run: ({ dataContext, title }) => ask('create', 'component', { type: 'caseTable', dataContext, title }),
@@ -393,6 +399,7 @@ export function codapTools(codap) {
         {
           name: 'createGraph',
           readOnly: false,
+          destructive: false,
           description: 'Makes a graph of a data set with its axes set, e.g. {"dataContext": "People", "xAttribute": "age", "yAttribute": "height"}. Returns its id.',
           parameters: object(
             {
@@ -417,6 +424,7 @@ export function codapTools(codap) {
         {
           name: 'createMap',
           readOnly: false,
+          destructive: false,
           description: 'Shows a data set with latitude/longitude (or boundary) attributes on a map.',
           parameters: object({ dataContext: DATA_CONTEXT, title: { type: 'string' } }, ['dataContext']),
           run: ({ dataContext, title }) => ask('create', 'component', { type: 'map', dataContext, title }),
@@ -424,6 +432,7 @@ export function codapTools(codap) {
         {
           name: 'createSlider',
           readOnly: false,
+          destructive: false,
           description: 'Adds a slider: a named global value usable in formulas (e.g. "height * scale").',
           parameters: object(
             {
@@ -441,6 +450,7 @@ export function codapTools(codap) {
         {
           name: 'createText',
           readOnly: false,
+          destructive: false,
           description: 'Adds a text box, e.g. to explain a graph.',
           parameters: object({ text: { type: 'string' }, title: { type: 'string' } }, ['text']),
           run: ({ text, title }) => ask('create', 'component', { type: 'text', text, title }),

@@ -83,7 +83,7 @@ export class ToolError extends Error {
 
 export class Dispatcher {
   constructor() {
-    /** toolId → {description, functions: {name → {description, parameters, readOnly, destructive, run}}} */
+    /** toolId → {description, functions: {name → {description, parameters, title, readOnly, destructive, idempotent, run}}} */
     this.tools = {};
   }
 
@@ -128,7 +128,7 @@ export class Dispatcher {
     return Object.values(this.tools).flatMap((tool) => Object.keys(tool.functions));
   }
 
-  /** The grouped manifest the relay takes. */
+  /** The grouped manifest the relay takes, with what each function does to data. */
   manifest() {
     return Object.entries(this.tools).map(([id, tool]) => ({
       id,
@@ -137,6 +137,7 @@ export class Dispatcher {
         name: fn.name,
         description: fn.description,
         parameters: fn.parameters,
+        ...hints(fn),
       })),
     }));
   }
@@ -166,6 +167,25 @@ export class Dispatcher {
   }
 }
 
+/**
+ * What a function tells hosts it does to data (SPEC §4): `title`, `readOnly`, `destructive`,
+ * `idempotent` and `untrustedContent` (its results may hold content from outside the page's
+ * own data: WebMCP's `untrustedContentHint`) as booleans, left out when unmarked. A `readOnly` that depends on the arguments
+ * is not read-only for hosts (some calls change data); a `destructive` that does is destructive.
+ */
+export function hints(fn) {
+  const out = {};
+  if (typeof fn.title === 'string' && fn.title.trim()) out.title = fn.title;
+  if (typeof fn.readOnly === 'boolean') out.readOnly = fn.readOnly;
+  if (out.readOnly !== true) {
+    if (typeof fn.destructive === 'boolean') out.destructive = fn.destructive;
+    else if (typeof fn.destructive === 'function') out.destructive = true;
+  }
+  if (typeof fn.idempotent === 'boolean') out.idempotent = fn.idempotent;
+  if (typeof fn.untrustedContent === 'boolean') out.untrustedContent = fn.untrustedContent;
+  return out;
+}
+
 /** A function as the dispatcher keeps it: `parameters` and `run`, whatever it was given as. */
 function normalised(fn) {
   if (typeof fn.name !== 'string' || !/^[A-Za-z0-9_]{1,64}$/.test(fn.name)) {
@@ -177,9 +197,12 @@ function normalised(fn) {
     name: fn.name,
     description: fn.description ?? '',
     parameters: fn.parameters ?? fn.inputSchema ?? { type: 'object', properties: {} },
-    // WebMCP tools say it with MCP's annotations.
-    readOnly: fn.readOnly ?? fn.annotations?.readOnlyHint === true,
-    destructive: fn.destructive ?? fn.annotations?.destructiveHint === true,
-    run: (args, context) => run.call(fn, args, context),
+    // WebMCP tools say it with MCP's annotations; unmarked stays undefined (changes data).
+    title: fn.title ?? fn.annotations?.title,
+    readOnly: fn.readOnly ?? fn.annotations?.readOnlyHint,
+    destructive: fn.destructive ?? fn.annotations?.destructiveHint,
+    idempotent: fn.idempotent ?? fn.annotations?.idempotentHint,
+    untrustedContent: fn.untrustedContent ?? fn.annotations?.untrustedContentHint,
+    run: (args, options) => run.call(fn, args, options),
   };
 }

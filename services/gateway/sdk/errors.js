@@ -8,6 +8,7 @@ export const ErrorCode = Object.freeze({
   INVALID_TOKEN: 'invalid_token',
   UNKNOWN_HANDLE: 'unknown_handle',
   UNKNOWN_FUNCTION: 'unknown_function',
+  NOT_READ_ONLY: 'not_read_only',
   INVALID_ARGUMENTS: 'invalid_arguments',
   INVALID_REQUEST_ID: 'invalid_request_id',
   REQUEST_ID_CONFLICT: 'request_id_conflict',

@@ -45,18 +45,6 @@ function parsed(value) {
   }
 }
 
-/** Where a result of a tool marked `untrustedContentHint` says so (README, "WebMCP pages"). */
-export const UNTRUSTED_CONTENT = 'toolrelay/untrustedContent';
-
-/**
- * A result of a tool whose content comes from outside the page's control: the result object
- * the tab returns gains `_meta["toolrelay/untrustedContent"]: true` (a value that is not an
- * object is wrapped as `{result}`, as MCP's structured content wraps it).
- */
-function markedUntrusted(result) {
-  const object = result && typeof result === 'object' && !Array.isArray(result) ? result : { result: result ?? null };
-  return { ...object, _meta: { ...(object._meta ?? {}), [UNTRUSTED_CONTENT]: true } };
-}
 
 /**
  * A minimal model context, installed when the page has none: as Chromium 156's (registerTool
@@ -262,25 +250,20 @@ export function bridgeWebMCP(connection) {
   const watched = lists ? null : watchRegistrations(context, () => onChange());
   const execute = lists ? executor(context) : null;
 
-  // The relay takes names of letters, digits and _ (WebMCP's often have - or .). Not marked
-  // `readOnlyHint` counts as changing data (the "ask me" switch holds it); content from
-  // outside (`untrustedContentHint`) makes the tool open-world and marks its results.
-  const asTool = (tool, run) => {
-    const untrusted = tool.annotations?.untrustedContentHint === true;
-    return {
-      name: relayName(tool.name),
-      title: tool.title,
-      description: tool.description || tool.title || tool.name,
-      inputSchema: tool.inputSchema ?? { type: 'object', properties: {} },
-      annotations: tool.annotations,
-      readOnly: tool.annotations?.readOnlyHint === true,
-      ...(untrusted ? { openWorld: true } : {}),
-      execute: async (args, { signal } = {}) => {
-        const result = unwrap(parsed(await run(args ?? {}, signal ?? new AbortController().signal)));
-        return untrusted ? markedUntrusted(result) : result;
-      },
-    };
-  };
+  // The relay takes names of letters, digits and _ (WebMCP's often have - or .). The
+  // dispatcher reads the annotations: not marked `readOnlyHint` counts as changing data (the
+  // "ask me" switch holds it); content from outside (`untrustedContentHint`) makes the tool
+  // open-world, and the relay marks its MCP results `_meta["toolrelay/untrustedContent"]`.
+  const asTool = (tool, run) => ({
+    name: relayName(tool.name),
+    title: tool.title,
+    description: tool.description || tool.title || tool.name,
+    inputSchema: tool.inputSchema ?? { type: 'object', properties: {} },
+    annotations: tool.annotations,
+    readOnly: tool.annotations?.readOnlyHint === true,
+    execute: async (args, { signal } = {}) =>
+      unwrap(parsed(await run(args ?? {}, signal ?? new AbortController().signal))),
+  });
 
   /** Makes the bridged set what the context holds now. */
   async function sync() {

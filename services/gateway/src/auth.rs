@@ -39,7 +39,7 @@ pub fn is_llm_route(method: &Method, path: &str) -> bool {
         return match (parts.next(), parts.next(), parts.next()) {
             (None, None, None) => *method == Method::GET,
             (Some("metadata"), None, None) => *method == Method::GET,
-            (Some("call"), None, None) => *method == Method::POST,
+            (Some("call" | "read"), None, None) => *method == Method::POST,
             (Some("request"), None, None) => *method == Method::POST,
             (Some("response"), None, None) => *method == Method::GET,
             // Reading a call's status, and cancelling it.
@@ -130,6 +130,7 @@ mod tests {
             (Method::GET, "/api/sessions/ABCD2345"),
             (Method::GET, "/api/sessions/ABCD2345/metadata"),
             (Method::POST, "/api/sessions/ABCD2345/call"),
+            (Method::POST, "/api/sessions/ABCD2345/read"),
             (Method::POST, "/api/sessions/ABCD2345/request"),
             (Method::GET, "/api/sessions/ABCD2345/response"),
             (Method::GET, "/api/sessions/ABCD2345/requests/r1"),

@@ -128,8 +128,9 @@ pub fn actions_service(state: &State) -> OpenApiService<LlmApi, ()> {
     OpenApiService::new(LlmApi { state: state.clone() }, TITLE, env!("CARGO_PKG_VERSION"))
         .description(
             "Call tools in the user's browser tab. Ask the user for the pairing code shown in the tab \
-             (like ABCD-EFGH). First getMetadata to learn the tools, then callTool with functionName \
-             and args. A 404 means the code expired: ask for the new one.",
+             (like ABCD-EFGH). First getMetadata to learn the tools, then readTool (functions marked \
+             readOnly) or callTool with functionName and args. A 404 means the code expired: ask for \
+             the new one.",
         )
         .server(state.config.public_base_url.clone())
 }
@@ -152,6 +153,7 @@ impl Documents {
         let mut actions = merged_paths(&actions_service(state).spec());
         declare_authorization(&mut openapi, keyed);
         declare_authorization(&mut actions, keyed);
+        declare_consequences(&mut actions);
         let pretty = |value: &serde_json::Value| {
             serde_json::to_string_pretty(value).unwrap_or_else(|_| "{}".to_owned())
         };
@@ -189,7 +191,15 @@ fn declare_authorization(spec: &mut serde_json::Value, keyed: bool) {
             else {
                 continue;
             };
-            responses.remove("403");
+            if path.ends_with("/read") {
+                // A read of a function not marked read-only: 403 not_read_only.
+                responses.insert(
+                    "403".into(),
+                    json!({"description": "The function is not marked read-only (not_read_only): call it with callTool instead."}),
+                );
+            } else {
+                responses.remove("403");
+            }
             if keyed {
                 responses.insert(
                     "401".into(),
@@ -211,6 +221,24 @@ fn declare_authorization(spec: &mut serde_json::Value, keyed: bool) {
                 json!({"apiKey": {"type": "http", "scheme": "bearer",
                     "description": "An API key from the relay's operator."}}),
             );
+        }
+    }
+}
+
+/// Marks for GPT Actions which operations change nothing (`x-openai-isConsequential: false`,
+/// so ChatGPT need not ask the person first): every GET, and `readTool` (read-only functions
+/// only). The calls that may change the user's data are marked consequential.
+fn declare_consequences(spec: &mut serde_json::Value) {
+    use serde_json::Value;
+    let Some(paths) = spec.get_mut("paths").and_then(Value::as_object_mut) else {
+        return;
+    };
+    for operations in paths.values_mut().filter_map(Value::as_object_mut) {
+        for (method, operation) in operations.iter_mut() {
+            let reads = method == "get" || operation["operationId"] == "readTool";
+            if let Some(operation) = operation.as_object_mut() {
+                operation.insert("x-openai-isConsequential".into(), Value::Bool(!reads));
+            }
         }
     }
 }

@@ -88,6 +88,13 @@ async fn the_actions_document_is_importable_as_gpt_actions() {
                 !operation["summary"].as_str().unwrap_or_default().is_empty(),
                 "{method} {path} has a summary"
             );
+            // ChatGPT asks the person before a consequential call: never for a read.
+            let reads = method == "get" || id == "readTool";
+            assert_eq!(
+                operation["x-openai-isConsequential"],
+                Value::Bool(!reads),
+                "{method} {path} ({id})"
+            );
             for parameter in operation["parameters"].as_array().into_iter().flatten() {
                 assert_ne!(
                     parameter["in"], "header",
@@ -99,6 +106,7 @@ async fn the_actions_document_is_importable_as_gpt_actions() {
     for expected in [
         "getMetadata",
         "callTool",
+        "readTool",
         "queueCall",
         "getResponses",
         "getCall",

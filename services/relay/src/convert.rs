@@ -8,8 +8,9 @@ use serde_json::Value;
 use std::time::Duration;
 use toolrelay::convert::Malformed;
 
-use toolrelay::json::{from_struct, from_value, to_struct, to_value};
+use toolrelay::json::{from_struct, from_value, to_value};
 use toolrelay::proto::v1 as pb;
+use toolrelay::wire::FlatTool;
 
 use crate::builtin::{BUILTIN_GROUP, FailureCode, FailureKind, Scope, ToolFailure, ToolInfo};
 use crate::clock::Timestamp;
@@ -133,18 +134,23 @@ impl From<pb::ToolFailure> for ToolFailure {
 /// A built-in tool as a protobuf `Tool` (in the built-in group).
 impl From<ToolInfo> for pb::Tool {
     fn from(tool: ToolInfo) -> Self {
-        Self {
+        FlatTool {
             name: tool.name,
             description: tool.description,
-            input_schema: Some(to_struct(&tool.input_schema)),
-            tool_id: BUILTIN_GROUP.to_owned(),
+            input_schema: tool.input_schema,
+            tool_id: Some(BUILTIN_GROUP.to_owned()),
+            hints: tool.hints,
+            output_schema: tool.output_schema,
         }
+        .into()
     }
 }
 
 impl From<pb::Tool> for ToolInfo {
     fn from(tool: pb::Tool) -> Self {
         Self {
+            hints: toolrelay::convert::hints_of(&tool),
+            output_schema: tool.output_schema.as_ref().map(from_struct),
             name: tool.name,
             description: tool.description,
             input_schema: tool.input_schema.as_ref().map_or(Value::Null, from_struct),
@@ -159,6 +165,7 @@ impl CallInput {
         tool_id: String,
         function_name: String,
         args: Option<prost_types::Struct>,
+        read_only: bool,
     ) -> Self {
         Self {
             request_id: toolrelay::convert::non_empty(request_id),
@@ -166,6 +173,7 @@ impl CallInput {
             function_name,
             args: args.map_or(Value::Null, |args| from_struct(&args)),
             correlation_id: None,
+            read_only,
         }
     }
 }
@@ -399,7 +407,7 @@ mod tests {
     use serde_json::json;
     use toolrelay::wire::{
         FunctionSpec, GroupedManifest, ProviderFrame, ProviderResponse, RequestStatus, ToolError,
-        ToolGroup, ToolRequest, ToolResponse,
+        ToolGroup, ToolHints, ToolRequest, ToolResponse,
     };
 
     use super::*;
@@ -631,6 +639,14 @@ mod tests {
                     name: "create_table".into(),
                     description: "Makes a table".into(),
                     parameters: json!({"type": "object", "properties": {"name": {"type": "string"}}}),
+                    hints: ToolHints {
+                        title: Some("Create table".into()),
+                        read_only: Some(false),
+                        destructive: Some(false),
+                        idempotent: None,
+                        untrusted_content: None,
+                    },
+                    output_schema: None,
                 }],
             }],
         };
@@ -639,6 +655,14 @@ mod tests {
             name: "encodePlantUML".into(),
             description: "Encodes".into(),
             input_schema: json!({"type": "object"}),
+            output_schema: Some(json!({"type": "object", "required": ["url"]})),
+            hints: ToolHints {
+                title: Some("Encode PlantUML".into()),
+                read_only: Some(true),
+                destructive: None,
+                idempotent: Some(true),
+                untrusted_content: Some(false),
+            },
         };
         assert_eq!(round_trip::<_, pb::Tool>(tool.clone()), tool);
         for kind in [

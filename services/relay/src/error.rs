@@ -78,6 +78,14 @@ pub enum RelayError {
         /// Comma-separated names of the functions there are.
         available: String,
     },
+    /// A read asked for a function not marked read-only.
+    #[error(
+        "{function} is not marked read-only: it may change the user's data, so it does not run as a read. Call it as a change instead (MCP: call_session_tool; REST: POST /api/sessions/{{code}}/call), which the host may confirm with the user."
+    )]
+    NotReadOnly {
+        /// The function asked for.
+        function: String,
+    },
     /// The arguments break the function's JSON Schema.
     #[error(
         "The arguments for {function} do not match its schema: {problems}. Correct them and call again."
@@ -250,6 +258,7 @@ impl RelayError {
             Self::InvalidToken { .. } => ErrorCode::InvalidToken,
             Self::UnknownHandle => ErrorCode::UnknownHandle,
             Self::UnknownFunction { .. } => ErrorCode::UnknownFunction,
+            Self::NotReadOnly { .. } => ErrorCode::NotReadOnly,
             Self::InvalidArguments { .. } => ErrorCode::InvalidArguments,
             Self::InvalidRequestId => ErrorCode::InvalidRequestId,
             Self::RequestIdConflict { .. } => ErrorCode::RequestIdConflict,

@@ -49,6 +49,14 @@ impl Tool for Shout {
         json!({"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]})
     }
 
+    fn output_schema(&self) -> Value {
+        json!({"type": "object"})
+    }
+
+    fn hints(&self) -> toolrelay_relay::builtin::ToolHints {
+        toolrelay_relay::builtin::ToolHints::default()
+    }
+
     async fn call(&self, args: Value, _context: &Context) -> Result<Value, ToolFailure> {
         Ok(json!(
             args["text"].as_str().unwrap_or_default().to_uppercase()

@@ -123,3 +123,85 @@ test('unmarked functions count as changing data', () => {
   assert.equal(heldForConfirmation(dispatcher.find(null, 'webmcpRead')), false);
   assert.equal(heldForConfirmation(dispatcher.find(null, 'webmcpWrite')), true);
 });
+
+/**
+ * What every plugin function tells hosts it does (MCP annotations, from the manifest the SDK
+ * registers): `read` only reads, `create` only adds (neither read-only nor destructive),
+ * `change` updates or deletes what is there. A new function needs a line here.
+ */
+const CLASSES = {
+  listDataContexts: 'read',
+  getDataContext: 'read',
+  createDataContext: 'create',
+  deleteDataContext: 'change',
+  createCollection: 'create',
+  deleteCollection: 'change',
+  createAttributes: 'create',
+  updateAttribute: 'change',
+  deleteAttribute: 'change',
+  createItems: 'create',
+  getItems: 'read',
+  updateItems: 'change',
+  deleteItems: 'change',
+  countItems: 'read',
+  getCases: 'read',
+  countCases: 'read',
+  updateCases: 'change',
+  deleteCases: 'change',
+  selectCases: 'change',
+  getSelection: 'read',
+  createCaseTable: 'create',
+  createGraph: 'create',
+  createMap: 'create',
+  createSlider: 'create',
+  createText: 'create',
+  listComponents: 'read',
+  updateComponent: 'change',
+  deleteComponent: 'change',
+  getGraphImage: 'read',
+  evaluateFormula: 'read',
+  codapRequest: 'change',
+};
+
+/** The class a manifest entry says, as MCP's defaults read it (unmarked changes data). */
+function classOf(entry) {
+  if (entry.readOnly === true) return 'read';
+  if (entry.destructive === false) return 'create';
+  return 'change';
+}
+
+test('every plugin function is classified for hosts as the table says', () => {
+  const { dispatcher } = plugin();
+  const manifest = dispatcher.manifest().flatMap((tool) => tool.functions);
+  const names = manifest.map((entry) => entry.name);
+  assert.deepEqual(names.filter((name) => !(name in CLASSES)), [], 'functions with no class in the table');
+  assert.deepEqual(Object.keys(CLASSES).filter((name) => !names.includes(name)), [], 'the table names functions that are gone');
+  const wrong = manifest
+    .filter((entry) => classOf(entry) !== CLASSES[entry.name])
+    .map((entry) => `${entry.name}: ${classOf(entry)}, expected ${CLASSES[entry.name]}`);
+  assert.deepEqual(wrong, []);
+  // Explicit, not by default: each says readOnly, and every non-read says destructive.
+  for (const entry of manifest) {
+    assert.equal(typeof entry.readOnly === 'boolean' || entry.name === 'codapRequest', true, entry.name);
+    if (entry.readOnly !== true) assert.equal(typeof entry.destructive, 'boolean', entry.name);
+    else assert.equal('destructive' in entry, false, `${entry.name}: read-only and destructive are exclusive`);
+  }
+});
+
+test('the SDK passes a definition\'s hints and WebMCP\'s annotations into the manifest', () => {
+  const dispatcher = new Dispatcher();
+  dispatcher.add({ name: 'count', title: 'Count rows', readOnly: true, idempotent: true, inputSchema: { type: 'object' }, execute: () => 1 });
+  dispatcher.add({ name: 'webmcpRead', inputSchema: { type: 'object' }, annotations: { readOnlyHint: true, title: 'Read it', untrustedContentHint: true }, execute: () => 1 });
+  dispatcher.add({ name: 'append', destructive: false, inputSchema: { type: 'object' }, execute: () => 1 });
+  dispatcher.add({ name: 'anything', inputSchema: { type: 'object' }, execute: () => 1 });
+  const entries = Object.fromEntries(dispatcher.manifest()[0].functions.map((entry) => [entry.name, entry]));
+  assert.deepEqual(
+    { title: entries.count.title, readOnly: entries.count.readOnly, idempotent: entries.count.idempotent },
+    { title: 'Count rows', readOnly: true, idempotent: true },
+  );
+  assert.equal(entries.webmcpRead.readOnly, true);
+  assert.equal(entries.webmcpRead.title, 'Read it');
+  assert.equal(entries.webmcpRead.untrustedContent, true);
+  assert.equal(entries.append.destructive, false);
+  assert.deepEqual(Object.keys(entries.anything).sort(), ['description', 'name', 'parameters'], 'unmarked stays unmarked');
+});

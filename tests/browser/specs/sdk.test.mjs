@@ -204,7 +204,7 @@ function webMcpPage(sdk) {
   });
   navigator.modelContext.provideContext({
     tools: [
-      { name: 'read-counter', description: 'The counter.', execute: async () => ({ content: [{ type: 'text', text: JSON.stringify({ value: window.counter.value }) }] }) },
+      { name: 'read-counter', description: 'The counter.', annotations: { readOnlyHint: true }, execute: async () => ({ content: [{ type: 'text', text: JSON.stringify({ value: window.counter.value }) }] }) },
       { name: 'refuse', description: 'Always fails.', execute: async () => ({ isError: true, content: [{ type: 'text', text: 'The counter refuses.' }] }) },
     ],
   });
@@ -467,6 +467,15 @@ test('a WebMCP page on another origin pairs over WebSocket and answers HTTP, MCP
         await page.goto(`${host.origin}/counter.html`);
         await until(page, () => window.relay?.ready);
         assert.equal(await page.evaluate(() => window.relay.transportKind), 'websocket');
+        // The SDK's own model context runs tools as Chromium 156 does: an object in, a string out.
+        const polyfill = await page.evaluate(async () => {
+          const context = document.modelContext;
+          const tool = (await context.getTools()).find((t) => t.name === 'read-counter');
+          const answer = await context.executeTool(tool, {});
+          const refused = await context.executeTool(tool, null).then(() => 'accepted', (error) => error.constructor.name);
+          return { type: typeof answer, value: JSON.parse(answer).content[0].text, refused };
+        });
+        assert.deepEqual(polyfill, { type: 'string', value: '{"value":0}', refused: 'TypeError' });
         const { code, connectorUrl } = await page.evaluate(() => window.relay.session);
         // MCP with the official Python SDK, a client of its own.
         const viaMcp = await officialMcpCall(connectorUrl, 'increment', { n: 10 });
@@ -474,6 +483,16 @@ test('a WebMCP page on another origin pairs over WebSocket and answers HTTP, MCP
         assert.deepEqual(viaMcp.structured, { value: 10 }, JSON.stringify(viaMcp));
         mcp.client = new McpClient(connectorUrl);
         await mcp.client.connect();
+        // WebMCP's readOnlyHint reaches hosts; an unmarked tool is taken to change data.
+        const { tools } = await mcp.client.request('tools/list');
+        const annotations = Object.fromEntries(tools.map((tool) => [tool.name, tool.annotations]));
+        assert.equal(annotations.read_counter.readOnlyHint, true, JSON.stringify(annotations));
+        assert.deepEqual(
+          [annotations.increment.readOnlyHint, annotations.increment.destructiveHint],
+          [false, true],
+          JSON.stringify(annotations),
+        );
+        assert.equal(tools.find((tool) => tool.name === 'increment').title, 'Increment');
         const viaGrpc = await grpcCall(relay, code, 'increment', { n: 100 });
         assert.equal(viaGrpc.response.success, true, JSON.stringify(viaGrpc));
         assert.deepEqual(viaGrpc.response.result, { value: 110 });

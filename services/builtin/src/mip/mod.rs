@@ -29,8 +29,9 @@ use serde_json::{Value, json};
 use self::model::{Model, Solution};
 use self::sandbox::{Sandbox, SandboxConfig};
 use self::turns::{Turn, Turns};
+use crate::plantuml::read_only;
 use toolrelay_relay::builtin::{
-    Context, FailureCode, FailureKind, Scope, SharedLock, Tool, ToolCode, ToolFailure,
+    Context, FailureCode, FailureKind, Scope, SharedLock, Tool, ToolCode, ToolFailure, ToolHints,
 };
 use toolrelay_relay::limits::{DEFAULT_IPV6_PREFIX, client_key};
 use toolrelay_relay::metrics::{Metrics, MipOutcome, MipTool};
@@ -330,6 +331,27 @@ struct Solve(Arc<Mip>);
 struct Validate(Arc<Mip>);
 struct GetSolution;
 
+/// What a solve ends with (SPEC §7).
+const STATUSES: [&str; 6] = [
+    "optimal",
+    "infeasible",
+    "unbounded",
+    "infeasible_or_unbounded",
+    "timeout",
+    "error",
+];
+
+/// A tool that only adds (a ticket of its scope): neither read-only nor destructive.
+fn adds(title: &str) -> ToolHints {
+    ToolHints {
+        title: Some(title.to_owned()),
+        read_only: Some(false),
+        destructive: Some(false),
+        idempotent: Some(false),
+        untrusted_content: None,
+    }
+}
+
 #[async_trait]
 impl Tool for Generate {
     fn ready(&self, context: &Context) -> Result<(), ToolFailure> {
@@ -354,6 +376,30 @@ impl Tool for Generate {
             "required": ["problemDefinitionCode"],
             "additionalProperties": false
         })
+    }
+
+    fn output_schema(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "problemId": {"type": "string", "description": "The problem, for solve_mip_problem."},
+                "summary": {
+                    "type": "object",
+                    "properties": {
+                        "variables": {"type": "integer"},
+                        "constraints": {"type": "integer"},
+                        "integers": {"type": "integer"}
+                    },
+                    "required": ["variables", "constraints", "integers"]
+                },
+                "stdout": {"type": "string", "description": "What the code printed."}
+            },
+            "required": ["problemId", "summary", "stdout"]
+        })
+    }
+
+    fn hints(&self) -> ToolHints {
+        adds("Generate MIP problem")
     }
 
     async fn call(&self, args: Value, context: &Context) -> Result<Value, ToolFailure> {
@@ -430,6 +476,24 @@ impl Tool for Solve {
             "required": ["problemId"],
             "additionalProperties": false
         })
+    }
+
+    fn output_schema(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "solutionId": {"type": "string", "description": "The solution, for get_mip_solution and validate_mip_solution."},
+                "status": {"type": "string", "enum": STATUSES},
+                "objectiveValue": {"type": ["number", "null"]},
+                "solveTimeSeconds": {"type": "number"},
+                "message": {"type": "string"}
+            },
+            "required": ["solutionId", "status", "objectiveValue", "solveTimeSeconds"]
+        })
+    }
+
+    fn hints(&self) -> ToolHints {
+        adds("Solve MIP problem")
     }
 
     async fn call(&self, args: Value, context: &Context) -> Result<Value, ToolFailure> {
@@ -519,6 +583,21 @@ impl Tool for Validate {
         })
     }
 
+    fn output_schema(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "status": {"type": "string", "enum": ["success", "failure"]},
+                "message": {"type": "string"}
+            },
+            "required": ["status", "message"]
+        })
+    }
+
+    fn hints(&self) -> ToolHints {
+        read_only("Validate MIP solution")
+    }
+
     async fn call(&self, args: Value, context: &Context) -> Result<Value, ToolFailure> {
         measured(MipTool::Validate, context, self.validate(args, context)).await
     }
@@ -584,6 +663,32 @@ impl Tool for GetSolution {
             "required": ["solutionId"],
             "additionalProperties": false
         })
+    }
+
+    fn output_schema(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "solutionId": {"type": "string"},
+                "status": {"type": "string", "enum": STATUSES},
+                "objectiveValue": {"type": ["number", "null"]},
+                "total": {"type": "integer", "description": "Variables in all pages."},
+                "offset": {"type": "integer"},
+                "variables": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {"name": {"type": "string"}, "value": {"type": "number"}},
+                        "required": ["name", "value"]
+                    }
+                }
+            },
+            "required": ["solutionId", "status", "objectiveValue", "total", "offset", "variables"]
+        })
+    }
+
+    fn hints(&self) -> ToolHints {
+        read_only("Get MIP solution")
     }
 
     async fn call(&self, args: Value, context: &Context) -> Result<Value, ToolFailure> {

@@ -171,29 +171,26 @@ impl LlmApi {
         body: Json<MakeCall>,
         client: Client,
     ) -> Result<CallOutcome, ApiError> {
-        let caller = &client.0;
-        let body = body.0;
-        let wait = body
-            .timeout_ms
-            .map_or(DEFAULT_CALL_WAIT, Duration::from_millis)
-            .min(MAX_CALL_WAIT);
-        let call = call_input(body.request_id, body.tool_id, body.function_name, body.args);
-        let view = self
-            .state
-            .relay
-            .run(
-                caller,
-                Call {
-                    code: code.0,
-                    call,
-                    wait: Some(wait),
-                },
-            )
-            .await?;
-        Ok(match view.response {
-            Some(response) => CallOutcome::Answered(Json(response.into())),
-            None => CallOutcome::Pending(Json(Queued::from(view))),
-        })
+        self.call_and_wait(code.0, body.0, &client, false).await
+    }
+
+    /// Run a read-only tool and wait for its answer
+    ///
+    /// As callTool, for functions marked readOnly in getMetadata (they only read the user's
+    /// data). Any other function is refused with 403 not_read_only: use callTool for it.
+    #[oai(
+        path = "/api/sessions/:code/read",
+        method = "post",
+        operation_id = "readTool"
+    )]
+    async fn read_tool(
+        &self,
+        /// The pairing code the user gave you, e.g. ABCD-EFGH.
+        code: Path<String>,
+        body: Json<MakeCall>,
+        client: Client,
+    ) -> Result<CallOutcome, ApiError> {
+        self.call_and_wait(code.0, body.0, &client, true).await
     }
 
     /// Queue a tool call without waiting
@@ -390,6 +387,43 @@ fn fitted(page: Vec<toolrelay::wire::ToolResponse>) -> (Vec<CallResponse>, bool)
     (answers, left_out > 0)
 }
 
+impl LlmApi {
+    /// callTool and readTool: queue the call (a read only for read-only functions) and wait.
+    async fn call_and_wait(
+        &self,
+        code: String,
+        body: MakeCall,
+        client: &Client,
+        read_only: bool,
+    ) -> Result<CallOutcome, ApiError> {
+        let caller = &client.0;
+        let wait = body
+            .timeout_ms
+            .map_or(DEFAULT_CALL_WAIT, Duration::from_millis)
+            .min(MAX_CALL_WAIT);
+        let call = CallInput {
+            read_only,
+            ..call_input(body.request_id, body.tool_id, body.function_name, body.args)
+        };
+        let view = self
+            .state
+            .relay
+            .run(
+                caller,
+                Call {
+                    code,
+                    call,
+                    wait: Some(wait),
+                },
+            )
+            .await?;
+        Ok(match view.response {
+            Some(response) => CallOutcome::Answered(Json(response.into())),
+            None => CallOutcome::Pending(Json(Queued::from(view))),
+        })
+    }
+}
+
 /// Room kept for the note [`fitted`] adds.
 const NOTE_ROOM: usize = 500;
 
@@ -407,6 +441,6 @@ pub fn call_input(
         args: args.map_or(Value::Null, |args| {
             Value::Object(args.into_iter().collect())
         }),
-        correlation_id: None,
+        ..CallInput::default()
     }
 }

@@ -56,7 +56,7 @@ use toolrelay_relay::relay::operations::ListTools;
 use crate::api::State;
 use pairing::Pairing;
 use sessions::{Keeper, OPENED, Running, SharedSessions};
-use tools::{from_error, tool};
+use tools::{from_error, listed, relay_icon};
 
 /// Messages a session's channels hold before the sender waits (rmcp's default is 16; a
 /// session's calls are few, and every slot is memory held by every idle session).
@@ -336,7 +336,11 @@ impl ServerHandler for RelayMcp {
             .enable_tool_list_changed()
             .build();
         ServerConfig::new(capabilities)
-            .with_server_info(Implementation::new("toolrelay", env!("CARGO_PKG_VERSION")))
+            .with_server_info(
+                Implementation::new("toolrelay", env!("CARGO_PKG_VERSION"))
+                    .with_title("toolrelay")
+                    .with_icons(vec![relay_icon()]),
+            )
             .with_instructions(instructions.to_owned())
     }
 
@@ -432,7 +436,7 @@ impl ServerHandler for RelayMcp {
             .map_err(|error| McpError::internal_error(error.message, None))?;
         let mut tools: Vec<Tool> = builtins
             .into_iter()
-            .map(|t| tool(&t.name, &t.description, t.input_schema))
+            .map(|builtin| listed(builtin.into()))
             .collect();
         tools.extend(Pairing::tools());
         Ok(ListToolsResult::with_all_items(tools)
@@ -450,7 +454,7 @@ impl ServerHandler for RelayMcp {
         let result = if self.scoped {
             match self.scoped_code(&context).await {
                 Ok(code) => {
-                    self.call_in_session(&code, &name, arguments, &context)
+                    self.call_in_session(&code, &name, arguments, false, &context)
                         .await
                 }
                 Err(error) => from_error(&error),

@@ -1,6 +1,7 @@
 //! The pairing tools of `/mcp`: how a client that knows no session pairs with the user's tab
 //! from the code shown in the plugin, lists the session's tools and calls one by name (for
-//! clients that ignore tool-list changes). Each tool is a variant of [`Pairing`], which owns
+//! clients that ignore tool-list changes): `read_session_tool` for the functions marked
+//! read-only (hosts need not ask the person first), `call_session_tool` for any. Each tool is a variant of [`Pairing`], which owns
 //! its name, its definition and its call; `/mcp` dispatches on the variant.
 
 use rmcp::RoleServer;
@@ -10,7 +11,9 @@ use serde_json::{Value, json};
 use toolrelay_relay::Caller;
 use toolrelay_relay::relay::operations::GetSession;
 
-use super::tools::{failure, from_error, success, tool};
+use toolrelay::wire::ToolHints;
+
+use super::tools::{failure, from_error, relay_icon, success, tool};
 use super::{RelayMcp, caller_of};
 
 /// A pairing tool of `/mcp`.
@@ -22,11 +25,18 @@ pub(super) enum Pairing {
     ListTools,
     /// `call_session_tool`: calls a paired session's tool by name.
     CallTool,
+    /// `read_session_tool`: calls a paired session's read-only tool by name.
+    ReadTool,
 }
 
 impl Pairing {
     /// The pairing tools, in the order `/mcp` lists them.
-    const ALL: [Self; 3] = [Self::Connect, Self::ListTools, Self::CallTool];
+    const ALL: [Self; 4] = [
+        Self::Connect,
+        Self::ListTools,
+        Self::CallTool,
+        Self::ReadTool,
+    ];
 
     /// The tool's name, as clients call it.
     fn name(self) -> &'static str {
@@ -34,6 +44,25 @@ impl Pairing {
             Self::Connect => "connect_session",
             Self::ListTools => "list_session_tools",
             Self::CallTool => "call_session_tool",
+            Self::ReadTool => "read_session_tool",
+        }
+    }
+
+    /// What the tool does to data: pairing and listing only read; a call may change anything
+    /// the session's tools change; a read runs only read-only functions.
+    fn hints(self) -> ToolHints {
+        let (title, read_only) = match self {
+            Self::Connect => ("Connect to the user's tab", true),
+            Self::ListTools => ("List the tab's tools", true),
+            Self::CallTool => ("Call a tool of the tab", false),
+            Self::ReadTool => ("Read with a tool of the tab", true),
+        };
+        ToolHints {
+            title: Some(title.to_owned()),
+            read_only: Some(read_only),
+            destructive: Some(!read_only),
+            idempotent: Some(read_only),
+            untrusted_content: None,
         }
     }
 
@@ -47,28 +76,44 @@ impl Pairing {
         Self::ALL.into_iter().map(Self::tool).collect()
     }
 
-    /// The tool's definition: its description and the JSON Schema of its arguments.
+    /// The tool's definition: its description, the JSON Schema of its arguments, its title
+    /// and annotations, and the relay's icon.
     fn tool(self) -> Tool {
+        self.definition().with_icons(vec![relay_icon()])
+    }
+
+    fn definition(self) -> Tool {
         let session = json!({"type": "string", "description": "The session: its handle (from connect_session) or the pairing code the user gave you."});
+        let hints = &self.hints();
+        let call_arguments = json!({"type": "object", "properties": {
+            "session": session,
+            "name": {"type": "string", "description": "The tool's name, from list_session_tools."},
+            "arguments": {"type": "object", "description": "The tool's arguments."}
+        }, "required": ["session", "name"]});
         match self {
             Self::Connect => tool(
                 self.name(),
                 "Pairs with the user's tab. Ask the user for the pairing code shown in the plugin (like ABCD-EFGH). Returns the session handle, a connector URL for this session, and its tools.",
                 json!({"type": "object", "properties": {"code": {"type": "string", "description": "The pairing code, e.g. ABCD-EFGH."}}, "required": ["code"]}),
+                hints,
             ),
             Self::ListTools => tool(
                 self.name(),
                 "Lists the tools of a paired session with the JSON Schema of their arguments.",
                 json!({"type": "object", "properties": {"session": session}, "required": ["session"]}),
+                hints,
             ),
             Self::CallTool => tool(
                 self.name(),
-                "Calls a tool of a paired session by name, e.g. {\"session\": \"<handle>\", \"name\": \"createGraph\", \"arguments\": {...}}.",
-                json!({"type": "object", "properties": {
-                    "session": session,
-                    "name": {"type": "string", "description": "The tool's name, from list_session_tools."},
-                    "arguments": {"type": "object", "description": "The tool's arguments."}
-                }, "required": ["session", "name"]}),
+                "Calls a tool of a paired session by name, e.g. {\"session\": \"<handle>\", \"name\": \"createGraph\", \"arguments\": {...}}. For tools marked read-only, read_session_tool does the same without changing anything.",
+                call_arguments,
+                hints,
+            ),
+            Self::ReadTool => tool(
+                self.name(),
+                "Calls a read-only tool of a paired session by name (one whose annotations say readOnlyHint: true in list_session_tools), e.g. to count or look up data. Other tools are refused: call them with call_session_tool.",
+                call_arguments,
+                hints,
             ),
         }
     }
@@ -86,7 +131,14 @@ impl RelayMcp {
         match pairing {
             Pairing::Connect => self.connect_session(caller, arguments).await,
             Pairing::ListTools => self.list_session_tools(caller, arguments).await,
-            Pairing::CallTool => self.call_session_tool(caller, arguments, context).await,
+            Pairing::CallTool => {
+                self.call_session_tool(caller, arguments, false, context)
+                    .await
+            }
+            Pairing::ReadTool => {
+                self.call_session_tool(caller, arguments, true, context)
+                    .await
+            }
         }
     }
 
@@ -123,7 +175,8 @@ impl RelayMcp {
             "displayCode": status.code.display(),
             "connectorUrl": self.state.url(&format!("/mcp/s/{}", status.mcp_handle)),
             "expiresAt": status.expires_at.rfc3339(),
-            "tools": tools.iter().map(|t| json!({"name": t.name, "description": t.description})).collect::<Vec<_>>(),
+            "tools": tools.iter().map(|t| json!({"name": t.name, "title": t.title, "description": t.description,
+                "readOnly": t.annotations.as_ref().and_then(|a| a.read_only_hint)})).collect::<Vec<_>>(),
         }))
     }
 
@@ -140,30 +193,41 @@ impl RelayMcp {
         };
         match tools {
             Ok(tools) => success(json!({"tools": tools.iter().map(|t| json!({
-                "name": t.name, "description": t.description, "inputSchema": &*t.input_schema
+                "name": t.name, "title": t.title, "description": t.description,
+                "inputSchema": &*t.input_schema, "annotations": t.annotations
             })).collect::<Vec<_>>()})),
             Err(error) => from_error(&error),
         }
     }
 
+    /// `call_session_tool`, or `read_session_tool` when `read_only` (the relay refuses a
+    /// function not marked read-only, pointing to `call_session_tool`).
     async fn call_session_tool(
         &self,
         caller: &Caller,
         arguments: &Value,
+        read_only: bool,
         context: &RequestContext<RoleServer>,
     ) -> CallToolResult {
         let (Some(session), Some(tool_name)) =
             (text(arguments, "session"), text(arguments, "name"))
         else {
+            let name = if read_only {
+                Pairing::ReadTool.name()
+            } else {
+                Pairing::CallTool.name()
+            };
             return failure(
                 "invalid_arguments",
-                "call_session_tool needs {\"session\": \"<handle or code>\", \"name\": \"<tool>\", \"arguments\": {...}}.",
+                &format!(
+                    "{name} needs {{\"session\": \"<handle or code>\", \"name\": \"<tool>\", \"arguments\": {{...}}}}."
+                ),
             );
         };
         let arguments = arguments.get("arguments").cloned().unwrap_or(Value::Null);
         match self.session_code(caller, &session).await {
             Ok(code) => {
-                self.call_in_session(&code, &tool_name, arguments, context)
+                self.call_in_session(&code, &tool_name, arguments, read_only, context)
                     .await
             }
             Err(error) => from_error(&error),

@@ -7,9 +7,13 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use rmcp::RoleServer;
-use rmcp::model::{CallToolResult, ContentBlock, JsonObject, ProgressNotificationParam, Tool};
+use rmcp::model::{
+    CallToolResult, ContentBlock, Icon, JsonObject, MetaObject, ProgressNotificationParam, Tool,
+    ToolAnnotations,
+};
 use rmcp::service::{RequestContext, SubscriptionContext};
 use serde_json::{Value, json};
+use toolrelay::wire::{FunctionSpec, ToolHints};
 use toolrelay_relay::builtin::{FailureCode, Scope};
 use toolrelay_relay::relay::operations::{
     AwaitResponse, CallTool, CancelRequest, GetManifest, ResolveHandle, Submit,
@@ -27,9 +31,47 @@ const CLIENT_CHECK_EVERY: Duration = Duration::from_secs(30);
 /// (doubling up to 5 s).
 const WATCH_RETRY: Duration = Duration::from_millis(500);
 
-pub(super) fn tool(name: &str, description: &str, schema: Value) -> Tool {
+/// The relay's icon (an SVG, as a `data:` URI): the server's and its own tools'.
+pub(super) fn relay_icon() -> Icon {
+    let svg = data_encoding::BASE64.encode(include_bytes!("icon.svg"));
+    Icon::new(format!("data:image/svg+xml;base64,{svg}"))
+        .with_mime_type("image/svg+xml")
+        .with_sizes(vec!["any".to_owned()])
+}
+
+/// An MCP tool with its title and annotations: what it does to data as given, the rest by
+/// SPEC §4's defaults (an untitled tool is titled after its name; an unmarked one may change
+/// or delete data; only one whose results may hold untrusted content reaches an open world).
+pub(super) fn tool(name: &str, description: &str, schema: Value, hints: &ToolHints) -> Tool {
     let schema: JsonObject = schema.as_object().cloned().unwrap_or_default();
+    let title = hints.title_or(name);
+    let annotations = ToolAnnotations::from_raw(
+        Some(title.clone()),
+        Some(hints.is_read_only()),
+        Some(hints.destructive_hint()),
+        Some(hints.idempotent_hint()),
+        Some(hints.is_untrusted()),
+    );
     Tool::new(name.to_owned(), description.to_owned(), Arc::new(schema))
+        .with_title(title)
+        .with_annotations(annotations)
+}
+
+/// A function of a manifest (a tab's, or a built-in tool) as an MCP tool; a built-in tool
+/// carries its output schema and the relay's icon.
+pub(super) fn listed(function: FunctionSpec) -> Tool {
+    let listed = tool(
+        &function.name,
+        &function.description,
+        function.parameters,
+        &function.hints,
+    );
+    match function.output_schema {
+        Some(Value::Object(schema)) => listed
+            .with_raw_output_schema(Arc::new(schema))
+            .with_icons(vec![relay_icon()]),
+        _ => listed,
+    }
 }
 
 /// A successful result: the value as structured content (wrapped when not an object) and as
@@ -43,6 +85,9 @@ pub(super) fn success(value: Value) -> CallToolResult {
     });
     result
 }
+
+/// The `_meta` key that marks a result holding content from outside the user's document.
+const UNTRUSTED_CONTENT: &str = "toolrelay/untrustedContent";
 
 /// A tool failure: `isError` with the message (and the error's name, for programs).
 pub(super) fn failure(code: &str, message: &str) -> CallToolResult {
@@ -152,19 +197,21 @@ impl RelayMcp {
             )
             .await?;
         Ok(manifest
-            .flat()
             .tools
             .into_iter()
-            .map(|t| tool(&t.name, &t.description, t.input_schema))
+            .flat_map(|group| group.functions)
+            .map(listed)
             .collect())
     }
 
-    /// Calls a tool of a session and waits for its answer, reporting progress meanwhile.
+    /// Calls a tool of a session and waits for its answer, reporting progress meanwhile. A
+    /// read (`read_only`) runs only a function marked read-only.
     pub(super) async fn call_in_session(
         &self,
         code: &str,
         name: &str,
         arguments: Value,
+        read_only: bool,
         context: &RequestContext<RoleServer>,
     ) -> CallToolResult {
         let caller = &caller_of(context);
@@ -172,6 +219,7 @@ impl RelayMcp {
         let call = CallInput {
             function_name: name.to_owned(),
             args: arguments,
+            read_only,
             ..CallInput::default()
         };
         let submit = Submit {
@@ -226,7 +274,13 @@ impl RelayMcp {
                 if answer.truncated == Some(true) {
                     value = json!({"truncated": true, "note": answer.note, "result": value});
                 }
-                success(value)
+                let mut result = success(value);
+                if self.untrusted(caller, code, name).await {
+                    let mut meta = JsonObject::new();
+                    meta.insert(UNTRUSTED_CONTENT.to_owned(), Value::Bool(true));
+                    result.meta = Some(MetaObject(meta));
+                }
+                result
             }
             (false, Some(error)) => failure(&error.code, &error.message),
             (false, None) => failure(
@@ -234,6 +288,25 @@ impl RelayMcp {
                 "The tool failed without a message.",
             ),
         }
+    }
+
+    /// Whether the session's function `name` says its results may hold untrusted content
+    /// (WebMCP's `untrustedContentHint`); a manifest that cannot be read says no.
+    async fn untrusted(&self, caller: &Caller, code: &str, name: &str) -> bool {
+        let manifest = GetManifest {
+            code: code.to_owned(),
+        };
+        self.state
+            .relay
+            .run(caller, manifest)
+            .await
+            .is_ok_and(|manifest| {
+                manifest
+                    .tools
+                    .iter()
+                    .flat_map(|group| &group.functions)
+                    .any(|function| function.name == name && function.hints.is_untrusted())
+            })
     }
 
     /// A built-in tool, outside any session (scope: the MCP session when there is one).

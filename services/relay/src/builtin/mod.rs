@@ -15,6 +15,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::Value;
 pub use toolrelay::errors::{FailureCode, ToolCode};
+use toolrelay::wire::FunctionSpec;
+pub use toolrelay::wire::ToolHints;
 
 use crate::clock::Clock;
 use crate::code::{SessionCode, random_id};
@@ -276,6 +278,10 @@ pub trait Tool: Send + Sync + 'static {
     fn description(&self) -> &'static str;
     /// JSON Schema of its arguments (an object schema).
     fn input_schema(&self) -> Value;
+    /// JSON Schema of its results (an object schema every successful result matches).
+    fn output_schema(&self) -> Value;
+    /// Its title and what it does to data (MCP's annotations).
+    fn hints(&self) -> ToolHints;
     /// Runs it. The arguments have been checked against the schema.
     async fn call(&self, args: Value, context: &Context) -> Result<Value, ToolFailure>;
     /// Whether a call for this context would be taken now: a cheap look that reserves
@@ -294,6 +300,22 @@ pub struct ToolInfo {
     pub description: String,
     /// JSON Schema of its arguments.
     pub input_schema: Value,
+    /// JSON Schema of its results.
+    pub output_schema: Option<Value>,
+    /// Its title and what it does to data.
+    pub hints: ToolHints,
+}
+
+impl From<ToolInfo> for FunctionSpec {
+    fn from(tool: ToolInfo) -> Self {
+        Self {
+            name: tool.name,
+            description: tool.description,
+            parameters: tool.input_schema,
+            hints: tool.hints,
+            output_schema: tool.output_schema,
+        }
+    }
 }
 
 struct Entry {
@@ -347,8 +369,15 @@ impl Registry {
                 name: entry.tool.name().to_owned(),
                 description: entry.tool.description().to_owned(),
                 input_schema: entry.schema.clone(),
+                output_schema: Some(result_or_failure(entry.tool.output_schema())),
+                hints: entry.tool.hints(),
             })
             .collect()
+    }
+
+    /// What the tool `name` does to data, if there is one.
+    pub fn hints(&self, name: &str) -> Option<ToolHints> {
+        self.entry(name).ok().map(|entry| entry.tool.hints())
     }
 
     /// Whether a tool has this name.
@@ -410,6 +439,34 @@ impl Registry {
             .map(|index| &self.entries[*index])
             .ok_or_else(|| ToolFailure::not_found(name, &self.names()))
     }
+}
+
+/// A tool's output schema as listed: its result, or the failure MCP answers with in the same
+/// field (`{error: {code, message}}`, with `isError`), since clients check every structured
+/// content against the schema, a failure's included.
+fn result_or_failure(result: Value) -> Value {
+    let Value::Object(mut schema) = result else {
+        return result;
+    };
+    let required = schema
+        .remove("required")
+        .unwrap_or_else(|| Value::Array(Vec::new()));
+    if let Some(Value::Object(properties)) = schema.get_mut("properties") {
+        properties.insert(
+            "error".into(),
+            serde_json::json!({
+                "type": "object",
+                "description": "Why the call failed (only on failure).",
+                "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
+                "required": ["code", "message"]
+            }),
+        );
+    }
+    schema.insert(
+        "anyOf".into(),
+        serde_json::json!([{"required": required}, {"required": ["error"]}]),
+    );
+    Value::Object(schema)
 }
 
 /// No tools: a relay that runs none (its sessions list only their tabs' tools).

@@ -2,7 +2,8 @@
 //!
 //! A provider sends its tools grouped (`[{id, description, functions:[{name, description,
 //! parameters}]}]`) or flat (`[{name, description, inputSchema, toolId?}]`), optionally wrapped
-//! in `{version, tools}`. [`Manifest::parse`] checks names, sizes and that every schema is a
+//! in `{version, tools}`; a function may add `title`, `readOnly`, `destructive` and
+//! `idempotent` (what it does to data, SPEC §4). [`Manifest::parse`] checks names, sizes and that every schema is a
 //! valid JSON Schema describing an object, and compiles each schema so that every call's
 //! arguments are checked before the call is queued.
 //!
@@ -33,7 +34,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use serde_json::Value;
-use toolrelay::wire::{FlatManifest, FunctionSpec, GroupedManifest, ToolGroup};
+use toolrelay::wire::{FlatManifest, FunctionSpec, GroupedManifest, ToolGroup, ToolHints};
 
 pub use cache::ManifestCache;
 pub use check::{MAX_CHECK_COST, describe_violations};
@@ -80,6 +81,8 @@ pub struct Function {
     pub description: String,
     /// JSON Schema of its arguments (an object schema).
     pub schema: Value,
+    /// What it does to data (title, read-only, destructive, idempotent).
+    pub hints: ToolHints,
     /// Subschemas the schema expands to, with its `$ref`s followed ([`schema_size`]).
     pub schema_size: usize,
     /// Whether a `$ref` of the schema leads back to itself for a part of the value (a tree of
@@ -142,6 +145,8 @@ impl Manifest {
                 name: function.name.clone(),
                 description: function.description.clone(),
                 parameters: function.schema.clone(),
+                hints: function.hints.clone(),
+                output_schema: None,
             };
             match tools
                 .iter_mut()

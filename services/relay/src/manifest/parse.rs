@@ -6,11 +6,14 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use serde_json::{Map, Value, json};
+use toolrelay::wire::ToolHints;
 
 use super::cost::{MAX_SCHEMA_NODES, schema_size};
 use super::{DEFAULT_VERSION, Function, Group, Manifest, ManifestLimits};
 use crate::error::RelayError;
 
+/// Longest title of a function, in characters.
+const MAX_TITLE_CHARS: usize = 100;
 /// Longest description of a function or tool, in bytes.
 const MAX_DESCRIPTION_BYTES: usize = 8 * 1024;
 /// The drafts whose meta-schemas the relay knows; other `$schema` URIs are refused.
@@ -178,6 +181,7 @@ fn parse_function(
         })?;
     Ok(Function {
         tool_id,
+        hints: hints(object, &name, at)?,
         description: description(object, at)?,
         name,
         schema,
@@ -242,6 +246,45 @@ fn description(object: &Map<String, Value>, at: &str) -> Result<String, RelayErr
         Some(_) => Err(invalid(format!("{at}.description must be a string"))),
     }
 }
+/// What a function says it does to data: `title` (a string) and the booleans `readOnly`,
+/// `destructive`, `idempotent` and `untrustedContent`, each optional; read-only and
+/// destructive at once is refused.
+fn hints(object: &Map<String, Value>, name: &str, at: &str) -> Result<ToolHints, RelayError> {
+    let flag = |key: &str| match object.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(value)) => Ok(Some(*value)),
+        Some(_) => Err(invalid(format!(
+            "{at}.{key} must be true or false (or left out)"
+        ))),
+    };
+    let title = match object.get("title") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(title))
+            if !title.trim().is_empty() && title.chars().count() <= MAX_TITLE_CHARS =>
+        {
+            Some(title.clone())
+        }
+        Some(_) => {
+            return Err(invalid(format!(
+                "{at}.title must be a string of 1 to {MAX_TITLE_CHARS} characters, such as \"Create graph\""
+            )));
+        }
+    };
+    let hints = ToolHints {
+        title,
+        read_only: flag("readOnly")?,
+        destructive: flag("destructive")?,
+        idempotent: flag("idempotent")?,
+        untrusted_content: flag("untrustedContent")?,
+    };
+    if hints.read_only == Some(true) && hints.destructive == Some(true) {
+        return Err(invalid(format!(
+            "{name} is marked both readOnly and destructive; a function that only reads is not destructive: drop one"
+        )));
+    }
+    Ok(hints)
+}
+
 fn invalid(reason: impl Into<String>) -> RelayError {
     RelayError::InvalidManifest {
         reason: reason.into(),

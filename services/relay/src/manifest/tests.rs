@@ -200,3 +200,43 @@ fn size_and_count_limits_apply() {
         "{error}"
     );
 }
+
+#[test]
+fn what_a_function_does_to_data_is_kept_and_checked() {
+    let tools = json!([
+        {"name": "countCases", "title": "Count cases", "readOnly": true, "untrustedContent": true},
+        {"name": "createGraph", "destructive": false},
+        {"name": "deleteCases", "destructive": true, "idempotent": true},
+        {"name": "codapRequest"}
+    ]);
+    let manifest = Manifest::parse(&tools, LIMITS).unwrap();
+    let again = Manifest::from_json(&manifest.to_json(), LIMITS).unwrap();
+    for manifest in [&manifest, &again] {
+        let hints = |name| manifest.function(None, name).unwrap().hints.clone();
+        assert_eq!(hints("countCases").title.as_deref(), Some("Count cases"));
+        assert!(hints("countCases").is_read_only() && hints("countCases").is_untrusted());
+        assert!(!hints("createGraph").destructive_hint());
+        assert!(hints("deleteCases").destructive_hint() && hints("deleteCases").idempotent_hint());
+        assert_eq!(hints("codapRequest"), ToolHints::default());
+        assert!(hints("codapRequest").destructive_hint());
+    }
+    let flat = manifest.flat();
+    assert_eq!(flat.tools[0].hints.read_only, Some(true));
+    for (bad, says) in [
+        (
+            json!([{"name": "f", "readOnly": "yes"}]),
+            "tools[0].readOnly must be true or false",
+        ),
+        (
+            json!([{"name": "f", "title": ""}]),
+            "tools[0].title must be a string",
+        ),
+        (
+            json!([{"name": "f", "readOnly": true, "destructive": true}]),
+            "both readOnly and destructive",
+        ),
+    ] {
+        let error = Manifest::parse(&bad, LIMITS).unwrap_err().to_string();
+        assert!(error.contains(says), "{error}");
+    }
+}

@@ -105,6 +105,7 @@ impl Relay {
             correlation_id: call.correlation_id,
         };
         let asked_tool = request.tool_id.clone();
+        let read_only = call.read_only;
         let mut known = self.inner.manifests.latest(&code);
         let limit = self.inner.config.max_pending_per_session;
         let until = now.plus(self.inner.config.session_ttl);
@@ -120,7 +121,7 @@ impl Relay {
                 }
             };
             let (group, builtin) = match self
-                .check_call(&code, &manifest, asked_tool.as_deref(), &request)
+                .check_call(&code, &manifest, asked_tool.as_deref(), &request, read_only)
                 .await
             {
                 Ok(checked) => checked,
@@ -233,23 +234,40 @@ impl Relay {
     }
 
     /// Checks a call against the session's manifest and the built-in tools: the group it
-    /// belongs to, and whether it is a built-in tool.
+    /// belongs to, and whether it is a built-in tool. A read (`read_only`) is refused unless
+    /// the function is marked read-only.
     pub(super) async fn check_call(
         &self,
         code: &SessionCode,
         manifest: &Manifest,
         tool_id: Option<&str>,
         request: &NewRequest,
+        read_only: bool,
     ) -> Result<(String, bool), RelayError> {
         let (name, args) = (&request.function_name, &request.args);
+        let not_read_only = || RelayError::NotReadOnly {
+            function: name.clone(),
+        };
         match manifest.function(tool_id, name) {
             Some(function) => {
+                if read_only && !function.hints.is_read_only() {
+                    return Err(not_read_only());
+                }
                 function.check_arguments_async(args).await?;
                 Ok((function.group_id().to_owned(), false))
             }
             None if tool_id.is_none_or(|id| id == BUILTIN_GROUP)
                 && self.inner.tools.contains(name) =>
             {
+                if read_only
+                    && !self
+                        .inner
+                        .tools
+                        .hints(name)
+                        .is_some_and(|h| h.is_read_only())
+                {
+                    return Err(not_read_only());
+                }
                 if let Some(problems) = self.inner.tools.violations(name, args) {
                     return Err(RelayError::InvalidArguments {
                         function: name.clone(),
@@ -378,6 +396,7 @@ impl Operation for Submit {
             tool_id: call.tool_id.unwrap_or_default(),
             function_name: call.function_name,
             args: Some(to_struct(&call.args)),
+            read_only: call.read_only,
         };
         (message, Credential::None)
     }
@@ -388,6 +407,7 @@ impl Operation for Submit {
             message.tool_id,
             message.function_name,
             message.args,
+            message.read_only,
         );
         Ok(Self {
             code: message.code,
@@ -443,6 +463,7 @@ impl Operation for Call {
             function_name: call.function_name,
             args: Some(to_struct(&call.args)),
             timeout_ms: self.wait.map_or(0, wire_millis),
+            read_only: call.read_only,
         };
         (message, Credential::None)
     }
@@ -455,6 +476,7 @@ impl Operation for Call {
             message.tool_id,
             message.function_name,
             message.args,
+            message.read_only,
         );
         Ok(Self {
             code: message.code,

@@ -35,11 +35,7 @@ impl Relay {
             .tools
             .list()
             .into_iter()
-            .map(|tool| FunctionSpec {
-                name: tool.name,
-                description: tool.description,
-                parameters: tool.input_schema,
-            })
+            .map(FunctionSpec::from)
             .collect();
         // A relay that runs no tools (one built without them) shows no empty group.
         if !builtin.is_empty() {

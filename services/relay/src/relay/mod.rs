@@ -141,6 +141,9 @@ pub struct CallInput {
     pub args: Value,
     /// The correlation id of the request that made the call, for the log line of its end.
     pub correlation_id: Option<String>,
+    /// Run it only if the function is marked read-only (a read: `…/read`,
+    /// `read_session_tool`); otherwise it is refused with `not_read_only`.
+    pub read_only: bool,
 }
 
 /// Where a call stands, with its response once it has one.

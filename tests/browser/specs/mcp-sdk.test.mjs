@@ -1,0 +1,117 @@
+// The built-in tools through the official TypeScript MCP SDK (@modelcontextprotocol/sdk), a
+// client that checks every structured result against the tool's outputSchema: each tool is
+// called with good input and with failing input, and every tool of /mcp has a title and
+// annotations. No browser needed: this runs in node against the real relay.
+
+import assert from 'node:assert/strict';
+import { after, before, test } from 'node:test';
+import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
+import { startRelay } from '../harness.mjs';
+
+const PLAN = `
+import pulp
+prob = pulp.LpProblem("plan", pulp.LpMaximize)
+x = pulp.LpVariable("x", 0, 4, cat="Integer")
+y = pulp.LpVariable("y", 0, 3)
+prob += 3 * x + 2 * y
+prob += x + y <= 5
+print("built")
+`;
+
+let relay;
+before(async () => {
+  relay = await startRelay();
+});
+after(async () => {
+  await relay?.stop();
+});
+
+async function connected() {
+  const client = new Client({ name: 'toolrelay-tests', version: '1.0.0' });
+  await client.connect(new StreamableHTTPClientTransport(new URL(`${relay.base}/mcp`)));
+  return client;
+}
+
+/** Calls `name`; the SDK throws when the structured content breaks the outputSchema. */
+async function call(client, name, args) {
+  return client.callTool({ name, arguments: args });
+}
+
+function succeeded(result, name) {
+  assert.notEqual(result.isError, true, `${name}: ${JSON.stringify(result)}`);
+  return result.structuredContent;
+}
+
+function failed(result, name, code) {
+  assert.equal(result.isError, true, `${name}: ${JSON.stringify(result)}`);
+  assert.equal(result.structuredContent?.error?.code, code, `${name}: ${JSON.stringify(result)}`);
+}
+
+test('every tool of /mcp has a title and annotations, built-in tools an outputSchema', async () => {
+  const client = await connected();
+  try {
+    assert.ok(client.getServerVersion().icons?.length > 0, 'the relay has an icon');
+    const { tools } = await client.listTools();
+    assert.ok(tools.length >= 10, tools.map((tool) => tool.name).join());
+    for (const tool of tools) {
+      assert.ok(tool.title, `${tool.name} has a title`);
+      for (const hint of ['readOnlyHint', 'destructiveHint', 'idempotentHint', 'openWorldHint']) {
+        assert.equal(typeof tool.annotations?.[hint], 'boolean', `${tool.name} says ${hint}`);
+      }
+      const pairing = tool.name.includes('session');
+      assert.equal(tool.outputSchema?.type === 'object', !pairing, `${tool.name}: outputSchema`);
+    }
+  } finally {
+    await client.close();
+  }
+});
+
+test('every built-in tool answers good input with results its outputSchema accepts, and bad input with a clear error', async () => {
+  const client = await connected();
+  try {
+    // The SDK keeps the output schemas it lists and checks every call's result against them.
+    const { tools } = await client.listTools();
+    const builtins = tools.filter((tool) => tool.outputSchema).map((tool) => tool.name);
+    const called = new Set();
+    const good = async (name, args) => {
+      called.add(name);
+      return succeeded(await call(client, name, args), name);
+    };
+    const bad = async (name, args, code) => {
+      called.add(name);
+      failed(await call(client, name, args), name, code);
+    };
+
+    const diagram = '@startuml\nA -> B : hi\n@enduml';
+    const encoded = await good('encodePlantUML', { plantumlCode: diagram, format: 'png' });
+    assert.match(encoded.url, /\/plantuml\/png\//);
+    assert.deepEqual(await good('decodePlantUML', { url: encoded.url }), { plantumlCode: diagram });
+    await bad('encodePlantUML', { plantumlCode: '   ' }, 'EMPTY_CODE');
+    await bad('encodePlantUML', { plantumlCode: 5 }, 'INVALID_ARGUMENTS');
+    await bad('decodePlantUML', {}, 'EMPTY_CODE');
+
+    const problem = await good('generate_mip_problem', { problemDefinitionCode: PLAN });
+    assert.deepEqual(problem.summary, { variables: 2, constraints: 1, integers: 1 });
+    assert.equal(problem.stdout, 'built');
+    const solved = await good('solve_mip_problem', { problemId: problem.problemId });
+    assert.equal(solved.status, 'optimal');
+    assert.ok(Math.abs(solved.objectiveValue - 14) < 1e-6, JSON.stringify(solved));
+    const valid = await good('validate_mip_solution', { solutionId: solved.solutionId, validationCode: "assert solution['status'] == 'optimal'" });
+    assert.deepEqual(valid, { status: 'success', message: 'validation passed' });
+    const broken = await good('validate_mip_solution', { solutionId: solved.solutionId, validationCode: "assert solution['objective_value'] < 0, 'too big'" });
+    assert.equal(broken.status, 'failure');
+    assert.match(broken.message, /too big/);
+    const values = await good('get_mip_solution', { solutionId: solved.solutionId });
+    assert.deepEqual(values.variables, [{ name: 'x', value: 4 }, { name: 'y', value: 1 }]);
+
+    await bad('generate_mip_problem', { problemDefinitionCode: 'raise ValueError("no model here")' }, 'PYTHON_ERROR');
+    await bad('solve_mip_problem', { problemId: 'prob_00000000000000000000000000000000' }, 'NOT_FOUND');
+    await bad('validate_mip_solution', { solutionId: 'sol_00000000000000000000000000000000', validationCode: 'pass' }, 'NOT_FOUND');
+    await bad('get_mip_solution', { solutionId: solved.solutionId, limit: 0 }, 'INVALID_ARGUMENTS');
+
+    assert.deepEqual([...called].sort(), builtins.sort(), 'every built-in tool was called');
+  } finally {
+    await client.close();
+  }
+});
