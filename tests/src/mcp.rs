@@ -6,7 +6,7 @@ use rmcp::service::RunningService;
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::{ClientHandler, Peer, RoleClient, ServiceExt};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 /// A plain MCP client (it hears nothing the server sends of its own accord).
 pub type Mcp = RunningService<RoleClient, ClientConfig>;
@@ -34,4 +34,43 @@ pub async fn call(client: &Peer<RoleClient>, name: &str, arguments: Value) -> Ca
         .call_tool(CallToolRequestParams::new(name.to_owned()).with_arguments(arguments))
         .await
         .unwrap()
+}
+
+/// A JSON-RPC request as a 2026-07-28 client sends it, ready to send: no session, the
+/// revision and the client in `_meta` and in the standard headers (`MCP-Protocol-Version`,
+/// `Mcp-Method`, and `Mcp-Name` for a call).
+pub fn sessionless_request(
+    http: &reqwest::Client,
+    url: &str,
+    revision: &str,
+    method: &str,
+    mut params: Value,
+) -> reqwest::RequestBuilder {
+    params["_meta"] = json!({
+        "io.modelcontextprotocol/protocolVersion": revision,
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "toolrelay-test", "version": "1.0.0"},
+    });
+    let mut request = http
+        .post(url)
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", revision)
+        .header("mcp-method", method);
+    if let Some(name) = params["name"].as_str() {
+        request = request.header("mcp-name", name);
+    }
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+    request.json(&body)
+}
+
+/// The JSON-RPC answer in a response body: plain JSON, or the SSE event carrying it.
+pub fn answer_of(body: &str) -> Value {
+    if let Ok(value) = serde_json::from_str::<Value>(body) {
+        return value;
+    }
+    body.lines()
+        .filter_map(|line| line.strip_prefix("data:"))
+        .filter_map(|data| serde_json::from_str::<Value>(data.trim()).ok())
+        .find(|message| message.get("id").is_some())
+        .unwrap_or_else(|| panic!("no JSON-RPC answer in {body:?}"))
 }

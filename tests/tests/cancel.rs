@@ -228,6 +228,36 @@ async fn an_mcp_client_cancelling_ends_the_call_for_the_tab() {
     system.stop().await;
 }
 
+/// In the 2026-07-28 revision (no MCP session) a client that closes a call's response stream
+/// cancels the call: the revision says a server must take it so.
+#[tokio::test]
+async fn a_sessionless_mcp_client_closing_the_stream_cancels_the_call() {
+    let system = System::start().await;
+    let http = &system.http;
+    let base = system.base.as_str();
+    let created = system.post("/api/sessions", json!({})).await;
+    let code = created.body["code"].as_str().unwrap().to_owned();
+    let token = created.body["providerToken"].as_str().unwrap().to_owned();
+    let connector = created.body["connectorUrl"].as_str().unwrap().to_owned();
+    let tab = SdkTab::start(base, &code, &token, LONG);
+    tab.until("registered", PATIENCE, |ledger| ledger.registrations > 0)
+        .await;
+
+    let params = json!({"name": "echo", "arguments": {"text": "stop me"}});
+    let call = mcp::sessionless_request(http, &connector, "2026-07-28", "tools/call", params);
+    let waiting = tokio::spawn(async move { call.send().await.map(drop) });
+    tab.until("the MCP call running", PATIENCE, |ledger| {
+        ledger.runs.len() == 1
+    })
+    .await;
+    let id = tab.read(|ledger| ledger.runs.keys().next().cloned().unwrap());
+    // The client goes away: its connection, and the call's stream with it, closes.
+    waiting.abort();
+    until_aborted(&tab, &id).await;
+    assert_eq!(status(http, base, &code, &id).await, "cancelled");
+    system.stop().await;
+}
+
 #[tokio::test]
 async fn a_cancel_through_one_replica_reaches_the_tab_on_the_other() {
     let cluster = Cluster::start(2, 2, &[]).await;

@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use toolrelay_tests::balancer::RoundRobin;
 use toolrelay_tests::cluster::Cluster;
+use toolrelay_tests::mcp::{self, answer_of};
 use toolrelay_tests::recording::RecordingTab;
 use toolrelay_tests::system::System;
 use toolrelay_tests::{BUILTIN_TOOLS, PATIENCE, repo_file, test_python};
@@ -28,7 +29,12 @@ const LISTING_TTL_MS: u64 = 300_000;
 fn mcp_tools() -> Vec<&'static str> {
     BUILTIN_TOOLS
         .into_iter()
-        .chain(["connect_session", "list_session_tools", "call_session_tool"])
+        .chain([
+            "connect_session",
+            "list_session_tools",
+            "call_session_tool",
+            "read_session_tool",
+        ])
         .collect()
 }
 
@@ -143,45 +149,20 @@ async fn every_served_revision_is_asked_for_by_a_real_sdk_and_answered() {
     system.stop().await;
 }
 
-/// A JSON-RPC request as a 2026-07-28 client sends it: no session, the revision and the
-/// client in `_meta` and in the standard headers. The answer's headers and its message.
+/// A JSON-RPC request as a 2026-07-28 client sends it ([`mcp::sessionless_request`]): the
+/// answer's headers and its message.
 async fn sessionless(
     http: &reqwest::Client,
     url: &str,
     revision: &str,
     method: &str,
-    mut params: Value,
+    params: Value,
 ) -> (reqwest::header::HeaderMap, Value) {
-    params["_meta"] = json!({
-        "io.modelcontextprotocol/protocolVersion": revision,
-        "io.modelcontextprotocol/clientCapabilities": {},
-        "io.modelcontextprotocol/clientInfo": {"name": "toolrelay-test", "version": "1.0.0"},
-    });
-    let mut request = http
-        .post(url)
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", revision)
-        .header("mcp-method", method);
-    if let Some(name) = params["name"].as_str() {
-        request = request.header("mcp-name", name);
-    }
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
-    let response = request.json(&body).send().await.unwrap();
+    let request = mcp::sessionless_request(http, url, revision, method, params);
+    let response = request.send().await.unwrap();
     let headers = response.headers().clone();
     let text = response.text().await.unwrap();
     (headers, answer_of(&text))
-}
-
-/// The JSON-RPC answer in a response body: plain JSON, or the SSE event carrying it.
-fn answer_of(body: &str) -> Value {
-    if let Ok(value) = serde_json::from_str::<Value>(body) {
-        return value;
-    }
-    body.lines()
-        .filter_map(|line| line.strip_prefix("data:"))
-        .filter_map(|data| serde_json::from_str::<Value>(data.trim()).ok())
-        .find(|message| message.get("id").is_some())
-        .unwrap_or_else(|| panic!("no JSON-RPC answer in {body:?}"))
 }
 
 #[tokio::test]

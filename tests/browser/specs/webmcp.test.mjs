@@ -177,8 +177,8 @@ async function scenario(browser, isNative) {
       });
       assert.equal(review._meta?.['toolrelay/untrustedContent'], true, JSON.stringify(review));
       // The hints the page gave, as MCP annotations.
-      const listed = Object.fromEntries((await client.listTools()).tools.map((tool) => [tool.name, tool.annotations]));
-      const hints = (name) => ({ readOnly: listed[name].readOnlyHint, openWorld: listed[name].openWorldHint });
+      const annotations = Object.fromEntries((await client.listTools()).tools.map((tool) => [tool.name, tool.annotations]));
+      const hints = (name) => ({ readOnly: annotations[name].readOnlyHint, openWorld: annotations[name].openWorldHint });
       assert.deepEqual(hints('count_words'), { readOnly: true, openWorld: false });
       assert.deepEqual(hints('add_note'), { readOnly: false, openWorld: false });
       assert.deepEqual(hints('read_review'), { readOnly: true, openWorld: true });
