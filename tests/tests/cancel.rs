@@ -228,6 +228,46 @@ async fn an_mcp_client_cancelling_ends_the_call_for_the_tab() {
     system.stop().await;
 }
 
+/// An MCP call still queued (no tab yet) that its client cancels is never delivered.
+#[tokio::test]
+async fn a_queued_call_its_mcp_client_cancels_is_never_delivered() {
+    let system = System::start().await;
+    let base = system.base.as_str();
+    let created = system.post("/api/sessions", json!({})).await;
+    let code = created.body["code"].as_str().unwrap().to_owned();
+    let token = created.body["providerToken"].as_str().unwrap().to_owned();
+    let connector = created.body["connectorUrl"].as_str().unwrap().to_owned();
+    system.put_manifest(&code, &token, demo_tools()).await;
+    let client = mcp::connect(&connector).await;
+    let pending = async |want: u64| {
+        let session = system.get(&format!("/api/sessions/{code}")).await;
+        match session.body["pendingRequests"].as_u64() {
+            Some(n) if n == want => Ok(()),
+            other => Err(format!("{other:?} calls pending, not {want}: {session:?}")),
+        }
+    };
+
+    let arguments = json!({"text": "never"}).as_object().cloned().unwrap();
+    let request = ClientRequest::CallToolRequest(rmcp::model::CallToolRequest::new(
+        CallToolRequestParams::new("echo").with_arguments(arguments),
+    ));
+    let handle = client
+        .send_cancellable_request(request, PeerRequestOptions::no_options())
+        .await
+        .unwrap();
+    wait_until(PATIENCE, async || pending(1).await).await;
+    handle.cancel(None).await.unwrap();
+    wait_until(PATIENCE, async || pending(0).await).await;
+
+    // The tab comes: it runs the call made after, never the cancelled one.
+    let tab = SdkTab::start(base, &code, &token, Duration::ZERO);
+    let kept = queue(&system.http, base, &code).await;
+    until_running(&tab, &kept).await;
+    tab.read(|ledger| assert_eq!(ledger.runs.len(), 1, "{:?}", ledger.runs));
+    client.cancel().await.unwrap();
+    system.stop().await;
+}
+
 /// In the 2026-07-28 revision (no MCP session) a client that closes a call's response stream
 /// cancels the call: the revision says a server must take it so.
 #[tokio::test]
