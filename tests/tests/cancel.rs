@@ -59,6 +59,13 @@ async fn until_aborted(tab: &SdkTab, id: &str) {
     .await;
 }
 
+/// A new session: its code, provider token and connector URL (`/mcp/s/{handle}`).
+async fn session_for_mcp(system: &System) -> (String, String, String) {
+    let created = system.post("/api/sessions", json!({})).await;
+    let field = |name: &str| created.body[name].as_str().unwrap().to_owned();
+    (field("code"), field("providerToken"), field("connectorUrl"))
+}
+
 /// A session whose tools are registered but whose tab is not there: calls stay queued.
 async fn without_tab(system: &System) -> (String, String) {
     let (code, token) = system.create_session().await;
@@ -190,10 +197,7 @@ async fn an_mcp_client_cancelling_ends_the_call_for_the_tab() {
     let system = System::start().await;
     let http = &system.http;
     let base = system.base.as_str();
-    let created = system.post("/api/sessions", json!({})).await;
-    let code = created.body["code"].as_str().unwrap().to_owned();
-    let token = created.body["providerToken"].as_str().unwrap().to_owned();
-    let connector = created.body["connectorUrl"].as_str().unwrap().to_owned();
+    let (code, token, connector) = session_for_mcp(&system).await;
     let tab = SdkTab::start(base, &code, &token, LONG);
     tab.until("registered", PATIENCE, |ledger| ledger.registrations > 0)
         .await;
@@ -233,10 +237,7 @@ async fn an_mcp_client_cancelling_ends_the_call_for_the_tab() {
 async fn a_queued_call_its_mcp_client_cancels_is_never_delivered() {
     let system = System::start().await;
     let base = system.base.as_str();
-    let created = system.post("/api/sessions", json!({})).await;
-    let code = created.body["code"].as_str().unwrap().to_owned();
-    let token = created.body["providerToken"].as_str().unwrap().to_owned();
-    let connector = created.body["connectorUrl"].as_str().unwrap().to_owned();
+    let (code, token, connector) = session_for_mcp(&system).await;
     system.put_manifest(&code, &token, demo_tools()).await;
     let client = mcp::connect(&connector).await;
     let pending = async |want: u64| {
@@ -275,10 +276,7 @@ async fn a_sessionless_mcp_client_closing_the_stream_cancels_the_call() {
     let system = System::start().await;
     let http = &system.http;
     let base = system.base.as_str();
-    let created = system.post("/api/sessions", json!({})).await;
-    let code = created.body["code"].as_str().unwrap().to_owned();
-    let token = created.body["providerToken"].as_str().unwrap().to_owned();
-    let connector = created.body["connectorUrl"].as_str().unwrap().to_owned();
+    let (code, token, connector) = session_for_mcp(&system).await;
     let tab = SdkTab::start(base, &code, &token, LONG);
     tab.until("registered", PATIENCE, |ledger| ledger.registrations > 0)
         .await;
