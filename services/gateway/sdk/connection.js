@@ -42,7 +42,7 @@ export class Connection extends EventTarget {
    * @param {string} [options.group]  the group flat tools join (default `page`)
    * @param {string} [options.storageKey]  localStorage prefix for the session (default per path)
    * @param {boolean} [options.resume]  reconnect to this page's session after a reload (default true)
-   * @param {(call: object) => Promise<boolean>} [options.confirm]  asked before a call of a
+   * @param {(call: object, signal: AbortSignal) => Promise<boolean>} [options.confirm]  asked before a call of a
    *   function not marked read-only
    */
   constructor(options = {}) {
@@ -220,7 +220,7 @@ export class Connection extends EventTarget {
     let answer;
     try {
       const fn = this.dispatcher.find(toolId, functionName);
-      if (fn && this.confirm && heldForConfirmation(fn, args) && !(await this.confirm(call))) {
+      if (fn && this.confirm && heldForConfirmation(fn, args) && !(await this.confirm(call, signal))) {
         throw new ToolError(ToolErrorCode.DECLINED_BY_USER, 'The user declined this change. Ask them before trying again.');
       }
       const result = await this.dispatcher.call(toolId, functionName, args, { signal });

@@ -258,7 +258,7 @@ export class ToolrelayPairing extends HTMLElement {
       this.listeners.push([name, wrapped]);
     };
     // The switch decides about every call but read-only ones (see Connection.run).
-    this.confirmHook = (call) => this.ask(call);
+    this.confirmHook = (call, signal) => this.ask(call, signal);
     connection.confirm = this.confirmHook;
     this.publicBase = connection.base;
     this.discovered = this.learnPublicBase(connection.base);
@@ -534,11 +534,18 @@ export class ToolrelayPairing extends HTMLElement {
 
   // ---- asking before changes ----
 
-  /** Asks the user about a call that changes or deletes data; resolves true when allowed. */
-  ask(call) {
+  /**
+   * Asks the user about a call that changes or deletes data; resolves true when allowed. A
+   * call its caller cancels (`signal`) is not asked about any more: the question goes.
+   */
+  ask(call, signal) {
     if (!this.$('confirm').checked) return Promise.resolve(true);
     const ask = () =>
       new Promise((resolve) => {
+        if (signal?.aborted) {
+          resolve(false);
+          return;
+        }
         this.$('held-text').textContent = `${call.functionName} ${JSON.stringify(call.args)}`;
         this.$('held').hidden = false;
         this.announce(`The assistant wants to run ${call.functionName}. Allow or deny.`);
@@ -550,6 +557,7 @@ export class ToolrelayPairing extends HTMLElement {
         };
         this.$('allow').onclick = () => decide(true);
         this.$('deny').onclick = () => decide(false);
+        signal?.addEventListener('abort', () => decide(false), { once: true });
         this.$('allow').focus();
       });
     // One question at a time.

@@ -111,6 +111,15 @@ test('the demo page: tools called over HTTP, MCP and gRPC run once each and show
       await page.click('#allow');
       assert.equal((await removal).success, true);
       assert.equal(await page.locator('#list li').count(), 2);
+      // A call its caller cancels while it waits for the person: the question goes, the tool
+      // never runs, and the activity list says cancelled.
+      const waiting = await llm.request('POST', '/request', { functionName: 'removeItem', args: { id: 2 } });
+      await until(page, () => !document.getElementById('held').hidden);
+      const cancelled = await llm.request('DELETE', `/requests/${waiting.body.requestId}`);
+      assert.equal(cancelled.body.status, 'cancelled', JSON.stringify(cancelled));
+      await until(page, () => document.getElementById('held').hidden);
+      await until(page, () => document.querySelector('#activity li.cancelled .cancelled')?.textContent === 'cancelled');
+      assert.equal(await page.locator('#list li').count(), 2, 'the cancelled removal never ran');
 
       // A tool added after pairing: in the metadata, and MCP clients are told the list changed.
       await mcp.client.listen();
