@@ -1423,12 +1423,11 @@ async fn replicas_share_the_counts_and_count_an_expiry_once() {
     assert_eq!(counted, 1.0);
 }
 
-/// Redis restarted while the store was idle: the first operation after Redis answers again
-/// succeeds. (Its connection broke with the restart: the store sends it again once on a
-/// fresh connection rather than failing it, which a caller would see as a 503.)
-#[tokio::test]
-async fn the_first_operation_after_a_redis_restart_succeeds() {
-    let mut server = RedisServer::durable().await;
+/// A store on `server` (a manual clock at the wall time) holding one session: the store, the
+/// time and the session's code.
+async fn one_session_on(
+    server: &RedisServer,
+) -> (std::sync::Arc<RedisStore>, Timestamp, SessionCode) {
     let (clock, _hand) = Clock::manual(wall_now());
     let store = RedisStore::connect(
         &RedisSettings::primary(server.url(), "t:"),
@@ -1443,7 +1442,16 @@ async fn the_first_operation_after_a_redis_restart_succeeds() {
         .insert_session(session("ABCD2345", now, HOUR))
         .await
         .unwrap();
-    let code = code_of("ABCD2345");
+    (store, now, code_of("ABCD2345"))
+}
+
+/// Redis restarted while the store was idle: the first operation after Redis answers again
+/// succeeds. (Its connection broke with the restart: the store sends it again once on a
+/// fresh connection rather than failing it, which a caller would see as a 503.)
+#[tokio::test]
+async fn the_first_operation_after_a_redis_restart_succeeds() {
+    let mut server = RedisServer::durable().await;
+    let (store, _, code) = one_session_on(&server).await;
     server.restart().await;
     // Redis answers again (the test's own connection, not the store's).
     wait_until(PATIENCE, async || {
@@ -1468,21 +1476,7 @@ async fn the_first_operation_after_a_redis_restart_succeeds() {
 #[tokio::test]
 async fn a_redis_outage_fails_operations_but_ends_no_stream() {
     let mut server = RedisServer::durable().await;
-    let (clock, _hand) = Clock::manual(wall_now());
-    let store = RedisStore::connect(
-        &RedisSettings::primary(server.url(), "t:"),
-        clock.clone(),
-        limits(),
-        Metrics::default(),
-    )
-    .await
-    .unwrap();
-    let now = clock.now();
-    store
-        .insert_session(session("ABCD2345", now, HOUR))
-        .await
-        .unwrap();
-    let code = code_of("ABCD2345");
+    let (store, now, code) = one_session_on(&server).await;
     store
         .enqueue(&code, call("r1", now, json!({})), 10, now)
         .await
