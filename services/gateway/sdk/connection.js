@@ -1,11 +1,13 @@
-// A page paired with the relay: its session (created, or resumed after a reload), its tools
+// A page paired with the relay: its session (created, redeemed from a claim an assistant
+// minted, or resumed after a reload), its tools
 // (registered on every connection, and again when they change), its transport (transport.js)
 // and the running of each call: once, with its arguments checked, answered whatever happens.
 //
 // Events (CustomEvent, `detail` as shown):
-//   code           {code, display, expiresAt, maxExpiresAt, connectorUrl, restored}
-//   status         {state: connecting | connected | disconnected | unreachable | expired |
-//                   ended | replaced, transport?, message?}
+//   code           {code, display, expiresAt, maxExpiresAt, connectorUrl, restored, claimed}
+//   status         {state: connecting | connected | disconnected | unreachable | refused |
+//                   expired | ended | replaced, transport?, message?, code?}
+//                  (refused: the relay would not redeem the claim; `code` is its error name)
 //   registered     {tools}  the relay has the manifest
 //   call-started   {requestId, name, args}
 //   call-finished  {requestId, name, args, success, result?, error?}
@@ -13,7 +15,7 @@
 
 import { Dispatcher, ToolError, heldForConfirmation } from './dispatcher.js';
 import { ErrorCode, ToolErrorCode } from './errors.js';
-import { Sessions } from './session.js';
+import { ClaimRefused, Sessions } from './session.js';
 import { Transport } from './transport.js';
 
 // How long to wait before asking an unreachable relay for a session again.
@@ -42,6 +44,9 @@ export class Connection extends EventTarget {
    * @param {string} [options.group]  the group flat tools join (default `page`)
    * @param {string} [options.storageKey]  localStorage prefix for the session (default per path)
    * @param {boolean} [options.resume]  reconnect to this page's session after a reload (default true)
+   * @param {string} [options.claim]  a claim an assistant minted (MCP `open_codap`): redeemed
+   *   for its session instead of creating one, so no code is needed. The same claim given again
+   *   (the page loaded anew) reconnects to that session without redeeming it twice.
    * @param {(call: object, signal: AbortSignal) => Promise<boolean>} [options.confirm]  asked before a call of a
    *   function not marked read-only
    */
@@ -56,8 +61,9 @@ export class Connection extends EventTarget {
       remember: options.resume !== false,
     });
     this.confirm = options.confirm ?? null;
+    this.claim = options.claim || null;
     this.transport = null;
-    /** connecting | connected | disconnected | unreachable | expired | ended | replaced */
+    /** connecting | connected | disconnected | unreachable | refused | expired | ended | replaced */
     this.state = 'connecting';
     this.registered = false;
     this.handled = 0;
@@ -116,15 +122,26 @@ export class Connection extends EventTarget {
 
   // ---- pairing ----
 
-  /** Pairs: resumes this page's session when it can (or makes a new one when `fresh`). */
+  /**
+   * Pairs: with the claim it was given, else resumes this page's session when it can (or makes
+   * a new one when `fresh`, which also leaves the claim behind).
+   */
   async start(fresh = false) {
     this.stopTransport();
     clearTimeout(this.retryTimer);
+    if (fresh) this.claim = null;
     this.setState('connecting');
     let opened;
     try {
-      opened = fresh ? { session: await this.sessions.create(), restored: false } : await this.sessions.open();
+      if (fresh) opened = { session: await this.sessions.create(), restored: false };
+      else if (this.claim) opened = await this.sessions.openClaim(this.claim);
+      else opened = await this.sessions.open();
     } catch (error) {
+      // A refused claim stays refused (a rate limit passes): asking again would not help.
+      if (error instanceof ClaimRefused && error.code !== ErrorCode.RATE_LIMITED) {
+        this.setState('refused', { message: error.message, code: error.code });
+        return;
+      }
       // A browser tells a refused origin (CORS) and a network failure apart to nobody: say both.
       const message = error instanceof TypeError
         ? `Could not reach the relay at ${this.base}: ${error.message}. Either it is down, or it does not allow pages from ${globalThis.location?.origin ?? 'this origin'} (its CORS_ORIGIN).`
@@ -142,6 +159,7 @@ export class Connection extends EventTarget {
       maxExpiresAt: session.maxExpiresAt,
       connectorUrl: session.connectorUrl,
       restored,
+      claimed: Boolean(session.claimed),
     });
     this.startTransport(session);
   }
@@ -242,7 +260,13 @@ export class Connection extends EventTarget {
 
 /**
  * Pairs this page with the relay and serves `tools`: returns the Connection at once (its
- * `code` event says when the pairing code is there).
+ * `code` event says when the pairing code is there). With `claim` (from an assistant's
+ * `open_codap`, say) the page is paired with that assistant's session and needs no code:
+ *
+ *   const relay = connect({ claim: new URL(location.href).searchParams.get('claim'), tools });
+ *   relay.addEventListener('status', (event) => {
+ *     if (event.detail.state === 'refused') show(event.detail.message); // used, expired, unknown
+ *   });
  */
 export function connect(options = {}) {
   const connection = new Connection(options);

@@ -2,6 +2,10 @@
 // plugin's prefix is `mcp-session-`) so a reload reconnects to it, and never taken over by a
 // second tab of the same page (each tab marks the session it holds and refreshes that mark; a
 // session marked by a live tab is left alone).
+// A session can also come from a claim an assistant minted (`POST /api/sessions/claim`): it is
+// kept the same way, and `toolrelay-claim:<digest of the claim>` → code remembers which claim
+// it came from, so a page loaded again with the same claim (a conversation re-rendering its
+// app) reconnects to that session instead of redeeming a claim already spent.
 const MARK_EVERY_MS = 2000;
 // A mark older than this belongs to a tab that is gone.
 const MARK_STALE_MS = 6000;
@@ -14,6 +18,42 @@ export function randomId() {
 }
 
 const TAB = randomId();
+const CLAIM_PREFIX = 'toolrelay-claim:';
+
+/** The relay refused a claim (used, expired, unknown, or too many tries): `code` says which. */
+export class ClaimRefused extends Error {
+  constructor(code, message) {
+    super(message);
+    this.name = 'ClaimRefused';
+    this.code = code;
+  }
+}
+
+/**
+ * What localStorage keeps of a claim: its SHA-256 in hex where the page may hash (a secure
+ * context), else the claim itself (spent once redeemed, so it opens nothing).
+ */
+async function claimKey(claim) {
+  if (!globalThis.crypto?.subtle) return `${CLAIM_PREFIX}${claim}`;
+  const digest = await crypto.subtle.digest('SHA-256', new TextEncoder().encode(claim));
+  return `${CLAIM_PREFIX}${Array.from(new Uint8Array(digest), (b) => b.toString(16).padStart(2, '0')).join('')}`;
+}
+
+/** Drops the records of claims whose session has outlived its maximum lifetime. */
+function forgetSpentClaims() {
+  const now = Date.now();
+  for (let i = localStorage.length - 1; i >= 0; i -= 1) {
+    const key = localStorage.key(i);
+    if (key?.startsWith(CLAIM_PREFIX) && !(Date.parse(read(key)?.expiresAt) > now)) localStorage.removeItem(key);
+  }
+}
+
+/** The relay's message in an error body `{error: {code, message}}` (or an older `{message}`). */
+async function refusal(response) {
+  const body = await response.json().catch(() => ({}));
+  const error = body?.error && typeof body.error === 'object' ? body.error : body;
+  return { code: error?.code ?? null, message: error?.message || `The relay answered ${response.status}.` };
+}
 
 function read(key) {
   try {
@@ -75,18 +115,66 @@ export class Sessions {
     return { session: await this.create(), restored: false };
   }
 
-  async create() {
-    const response = await fetch(`${this.base}/api/sessions`, { method: 'POST' });
-    const body = await response.json();
-    if (!response.ok) throw new Error(body.message || `The relay answered ${response.status}.`);
-    this.hold({
+  /**
+   * The session `claim` names: the one this browser already redeemed it for (still known to
+   * the relay), else redeemed now. Throws ClaimRefused when the relay refuses the claim, or
+   * when the session it once opened has ended.
+   */
+  async openClaim(claim) {
+    forgetSpentClaims();
+    const key = await claimKey(claim);
+    const record = read(key);
+    if (record?.code) {
+      const stored = read(this.key(record.code));
+      if (stored?.token) {
+        const status = await fetch(`${this.base}/api/sessions/${stored.code}`, {
+          headers: { Authorization: `Bearer ${stored.token}` },
+        });
+        if (status.ok) {
+          const info = await status.json();
+          // The claim names this session: a render of the app still holding it gives way.
+          this.hold({ ...stored, expiresAt: info.expiresAt, maxExpiresAt: info.maxExpiresAt ?? stored.maxExpiresAt });
+          return { session: this.current, restored: true };
+        }
+        if (status.status !== 404) throw new Error((await refusal(status)).message);
+        localStorage.removeItem(this.key(stored.code));
+      }
+      localStorage.removeItem(key);
+      throw new ClaimRefused('session_not_found', 'The session your assistant opened here has ended. Ask your assistant to open CODAP again.');
+    }
+    const response = await fetch(`${this.base}/api/sessions/claim`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ claim }),
+    });
+    if (!response.ok) {
+      const { code, message } = await refusal(response);
+      throw new ClaimRefused(code, message);
+    }
+    this.hold({ ...this.created(await response.json()), claimed: true });
+    if (this.remember) {
+      const until = this.current.maxExpiresAt || new Date(Date.now() + 86400000).toISOString();
+      localStorage.setItem(key, JSON.stringify({ code: this.current.code, expiresAt: until }));
+    }
+    return { session: this.current, restored: false };
+  }
+
+  /** What is kept of a session the relay answered with (creation and claims alike). */
+  created(body) {
+    return {
       code: body.code,
       token: body.providerToken,
       expiresAt: body.expiresAt,
       maxExpiresAt: body.maxExpiresAt || null,
       connectorUrl: body.connectorUrl || null,
       createdAt: Date.now(),
-    });
+    };
+  }
+
+  async create() {
+    const response = await fetch(`${this.base}/api/sessions`, { method: 'POST' });
+    if (!response.ok) throw new Error((await refusal(response)).message);
+    this.hold(this.created(await response.json()));
     return this.current;
   }
 
