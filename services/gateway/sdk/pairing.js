@@ -1,7 +1,9 @@
 // <toolrelay-pairing>: what a person needs to pair a page with an assistant — the code, how to
 // connect each kind of assistant, copy buttons, the countdown, a status dot, the activity
 // list, End session and the "ask me before changes" switch (it holds every call of a tool not
-// marked `readOnly`).
+// marked `readOnly`). A session an assistant opened for the page (a claim, `connect({claim})`)
+// needs no code: the element then says "Connected to your assistant" and shows no code, no
+// prompt and no connect instructions (`data-mode="assistant"`, else `"code"`).
 // Set its `connection` property to a Connection (connect() from toolrelay.js), and, to word
 // the activity list in the page's own terms, `describeCall` to a function (name, args) → text.
 //
@@ -128,6 +130,10 @@ function template(heading, level, standalone) {
   </${head}>
   <${body} class="body">
     <section class="banner" aria-labelledby="code-label">
+      <div class="assistant">
+        <p id="assistant-title" class="assistant-title">Connected to your assistant</p>
+        <p id="assistant-text" class="quiet">Your assistant opened this page from your conversation: no code needed.</p>
+      </div>
       <div class="code-row">
         <p id="code-label" class="label">Pairing code</p>
         <p id="code" class="code">····-····</p>
@@ -217,6 +223,7 @@ export class ToolrelayPairing extends HTMLElement {
     this.querySelector('.body').prepend(...kept);
     this.wire();
     this.dataset.state = 'fresh';
+    this.dataset.mode = 'code';
     this.setLink('disconnected');
     this.timer = setInterval(() => this.tick(), 1000);
     if (this.conn) this.attach(this.conn);
@@ -264,7 +271,8 @@ export class ToolrelayPairing extends HTMLElement {
     this.discovered = this.learnPublicBase(connection.base);
     on('code', (detail) => {
       this.showSession();
-      this.announce(detail.restored ? `Reconnecting to session ${detail.display}.` : `New pairing code ${detail.display}.`);
+      if (detail.claimed) this.announce(detail.restored ? 'Reconnecting to your assistant.' : 'Connected to your assistant.');
+      else this.announce(detail.restored ? `Reconnecting to session ${detail.display}.` : `New pairing code ${detail.display}.`);
     });
     on('status', ({ state, transport, message }) => {
       if (state === 'connected') {
@@ -272,6 +280,8 @@ export class ToolrelayPairing extends HTMLElement {
         this.announce(`Connected to the relay over ${transport}.`);
       } else if (state === 'disconnected') {
         this.setLink('disconnected');
+      } else if (state === 'refused') {
+        this.refused(message);
       } else if (state === 'unreachable') {
         this.$('countdown').textContent = message;
         this.announce('Could not reach the relay. Retrying in a few seconds.');
@@ -333,7 +343,7 @@ export class ToolrelayPairing extends HTMLElement {
   setState(state) {
     this.dataset.state = state;
     // A code that no longer works is not offered for copying.
-    const gone = state === 'expired' || state === 'ended';
+    const gone = state === 'expired' || state === 'ended' || state === 'refused';
     for (const id of ['copy-prompt', 'copy-code', 'end']) this.$(id).disabled = gone;
     this.emitState();
   }
@@ -354,12 +364,39 @@ export class ToolrelayPairing extends HTMLElement {
     this.tick();
   }
 
+  /** In assistant mode (a session from a claim) the code is never put on the page. */
+  get assistantMode() {
+    return this.dataset.mode === 'assistant';
+  }
+
+  setMode(mode) {
+    this.dataset.mode = mode;
+    this.$('assistant-title').textContent = 'Connected to your assistant';
+    if (mode === 'assistant') {
+      this.$('code').textContent = '····-····';
+      for (const code of this.querySelectorAll('.code-inline')) code.textContent = '';
+    }
+  }
+
   showSession() {
     const session = this.conn.session;
-    this.$('code').textContent = displayCode(session.code);
+    this.setMode(session.claimed ? 'assistant' : 'code');
     this.setState('fresh');
-    this.showConnect(session);
+    if (!this.assistantMode) {
+      this.$('code').textContent = displayCode(session.code);
+      this.showConnect(session);
+    }
     this.tick();
+  }
+
+  /** The relay would not redeem the claim (or its session is gone): say why, offer a code. */
+  refused(message) {
+    this.setMode('assistant');
+    this.setState('refused');
+    this.setLink('disconnected');
+    this.$('assistant-title').textContent = 'Not connected to your assistant';
+    this.$('countdown').textContent = `${message} Or press New code to pair with a code.`;
+    this.announce(`Not connected to your assistant. ${message}`);
   }
 
   /**
@@ -370,7 +407,7 @@ export class ToolrelayPairing extends HTMLElement {
   tick() {
     const session = this.conn?.session;
     const state = this.dataset.state;
-    if (!session || state === 'expired' || state === 'ended') return;
+    if (!session || state === 'expired' || state === 'ended' || state === 'refused') return;
     const now = Date.now();
     const end = Date.parse(session.maxExpiresAt);
     const untilEnd = Number.isNaN(end) ? Infinity : end - now;
@@ -388,8 +425,11 @@ export class ToolrelayPairing extends HTMLElement {
     if (warn && notice.hidden) this.announce('This pairing code stops working within the hour. Press New code for a new one.');
     notice.hidden = !warn;
     // The warning carries its own New code button: the banner's is folded away once connected.
+    this.$('lifetime-new').hidden = this.assistantMode;
     if (warn) {
-      this.$('lifetime-text').textContent = `This code stops working in ${duration(untilEnd)} (a session lasts at most ${lifetime(session)}). Give your assistant a new one:`;
+      this.$('lifetime-text').textContent = this.assistantMode
+        ? `This session ends in ${duration(untilEnd)} (a session lasts at most ${lifetime(session)}). Then ask your assistant to open it again.`
+        : `This code stops working in ${duration(untilEnd)} (a session lasts at most ${lifetime(session)}). Give your assistant a new one:`;
     }
   }
 
@@ -397,7 +437,9 @@ export class ToolrelayPairing extends HTMLElement {
     this.setState('expired');
     this.setLink('disconnected');
     this.$('lifetime').hidden = true;
-    this.$('countdown').textContent = `Expired. Press New code${this.hasAttribute('keys') ? ' (r)' : ''} to pair again.`;
+    this.$('countdown').textContent = this.assistantMode
+      ? `This session has ended. Ask your assistant to open it again, or press New code${this.hasAttribute('keys') ? ' (r)' : ''} to pair with a code.`
+      : `Expired. Press New code${this.hasAttribute('keys') ? ' (r)' : ''} to pair again.`;
     this.announce(`Session expired. ${message} Press ${this.hasAttribute('keys') ? 'r' : 'New code'} for a new code.`);
   }
 
@@ -476,7 +518,7 @@ export class ToolrelayPairing extends HTMLElement {
    */
   prompt() {
     const session = this.conn?.session;
-    if (!session) return null;
+    if (!session || this.assistantMode) return null;
     const base = this.publicBase;
     const code = displayCode(session.code);
     const { mcp } = REACH[reach(base)];
@@ -593,7 +635,7 @@ export class ToolrelayPairing extends HTMLElement {
     }
     const regenerate = () => this.conn?.regenerate();
     this.$('copy-prompt').addEventListener('click', (event) => this.conn?.session && this.copy(this.prompt(), 'Prompt', event.currentTarget));
-    this.$('copy-code').addEventListener('click', (event) => this.conn?.session && this.copy(displayCode(this.conn.session.code), 'Code', event.currentTarget));
+    this.$('copy-code').addEventListener('click', (event) => this.conn?.session && !this.assistantMode && this.copy(displayCode(this.conn.session.code), 'Code', event.currentTarget));
     this.$('regenerate').addEventListener('click', regenerate);
     this.$('lifetime-new').addEventListener('click', regenerate);
     this.$('end').addEventListener('click', () => this.conn?.end());
@@ -602,8 +644,9 @@ export class ToolrelayPairing extends HTMLElement {
       if (event.ctrlKey || event.metaKey || event.altKey) return;
       const target = event.target;
       if (target instanceof HTMLInputElement || target instanceof HTMLTextAreaElement || target?.isContentEditable) return;
-      if (event.key === 'c' && this.conn?.session && !this.$('copy-prompt').disabled) this.copy(this.prompt(), 'Prompt', this.$('copy-prompt'));
-      if (event.key === 'r') regenerate();
+      if (event.key === 'c' && this.conn?.session && !this.assistantMode && !this.$('copy-prompt').disabled) this.copy(this.prompt(), 'Prompt', this.$('copy-prompt'));
+      // An assistant's session is not thrown away by a stray key while it works.
+      if (event.key === 'r' && (!this.assistantMode || ['expired', 'ended', 'refused'].includes(this.dataset.state))) regenerate();
     });
   }
 }
