@@ -1,5 +1,7 @@
 // The plugin page: CODAP's tools (tools.js, codap.js) served through the browser SDK
 // (/sdk/: pairing, transport, dispatch) and shown by its <toolrelay-pairing> element.
+// Loaded with `?claim=` (the MCP app `open_codap` frames CODAP so), it is paired with the
+// assistant's session at once and shows no code; the claim then leaves its URL.
 
 import { Connection, Dispatcher } from '../sdk/toolrelay.js';
 import '../sdk/pairing.js';
@@ -18,8 +20,20 @@ const dispatcher = new Dispatcher();
 for (const tool of codapTools(codap)) dispatcher.register(tool.id, tool.description, tool.functions);
 window.mcpDispatcher = dispatcher;
 
+const claim = new URL(location.href).searchParams.get('claim');
+
 // The session is kept under mcp-session-<code> (SPEC §9).
-const connection = new Connection({ relay: BASE, dispatcher, storageKey: 'mcp-session-' });
+const connection = new Connection({ relay: BASE, dispatcher, storageKey: 'mcp-session-', claim });
+if (claim) {
+  // Once redeemed (or refused) the claim opens nothing: it does not stay in the address.
+  const dropClaim = () => {
+    const url = new URL(location.href);
+    url.searchParams.delete('claim');
+    history.replaceState(history.state, '', url);
+  };
+  connection.addEventListener('code', dropClaim, { once: true });
+  connection.addEventListener('status', (event) => event.detail.state === 'refused' && dropClaim());
+}
 pairing.connection = connection;
 pairing.describeCall = describeCall;
 // The page's state, for its styles and its tests.
