@@ -1,0 +1,162 @@
+// CODAP inside the conversation (the MCP App `ui://toolrelay/codap`): a web host made from the
+// extension's own host library (ext-apps' AppBridge, with the MCP TypeScript SDK's client; see
+// app-host/) calls `open_codap`, reads the resource and renders it in a sandbox proxy under
+// the CSP it builds from `_meta.ui.csp`. The app frames the CODAP stand-in (its own origin)
+// with the plugin and the claim; the plugin redeems the claim, and the model's next
+// `call_session_tool` calls change that CODAP, with no code shown and no pairing tool called.
+// Rendered again (a conversation reopened), the app reconnects to the same session. A host
+// that leaves CODAP's origin out of `frame-src` gets no CODAP, and the app says so.
+
+import assert from 'node:assert/strict';
+import { after, before, test } from 'node:test';
+import { startAppHost } from '../app-host/host-server.mjs';
+import { artifact, eventually, launchBrowser, startCodapHost, startRelay, until, watchErrors } from '../harness.mjs';
+
+const EXT_APPS_VERSION = '2.0.4';
+const PEOPLE = [
+  { name: 'Ada', age: 36, height: 165 },
+  { name: 'Bo', age: 8, height: 128 },
+  { name: 'Cy', age: 15, height: 170 },
+];
+
+let codap;
+let relay;
+let appHost;
+let browser;
+
+before(async () => {
+  codap = await startCodapHost();
+  relay = await startRelay({ CORS_ORIGIN: codap.origin, CODAP_URL: `${codap.origin}/index.html` });
+  appHost = await startAppHost(relay);
+  browser = await launchBrowser();
+});
+after(async () => {
+  await browser?.close();
+  await appHost?.stop();
+  await relay?.stop();
+  await codap?.stop();
+});
+
+/** The host page, its MCP client connected; `open_codap` called and its resource read. */
+async function conversation(context) {
+  const page = await context.newPage();
+  watchErrors(page);
+  await page.goto(appHost.page);
+  await until(page, () => window.host);
+  const names = await page.evaluate(() => window.host.connect());
+  assert.ok(names.includes('open_codap'), `open_codap is listed: ${names.join(', ')}`);
+  const opened = await page.evaluate(() => window.host.open('open_codap'));
+  return { page, ...opened };
+}
+
+/** A frame of `page` whose URL starts with `prefix` and that is not one of `old`. */
+function frameAt(page, prefix, old = []) {
+  return eventually(() => page.frames().find((frame) => !old.includes(frame) && !frame.isDetached() && frame.url().startsWith(prefix)), `a frame at ${prefix}`);
+}
+
+/** A later turn: the model calls a tool of the session `open_codap` opened, by its handle. */
+async function sessionCall(page, handle, name, args) {
+  const result = await page.evaluate(([session, tool, toolArgs]) => window.host.call('call_session_tool', { session, name: tool, arguments: toolArgs }), [handle, name, args]);
+  assert.notEqual(result.isError, true, `${name}: ${JSON.stringify(result)}`);
+  return result.structuredContent;
+}
+
+/** What the person sees in the plugin: its text, including what is only announced. */
+function pluginText(plugin) {
+  return plugin.evaluate(() => `${document.body.innerText}\n${document.getElementById('announcer')?.textContent ?? ''}\n${document.title}`);
+}
+
+test(`an app host (ext-apps ${EXT_APPS_VERSION}) opens a paired CODAP in the conversation; the model's next calls build a graph in it; rendered again it reconnects`, async () => {
+  const context = await browser.newContext();
+  try {
+    const { page, structured, meta } = await conversation(context);
+    const tool = await page.evaluate(() => window.host.tools.find((t) => t.name === 'open_codap'));
+    assert.equal(tool._meta?.ui?.resourceUri, 'ui://toolrelay/codap');
+    assert.equal(typeof structured.handle, 'string');
+    assert.ok(structured.link.startsWith(`${codap.origin}/index.html?di=`), structured.link);
+    const pluginUrl = new URL(structured.link).searchParams.get('di');
+    assert.match(pluginUrl, /\/codap\/\?claim=[^&]+$/, 'the plugin URL carries the claim');
+    assert.deepEqual(meta.csp.frameDomains, [codap.origin]);
+    assert.ok(meta.csp.connectDomains.includes(relay.base), JSON.stringify(meta.csp));
+
+    const first = await page.evaluate((sandboxUrl) => window.host.render({ sandboxUrl }), appHost.sandbox);
+    assert.match(appHost.policies.at(-1), new RegExp(`frame-src ${codap.origin}(;|$)`));
+    const codapPage = await frameAt(page, codap.origin);
+    const plugin = await frameAt(page, `${relay.base}/codap/`);
+    await until(plugin, () => window.toolrelay?.ready && !location.search.includes('claim='));
+    const code = await plugin.evaluate(() => window.toolrelay.session.code);
+    const render = await page.evaluate((index) => window.host.renders[index], first);
+    assert.deepEqual(render.appInfo, { name: 'toolrelay-codap', version: '1.0.0' });
+    assert.ok(render.sizes.some((size) => size.height === 640), `the app asked for a useful height: ${JSON.stringify(render.sizes)}`);
+
+    // The model's next turn reaches this CODAP.
+    const created = await sessionCall(page, structured.handle, 'createDataContext', {
+      name: 'People',
+      collections: [{ name: 'People', attributes: [{ name: 'name' }, { name: 'age', type: 'numeric' }, { name: 'height', type: 'numeric' }] }],
+    });
+    assert.equal(created.name, 'People');
+    await sessionCall(page, structured.handle, 'createItems', { dataContext: 'People', items: PEOPLE });
+    const graph = await sessionCall(page, structured.handle, 'createGraph', { dataContext: 'People', xAttribute: 'age', yAttribute: 'height' });
+    const model = await codapPage.evaluate(() => window.codap.snapshot());
+    assert.deepEqual(model.dataContexts.map((d) => d.name), ['People']);
+    assert.deepEqual(model.dataContexts[0].items.map((item) => item.values.name), PEOPLE.map((p) => p.name));
+    assert.deepEqual(
+      model.components.map((c) => ({ id: c.id, type: c.type, x: c.xAttributeName, y: c.yAttributeName })),
+      [{ id: graph.id, type: 'graph', x: 'age', y: 'height' }],
+    );
+
+    // No code was shown, and the model never paired by hand.
+    const shown = await pluginText(plugin);
+    assert.match(shown, /Connected to your assistant/);
+    for (const form of [code, `${code.slice(0, 4)}-${code.slice(4)}`]) assert.ok(!shown.includes(form), `the code ${form} is not shown`);
+    assert.equal(await plugin.evaluate(() => document.querySelector('toolrelay-pairing').dataset.mode), 'assistant');
+    const called = appHost.toolCalls.map((call) => call.name);
+    assert.ok(!called.includes('connect_session'), `no pairing tool: ${called.join(', ')}`);
+    assert.deepEqual([...new Set(called)], ['open_codap', 'call_session_tool']);
+    await page.screenshot({ path: artifact('codap-app.png'), fullPage: true });
+
+    // The conversation shown again: the same tool result, a new render of the app.
+    await page.evaluate((sandboxUrl) => window.host.render({ sandboxUrl }), appHost.sandbox);
+    const codapAgain = await frameAt(page, codap.origin, [codapPage]);
+    const pluginAgain = await frameAt(page, `${relay.base}/codap/`, [plugin]);
+    await until(pluginAgain, () => window.toolrelay?.ready);
+    assert.equal(await pluginAgain.evaluate(() => window.toolrelay.session.code), code, 'the same session');
+    assert.equal(await pluginAgain.evaluate(() => document.querySelector('toolrelay-pairing').dataset.state), 'fresh');
+    const again = await pluginText(pluginAgain);
+    assert.match(again, /Connected to your assistant/);
+    assert.doesNotMatch(again, /used|expired|Not connected/i);
+    await sessionCall(page, structured.handle, 'createDataContext', { name: 'Again', collections: [{ name: 'Again', attributes: [{ name: 'x' }] }] });
+    const reopened = await codapAgain.evaluate(() => window.codap.snapshot());
+    assert.deepEqual(reopened.dataContexts.map((d) => d.name), ['Again'], 'the model reaches the CODAP rendered again');
+    await page.screenshot({ path: artifact('codap-app-rerendered.png'), fullPage: true });
+  } finally {
+    await context.close();
+  }
+});
+
+test("a host that leaves CODAP's origin out of frame-src gets no CODAP, and the app says so", async () => {
+  const context = await browser.newContext();
+  try {
+    const { page, meta } = await conversation(context);
+    const strict = { ...meta.csp, frameDomains: [] };
+    await page.evaluate(([sandboxUrl, csp]) => window.host.render({ sandboxUrl, csp }), [appHost.sandbox, strict]);
+    assert.match(appHost.policies.at(-1), /frame-src 'none'/);
+    const sandbox = await frameAt(page, appHost.sandbox);
+    const app = await eventually(() => sandbox.childFrames()[0], 'the app frame');
+    const said = await until(app, () => document.body.dataset.state === 'error' && document.getElementById('status').textContent);
+    assert.match(said, /does not allow CODAP/);
+    // It offers the same CODAP in a tab, which the host opens (ui/open-link).
+    await app.click('#open');
+    const links = await until(page, () => window.host.renders.at(-1).links.length > 0 && window.host.renders.at(-1).links);
+    assert.deepEqual(links, [(await page.evaluate(() => window.host.result.structuredContent.link))]);
+    // Nothing of CODAP ran: no plugin frame, and no frame holding the stand-in.
+    for (const frame of page.frames()) {
+      assert.ok(!frame.url().startsWith(`${relay.base}/codap/`), `no plugin: ${frame.url()}`);
+      const isCodap = await frame.evaluate(() => typeof window.codap?.snapshot === 'function').catch(() => false);
+      assert.equal(isCodap, false, `no CODAP in ${frame.url()}`);
+    }
+    await page.screenshot({ path: artifact('codap-app-blocked.png'), fullPage: true });
+  } finally {
+    await context.close();
+  }
+});
