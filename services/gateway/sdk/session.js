@@ -6,6 +6,9 @@
 // kept the same way, and `toolrelay-claim:<digest of the claim>` → code remembers which claim
 // it came from, so a page loaded again with the same claim (a conversation re-rendering its
 // app) reconnects to that session instead of redeeming a claim already spent.
+
+import { ErrorCode } from './errors.js';
+
 const MARK_EVERY_MS = 2000;
 // A mark older than this belongs to a tab that is gone.
 const MARK_STALE_MS = 6000;
@@ -140,7 +143,7 @@ export class Sessions {
         localStorage.removeItem(this.key(stored.code));
       }
       localStorage.removeItem(key);
-      throw new ClaimRefused('session_not_found', 'The session your assistant opened here has ended. Ask your assistant to open CODAP again.');
+      throw new ClaimRefused(ErrorCode.SESSION_NOT_FOUND, 'The session your assistant opened for this page has ended. Ask your assistant to open it again.');
     }
     const response = await fetch(`${this.base}/api/sessions/claim`, {
       method: 'POST',
