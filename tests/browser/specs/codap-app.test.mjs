@@ -129,6 +129,30 @@ test(`an app host (ext-apps ${EXT_APPS_VERSION}) opens a paired CODAP in the con
     const reopened = await codapAgain.evaluate(() => window.codap.snapshot());
     assert.deepEqual(reopened.dataContexts.map((d) => d.name), ['Again'], 'the model reaches the CODAP rendered again');
     await page.screenshot({ path: artifact('codap-app-rerendered.png'), fullPage: true });
+
+    // The same conversation in another browser (no storage of this one): the claim is spent,
+    // and the plugin says so instead of pairing.
+    const spent = await page.evaluate(() => ({ result: window.host.result, resource: window.host.resource }));
+    const elsewhere = await browser.newContext();
+    try {
+      const other = await elsewhere.newPage();
+      watchErrors(other);
+      await other.goto(appHost.page);
+      await until(other, () => window.host);
+      await other.evaluate(([sandboxUrl, adopted]) => {
+        window.host.adopt(adopted);
+        return window.host.render({ sandboxUrl });
+      }, [appHost.sandbox, spent]);
+      const refusedPlugin = await frameAt(other, `${relay.base}/codap/`);
+      await until(refusedPlugin, () => document.querySelector('toolrelay-pairing')?.dataset.state === 'refused');
+      const refused = await pluginText(refusedPlugin);
+      assert.match(refused, /Not connected to your assistant/);
+      assert.ok(!refused.includes(code), 'no code there either');
+      assert.equal(await refusedPlugin.evaluate(() => location.search), '', 'the spent claim left the URL');
+      await other.screenshot({ path: artifact('codap-app-claim-spent.png'), fullPage: true });
+    } finally {
+      await elsewhere.close();
+    }
   } finally {
     await context.close();
   }
