@@ -113,6 +113,12 @@ error_codes! {
     InvalidToken = "invalid_token", Forbidden;
     /// No session has this MCP connector handle.
     UnknownHandle = "unknown_handle", NotFound;
+    /// No claim (the one-time secret an MCP App's plugin pairs with) is this one.
+    UnknownClaim = "unknown_claim", NotFound;
+    /// The claim was redeemed already.
+    ClaimUsed = "claim_used", Gone;
+    /// The claim was not redeemed in time.
+    ClaimExpired = "claim_expired", Gone;
     /// The session offers no such function.
     UnknownFunction = "unknown_function", NotFound;
     /// A read (`…/read`, `read_session_tool`) asked for a function not marked read-only.

@@ -115,6 +115,20 @@ pub const BUILTIN_TOOLS: [&str; 6] = [
     "get_mip_solution",
 ];
 
+/// `/mcp`'s tools, in the order it lists them: the built-in ones, then the pairing tools.
+pub fn mcp_tools() -> Vec<&'static str> {
+    BUILTIN_TOOLS
+        .into_iter()
+        .chain([
+            "open_codap",
+            "connect_session",
+            "list_session_tools",
+            "call_session_tool",
+            "read_session_tool",
+        ])
+        .collect()
+}
+
 /// The demo tab's tools (see [`demo_tools`]) followed by the built-in ones.
 pub fn tab_and_builtin_names() -> Vec<&'static str> {
     ["echo", "add"].into_iter().chain(BUILTIN_TOOLS).collect()

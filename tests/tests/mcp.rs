@@ -19,9 +19,7 @@ use toolrelay_relay::config::ENV_REDIS_URL;
 use toolrelay_tests::mcp::{call, connect_with};
 use toolrelay_tests::metrics::Scrape;
 use toolrelay_tests::system::{System, send};
-use toolrelay_tests::{
-    BUILTIN_TOOLS, Deadline, WsTab, demo_tools, tab_and_builtin_names, wait_until,
-};
+use toolrelay_tests::{Deadline, WsTab, demo_tools, tab_and_builtin_names, wait_until};
 
 #[derive(Clone, Default)]
 struct Client {
@@ -97,18 +95,7 @@ async fn the_built_in_tools_over_mcp() {
         .iter()
         .map(|t| t.name.to_string())
         .collect();
-    assert_eq!(
-        names,
-        BUILTIN_TOOLS
-            .into_iter()
-            .chain([
-                "connect_session",
-                "list_session_tools",
-                "call_session_tool",
-                "read_session_tool"
-            ])
-            .collect::<Vec<_>>()
-    );
+    assert_eq!(names, toolrelay_tests::mcp_tools());
 
     let encoded = call(
         &mcp,

@@ -16,7 +16,7 @@ use toolrelay_tests::cluster::Cluster;
 use toolrelay_tests::mcp::{self, answer_of};
 use toolrelay_tests::recording::RecordingTab;
 use toolrelay_tests::system::System;
-use toolrelay_tests::{BUILTIN_TOOLS, PATIENCE, repo_file, test_python};
+use toolrelay_tests::{PATIENCE, mcp_tools, repo_file, test_python};
 
 /// The revisions with an `initialize` handshake, oldest first.
 const HANDSHAKE_REVISIONS: [&str; 4] = ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
@@ -24,19 +24,6 @@ const HANDSHAKE_REVISIONS: [&str; 4] = ["2024-11-05", "2025-03-26", "2025-06-18"
 const SESSIONLESS: &str = "2026-07-28";
 /// How long `/mcp`'s listing and `server/discover` may be cached, as the relay says.
 const LISTING_TTL_MS: u64 = 300_000;
-
-/// `/mcp`'s tools: the built-in ones, then the pairing tools.
-fn mcp_tools() -> Vec<&'static str> {
-    BUILTIN_TOOLS
-        .into_iter()
-        .chain([
-            "connect_session",
-            "list_session_tools",
-            "call_session_tool",
-            "read_session_tool",
-        ])
-        .collect()
-}
 
 /// The npm packages of `tests/browser` (the TypeScript SDK, the conformance suite).
 fn npm_package(path: &str) -> PathBuf {

@@ -150,6 +150,7 @@ mod tests {
         }
         let open = [
             (Method::POST, "/api/sessions"),
+            (Method::POST, "/api/sessions/claim"),
             (Method::DELETE, "/api/sessions/ABCD2345"),
             (Method::GET, "/api/sessions/ABCD2345/request"),
             (Method::POST, "/api/sessions/ABCD2345/response"),

@@ -31,6 +31,11 @@ pub const ENV_MCP_SESSIONS_PER_IP: &str = "MCP_SESSIONS_PER_IP";
 pub const ENV_MCP_MAX_SESSIONS: &str = "MCP_MAX_SESSIONS";
 /// `MCP_SESSION_IDLE_SECONDS`: how long an unused MCP client session lives.
 pub const ENV_MCP_SESSION_IDLE: &str = "MCP_SESSION_IDLE_SECONDS";
+/// `CODAP_URL`: the CODAP that `open_codap`'s app frames (and its fallback link opens).
+pub const ENV_CODAP_URL: &str = "CODAP_URL";
+/// The CODAP `open_codap` opens unless `CODAP_URL` says otherwise.
+pub const DEFAULT_CODAP_URL: &str = "https://codap3.concord.org/";
+
 /// `ALLOWED_HOSTS`: host names the gateway answers to besides the public host and loopback,
 /// comma-separated (e.g. `host.docker.internal`).
 pub const ENV_ALLOWED_HOSTS: &str = "ALLOWED_HOSTS";
@@ -85,6 +90,10 @@ pub struct GatewayArgs {
     /// (421) when the gateway listens on loopback, and always on MCP.
     #[arg(long, env = ENV_ALLOWED_HOSTS, value_delimiter = ',')]
     pub allowed_hosts: Vec<String>,
+    /// The CODAP that MCP's `open_codap` opens in the conversation (its app frames it with the
+    /// relay's plugin), e.g. https://codap3.concord.org/.
+    #[arg(long, env = ENV_CODAP_URL, default_value = DEFAULT_CODAP_URL)]
+    pub codap_url: String,
 }
 
 /// The gateway's settings.
@@ -117,6 +126,8 @@ pub struct GatewayConfig {
     pub gateway_secrets: Option<std::sync::Arc<GatewaySecrets>>,
     /// Caps and idle time of MCP client sessions.
     pub mcp_sessions: McpSessions,
+    /// The CODAP `open_codap` opens (`CODAP_URL`), as given (with a path, at least `/`).
+    pub codap_url: String,
     /// Where a gateway alone keeps what it shares with other gateways (rate limits, MCP
     /// sessions): `REDIS_URL`. In one process, the relay's store serves.
     pub store: StoreConfig,
@@ -182,6 +193,7 @@ impl GatewayConfig {
             api_keys: None,
             gateway_secrets: None,
             mcp_sessions: McpSessions::default(),
+            codap_url: DEFAULT_CODAP_URL.to_owned(),
             store: StoreConfig::Memory,
             connections: ConnectionLimits::default(),
         })
@@ -248,6 +260,7 @@ impl GatewayArgs {
                 "{ENV_ALLOWED_HOSTS}: {bad:?} is not a host name (give names such as host.docker.internal, without a scheme or path)"
             ));
         }
+        config.codap_url = checked_codap_url(&self.codap_url)?;
         config.check_host = bound.ip().is_loopback();
         config.store = service.store_config()?;
         config.connections = ConnectionLimits {
@@ -259,6 +272,11 @@ impl GatewayArgs {
 }
 
 impl GatewayConfig {
+    /// The origin of the CODAP `open_codap` opens, e.g. `https://codap3.concord.org`.
+    pub fn codap_origin(&self) -> String {
+        origin_of(&self.codap_url)
+    }
+
     /// The names the gateway answers to, in lower case and without brackets: loopback, the
     /// public base URL's host, and `ALLOWED_HOSTS`. The REST `Host` check and MCP's share it.
     pub fn host_names(&self) -> Vec<String> {
@@ -313,6 +331,19 @@ fn origin_of(url: &str) -> String {
     }
 }
 
+/// `CODAP_URL` checked: an http(s) URL with a host, kept as given but with at least `/` as
+/// its path (CODAP is opened as `{url}?di=…`).
+fn checked_codap_url(url: &str) -> Result<String, String> {
+    checked_base_url(url).map_err(|error| format!("{ENV_CODAP_URL}: {error}"))?;
+    let url = url.trim();
+    let after_scheme = url.split_once("://").map_or(url, |(_, rest)| rest);
+    if after_scheme.contains(['/', '?']) {
+        Ok(url.to_owned())
+    } else {
+        Ok(format!("{url}/"))
+    }
+}
+
 /// An http(s) URL with a host, without a trailing slash.
 fn checked_base_url(url: &str) -> Result<String, String> {
     let trimmed = url.trim().trim_end_matches('/');
@@ -339,6 +370,19 @@ mod tests {
         );
         assert!(checked_base_url("relay.example.org").is_err());
         assert!(checked_base_url("ftp://relay.example.org").is_err());
+        assert_eq!(
+            checked_codap_url("https://codap3.concord.org").unwrap(),
+            "https://codap3.concord.org/"
+        );
+        assert_eq!(
+            checked_codap_url(" https://codap.concord.org/app/ ").unwrap(),
+            "https://codap.concord.org/app/"
+        );
+        assert!(
+            checked_codap_url("codap.concord.org")
+                .unwrap_err()
+                .contains(ENV_CODAP_URL)
+        );
     }
 
     /// The settings of a gateway bound to 127.0.0.1:8080 started with the flags `args`.

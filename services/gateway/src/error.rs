@@ -340,11 +340,12 @@ pub fn names_host(origin: &str, request: &Request) -> bool {
         })
 }
 
-/// The routes a page serving tools uses (SPEC §6): create a session, see or end it, attach
-/// (WebSocket, SSE, polling), register its manifest, answer. The provider token, never a cookie,
-/// guards them, so a page on any origin may use them (the browser SDK's point).
+/// The routes a page serving tools uses (SPEC §6): create a session (or redeem a claim for
+/// one), see or end it, attach (WebSocket, SSE, polling), register its manifest, answer. The
+/// provider token (or the one-time claim), never a cookie, guards them, so a page on any origin
+/// may use them (the browser SDK's point).
 fn is_provider_route(method: &str, path: &str) -> bool {
-    if path == "/api/sessions" {
+    if path == "/api/sessions" || path == "/api/sessions/claim" {
         return method == "POST";
     }
     let Some(rest) = path.strip_prefix("/api/sessions/") else {

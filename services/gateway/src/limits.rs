@@ -21,7 +21,6 @@ use toolrelay_relay::store::BudgetStore;
 use toolrelay_relay::{ErrorInfo, Metrics};
 
 use crate::config::RateLimits;
-use crate::error::ApiError;
 
 /// The gateway's rate limits.
 pub struct Limiters {
@@ -71,12 +70,8 @@ impl Limiters {
     }
 
     /// Counts a session creation.
-    pub async fn create_session(&self, ip: IpAddr) -> Result<(), ApiError> {
-        Ok(self
-            .budgets
-            .create_session(ip)
-            .await
-            .map_err(ErrorInfo::from)?)
+    pub async fn create_session(&self, ip: IpAddr) -> Result<(), ErrorInfo> {
+        Ok(self.budgets.create_session(ip).await?)
     }
 
     /// Counts a call of a built-in tool outside a session (limited per address like calls).

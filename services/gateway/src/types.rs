@@ -83,6 +83,14 @@ impl CreatedSession {
     }
 }
 
+/// A claim to redeem.
+#[derive(Debug, Clone, Object)]
+pub struct ClaimBody {
+    /// The one-time claim from the page's URL (32 hex characters).
+    #[oai(validator(max_length = 128))]
+    pub claim: String,
+}
+
 /// Where a session stands.
 #[derive(Debug, Clone, Object)]
 #[oai(rename_all = "camelCase")]

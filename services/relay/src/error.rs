@@ -64,6 +64,24 @@ pub enum RelayError {
         "This connector URL belongs to no active session: the session has expired or ended. Ask the user for the plugin's current connector URL or pairing code."
     )]
     UnknownHandle,
+    /// No claim is this one (or it was never minted here).
+    #[error(
+        "This claim is not one the relay minted. Open CODAP again from the assistant (open_codap), or pair with the code shown in the plugin."
+    )]
+    UnknownClaim,
+    /// The claim was redeemed already: it pairs one tab, once.
+    #[error(
+        "This claim was used already: a claim pairs one tab, once. Ask the assistant to open CODAP again (open_codap), or pair with the code shown in the plugin."
+    )]
+    ClaimUsed,
+    /// The claim was not redeemed before its expiry, or its session has ended.
+    #[error(
+        "This claim has expired (a claim is good for {minutes} minutes) or its session has ended. Ask the assistant to open CODAP again (open_codap), or pair with the code shown in the plugin."
+    )]
+    ClaimExpired {
+        /// How long a claim is good for, in minutes.
+        minutes: u64,
+    },
     /// The session's manifest has no such function.
     #[error(
         "Session {code} has no function {name}{in_tool}. Available functions: {available}. GET the session's metadata for their parameters."
@@ -257,6 +275,9 @@ impl RelayError {
             Self::TokenRequired => ErrorCode::TokenRequired,
             Self::InvalidToken { .. } => ErrorCode::InvalidToken,
             Self::UnknownHandle => ErrorCode::UnknownHandle,
+            Self::UnknownClaim => ErrorCode::UnknownClaim,
+            Self::ClaimUsed => ErrorCode::ClaimUsed,
+            Self::ClaimExpired { .. } => ErrorCode::ClaimExpired,
             Self::UnknownFunction { .. } => ErrorCode::UnknownFunction,
             Self::NotReadOnly { .. } => ErrorCode::NotReadOnly,
             Self::InvalidArguments { .. } => ErrorCode::InvalidArguments,

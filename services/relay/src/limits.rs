@@ -311,14 +311,18 @@ impl Limits {
         }
     }
 
-    /// An unknown code or handle in `outcome` counts against `client`.
+    /// An unknown code, handle or claim in `outcome` counts against `client`.
     async fn counted<T>(
         &self,
         client: IpAddr,
         outcome: Result<T, RelayError>,
     ) -> Result<T, RelayError> {
         match outcome {
-            Err(error @ (RelayError::SessionNotFound { .. } | RelayError::UnknownHandle)) => {
+            Err(
+                error @ (RelayError::SessionNotFound { .. }
+                | RelayError::UnknownHandle
+                | RelayError::UnknownClaim),
+            ) => {
                 self.miss(client).await?;
                 Err(error)
             }

@@ -30,10 +30,10 @@ pub struct Gateway {
     pub config: GatewayConfig,
     /// Rate limiters.
     pub limits: Limiters,
-    /// The MCP client sessions this gateway shares with the others on the same `REDIS_URL`
-    /// (in one process, in the relay's store), the part of the store it needs besides the
-    /// rate budgets its limiters hold.
-    pub store: Arc<dyn toolrelay_relay::store::McpSessionStore>,
+    /// What this gateway shares with the others on the same `REDIS_URL` (in one process, the
+    /// relay's store) besides the rate budgets its limiters hold: MCP client sessions, and
+    /// the session each one opened (a ticket).
+    pub store: Arc<dyn toolrelay_relay::store::Store>,
     /// Cancelled when the gateway shuts down (ends long-lived MCP streams).
     pub shutdown: tokio_util::sync::CancellationToken,
     /// The process's drain (shared with the relay when it runs in this process).

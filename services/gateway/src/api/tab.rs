@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use toolrelay::json::ReadError;
 use toolrelay::wire::ProviderResponse;
 use toolrelay_relay::relay::operations::{
-    CreateSession, EndSession, PollRequests, PostResponse, RegisterManifest,
+    CreateSession, EndSession, PollRequests, PostResponse, RedeemClaim, RegisterManifest,
 };
 use toolrelay_relay::relay::too_deep_response;
 use toolrelay_relay::{
@@ -26,7 +26,9 @@ use toolrelay_relay::{
 
 use super::{Client, State, Tag, provider_token};
 use crate::error::ApiError;
-use crate::types::{CreatedSession, PolledItem, Registered, ResponseAccepted, TabResponse};
+use crate::types::{
+    ClaimBody, CreatedSession, PolledItem, Registered, ResponseAccepted, TabResponse,
+};
 
 /// The tab-side operations.
 pub struct TabApi {
@@ -67,6 +69,31 @@ impl TabApi {
     async fn create_session(&self, client: Client) -> Result<SessionCreated, ApiError> {
         self.state.limits.create_session(client.0.address).await?;
         let session = self.state.relay.run(&client.0, CreateSession).await?;
+        let created = CreatedSession::new(session, &self.state.config.public_base_url);
+        Ok(SessionCreated::Created(Json(created)))
+    }
+
+    /// Redeem a claim
+    ///
+    /// Called by a page an MCP App opened for a session (the CODAP plugin in the app of MCP's
+    /// `open_codap`) with the one-time claim in its URL, instead of creating a session: the
+    /// answer is that session, as session creation answers. A claim works once, within
+    /// `CLAIM_TTL_SECONDS` of `open_codap` (410 `claim_used`, `claim_expired`); an unknown
+    /// claim (404 `unknown_claim`) counts against the brute-force guard like an unknown code.
+    #[oai(
+        path = "/api/sessions/claim",
+        method = "post",
+        operation_id = "redeemClaim"
+    )]
+    async fn redeem_claim(
+        &self,
+        body: Json<ClaimBody>,
+        client: Client,
+    ) -> Result<SessionCreated, ApiError> {
+        let redeem = RedeemClaim {
+            claim: body.0.claim,
+        };
+        let session = self.state.relay.run(&client.0, redeem).await?;
         let created = CreatedSession::new(session, &self.state.config.public_base_url);
         Ok(SessionCreated::Created(Json(created)))
     }

@@ -1,8 +1,10 @@
 //! MCP (Streamable HTTP, with the official SDK `rmcp`): every tool for MCP clients such as
 //! Claude, ChatGPT connectors, Cursor or a local agent.
 //!
-//! * `/mcp` — the built-in tools and the pairing tools `connect_session`, `list_session_tools`
-//!   and `call_session_tool` (call by name: works in clients that ignore tool-list changes).
+//! * `/mcp` — the built-in tools and the pairing tools `open_codap` (an MCP App: a CODAP
+//!   paired with the conversation, its page the resource `ui://toolrelay/codap`),
+//!   `connect_session`, `list_session_tools`, `call_session_tool` and `read_session_tool`
+//!   (call by name: works in clients that ignore tool-list changes).
 //! * `/mcp/s/{handle}` — a server scoped to one session: its tools are exactly the session's
 //!   manifest (the tab's tools and the built-in ones); the handle is the session's 128-bit
 //!   secret, so the URL can be pasted into a connector's settings.
@@ -27,6 +29,7 @@
 //! tools called, results as MCP content); `pairing` holds the pairing tools of `/mcp`, one
 //! variant of `Pairing` each.
 
+mod app;
 mod pairing;
 mod sessions;
 mod tools;
@@ -39,9 +42,9 @@ use poem::endpoint::TowerCompatExt;
 use poem::{Endpoint, EndpointExt, IntoResponse, Request};
 use rmcp::model::{
     CacheScope, CallToolRequestParams, CallToolResponse, ClientJsonRpcMessage, ClientRequest,
-    DiscoverResult, Implementation, InitializeRequestParams, InitializeResult, ListToolsResult,
-    PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig, SubscriptionFilter,
-    Tool,
+    DiscoverResult, Implementation, InitializeRequestParams, InitializeResult, ListResourcesResult,
+    ListToolsResult, PaginatedRequestParams, ProtocolVersion, ReadResourceRequestParams,
+    ReadResourceResponse, ServerCapabilities, ServerConfig, SubscriptionFilter, Tool,
 };
 use rmcp::service::{RequestContext, SubscriptionContext};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -121,7 +124,7 @@ pub fn endpoints(state: &State) -> (impl Endpoint + 'static, impl Endpoint + 'st
         // A client's next request may reach another gateway (a round-robin balancer): that
         // gateway takes the session over from what the store keeps.
         config.session_store = Some(Arc::new(SharedSessions {
-            store: Arc::clone(&state.store),
+            store: Arc::clone(&state.store) as Arc<dyn toolrelay_relay::store::McpSessionStore>,
             clock: Clock::new(),
             namespace,
             idle: state.config.mcp_sessions.idle,
@@ -322,11 +325,11 @@ impl ServerHandler for RelayMcp {
         let instructions = if self.scoped {
             "Tools in the user's browser tab (a CODAP document) and tools built into the relay. Call them by name."
         } else {
-            "Tools built into the relay, and pairing with a user's browser tab: ask the user for the pairing code shown in the plugin, call connect_session with it, then call_session_tool."
+            "Tools built into the relay, and pairing with a user's browser tab. To work in CODAP (data tables, graphs), call open_codap: it opens a CODAP paired with this conversation; then call_session_tool. Or ask the user for the pairing code shown in their plugin, call connect_session with it, then call_session_tool."
         };
         // Logging: `logging/setLevel` is answered (the relay sends no log messages; it is
-        // deprecated from 2026-07-28 on, SEP-2577). Prompts and resources: none, listed as
-        // such rather than refused.
+        // deprecated from 2026-07-28 on, SEP-2577). Prompts: none, listed as such rather than
+        // refused. Resources: `/mcp` has its app's page, `/mcp/s/{handle}` none.
         #[allow(deprecated)]
         let capabilities = ServerCapabilities::builder()
             .enable_logging()
@@ -403,6 +406,39 @@ impl ServerHandler for RelayMcp {
         _context: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
         Ok(())
+    }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, McpError> {
+        Ok(if self.scoped {
+            ListResourcesResult::default()
+        } else {
+            self.list_app()
+        })
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, McpError> {
+        let page = if self.scoped {
+            None
+        } else {
+            self.read_app(&request.uri)
+        };
+        page.map(Into::into).ok_or_else(|| {
+            McpError::resource_not_found(
+                format!(
+                    "No resource {}: resources/list names the ones there are.",
+                    request.uri
+                ),
+                None,
+            )
+        })
     }
 
     async fn list_tools(

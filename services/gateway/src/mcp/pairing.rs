@@ -1,5 +1,6 @@
-//! The pairing tools of `/mcp`: how a client that knows no session pairs with the user's tab
-//! from the code shown in the plugin, lists the session's tools and calls one by name (for
+//! The pairing tools of `/mcp`: how a client that knows no session opens a CODAP paired with
+//! the conversation (`open_codap`, see [`super::app`]) or pairs with the user's tab from the
+//! code shown in the plugin, lists the session's tools and calls one by name (for
 //! clients that ignore tool-list changes): `read_session_tool` for the functions marked
 //! read-only (hosts need not ask the person first), `call_session_tool` for any. Each tool is a variant of [`Pairing`], which owns
 //! its name, its definition and its call; `/mcp` dispatches on the variant.
@@ -13,12 +14,16 @@ use toolrelay_relay::relay::operations::GetSession;
 
 use toolrelay::wire::ToolHints;
 
+use super::app::open_codap_meta;
 use super::tools::{failure, from_error, relay_icon, success, tool};
 use super::{RelayMcp, caller_of};
 
 /// A pairing tool of `/mcp`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Pairing {
+    /// `open_codap`: opens a CODAP paired with this conversation (an MCP App; a link where
+    /// the host shows no apps), with no code to copy.
+    OpenCodap,
     /// `connect_session`: pairs with the user's tab from its pairing code.
     Connect,
     /// `list_session_tools`: a paired session's tools with their argument schemas.
@@ -31,7 +36,8 @@ pub(super) enum Pairing {
 
 impl Pairing {
     /// The pairing tools, in the order `/mcp` lists them.
-    const ALL: [Self; 4] = [
+    const ALL: [Self; 5] = [
+        Self::OpenCodap,
         Self::Connect,
         Self::ListTools,
         Self::CallTool,
@@ -41,6 +47,7 @@ impl Pairing {
     /// The tool's name, as clients call it.
     fn name(self) -> &'static str {
         match self {
+            Self::OpenCodap => "open_codap",
             Self::Connect => "connect_session",
             Self::ListTools => "list_session_tools",
             Self::CallTool => "call_session_tool",
@@ -48,10 +55,12 @@ impl Pairing {
         }
     }
 
-    /// What the tool does to data: pairing and listing only read; a call may change anything
-    /// the session's tools change; a read runs only read-only functions.
+    /// What the tool does to data: opening, pairing and listing only read (opening creates a
+    /// new session each time: not idempotent); a call may change anything the session's tools
+    /// change; a read runs only read-only functions.
     fn hints(self) -> ToolHints {
         let (title, read_only) = match self {
+            Self::OpenCodap => ("Open CODAP in the conversation", true),
             Self::Connect => ("Connect to the user's tab", true),
             Self::ListTools => ("List the tab's tools", true),
             Self::CallTool => ("Call a tool of the tab", false),
@@ -61,7 +70,7 @@ impl Pairing {
             title: Some(title.to_owned()),
             read_only: Some(read_only),
             destructive: Some(!read_only),
-            idempotent: Some(read_only),
+            idempotent: Some(read_only && self != Self::OpenCodap),
             untrusted_content: None,
         }
     }
@@ -79,18 +88,28 @@ impl Pairing {
     /// The tool's definition: its description, the JSON Schema of its arguments, its title
     /// and annotations, and the relay's icon.
     fn tool(self) -> Tool {
-        self.definition().with_icons(vec![relay_icon()])
+        let tool = self.definition().with_icons(vec![relay_icon()]);
+        match self {
+            Self::OpenCodap => tool.with_meta(open_codap_meta()),
+            _ => tool,
+        }
     }
 
     fn definition(self) -> Tool {
-        let session = json!({"type": "string", "description": "The session: its handle (from connect_session) or the pairing code the user gave you."});
+        let session = json!({"type": "string", "description": "The session: its handle (from open_codap or connect_session) or the pairing code the user gave you. Leave it out to use the session open_codap or connect_session gave in this conversation."});
         let hints = &self.hints();
         let call_arguments = json!({"type": "object", "properties": {
             "session": session,
             "name": {"type": "string", "description": "The tool's name, from list_session_tools."},
             "arguments": {"type": "object", "description": "The tool's arguments."}
-        }, "required": ["session", "name"]});
+        }, "required": ["name"]});
         match self {
+            Self::OpenCodap => tool(
+                self.name(),
+                "Opens CODAP (a data analysis tool: tables, graphs, maps) for the user inside this conversation, already paired: no code to copy. Then build data sets, tables and graphs in it with call_session_tool. Where the conversation shows no apps, the answer has a link for the user to open it in a new tab.",
+                json!({"type": "object", "properties": {}}),
+                hints,
+            ),
             Self::Connect => tool(
                 self.name(),
                 "Pairs with the user's tab. Ask the user for the pairing code shown in the plugin (like ABCD-EFGH). Returns the session handle, a connector URL for this session, and its tools.",
@@ -100,7 +119,7 @@ impl Pairing {
             Self::ListTools => tool(
                 self.name(),
                 "Lists the tools of a paired session with the JSON Schema of their arguments.",
-                json!({"type": "object", "properties": {"session": session}, "required": ["session"]}),
+                json!({"type": "object", "properties": {"session": session}}),
                 hints,
             ),
             Self::CallTool => tool(
@@ -129,8 +148,9 @@ impl RelayMcp {
     ) -> CallToolResult {
         let caller = &caller_of(context);
         match pairing {
-            Pairing::Connect => self.connect_session(caller, arguments).await,
-            Pairing::ListTools => self.list_session_tools(caller, arguments).await,
+            Pairing::OpenCodap => self.open_codap(context).await,
+            Pairing::Connect => self.connect_session(caller, arguments, context).await,
+            Pairing::ListTools => self.list_session_tools(caller, arguments, context).await,
             Pairing::CallTool => {
                 self.call_session_tool(caller, arguments, false, context)
                     .await
@@ -142,7 +162,12 @@ impl RelayMcp {
         }
     }
 
-    async fn connect_session(&self, caller: &Caller, arguments: &Value) -> CallToolResult {
+    async fn connect_session(
+        &self,
+        caller: &Caller,
+        arguments: &Value,
+        context: &RequestContext<RoleServer>,
+    ) -> CallToolResult {
         let Some(code) = text(arguments, "code") else {
             return failure(
                 "invalid_arguments",
@@ -168,6 +193,8 @@ impl RelayMcp {
             Ok(tools) => tools,
             Err(error) => return from_error(&error),
         };
+        self.remember(context, &status.mcp_handle, status.max_expires_at)
+            .await;
         success(json!({
             "handle": status.mcp_handle,
             // The plain form for programs; the hyphenated one to show people.
@@ -180,11 +207,16 @@ impl RelayMcp {
         }))
     }
 
-    async fn list_session_tools(&self, caller: &Caller, arguments: &Value) -> CallToolResult {
-        let Some(session) = text(arguments, "session") else {
+    async fn list_session_tools(
+        &self,
+        caller: &Caller,
+        arguments: &Value,
+        context: &RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        let Some(session) = self.session_argument(arguments, context).await else {
             return failure(
                 "invalid_arguments",
-                "list_session_tools needs {\"session\": \"<handle or code>\"}.",
+                "list_session_tools needs {\"session\": \"<handle or code>\"} (no session was opened in this conversation: call open_codap, or connect_session with the user's code).",
             );
         };
         let tools = match self.session_code(caller, &session).await {
@@ -209,9 +241,10 @@ impl RelayMcp {
         read_only: bool,
         context: &RequestContext<RoleServer>,
     ) -> CallToolResult {
-        let (Some(session), Some(tool_name)) =
-            (text(arguments, "session"), text(arguments, "name"))
-        else {
+        let (Some(session), Some(tool_name)) = (
+            self.session_argument(arguments, context).await,
+            text(arguments, "name"),
+        ) else {
             let name = if read_only {
                 Pairing::ReadTool.name()
             } else {
@@ -220,7 +253,7 @@ impl RelayMcp {
             return failure(
                 "invalid_arguments",
                 &format!(
-                    "{name} needs {{\"session\": \"<handle or code>\", \"name\": \"<tool>\", \"arguments\": {{...}}}}."
+                    "{name} needs {{\"session\": \"<handle or code>\", \"name\": \"<tool>\", \"arguments\": {{...}}}} (session may be left out once open_codap or connect_session opened one in this conversation)."
                 ),
             );
         };
@@ -231,6 +264,20 @@ impl RelayMcp {
                     .await
             }
             Err(error) => from_error(&error),
+        }
+    }
+}
+
+impl RelayMcp {
+    /// The `session` argument, or else the session this MCP client session opened.
+    async fn session_argument(
+        &self,
+        arguments: &Value,
+        context: &RequestContext<RoleServer>,
+    ) -> Option<String> {
+        match text(arguments, "session") {
+            Some(session) => Some(session),
+            None => self.remembered(context).await,
         }
     }
 }

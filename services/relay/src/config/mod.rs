@@ -21,6 +21,9 @@ use crate::listen::{self, ConnectionLimits};
 pub const ENV_SESSION_TTL: &str = "SESSION_TTL_SECONDS";
 /// `SESSION_MAX_LIFETIME_SECONDS`: a session ends this long after creation, however active.
 pub const ENV_SESSION_MAX_LIFETIME: &str = "SESSION_MAX_LIFETIME_SECONDS";
+/// `CLAIM_TTL_SECONDS`: how long the claim an MCP App's plugin pairs with may wait to be
+/// redeemed.
+pub const ENV_CLAIM_TTL: &str = "CLAIM_TTL_SECONDS";
 /// `REQUEST_TIMEOUT_SECONDS`: a call not answered in this time expires.
 pub const ENV_REQUEST_TIMEOUT: &str = "REQUEST_TIMEOUT_SECONDS";
 /// `MAX_PENDING_PER_SESSION`: unanswered calls a session may hold.
@@ -101,6 +104,9 @@ pub struct RelayConfig {
     pub session_ttl: Duration,
     /// Longest life of a session, however active.
     pub session_max_lifetime: Duration,
+    /// How long a claim (`open_codap`'s one-time secret for its app's plugin) may wait to be
+    /// redeemed.
+    pub claim_ttl: Duration,
     /// A call not answered in this time becomes `expired`.
     pub request_timeout: Duration,
     /// Unanswered calls a session may hold; more are refused.
@@ -164,6 +170,7 @@ impl Default for RelayConfig {
         Self {
             session_ttl: Duration::from_secs(600),
             session_max_lifetime: Duration::from_secs(24 * 3600),
+            claim_ttl: Duration::from_secs(600),
             request_timeout: Duration::from_secs(60),
             max_pending_per_session: 100,
             heartbeat_interval: Duration::from_secs(25),
@@ -278,6 +285,10 @@ pub struct RelayArgs {
     /// Longest life of a session in seconds, however active.
     #[arg(long, env = ENV_SESSION_MAX_LIFETIME, default_value_t = 86_400, value_parser = clap::value_parser!(u64).range(1..))]
     pub session_max_lifetime_seconds: u64,
+    /// Seconds within which a claim (the one-time secret `open_codap` gives its app's plugin)
+    /// must be redeemed.
+    #[arg(long, env = ENV_CLAIM_TTL, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub claim_ttl_seconds: u64,
     /// Seconds after which an unanswered call expires.
     #[arg(long, env = ENV_REQUEST_TIMEOUT, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     pub request_timeout_seconds: u64,
@@ -484,6 +495,7 @@ impl RelayArgs {
             response_session_share: self.response_session_share,
             session_ttl: Duration::from_secs(self.session_ttl_seconds),
             session_max_lifetime: Duration::from_secs(self.session_max_lifetime_seconds),
+            claim_ttl: Duration::from_secs(self.claim_ttl_seconds),
             request_timeout: Duration::from_secs(self.request_timeout_seconds),
             max_pending_per_session: usize::try_from(self.max_pending_per_session)
                 .unwrap_or(usize::MAX),

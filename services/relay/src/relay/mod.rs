@@ -2,7 +2,7 @@
 //! their responses. Provider attachment lives in [`crate::provider`].
 //!
 //! One file per family of operations (`sessions.rs`, `manifests.rs`, `calls.rs`,
-//! `waiting.rs`, `answers.rs`, `polling.rs`, `builtin.rs`): each holds the domain steps, as
+//! `waiting.rs`, `answers.rs`, `polling.rs`, `builtin.rs`, `claims.rs`): each holds the domain steps, as
 //! [`Relay`] methods, and the [`Operation`](crate::operation::Operation) units the transports
 //! run them through, listed in its `operations` function. [`crate::operation`] says how to
 //! add one.
@@ -13,6 +13,7 @@
 mod answers;
 mod builtin;
 mod calls;
+mod claims;
 mod manifests;
 mod polling;
 mod sessions;
@@ -24,6 +25,7 @@ pub mod operations {
     pub use super::answers::*;
     pub use super::builtin::*;
     pub use super::calls::*;
+    pub use super::claims::*;
     pub use super::manifests::*;
     pub use super::polling::*;
     pub use super::sessions::*;
@@ -35,6 +37,7 @@ pub(crate) fn each_operation(visitor: &mut impl crate::operation::Visitor) {
     answers::operations(visitor);
     builtin::operations(visitor);
     calls::operations(visitor);
+    claims::operations(visitor);
     manifests::operations(visitor);
     polling::operations(visitor);
     sessions::operations(visitor);

@@ -20,10 +20,17 @@ use crate::store::{RequestRecord, SessionRecord, Transport};
 impl Relay {
     /// Creates a session.
     pub async fn create_session(&self) -> Result<NewSession, RelayError> {
+        self.create_session_with(code::generate_token()).await
+    }
+
+    /// Creates a session whose provider holds `provider_token`.
+    pub(super) async fn create_session_with(
+        &self,
+        provider_token: String,
+    ) -> Result<NewSession, RelayError> {
         self.accepting()?;
         let config = &self.inner.config;
         let now = self.now();
-        let provider_token = code::generate_token();
         for _ in 0..CODE_ATTEMPTS {
             let record = SessionRecord {
                 code: SessionCode::generate(),

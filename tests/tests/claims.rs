@@ -1,0 +1,262 @@
+//! "CODAP in the conversation" from the relay's side (SPEC §8): `/mcp`'s `open_codap` names
+//! its app (`ui://toolrelay/codap`, served by `resources/read` with the CSP hosts build the
+//! frame from), creates a session and mints a one-time claim; the tab redeems it
+//! (`POST /api/sessions/claim`) for the session, once, before it expires, in one process and
+//! through a gateway that reaches the relay over gRPC; an unknown claim counts against the
+//! brute-force guard; the MCP client session remembers the session it opened. The app in a
+//! browser, framed by a host made from the extension's own library, is in
+//! `tests/browser/specs/codap-app.test.mjs`.
+#![allow(clippy::unwrap_used)] // a test that cannot unwrap should fail loudly
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use rmcp::model::{ReadResourceRequestParams, ResourceContents};
+use serde_json::{Value, json};
+use toolrelay_relay::RelayConfig;
+use toolrelay_tests::mcp::{Mcp, call, connect};
+use toolrelay_tests::system::{Answer, System};
+use toolrelay_tests::{WsTab, demo_tools};
+
+/// The CODAP the tests' relays open: nothing listens there, the tests only read the link.
+const CODAP: &str = "http://localhost:9/codap/";
+
+fn structured(result: &rmcp::model::CallToolResult) -> Value {
+    result.structured_content.clone().unwrap_or(Value::Null)
+}
+
+/// `open_codap` through `mcp`: its answer, and the claim inside its link (the plugin's URL,
+/// given to CODAP as `?di=`).
+async fn open_codap(system: &System, mcp: &Mcp) -> (Value, String) {
+    let opened = call(mcp, "open_codap", json!({})).await;
+    assert_ne!(opened.is_error, Some(true), "{opened:?}");
+    let answer = structured(&opened);
+    let link = answer["link"].as_str().unwrap();
+    let plugin = link
+        .strip_prefix(&format!("{CODAP}?di="))
+        .unwrap_or_else(|| panic!("the link opens CODAP with the plugin: {link}"));
+    let plugin = percent_decode(plugin);
+    let claim = plugin
+        .strip_prefix(&system.url("/codap/?claim="))
+        .unwrap_or_else(|| panic!("the plugin's URL carries the claim: {plugin}"));
+    assert_eq!(claim.len(), 32, "128 bits in hex: {claim}");
+    (answer, claim.to_owned())
+}
+
+fn percent_decode(encoded: &str) -> String {
+    let mut bytes = Vec::new();
+    let mut rest = encoded.as_bytes();
+    while let Some((&first, tail)) = rest.split_first() {
+        if first == b'%' {
+            let hex = std::str::from_utf8(&tail[..2]).unwrap();
+            bytes.push(u8::from_str_radix(hex, 16).unwrap());
+            rest = &tail[2..];
+        } else {
+            bytes.push(first);
+            rest = tail;
+        }
+    }
+    String::from_utf8(bytes).unwrap()
+}
+
+async fn redeem(system: &System, claim: &str) -> Answer {
+    system
+        .post("/api/sessions/claim", json!({"claim": claim}))
+        .await
+}
+
+fn error_name(answer: &Answer) -> &str {
+    answer.body["error"].as_str().unwrap_or_default()
+}
+
+/// The whole flow on `system`: the tool and its app, the claim redeemed once for the session
+/// whose handle `open_codap` returned, and a call without `session` reaching the tab.
+async fn claim_pairs_the_tab_once(system: &System) {
+    let mcp = connect(&system.url("/mcp")).await;
+    let tools = mcp.list_all_tools().await.unwrap();
+    let tool = tools.iter().find(|tool| tool.name == "open_codap").unwrap();
+    let meta = serde_json::to_value(tool.meta.as_ref().unwrap()).unwrap();
+    assert_eq!(meta["ui"]["resourceUri"], "ui://toolrelay/codap", "{meta}");
+    let annotations = tool.annotations.as_ref().unwrap();
+    assert_eq!(
+        annotations.read_only_hint,
+        Some(true),
+        "opening changes no data"
+    );
+
+    let resources = mcp.list_all_resources().await.unwrap();
+    assert_eq!(resources.len(), 1, "{resources:?}");
+    assert_eq!(resources[0].uri, "ui://toolrelay/codap");
+    let read = mcp
+        .read_resource(ReadResourceRequestParams::new("ui://toolrelay/codap"))
+        .await
+        .unwrap();
+    let ResourceContents::TextResourceContents {
+        mime_type,
+        text,
+        meta,
+        ..
+    } = &read.contents[0]
+    else {
+        panic!("the app is HTML text: {read:?}");
+    };
+    assert_eq!(mime_type.as_deref(), Some("text/html;profile=mcp-app"));
+    assert!(text.contains("<html"), "{text}");
+    let csp = serde_json::to_value(meta.as_ref().unwrap()).unwrap()["ui"]["csp"].clone();
+    assert_eq!(csp["frameDomains"], json!(["http://localhost:9"]), "{csp}");
+    assert_eq!(csp["connectDomains"], json!([system.base]), "{csp}");
+    let unknown = mcp
+        .read_resource(ReadResourceRequestParams::new("ui://toolrelay/other"))
+        .await;
+    assert!(unknown.is_err(), "{unknown:?}");
+
+    let (answer, claim) = open_codap(system, &mcp).await;
+    let handle = answer["handle"].as_str().unwrap();
+    assert_eq!(
+        answer["connectorUrl"],
+        system.url(&format!("/mcp/s/{handle}"))
+    );
+    assert!(
+        answer["note"]
+            .as_str()
+            .unwrap()
+            .contains("cloud assistants"),
+        "a loopback relay says who cannot reach it: {answer}"
+    );
+
+    // Before the plugin is there, a call waits for a tab like any other (and says so).
+    let redeemed = redeem(system, &claim).await;
+    assert_eq!(redeemed.status, StatusCode::CREATED, "{redeemed:?}");
+    let code = redeemed.body["code"].as_str().unwrap();
+    let token = redeemed.body["providerToken"].as_str().unwrap();
+    assert_eq!(
+        redeemed.body["connectorUrl"], answer["connectorUrl"],
+        "the claim opened the session open_codap named"
+    );
+    let mut tab = WsTab::attach_url(&system.ws_url(code, token)).await;
+    tab.register(demo_tools()).await;
+
+    let again = redeem(system, &claim).await;
+    assert_eq!(again.status, StatusCode::GONE, "{again:?}");
+    assert_eq!(error_name(&again), "claim_used");
+    assert!(
+        again.body["message"].as_str().unwrap().contains("once"),
+        "{again:?}"
+    );
+
+    // The client session remembers the session it opened: `session` may be left out.
+    let serving = tokio::spawn(async move {
+        let request = tab.next_request().await;
+        let id = request["requestId"].as_str().unwrap().to_owned();
+        let text = request["args"]["text"].clone();
+        tab.answer(&id, json!({"echoed": text})).await;
+        tab
+    });
+    let called = call(
+        &mcp,
+        "call_session_tool",
+        json!({"name": "echo", "arguments": {"text": "height against age"}}),
+    )
+    .await;
+    assert_ne!(called.is_error, Some(true), "{called:?}");
+    assert_eq!(
+        structured(&called)["echoed"],
+        "height against age",
+        "{called:?}"
+    );
+    serving.await.unwrap().close().await;
+    mcp.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn open_codap_opens_a_session_its_claim_pairs_once() {
+    let system = System::with(RelayConfig::default(), |config| {
+        config.codap_url = CODAP.to_owned();
+    })
+    .await;
+    claim_pairs_the_tab_once(&system).await;
+    system.stop().await;
+}
+
+#[tokio::test]
+async fn a_claim_works_through_a_gateway_in_front_of_a_relay_over_grpc() {
+    let system = System::split_with(&[], &[("CODAP_URL", CODAP)]).await;
+    claim_pairs_the_tab_once(&system).await;
+    system.stop().await;
+}
+
+#[tokio::test]
+async fn a_claim_not_redeemed_in_time_is_refused_and_says_so() {
+    let relay = RelayConfig {
+        claim_ttl: Duration::from_secs(1),
+        ..RelayConfig::default()
+    };
+    let system = System::with(relay, |config| config.codap_url = CODAP.to_owned()).await;
+    let mcp = connect(&system.url("/mcp")).await;
+    let (_, claim) = open_codap(&system, &mcp).await;
+    // The relay minted the claim before open_codap answered: a second after the answer, the
+    // claim has expired by the relay's clock (this machine's).
+    let answered = tokio::time::Instant::now();
+    tokio::time::sleep_until(answered + Duration::from_millis(1100)).await;
+    let late = redeem(&system, &claim).await;
+    assert_eq!(late.status, StatusCode::GONE, "{late:?}");
+    assert_eq!(error_name(&late), "claim_expired");
+    assert!(
+        late.body["message"]
+            .as_str()
+            .unwrap()
+            .contains("open_codap"),
+        "says what to do: {late:?}"
+    );
+    mcp.cancel().await.unwrap();
+    system.stop().await;
+}
+
+#[tokio::test]
+async fn unknown_claims_count_against_the_guard_and_opening_spends_the_session_budget() {
+    let relay = RelayConfig {
+        limits: toolrelay_relay::limits::RateLimits {
+            lookups_per_ip: NonZeroU32::new(3).unwrap(),
+            ..toolrelay_relay::limits::RateLimits::default()
+        },
+        ..RelayConfig::default()
+    };
+    let system = System::with(relay, |config| {
+        config.codap_url = CODAP.to_owned();
+        config.limits.sessions_per_ip = NonZeroU32::new(2).unwrap();
+    })
+    .await;
+    let mcp = connect(&system.url("/mcp")).await;
+    let (_, claim) = open_codap(&system, &mcp).await;
+
+    for guess in 0..3 {
+        let refused = redeem(&system, &format!("{guess:032x}")).await;
+        assert_eq!(refused.status, StatusCode::NOT_FOUND, "{refused:?}");
+        assert_eq!(error_name(&refused), "unknown_claim");
+    }
+    let blocked = redeem(&system, &format!("{:032x}", 4)).await;
+    assert_eq!(
+        blocked.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the 4th unknown claim: {blocked:?}"
+    );
+    let code_lookup = system.get("/api/sessions/ABCD2345").await;
+    assert_eq!(
+        code_lookup.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "one guard for codes, handles and claims: {code_lookup:?}"
+    );
+    // A blocked address still cannot redeem: the guard refuses before any look-up.
+    let real = redeem(&system, &claim).await;
+    assert_eq!(real.status, StatusCode::TOO_MANY_REQUESTS, "{real:?}");
+
+    // One session was created by the first open_codap; the budget allows two a minute.
+    let second = call(&mcp, "open_codap", json!({})).await;
+    assert_ne!(second.is_error, Some(true), "{second:?}");
+    let third = call(&mcp, "open_codap", json!({})).await;
+    assert_eq!(third.is_error, Some(true), "{third:?}");
+    assert_eq!(structured(&third)["error"]["code"], "rate_limited");
+    mcp.cancel().await.unwrap();
+    system.stop().await;
+}
