@@ -372,6 +372,7 @@ export class ToolrelayPairing extends HTMLElement {
   setMode(mode) {
     this.dataset.mode = mode;
     this.$('assistant-title').textContent = 'Connected to your assistant';
+    this.$('assistant-text').textContent = 'Your assistant opened this page from your conversation: no code needed.';
     if (mode === 'assistant') {
       this.$('code').textContent = '····-····';
       for (const code of this.querySelectorAll('.code-inline')) code.textContent = '';
@@ -395,7 +396,8 @@ export class ToolrelayPairing extends HTMLElement {
     this.setState('refused');
     this.setLink('disconnected');
     this.$('assistant-title').textContent = 'Not connected to your assistant';
-    this.$('countdown').textContent = `${message} Or press New code to pair with a code.`;
+    this.$('assistant-text').textContent = message;
+    this.$('countdown').textContent = `Or press New code${this.hasAttribute('keys') ? ' (r)' : ''} to pair with a code instead.`;
     this.announce(`Not connected to your assistant. ${message}`);
   }
 

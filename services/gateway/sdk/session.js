@@ -1,4 +1,5 @@
-// The pairing session: created on load, kept in localStorage under `<prefix><code>` (the CODAP
+// The pairing session: created on load, kept in localStorage (in memory where the browser
+// denies it) under `<prefix><code>` (the CODAP
 // plugin's prefix is `mcp-session-`) so a reload reconnects to it, and never taken over by a
 // second tab of the same page (each tab marks the session it holds and refreshes that mark; a
 // session marked by a live tab is left alone).
@@ -20,6 +21,32 @@ export function randomId() {
   return Array.from(bytes, (b) => b.toString(16).padStart(2, '0')).join('');
 }
 
+/**
+ * Where sessions are kept: localStorage, or, where the browser denies it (a frame of another
+ * site while third-party storage is blocked, as in private windows), this page's memory:
+ * pairing works, but nothing outlives the page.
+ */
+function pageStorage() {
+  try {
+    const storage = globalThis.localStorage;
+    storage.getItem('toolrelay-probe');
+    return { store: storage, persistent: true };
+  } catch {
+    const items = new Map();
+    const memory = {
+      get length() {
+        return items.size;
+      },
+      key: (index) => [...items.keys()][index] ?? null,
+      getItem: (key) => (items.has(key) ? items.get(key) : null),
+      setItem: (key, value) => void items.set(key, String(value)),
+      removeItem: (key) => void items.delete(key),
+    };
+    return { store: memory, persistent: false };
+  }
+}
+
+const { store, persistent } = pageStorage();
 const TAB = randomId();
 const CLAIM_PREFIX = 'toolrelay-claim:';
 
@@ -45,22 +72,24 @@ async function claimKey(claim) {
 /** Drops the records of claims whose session has outlived its maximum lifetime. */
 function forgetSpentClaims() {
   const now = Date.now();
-  for (let i = localStorage.length - 1; i >= 0; i -= 1) {
-    const key = localStorage.key(i);
-    if (key?.startsWith(CLAIM_PREFIX) && !(Date.parse(read(key)?.expiresAt) > now)) localStorage.removeItem(key);
+  for (let i = store.length - 1; i >= 0; i -= 1) {
+    const key = store.key(i);
+    if (key?.startsWith(CLAIM_PREFIX) && !(Date.parse(read(key)?.expiresAt) > now)) store.removeItem(key);
   }
 }
 
-/** The relay's message in an error body `{error: {code, message}}` (or an older `{message}`). */
+/** The error's name and message in the relay's error body `{error: "<name>", message, …}`. */
 async function refusal(response) {
   const body = await response.json().catch(() => ({}));
-  const error = body?.error && typeof body.error === 'object' ? body.error : body;
-  return { code: error?.code ?? null, message: error?.message || `The relay answered ${response.status}.` };
+  return {
+    code: typeof body?.error === 'string' ? body.error : null,
+    message: typeof body?.message === 'string' && body.message ? body.message : `The relay answered ${response.status}.`,
+  };
 }
 
 function read(key) {
   try {
-    return JSON.parse(localStorage.getItem(key));
+    return JSON.parse(store.getItem(key));
   } catch {
     return null;
   }
@@ -90,12 +119,12 @@ export class Sessions {
     if (!this.remember) return { session: await this.create(), restored: false };
     const now = Date.now();
     const candidates = [];
-    for (let i = 0; i < localStorage.length; i += 1) {
-      const key = localStorage.key(i);
+    for (let i = 0; i < store.length; i += 1) {
+      const key = store.key(i);
       if (!key || !key.startsWith(this.prefix)) continue;
       const stored = read(key);
       if (!stored || !stored.code || !stored.token || Date.parse(stored.expiresAt) <= now) {
-        localStorage.removeItem(key);
+        store.removeItem(key);
         continue;
       }
       const heldElsewhere = stored.tab && stored.tab !== TAB && now - (stored.markedAt || 0) < MARK_STALE_MS;
@@ -113,7 +142,7 @@ export class Sessions {
         this.hold({ ...stored, expiresAt: info.expiresAt, maxExpiresAt: info.maxExpiresAt ?? stored.maxExpiresAt });
         return { session: this.current, restored: true };
       }
-      if (status && status.status === 404) localStorage.removeItem(this.key(stored.code));
+      if (status && status.status === 404) store.removeItem(this.key(stored.code));
     }
     return { session: await this.create(), restored: false };
   }
@@ -140,9 +169,9 @@ export class Sessions {
           return { session: this.current, restored: true };
         }
         if (status.status !== 404) throw new Error((await refusal(status)).message);
-        localStorage.removeItem(this.key(stored.code));
+        store.removeItem(this.key(stored.code));
       }
-      localStorage.removeItem(key);
+      store.removeItem(key);
       throw new ClaimRefused(ErrorCode.SESSION_NOT_FOUND, 'The session your assistant opened for this page has ended. Ask your assistant to open it again.');
     }
     const response = await fetch(`${this.base}/api/sessions/claim`, {
@@ -152,12 +181,16 @@ export class Sessions {
     });
     if (!response.ok) {
       const { code, message } = await refusal(response);
+      // Without storage a page loaded again cannot know the session its claim opened.
+      if (!persistent && code === ErrorCode.CLAIM_USED) {
+        throw new ClaimRefused(code, 'This browser keeps no storage for pages embedded in another site, so this page could not remember the session your assistant opened for it. Ask your assistant to open it again.');
+      }
       throw new ClaimRefused(code, message);
     }
     this.hold({ ...this.created(await response.json()), claimed: true });
     if (this.remember) {
       const until = this.current.maxExpiresAt || new Date(Date.now() + 86400000).toISOString();
-      localStorage.setItem(key, JSON.stringify({ code: this.current.code, expiresAt: until }));
+      store.setItem(key, JSON.stringify({ code: this.current.code, expiresAt: until }));
     }
     return { session: this.current, restored: false };
   }
@@ -191,14 +224,14 @@ export class Sessions {
 
   mark() {
     if (!this.current || !this.remember) return;
-    localStorage.setItem(this.key(this.current.code), JSON.stringify({ ...this.current, tab: TAB, markedAt: Date.now() }));
+    store.setItem(this.key(this.current.code), JSON.stringify({ ...this.current, tab: TAB, markedAt: Date.now() }));
   }
 
   /** Leaves the stored session for the next page (a reload) to pick up at once. */
   release() {
     if (!this.current || !this.remember) return;
     clearInterval(this.markTimer);
-    localStorage.setItem(this.key(this.current.code), JSON.stringify({ ...this.current, tab: null, markedAt: 0 }));
+    store.setItem(this.key(this.current.code), JSON.stringify({ ...this.current, tab: null, markedAt: 0 }));
   }
 
   setExpiry(expiresAt) {
@@ -222,7 +255,7 @@ export class Sessions {
   forget() {
     if (!this.current) return;
     clearInterval(this.markTimer);
-    localStorage.removeItem(this.key(this.current.code));
+    store.removeItem(this.key(this.current.code));
     this.current = null;
   }
 }
