@@ -3,9 +3,10 @@
 // chromium driven by playwright-core, and an HTTP client playing the LLM.
 
 import { spawn, execFile, execFileSync } from 'node:child_process';
-import { createReadStream, existsSync, mkdirSync } from 'node:fs';
+import { createReadStream, existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
 import net from 'node:net';
+import os from 'node:os';
 import path from 'node:path';
 import readline from 'node:readline';
 import { fileURLToPath } from 'node:url';
@@ -211,6 +212,29 @@ export function launchBrowser(args = []) {
     executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
     args: ['--no-sandbox', '--disable-background-networking', '--disable-gpu', '--disable-component-update', '--no-first-run', ...args],
   });
+}
+
+/**
+ * Debian's chromium with a profile of its own (a regular one, not the private-window kind
+ * `launchBrowser()`'s contexts are) that lets frames of other sites keep storage: this
+ * chromium blocks third-party storage unless the profile's cookie controls say otherwise.
+ * Returns the profile's one context; `close()` also removes the profile.
+ */
+export async function launchWithThirdPartyStorage() {
+  const profile = mkdtempSync(path.join(os.tmpdir(), 'toolrelay-profile-'));
+  mkdirSync(path.join(profile, 'Default'));
+  writeFileSync(path.join(profile, 'Default', 'Preferences'), JSON.stringify({ profile: { cookie_controls_mode: 0 } }));
+  const context = await chromium.launchPersistentContext(profile, {
+    executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
+    args: ['--no-sandbox', '--disable-background-networking', '--disable-gpu', '--disable-component-update', '--no-first-run'],
+  });
+  return {
+    context,
+    async close() {
+      await context.close();
+      rmSync(profile, { recursive: true, force: true });
+    },
+  };
 }
 
 /**

@@ -42,12 +42,6 @@ const host = {
     return { structured: this.result.structuredContent, meta: this.resource.meta };
   },
 
-  /** Takes a tool result and its resource from elsewhere (the conversation opened in another browser). */
-  adopt({ result, resource }) {
-    this.result = result;
-    this.resource = resource;
-  },
-
   /**
    * Renders the app for the last result in a new sandbox proxy (the one before is torn down
    * first, as a host re-rendering a conversation does). `csp` replaces the resource's own

@@ -4,13 +4,16 @@
 // the CSP it builds from `_meta.ui.csp`. The app frames the CODAP stand-in (its own origin)
 // with the plugin and the claim; the plugin redeems the claim, and the model's next
 // `call_session_tool` calls change that CODAP, with no code shown and no pairing tool called.
-// Rendered again (a conversation reopened), the app reconnects to the same session. A host
-// that leaves CODAP's origin out of `frame-src` gets no CODAP, and the app says so.
+// Rendered again (a conversation reopened), the app reconnects to the same session — in a
+// browser that lets frames of other sites keep storage. In one that does not (this chromium's
+// default, and private windows), the plugin still pairs and serves, but rendered again it cannot
+// know its session and says why. A host that leaves CODAP's origin out of `frame-src` gets no
+// CODAP, and the app says so.
 
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import { startAppHost } from '../app-host/host-server.mjs';
-import { artifact, eventually, launchBrowser, startCodapHost, startRelay, until, watchErrors } from '../harness.mjs';
+import { artifact, eventually, launchBrowser, launchWithThirdPartyStorage, startCodapHost, startRelay, until, watchErrors } from '../harness.mjs';
 
 const EXT_APPS_VERSION = '2.0.4';
 const PEOPLE = [
@@ -23,14 +26,20 @@ let codap;
 let relay;
 let appHost;
 let browser;
+let profile;
 
 before(async () => {
   codap = await startCodapHost();
-  relay = await startRelay({ CORS_ORIGIN: codap.origin, CODAP_URL: `${codap.origin}/index.html` });
-  appHost = await startAppHost(relay);
+  appHost = await startAppHost();
+  // The plugin's frame-ancestors names CORS_ORIGIN, and a browser checks every ancestor: in a
+  // conversation those are CODAP, the host's sandbox and the host's page.
+  relay = await startRelay({ CORS_ORIGIN: [codap.origin, ...appHost.origins].join(','), CODAP_URL: `${codap.origin}/index.html` });
+  appHost.relay = relay;
   browser = await launchBrowser();
+  profile = await launchWithThirdPartyStorage();
 });
 after(async () => {
+  await profile?.close();
   await browser?.close();
   await appHost?.stop();
   await relay?.stop();
@@ -67,9 +76,9 @@ function pluginText(plugin) {
 }
 
 test(`an app host (ext-apps ${EXT_APPS_VERSION}) opens a paired CODAP in the conversation; the model's next calls build a graph in it; rendered again it reconnects`, async () => {
-  const context = await browser.newContext();
+  const { context } = profile;
+  const { page, structured, meta } = await conversation(context);
   try {
-    const { page, structured, meta } = await conversation(context);
     const tool = await page.evaluate(() => window.host.tools.find((t) => t.name === 'open_codap'));
     assert.equal(tool._meta?.ui?.resourceUri, 'ui://toolrelay/codap');
     assert.equal(typeof structured.handle, 'string');
@@ -130,35 +139,12 @@ test(`an app host (ext-apps ${EXT_APPS_VERSION}) opens a paired CODAP in the con
     assert.deepEqual(reopened.dataContexts.map((d) => d.name), ['Again'], 'the model reaches the CODAP rendered again');
     await page.screenshot({ path: artifact('codap-app-rerendered.png'), fullPage: true });
 
-    // The same conversation in another browser (no storage of this one): the claim is spent,
-    // and the plugin says so instead of pairing.
-    const spent = await page.evaluate(() => ({ result: window.host.result, resource: window.host.resource }));
-    const elsewhere = await browser.newContext();
-    try {
-      const other = await elsewhere.newPage();
-      watchErrors(other);
-      await other.goto(appHost.page);
-      await until(other, () => window.host);
-      await other.evaluate(([sandboxUrl, adopted]) => {
-        window.host.adopt(adopted);
-        return window.host.render({ sandboxUrl });
-      }, [appHost.sandbox, spent]);
-      const refusedPlugin = await frameAt(other, `${relay.base}/codap/`);
-      await until(refusedPlugin, () => document.querySelector('toolrelay-pairing')?.dataset.state === 'refused');
-      const refused = await pluginText(refusedPlugin);
-      assert.match(refused, /Not connected to your assistant/);
-      assert.ok(!refused.includes(code), 'no code there either');
-      assert.equal(await refusedPlugin.evaluate(() => location.search), '', 'the spent claim left the URL');
-      await other.screenshot({ path: artifact('codap-app-claim-spent.png'), fullPage: true });
-    } finally {
-      await elsewhere.close();
-    }
   } finally {
-    await context.close();
+    await page.close();
   }
 });
 
-test("a host that leaves CODAP's origin out of frame-src gets no CODAP, and the app says so", async () => {
+test("a host that leaves CODAP's origin out of frame-src gets no CODAP; a browser that blocks third-party storage pairs but cannot reconnect, and says so", async () => {
   const context = await browser.newContext();
   try {
     const { page, meta } = await conversation(context);
@@ -180,6 +166,30 @@ test("a host that leaves CODAP's origin out of frame-src gets no CODAP, and the 
       assert.equal(isCodap, false, `no CODAP in ${frame.url()}`);
     }
     await page.screenshot({ path: artifact('codap-app-blocked.png'), fullPage: true });
+
+    // This browser's default: no storage for frames of other sites. The plugin pairs anyway.
+    const { structured } = await page.evaluate(() => window.host.open('open_codap'));
+    await page.evaluate((sandboxUrl) => window.host.render({ sandboxUrl }), appHost.sandbox);
+    const codapPage = await frameAt(page, codap.origin);
+    const plugin = await frameAt(page, `${relay.base}/codap/`);
+    assert.equal(await plugin.evaluate(() => { try { return Boolean(localStorage); } catch { return false; } }), false, 'no third-party storage here');
+    await until(plugin, () => window.toolrelay?.ready);
+    await sessionCall(page, structured.handle, 'createDataContext', { name: 'People', collections: [{ name: 'People', attributes: [{ name: 'age' }] }] });
+    assert.deepEqual((await codapPage.evaluate(() => window.codap.snapshot())).dataContexts.map((d) => d.name), ['People']);
+    // Rendered again, the page cannot know the session its spent claim opened: it says why.
+    await page.evaluate((sandboxUrl) => window.host.render({ sandboxUrl }), appHost.sandbox);
+    const again = await frameAt(page, `${relay.base}/codap/`, [plugin]);
+    await until(again, () => document.querySelector('toolrelay-pairing')?.dataset.state === 'refused');
+    const told = await pluginText(again);
+    assert.match(told, /Not connected to your assistant/);
+    assert.match(told, /keeps no storage for pages embedded in another site/);
+    assert.equal(await again.evaluate(() => location.search), '', 'the spent claim left the URL');
+    await page.screenshot({ path: artifact('codap-app-no-storage.png'), fullPage: true });
+    // A code still works in the same plugin.
+    await again.click('#regenerate');
+    const shownCode = await until(again, () => window.toolrelay.ready && document.querySelector('toolrelay-pairing').dataset.mode === 'code' && document.getElementById('code').textContent);
+    const newCode = await again.evaluate(() => window.toolrelay.session.code);
+    assert.equal(shownCode, `${newCode.slice(0, 4)}-${newCode.slice(4)}`);
   } finally {
     await context.close();
   }
