@@ -56,16 +56,15 @@ const host = {
     frame.setAttribute('sandbox', 'allow-scripts allow-same-origin allow-forms');
     frame.style.cssText = `width: 100%; height: ${height}px; border: 1px solid #ccc;`;
     document.getElementById('conversation').append(frame);
-    const bridge = new AppBridge(this.client, HOST_INFO, { openLinks: {}, serverTools: {}, serverResources: {}, logging: {} }, {
-      hostContext: {
-        theme: 'light',
-        platform: 'web',
-        displayMode: 'inline',
-        availableDisplayModes: ['inline'],
-        containerDimensions: { maxHeight: 800 },
-        locale: 'en-GB',
-      },
-    });
+    const hostContext = {
+      theme: 'light',
+      platform: 'web',
+      displayMode: 'inline',
+      availableDisplayModes: ['inline'],
+      containerDimensions: { maxHeight: 800 },
+      locale: 'en-GB',
+    };
+    const bridge = new AppBridge(this.client, HOST_INFO, { openLinks: {}, serverTools: {}, serverResources: {}, logging: {} }, { hostContext });
     bridge.onopenlink = async ({ url }) => {
       record.links.push(url);
       return {};
@@ -90,20 +89,32 @@ const host = {
     const url = new URL(sandboxUrl);
     url.searchParams.set('csp', JSON.stringify(csp ?? {}));
     frame.src = url.href;
-    this.current = { bridge, frame };
+    this.current = { bridge, frame, record, hostContext };
     this.renders.push(record);
     await initialized;
     return this.renders.length - 1;
   },
 
-  /** Tells the app it goes (ui/resource-teardown), then removes it. */
+  /**
+   * Tells the app it goes (ui/resource-teardown) and waits a moment for its answer, as hosts
+   * do; then removes it. The render's `teardown` says whether the app answered.
+   */
   async teardown() {
     if (!this.current) return;
-    const { bridge, frame } = this.current;
+    const { bridge, frame, record } = this.current;
     this.current = null;
-    await Promise.race([bridge.teardownResource({}), new Promise((resolve) => setTimeout(resolve, 2000))]);
+    record.teardown = await Promise.race([
+      bridge.teardownResource({}).then(() => 'answered', () => 'refused'),
+      new Promise((resolve) => setTimeout(() => resolve('no answer'), 2000)),
+    ]);
     await bridge.close();
     frame.remove();
+  },
+
+  /** The host's context changes (ui/notifications/host-context-changed): theme, size… */
+  changeContext(changes) {
+    this.current.hostContext = { ...this.current.hostContext, ...changes };
+    this.current.bridge.setHostContext(this.current.hostContext);
   },
 
   /** A later turn of the model: a tool call through the same MCP client. */

@@ -124,8 +124,15 @@ test(`an app host (ext-apps ${EXT_APPS_VERSION}) opens a paired CODAP in the con
     assert.deepEqual([...new Set(called)], ['open_codap', 'call_session_tool']);
     await page.screenshot({ path: artifact('codap-app.png'), fullPage: true });
 
+    // The host turns dark and gives less room: the app follows and asks for what there is.
+    const app = codapPage.parentFrame();
+    await page.evaluate(() => window.host.changeContext({ theme: 'dark', containerDimensions: { maxHeight: 500 } }));
+    await until(app, () => document.documentElement.style.colorScheme === 'dark' && document.documentElement.style.height === '500px');
+    await until(page, (index) => window.host.renders[index].sizes.some((size) => size.height === 500), first);
+
     // The conversation shown again: the same tool result, a new render of the app.
     await page.evaluate((sandboxUrl) => window.host.render({ sandboxUrl }), appHost.sandbox);
+    assert.equal(await page.evaluate((index) => window.host.renders[index].teardown, first), 'answered', 'the app answered ui/resource-teardown');
     const codapAgain = await frameAt(page, codap.origin, [codapPage]);
     const pluginAgain = await frameAt(page, `${relay.base}/codap/`, [plugin]);
     await until(pluginAgain, () => window.toolrelay?.ready);
