@@ -11,11 +11,15 @@
 // CODAP, and the app says so.
 
 import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import path from 'node:path';
 import { after, before, test } from 'node:test';
+import { fileURLToPath } from 'node:url';
 import { startAppHost } from '../app-host/host-server.mjs';
 import { artifact, eventually, launchBrowser, launchWithThirdPartyStorage, startCodapHost, startRelay, until, watchErrors } from '../harness.mjs';
 
 const EXT_APPS_VERSION = '2.0.4';
+const AXE = readFileSync(path.join(path.dirname(fileURLToPath(import.meta.url)), '../node_modules/axe-core/axe.min.js'), 'utf8');
 const PEOPLE = [
   { name: 'Ada', age: 36, height: 165 },
   { name: 'Bo', age: 8, height: 128 },
@@ -70,6 +74,15 @@ async function sessionCall(page, handle, name, args) {
   return result.structuredContent;
 }
 
+/** What axe-core finds against WCAG 2.1 AA in a frame. */
+async function accessibilityViolations(frame) {
+  await frame.evaluate(AXE);
+  return frame.evaluate(async () => {
+    const result = await window.axe.run(document, { runOnly: { type: 'tag', values: ['wcag2a', 'wcag2aa', 'wcag21a', 'wcag21aa'] } });
+    return result.violations.map((v) => `${v.id}: ${v.help} (${v.nodes.map((n) => n.target.join(' ')).join(', ')})`);
+  });
+}
+
 /** What the person sees in the plugin: its text, including what is only announced. */
 function pluginText(plugin) {
   return plugin.evaluate(() => `${document.body.innerText}\n${document.getElementById('announcer')?.textContent ?? ''}\n${document.title}`);
@@ -119,6 +132,7 @@ test(`an app host (ext-apps ${EXT_APPS_VERSION}) opens a paired CODAP in the con
     assert.match(shown, /Connected to your assistant/);
     for (const form of [code, `${code.slice(0, 4)}-${code.slice(4)}`]) assert.ok(!shown.includes(form), `the code ${form} is not shown`);
     assert.equal(await plugin.evaluate(() => document.querySelector('toolrelay-pairing').dataset.mode), 'assistant');
+    assert.deepEqual(await accessibilityViolations(plugin), [], 'the plugin paired by claim meets WCAG AA');
     const called = appHost.toolCalls.map((call) => call.name);
     assert.ok(!called.includes('connect_session'), `no pairing tool: ${called.join(', ')}`);
     assert.deepEqual([...new Set(called)], ['open_codap', 'call_session_tool']);
@@ -162,6 +176,7 @@ test("a host that leaves CODAP's origin out of frame-src gets no CODAP; a browse
     const app = await eventually(() => sandbox.childFrames()[0], 'the app frame');
     const said = await until(app, () => document.body.dataset.state === 'error' && document.getElementById('status').textContent);
     assert.match(said, /does not allow CODAP/);
+    assert.deepEqual(await accessibilityViolations(app), [], 'the app saying so meets WCAG AA');
     // It offers the same CODAP in a tab, which the host opens (ui/open-link).
     await app.click('#open');
     const links = await until(page, () => window.host.renders.at(-1).links.length > 0 && window.host.renders.at(-1).links);
@@ -190,6 +205,7 @@ test("a host that leaves CODAP's origin out of frame-src gets no CODAP; a browse
     const told = await pluginText(again);
     assert.match(told, /Not connected to your assistant/);
     assert.match(told, /keeps no storage for pages embedded in another site/);
+    assert.deepEqual(await accessibilityViolations(again), [], 'the refused plugin meets WCAG AA');
     assert.equal(await again.evaluate(() => location.search), '', 'the spent claim left the URL');
     await page.screenshot({ path: artifact('codap-app-no-storage.png'), fullPage: true });
     // A code still works in the same plugin.
