@@ -133,6 +133,11 @@ test(`an app host (ext-apps ${EXT_APPS_VERSION}) opens a paired CODAP in the con
     for (const form of [code, `${code.slice(0, 4)}-${code.slice(4)}`]) assert.ok(!shown.includes(form), `the code ${form} is not shown`);
     assert.equal(await plugin.evaluate(() => document.querySelector('toolrelay-pairing').dataset.mode), 'assistant');
     assert.deepEqual(await accessibilityViolations(plugin), [], 'the plugin paired by claim meets WCAG AA');
+    // Its keys leave the assistant's session alone: no prompt to copy, no new code.
+    await plugin.press('body', 'c');
+    await plugin.press('body', 'r');
+    assert.equal(await plugin.evaluate(() => window.toolrelay.prompt()), null);
+    assert.equal(await plugin.evaluate(() => window.toolrelay.session.code), code);
     const called = appHost.toolCalls.map((call) => call.name);
     assert.ok(!called.includes('connect_session'), `no pairing tool: ${called.join(', ')}`);
     assert.deepEqual([...new Set(called)], ['open_codap', 'call_session_tool']);
