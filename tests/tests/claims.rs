@@ -195,6 +195,20 @@ async fn a_claim_not_redeemed_in_time_is_refused_and_says_so() {
     let system = System::with(relay, |config| config.codap_url = CODAP.to_owned()).await;
     let mcp = connect(&system.url("/mcp")).await;
     let (_, claim) = open_codap(&system, &mcp).await;
+    // Before the plugin is there, a call gets the usual answer: no tab has registered tools.
+    let early = call(
+        &mcp,
+        "call_session_tool",
+        json!({"name": "echo", "arguments": {"text": "too soon"}}),
+    )
+    .await;
+    assert_eq!(early.is_error, Some(true), "{early:?}");
+    let error = &structured(&early)["error"];
+    assert_eq!(error["code"], "unknown_function", "{early:?}");
+    assert!(
+        error["message"].as_str().unwrap().contains("is it open?"),
+        "{early:?}"
+    );
     // The relay minted the claim before open_codap answered: a second after the answer, the
     // claim has expired by the relay's clock (this machine's).
     let answered = tokio::time::Instant::now();
