@@ -313,9 +313,9 @@ end
 -- Gives an unfinished call its final answer (`response` '' for an expired call, whose answer
 -- the reader writes) and files it among the finished ones; the finished calls past
 -- MAX_FINISHED_PER_SESSION (a tenth more, then trimmed in one go) or past `retention` go. Its
--- arguments and correlation id go from what is kept; its hash still identifies it. Returns the
--- record packed, with its correlation id (the finishing replica logs the call under it), as
--- the memory store does.
+-- arguments and correlation id go from what is kept; its hash still identifies it. Announces
+-- and returns the record packed, with its correlation id (the finishing replica logs the call
+-- under it), as the memory store does.
 local function finish_record(session, record, status, response, cost)
   record.status = status
   record.response = response
@@ -338,11 +338,11 @@ local function finish_record(session, record, status, response, cost)
   else
     forget_stale(session)
   end
-  announce_finished(session, record, packed)
   if correlation_id ~= '' then
     record.correlation_id = correlation_id
     packed = pack_record(record)
   end
+  announce_finished(session, record, packed)
   return packed
 end
 
