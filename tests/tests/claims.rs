@@ -274,3 +274,28 @@ async fn unknown_claims_count_against_the_guard_and_opening_spends_the_session_b
     mcp.cancel().await.unwrap();
     system.stop().await;
 }
+
+#[tokio::test]
+async fn only_the_plugin_loaded_for_a_claim_may_be_framed_by_any_page() {
+    let system = System::start().await;
+    // The plugin page's `frame-ancestors`, as served at `path`.
+    let ancestors = |path: &'static str| {
+        let request = system.request(reqwest::Method::GET, path).send();
+        async move {
+            let page = request.await.unwrap();
+            assert_eq!(page.status(), StatusCode::OK);
+            let policy = page.headers()["content-security-policy"].to_str().unwrap();
+            let (_, ancestors) = policy.split_once("frame-ancestors ").unwrap();
+            ancestors.split(';').next().unwrap().to_owned()
+        }
+    };
+    let plain = ancestors("/codap/").await;
+    assert!(plain.contains("https://codap3.concord.org"), "{plain}");
+    assert!(!plain.contains('*'), "CODAP and the relay only: {plain}");
+    assert_eq!(
+        ancestors("/codap/?claim=0123456789abcdef0123456789abcdef").await,
+        "*",
+        "inside an app, the ancestors are the host's and its sandbox's"
+    );
+    system.stop().await;
+}
