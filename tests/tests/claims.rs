@@ -195,6 +195,20 @@ async fn a_claim_not_redeemed_in_time_is_refused_and_says_so() {
     let system = System::with(relay, |config| config.codap_url = CODAP.to_owned()).await;
     let mcp = connect(&system.url("/mcp")).await;
     let (_, claim) = open_codap(&system, &mcp).await;
+    // Before the plugin is there, a call gets the usual answer: no tab has registered tools.
+    let early = call(
+        &mcp,
+        "call_session_tool",
+        json!({"name": "echo", "arguments": {"text": "too soon"}}),
+    )
+    .await;
+    assert_eq!(early.is_error, Some(true), "{early:?}");
+    let error = &structured(&early)["error"];
+    assert_eq!(error["code"], "unknown_function", "{early:?}");
+    assert!(
+        error["message"].as_str().unwrap().contains("is it open?"),
+        "{early:?}"
+    );
     // The relay minted the claim before open_codap answered: a second after the answer, the
     // claim has expired by the relay's clock (this machine's).
     let answered = tokio::time::Instant::now();
@@ -258,5 +272,30 @@ async fn unknown_claims_count_against_the_guard_and_opening_spends_the_session_b
     assert_eq!(third.is_error, Some(true), "{third:?}");
     assert_eq!(structured(&third)["error"]["code"], "rate_limited");
     mcp.cancel().await.unwrap();
+    system.stop().await;
+}
+
+#[tokio::test]
+async fn only_the_plugin_loaded_for_a_claim_may_be_framed_by_any_page() {
+    let system = System::start().await;
+    // The plugin page's `frame-ancestors`, as served at `path`.
+    let ancestors = |path: &'static str| {
+        let request = system.request(reqwest::Method::GET, path).send();
+        async move {
+            let page = request.await.unwrap();
+            assert_eq!(page.status(), StatusCode::OK);
+            let policy = page.headers()["content-security-policy"].to_str().unwrap();
+            let (_, ancestors) = policy.split_once("frame-ancestors ").unwrap();
+            ancestors.split(';').next().unwrap().to_owned()
+        }
+    };
+    let plain = ancestors("/codap/").await;
+    assert!(plain.contains("https://codap3.concord.org"), "{plain}");
+    assert!(!plain.contains('*'), "CODAP and the relay only: {plain}");
+    assert_eq!(
+        ancestors("/codap/?claim=0123456789abcdef0123456789abcdef").await,
+        "*",
+        "inside an app, the ancestors are the host's and its sandbox's"
+    );
     system.stop().await;
 }

@@ -1353,8 +1353,11 @@ async fn replicas_share_sessions_calls_and_events_through_redis() {
         next_event(&mut heard_on_a).await,
         SessionEvent::RequestQueued
     );
-    let record = a.request(&code, "r1").await.unwrap().unwrap();
-    // The waiter on A gets the finished call with its event; A's session stream the id.
+    let mut record = a.request(&code, "r1").await.unwrap().unwrap();
+    assert_eq!(record.correlation_id, None, "what is kept drops it");
+    // The waiter on A gets the finished call with its event (with the correlation id its
+    // finisher logs it under); A's session stream the id.
+    record.correlation_id = Some("corr".into());
     assert_eq!(
         next_event(&mut waiting_on_a).await,
         SessionEvent::ResponseReady {

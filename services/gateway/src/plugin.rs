@@ -147,10 +147,20 @@ pub fn plugin_root() -> Response {
     moved("/codap/")
 }
 
-/// `/codap/` — the page.
+/// `/codap/` — the page; `/codap/?claim=…` the page an MCP App's CODAP loads (see
+/// [`Framing::App`]).
 #[handler]
-pub fn plugin_index(Data(state): Data<&State>) -> Response {
-    serve(PLUGIN, "index.html", Framing::Codap(state))
+pub fn plugin_index(request: &poem::Request, Data(state): Data<&State>) -> Response {
+    let claimed = request
+        .uri()
+        .query()
+        .is_some_and(|query| query.split('&').any(|pair| pair.starts_with("claim=")));
+    let framing = if claimed {
+        Framing::App
+    } else {
+        Framing::Codap(state)
+    };
+    serve(PLUGIN, "index.html", framing)
 }
 
 /// `/codap/{file}`.
@@ -194,6 +204,12 @@ fn moved(to: &str) -> Response {
 enum Framing<'a> {
     /// CODAP (the configured origins) and the relay itself.
     Codap(&'a State),
+    /// Any page: the plugin loaded with a claim, inside the CODAP that an MCP App frames in
+    /// a host's sandbox inside the conversation (`frame-ancestors` checks every one of them,
+    /// and hosts' sandbox origins are theirs to choose). Such a page pairs only with the
+    /// session its claim opened — never with one this browser kept — so a foreign page
+    /// framing it overlays nothing of anyone else's.
+    App,
     /// The relay itself.
     Own,
 }
@@ -205,13 +221,14 @@ fn serve(files: &[File], name: &str, framing: Framing) -> Response {
             .content_type("text/plain; charset=utf-8")
             .body("No such file here.");
     };
-    // Only CODAP and the relay may frame the plugin: its buttons end sessions and allow
-    // changes, so a foreign page must not overlay them.
+    // Only CODAP and the relay may frame the plugin (unless it came for a claim): its buttons
+    // end sessions and allow changes, so a foreign page must not overlay them.
     let ancestors = match framing {
         Framing::Codap(state) => std::iter::once("'self'")
             .chain(state.config.cors_origins.iter().map(String::as_str))
             .collect::<Vec<_>>()
             .join(" "),
+        Framing::App => "*".to_owned(),
         Framing::Own => "'self'".to_owned(),
     };
     let policy = format!(

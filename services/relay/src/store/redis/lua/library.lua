@@ -313,13 +313,16 @@ end
 -- Gives an unfinished call its final answer (`response` '' for an expired call, whose answer
 -- the reader writes) and files it among the finished ones; the finished calls past
 -- MAX_FINISHED_PER_SESSION (a tenth more, then trimmed in one go) or past `retention` go. Its
--- arguments go; its hash still identifies it. Returns the record packed.
+-- arguments and correlation id go from what is kept; its hash still identifies it. Announces
+-- and returns the record packed, with its correlation id (the finishing replica logs the call
+-- under it), as the memory store does.
 local function finish_record(session, record, status, response, cost)
   record.status = status
   record.response = response
   record.finished_at = num(now)
   record.lease_until = ''
   record.args = ''
+  local correlation_id = record.correlation_id or ''
   record.correlation_id = ''
   local packed = write_call(session, record)
   dequeue_id(session, record.id)
@@ -334,6 +337,10 @@ local function finish_record(session, record, status, response, cost)
     forget_oldest(session, finished - MAX_FINISHED_PER_SESSION)
   else
     forget_stale(session)
+  end
+  if correlation_id ~= '' then
+    record.correlation_id = correlation_id
+    packed = pack_record(record)
   end
   announce_finished(session, record, packed)
   return packed
