@@ -46,11 +46,8 @@ export function policyFor(csp = {}) {
   ].map((directive) => directive.trim()).join('; ');
 }
 
-/**
- * Starts the host's backend; `/mcp` goes to the relay set as `relay` (started after this, since
- * the relay must be told the host's origins); `stop()` ends it.
- */
-export async function startAppHost() {
+/** Starts the host's backend in front of `relay`; `stop()` ends it. */
+export async function startAppHost(relay) {
   const bundle = await build({
     entryPoints: [path.join(HERE, 'host.mjs')],
     bundle: true,
@@ -63,7 +60,7 @@ export async function startAppHost() {
   const sandbox = readFileSync(path.join(HERE, 'sandbox.html'), 'utf8');
   const toolCalls = [];
   const policies = [];
-  const upstreamOf = { relay: null };
+  const relayUrl = new URL(relay.base);
 
   const server = http.createServer((request, response) => {
     const url = new URL(request.url, 'http://localhost');
@@ -93,7 +90,6 @@ export async function startAppHost() {
     request.on('data', (chunk) => chunks.push(chunk));
     request.on('end', () => {
       const body = Buffer.concat(chunks);
-      const relayUrl = new URL(upstreamOf.relay.base);
       try {
         const messages = [JSON.parse(body.toString() || 'null')].flat();
         for (const message of messages) {
@@ -122,11 +118,6 @@ export async function startAppHost() {
   return {
     page: `http://127.0.0.1:${port}/host.html`,
     sandbox: `http://localhost:${port}/sandbox.html`,
-    /** The host's origins: its page's and its sandbox's. */
-    origins: [`http://127.0.0.1:${port}`, `http://localhost:${port}`],
-    set relay(relay) {
-      upstreamOf.relay = relay;
-    },
     toolCalls,
     policies,
     stop: () =>

@@ -34,11 +34,10 @@ let profile;
 
 before(async () => {
   codap = await startCodapHost();
-  appHost = await startAppHost();
-  // The plugin's frame-ancestors names CORS_ORIGIN, and a browser checks every ancestor: in a
-  // conversation those are CODAP, the host's sandbox and the host's page.
-  relay = await startRelay({ CORS_ORIGIN: [codap.origin, ...appHost.origins].join(','), CODAP_URL: `${codap.origin}/index.html` });
-  appHost.relay = relay;
+  // The relay knows CODAP's origin, not the host's: the plugin loaded for a claim may be framed
+  // under any ancestors (a browser checks frame-ancestors against each one).
+  relay = await startRelay({ CORS_ORIGIN: codap.origin, CODAP_URL: `${codap.origin}/index.html` });
+  appHost = await startAppHost(relay);
   browser = await launchBrowser();
   profile = await launchWithThirdPartyStorage();
 });
