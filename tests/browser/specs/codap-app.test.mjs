@@ -181,7 +181,8 @@ test("a host that leaves CODAP's origin out of frame-src gets no CODAP; a browse
     const said = await until(app, () => document.body.dataset.state === 'error' && document.getElementById('status').textContent);
     assert.match(said, /does not allow CODAP/);
     assert.deepEqual(await accessibilityViolations(app), [], 'the app saying so meets WCAG AA');
-    // It offers the same CODAP in a tab, which the host opens (ui/open-link).
+    // It offers the same CODAP in a tab, which the host opens (ui/open-link): no address to copy.
+    assert.equal(await app.evaluate(() => document.getElementById('address').hidden), true);
     await app.click('#open');
     const links = await until(page, () => window.host.renders.at(-1).links.length > 0 && window.host.renders.at(-1).links);
     assert.deepEqual(links, [(await page.evaluate(() => window.host.result.structuredContent.link))]);
