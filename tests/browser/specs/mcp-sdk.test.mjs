@@ -19,6 +19,9 @@ prob += x + y <= 5
 print("built")
 `;
 
+// `/mcp`'s pairing tools: their results are the session's (or the pairing's), with no schema.
+const PAIRING = ['open_codap', 'connect_session', 'list_session_tools', 'call_session_tool', 'read_session_tool'];
+
 let relay;
 before(async () => {
   relay = await startRelay();
@@ -53,13 +56,14 @@ test('every tool of /mcp has a title and annotations, built-in tools an outputSc
   try {
     assert.ok(client.getServerVersion().icons?.length > 0, 'the relay has an icon');
     const { tools } = await client.listTools();
-    assert.ok(tools.length >= 10, tools.map((tool) => tool.name).join());
+    assert.ok(tools.length >= 11, tools.map((tool) => tool.name).join());
+    for (const name of PAIRING) assert.ok(tools.some((tool) => tool.name === name), `${name} is listed`);
     for (const tool of tools) {
       assert.ok(tool.title, `${tool.name} has a title`);
       for (const hint of ['readOnlyHint', 'destructiveHint', 'idempotentHint', 'openWorldHint']) {
         assert.equal(typeof tool.annotations?.[hint], 'boolean', `${tool.name} says ${hint}`);
       }
-      const pairing = tool.name.includes('session');
+      const pairing = PAIRING.includes(tool.name);
       assert.equal(tool.outputSchema?.type === 'object', !pairing, `${tool.name}: outputSchema`);
     }
   } finally {
