@@ -221,6 +221,8 @@ named_codes! {
         InternalError = "INTERNAL_ERROR";
         /// The claim-check store cannot be reached.
         StoreUnavailable = "STORE_UNAVAILABLE";
+        /// The claim-check store is at its memory limit and refuses writes.
+        StoreFull = "STORE_FULL";
         /// The arguments nest deeper than the relay reads.
         NestedTooDeeply = "NESTED_TOO_DEEPLY";
         /// Every slot is taken, or the caller has a run under way.

@@ -261,7 +261,12 @@ fn outcome_of(result: &Result<Value, ToolFailure>) -> MipOutcome {
         },
         Err(failure) => match (failure.kind, failure.code) {
             (_, FailureCode::Tool(ToolCode::RunStopped)) => MipOutcome::Stopped,
-            (_, FailureCode::Tool(ToolCode::SandboxUnavailable | ToolCode::StoreUnavailable))
+            (
+                _,
+                FailureCode::Tool(
+                    ToolCode::SandboxUnavailable | ToolCode::StoreUnavailable | ToolCode::StoreFull,
+                ),
+            )
             | (FailureKind::Unavailable, _) => MipOutcome::Unavailable,
             (FailureKind::Busy, _) => MipOutcome::Busy,
             (FailureKind::BadInput | FailureKind::TooLarge | FailureKind::NotFound, _) => {

@@ -187,13 +187,27 @@ impl Drop for SharedLock {
     }
 }
 
+/// A claim-check store failure as the caller sees it: a store at its memory limit (which the
+/// operator must fix, so later) apart from one that did not answer (in a few seconds).
 fn store_failure(error: crate::error::StoreError) -> ToolFailure {
     tracing::error!(%error, "claim-check store failed");
+    let (code, message, retry_after) = match error {
+        crate::error::StoreError::Full(_) => (
+            ToolCode::StoreFull,
+            "The relay's store is full and refuses new results right now. Try again later; if it lasts, tell the relay's operator.",
+            Duration::from_secs(10),
+        ),
+        crate::error::StoreError::Unavailable(_) => (
+            ToolCode::StoreUnavailable,
+            "The relay cannot reach its store right now. Try again in a few seconds.",
+            Duration::from_secs(2),
+        ),
+    };
     ToolFailure {
         kind: FailureKind::Busy,
-        code: ToolCode::StoreUnavailable.into(),
-        message: "The relay cannot reach its store right now. Try again in a few seconds.".into(),
-        retry_after: Some(Duration::from_secs(2)),
+        code: code.into(),
+        message: message.into(),
+        retry_after: Some(retry_after),
     }
 }
 
@@ -481,5 +495,22 @@ impl std::fmt::Debug for Registry {
         f.debug_struct("Registry")
             .field("tools", &self.names())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::StoreError;
+
+    #[test]
+    fn a_full_store_is_told_apart_from_an_unreachable_one() {
+        let full = store_failure(StoreError::Full("OOM".into()));
+        assert_eq!(full.code, FailureCode::from(ToolCode::StoreFull));
+        assert_eq!(full.retry_after, Some(Duration::from_secs(10)));
+        assert!(full.message.contains("operator"), "{}", full.message);
+        let away = store_failure(StoreError::Unavailable("timeout".into()));
+        assert_eq!(away.code, FailureCode::from(ToolCode::StoreUnavailable));
+        assert_eq!(away.retry_after, Some(Duration::from_secs(2)));
     }
 }
