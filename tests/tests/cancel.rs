@@ -66,6 +66,31 @@ async fn session_for_mcp(system: &System) -> (String, String, String) {
     (field("code"), field("providerToken"), field("connectorUrl"))
 }
 
+/// A session for an MCP client with the SDK tab attached and its tools registered: its code,
+/// connector URL and tab.
+async fn mcp_session_with_tab(system: &System) -> (String, String, SdkTab) {
+    let (code, token, connector) = session_for_mcp(system).await;
+    let tab = SdkTab::start(&system.base, &code, &token, LONG);
+    tab.until("registered", PATIENCE, |ledger| ledger.registrations > 0)
+        .await;
+    (code, connector, tab)
+}
+
+/// Calls `echo` with `text` through `client` as a request its client can cancel.
+async fn echo_cancellable(
+    client: &mcp::Mcp,
+    text: &str,
+) -> rmcp::service::RequestHandle<rmcp::RoleClient> {
+    let arguments = json!({"text": text}).as_object().cloned().unwrap();
+    let request = ClientRequest::CallToolRequest(rmcp::model::CallToolRequest::new(
+        CallToolRequestParams::new("echo").with_arguments(arguments),
+    ));
+    client
+        .send_cancellable_request(request, PeerRequestOptions::no_options())
+        .await
+        .unwrap()
+}
+
 /// A session whose tools are registered but whose tab is not there: calls stay queued.
 async fn without_tab(system: &System) -> (String, String) {
     let (code, token) = system.create_session().await;
@@ -197,20 +222,10 @@ async fn an_mcp_client_cancelling_ends_the_call_for_the_tab() {
     let system = System::start().await;
     let http = &system.http;
     let base = system.base.as_str();
-    let (code, token, connector) = session_for_mcp(&system).await;
-    let tab = SdkTab::start(base, &code, &token, LONG);
-    tab.until("registered", PATIENCE, |ledger| ledger.registrations > 0)
-        .await;
+    let (code, connector, tab) = mcp_session_with_tab(&system).await;
     let client = mcp::connect(&connector).await;
 
-    let arguments = json!({"text": "stop me"}).as_object().cloned().unwrap();
-    let request = ClientRequest::CallToolRequest(rmcp::model::CallToolRequest::new(
-        CallToolRequestParams::new("echo").with_arguments(arguments),
-    ));
-    let handle = client
-        .send_cancellable_request(request, PeerRequestOptions::no_options())
-        .await
-        .unwrap();
+    let handle = echo_cancellable(&client, "stop me").await;
     tab.until("the MCP call running", PATIENCE, |ledger| {
         ledger.runs.len() == 1
     })
@@ -248,14 +263,7 @@ async fn a_queued_call_its_mcp_client_cancels_is_never_delivered() {
         }
     };
 
-    let arguments = json!({"text": "never"}).as_object().cloned().unwrap();
-    let request = ClientRequest::CallToolRequest(rmcp::model::CallToolRequest::new(
-        CallToolRequestParams::new("echo").with_arguments(arguments),
-    ));
-    let handle = client
-        .send_cancellable_request(request, PeerRequestOptions::no_options())
-        .await
-        .unwrap();
+    let handle = echo_cancellable(&client, "never").await;
     wait_until(PATIENCE, async || pending(1).await).await;
     handle.cancel(None).await.unwrap();
     wait_until(PATIENCE, async || pending(0).await).await;
@@ -276,10 +284,7 @@ async fn a_sessionless_mcp_client_closing_the_stream_cancels_the_call() {
     let system = System::start().await;
     let http = &system.http;
     let base = system.base.as_str();
-    let (code, token, connector) = session_for_mcp(&system).await;
-    let tab = SdkTab::start(base, &code, &token, LONG);
-    tab.until("registered", PATIENCE, |ledger| ledger.registrations > 0)
-        .await;
+    let (code, connector, tab) = mcp_session_with_tab(&system).await;
 
     let params = json!({"name": "echo", "arguments": {"text": "stop me"}});
     let call = mcp::sessionless_request(http, &connector, "2026-07-28", "tools/call", params);

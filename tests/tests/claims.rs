@@ -60,6 +60,13 @@ fn percent_decode(encoded: &str) -> String {
     String::from_utf8(bytes).unwrap()
 }
 
+/// `call_session_tool` of `echo` with `text`, leaving out `session`: the one the client
+/// session opened.
+async fn echo_in_opened_session(mcp: &Mcp, text: &str) -> rmcp::model::CallToolResult {
+    let arguments = json!({"name": "echo", "arguments": {"text": text}});
+    call(mcp, "call_session_tool", arguments).await
+}
+
 async fn redeem(system: &System, claim: &str) -> Answer {
     system
         .post("/api/sessions/claim", json!({"claim": claim}))
@@ -153,12 +160,7 @@ async fn claim_pairs_the_tab_once(system: &System) {
         tab.answer(&id, json!({"echoed": text})).await;
         tab
     });
-    let called = call(
-        &mcp,
-        "call_session_tool",
-        json!({"name": "echo", "arguments": {"text": "height against age"}}),
-    )
-    .await;
+    let called = echo_in_opened_session(&mcp, "height against age").await;
     assert_ne!(called.is_error, Some(true), "{called:?}");
     assert_eq!(
         structured(&called)["echoed"],
@@ -196,12 +198,7 @@ async fn a_claim_not_redeemed_in_time_is_refused_and_says_so() {
     let mcp = connect(&system.url("/mcp")).await;
     let (_, claim) = open_codap(&system, &mcp).await;
     // Before the plugin is there, a call gets the usual answer: no tab has registered tools.
-    let early = call(
-        &mcp,
-        "call_session_tool",
-        json!({"name": "echo", "arguments": {"text": "too soon"}}),
-    )
-    .await;
+    let early = echo_in_opened_session(&mcp, "too soon").await;
     assert_eq!(early.is_error, Some(true), "{early:?}");
     let error = &structured(&early)["error"];
     assert_eq!(error["code"], "unknown_function", "{early:?}");

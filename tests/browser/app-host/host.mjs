@@ -96,7 +96,7 @@ const host = {
   },
 
   /**
-   * Tells the app it goes (ui/resource-teardown) and waits a moment for its answer, as hosts
+   * Tells the app it goes (ui/resource-teardown) and waits for its answer (up to 15 s, a deadline for a busy machine), as hosts
    * do; then removes it. The render's `teardown` says whether the app answered.
    */
   async teardown() {
@@ -105,7 +105,7 @@ const host = {
     this.current = null;
     record.teardown = await Promise.race([
       bridge.teardownResource({}).then(() => 'answered', () => 'refused'),
-      new Promise((resolve) => setTimeout(() => resolve('no answer'), 2000)),
+      new Promise((resolve) => setTimeout(() => resolve('no answer'), 15000)),
     ]);
     await bridge.close();
     frame.remove();

@@ -21,7 +21,7 @@ use toolrelay_relay::relay::operations::{
 };
 use toolrelay_relay::relay::too_deep_response;
 use toolrelay_relay::{
-    Caller, Downlink, ErrorInfo, ProviderLink, RelayError, ResponseOutcome, Transport,
+    Caller, Downlink, ErrorInfo, NewSession, ProviderLink, RelayError, ResponseOutcome, Transport,
 };
 
 use super::{Client, State, Tag, provider_token};
@@ -55,6 +55,14 @@ pub enum SessionEnded {
 /// A stream of server-sent events.
 pub type Events = EventStream<BoxStream<'static, Value>>;
 
+impl TabApi {
+    /// The answer for a session the tab now holds (created, or redeemed from a claim).
+    fn created(&self, session: NewSession) -> SessionCreated {
+        let created = CreatedSession::new(session, &self.state.config.public_base_url);
+        SessionCreated::Created(Json(created))
+    }
+}
+
 #[OpenApi(tag = "Tag::Provider")]
 impl TabApi {
     /// Create a session
@@ -69,8 +77,7 @@ impl TabApi {
     async fn create_session(&self, client: Client) -> Result<SessionCreated, ApiError> {
         self.state.limits.create_session(client.0.address).await?;
         let session = self.state.relay.run(&client.0, CreateSession).await?;
-        let created = CreatedSession::new(session, &self.state.config.public_base_url);
-        Ok(SessionCreated::Created(Json(created)))
+        Ok(self.created(session))
     }
 
     /// Redeem a claim
@@ -94,8 +101,7 @@ impl TabApi {
             claim: body.0.claim,
         };
         let session = self.state.relay.run(&client.0, redeem).await?;
-        let created = CreatedSession::new(session, &self.state.config.public_base_url);
-        Ok(SessionCreated::Created(Json(created)))
+        Ok(self.created(session))
     }
 
     /// End a session

@@ -59,18 +59,18 @@ impl Pairing {
     /// new session each time: not idempotent); a call may change anything the session's tools
     /// change; a read runs only read-only functions.
     fn hints(self) -> ToolHints {
-        let (title, read_only) = match self {
-            Self::OpenCodap => ("Open CODAP in the conversation", true),
-            Self::Connect => ("Connect to the user's tab", true),
-            Self::ListTools => ("List the tab's tools", true),
-            Self::CallTool => ("Call a tool of the tab", false),
-            Self::ReadTool => ("Read with a tool of the tab", true),
+        let (title, read_only, idempotent) = match self {
+            Self::OpenCodap => ("Open CODAP in the conversation", true, false),
+            Self::Connect => ("Connect to the user's tab", true, true),
+            Self::ListTools => ("List the tab's tools", true, true),
+            Self::CallTool => ("Call a tool of the tab", false, false),
+            Self::ReadTool => ("Read with a tool of the tab", true, true),
         };
         ToolHints {
             title: Some(title.to_owned()),
             read_only: Some(read_only),
             destructive: Some(!read_only),
-            idempotent: Some(read_only && self != Self::OpenCodap),
+            idempotent: Some(idempotent),
             untrusted_content: None,
         }
     }
