@@ -356,7 +356,7 @@ async fn rate_limits_answer_429_at_the_configured_numbers() {
     let limits = RateLimits {
         sessions_per_ip: NonZeroU32::new(3).unwrap(),
         tools_per_ip: NonZeroU32::new(60).unwrap(),
-        ipv6_prefix: toolrelay_relay::limits::DEFAULT_IPV6_PREFIX,
+        ..RateLimits::default()
     };
     let relay = RelayConfig {
         limits: toolrelay_relay::limits::RateLimits {

@@ -25,6 +25,9 @@ pub const ENV_PUBLIC_BASE_URL: &str = "PUBLIC_BASE_URL";
 pub const ENV_CORS_ORIGIN: &str = "CORS_ORIGIN";
 /// `TRUSTED_PROXIES`: addresses whose `X-Forwarded-For` is believed, comma-separated.
 pub const ENV_TRUSTED_PROXIES: &str = "TRUSTED_PROXIES";
+/// `SHARED_EGRESS_RANGES`: address ranges (CIDR) that carry many people (a hosted assistant's
+/// egress, a school's NAT), where an assistant's per-user header names the caller.
+pub const ENV_SHARED_EGRESS_RANGES: &str = "SHARED_EGRESS_RANGES";
 /// `MCP_SESSIONS_PER_IP`: live MCP client sessions one client address may hold.
 pub const ENV_MCP_SESSIONS_PER_IP: &str = "MCP_SESSIONS_PER_IP";
 /// `MCP_MAX_SESSIONS`: live MCP client sessions of every client together, across gateways.
@@ -74,7 +77,13 @@ pub struct GatewayArgs {
     /// trusted.
     #[arg(long, env = ENV_TRUSTED_PROXIES, value_delimiter = ',', value_parser = toolrelay_relay::limits::parse_network)]
     pub trusted_proxies: Vec<ipnet::IpNet>,
-    /// Live MCP client sessions one client address (an IPv6 /64) may hold; past it,
+    /// Address ranges (CIDR, comma-separated) that carry many people, such as a hosted
+    /// assistant's published egress ranges: a plain REST caller from one is told apart by its
+    /// assistant's per-user header (`openai-ephemeral-user-id`), elsewhere by its address.
+    #[arg(long, env = ENV_SHARED_EGRESS_RANGES, value_delimiter = ',', value_parser = toolrelay_relay::limits::parse_network)]
+    pub shared_egress_ranges: Vec<ipnet::IpNet>,
+    /// Live MCP client sessions one client address (an IPv6 /64) may hold, its callers
+    /// together (a flood ceiling sized for a hosted assistant's egress); past it,
     /// `initialize` gets 429.
     #[arg(long, env = ENV_MCP_SESSIONS_PER_IP, default_value_t = McpSessions::default().per_address)]
     pub mcp_sessions_per_ip: NonZeroU32,
@@ -110,6 +119,9 @@ pub struct GatewayConfig {
     pub limits: RateLimits,
     /// Proxies whose `X-Forwarded-For` is believed.
     pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// Ranges carrying many people, where an assistant's per-user header names the caller
+    /// (`SHARED_EGRESS_RANGES`).
+    pub shared_egress: Vec<ipnet::IpNet>,
     /// Host names answered to besides the public host and loopback (`ALLOWED_HOSTS`).
     pub allowed_hosts: Vec<String>,
     /// Whether every route checks `Host` (against [`GatewayConfig::host_names`]): when the
@@ -136,16 +148,9 @@ pub struct GatewayConfig {
     pub connections: ConnectionLimits,
 }
 
-/// Rate limits, per minute.
-#[derive(Debug, Clone, Copy)]
-pub struct RateLimits {
-    /// Sessions created per client address.
-    pub sessions_per_ip: NonZeroU32,
-    /// Built-in tool calls per client address.
-    pub tools_per_ip: NonZeroU32,
-    /// Length of the IPv6 prefix one client is keyed by (`GUARD_IPV6_PREFIX`).
-    pub ipv6_prefix: u8,
-}
+/// Rate limits, per minute: the relay's, of which the gateway spends the sessions and built-in
+/// tool calls.
+pub use toolrelay_relay::limits::RateLimits;
 
 /// Caps and idle time of MCP client sessions.
 #[derive(Debug, Clone, Copy)]
@@ -163,8 +168,8 @@ pub struct McpSessions {
 impl Default for McpSessions {
     fn default() -> Self {
         Self {
-            per_address: NonZeroU32::new(100).unwrap_or(NonZeroU32::MIN),
-            total: NonZeroU32::new(10_000).unwrap_or(NonZeroU32::MIN),
+            per_address: NonZeroU32::new(2_000).unwrap_or(NonZeroU32::MIN),
+            total: NonZeroU32::new(20_000).unwrap_or(NonZeroU32::MIN),
             idle: Duration::from_secs(120),
             ipv6_prefix: toolrelay_relay::limits::DEFAULT_IPV6_PREFIX,
         }
@@ -175,17 +180,13 @@ impl GatewayConfig {
     /// Defaults for a gateway at `public_base_url`.
     pub fn new(public_base_url: &str) -> Result<Self, String> {
         let public_base_url = checked_base_url(public_base_url)?;
-        let thirty = NonZeroU32::new(30).unwrap_or(NonZeroU32::MIN);
         Ok(Self {
             cors_origins: default_origins(&public_base_url),
             open_provider_routes: true,
             public_base_url,
-            limits: RateLimits {
-                sessions_per_ip: thirty,
-                tools_per_ip: NonZeroU32::new(60).unwrap_or(NonZeroU32::MIN),
-                ipv6_prefix: toolrelay_relay::limits::DEFAULT_IPV6_PREFIX,
-            },
+            limits: RateLimits::default(),
             trusted_proxies: Vec::new(),
+            shared_egress: Vec::new(),
             allowed_hosts: Vec::new(),
             check_host: true,
             max_provider_body: MAX_PROVIDER_BODY,
@@ -230,16 +231,13 @@ impl GatewayArgs {
             config.cors_origins = origins;
             config.open_provider_routes = false;
         }
-        config.limits = RateLimits {
-            sessions_per_ip: service.rate_limit_session_per_ip,
-            tools_per_ip: service.rate_limit_tool_per_ip,
-            ipv6_prefix: service.guard_ipv6_prefix,
-        };
+        config.limits = service.front_door_limits();
         check_json_depth(service.max_json_depth)?;
         config.max_json_depth = service.max_json_depth;
         config.api_keys = service.api_keys()?;
         config.gateway_secrets = service.gateway_secrets()?;
         config.trusted_proxies.clone_from(&self.trusted_proxies);
+        config.shared_egress.clone_from(&self.shared_egress_ranges);
         if self.mcp_session_idle_seconds == 0 {
             return Err(format!("{ENV_MCP_SESSION_IDLE}: must be at least 1 second"));
         }
@@ -427,7 +425,7 @@ mod tests {
                 defaults.total.get(),
                 defaults.idle
             ),
-            (100, 10_000, Duration::from_secs(120))
+            (2_000, 20_000, Duration::from_secs(120))
         );
         let set = config(&[
             "toolrelay",

@@ -60,7 +60,8 @@ pub fn gateway(
             Arc::clone(&store) as Arc<dyn BudgetStore>,
             Clock::new(),
             metrics.clone(),
-        ),
+        )
+        .identifying(config.shared_egress.clone(), config.api_keys.is_some()),
         store,
         relay,
         config,

@@ -22,9 +22,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use sha2::{Digest, Sha256};
 use subtle::{Choice, ConstantTimeEq};
 
+use crate::caller::{Caller, CallerId, IdentityKind};
 use crate::code::hash_token;
 use crate::config::{ENV_API_KEYS, ENV_API_KEYS_FILE, ENV_GATEWAY_SECRET, ENV_GATEWAY_SECRET_FILE};
-use crate::limits::Caller;
 use crate::metrics::{Metrics, Refusal};
 
 /// gRPC metadata entry in which a gateway proves itself: one of the relay's gateway secrets.
@@ -160,13 +160,28 @@ impl Gateways {
         proof: Option<&str>,
         bearer: Option<String>,
     ) -> Caller {
+        self.caller_named(peer, claimed, None, proof, bearer)
+    }
+
+    /// [`Gateways::caller`], where a gateway may also name the client's identity among the
+    /// clients at its address (`identity`, believed with the address). A direct client is
+    /// known by its API key, when it presents one.
+    pub fn caller_named(
+        &self,
+        peer: IpAddr,
+        claimed: Option<&str>,
+        identity: Option<&str>,
+        proof: Option<&str>,
+        bearer: Option<String>,
+    ) -> Caller {
         let proven = match (&self.secrets, proof) {
             (Some(secrets), Some(proof)) => secrets.accepts(proof),
             _ => false,
         };
         if proven {
             let client = claimed.and_then(|value| value.trim().parse::<IpAddr>().ok());
-            return Caller::new(client.unwrap_or(peer));
+            return Caller::new(client.unwrap_or(peer))
+                .with_identity(identity.and_then(CallerId::parse));
         }
         if claimed.is_some() || proof.is_some() {
             self.metrics.refused(Refusal::GatewayProof);
@@ -174,7 +189,11 @@ impl Gateways {
                 tracing::warn!(%peer, "a gRPC peer named a client address without valid gateway proof (GATEWAY_SECRET): its requests count against its own address (logged once; counted in toolrelay_refused_total{{reason=\"gateway_proof\"}})");
             }
         }
-        Caller::direct(peer, bearer)
+        let identity = bearer
+            .as_deref()
+            .filter(|key| !key.is_empty())
+            .map(|key| CallerId::of(IdentityKind::ApiKey, key));
+        Caller::direct(peer, bearer).with_identity(identity)
     }
 }
 
@@ -268,7 +287,29 @@ mod tests {
         let wrong = gateways.caller(gateway, Some("198.51.100.7"), Some(NEXT), None);
         assert_eq!(wrong, Caller::direct(gateway, None));
         let none = gateways.caller(gateway, Some("198.51.100.7"), None, Some("k".into()));
-        assert_eq!(none, Caller::direct(gateway, Some("k".into())));
+        let keyed = Some(CallerId::of(IdentityKind::ApiKey, "k"));
+        assert_eq!(
+            none,
+            Caller::direct(gateway, Some("k".into())).with_identity(keyed)
+        );
+        // The identity a gateway names is believed with the address, and only when well formed.
+        let person = CallerId::of(IdentityKind::McpSession, "session");
+        let named = gateways.caller_named(
+            gateway,
+            Some("198.51.100.7"),
+            Some(person.as_str()),
+            Some(SECRET),
+            None,
+        );
+        assert_eq!(
+            named,
+            Caller::new(client).with_identity(Some(person.clone()))
+        );
+        let unproven =
+            gateways.caller_named(gateway, None, Some(person.as_str()), Some(NEXT), None);
+        assert_eq!(unproven.identity, None);
+        let garbled = gateways.caller_named(gateway, None, Some("mcp:x"), Some(SECRET), None);
+        assert_eq!(garbled.identity, None);
         let unsure = Gateways::new(None, metrics);
         let trusting_nobody = unsure.caller(gateway, Some("198.51.100.7"), Some(SECRET), None);
         assert_eq!(trusting_nobody, Caller::direct(gateway, None));

@@ -28,6 +28,7 @@ use toolrelay::proto::v1 as pb;
 use toolrelay::wire::ProviderFrame;
 
 use crate::access::{GATEWAY_PROOF_METADATA, Gateways};
+use crate::caller::CLIENT_IDENTITY_METADATA;
 use crate::error::{ErrorInfo, ErrorKind, RelayError};
 use crate::limits::{CLIENT_ADDRESS_METADATA, CORRELATION_ID_METADATA, Caller};
 use crate::operation::{self, Credentials, Operation, Visitor};
@@ -83,9 +84,10 @@ impl RelayService {
         let peer = request
             .remote_addr()
             .map_or(IpAddr::from([0, 0, 0, 0]), |address| address.ip());
-        let caller = self.gateways.caller(
+        let caller = self.gateways.caller_named(
             peer,
             metadata_str(metadata, CLIENT_ADDRESS_METADATA).as_deref(),
+            metadata_str(metadata, CLIENT_IDENTITY_METADATA).as_deref(),
             metadata_str(metadata, GATEWAY_PROOF_METADATA).as_deref(),
             bearer(metadata),
         );

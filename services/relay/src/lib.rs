@@ -15,8 +15,10 @@
 //!   providers, plus health and reflection) and [`ws`] (the browser WebSocket,
 //!   tokio-tungstenite), whose port also answers probes and scrapes ([`ops`]); [`remote`] —
 //!   the same operations reached over gRPC from another process (the gateway in a split
-//!   deployment); [`limits`] — the brute-force guard and call limits every transport applies
-//!   through [`RelayApi`]; [`access`] — API keys and the proof a gateway gives before the
+//!   deployment); [`caller`] — who makes a request (its address, and who it is among the
+//!   many people behind one address); [`limits`] — the brute-force guard and call limits
+//!   every transport applies through [`RelayApi`], per caller under per-address ceilings;
+//!   [`access`] — API keys and the proof a gateway gives before the
 //!   relay believes the client it names; [`listen`] — every listener's connection caps,
 //!   header-read and idle timeouts (the gateway's too).
 //! * [`server`] — `run(listeners, shutdown)`, used by the binaries (package
@@ -27,6 +29,7 @@
 pub mod access;
 pub mod api;
 pub mod builtin;
+pub mod caller;
 pub mod channel;
 pub mod clock;
 pub mod code;

@@ -1,18 +1,24 @@
-//! Limits keyed on the client's address that the relay applies on **every** path that takes a
-//! session code or connector handle — REST and the legacy aliases through the gateway, MCP,
-//! the browser WebSocket and every gRPC RPC — so no path is a way around them (SPEC §10):
+//! Limits the relay applies on **every** path that takes a session code or connector handle —
+//! REST and the legacy aliases through the gateway, MCP, the browser WebSocket and every gRPC
+//! RPC — so no path is a way around them (SPEC §10). Each budget is kept **per caller**
+//! ([`Caller::identity`]: its MCP session, handle, API key, provider token or assistant user),
+//! with a per-address flood ceiling above it, because many people share an address:
 //!
-//! * the brute-force guard: an address that looks up too many unknown codes (or handles) in a
-//!   minute is refused every look-up until its budget refills;
-//! * calls per address and session;
+//! * the brute-force guard: a caller that looks up too many unknown codes (or handles, claims)
+//!   in a minute is refused every look-up until its budget refills; an address whose callers
+//!   together pass the ceiling is refused look-ups of codes (never of a handle or claim, which
+//!   nobody guesses) — so one guesser never locks out the others behind its address;
+//! * calls per caller and session;
 //! * what a front door lets in ([`ClientBudgets`]): sessions created and built-in tool calls
-//!   per address, which the gateway spends for HTTP and MCP, and the relay for a gRPC peer
-//!   that reached it directly, together with that peer's API key ([`Limits::admit`]).
+//!   per caller and address, which the gateway spends for HTTP and MCP, and the relay for a
+//!   gRPC peer that reached it directly, together with that peer's API key
+//!   ([`Limits::admit`]).
 //!
-//! Who the client is: [`Caller`]. The gateway passes the address it saw (in process, or in the
-//! gRPC metadata entry [`CLIENT_ADDRESS_METADATA`]); the relay believes that entry only from
-//! a peer that proves itself a gateway ([`crate::access`]), and otherwise keys on the peer's
-//! own address.
+//! Who the client is: [`Caller`] ([`crate::caller`]). The gateway passes the address and
+//! identity it saw (in process, or in the gRPC metadata entries [`CLIENT_ADDRESS_METADATA`]
+//! and [`CLIENT_IDENTITY_METADATA`](crate::caller::CLIENT_IDENTITY_METADATA)); the relay
+//! believes them only from a peer that proves itself a gateway ([`crate::access`]), and
+//! otherwise keys on the peer's own address and API key.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -34,87 +40,31 @@ use crate::store::{BudgetStore, RateBudget, RateCharge};
 pub const CLIENT_ADDRESS_METADATA: &str = "x-toolrelay-client";
 /// gRPC metadata entry carrying the correlation id of the request (as in HTTP).
 pub const CORRELATION_ID_METADATA: &str = "x-request-id";
-/// Addresses blocked by the guard are forgotten once this many pile up and expire.
+/// Callers blocked by the guard are forgotten once this many pile up and expire.
 const BLOCKED_PRUNE_AT: usize = 10_000;
 
-/// Who makes a request: the address limits are keyed on, what the relay still has to check
-/// before letting it in, and the correlation id its log lines carry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Caller {
-    /// The client's address.
-    pub address: IpAddr,
-    /// Whether a front end let the client in, or the relay has to.
-    pub admission: Admission,
-    /// The request's correlation id (`x-request-id`), passed on to a relay in another process.
-    pub correlation_id: Option<String>,
-}
+pub use crate::caller::{Admission, Caller, CallerId, IdentityKind};
 
-/// Who let a caller in.
-#[derive(Clone, PartialEq, Eq)]
-pub enum Admission {
-    /// A front end did — the gateway, in this process or proven over gRPC: it checked the
-    /// client's API key and spent its budgets of sessions and tool calls.
-    Gateway,
-    /// Nobody yet: the client reached the relay's gRPC port itself. The relay checks the
-    /// credential it presented (`authorization: Bearer`, an API key on consumer RPCs) and
-    /// spends its budgets.
-    Direct {
-        /// The bearer credential the request carried.
-        bearer: Option<String>,
-    },
-}
-
-impl std::fmt::Debug for Admission {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The credential is a secret: never in a log line.
-        match self {
-            Self::Gateway => f.write_str("Gateway"),
-            Self::Direct { bearer } => f
-                .debug_struct("Direct")
-                .field("bearer", &bearer.as_ref().map(|_| "…"))
-                .finish(),
-        }
-    }
-}
-
-impl Caller {
-    /// A client at `address` that a front end let in (see [`Admission::Gateway`]).
-    pub fn new(address: IpAddr) -> Self {
-        Self {
-            address,
-            admission: Admission::Gateway,
-            correlation_id: None,
-        }
-    }
-
-    /// A client at `address` that reached the relay itself, presenting `bearer`.
-    pub fn direct(address: IpAddr, bearer: Option<String>) -> Self {
-        Self {
-            admission: Admission::Direct { bearer },
-            ..Self::new(address)
-        }
-    }
-
-    /// The same client, for the request with this correlation id.
-    #[must_use]
-    pub fn with_correlation_id(mut self, id: impl Into<String>) -> Self {
-        self.correlation_id = Some(id.into());
-        self
-    }
-}
-
-/// The per-minute budgets.
+/// The per-minute budgets: each counted against the caller ([`Caller::identity`]) and, as a
+/// flood ceiling, against its address; a caller without an identity is its address, and has
+/// only the ceiling.
 #[derive(Debug, Clone, Copy)]
 pub struct RateLimits {
-    /// Look-ups of unknown codes per client address.
+    /// Look-ups of unknown codes (and handles, claims) per caller.
+    pub lookups_per_caller: NonZeroU32,
+    /// Look-ups of unknown codes per client address, every caller there together.
     pub lookups_per_ip: NonZeroU32,
-    /// Calls per client address and session.
+    /// Calls per caller and session.
     pub calls_per_code: NonZeroU32,
-    /// Sessions created per client address.
+    /// Sessions created (`POST /api/sessions`, `open_codap`) per caller.
+    pub sessions_per_caller: NonZeroU32,
+    /// Sessions created per client address (and, for IPv6, per /48 as well).
     pub sessions_per_ip: NonZeroU32,
-    /// Built-in tool calls (outside a session) per client address.
+    /// Built-in tool calls (outside a session) per caller.
+    pub tools_per_caller: NonZeroU32,
+    /// Built-in tool calls per client address.
     pub tools_per_ip: NonZeroU32,
-    /// Length of the IPv6 prefix one client is keyed by (`GUARD_IPV6_PREFIX`, see
+    /// Length of the IPv6 prefix one client address is keyed by (`GUARD_IPV6_PREFIX`, see
     /// [`client_key`]).
     pub ipv6_prefix: u8,
 }
@@ -123,18 +73,45 @@ impl Default for RateLimits {
     fn default() -> Self {
         let per_minute = |n| NonZeroU32::new(n).unwrap_or(NonZeroU32::MIN);
         Self {
-            lookups_per_ip: per_minute(30),
+            lookups_per_caller: per_minute(30),
+            lookups_per_ip: per_minute(600),
             calls_per_code: per_minute(60),
-            sessions_per_ip: per_minute(30),
-            tools_per_ip: per_minute(60),
+            sessions_per_caller: per_minute(30),
+            sessions_per_ip: per_minute(2_000),
+            tools_per_caller: per_minute(60),
+            tools_per_ip: per_minute(600),
             ipv6_prefix: DEFAULT_IPV6_PREFIX,
         }
     }
 }
 
-/// What a front door lets in per client and minute: sessions created and built-in tool calls,
-/// counted in the store (so every gateway and relay sharing it shares them) under the
-/// client's key ([`client_key`]).
+/// The key a budget of `caller` is counted under: its identity, or its address (its
+/// [`client_key`]) when it has none.
+fn caller_key(caller: &Caller, ipv6_prefix: u8) -> String {
+    match &caller.identity {
+        Some(identity) => identity.as_str().to_owned(),
+        None => client_key(caller.address, ipv6_prefix).to_string(),
+    }
+}
+
+/// The keys a budget that creates state counts an address under: its [`client_key`], and for
+/// IPv6 also its /48 (a site is often handed a /48, so a /48 holds many /64s of one owner).
+fn state_keys(address: IpAddr, ipv6_prefix: u8) -> Vec<String> {
+    let mut keys = vec![client_key(address, ipv6_prefix).to_string()];
+    if let IpAddr::V6(_) = address.to_canonical()
+        && ipv6_prefix > SITE_IPV6_PREFIX
+    {
+        keys.push(format!(
+            "{}/{SITE_IPV6_PREFIX}",
+            client_key(address, SITE_IPV6_PREFIX)
+        ));
+    }
+    keys
+}
+
+/// What a front door lets in per minute: sessions created and built-in tool calls, counted in
+/// the store (so every gateway and relay sharing it shares them) against the caller, then its
+/// address.
 pub struct ClientBudgets {
     budgets: RateLimits,
     store: Arc<dyn BudgetStore>,
@@ -160,46 +137,77 @@ impl ClientBudgets {
         }
     }
 
-    /// Counts a session created by the client at `address`.
-    pub async fn create_session(&self, address: IpAddr) -> Result<(), RelayError> {
-        self.spend(RateLimit::Sessions, address, self.budgets.sessions_per_ip)
-            .await
+    /// Counts a session created by `caller`.
+    pub async fn create_session(&self, caller: &Caller) -> Result<(), RelayError> {
+        let budgets = &self.budgets;
+        let mut spends = Vec::new();
+        if let Some(identity) = &caller.identity {
+            spends.push((identity.to_string(), budgets.sessions_per_caller));
+        }
+        for key in state_keys(caller.address, budgets.ipv6_prefix) {
+            spends.push((key, budgets.sessions_per_ip));
+        }
+        self.spend(RateLimit::Sessions, spends).await
     }
 
-    /// Counts a built-in tool call outside a session by the client at `address`.
-    pub async fn tool_call(&self, address: IpAddr) -> Result<(), RelayError> {
-        self.spend(RateLimit::Tools, address, self.budgets.tools_per_ip)
-            .await
+    /// Counts a built-in tool call outside a session by `caller`.
+    pub async fn tool_call(&self, caller: &Caller) -> Result<(), RelayError> {
+        let budgets = &self.budgets;
+        let mut spends = Vec::new();
+        if let Some(identity) = &caller.identity {
+            spends.push((identity.to_string(), budgets.tools_per_caller));
+        }
+        spends.push((
+            client_key(caller.address, budgets.ipv6_prefix).to_string(),
+            budgets.tools_per_ip,
+        ));
+        self.spend(RateLimit::Tools, spends).await
     }
 
+    /// Spends a unit of each budget in turn (the caller's first), stopping at the first that
+    /// has no room.
     async fn spend(
         &self,
         what: RateLimit,
-        address: IpAddr,
-        budget: NonZeroU32,
+        spends: Vec<(String, NonZeroU32)>,
     ) -> Result<(), RelayError> {
         let (prefix, counted) = match what {
             RateLimit::Sessions => ("sessions", "sessions created"),
             _ => ("tools", "tool calls"),
         };
-        let key = format!("{prefix}:{}", client_key(address, self.budgets.ipv6_prefix));
-        let spent = self
-            .store
-            .spend(&key, RateBudget::per_minute(budget), self.clock.now())
-            .await?;
-        let Some(wait) = spent else { return Ok(()) };
-        self.metrics.rate_limited(what);
-        Err(RelayError::RateLimited {
-            what: counted,
-            retry_after: wait.max(Duration::from_secs(1)),
-        })
+        for (key, budget) in spends {
+            let key = format!("{prefix}:{key}");
+            let spent = self
+                .store
+                .spend(&key, RateBudget::per_minute(budget), self.clock.now())
+                .await?;
+            if let Some(wait) = spent {
+                self.metrics.rate_limited(what);
+                return Err(RelayError::RateLimited {
+                    what: counted,
+                    retry_after: wait.max(Duration::from_secs(1)),
+                });
+            }
+        }
+        Ok(())
     }
 }
 
-/// The relay's address-keyed limits. The budgets are kept in the store, so every replica
-/// sharing a store shares them; an address blocked by the guard is also remembered here, so a
-/// blocked address is refused without asking the store (a replica learns of a block made by
-/// another on the address's next unknown code).
+/// What a look-up names: a short code a person types (what guessers try), or a 128-bit secret
+/// (a connector handle, a claim) that nobody guesses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reference {
+    /// A pairing code.
+    Code,
+    /// A handle or a claim.
+    Secret,
+}
+
+/// The relay's limits on paths that take a code or handle: the brute-force guard and the
+/// calls per session. The budgets are kept in the store, so every replica sharing a store
+/// shares them; a caller (or address) blocked by the guard is also remembered here, so it is
+/// refused without asking the store (a replica learns of a block made by another on the
+/// caller's next unknown code).
 pub struct Limits {
     budgets: RateLimits,
     /// Sessions and tool calls of clients that reached the relay directly.
@@ -210,9 +218,9 @@ pub struct Limits {
     clock: Clock,
     /// Where refusals are counted.
     metrics: Metrics,
-    /// Until when an address is refused look-ups. A std mutex: held for a map access or a
-    /// time check, never across an `.await`.
-    blocked: Mutex<HashMap<IpAddr, Instant>>,
+    /// Until when a caller (by identity) or an address is refused look-ups. A std mutex: held
+    /// for a map access or a time check, never across an `.await`.
+    blocked: Mutex<HashMap<String, Instant>>,
 }
 
 impl Limits {
@@ -259,7 +267,7 @@ impl Limits {
     pub async fn admit_session(&self, caller: &Caller) -> Result<(), RelayError> {
         match caller.admission {
             Admission::Gateway => Ok(()),
-            Admission::Direct { .. } => self.front_door.create_session(caller.address).await,
+            Admission::Direct { .. } => self.front_door.create_session(caller).await,
         }
     }
 
@@ -269,27 +277,39 @@ impl Limits {
         self.admit(caller)?;
         match caller.admission {
             Admission::Gateway => Ok(()),
-            Admission::Direct { .. } => self.front_door.tool_call(caller.address).await,
+            Admission::Direct { .. } => self.front_door.tool_call(caller).await,
         }
     }
 
-    /// Runs a look-up of a code or handle for `caller` under the guard: a blocked address is
-    /// refused, and an unknown code counts against it (past the budget, the look-up itself is
-    /// answered with the rate-limit error).
+    /// Runs a look-up of a pairing code for `caller` under the guard: a blocked caller — or
+    /// any caller at a blocked address — is refused, and an unknown code counts against the
+    /// caller and its address (past a budget, the look-up itself is answered with the
+    /// rate-limit error).
     pub async fn guarded<T>(
         &self,
         caller: &Caller,
         operation: impl Future<Output = Result<T, RelayError>>,
     ) -> Result<T, RelayError> {
-        let client = self.key(caller);
-        self.check(client)?;
-        self.counted(client, operation.await).await
+        self.guarded_as(caller, Reference::Code, operation).await
+    }
+
+    /// [`Limits::guarded`] for a look-up of `reference`. A handle or claim is a 128-bit secret
+    /// nobody guesses, so only its caller's own block refuses it, never one its address earned
+    /// through other callers' unknown codes.
+    pub async fn guarded_as<T>(
+        &self,
+        caller: &Caller,
+        reference: Reference,
+        operation: impl Future<Output = Result<T, RelayError>>,
+    ) -> Result<T, RelayError> {
+        self.check(caller, reference)?;
+        self.counted(caller, operation.await).await
     }
 
     /// Runs a provider's operation, which proves the session's provider token when `token` is
     /// given, under the guard. A tab presenting its token is never refused by the guard (the
     /// token is a 128-bit secret: an address blocked for guessing codes still re-attaches its
-    /// own tab); to a blocked address, every failure before the token is proven (no such
+    /// own tab); to a blocked caller, every failure before the token is proven (no such
     /// session, a wrong token) is the rate-limit error, so it learns nothing. Without a token
     /// this is [`Limits::guarded`].
     pub async fn guarded_provider<T>(
@@ -301,20 +321,19 @@ impl Limits {
         if token.is_none_or(str::is_empty) {
             return self.guarded(caller, operation).await;
         }
-        let client = self.key(caller);
         match operation.await {
             Err(error) if is_unproven(&error) => {
-                self.check(client)?;
-                self.counted(client, Err(error)).await
+                self.check(caller, Reference::Code)?;
+                self.counted(caller, Err(error)).await
             }
             proven => proven,
         }
     }
 
-    /// An unknown code, handle or claim in `outcome` counts against `client`.
+    /// An unknown code, handle or claim in `outcome` counts against `caller`.
     async fn counted<T>(
         &self,
-        client: IpAddr,
+        caller: &Caller,
         outcome: Result<T, RelayError>,
     ) -> Result<T, RelayError> {
         match outcome {
@@ -323,16 +342,16 @@ impl Limits {
                 | RelayError::UnknownHandle
                 | RelayError::UnknownClaim),
             ) => {
-                self.miss(client).await?;
+                self.miss(caller).await?;
                 Err(error)
             }
             other => other,
         }
     }
 
-    /// The key `caller`'s budgets are counted under (see [`client_key`]).
-    fn key(&self, caller: &Caller) -> IpAddr {
-        client_key(caller.address, self.budgets.ipv6_prefix)
+    /// The key `caller`'s address is counted under (see [`client_key`]).
+    fn address_key(&self, caller: &Caller) -> String {
+        client_key(caller.address, self.budgets.ipv6_prefix).to_string()
     }
 
     /// What a call by `caller` to session `code` (spelt as the caller spelt it) costs. The
@@ -342,7 +361,10 @@ impl Limits {
         let code = SessionCode::parse(code)
             .map_or_else(|_| code.to_owned(), |code| code.as_str().to_owned());
         RateCharge {
-            key: format!("calls:{}:{{{code}}}", self.key(caller)),
+            key: format!(
+                "calls:{}:{{{code}}}",
+                caller_key(caller, self.budgets.ipv6_prefix)
+            ),
             budget: RateBudget::per_minute(self.budgets.calls_per_code),
         }
     }
@@ -374,38 +396,68 @@ impl Limits {
         }
     }
 
-    fn check(&self, address: IpAddr) -> Result<(), RelayError> {
+    /// Refuses a look-up of `reference` by a blocked caller, or by any caller at a blocked
+    /// address when it names a code (a caller without an identity is its address).
+    fn check(&self, caller: &Caller, reference: Reference) -> Result<(), RelayError> {
+        let now = Instant::now();
         let blocked = locked(&self.blocked);
-        match blocked.get(&address) {
-            Some(until) if *until > Instant::now() => {
+        let until = |key: &str| blocked.get(key).copied().filter(|until| *until > now);
+        let mut refused = caller.identity.as_ref().and_then(|id| until(id.as_str()));
+        if reference == Reference::Code || caller.identity.is_none() {
+            refused = refused.max(until(&self.address_key(caller)));
+        }
+        match refused {
+            Some(until) => {
                 self.metrics.rate_limited(RateLimit::Lookups);
-                Err(lookup_limited(*until - Instant::now()))
+                Err(lookup_limited(until - now))
             }
-            _ => Ok(()),
+            None => Ok(()),
         }
     }
 
-    async fn miss(&self, address: IpAddr) -> Result<(), RelayError> {
-        let Some(wait) = self
-            .store
-            .spend(
-                &format!("misses:{address}"),
-                RateBudget::per_minute(self.budgets.lookups_per_ip),
-                self.clock.now(),
-            )
-            .await?
-        else {
-            return Ok(());
-        };
-        let mut blocked = locked(&self.blocked);
-        let now = Instant::now();
-        if blocked.len() >= BLOCKED_PRUNE_AT {
-            blocked.retain(|_, until| *until > now);
+    /// Counts an unknown code against `caller`'s own budget, then its address's ceiling; past
+    /// either, blocks that caller (or the address) until the budget has room again.
+    async fn miss(&self, caller: &Caller) -> Result<(), RelayError> {
+        let address = self.address_key(caller);
+        let mut spends = Vec::with_capacity(2);
+        if let Some(identity) = &caller.identity {
+            spends.push((identity.to_string(), self.budgets.lookups_per_caller));
         }
-        blocked.insert(address, now + wait);
-        tracing::warn!(%address, "address blocked from code look-ups: too many unknown codes");
-        self.metrics.rate_limited(RateLimit::Lookups);
-        Err(lookup_limited(wait))
+        spends.push((address, self.budgets.lookups_per_ip));
+        for (who, budget) in spends {
+            let Some(wait) = self
+                .store
+                .spend(
+                    &format!("misses:{who}"),
+                    RateBudget::per_minute(budget),
+                    self.clock.now(),
+                )
+                .await?
+            else {
+                continue;
+            };
+            {
+                let mut blocked = locked(&self.blocked);
+                let now = Instant::now();
+                if blocked.len() >= BLOCKED_PRUNE_AT {
+                    blocked.retain(|_, until| *until > now);
+                }
+                blocked.insert(who.clone(), now + wait);
+            }
+            let address = caller.address;
+            if caller
+                .identity
+                .as_ref()
+                .is_some_and(|id| id.as_str() == who)
+            {
+                tracing::warn!(caller = %who, %address, "caller blocked from code look-ups: too many unknown codes");
+            } else {
+                tracing::warn!(%address, "address blocked from code look-ups: too many unknown codes from its callers together");
+            }
+            self.metrics.rate_limited(RateLimit::Lookups);
+            return Err(lookup_limited(wait));
+        }
+        Ok(())
     }
 }
 
@@ -455,6 +507,9 @@ pub fn is_within(networks: &[IpNet], address: std::net::IpAddr) -> bool {
 /// The default length of the IPv6 prefix one client is keyed by (`GUARD_IPV6_PREFIX`): a /64 is
 /// what one home or office line is handed, so one client has one budget, not 2^64.
 pub const DEFAULT_IPV6_PREFIX: u8 = 64;
+/// The IPv6 prefix of a site (what an ISP hands a customer at most): budgets that create state
+/// count an IPv6 client by it as well.
+pub const SITE_IPV6_PREFIX: u8 = 48;
 
 /// The key every per-address budget and cap counts `address` under: an IPv4 address (an
 /// IPv4-mapped IPv6 address is keyed as the IPv4 address it maps) as it is, another IPv6
@@ -502,15 +557,20 @@ mod tests {
         assert!(error.contains("CIDR"), "{error}");
     }
 
-    fn limits(n: u32) -> Limits {
+    /// Limits where a caller has `n` of each budget and an address `ceiling`.
+    fn limits_with(n: u32, ceiling: u32) -> Limits {
         let n = NonZeroU32::new(n).unwrap();
+        let ceiling = NonZeroU32::new(ceiling).unwrap();
         let clock = Clock::new();
         Limits::new(
             RateLimits {
-                lookups_per_ip: n,
+                lookups_per_caller: n,
+                lookups_per_ip: ceiling,
                 calls_per_code: n,
-                sessions_per_ip: n,
-                tools_per_ip: n,
+                sessions_per_caller: n,
+                sessions_per_ip: ceiling,
+                tools_per_caller: n,
+                tools_per_ip: ceiling,
                 ipv6_prefix: DEFAULT_IPV6_PREFIX,
             },
             None,
@@ -518,6 +578,15 @@ mod tests {
             clock,
             Metrics::default(),
         )
+    }
+
+    /// Limits where the callers and addresses have `n` of each budget.
+    fn limits(n: u32) -> Limits {
+        limits_with(n, n)
+    }
+
+    fn name(result: Result<(), RelayError>) -> Option<&'static str> {
+        result.err().map(|error| error.name())
     }
 
     #[tokio::test]
@@ -529,7 +598,6 @@ mod tests {
             ..limits(1)
         };
         let address = "192.0.2.5".parse().unwrap();
-        let name = |result: Result<(), RelayError>| result.err().map(|error| error.name());
         assert_eq!(
             name(limits.admit(&Caller::direct(address, None))),
             Some("api_key_required")
@@ -563,6 +631,10 @@ mod tests {
         Caller::new(address.parse().unwrap())
     }
 
+    fn person(address: &str, who: &str) -> Caller {
+        caller(address).with_identity(Some(CallerId::of(IdentityKind::McpSession, who)))
+    }
+
     async fn lookup(limits: &Limits, who: &Caller, found: bool) -> Result<(), RelayError> {
         limits
             .guarded(who, async {
@@ -578,7 +650,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn too_many_unknown_codes_block_every_lookup() {
+    async fn too_many_unknown_codes_block_every_lookup_of_that_caller() {
         let limits = limits(2);
         let probe = caller("192.0.2.5");
         for _ in 0..2 {
@@ -591,6 +663,108 @@ mod tests {
         assert_eq!(known.name(), "rate_limited", "even a good code is refused");
         assert!(known.retry_after().unwrap() >= Duration::from_secs(1));
         lookup(&limits, &caller("192.0.2.6"), true).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn one_guesser_never_locks_out_the_others_behind_its_address() {
+        let limits = limits_with(2, 5);
+        let guesser = person("192.0.2.5", "guesser");
+        let honest = person("192.0.2.5", "honest");
+        for _ in 0..2 {
+            lookup(&limits, &guesser, false).await.unwrap_err();
+        }
+        let over = lookup(&limits, &guesser, false).await.unwrap_err();
+        assert_eq!(over.name(), "rate_limited");
+        // Blocked, the guesser's look-ups are refused before they are made or counted.
+        for _ in 0..20 {
+            assert_eq!(
+                name(lookup(&limits, &guesser, true).await),
+                Some("rate_limited")
+            );
+        }
+        // Everyone else at the address goes on, their own typos included.
+        lookup(&limits, &honest, true).await.unwrap();
+        let typo = lookup(&limits, &honest, false).await.unwrap_err();
+        assert_eq!(typo.name(), "session_not_found");
+        lookup(&limits, &honest, true).await.unwrap();
+        // The address as a whole (no identity) has the ceiling's room left: 5 - 3 misses.
+        lookup(&limits, &caller("192.0.2.5"), true).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn many_guessers_reach_the_ceiling_which_refuses_codes_but_not_secrets() {
+        let limits = limits_with(30, 4);
+        // Four identities, one unknown code each: the address's ceiling is spent.
+        for who in ["a", "b", "c", "d"] {
+            let miss = lookup(&limits, &person("192.0.2.5", who), false).await;
+            assert_eq!(name(miss), Some("session_not_found"));
+        }
+        let fifth = lookup(&limits, &person("192.0.2.5", "e"), false).await;
+        assert_eq!(name(fifth), Some("rate_limited"));
+        // Now a code is refused to anyone at the address, a valid one too …
+        let honest = person("192.0.2.5", "honest");
+        assert_eq!(
+            name(lookup(&limits, &honest, true).await),
+            Some("rate_limited")
+        );
+        // … but a handle or claim (128-bit secrets) still opens for a caller of its own.
+        let secret = limits.guarded_as(&honest, Reference::Secret, async { Ok(()) });
+        assert_eq!(name(secret.await), None);
+        // A caller without an identity is the address itself: blocked for secrets too.
+        let anonymous = caller("192.0.2.5");
+        let secret = limits.guarded_as(&anonymous, Reference::Secret, async { Ok(()) });
+        assert_eq!(name(secret.await), Some("rate_limited"));
+        // Another address is untouched.
+        lookup(&limits, &person("192.0.2.6", "a"), true)
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn sessions_and_tool_calls_count_per_caller_under_the_address_ceiling() {
+        let limits = limits_with(2, 5);
+        let budgets = &limits.front_door;
+        let (first, second) = (person("192.0.2.5", "1"), person("192.0.2.5", "2"));
+        for _ in 0..2 {
+            budgets.create_session(&first).await.unwrap();
+            budgets.tool_call(&first).await.unwrap();
+        }
+        assert_eq!(
+            name(budgets.create_session(&first).await),
+            Some("rate_limited")
+        );
+        assert_eq!(name(budgets.tool_call(&first).await), Some("rate_limited"));
+        // Another caller at the address has its own budget, up to the ceiling (5).
+        for _ in 0..2 {
+            budgets.create_session(&second).await.unwrap();
+        }
+        let third = person("192.0.2.5", "3");
+        budgets.create_session(&third).await.unwrap();
+        assert_eq!(
+            name(budgets.create_session(&third).await),
+            Some("rate_limited")
+        );
+    }
+
+    #[tokio::test]
+    async fn ipv6_sessions_count_per_64_and_per_48() {
+        let limits = limits_with(100, 2);
+        let budgets = &limits.front_door;
+        budgets
+            .create_session(&caller("2001:db8:0:1::1"))
+            .await
+            .unwrap();
+        budgets
+            .create_session(&caller("2001:db8:0:2::1"))
+            .await
+            .unwrap();
+        // A third /64 of the same /48 finds the site's ceiling spent.
+        let third = budgets.create_session(&caller("2001:db8:0:3::1")).await;
+        assert_eq!(name(third), Some("rate_limited"));
+        budgets
+            .create_session(&caller("2001:db8:1::1"))
+            .await
+            .unwrap();
     }
 
     #[tokio::test]
@@ -629,7 +803,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn calls_are_counted_per_session_whatever_the_spelling() {
+    async fn calls_are_counted_per_caller_and_session_whatever_the_spelling() {
         let limits = limits(2);
         let who = caller("192.0.2.5");
         limits.call(&who, "ABCD-EFGH").await.unwrap();
@@ -640,5 +814,10 @@ mod tests {
         );
         limits.call(&who, "ZZZZZZZZ").await.unwrap();
         limits.call(&caller("192.0.2.6"), "ABCDEFGH").await.unwrap();
+        // Another caller at the same address has a budget of its own.
+        limits
+            .call(&person("192.0.2.5", "other"), "ABCDEFGH")
+            .await
+            .unwrap();
     }
 }

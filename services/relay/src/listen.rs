@@ -54,7 +54,7 @@ pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 * 1024;
 /// Default of `KEEP_ALIVE_IDLE_SECONDS`.
 pub const DEFAULT_KEEP_ALIVE_IDLE: Duration = Duration::from_secs(60);
 /// Default of `MAX_CONNECTIONS_PER_IP`.
-pub const DEFAULT_MAX_CONNECTIONS_PER_IP: usize = 256;
+pub const DEFAULT_MAX_CONNECTIONS_PER_IP: usize = 5_000;
 /// Smallest `MAX_HEADER_BYTES`: hyper reads at least this much at a time.
 pub const MIN_HEADER_BYTES: usize = 8 * 1024;
 

@@ -25,6 +25,7 @@ use toolrelay::wire::ProviderFrame;
 
 use crate::access::{GATEWAY_PROOF_METADATA, GatewaySecrets};
 use crate::api::Outcome;
+use crate::caller::CLIENT_IDENTITY_METADATA;
 use crate::channel::channel;
 use crate::code::SessionCode;
 use crate::config::ENV_GATEWAY_SECRET;
@@ -112,6 +113,13 @@ impl RemoteRelay {
         }
         if let Ok(address) = MetadataValue::try_from(caller.address.to_string()) {
             metadata.insert(CLIENT_ADDRESS_METADATA, address);
+        }
+        if let Some(identity) = caller
+            .identity
+            .as_ref()
+            .and_then(|identity| MetadataValue::try_from(identity.as_str()).ok())
+        {
+            metadata.insert(CLIENT_IDENTITY_METADATA, identity);
         }
         // The relay's log lines for this call carry the gateway's correlation id.
         if let Some(id) = caller

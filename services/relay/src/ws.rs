@@ -36,6 +36,7 @@ use tokio_util::sync::CancellationToken;
 use toolrelay::json::ReadError;
 use toolrelay::wire::{ProviderFrame, ProviderResponse, RelayFrame};
 
+use crate::caller::{CallerId, IdentityKind};
 use crate::drain::{Drain, Hold};
 use crate::error::{ErrorCode, ErrorInfo, ErrorKind, RelayError};
 use crate::limits::Caller;
@@ -155,7 +156,11 @@ async fn serve_tcp(relay: Relay, stream: TcpStream, peer: SocketAddr, header_tim
         Err(_) => return timed_out(),
     };
     if let Some((code, token)) = target {
-        let caller = Caller::new(peer.ip());
+        let identity = token
+            .as_deref()
+            .filter(|token| !token.is_empty())
+            .map(|token| CallerId::of(IdentityKind::ProviderToken, token));
+        let caller = Caller::new(peer.ip()).with_identity(identity);
         serve_socket(relay, socket, &caller, &code, token.as_deref()).await;
     }
 }

@@ -66,13 +66,22 @@ impl Gateway {
         format!("{}{path}", self.config.public_base_url)
     }
 
-    /// The caller of `request`, for the relay's limits (see [`Limiters::client_ip`]).
+    /// The caller of `request`, for the relay's limits (see [`Limiters::caller`]).
     pub fn caller(&self, request: &Request) -> Caller {
-        Caller::new(
-            self.limits
-                .client_ip(request.remote_addr(), request.headers()),
-        )
-        .with_correlation_id(crate::error::correlation_id())
+        let query_token = request.uri().query().and_then(|query| {
+            query
+                .split('&')
+                .find_map(|pair| pair.strip_prefix("token="))
+        });
+        let seen = crate::limits::Request {
+            method: request.method(),
+            path: request.original_uri().path(),
+            headers: request.headers(),
+            query_token,
+        };
+        self.limits
+            .caller(request.remote_addr(), seen)
+            .with_correlation_id(crate::error::correlation_id())
     }
 }
 

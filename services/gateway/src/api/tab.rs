@@ -75,7 +75,7 @@ impl TabApi {
         operation_id = "createSession"
     )]
     async fn create_session(&self, client: Client) -> Result<SessionCreated, ApiError> {
-        self.state.limits.create_session(client.0.address).await?;
+        self.state.limits.create_session(&client.0).await?;
         let session = self.state.relay.run(&client.0, CreateSession).await?;
         Ok(self.created(session))
     }

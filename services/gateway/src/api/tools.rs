@@ -184,7 +184,7 @@ impl ToolsApi {
         body: Json<Value>,
         client: Client,
     ) -> ToolOutcome {
-        if let Err(limited) = self.state.limits.tool_call(client.0.address).await {
+        if let Err(limited) = self.state.limits.tool_call(&client.0).await {
             return refused(limited).into();
         }
         let scope = scope

@@ -107,7 +107,7 @@ impl RelayMcp {
     pub(super) async fn open_codap(&self, context: &RequestContext<RoleServer>) -> CallToolResult {
         let caller = &caller_of(context);
         let state = &self.state;
-        if let Err(limited) = state.limits.create_session(caller.address).await {
+        if let Err(limited) = state.limits.create_session(caller).await {
             return failure(limited.code.as_str(), &limited.message);
         }
         let opened = match state.relay.run(caller, CreateClaimedSession).await {

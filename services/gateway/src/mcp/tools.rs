@@ -317,7 +317,7 @@ impl RelayMcp {
         context: &RequestContext<RoleServer>,
     ) -> CallToolResult {
         let caller = caller_of(context);
-        if let Err(limited) = self.state.limits.tool_call(caller.address).await {
+        if let Err(limited) = self.state.limits.tool_call(&caller).await {
             return failure(limited.code.as_str(), &limited.message);
         }
         let scope = mcp_session_of(context).map_or(Scope::None, Scope::Mcp);

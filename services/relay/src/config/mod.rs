@@ -42,10 +42,13 @@ pub const ENV_GRPC_LISTEN: &str = "GRPC_LISTEN_ADDR";
 pub const ENV_WS_LISTEN: &str = "WS_LISTEN_ADDR";
 /// `LOG_FORMAT`: `text` (default) or `json`.
 pub const ENV_LOG_FORMAT: &str = "LOG_FORMAT";
-/// `RATE_LIMIT_REQUEST_PER_CODE`: calls one address may make to one session per minute.
+/// `RATE_LIMIT_REQUEST_PER_CODE`: calls one caller may make to one session per minute.
 pub const ENV_RATE_LIMIT_REQUEST: &str = "RATE_LIMIT_REQUEST_PER_CODE";
-/// `RATE_LIMIT_LOOKUP_PER_IP`: look-ups of unknown session codes one address may make per
+/// `RATE_LIMIT_LOOKUP_PER_CALLER`: look-ups of unknown session codes one caller may make per
 /// minute (the brute-force guard).
+pub const ENV_RATE_LIMIT_LOOKUP_CALLER: &str = "RATE_LIMIT_LOOKUP_PER_CALLER";
+/// `RATE_LIMIT_LOOKUP_PER_IP`: look-ups of unknown session codes the callers at one address
+/// may make per minute together (the guard's flood ceiling).
 pub const ENV_RATE_LIMIT_LOOKUP: &str = "RATE_LIMIT_LOOKUP_PER_IP";
 /// `GUARD_IPV6_PREFIX`: length of the IPv6 prefix one client is keyed by in every per-address
 /// budget and cap (an IPv4 address is keyed whole).
@@ -54,10 +57,16 @@ pub const ENV_GUARD_IPV6_PREFIX: &str = "GUARD_IPV6_PREFIX";
 /// that finds it set without a secret refuses to start, so an upgrade cannot silently count
 /// every client against its gateway.
 pub const ENV_TRUSTED_GATEWAYS: &str = "TRUSTED_GATEWAYS";
-/// `RATE_LIMIT_SESSION_PER_IP`: sessions one address may create per minute.
+/// `RATE_LIMIT_SESSION_PER_CALLER`: sessions one caller may create per minute.
+pub const ENV_RATE_LIMIT_SESSION_CALLER: &str = "RATE_LIMIT_SESSION_PER_CALLER";
+/// `RATE_LIMIT_SESSION_PER_IP`: sessions the callers at one address may create per minute
+/// together (a flood ceiling).
 pub const ENV_RATE_LIMIT_SESSION: &str = "RATE_LIMIT_SESSION_PER_IP";
-/// `RATE_LIMIT_TOOL_PER_IP`: built-in tool calls (outside a session) one address may make per
-/// minute.
+/// `RATE_LIMIT_TOOL_PER_CALLER`: built-in tool calls (outside a session) one caller may make
+/// per minute.
+pub const ENV_RATE_LIMIT_TOOL_CALLER: &str = "RATE_LIMIT_TOOL_PER_CALLER";
+/// `RATE_LIMIT_TOOL_PER_IP`: built-in tool calls the callers at one address may make per
+/// minute together (a flood ceiling).
 pub const ENV_RATE_LIMIT_TOOL: &str = "RATE_LIMIT_TOOL_PER_IP";
 /// `API_KEYS`: keys consumers need, comma-separated (unset: open).
 pub const ENV_API_KEYS: &str = "API_KEYS";
@@ -305,10 +314,14 @@ pub struct RelayArgs {
     /// Seconds between a replica's looks at its busy or doubtful tabs' sessions.
     #[arg(long, env = ENV_TAB_SWEEP, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     pub tab_sweep_seconds: u64,
-    /// Calls one client address may make to one session per minute.
+    /// Calls one caller may make to one session per minute.
     #[arg(long, env = ENV_RATE_LIMIT_REQUEST, default_value_t = RateLimits::default().calls_per_code)]
     pub rate_limit_request_per_code: NonZeroU32,
-    /// Look-ups of unknown session codes one client address may make per minute.
+    /// Look-ups of unknown session codes one caller may make per minute.
+    #[arg(long, env = ENV_RATE_LIMIT_LOOKUP_CALLER, default_value_t = RateLimits::default().lookups_per_caller)]
+    pub rate_limit_lookup_per_caller: NonZeroU32,
+    /// Look-ups of unknown session codes the callers at one client address may make per
+    /// minute together; past it, that address is refused look-ups of codes (not of handles).
     #[arg(long, env = ENV_RATE_LIMIT_LOOKUP, default_value_t = RateLimits::default().lookups_per_ip)]
     pub rate_limit_lookup_per_ip: NonZeroU32,
     /// Megabytes of finished calls' answers kept (the oldest go first; their calls are still
@@ -359,10 +372,17 @@ pub struct ServiceArgs {
     /// Where the state shared by several replicas lives, when in Redis.
     #[command(flatten)]
     pub redis: RedisArgs,
-    /// Sessions one client address may create per minute.
+    /// Sessions one caller may create per minute.
+    #[arg(long, env = ENV_RATE_LIMIT_SESSION_CALLER, default_value_t = RateLimits::default().sessions_per_caller)]
+    pub rate_limit_session_per_caller: NonZeroU32,
+    /// Sessions the callers at one client address (and an IPv6 /48) may create per minute
+    /// together.
     #[arg(long, env = ENV_RATE_LIMIT_SESSION, default_value_t = RateLimits::default().sessions_per_ip)]
     pub rate_limit_session_per_ip: NonZeroU32,
-    /// Built-in tool calls (outside a session) one client address may make per minute.
+    /// Built-in tool calls (outside a session) one caller may make per minute.
+    #[arg(long, env = ENV_RATE_LIMIT_TOOL_CALLER, default_value_t = RateLimits::default().tools_per_caller)]
+    pub rate_limit_tool_per_caller: NonZeroU32,
+    /// Built-in tool calls the callers at one client address may make per minute together.
     #[arg(long, env = ENV_RATE_LIMIT_TOOL, default_value_t = RateLimits::default().tools_per_ip)]
     pub rate_limit_tool_per_ip: NonZeroU32,
     /// API keys the LLM-facing routes (calls, metadata, built-in tools, MCP) and gRPC consumer
@@ -403,6 +423,19 @@ impl ServiceArgs {
     /// The API keys (`API_KEYS`, `API_KEYS_FILE`), when set; errors name the variable.
     pub fn api_keys(&self) -> Result<Option<Arc<ApiKeys>>, String> {
         ApiKeys::load(&self.api_keys, self.api_keys_file.as_deref())
+    }
+
+    /// The budgets a front door spends (sessions and built-in tool calls, per caller and
+    /// address); the others at their defaults.
+    pub fn front_door_limits(&self) -> RateLimits {
+        RateLimits {
+            sessions_per_caller: self.rate_limit_session_per_caller,
+            sessions_per_ip: self.rate_limit_session_per_ip,
+            tools_per_caller: self.rate_limit_tool_per_caller,
+            tools_per_ip: self.rate_limit_tool_per_ip,
+            ipv6_prefix: self.guard_ipv6_prefix,
+            ..RateLimits::default()
+        }
     }
 
     /// The gateway secrets (`GATEWAY_SECRET`, `GATEWAY_SECRET_FILE`), when set; errors name
@@ -481,11 +514,11 @@ impl RelayArgs {
             max_json_depth: service.max_json_depth,
             drain_timeout: service.drain_timeout(),
             limits: RateLimits {
+                lookups_per_caller: self.rate_limit_lookup_per_caller,
                 lookups_per_ip: self.rate_limit_lookup_per_ip,
                 calls_per_code: self.rate_limit_request_per_code,
                 sessions_per_ip: service.rate_limit_session_per_ip,
-                tools_per_ip: service.rate_limit_tool_per_ip,
-                ipv6_prefix: service.guard_ipv6_prefix,
+                ..service.front_door_limits()
             },
             api_keys: service.api_keys()?,
             gateway_secrets,
