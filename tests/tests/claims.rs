@@ -225,7 +225,8 @@ async fn a_claim_not_redeemed_in_time_is_refused_and_says_so() {
 }
 
 #[tokio::test]
-async fn unknown_claims_count_against_the_guard_and_opening_spends_the_session_budget() {
+async fn unknown_claims_count_against_the_guard_yet_a_real_claim_pairs_and_opening_spends_the_session_budget()
+ {
     let relay = RelayConfig {
         limits: toolrelay_relay::limits::RateLimits {
             lookups_per_ip: NonZeroU32::new(3).unwrap(),
@@ -258,9 +259,13 @@ async fn unknown_claims_count_against_the_guard_and_opening_spends_the_session_b
         StatusCode::TOO_MANY_REQUESTS,
         "one guard for codes, handles and claims: {code_lookup:?}"
     );
-    // A blocked address still cannot redeem: the guard refuses before any look-up.
+    // A real claim still pairs from the blocked address: a 128-bit claim is not guessed, and
+    // the plugin of a school (one address) must not be locked out by another pupil's guesses.
     let real = redeem(&system, &claim).await;
-    assert_eq!(real.status, StatusCode::TOO_MANY_REQUESTS, "{real:?}");
+    assert_eq!(real.status, StatusCode::CREATED, "{real:?}");
+    // An unknown one is still refused, and still learns nothing.
+    let again = redeem(&system, &format!("{:032x}", 5)).await;
+    assert_eq!(again.status, StatusCode::TOO_MANY_REQUESTS, "{again:?}");
 
     // One session was created by the first open_codap; the budget allows two a minute.
     let second = call(&mcp, "open_codap", json!({})).await;

@@ -544,7 +544,7 @@ async fn miss_from(system: &System, addresses: &[&str]) -> Vec<StatusCode> {
 }
 
 #[tokio::test]
-async fn ipv6_clients_are_one_client_per_64_in_every_budget() {
+async fn ipv6_clients_are_one_client_per_64_in_every_budget_and_sessions_per_48_too() {
     let system = System::with(lookups(3), |config| {
         config.trusted_proxies = vec!["127.0.0.0/8".parse().unwrap(), "::1/128".parse().unwrap()];
         config.limits.sessions_per_ip = NonZeroU32::new(2).unwrap();
@@ -584,7 +584,10 @@ async fn ipv6_clients_are_one_client_per_64_in_every_budget() {
     assert_eq!(create("2001:db8:0:2::a").await.status, S::CREATED);
     assert_eq!(create("2001:db8:0:2::b").await.status, S::CREATED);
     assert_eq!(create("2001:db8:0:2::c").await.status, S::TOO_MANY_REQUESTS);
-    assert_eq!(create("2001:db8:0:3::c").await.status, S::CREATED);
+    // Sessions are state: they count per /48 as well, so a site's other /64s share its
+    // ceiling, and another site has its own.
+    assert_eq!(create("2001:db8:0:3::c").await.status, S::TOO_MANY_REQUESTS);
+    assert_eq!(create("2001:db8:1:3::c").await.status, S::CREATED);
     system.stop().await;
 }
 

@@ -120,7 +120,7 @@ impl Relay {
         self.guarded(caller, self.manifest_changes(code)).await
     }
 
-    /// Runs an operation on a code or handle for `caller` under the brute-force guard
+    /// Runs an operation on a code for `caller` under the brute-force guard
     /// ([`crate::limits::Limits::guarded`]). Every transport goes through it.
     pub async fn guarded<T>(
         &self,
@@ -128,6 +128,19 @@ impl Relay {
         operation: impl Future<Output = Result<T, RelayError>>,
     ) -> Result<T, RelayError> {
         self.limits().guarded(caller, operation).await
+    }
+
+    /// Runs an operation on a handle or claim for `caller` under the brute-force guard, which
+    /// refuses it only when this caller itself guessed too much
+    /// ([`crate::limits::Limits::guarded_as`]).
+    pub async fn guarded_secret<T>(
+        &self,
+        caller: &Caller,
+        operation: impl Future<Output = Result<T, RelayError>>,
+    ) -> Result<T, RelayError> {
+        self.limits()
+            .guarded_as(caller, crate::limits::Reference::Secret, operation)
+            .await
     }
 
     /// Runs a provider's operation (provider token) under the brute-force guard, which never

@@ -3,8 +3,6 @@
 //! system call.
 
 use std::fmt;
-use std::sync::LazyLock;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use data_encoding::{BASE32_NOPAD, BASE64URL_NOPAD, HEXLOWER};
 use sha2::{Digest, Sha256};
@@ -101,29 +99,19 @@ pub fn random_id() -> String {
     HEXLOWER.encode(&random_bytes::<16>())
 }
 
-/// An id that is not a secret (a call's, a correlation id), 32 hex characters: unique in this
-/// process, and across replicas by a random 64-bit half drawn once per process. The other half
-/// is a counter passed through a bijection with a random key, so ids do not show how many
-/// came before. Two per call on the hot path: no system call, unlike [`random_id`].
+/// A call's id (or a correlation id), 32 hex characters: 128 bits from a CSPRNG (ChaCha12)
+/// seeded once per thread from the operating system, so an id can be neither guessed nor
+/// predicted from others (a caller cannot name another caller's call), yet drawing one makes
+/// no system call: two per call on the hot path, unlike [`random_id`].
 pub fn unique_id() -> String {
-    static PROCESS: LazyLock<(u64, u64)> = LazyLock::new(|| {
-        let bytes = random_bytes::<16>();
-        let half = |range: std::ops::Range<usize>| {
-            u64::from_le_bytes(bytes[range].try_into().unwrap_or_default())
-        };
-        (half(0..8), half(8..16))
-    });
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let (prefix, key) = *PROCESS;
-    let count = NEXT.fetch_add(1, Ordering::Relaxed);
-    format!("{prefix:016x}{:016x}", mix(count ^ key))
-}
-
-/// splitmix64's finaliser: a bijection of `u64`, so distinct counts give distinct ids.
-fn mix(mut x: u64) -> u64 {
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
+    use rand::{Rng, SeedableRng};
+    thread_local! {
+        static IDS: std::cell::RefCell<rand::rngs::StdRng> =
+            std::cell::RefCell::new(rand::rngs::StdRng::from_seed(random_bytes::<32>()));
+    }
+    let mut bytes = [0u8; 16];
+    IDS.with(|ids| ids.borrow_mut().fill_bytes(&mut bytes));
+    HEXLOWER.encode(&bytes)
 }
 
 fn random_bytes<const N: usize>() -> [u8; N] {
@@ -137,7 +125,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn unique_ids_are_distinct_hex_and_share_the_process_half() {
+    fn unique_ids_are_distinct_128_bit_hex_with_nothing_shared() {
         let ids: Vec<String> = (0..10_000).map(|_| unique_id()).collect();
         let distinct: std::collections::HashSet<&String> = ids.iter().collect();
         assert_eq!(distinct.len(), ids.len());
@@ -145,12 +133,14 @@ mod tests {
             ids.iter()
                 .all(|id| id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()))
         );
-        assert!(ids.iter().all(|id| id[..16] == ids[0][..16]));
-        // Consecutive ids do not count up visibly.
-        assert_ne!(
-            u64::from_str_radix(&ids[1][16..], 16).unwrap(),
-            u64::from_str_radix(&ids[0][16..], 16).unwrap() + 1
-        );
+        // No part is fixed per process (as a prefix would be) and none counts up: 10,000 ids
+        // share no 16-digit half.
+        let halves: std::collections::HashSet<&str> =
+            ids.iter().flat_map(|id| [&id[..16], &id[16..]]).collect();
+        assert_eq!(halves.len(), 2 * ids.len());
+        // Another thread draws from a generator of its own.
+        let other = std::thread::spawn(unique_id).join().unwrap();
+        assert!(!ids.contains(&other));
     }
 
     #[test]

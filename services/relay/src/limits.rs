@@ -295,7 +295,7 @@ impl Limits {
 
     /// [`Limits::guarded`] for a look-up of `reference`. A handle or claim is a 128-bit secret
     /// nobody guesses, so only its caller's own block refuses it, never one its address earned
-    /// through other callers' unknown codes.
+    /// through other callers' unknown codes; an unknown one still counts.
     pub async fn guarded_as<T>(
         &self,
         caller: &Caller,
@@ -397,13 +397,15 @@ impl Limits {
     }
 
     /// Refuses a look-up of `reference` by a blocked caller, or by any caller at a blocked
-    /// address when it names a code (a caller without an identity is its address).
+    /// address when it names a code. A handle or claim is refused only to a caller blocked by
+    /// its own identity: a 128-bit secret is not guessed, so the plugin redeeming its claim
+    /// from a school's blocked address still pairs.
     fn check(&self, caller: &Caller, reference: Reference) -> Result<(), RelayError> {
         let now = Instant::now();
         let blocked = locked(&self.blocked);
         let until = |key: &str| blocked.get(key).copied().filter(|until| *until > now);
         let mut refused = caller.identity.as_ref().and_then(|id| until(id.as_str()));
-        if reference == Reference::Code || caller.identity.is_none() {
+        if reference == Reference::Code {
             refused = refused.max(until(&self.address_key(caller)));
         }
         match refused {
@@ -710,10 +712,18 @@ mod tests {
         // … but a handle or claim (128-bit secrets) still opens for a caller of its own.
         let secret = limits.guarded_as(&honest, Reference::Secret, async { Ok(()) });
         assert_eq!(name(secret.await), None);
-        // A caller without an identity is the address itself: blocked for secrets too.
+        // So does a claim redeemed by a page with no identity (the plugin at a school).
         let anonymous = caller("192.0.2.5");
         let secret = limits.guarded_as(&anonymous, Reference::Secret, async { Ok(()) });
-        assert_eq!(name(secret.await), Some("rate_limited"));
+        assert_eq!(name(secret.await), None);
+        // The guesser blocked by its own identity is refused even a secret.
+        let strict = limits_with(2, 100);
+        let own = person("192.0.2.7", "g");
+        for _ in 0..3 {
+            let _ = lookup(&strict, &own, false).await;
+        }
+        let refused = strict.guarded_as(&own, Reference::Secret, async { Ok(()) });
+        assert_eq!(name(refused.await), Some("rate_limited"));
         // Another address is untouched.
         lookup(&limits, &person("192.0.2.6", "a"), true)
             .await

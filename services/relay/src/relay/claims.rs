@@ -194,7 +194,9 @@ impl Operation for RedeemClaim {
     type Output = NewSession;
 
     async fn run(self, relay: &Relay, caller: &Caller) -> Result<NewSession, RelayError> {
-        relay.guarded(caller, relay.redeem_claim(&self.claim)).await
+        relay
+            .guarded_secret(caller, relay.redeem_claim(&self.claim))
+            .await
     }
 
     fn into_message(self) -> (Self::Message, Credential) {

@@ -259,7 +259,7 @@ impl Operation for ResolveHandle {
     async fn run(self, relay: &Relay, caller: &Caller) -> Result<String, RelayError> {
         relay.limits().admit(caller)?;
         let code = relay
-            .guarded(caller, relay.resolve_handle(&self.handle))
+            .guarded_secret(caller, relay.resolve_handle(&self.handle))
             .await?;
         Ok(code.as_str().to_owned())
     }

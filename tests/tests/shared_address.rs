@@ -1,0 +1,252 @@
+//! Many people behind one address (SPEC §10): every user of a hosted assistant calls from its
+//! vendor's few addresses, and a school sits behind one NAT. With the default settings, one
+//! caller guessing codes must not refuse anyone else at its address, and a class must be able
+//! to open its tabs at once. Everything here comes from 127.0.0.1, as from one NAT.
+//!
+//! On the in-memory store, and on Redis with `TOOLRELAY_TEST_STORE=redis` (`scripts/test.sh`).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::{Value, json};
+use toolrelay_relay::RelayConfig;
+use toolrelay_tests::mcp::{Mcp, call, connect};
+use toolrelay_tests::system::System;
+use toolrelay_tests::{WsTab, demo_tools};
+
+/// Honest users, each with a tab of its own and an MCP conversation of its own.
+const HONEST: usize = 150;
+/// How many of them mistype a code now and then.
+const MISTYPERS: usize = 10;
+/// How long the attacker guesses at full speed.
+const ATTACK: Duration = Duration::from_secs(20);
+/// How often an honest user calls its tab: people, not a loop (well within the 60 calls a
+/// minute one caller may make to one session).
+const PACE: Duration = Duration::from_millis(1_500);
+
+/// A tab answering every call it gets, until the socket closes or the task is aborted.
+fn serve(mut tab: WsTab) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        while let Some(frame) = tab.next_frame().await {
+            if frame["type"] == "tool-request" {
+                let id = frame["requestId"].as_str().unwrap_or_default().to_owned();
+                tab.send(json!({"type": "response", "requestId": id, "success": true,
+                    "result": {"echoed": frame["args"]["text"]}}))
+                    .await;
+            }
+        }
+    })
+}
+
+/// A code nobody was given (`Z` and `2`–`7` only: a created code is random over all of
+/// Base32, so a clash is a 1-in-2^40 chance per guess).
+fn unknown_code(n: usize) -> String {
+    let digits = b"Z234567";
+    (0..8)
+        .map(|i| char::from(digits[(n / 7usize.pow(i)) % 7]))
+        .collect()
+}
+
+/// The error name of a failed tool call, if it failed.
+fn refusal(result: &rmcp::model::CallToolResult) -> Option<String> {
+    (result.is_error == Some(true)).then(|| {
+        result
+            .structured_content
+            .as_ref()
+            .and_then(|content| content["error"]["code"].as_str())
+            .unwrap_or("unknown")
+            .to_owned()
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn honest_users_behind_one_address_are_never_refused_while_one_of_them_guesses() {
+    toolrelay_relay::listen::raise_open_files_limit();
+    let system = Arc::new(System::with(RelayConfig::default(), |_| {}).await);
+
+    // 150 people open their plugin (a tab each) and connect their conversation to it.
+    let mut tabs = Vec::new();
+    let mut codes = Vec::new();
+    for _ in 0..HONEST {
+        let (code, token) = system.create_session().await;
+        let mut tab = WsTab::attach_url(&system.ws_url(&code, &token)).await;
+        tab.register(demo_tools()).await;
+        tabs.push(serve(tab));
+        codes.push(code);
+    }
+    let mcp_url = system.url("/mcp");
+    let users: Vec<(Mcp, String)> = futures::stream::iter(codes)
+        .map(|code| {
+            let url = mcp_url.clone();
+            async move {
+                let mcp = connect(&url).await;
+                let connected = call(&mcp, "connect_session", json!({"code": code})).await;
+                assert_eq!(refusal(&connected), None, "{connected:?}");
+                (mcp, code)
+            }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+
+    // One of them has the model try random codes, as fast as the relay answers.
+    let attacker = connect(&mcp_url).await;
+    let stop = tokio::time::Instant::now() + ATTACK;
+    let guessing = tokio::spawn(async move {
+        let (mut guesses, mut refused) = (0, 0);
+        while tokio::time::Instant::now() < stop {
+            let code = unknown_code(guesses);
+            let answer = call(&attacker, "connect_session", json!({"code": code})).await;
+            guesses += 1;
+            match refusal(&answer).as_deref() {
+                Some("rate_limited") => refused += 1,
+                Some("session_not_found") => {}
+                other => panic!("a guess got {other:?}: {answer:?}"),
+            }
+        }
+        let _ = attacker.cancel().await;
+        (guesses, refused)
+    });
+
+    // Meanwhile everyone else works: a call to their tab every PACE, and ten of them mistype a
+    // code now and then.
+    let refusals = Arc::new(AtomicUsize::new(0));
+    let answered = Arc::new(AtomicUsize::new(0));
+    let working = users.into_iter().enumerate().map(|(n, (mcp, code))| {
+        let (refusals, answered) = (Arc::clone(&refusals), Arc::clone(&answered));
+        tokio::spawn(async move {
+            let mut round = 0;
+            while tokio::time::Instant::now() < stop {
+                let text = format!("{n}-{round}");
+                let arguments =
+                    json!({"session": code, "name": "echo", "arguments": {"text": text}});
+                let answer = call(&mcp, "call_session_tool", arguments).await;
+                match refusal(&answer) {
+                    None => {
+                        let echoed = answer
+                            .structured_content
+                            .as_ref()
+                            .map(|c| c["echoed"].clone());
+                        assert_eq!(echoed, Some(Value::from(text)), "{answer:?}");
+                        answered.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Some(name) => {
+                        assert_eq!(name, "rate_limited", "an honest call failed: {answer:?}");
+                        refusals.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                if n < MISTYPERS && round % 3 == 1 {
+                    let typo = call(
+                        &mcp,
+                        "connect_session",
+                        json!({"code": unknown_code(1_000_000 + n * 100 + round)}),
+                    )
+                    .await;
+                    match refusal(&typo).as_deref() {
+                        Some("session_not_found") => {}
+                        Some("rate_limited") => {
+                            refusals.fetch_add(1, Ordering::Relaxed);
+                        }
+                        other => panic!("a mistyped code got {other:?}"),
+                    }
+                }
+                round += 1;
+                tokio::time::sleep(PACE).await;
+            }
+            let _ = mcp.cancel().await;
+        })
+    });
+    for worker in futures::future::join_all(working).await {
+        worker.unwrap();
+    }
+    let (guesses, guesses_refused) = guessing.await.unwrap();
+    for tab in tabs {
+        tab.abort();
+    }
+
+    let (refused, answered) = (
+        refusals.load(Ordering::Relaxed),
+        answered.load(Ordering::Relaxed),
+    );
+    println!(
+        "{HONEST} users on one address: {answered} calls answered, {refused} refused; the attacker made {guesses} guesses in {ATTACK:?}, {guesses_refused} of them refused"
+    );
+    assert_eq!(refused, 0, "no honest call or typo is refused");
+    // Every user got through, again and again (slow is allowed; refused is not).
+    assert!(answered >= HONEST * 2, "{answered} calls answered");
+    // The guesser itself was stopped: 30 unknown codes, then one more every 2 s as its budget
+    // (30 a minute) refills, and refusals for the rest.
+    assert!(guesses > 100, "the attacker made only {guesses} guesses");
+    let allowed = 30 + usize::try_from(ATTACK.as_secs() / 2).unwrap() + 2;
+    assert!(
+        guesses - guesses_refused <= allowed,
+        "{guesses_refused} of {guesses} refused"
+    );
+    Arc::try_unwrap(system).ok().unwrap().stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_school_of_a_thousand_tabs_behind_one_address_opens_within_a_minute() {
+    const TABS: usize = 1_000;
+    toolrelay_relay::listen::raise_open_files_limit();
+    let system = System::with(RelayConfig::default(), |_| {}).await;
+    let started = tokio::time::Instant::now();
+    let deadline = started + Duration::from_secs(60);
+    let base = system.url("");
+    let ws = base.replacen("http", "ws", 1);
+    let http = reqwest::Client::new();
+    // Each pupil's plugin creates a session and attaches its WebSocket, 50 at a time.
+    let tabs: Vec<(String, WsTab)> = futures::stream::iter(0..TABS)
+        .map(|_| {
+            let (http, base, ws) = (http.clone(), base.clone(), ws.clone());
+            async move {
+                let created = http
+                    .post(format!("{base}/api/sessions"))
+                    .json(&json!({}))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(created.status(), 201, "a session refused to a pupil");
+                let body: Value = created.json().await.unwrap();
+                let code = body["code"].as_str().unwrap().to_owned();
+                let token = body["providerToken"].as_str().unwrap();
+                let url = format!("{ws}/api/sessions/{code}/ws?token={token}");
+                (code, WsTab::attach_url(&url).await)
+            }
+        })
+        .buffer_unordered(50)
+        .collect()
+        .await;
+    let took = started.elapsed();
+    println!("{TABS} tabs from one address created and connected in {took:?}");
+    assert_eq!(tabs.len(), TABS);
+    assert!(
+        tokio::time::Instant::now() < deadline,
+        "{TABS} tabs took {took:?}"
+    );
+    // Each session says its tab is there, over the WebSocket.
+    let connected = futures::stream::iter(&tabs)
+        .map(|(code, _)| {
+            let (http, base) = (http.clone(), base.clone());
+            async move {
+                let status: Value = http
+                    .get(format!("{base}/api/sessions/{code}"))
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+                status["providerConnected"] == true && status["transport"] == "websocket"
+            }
+        })
+        .buffer_unordered(50)
+        .filter(|connected| std::future::ready(*connected))
+        .count()
+        .await;
+    assert_eq!(connected, TABS);
+    drop(tabs);
+    system.stop().await;
+}
