@@ -83,9 +83,10 @@ impl Limiters {
     /// README's "Who a caller is"), or `None` for the address alone:
     /// * on MCP, its client session (`Mcp-Session-Id`), or for a sessionless client of
     ///   `/mcp/s/{handle}` the handle;
-    /// * where the operator set API keys, the key;
     /// * on a tab's routes, its provider token;
-    /// * from a range in `SHARED_EGRESS_RANGES`, the assistant's per-user header.
+    /// * from a range in `SHARED_EGRESS_RANGES`, the assistant's per-user header;
+    /// * where the operator set API keys, the key (which all users of one GPT share, hence
+    ///   after the per-user header).
     ///
     /// An identity the relay cannot check (a made-up session id, token or header) buys no
     /// more than a fresh budget under the same address ceiling.
@@ -117,18 +118,16 @@ impl Limiters {
                 .filter(|token| !token.is_empty());
             return token.map(|token| CallerId::of(IdentityKind::ProviderToken, token));
         }
-        if self.api_keys
-            && let Some(key) = bearer
+        // Every user of one GPT sends that GPT's key: its per-user header is the finer name.
+        if is_within(&self.shared_egress, address)
+            && let Some(user) = ASSISTANT_USER_HEADERS.iter().find_map(|name| header(name))
         {
-            return Some(CallerId::of(IdentityKind::ApiKey, key));
+            return Some(CallerId::of(IdentityKind::AssistantUser, user));
         }
-        if is_within(&self.shared_egress, address) {
-            return ASSISTANT_USER_HEADERS
-                .iter()
-                .find_map(|name| header(name))
-                .map(|user| CallerId::of(IdentityKind::AssistantUser, user));
+        match bearer {
+            Some(key) if self.api_keys => Some(CallerId::of(IdentityKind::ApiKey, key)),
+            _ => None,
         }
-        None
     }
 
     /// The address a request counts against.
@@ -283,6 +282,13 @@ mod tests {
         let with_keys = self::limiters("203.0.113.0/24", true);
         let key = identity(&with_keys, "192.0.2.1", Method::POST, call, &keyed);
         assert!(key.unwrap().starts_with("key:"));
+        // A GPT's users share its key; from a shared range each is still told apart.
+        let both = [
+            ("authorization", "Bearer k1"),
+            ("openai-ephemeral-user-id", "u1"),
+        ];
+        let user = identity(&with_keys, shared, Method::POST, call, &both);
+        assert_eq!(user.as_deref(), Some(from_shared.as_str()));
     }
 
     #[tokio::test]
