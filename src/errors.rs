@@ -145,6 +145,8 @@ error_codes! {
     StoreUnavailable = "store_unavailable", Unavailable;
     /// The store is at its memory limit and refuses writes.
     StoreFull = "store_full", Unavailable;
+    /// The relay holds as many of something (live sessions) as its operator allows.
+    AtCapacity = "at_capacity", Unavailable;
     /// The relay (or gateway) is shutting down.
     ShuttingDown = "shutting_down", Unavailable;
     /// Too many requests from this client.

@@ -14,9 +14,9 @@ use toolrelay_relay::config::{RedisSettings, Topology};
 use toolrelay_relay::store::memory::{MAX_TICKETS_PER_SCOPE, MemoryStore, StoreLimits};
 use toolrelay_relay::store::redis::RedisStore;
 use toolrelay_relay::store::{
-    Answerer, BUILTIN_LEASE, Claim, EnqueueChecks, Enqueued, EventStream, Finished, McpSessionCaps,
-    McpSessionsFull, NewRequest, ProviderInfo, RateBudget, RateCharge, SessionEvent, SessionRecord,
-    Store, TabState, Transport,
+    Answerer, BUILTIN_LEASE, Claim, EnqueueChecks, Enqueued, EventStream, Finished, Inserted,
+    McpSessionCaps, McpSessionsFull, NewRequest, ProviderInfo, RateBudget, RateCharge,
+    SessionEvent, SessionRecord, Store, TabState, Transport,
 };
 // The parts of the store's interface, for the tests that hold a store by its own type.
 use toolrelay_relay::store::{BudgetStore, Reachable, SessionStore};
@@ -290,6 +290,28 @@ conformance! {
         assert!(!fixture.store.delete_session(&record.code).await.unwrap());
         assert!(fixture.store.session(&record.code).await.unwrap().is_none());
         assert_eq!(fixture.store.session_by_handle("handle-ABCD2345").await.unwrap(), None);
+    }
+
+    async fn live_sessions_stay_within_their_ceiling(fixture) {
+        let now = fixture.now();
+        let store = &fixture.store;
+        let within = |code: &str, ttl| store.insert_session_within(session(code, now, ttl), 2);
+        assert_eq!(within("AAAA2345", Duration::from_secs(60)).await.unwrap(), Inserted::Inserted);
+        assert_eq!(within("BBBB2345", HOUR).await.unwrap(), Inserted::Inserted);
+        // A taken code is still told apart from a full store.
+        assert_eq!(within("BBBB2345", HOUR).await.unwrap(), Inserted::Taken);
+        assert_eq!(within("CCCC2345", HOUR).await.unwrap(), Inserted::Full);
+        assert!(store.session(&code_of("CCCC2345")).await.unwrap().is_none(), "nothing kept");
+        assert_eq!(store.usage().await.unwrap().sessions, 2);
+        // A session that ends, or expires, makes room.
+        assert!(store.delete_session(&code_of("BBBB2345")).await.unwrap());
+        assert_eq!(within("CCCC2345", HOUR).await.unwrap(), Inserted::Inserted);
+        assert_eq!(within("DDDD2345", HOUR).await.unwrap(), Inserted::Full);
+        fixture.advance(Duration::from_secs(61));
+        let later = fixture.now();
+        let record = session("DDDD2345", later, HOUR);
+        assert_eq!(store.insert_session_within(record, 2).await.unwrap(), Inserted::Inserted);
+        assert_eq!(store.usage().await.unwrap().sessions, 2);
     }
 
     async fn a_session_expires_unless_touched_and_never_past_its_maximum(fixture) {

@@ -194,6 +194,18 @@ pub enum RelayError {
         "The relay's store is full and refuses new work right now. Try again in a minute; if it lasts, tell the relay's operator (its store is at its memory limit)."
     )]
     StoreFull(StoreError),
+    /// The relay holds as many of something as its operator allows (a global ceiling).
+    #[error(
+        "The relay holds as many {what} as it may ({limit} = {value}). Try again in a minute; if it lasts, tell the relay's operator."
+    )]
+    AtCapacity {
+        /// What is at its ceiling, e.g. "live sessions".
+        what: &'static str,
+        /// The setting that names the ceiling, e.g. `MAX_SESSIONS`.
+        limit: &'static str,
+        /// Its value.
+        value: usize,
+    },
     /// The relay is stopping.
     #[error("The relay is restarting. Reconnect in a moment.")]
     ShuttingDown,
@@ -255,6 +267,9 @@ pub enum RelayError {
 
 /// When to try again after the store refused a write for being full.
 const STORE_FULL_RETRY: Duration = Duration::from_secs(10);
+/// When to try again after a global ceiling refused something new (things expire by the
+/// minute).
+const AT_CAPACITY_RETRY: Duration = Duration::from_secs(60);
 
 /// A store failure, by its kind: full, or unavailable.
 impl From<StoreError> for RelayError {
@@ -291,6 +306,7 @@ impl RelayError {
             Self::InvalidResponse { .. } => ErrorCode::InvalidResponse,
             Self::StoreUnavailable(_) => ErrorCode::StoreUnavailable,
             Self::StoreFull(_) => ErrorCode::StoreFull,
+            Self::AtCapacity { .. } => ErrorCode::AtCapacity,
             Self::ShuttingDown => ErrorCode::ShuttingDown,
             Self::Drained { .. } => ErrorCode::ShuttingDown,
             Self::ApiKeyRequired => ErrorCode::ApiKeyRequired,
@@ -323,6 +339,7 @@ impl RelayError {
             }
             // Room comes back when an operator acts or sessions expire, not in a moment.
             Self::StoreFull(_) => Some(STORE_FULL_RETRY),
+            Self::AtCapacity { .. } => Some(AT_CAPACITY_RETRY),
             _ => None,
         }
     }

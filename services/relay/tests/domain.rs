@@ -618,8 +618,12 @@ async fn overlapping_attaches_leave_one_connection_standing() {
     }
     #[async_trait::async_trait]
     impl SessionStore for Slow {
-        async fn insert_session(&self, s: SessionRecord) -> Result<bool, StoreError> {
-            self.0.insert_session(s).await
+        async fn insert_session_within(
+            &self,
+            s: SessionRecord,
+            max_live: usize,
+        ) -> Result<toolrelay_relay::store::Inserted, StoreError> {
+            self.0.insert_session_within(s, max_live).await
         }
         async fn session(&self, c: &SessionCode) -> Result<Option<SessionRecord>, StoreError> {
             self.0.session(c).await

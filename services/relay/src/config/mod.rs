@@ -28,6 +28,11 @@ pub const ENV_CLAIM_TTL: &str = "CLAIM_TTL_SECONDS";
 pub const ENV_REQUEST_TIMEOUT: &str = "REQUEST_TIMEOUT_SECONDS";
 /// `MAX_PENDING_PER_SESSION`: unanswered calls a session may hold.
 pub const ENV_MAX_PENDING: &str = "MAX_PENDING_PER_SESSION";
+/// `MAX_SESSIONS`: live sessions the relay holds in all (every replica on one store
+/// together); past it, new ones get 503 `at_capacity`.
+pub const ENV_MAX_SESSIONS: &str = "MAX_SESSIONS";
+/// The default of `MAX_SESSIONS`: at ~2.4 KB a CODAP session in Redis, ~240 MB.
+pub const DEFAULT_MAX_SESSIONS: usize = 100_000;
 /// `HEARTBEAT_SECONDS`: interval of heartbeats to connected providers.
 pub const ENV_HEARTBEAT: &str = "HEARTBEAT_SECONDS";
 /// `TAB_REFRESH_SECONDS`: how often a replica records itself alive (its tabs' presence) and
@@ -120,6 +125,8 @@ pub struct RelayConfig {
     pub request_timeout: Duration,
     /// Unanswered calls a session may hold; more are refused.
     pub max_pending_per_session: usize,
+    /// Live sessions in all; more are refused (`MAX_SESSIONS`).
+    pub max_sessions: usize,
     /// Interval of heartbeats to connected providers.
     pub heartbeat_interval: Duration,
     /// How often the replica records itself alive and slides the sessions of its tabs with
@@ -182,6 +189,7 @@ impl Default for RelayConfig {
             claim_ttl: Duration::from_secs(600),
             request_timeout: Duration::from_secs(60),
             max_pending_per_session: 100,
+            max_sessions: DEFAULT_MAX_SESSIONS,
             heartbeat_interval: Duration::from_secs(25),
             tab_refresh: Duration::from_secs(60),
             tab_sweep: Duration::from_secs(30),
@@ -304,6 +312,10 @@ pub struct RelayArgs {
     /// Unanswered calls a session may hold.
     #[arg(long, env = ENV_MAX_PENDING, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub max_pending_per_session: u64,
+    /// Live sessions the relay holds in all, every replica on one store together; past it,
+    /// new sessions get 503 `at_capacity` naming this setting.
+    #[arg(long, env = ENV_MAX_SESSIONS, default_value_t = DEFAULT_MAX_SESSIONS as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_sessions: u64,
     /// Seconds between heartbeats to connected providers.
     #[arg(long, env = ENV_HEARTBEAT, default_value_t = 25, value_parser = clap::value_parser!(u64).range(1..))]
     pub heartbeat_seconds: u64,
@@ -532,6 +544,7 @@ impl RelayArgs {
             request_timeout: Duration::from_secs(self.request_timeout_seconds),
             max_pending_per_session: usize::try_from(self.max_pending_per_session)
                 .unwrap_or(usize::MAX),
+            max_sessions: usize::try_from(self.max_sessions).unwrap_or(usize::MAX),
             heartbeat_interval: Duration::from_secs(self.heartbeat_seconds),
             tab_refresh: Duration::from_secs(self.tab_refresh_seconds),
             tab_sweep: Duration::from_secs(self.tab_sweep_seconds),

@@ -118,10 +118,12 @@ pub enum Refusal {
     Host,
     /// A gRPC request naming a client address without a valid gateway secret.
     GatewayProof,
+    /// A new session over the ceiling of live sessions (`MAX_SESSIONS`).
+    SessionsTotal,
 }
 
 impl Refusal {
-    pub(super) const ALL: [Self; 9] = [
+    pub(super) const ALL: [Self; 10] = [
         Self::ConnectionsPerAddress,
         Self::ConnectionsTotal,
         Self::HeaderTimeout,
@@ -131,6 +133,7 @@ impl Refusal {
         Self::FetchMetadata,
         Self::Host,
         Self::GatewayProof,
+        Self::SessionsTotal,
     ];
 
     /// The label value.
@@ -145,6 +148,7 @@ impl Refusal {
             Self::FetchMetadata => "fetch_metadata",
             Self::Host => "host",
             Self::GatewayProof => "gateway_proof",
+            Self::SessionsTotal => "sessions_total",
         }
     }
 }

@@ -12,10 +12,11 @@ use crate::clock::Timestamp;
 use crate::code::{self, SessionCode};
 use crate::error::RelayError;
 use crate::limits::Caller;
+use crate::metrics::Refusal;
 use crate::operation::{Credential, Credentials, Operation, Visitor};
 use crate::pool::Retry;
 use crate::remote::RemoteRelay;
-use crate::store::{RequestRecord, SessionRecord, Transport};
+use crate::store::{Inserted, RequestRecord, SessionRecord, Transport};
 
 impl Relay {
     /// Creates a session.
@@ -50,10 +51,30 @@ impl Relay {
                 max_expires_at: record.max_expires_at,
                 mcp_handle: record.mcp_handle.clone(),
             };
-            if self.inner.store.insert_session(record).await? {
-                self.inner.metrics.session_created();
-                tracing::info!(code = %session.code.redacted(), "session created");
-                return Ok(session);
+            match self
+                .inner
+                .store
+                .insert_session_within(record, config.max_sessions)
+                .await?
+            {
+                Inserted::Inserted => {
+                    self.inner.metrics.session_created();
+                    tracing::info!(code = %session.code.redacted(), "session created");
+                    return Ok(session);
+                }
+                Inserted::Taken => {}
+                Inserted::Full => {
+                    self.inner.metrics.refused(Refusal::SessionsTotal);
+                    tracing::warn!(
+                        max_sessions = config.max_sessions,
+                        "a new session was refused: MAX_SESSIONS live already"
+                    );
+                    return Err(RelayError::AtCapacity {
+                        what: "live sessions",
+                        limit: crate::config::ENV_MAX_SESSIONS,
+                        value: config.max_sessions,
+                    });
+                }
             }
         }
         // 8 collisions in a row among 2^40 codes means the store is not behaving.

@@ -476,6 +476,17 @@ pub struct McpSessionCaps {
     pub total: u32,
 }
 
+/// What became of a new session ([`SessionStore::insert_session_within`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Inserted {
+    /// It lives.
+    Inserted,
+    /// A live session has its code: try another.
+    Taken,
+    /// As many sessions live as may.
+    Full,
+}
+
 /// Which cap refused a new MCP client session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum McpSessionsFull {

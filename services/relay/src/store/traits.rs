@@ -13,7 +13,7 @@ use serde_json::Value;
 use toolrelay::wire::{RequestStatus, ToolResponse};
 
 use super::{
-    Answerer, Claim, EnqueueChecks, Enqueued, EventStream, Finished, McpSessionCaps,
+    Answerer, Claim, EnqueueChecks, Enqueued, EventStream, Finished, Inserted, McpSessionCaps,
     McpSessionsFull, NewRequest, ProviderInfo, RateBudget, RequestRecord, SessionEvent,
     SessionRecord, StoreUsage, TabState,
 };
@@ -34,7 +34,19 @@ pub trait Reachable: Send + Sync + 'static {
 #[async_trait]
 pub trait SessionStore: Reachable {
     /// Inserts a new session with an empty manifest; false when the code is taken.
-    async fn insert_session(&self, session: SessionRecord) -> Result<bool, StoreError>;
+    async fn insert_session(&self, session: SessionRecord) -> Result<bool, StoreError> {
+        let inserted = self.insert_session_within(session, usize::MAX).await?;
+        Ok(inserted == Inserted::Inserted)
+    }
+
+    /// Inserts a new session with an empty manifest unless its code is taken, or `max_live`
+    /// sessions live already (`MAX_SESSIONS`: every replica sharing the store counts the same
+    /// sessions, and the store never holds more).
+    async fn insert_session_within(
+        &self,
+        session: SessionRecord,
+        max_live: usize,
+    ) -> Result<Inserted, StoreError>;
 
     /// The live session.
     async fn session(&self, code: &SessionCode) -> Result<Option<SessionRecord>, StoreError>;
@@ -366,7 +378,8 @@ macro_rules! store_methods {
         });
 
         $callback!(SessionStore {
-            fn insert_session(&self, session: SessionRecord) -> bool => InsertSession;
+            fn insert_session_within(&self, session: SessionRecord, max_live: usize)
+                -> Inserted => InsertSession;
             fn session(&self, code: &SessionCode) -> Option<SessionRecord> => Session;
             fn session_by_handle(&self, handle: &str) -> Option<SessionCode> => SessionByHandle;
             fn touch_session(

@@ -14,22 +14,39 @@ use crate::error::StoreError;
 use crate::store::events::SessionChannel;
 use crate::store::{
     Answerer, BUILTIN_CONNECTION, BudgetStore, Claim, EnqueueChecks, Enqueued, EventStream,
-    Finished, NewRequest, ProviderInfo, RequestRecord, SessionEvent, SessionRecord, SessionStore,
-    StoreUsage,
+    Finished, Inserted, NewRequest, ProviderInfo, RequestRecord, SessionEvent, SessionRecord,
+    SessionStore, StoreUsage,
 };
 
 #[async_trait]
 impl SessionStore for MemoryStore {
-    async fn insert_session(&self, session: SessionRecord) -> Result<bool, StoreError> {
+    async fn insert_session_within(
+        &self,
+        session: SessionRecord,
+        max_live: usize,
+    ) -> Result<Inserted, StoreError> {
         let now = self.clock.now();
         let mut tables = self.lock();
         if let Some(existing) = tables.sessions.get(&session.code) {
             if existing.session.expires_at > now {
-                return Ok(false);
+                return Ok(Inserted::Taken);
             }
             // Expired and not swept yet: gone for good now.
             tables.remove_session(&session.code);
             self.metrics.sessions_expired(1);
+        }
+        // Only near the ceiling are the expired sessions not swept yet told apart (the index
+        // is in expiry order: what it costs is what has expired).
+        if tables.sessions.len() >= max_live {
+            let expired = tables
+                .index
+                .expiries
+                .iter()
+                .take_while(|(expires_at, _)| *expires_at <= now)
+                .count();
+            if tables.sessions.len() - expired >= max_live {
+                return Ok(Inserted::Full);
+            }
         }
         tables
             .handles
@@ -53,7 +70,7 @@ impl SessionStore for MemoryStore {
                 listeners: SessionChannel::new(),
             },
         );
-        Ok(true)
+        Ok(Inserted::Inserted)
     }
 
     async fn session(&self, code: &SessionCode) -> Result<Option<SessionRecord>, StoreError> {

@@ -63,8 +63,9 @@ use self::scripts::{
 };
 use super::memory::StoreLimits;
 use super::{
-    Answerer, Claim, EnqueueChecks, Enqueued, EventStream, Finished, NewRequest, ProviderInfo,
-    Reachable, RequestRecord, SessionRecord, SessionStore, StoreUsage, TabState, rules,
+    Answerer, Claim, EnqueueChecks, Enqueued, EventStream, Finished, Inserted, NewRequest,
+    ProviderInfo, Reachable, RequestRecord, SessionRecord, SessionStore, StoreUsage, TabState,
+    rules,
 };
 use crate::clock::{Clock, Timestamp};
 use crate::code::SessionCode;
@@ -344,7 +345,30 @@ impl Reachable for RedisStore {
 
 #[async_trait]
 impl SessionStore for RedisStore {
-    async fn insert_session(&self, session: SessionRecord) -> Result<bool, StoreError> {
+    async fn insert_session_within(
+        &self,
+        session: SessionRecord,
+        max_live: usize,
+    ) -> Result<Inserted, StoreError> {
+        // The place among the live sessions first (the set the metrics count, one key): the
+        // session's own keys are in its slot, so the two cannot share a script on a Cluster.
+        // A place whose session then finds its code taken is the live session's own.
+        if max_live < usize::MAX {
+            let placed: i64 = self
+                .scripts
+                .place
+                .key(self.key("sessions"))
+                .arg(self.clock.now().0)
+                .arg(max_live)
+                .arg(session.code.as_str())
+                .arg(session.expires_at.0)
+                .invoke_async(&mut self.connection())
+                .await
+                .map_err(store_error)?;
+            if placed == 0 {
+                return Ok(Inserted::Full);
+            }
+        }
         let inserted: i64 = self
             .run(
                 &self.scripts.insert,
@@ -361,7 +385,7 @@ impl SessionStore for RedisStore {
             )
             .await?;
         if inserted != 1 {
-            return Ok(false);
+            return Ok(Inserted::Taken);
         }
         let () = redis::pipe()
             .cmd("SET")
@@ -378,7 +402,7 @@ impl SessionStore for RedisStore {
             .query_async(&mut self.connection())
             .await
             .map_err(store_error)?;
-        Ok(true)
+        Ok(Inserted::Inserted)
     }
 
     async fn session(&self, code: &SessionCode) -> Result<Option<SessionRecord>, StoreError> {

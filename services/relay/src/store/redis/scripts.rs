@@ -152,6 +152,7 @@ pub(super) struct Scripts {
     pub put_mcp: Script,
     pub touch_mcp: Script,
     pub delete_mcp: Script,
+    pub place: Script,
 }
 
 /// A script: the `#!lua` line, the rules' constants, `parts` in order; on a Cluster
@@ -215,12 +216,13 @@ impl Scripts {
             put_mcp: script(&[MCP, include_str!("lua/put_mcp.lua")], sharded),
             touch_mcp: script(&[MCP, include_str!("lua/touch_mcp.lua")], sharded),
             delete_mcp: script(&[MCP, include_str!("lua/delete_mcp.lua")], sharded),
+            place: script(&[include_str!("lua/place.lua")], sharded),
         }
     }
 
     /// Every script, to load at connect (so a replica's first calls after a Redis restart do
     /// not each meet `NOSCRIPT` first).
-    pub(super) fn all(&self) -> [&Script; 26] {
+    pub(super) fn all(&self) -> [&Script; 27] {
         [
             &self.insert.script,
             &self.session.script,
@@ -248,6 +250,7 @@ impl Scripts {
             &self.put_mcp,
             &self.touch_mcp,
             &self.delete_mcp,
+            &self.place,
         ]
     }
 }
