@@ -6,6 +6,7 @@
 use reqwest::StatusCode;
 use serde_json::json;
 use toolrelay_relay::RelayConfig;
+use toolrelay_tests::demo_tools;
 use toolrelay_tests::mcp::{call, connect};
 use toolrelay_tests::system::System;
 
@@ -78,5 +79,97 @@ async fn past_max_sessions_a_new_session_gets_503_naming_the_limit_and_nothing_i
     system.create_session().await;
     let again = system.post("/api/sessions", json!({})).await;
     assert_eq!(again.status, StatusCode::SERVICE_UNAVAILABLE, "{again:?}");
+    system.stop().await;
+}
+
+#[tokio::test]
+async fn past_max_claims_open_codap_gets_503_naming_the_limit_and_opens_no_session() {
+    let relay = RelayConfig {
+        max_claims: 1,
+        ..RelayConfig::default()
+    };
+    let system = System::with(relay, |_| {}).await;
+    let mcp = connect(&system.url("/mcp")).await;
+    let first = call(&mcp, "open_codap", json!({})).await;
+    assert_ne!(first.is_error, Some(true), "{first:?}");
+    let before = refused(&system, "claims_total").await;
+    let second = call(&mcp, "open_codap", json!({})).await;
+    assert_eq!(second.is_error, Some(true), "{second:?}");
+    let error = &second.structured_content.as_ref().unwrap()["error"];
+    assert_eq!(error["code"], "at_capacity", "{second:?}");
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("MAX_CLAIMS = 1"),
+        "{error}"
+    );
+    assert_eq!(refused(&system, "claims_total").await, before + 1.0);
+    let text = metrics(&system).await;
+    assert!(
+        text.lines()
+            .any(|line| line == "toolrelay_sessions_active 1"),
+        "the refused claim opened no session: {text}"
+    );
+    mcp.cancel().await.unwrap();
+    system.stop().await;
+}
+
+#[tokio::test]
+async fn past_max_manifests_new_tools_get_503_while_shared_ones_and_the_old_manifest_stay() {
+    let relay = RelayConfig {
+        max_manifests: 1,
+        ..RelayConfig::default()
+    };
+    let system = System::with(relay, |_| {}).await;
+    let put = |code: String, token: String, tools: serde_json::Value| {
+        system
+            .request(
+                reqwest::Method::PUT,
+                &format!("/api/sessions/{code}/manifest"),
+            )
+            .bearer_auth(token)
+            .json(&json!({"tools": tools}))
+            .send()
+    };
+    let (first, first_token) = system.create_session().await;
+    system
+        .put_manifest(&first, &first_token, demo_tools())
+        .await;
+    // The same tools in another session share the one manifest the store keeps.
+    let (second, second_token) = system.create_session().await;
+    system
+        .put_manifest(&second, &second_token, demo_tools())
+        .await;
+
+    let before = refused(&system, "manifests_total").await;
+    let other =
+        json!([{"name": "other", "description": "Other", "inputSchema": {"type": "object"}}]);
+    let refusal = put(second.clone(), second_token.clone(), other)
+        .await
+        .unwrap();
+    assert_eq!(refusal.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(refusal.headers().contains_key("retry-after"));
+    let body: serde_json::Value = refusal.json().await.unwrap();
+    assert_eq!(body["error"], "at_capacity", "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("MAX_MANIFESTS = 1"),
+        "{body}"
+    );
+    assert_eq!(refused(&system, "manifests_total").await, before + 1.0);
+    // The session keeps the tools it had.
+    let metadata = system
+        .get(&format!("/api/sessions/{second}/metadata"))
+        .await;
+    let names: Vec<&str> = metadata.body["tools"][0]["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|function| function["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["echo", "add"]);
     system.stop().await;
 }

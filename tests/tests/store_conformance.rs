@@ -314,6 +314,26 @@ conformance! {
         assert_eq!(store.usage().await.unwrap().sessions, 2);
     }
 
+    async fn a_set_of_live_things_never_passes_its_ceiling(fixture) {
+        let now = fixture.now();
+        let store = &fixture.store;
+        let later = |seconds: i64| Timestamp(now.0 + seconds * 1000);
+        assert!(store.take_place("claims", "a", 2, now, later(60)).await.unwrap());
+        assert!(store.take_place("claims", "b", 2, now, later(600)).await.unwrap());
+        // A member with a place keeps it, and may move its expiry forward.
+        assert!(store.take_place("claims", "a", 2, now, later(120)).await.unwrap());
+        assert!(!store.take_place("claims", "c", 2, now, later(600)).await.unwrap());
+        // Another set has its own ceiling.
+        assert!(store.take_place("manifests", "c", 1, now, later(600)).await.unwrap());
+        assert!(!store.take_place("manifests", "d", 1, now, later(600)).await.unwrap());
+        // Once "a" expires (at 120 s, not 60 s), there is room for one more.
+        fixture.advance(Duration::from_secs(90));
+        assert!(!store.take_place("claims", "c", 2, fixture.now(), later(600)).await.unwrap());
+        fixture.advance(Duration::from_secs(31));
+        assert!(store.take_place("claims", "c", 2, fixture.now(), later(600)).await.unwrap());
+        assert!(!store.take_place("claims", "d", 2, fixture.now(), later(600)).await.unwrap());
+    }
+
     async fn a_session_expires_unless_touched_and_never_past_its_maximum(fixture) {
         let now = fixture.now();
         let record = session("ABCD2345", now, HOUR);

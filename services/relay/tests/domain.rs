@@ -808,6 +808,16 @@ async fn overlapping_attaches_leave_one_connection_standing() {
         ) -> Result<Option<std::time::Duration>, StoreError> {
             self.0.spend(key, budget, now).await
         }
+        async fn take_place(
+            &self,
+            set: &str,
+            member: &str,
+            cap: usize,
+            now: Timestamp,
+            expires_at: Timestamp,
+        ) -> Result<bool, StoreError> {
+            self.0.take_place(set, member, cap, now, expires_at).await
+        }
     }
     let config = RelayConfig::default();
     let clock = Clock::new();

@@ -33,6 +33,16 @@ pub const ENV_MAX_PENDING: &str = "MAX_PENDING_PER_SESSION";
 pub const ENV_MAX_SESSIONS: &str = "MAX_SESSIONS";
 /// The default of `MAX_SESSIONS`: at ~2.4 KB a CODAP session in Redis, ~240 MB.
 pub const DEFAULT_MAX_SESSIONS: usize = 100_000;
+/// `MAX_CLAIMS`: claims (`open_codap`'s one-time secrets) out at once, redeemed or not, until
+/// they expire; past it, `open_codap` gets 503 `at_capacity`.
+pub const ENV_MAX_CLAIMS: &str = "MAX_CLAIMS";
+/// The default of `MAX_CLAIMS`: each a small ticket and a place in Redis, well under 1 KB.
+pub const DEFAULT_MAX_CLAIMS: usize = 100_000;
+/// `MAX_MANIFESTS`: distinct tool manifests the store keeps (sessions registering the same
+/// tools share one); past it, a new one is refused with 503 `at_capacity`.
+pub const ENV_MAX_MANIFESTS: &str = "MAX_MANIFESTS";
+/// The default of `MAX_MANIFESTS`: CODAP's is 21 KB of JSON; at most 256 KB each.
+pub const DEFAULT_MAX_MANIFESTS: usize = 10_000;
 /// `HEARTBEAT_SECONDS`: interval of heartbeats to connected providers.
 pub const ENV_HEARTBEAT: &str = "HEARTBEAT_SECONDS";
 /// `TAB_REFRESH_SECONDS`: how often a replica records itself alive (its tabs' presence) and
@@ -127,6 +137,10 @@ pub struct RelayConfig {
     pub max_pending_per_session: usize,
     /// Live sessions in all; more are refused (`MAX_SESSIONS`).
     pub max_sessions: usize,
+    /// Claims out at once; more are refused (`MAX_CLAIMS`).
+    pub max_claims: usize,
+    /// Distinct manifests kept; more are refused (`MAX_MANIFESTS`).
+    pub max_manifests: usize,
     /// Interval of heartbeats to connected providers.
     pub heartbeat_interval: Duration,
     /// How often the replica records itself alive and slides the sessions of its tabs with
@@ -190,6 +204,8 @@ impl Default for RelayConfig {
             request_timeout: Duration::from_secs(60),
             max_pending_per_session: 100,
             max_sessions: DEFAULT_MAX_SESSIONS,
+            max_claims: DEFAULT_MAX_CLAIMS,
+            max_manifests: DEFAULT_MAX_MANIFESTS,
             heartbeat_interval: Duration::from_secs(25),
             tab_refresh: Duration::from_secs(60),
             tab_sweep: Duration::from_secs(30),
@@ -316,6 +332,14 @@ pub struct RelayArgs {
     /// new sessions get 503 `at_capacity` naming this setting.
     #[arg(long, env = ENV_MAX_SESSIONS, default_value_t = DEFAULT_MAX_SESSIONS as u64, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_sessions: u64,
+    /// Claims (`open_codap`) out at once, until each expires; past it, `open_codap` gets 503
+    /// `at_capacity` naming this setting.
+    #[arg(long, env = ENV_MAX_CLAIMS, default_value_t = DEFAULT_MAX_CLAIMS as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_claims: u64,
+    /// Distinct tool manifests kept (sessions registering the same tools share one); past it,
+    /// a new one is refused with 503 `at_capacity` naming this setting.
+    #[arg(long, env = ENV_MAX_MANIFESTS, default_value_t = DEFAULT_MAX_MANIFESTS as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_manifests: u64,
     /// Seconds between heartbeats to connected providers.
     #[arg(long, env = ENV_HEARTBEAT, default_value_t = 25, value_parser = clap::value_parser!(u64).range(1..))]
     pub heartbeat_seconds: u64,
@@ -545,6 +569,8 @@ impl RelayArgs {
             max_pending_per_session: usize::try_from(self.max_pending_per_session)
                 .unwrap_or(usize::MAX),
             max_sessions: usize::try_from(self.max_sessions).unwrap_or(usize::MAX),
+            max_claims: usize::try_from(self.max_claims).unwrap_or(usize::MAX),
+            max_manifests: usize::try_from(self.max_manifests).unwrap_or(usize::MAX),
             heartbeat_interval: Duration::from_secs(self.heartbeat_seconds),
             tab_refresh: Duration::from_secs(self.tab_refresh_seconds),
             tab_sweep: Duration::from_secs(self.tab_sweep_seconds),

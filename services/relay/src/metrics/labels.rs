@@ -120,10 +120,14 @@ pub enum Refusal {
     GatewayProof,
     /// A new session over the ceiling of live sessions (`MAX_SESSIONS`).
     SessionsTotal,
+    /// A new claim over the ceiling of claims out (`MAX_CLAIMS`).
+    ClaimsTotal,
+    /// A new manifest over the ceiling of distinct manifests (`MAX_MANIFESTS`).
+    ManifestsTotal,
 }
 
 impl Refusal {
-    pub(super) const ALL: [Self; 10] = [
+    pub(super) const ALL: [Self; 12] = [
         Self::ConnectionsPerAddress,
         Self::ConnectionsTotal,
         Self::HeaderTimeout,
@@ -134,6 +138,8 @@ impl Refusal {
         Self::Host,
         Self::GatewayProof,
         Self::SessionsTotal,
+        Self::ClaimsTotal,
+        Self::ManifestsTotal,
     ];
 
     /// The label value.
@@ -149,6 +155,8 @@ impl Refusal {
             Self::Host => "host",
             Self::GatewayProof => "gateway_proof",
             Self::SessionsTotal => "sessions_total",
+            Self::ClaimsTotal => "claims_total",
+            Self::ManifestsTotal => "manifests_total",
         }
     }
 }
@@ -286,6 +294,7 @@ store_operations! {
     Lock = "lock",
     Unlock = "unlock",
     Spend = "spend",
+    TakePlace = "take_place",
 }
 
 /// A route template as a label value (`/api/sessions/{code}/call`, `other`): cheap to clone,

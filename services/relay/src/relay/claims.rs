@@ -57,10 +57,12 @@ impl Relay {
     /// Creates a session and mints the claim its tab will redeem.
     pub async fn create_claimed_session(&self) -> Result<ClaimedSession, RelayError> {
         let claim = code::random_id();
-        let session = self.create_session_with(provider_token(&claim)).await?;
         let hash = code::hash_token(&claim);
         let lifetime = self.inner.config.claim_ttl;
         let claim_expires_at = self.now().plus(lifetime);
+        self.within_ceiling(super::Ceiling::Claims, &hash, claim_expires_at)
+            .await?;
+        let session = self.create_session_with(provider_token(&claim)).await?;
         let record = json!({"code": session.code.as_str(), "expiresAt": claim_expires_at.0});
         self.inner
             .store

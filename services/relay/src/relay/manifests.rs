@@ -11,7 +11,7 @@ use toolrelay::wire::{FunctionSpec, GroupedManifest, ToolGroup};
 
 use super::{Relay, not_found};
 use crate::builtin::{BUILTIN_GROUP, BUILTIN_GROUP_DESCRIPTION};
-use crate::code::SessionCode;
+use crate::code::{self, SessionCode};
 use crate::convert::count;
 use crate::error::RelayError;
 use crate::limits::Caller;
@@ -124,6 +124,15 @@ impl Relay {
         }
         let count = manifest.functions().len();
         let json = manifest.to_json();
+        // A manifest lives in the store as long as the longest-lived session that registered
+        // it: at most a session's lifetime from now.
+        let kept_until = self.now().plus(self.inner.config.session_max_lifetime);
+        self.within_ceiling(
+            super::Ceiling::Manifests,
+            &code::hash_token(&json),
+            kept_until,
+        )
+        .await?;
         // Another session's copy of the same tools, if there is one: one compiled copy each.
         let manifest = self
             .inner

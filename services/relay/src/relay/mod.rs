@@ -291,6 +291,49 @@ impl Relay {
         &self.inner.limits
     }
 
+    /// Takes a place for `member` among the live things of `set` until `until`, under the
+    /// global ceiling `cap` (the setting `limit`); past it, the refusal — counted once as
+    /// `refusal` — names the limit.
+    pub(crate) async fn within_ceiling(
+        &self,
+        ceiling: Ceiling,
+        member: &str,
+        until: Timestamp,
+    ) -> Result<(), RelayError> {
+        let (set, cap, limit, what, refusal) = match ceiling {
+            Ceiling::Claims => (
+                "claims",
+                self.inner.config.max_claims,
+                crate::config::ENV_MAX_CLAIMS,
+                "claims out",
+                crate::metrics::Refusal::ClaimsTotal,
+            ),
+            Ceiling::Manifests => (
+                "manifests",
+                self.inner.config.max_manifests,
+                crate::config::ENV_MAX_MANIFESTS,
+                "distinct tool manifests",
+                crate::metrics::Refusal::ManifestsTotal,
+            ),
+        };
+        let now = self.now();
+        if self
+            .inner
+            .store
+            .take_place(set, member, cap, now, until)
+            .await?
+        {
+            return Ok(());
+        }
+        self.inner.metrics.refused(refusal);
+        tracing::warn!(limit, cap, "refused at a global ceiling");
+        Err(RelayError::AtCapacity {
+            what,
+            limit,
+            value: cap,
+        })
+    }
+
     /// Refuses new work while the process drains.
     pub(crate) fn accepting(&self) -> Result<(), RelayError> {
         if self.inner.drain.is_draining() {
@@ -360,6 +403,16 @@ impl Relay {
             .await?
             .ok_or_else(|| not_found(code))
     }
+}
+
+/// A global ceiling kept as a set of live things in the store (live sessions have theirs in
+/// the store's own count, see [`crate::store::SessionStore::insert_session_within`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Ceiling {
+    /// Claims out (`MAX_CLAIMS`).
+    Claims,
+    /// Distinct manifests (`MAX_MANIFESTS`).
+    Manifests,
 }
 
 /// Whole milliseconds, as logs show them.

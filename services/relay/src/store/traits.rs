@@ -348,6 +348,19 @@ pub trait BudgetStore: Reachable {
     /// Releases the lock `key` if `holder` has it.
     async fn unlock(&self, key: &str, holder: &str) -> Result<(), StoreError>;
 
+    /// Takes a place for `member` in the set of live things `set` until `expires_at`, unless
+    /// `cap` members live at `now` already (a member that has a place keeps it, and its expiry
+    /// moves forward): whether `member` has a place now. Shared by every replica using the
+    /// store — a global ceiling (claims, distinct manifests) that the store never passes.
+    async fn take_place(
+        &self,
+        set: &str,
+        member: &str,
+        cap: usize,
+        now: Timestamp,
+        expires_at: Timestamp,
+    ) -> Result<bool, StoreError>;
+
     /// Spends one unit of the rate budget `key` at `now`: `None` when the budget had room, or
     /// how long until it has room again (nothing is spent then). Shared by every replica
     /// using the store, so a client spreading its requests over replicas gets one budget.
@@ -441,6 +454,9 @@ macro_rules! store_methods {
             fn lock(&self, key: &str, holder: &str, until: Timestamp) -> bool => Lock;
             fn unlock(&self, key: &str, holder: &str) -> () => Unlock;
             fn spend(&self, key: &str, budget: RateBudget, now: Timestamp) -> Option<Duration> => Spend;
+            fn take_place(
+                &self, set: &str, member: &str, cap: usize, now: Timestamp, expires_at: Timestamp,
+            ) -> bool => TakePlace;
         });
     };
 }

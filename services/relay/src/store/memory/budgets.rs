@@ -1,5 +1,6 @@
-//! Rate budgets and locks in memory.
+//! Rate budgets, locks and the sets of live things under a global ceiling, in memory.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -37,6 +38,19 @@ impl BudgetStore for MemoryStore {
         Ok(())
     }
 
+    async fn take_place(
+        &self,
+        set: &str,
+        member: &str,
+        cap: usize,
+        now: Timestamp,
+        expires_at: Timestamp,
+    ) -> Result<bool, StoreError> {
+        let mut places = locked(&self.places);
+        let places = places.entry(set.to_owned()).or_default();
+        Ok(places.take(member, cap, now, expires_at))
+    }
+
     async fn spend(
         &self,
         key: &str,
@@ -57,5 +71,38 @@ impl BudgetStore for MemoryStore {
             }
             Err(wait) => Ok(Some(wait)),
         }
+    }
+}
+
+/// The members of one set of live things ([`BudgetStore::take_place`]) and when each expires.
+#[derive(Debug, Default)]
+pub(super) struct Places {
+    expiries: HashMap<String, Timestamp>,
+    /// The same, in expiry order: what has expired is pruned at the cost of what expired.
+    by_expiry: std::collections::BTreeSet<(Timestamp, String)>,
+}
+
+impl Places {
+    fn take(&mut self, member: &str, cap: usize, now: Timestamp, expires_at: Timestamp) -> bool {
+        while let Some((when, gone)) = self.by_expiry.first().cloned()
+            && when <= now
+        {
+            self.by_expiry.pop_first();
+            self.expiries.remove(&gone);
+        }
+        if let Some(kept) = self.expiries.get_mut(member) {
+            if expires_at > *kept {
+                self.by_expiry.remove(&(*kept, member.to_owned()));
+                self.by_expiry.insert((expires_at, member.to_owned()));
+                *kept = expires_at;
+            }
+            return true;
+        }
+        if self.expiries.len() >= cap {
+            return false;
+        }
+        self.expiries.insert(member.to_owned(), expires_at);
+        self.by_expiry.insert((expires_at, member.to_owned()));
+        true
     }
 }

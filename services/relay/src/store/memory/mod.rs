@@ -93,6 +93,8 @@ pub struct MemoryStore {
     rates: Mutex<HashMap<String, i64>>,
     /// Locks: key → (holder, until).
     locks: Mutex<HashMap<String, (String, Timestamp)>>,
+    /// Sets of live things under a global ceiling, by name.
+    places: Mutex<HashMap<String, budgets::Places>>,
     /// MCP client sessions' places, states and when they expire.
     mcp_sessions: Mutex<McpSessions>,
 }
@@ -173,6 +175,7 @@ impl MemoryStore {
             tables: Mutex::new(Tables::default()),
             rates: Mutex::new(HashMap::new()),
             locks: Mutex::new(HashMap::new()),
+            places: Mutex::new(HashMap::new()),
             mcp_sessions: Mutex::new(McpSessions::default()),
         });
         tokio::spawn(sweep(Arc::downgrade(&store)));

@@ -123,6 +123,28 @@ impl BudgetStore for RedisStore {
         Ok(())
     }
 
+    async fn take_place(
+        &self,
+        set: &str,
+        member: &str,
+        cap: usize,
+        now: Timestamp,
+        expires_at: Timestamp,
+    ) -> Result<bool, StoreError> {
+        let placed: i64 = self
+            .scripts
+            .place
+            .key(self.key(&format!("places:{set}")))
+            .arg(now.0)
+            .arg(cap)
+            .arg(member)
+            .arg(expires_at.0)
+            .invoke_async(&mut self.connection())
+            .await
+            .map_err(store_error)?;
+        Ok(placed == 1)
+    }
+
     async fn spend(
         &self,
         key: &str,
