@@ -364,3 +364,48 @@ async fn a_cancelled_mip_run_frees_its_slot() {
     wait_until(PATIENCE, async || busy(0.0).await).await;
     system.stop().await;
 }
+
+#[tokio::test]
+async fn only_the_caller_that_made_a_call_may_cancel_it() {
+    // Two users of one assistant, told apart by its per-user header from a shared range.
+    let system = System::with(toolrelay_relay::RelayConfig::default(), |config| {
+        config.shared_egress = vec!["127.0.0.0/8".parse().unwrap()];
+    })
+    .await;
+    let http = &system.http;
+    let base = system.base.as_str();
+    let (code, _token) = without_tab(&system).await;
+    let as_user = |user: &str, request: reqwest::RequestBuilder| {
+        request.header("openai-ephemeral-user-id", user.to_owned())
+    };
+    let queued = send(as_user(
+        "ada",
+        http.post(format!("{base}/api/sessions/{code}/request"))
+            .json(&json!({"requestId": "ada-1", "functionName": "echo", "args": {"text": "mine"}})),
+    ))
+    .await;
+    assert_eq!(queued.status, StatusCode::ACCEPTED, "{queued:?}");
+
+    // Another user who knows the session and the id cannot cancel it: to them it is unknown.
+    let url = format!("{base}/api/sessions/{code}/requests/ada-1");
+    let refused = send(as_user("bob", http.delete(&url))).await;
+    assert_eq!(refused.status, StatusCode::NOT_FOUND, "{refused:?}");
+    assert_eq!(refused.body["error"], "request_not_found");
+    // Nor can a gRPC client at the same address.
+    let mut client = relay_client(system.grpc).await;
+    let over_grpc = client
+        .cancel_request(CancelRequestRequest {
+            code: code.clone(),
+            request_id: "ada-1".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(toolrelay_tests::error_name(&over_grpc), "request_not_found");
+    assert_eq!(status(http, base, &code, "ada-1").await, "queued");
+
+    // Its maker can.
+    let cancelled = send(as_user("ada", http.delete(&url))).await;
+    assert_eq!(cancelled.status, StatusCode::OK, "{cancelled:?}");
+    assert_eq!(cancelled.body["status"], "cancelled");
+    system.stop().await;
+}

@@ -250,3 +250,76 @@ async fn a_school_of_a_thousand_tabs_behind_one_address_opens_within_a_minute() 
     drop(tabs);
     system.stop().await;
 }
+
+#[tokio::test]
+async fn a_valid_handle_is_never_refused_when_other_callers_spent_the_address_ceiling() {
+    let relay = RelayConfig {
+        limits: toolrelay_relay::limits::RateLimits {
+            lookups_per_ip: std::num::NonZeroU32::new(5).unwrap(),
+            ..toolrelay_relay::limits::RateLimits::default()
+        },
+        ..RelayConfig::default()
+    };
+    let system = System::with(relay, |_| {}).await;
+    let (code, token) = system.create_session().await;
+    let mut tab = WsTab::attach_url(&system.ws_url(&code, &token)).await;
+    tab.register(demo_tools()).await;
+    let tab = serve(tab);
+    let mcp_url = system.url("/mcp");
+    let honest = connect(&mcp_url).await;
+    let connected = call(&honest, "connect_session", json!({"code": code})).await;
+    let handle = connected.structured_content.as_ref().unwrap()["handle"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    // Six callers at the address, one unknown code each: past its ceiling of five.
+    for n in 0..6 {
+        let guesser = connect(&mcp_url).await;
+        let answer = call(
+            &guesser,
+            "connect_session",
+            json!({"code": unknown_code(n)}),
+        )
+        .await;
+        let expected = if n < 5 {
+            "session_not_found"
+        } else {
+            "rate_limited"
+        };
+        assert_eq!(refusal(&answer).as_deref(), Some(expected), "guess {n}");
+        guesser.cancel().await.unwrap();
+    }
+
+    // Now a code is refused to anyone at the address, the honest caller's valid one too …
+    let by_code = json!({"session": code, "name": "echo", "arguments": {"text": "c"}});
+    let refused = call(&honest, "call_session_tool", by_code).await;
+    assert_eq!(refusal(&refused).as_deref(), Some("rate_limited"));
+    // … but its handle works: over MCP, on the connector URL, and over REST in a code's place.
+    let by_handle = json!({"session": handle, "name": "echo", "arguments": {"text": "h"}});
+    let answered = call(&honest, "call_session_tool", by_handle).await;
+    assert_eq!(refusal(&answered), None, "{answered:?}");
+    assert_eq!(answered.structured_content.unwrap()["echoed"], "h");
+    let scoped = connect(&system.url(&format!("/mcp/s/{handle}"))).await;
+    let answered = call(&scoped, "echo", json!({"text": "s"})).await;
+    assert_eq!(refusal(&answered), None, "{answered:?}");
+    let rest = system
+        .post(
+            &format!("/api/sessions/{handle}/call"),
+            json!({"functionName": "echo", "args": {"text": "r"}}),
+        )
+        .await;
+    assert_eq!(rest.status, reqwest::StatusCode::OK, "{rest:?}");
+    assert_eq!(rest.body["result"]["echoed"], "r");
+    // An unknown handle still counts as a guess: at this address, past the ceiling, it is
+    // refused like one.
+    let unknown = system
+        .get(&format!("/api/sessions/{}/metadata", "0".repeat(32)))
+        .await;
+    assert_eq!(unknown.body["error"], "rate_limited", "{unknown:?}");
+
+    scoped.cancel().await.unwrap();
+    honest.cancel().await.unwrap();
+    tab.abort();
+    system.stop().await;
+}

@@ -199,6 +199,7 @@ fn call(id: &str, now: Timestamp, args: Value) -> NewRequest {
         deadline: Timestamp(now.0 + 60_000),
         builtin: false,
         correlation_id: Some("corr".into()),
+        caller: None,
     }
 }
 

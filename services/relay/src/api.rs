@@ -117,17 +117,27 @@ impl Relay {
         code: &str,
     ) -> Result<BoxStream<'static, ()>, RelayError> {
         self.limits().admit(caller)?;
-        self.guarded(caller, self.manifest_changes(code)).await
+        self.guarded(caller, code, self.manifest_changes(code))
+            .await
     }
 
-    /// Runs an operation on a code for `caller` under the brute-force guard
-    /// ([`crate::limits::Limits::guarded`]). Every transport goes through it.
+    /// Runs an operation on `session` — a pairing code, or a connector handle, which every
+    /// consumer operation takes in its place — for `caller` under the brute-force guard
+    /// ([`crate::limits::Limits::guarded_as`]): a code is refused to a caller, or an address,
+    /// that guessed too much; a handle only to a caller that did. Every transport goes through
+    /// it.
     pub async fn guarded<T>(
         &self,
         caller: &Caller,
+        session: &str,
         operation: impl Future<Output = Result<T, RelayError>>,
     ) -> Result<T, RelayError> {
-        self.limits().guarded(caller, operation).await
+        let reference = if crate::code::SessionCode::parse(session).is_ok() {
+            crate::limits::Reference::Code
+        } else {
+            crate::limits::Reference::Secret
+        };
+        self.limits().guarded_as(caller, reference, operation).await
     }
 
     /// Runs an operation on a handle or claim for `caller` under the brute-force guard, which

@@ -94,6 +94,11 @@ pub fn hash_token(token: &str) -> String {
     HEXLOWER.encode(&Sha256::digest(token.as_bytes()))
 }
 
+/// Whether `text` could be a connector handle ([`random_id`]'s form: 32 hex characters).
+pub fn is_handle(text: &str) -> bool {
+    text.len() == 32 && text.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
 /// A random id of 128 bits, as 32 hex characters.
 pub fn random_id() -> String {
     HEXLOWER.encode(&random_bytes::<16>())

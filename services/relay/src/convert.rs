@@ -174,6 +174,8 @@ impl CallInput {
             args: args.map_or(Value::Null, |args| from_struct(&args)),
             correlation_id: None,
             read_only,
+            // Who makes the call is the relay's to say, from the request's caller.
+            caller: None,
         }
     }
 }

@@ -349,6 +349,11 @@ impl Limits {
         }
     }
 
+    /// The key `caller`'s own budgets count under: its identity, or its address.
+    pub fn caller_key(&self, caller: &Caller) -> String {
+        caller_key(caller, self.budgets.ipv6_prefix)
+    }
+
     /// The key `caller`'s address is counted under (see [`client_key`]).
     fn address_key(&self, caller: &Caller) -> String {
         client_key(caller.address, self.budgets.ipv6_prefix).to_string()

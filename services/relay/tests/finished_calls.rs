@@ -73,6 +73,7 @@ async fn finish_calls(limits: StoreLimits) -> (usize, usize, std::sync::Arc<Memo
             deadline: Timestamp(now.0 + 60_000),
             builtin: false,
             correlation_id: Some(format!("corr-{n:028}")),
+            caller: None,
         };
         store.enqueue(&code, request, 100, now).await.unwrap();
         let response = ToolResponse {

@@ -59,7 +59,7 @@ use toolrelay_relay::relay::operations::ListTools;
 use crate::api::State;
 use pairing::Pairing;
 use sessions::{Keeper, OPENED, Running, SharedSessions};
-use tools::{from_error, listed, relay_icon};
+use tools::{listed, relay_icon};
 
 /// Messages a session's channels hold before the sender waits (rmcp's default is 16; a
 /// session's calls are few, and every slot is memory held by every idle session).
@@ -447,10 +447,8 @@ impl ServerHandler for RelayMcp {
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
         if self.scoped {
-            let tools = match self.scoped_code(&context).await {
-                Ok(code) => self.session_tools(&caller_of(&context), &code).await,
-                Err(error) => Err(error),
-            };
+            let handle = Self::scoped_handle(&context);
+            let tools = self.session_tools(&caller_of(&context), &handle).await;
             return tools
                 .map(|tools| {
                     ListToolsResult::with_all_items(tools)
@@ -488,13 +486,9 @@ impl ServerHandler for RelayMcp {
         let name = request.name.to_string();
         let arguments = Value::Object(request.arguments.unwrap_or_default());
         let result = if self.scoped {
-            match self.scoped_code(&context).await {
-                Ok(code) => {
-                    self.call_in_session(&code, &name, arguments, false, &context)
-                        .await
-                }
-                Err(error) => from_error(&error),
-            }
+            let handle = Self::scoped_handle(&context);
+            self.call_in_session(&handle, &name, arguments, false, &context)
+                .await
         } else if let Some(pairing) = Pairing::named(&name) {
             self.call_pairing(pairing, &arguments, &context).await
         } else {

@@ -151,14 +151,8 @@ impl RelayMcp {
             Pairing::OpenCodap => self.open_codap(context).await,
             Pairing::Connect => self.connect_session(caller, arguments, context).await,
             Pairing::ListTools => self.list_session_tools(caller, arguments, context).await,
-            Pairing::CallTool => {
-                self.call_session_tool(caller, arguments, false, context)
-                    .await
-            }
-            Pairing::ReadTool => {
-                self.call_session_tool(caller, arguments, true, context)
-                    .await
-            }
+            Pairing::CallTool => self.call_session_tool(arguments, false, context).await,
+            Pairing::ReadTool => self.call_session_tool(arguments, true, context).await,
         }
     }
 
@@ -219,10 +213,8 @@ impl RelayMcp {
                 "list_session_tools needs {\"session\": \"<handle or code>\"} (no session was opened in this conversation: call open_codap, or connect_session with the user's code).",
             );
         };
-        let tools = match self.session_code(caller, &session).await {
-            Ok(code) => self.session_tools(caller, &code).await,
-            Err(error) => Err(error),
-        };
+        // A handle or a code: the relay takes either.
+        let tools = self.session_tools(caller, &session).await;
         match tools {
             Ok(tools) => success(json!({"tools": tools.iter().map(|t| json!({
                 "name": t.name, "title": t.title, "description": t.description,
@@ -236,7 +228,6 @@ impl RelayMcp {
     /// function not marked read-only, pointing to `call_session_tool`).
     async fn call_session_tool(
         &self,
-        caller: &Caller,
         arguments: &Value,
         read_only: bool,
         context: &RequestContext<RoleServer>,
@@ -258,13 +249,8 @@ impl RelayMcp {
             );
         };
         let arguments = arguments.get("arguments").cloned().unwrap_or(Value::Null);
-        match self.session_code(caller, &session).await {
-            Ok(code) => {
-                self.call_in_session(&code, &tool_name, arguments, read_only, context)
-                    .await
-            }
-            Err(error) => from_error(&error),
-        }
+        self.call_in_session(&session, &tool_name, arguments, read_only, context)
+            .await
     }
 }
 

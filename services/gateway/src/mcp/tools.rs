@@ -16,9 +16,9 @@ use serde_json::{Value, json};
 use toolrelay::wire::{FunctionSpec, ToolHints};
 use toolrelay_relay::builtin::{FailureCode, Scope};
 use toolrelay_relay::relay::operations::{
-    AwaitResponse, CallTool, CancelRequest, GetManifest, ResolveHandle, Submit,
+    AwaitResponse, CallTool, CancelRequest, GetManifest, Submit,
 };
-use toolrelay_relay::{CallInput, Caller, ErrorCode, ErrorInfo, ErrorKind, RelayApi, SessionCode};
+use toolrelay_relay::{CallInput, Caller, ErrorCode, ErrorInfo, ErrorKind, RelayApi};
 
 use super::{McpRequest, RelayMcp, caller_of, mcp_session_of, request_of};
 use crate::types::CallResponse;
@@ -146,38 +146,13 @@ impl RelayMcp {
         follow_tools(&self.state.relay, &request, true, stopped, gone, notify).await;
     }
 
-    /// The session code of `/mcp/s/{handle}`.
-    pub(super) async fn scoped_code(
-        &self,
-        context: &RequestContext<RoleServer>,
-    ) -> Result<String, ErrorInfo> {
-        let handle = request_of(context)
+    /// The session of `/mcp/s/{handle}`: its handle, which the relay takes wherever it takes a
+    /// code (and guards as the 128-bit secret it is, never refusing it for other callers'
+    /// guesses).
+    pub(super) fn scoped_handle(context: &RequestContext<RoleServer>) -> String {
+        request_of(context)
             .and_then(|request| request.handle)
-            .unwrap_or_default();
-        self.state
-            .relay
-            .run(&caller_of(context), ResolveHandle { handle })
-            .await
-    }
-
-    /// A session given as a handle or a pairing code.
-    pub(super) async fn session_code(
-        &self,
-        caller: &Caller,
-        session: &str,
-    ) -> Result<String, ErrorInfo> {
-        if SessionCode::parse(session).is_ok() {
-            return Ok(session.to_owned());
-        }
-        self.state
-            .relay
-            .run(
-                caller,
-                ResolveHandle {
-                    handle: session.to_owned(),
-                },
-            )
-            .await
+            .unwrap_or_default()
     }
 
     /// The session's tools, as MCP tools.
@@ -365,13 +340,7 @@ async fn follow_tools<N: Future<Output = bool>>(
     let mut resumed = from_start;
     let mut stopped = std::pin::pin!(stopped);
     loop {
-        let resolve = ResolveHandle {
-            handle: handle.clone(),
-        };
-        let watched = match relay.run(&request.caller, resolve).await {
-            Ok(code) => relay.manifest_changes(&request.caller, &code).await,
-            Err(error) => Err(error),
-        };
+        let watched = relay.manifest_changes(&request.caller, &handle).await;
         let mut changes = match watched {
             Ok(changes) => changes,
             Err(error) if error.kind == ErrorKind::NotFound => return,

@@ -113,10 +113,32 @@ impl Relay {
     /// run stops, and a late answer is refused. A call that has its answer keeps it:
     /// cancelling is idempotent, and answers where the call stands.
     pub async fn cancel(&self, code: &str, request_id: &str) -> Result<RequestView, RelayError> {
-        let code = SessionCode::parse(code)?;
+        self.cancel_as(code, request_id, None).await
+    }
+
+    /// [`Relay::cancel`] for the caller whose key ([`crate::limits::Limits::caller_key`]) is
+    /// `caller`: only the caller that made a call may cancel it while it runs; to anyone else
+    /// it is a call the session does not have (request ids are 128-bit random, and one chosen
+    /// by its caller is no key to another caller's call).
+    pub(crate) async fn cancel_as(
+        &self,
+        code: &str,
+        request_id: &str,
+        caller: Option<&str>,
+    ) -> Result<RequestView, RelayError> {
+        let code = self.session_code(code).await?;
         let record = self.request_record(&code, request_id).await?;
         if record.status.is_terminal() {
             return self.view(&code, record).await;
+        }
+        if let (Some(caller), Some(maker)) = (caller, record.caller.as_deref())
+            && caller != maker
+        {
+            tracing::warn!(code = %code.redacted(), request_id, "a caller tried to cancel another caller's call");
+            return Err(RelayError::RequestNotFound {
+                code: code.display(),
+                request_id: request_id.to_owned(),
+            });
         }
         let response = ToolResponse {
             request_id: request_id.to_owned(),
@@ -406,8 +428,9 @@ impl Operation for CancelRequest {
     async fn run(self, relay: &Relay, caller: &Caller) -> Result<RequestView, RelayError> {
         // What reading the call's status takes: the caller's budget and the guard.
         relay.limits().admit(caller)?;
-        let cancelled = relay.cancel(&self.code, &self.request_id);
-        relay.guarded(caller, cancelled).await
+        let key = relay.limits().caller_key(caller);
+        let cancelled = relay.cancel_as(&self.code, &self.request_id, Some(&key));
+        relay.guarded(caller, &self.code, cancelled).await
     }
 
     fn into_message(self) -> (Self::Message, Credential) {

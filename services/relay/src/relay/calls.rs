@@ -103,6 +103,7 @@ impl Relay {
             deadline: now.plus(self.inner.config.request_timeout),
             builtin: false,
             correlation_id: call.correlation_id,
+            caller: call.caller,
         };
         let asked_tool = request.tool_id.clone();
         let read_only = call.read_only;
@@ -382,10 +383,14 @@ impl Operation for Submit {
     type Output = RequestView;
 
     async fn run(self, relay: &Relay, caller: &Caller) -> Result<RequestView, RelayError> {
-        let (call, charge) = admitted(relay, caller, &self.code, self.call)?;
-        relay
-            .guarded(caller, relay.submit_charged(&self.code, call, Some(charge)))
-            .await
+        let submitted = async {
+            let code = relay.session_code(&self.code).await?;
+            let (call, charge) = admitted(relay, caller, code.as_str(), self.call)?;
+            relay
+                .submit_charged(code.as_str(), call, Some(charge))
+                .await
+        };
+        relay.guarded(caller, &self.code, submitted).await
     }
 
     fn into_message(self) -> (Self::Message, Credential) {
@@ -449,9 +454,14 @@ impl Operation for Call {
     type Output = RequestView;
 
     async fn run(self, relay: &Relay, caller: &Caller) -> Result<RequestView, RelayError> {
-        let (call, charge) = admitted(relay, caller, &self.code, self.call)?;
-        let called = relay.call_charged(&self.code, call, self.wait, Some(charge));
-        relay.guarded(caller, called).await
+        let called = async {
+            let code = relay.session_code(&self.code).await?;
+            let (call, charge) = admitted(relay, caller, code.as_str(), self.call)?;
+            relay
+                .call_charged(code.as_str(), call, self.wait, Some(charge))
+                .await
+        };
+        relay.guarded(caller, &self.code, called).await
     }
 
     fn into_message(self) -> (Self::Message, Credential) {
@@ -516,6 +526,7 @@ fn admitted(
     if call.correlation_id.is_none() {
         call.correlation_id.clone_from(&caller.correlation_id);
     }
+    call.caller = Some(relay.limits().caller_key(caller));
     Ok((call, charge))
 }
 

@@ -55,7 +55,7 @@ impl Relay {
         &self,
         code: &str,
     ) -> Result<futures::stream::BoxStream<'static, ()>, RelayError> {
-        let code = SessionCode::parse(code)?;
+        let code = self.session_code(code).await?;
         // Subscribed before the revision is read, so no change falls between the two.
         let events = self.subscribe(&code).await?;
         let (code, session) = self.live_session(code.as_str()).await?;
@@ -218,7 +218,9 @@ impl Operation for GetManifest {
 
     async fn run(self, relay: &Relay, caller: &Caller) -> Result<GroupedManifest, RelayError> {
         relay.limits().admit(caller)?;
-        relay.guarded(caller, relay.manifest(&self.code)).await
+        relay
+            .guarded(caller, &self.code, relay.manifest(&self.code))
+            .await
     }
 
     fn into_message(self) -> (Self::Message, Credential) {

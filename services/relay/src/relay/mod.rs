@@ -147,6 +147,9 @@ pub struct CallInput {
     /// Run it only if the function is marked read-only (a read: `…/read`,
     /// `read_session_tool`); otherwise it is refused with `not_read_only`.
     pub read_only: bool,
+    /// Who makes it (the key its budgets count under), set by the relay as it lets the call
+    /// in: only that caller may cancel it.
+    pub caller: Option<String>,
 }
 
 /// Where a call stands, with its response once it has one.
@@ -354,11 +357,21 @@ impl Relay {
         self.inner.clock.now()
     }
 
+    /// The session a caller names: by its pairing code, or by a connector handle, which every
+    /// consumer operation takes in the code's place (one look-up in the store).
+    pub(crate) async fn session_code(&self, session: &str) -> Result<SessionCode, RelayError> {
+        match SessionCode::parse(session) {
+            Ok(code) => Ok(code),
+            Err(invalid) if !code::is_handle(session) => Err(invalid),
+            Err(_) => self.resolve_handle(session).await,
+        }
+    }
+
     pub(crate) async fn live_session(
         &self,
         code: &str,
     ) -> Result<(SessionCode, SessionRecord), RelayError> {
-        let code = SessionCode::parse(code)?;
+        let code = self.session_code(code).await?;
         match self.inner.store.session(&code).await? {
             Some(session) => Ok((code, session)),
             None => Err(not_found(&code)),

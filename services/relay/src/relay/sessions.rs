@@ -230,7 +230,7 @@ impl Operation for GetSession {
         let Some(token) = self.token else {
             relay.limits().admit(caller)?;
             return relay
-                .guarded(caller, relay.session_status(&self.code))
+                .guarded(caller, &self.code, relay.session_status(&self.code))
                 .await;
         };
         let status = async {

@@ -27,7 +27,7 @@ impl Relay {
         request_id: &str,
         wait: Duration,
     ) -> Result<RequestView, RelayError> {
-        let code = SessionCode::parse(code)?;
+        let code = self.session_code(code).await?;
         // Whether the session exists, the first look at the call says.
         let events = self
             .inner
@@ -129,7 +129,7 @@ impl Relay {
         code: &str,
         request_id: &str,
     ) -> Result<RequestView, RelayError> {
-        let code = SessionCode::parse(code)?;
+        let code = self.session_code(code).await?;
         let record = self.request_record(&code, request_id).await?;
         // A caller polling a built-in call whose replica died is what takes it over here.
         if record.is_orphaned_builtin(self.now()) {
@@ -176,7 +176,7 @@ impl Operation for AwaitResponse {
     async fn run(self, relay: &Relay, caller: &Caller) -> Result<RequestView, RelayError> {
         relay.limits().admit(caller)?;
         let waited = relay.await_response(&self.code, &self.request_id, self.wait);
-        relay.guarded(caller, waited).await
+        relay.guarded(caller, &self.code, waited).await
     }
 
     fn into_message(self) -> (Self::Message, Credential) {
@@ -231,7 +231,7 @@ impl Operation for ListResponses {
     async fn run(self, relay: &Relay, caller: &Caller) -> Result<Vec<ToolResponse>, RelayError> {
         relay.limits().admit(caller)?;
         let responses = relay.responses(&self.code, self.request_id.as_deref());
-        relay.guarded(caller, responses).await
+        relay.guarded(caller, &self.code, responses).await
     }
 
     fn into_message(self) -> (Self::Message, Credential) {
@@ -279,7 +279,7 @@ impl Operation for GetRequestStatus {
     async fn run(self, relay: &Relay, caller: &Caller) -> Result<RequestView, RelayError> {
         relay.limits().admit(caller)?;
         let status = relay.request_status(&self.code, &self.request_id);
-        relay.guarded(caller, status).await
+        relay.guarded(caller, &self.code, status).await
     }
 
     fn into_message(self) -> (Self::Message, Credential) {

@@ -283,6 +283,7 @@ mod tests {
                 deadline: crate::clock::Timestamp(2),
                 builtin: false,
                 correlation_id: None,
+                caller: None,
             },
             1,
         );

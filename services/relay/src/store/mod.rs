@@ -120,6 +120,9 @@ pub struct NewRequest {
     pub builtin: bool,
     /// The correlation id of the request that made it, for the log line of its end.
     pub correlation_id: Option<String>,
+    /// Who made it (the key its budgets count under: an identity, or an address): only that
+    /// caller may cancel it.
+    pub caller: Option<String>,
 }
 
 /// The connection id under which built-in calls count as delivered.
@@ -164,6 +167,8 @@ pub struct RequestRecord {
     /// Whether its answer was dropped to keep the store within its byte budget: the call ran,
     /// and its status stays, but the answer cannot be read any more.
     pub evicted: bool,
+    /// Who made it, while it runs (a finished call's record, like its arguments, drops it).
+    pub caller: Option<String>,
 }
 
 /// SHA-256 (hex) of a call: its tool, function and arguments, with object keys sorted, so that
@@ -251,6 +256,7 @@ impl RequestRecord {
             finished_at: None,
             builtin,
             correlation_id: request.correlation_id,
+            caller: request.caller,
         }
     }
 
@@ -525,6 +531,7 @@ mod tests {
                 deadline: Timestamp(60_000),
                 builtin,
                 correlation_id: None,
+                caller: None,
             },
             1,
         )

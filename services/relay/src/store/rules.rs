@@ -219,6 +219,7 @@ mod tests {
                 deadline: Timestamp(60_000),
                 builtin: false,
                 correlation_id: None,
+                caller: None,
             },
             1,
         );

@@ -272,6 +272,7 @@ impl FinishedCalls {
             finished_at: Some(done.finished_at),
             builtin: done.builtin,
             correlation_id: None,
+            caller: None,
             call_hash: data_encoding::HEXLOWER.encode(&done.call_hash),
             evicted: false,
         }

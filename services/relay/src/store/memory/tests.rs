@@ -34,6 +34,7 @@ fn call(id: &str, now: Timestamp, text: &str) -> NewRequest {
         deadline: Timestamp(now.0 + 60_000),
         builtin: false,
         correlation_id: None,
+        caller: None,
     }
 }
 

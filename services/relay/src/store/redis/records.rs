@@ -11,7 +11,7 @@ use crate::error::StoreError;
 use crate::store::{ProviderInfo, RequestRecord, SessionRecord, Transport};
 
 /// A call's fields, in the order they are packed (`FIELDS` in `lua/library.lua`).
-const FIELDS: usize = 17;
+const FIELDS: usize = 18;
 
 /// A session's fields, in the order the scripts answer them (`SESSION_FIELDS` in
 /// `lua/library.lua`).
@@ -73,6 +73,7 @@ pub(super) fn pack(record: &RequestRecord) -> String {
         record.correlation_id.clone().unwrap_or_default(),
         record.call_hash.clone(),
         if record.evicted { "1" } else { "0" }.to_owned(),
+        record.caller.clone().unwrap_or_default(),
     ];
     let mut packed = String::with_capacity(fields.iter().map(|field| field.len() + 4).sum());
     for field in &fields {
@@ -150,6 +151,7 @@ pub(super) fn unpack(packed: &str) -> Result<RequestRecord, StoreError> {
         correlation_id: optional(fields[14]),
         call_hash: fields[15].to_owned(),
         evicted: fields[16] == "1",
+        caller: optional(fields[17]),
     };
     record.response = match fields[11] {
         "" if status == RequestStatus::Expired && !record.evicted => {
@@ -265,6 +267,7 @@ mod tests {
                 deadline: Timestamp(1_700_000_060_000),
                 builtin: false,
                 correlation_id: Some("c-1".into()),
+                caller: None,
             },
             7,
         );

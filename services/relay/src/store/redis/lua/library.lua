@@ -32,7 +32,7 @@ end
 
 local FIELDS = { 'id', 'seq', 'tool_id', 'function', 'args', 'status', 'created_at', 'deadline',
   'delivered_to', 'lease_until', 'deliveries', 'response', 'finished_at', 'builtin',
-  'correlation_id', 'call_hash', 'evicted' }
+  'correlation_id', 'call_hash', 'evicted', 'caller' }
 
 local function unpack_record(packed)
   local record, at = {}, 1
@@ -313,7 +313,7 @@ end
 -- Gives an unfinished call its final answer (`response` '' for an expired call, whose answer
 -- the reader writes) and files it among the finished ones; the finished calls past
 -- MAX_FINISHED_PER_SESSION (a tenth more, then trimmed in one go) or past `retention` go. Its
--- arguments and correlation id go from what is kept; its hash still identifies it. Announces
+-- arguments, caller and correlation id go from what is kept; its hash still identifies it. Announces
 -- and returns the record packed, with its correlation id (the finishing replica logs the call
 -- under it), as the memory store does.
 local function finish_record(session, record, status, response, cost)
@@ -322,6 +322,7 @@ local function finish_record(session, record, status, response, cost)
   record.finished_at = num(now)
   record.lease_until = ''
   record.args = ''
+  record.caller = ''
   local correlation_id = record.correlation_id or ''
   record.correlation_id = ''
   local packed = write_call(session, record)
