@@ -23,6 +23,7 @@ export const ErrorCode = Object.freeze({
   INVALID_RESPONSE: 'invalid_response',
   STORE_UNAVAILABLE: 'store_unavailable',
   STORE_FULL: 'store_full',
+  AT_CAPACITY: 'at_capacity',
   SHUTTING_DOWN: 'shutting_down',
   RATE_LIMITED: 'rate_limited',
   NESTED_TOO_DEEPLY: 'nested_too_deeply',

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use sha2::{Digest, Sha256};
 use subtle::{Choice, ConstantTimeEq};
 
-use crate::caller::{Caller, CallerId, IdentityKind};
+use crate::caller::{Caller, CallerId};
 use crate::code::hash_token;
 use crate::config::{ENV_API_KEYS, ENV_API_KEYS_FILE, ENV_GATEWAY_SECRET, ENV_GATEWAY_SECRET_FILE};
 use crate::metrics::{Metrics, Refusal};
@@ -165,7 +165,7 @@ impl Gateways {
 
     /// [`Gateways::caller`], where a gateway may also name the client's identity among the
     /// clients at its address (`identity`, believed with the address). A direct client is
-    /// known by its API key, when it presents one.
+    /// known by its address ([`crate::grpc`] names it by its API key once the key is checked).
     pub fn caller_named(
         &self,
         peer: IpAddr,
@@ -189,11 +189,7 @@ impl Gateways {
                 tracing::warn!(%peer, "a gRPC peer named a client address without valid gateway proof (GATEWAY_SECRET): its requests count against its own address (logged once; counted in toolrelay_refused_total{{reason=\"gateway_proof\"}})");
             }
         }
-        let identity = bearer
-            .as_deref()
-            .filter(|key| !key.is_empty())
-            .map(|key| CallerId::of(IdentityKind::ApiKey, key));
-        Caller::direct(peer, bearer).with_identity(identity)
+        Caller::direct(peer, bearer)
     }
 }
 
@@ -232,6 +228,7 @@ fn digest(secret: &str) -> [u8; 32] {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::caller::IdentityKind;
 
     const SECRET: &str = "0123456789abcdef0123";
     const NEXT: &str = "fedcba9876543210fedc";
@@ -287,11 +284,7 @@ mod tests {
         let wrong = gateways.caller(gateway, Some("198.51.100.7"), Some(NEXT), None);
         assert_eq!(wrong, Caller::direct(gateway, None));
         let none = gateways.caller(gateway, Some("198.51.100.7"), None, Some("k".into()));
-        let keyed = Some(CallerId::of(IdentityKind::ApiKey, "k"));
-        assert_eq!(
-            none,
-            Caller::direct(gateway, Some("k".into())).with_identity(keyed)
-        );
+        assert_eq!(none, Caller::direct(gateway, Some("k".into())));
         // The identity a gateway names is believed with the address, and only when well formed.
         let person = CallerId::of(IdentityKind::McpSession, "session");
         let named = gateways.caller_named(

@@ -28,7 +28,7 @@ use toolrelay::proto::v1 as pb;
 use toolrelay::wire::ProviderFrame;
 
 use crate::access::{GATEWAY_PROOF_METADATA, Gateways};
-use crate::caller::CLIENT_IDENTITY_METADATA;
+use crate::caller::{Admission, CLIENT_IDENTITY_METADATA, CallerId, IdentityKind};
 use crate::error::{ErrorInfo, ErrorKind, RelayError};
 use crate::limits::{CLIENT_ADDRESS_METADATA, CORRELATION_ID_METADATA, Caller};
 use crate::operation::{self, Credentials, Operation, Visitor};
@@ -91,6 +91,15 @@ impl RelayService {
             metadata_str(metadata, GATEWAY_PROOF_METADATA).as_deref(),
             bearer(metadata),
         );
+        // A client that reached the relay itself is known by its API key — one the operator
+        // gave out, so a made-up bearer buys no budget of its own.
+        let caller = match (&caller.admission, &self.relay.config().api_keys) {
+            (Admission::Direct { bearer: Some(key) }, Some(keys)) if keys.accepts(key) => {
+                let identity = CallerId::of(IdentityKind::ApiKey, key);
+                caller.clone().with_identity(Some(identity))
+            }
+            _ => caller,
+        };
         match metadata_str(metadata, CORRELATION_ID_METADATA) {
             Some(id) => caller.with_correlation_id(id),
             None => caller,

@@ -94,8 +94,9 @@ fn caller_key(caller: &Caller, ipv6_prefix: u8) -> String {
     }
 }
 
-/// The keys a budget that creates state counts an address under: its [`client_key`], and for
-/// IPv6 also its /48 (a site is often handed a /48, so a /48 holds many /64s of one owner).
+/// The keys a per-address ceiling counts an address under (unknown codes, sessions created):
+/// its [`client_key`], and for IPv6 also its /48 (a site is often handed a /48, so a /48 holds
+/// many /64s of one owner).
 fn state_keys(address: IpAddr, ipv6_prefix: u8) -> Vec<String> {
     let mut keys = vec![client_key(address, ipv6_prefix).to_string()];
     if let IpAddr::V6(_) = address.to_canonical()
@@ -354,9 +355,10 @@ impl Limits {
         caller_key(caller, self.budgets.ipv6_prefix)
     }
 
-    /// The key `caller`'s address is counted under (see [`client_key`]).
-    fn address_key(&self, caller: &Caller) -> String {
-        client_key(caller.address, self.budgets.ipv6_prefix).to_string()
+    /// The keys `caller`'s address is counted under: its [`client_key`], and for IPv6 its /48
+    /// as well, so that a site's many /64s share one ceiling.
+    fn address_keys(&self, caller: &Caller) -> Vec<String> {
+        state_keys(caller.address, self.budgets.ipv6_prefix)
     }
 
     /// What a call by `caller` to session `code` (spelt as the caller spelt it) costs. The
@@ -411,7 +413,9 @@ impl Limits {
         let until = |key: &str| blocked.get(key).copied().filter(|until| *until > now);
         let mut refused = caller.identity.as_ref().and_then(|id| until(id.as_str()));
         if reference == Reference::Code {
-            refused = refused.max(until(&self.address_key(caller)));
+            for key in self.address_keys(caller) {
+                refused = refused.max(until(&key));
+            }
         }
         match refused {
             Some(until) => {
@@ -425,12 +429,13 @@ impl Limits {
     /// Counts an unknown code against `caller`'s own budget, then its address's ceiling; past
     /// either, blocks that caller (or the address) until the budget has room again.
     async fn miss(&self, caller: &Caller) -> Result<(), RelayError> {
-        let address = self.address_key(caller);
-        let mut spends = Vec::with_capacity(2);
+        let mut spends = Vec::with_capacity(3);
         if let Some(identity) = &caller.identity {
             spends.push((identity.to_string(), self.budgets.lookups_per_caller));
         }
-        spends.push((address, self.budgets.lookups_per_ip));
+        for address in self.address_keys(caller) {
+            spends.push((address, self.budgets.lookups_per_ip));
+        }
         for (who, budget) in spends {
             let Some(wait) = self
                 .store
@@ -759,6 +764,29 @@ mod tests {
             name(budgets.create_session(&third).await),
             Some("rate_limited")
         );
+    }
+
+    #[tokio::test]
+    async fn ipv6_guesses_count_per_64_and_per_48() {
+        let limits = limits_with(30, 2);
+        // Two /64s of one site spend the site's ceiling: a third /64 of it is refused codes.
+        lookup(&limits, &caller("2001:db8:0:1::1"), false)
+            .await
+            .unwrap_err();
+        lookup(&limits, &caller("2001:db8:0:2::1"), false)
+            .await
+            .unwrap_err();
+        let third = lookup(&limits, &caller("2001:db8:0:3::1"), false).await;
+        assert_eq!(name(third), Some("rate_limited"));
+        let valid = lookup(&limits, &caller("2001:db8:0:4::1"), true).await;
+        assert_eq!(
+            name(valid),
+            Some("rate_limited"),
+            "the whole /48 is blocked"
+        );
+        lookup(&limits, &caller("2001:db8:1::1"), true)
+            .await
+            .unwrap();
     }
 
     #[tokio::test]

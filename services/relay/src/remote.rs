@@ -227,7 +227,9 @@ impl RemoteRelay {
         tokio::select! {
             reply = reply => reply,
             () = self.options.drain.ended() => Err(RelayError::Drained {
-                code: SessionCode::parse(code).map_or_else(|_| code.to_owned(), |code| code.display()),
+                // A handle is a secret: the caller's own, but no part of an error message.
+                code: SessionCode::parse(code)
+                    .map_or_else(|_| "(by its handle)".to_owned(), |code| code.display()),
                 request_id: request_id.to_owned(),
             }
             .into()),

@@ -139,6 +139,7 @@ impl BudgetStore for RedisStore {
             .arg(cap)
             .arg(member)
             .arg(expires_at.0)
+            .arg("1")
             .invoke_async(&mut self.connection())
             .await
             .map_err(store_error)?;

@@ -362,6 +362,7 @@ impl SessionStore for RedisStore {
                 .arg(max_live)
                 .arg(session.code.as_str())
                 .arg(session.expires_at.0)
+                .arg("0")
                 .invoke_async(&mut self.connection())
                 .await
                 .map_err(store_error)?;

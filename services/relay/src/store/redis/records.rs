@@ -12,6 +12,9 @@ use crate::store::{ProviderInfo, RequestRecord, SessionRecord, Transport};
 
 /// A call's fields, in the order they are packed (`FIELDS` in `lua/library.lua`).
 const FIELDS: usize = 18;
+/// The fields of a call packed before its caller was kept (an older relay's, read during a
+/// rolling upgrade): the caller is then unknown.
+const FIELDS_BEFORE_CALLER: usize = 17;
 
 /// A session's fields, in the order the scripts answer them (`SESSION_FIELDS` in
 /// `lua/library.lua`).
@@ -98,10 +101,13 @@ fn fields(mut packed: &str) -> Result<Vec<&str>, StoreError> {
         fields.push(field);
         packed = &rest[length..];
     }
-    if fields.len() == FIELDS {
-        Ok(fields)
-    } else {
-        Err(corrupt("layout"))
+    match fields.len() {
+        FIELDS => Ok(fields),
+        FIELDS_BEFORE_CALLER => {
+            fields.push("");
+            Ok(fields)
+        }
+        _ => Err(corrupt("layout")),
     }
 }
 
@@ -282,5 +288,14 @@ mod tests {
         record.finished_at = Some(Timestamp(1_700_000_001_000));
         assert_eq!(unpack(&pack(&record)).unwrap(), record);
         assert!(unpack("3:abc").is_err(), "a short record is refused");
+        // A call an older relay packed (no caller field) still reads, its caller unknown.
+        record.caller = Some("mcp:0123456789abcdef01234567".into());
+        let packed = pack(&record);
+        let older = packed
+            .strip_suffix("28:mcp:0123456789abcdef01234567")
+            .unwrap();
+        let read = unpack(older).unwrap();
+        assert_eq!(read.caller, None);
+        assert_eq!(read.id, record.id);
     }
 }

@@ -38,6 +38,8 @@ local function unpack_record(packed)
   local record, at = {}, 1
   for _, name in ipairs(FIELDS) do
     local colon = string.find(packed, ':', at, true)
+    -- A call an older relay packed has fewer fields (no caller): the rest stay unset.
+    if not colon then break end
     local length = tonumber(string.sub(packed, at, colon - 1))
     record[name] = string.sub(packed, colon + 1, colon + length)
     at = colon + length + 1
