@@ -13,7 +13,9 @@ use rmcp::model::{CallToolResult, ClientConfig, ProgressNotificationParam};
 use rmcp::service::{NotificationContext, RunningService};
 use rmcp::{ClientHandler, RoleClient};
 use serde_json::{Value, json};
-use toolrelay_gateway::config::{ENV_MCP_SESSION_IDLE, McpSessions};
+use toolrelay_gateway::config::{
+    ENV_MCP_MAX_SESSIONS, ENV_MCP_SESSION_IDLE, ENV_MCP_SESSIONS_PER_IP, McpSessions,
+};
 use toolrelay_relay::RelayConfig;
 use toolrelay_relay::config::ENV_REDIS_URL;
 use toolrelay_tests::mcp::{call, connect_with};
@@ -948,11 +950,21 @@ async fn flood(
 
 /// How long the flood's sessions live unused: short, so the test sees them go.
 const FLOOD_IDLE: &str = "15";
+/// The caps the flood fills: 100 addresses of 100 sessions (the defaults, 2,000 an address and
+/// 20,000 in all, are sized for a hosted assistant's egress; these keep the flood to 10,000).
+const FLOOD_CAPS: [(&str, &str); 2] = [
+    (ENV_MCP_SESSIONS_PER_IP, "100"),
+    (ENV_MCP_MAX_SESSIONS, "10000"),
+];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a flood against the release binaries: scripts/test.sh runs it (TOOLRELAY_BINARIES)"]
 async fn a_flood_of_initialize_from_100_addresses_stays_bounded_in_memory() {
-    let env = [(ENV_MCP_SESSION_IDLE, FLOOD_IDLE)];
+    let env = [
+        (ENV_MCP_SESSION_IDLE, FLOOD_IDLE),
+        FLOOD_CAPS[0],
+        FLOOD_CAPS[1],
+    ];
     let one_process = System::binary(&env).await;
     flood(
         "one process",
@@ -971,6 +983,8 @@ async fn a_flood_of_initialize_from_100_addresses_stays_bounded_in_memory() {
     let redis_url = redis.url();
     let on_redis = System::binary(&[
         (ENV_MCP_SESSION_IDLE, FLOOD_IDLE),
+        FLOOD_CAPS[0],
+        FLOOD_CAPS[1],
         (ENV_REDIS_URL, &redis_url),
     ])
     .await;
