@@ -61,12 +61,38 @@ fn refusal(result: &rmcp::model::CallToolResult) -> Option<String> {
     })
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn honest_users_behind_one_address_are_never_refused_while_one_of_them_guesses() {
-    toolrelay_relay::listen::raise_open_files_limit();
-    let system = Arc::new(System::with(RelayConfig::default(), |_| {}).await);
+/// Who guesses codes among the users of the address.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Attacker {
+    /// One MCP conversation trying codes as fast as the relay answers.
+    OneIdentity,
+    /// A GPT Action user whose per-user header (from a shared egress range) is new for each
+    /// guess, as fast as the relay answers: it spends the address's ceiling.
+    NewIdentityPerGuess,
+}
 
-    // 150 people open their plugin (a tab each) and connect their conversation to it.
+/// What came of [`honest_users_under`]'s 20 s.
+#[derive(Debug)]
+struct Outcome {
+    answered: usize,
+    refused_calls: usize,
+    refused_typos: usize,
+    guesses: usize,
+    guesses_refused: usize,
+}
+
+/// 150 people on 127.0.0.1 open their plugin (a tab each) and connect their own MCP
+/// conversation to it; for 20 s each calls its tab every 1.5 s (by its code, or by the handle
+/// `connect_session` returned when `by_handle`), ten of them also mistyping a code now and
+/// then, while `attacker` guesses codes. Everything at its default but `SHARED_EGRESS_RANGES`
+/// (127.0.0.0/8, for the GPT Action attacker's header).
+async fn honest_users_under(attacker: Attacker, by_handle: bool) -> Outcome {
+    toolrelay_relay::listen::raise_open_files_limit();
+    let system = System::with(RelayConfig::default(), |config| {
+        config.shared_egress = vec!["127.0.0.0/8".parse().unwrap()];
+    })
+    .await;
+
     let mut tabs = Vec::new();
     let mut codes = Vec::new();
     for _ in 0..HONEST {
@@ -84,44 +110,79 @@ async fn honest_users_behind_one_address_are_never_refused_while_one_of_them_gue
                 let mcp = connect(&url).await;
                 let connected = call(&mcp, "connect_session", json!({"code": code})).await;
                 assert_eq!(refusal(&connected), None, "{connected:?}");
-                (mcp, code)
+                let handle = connected.structured_content.as_ref().unwrap()["handle"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned();
+                (mcp, if by_handle { handle } else { code })
             }
         })
         .buffer_unordered(16)
         .collect()
         .await;
 
-    // One of them has the model try random codes, as fast as the relay answers.
-    let attacker = connect(&mcp_url).await;
     let stop = tokio::time::Instant::now() + ATTACK;
-    let guessing = tokio::spawn(async move {
-        let (mut guesses, mut refused) = (0, 0);
-        while tokio::time::Instant::now() < stop {
-            let code = unknown_code(guesses);
-            let answer = call(&attacker, "connect_session", json!({"code": code})).await;
-            guesses += 1;
-            match refusal(&answer).as_deref() {
-                Some("rate_limited") => refused += 1,
-                Some("session_not_found") => {}
-                other => panic!("a guess got {other:?}: {answer:?}"),
-            }
+    let guessing = match attacker {
+        Attacker::OneIdentity => {
+            let attacker = connect(&mcp_url).await;
+            tokio::spawn(async move {
+                let (mut guesses, mut refused) = (0, 0);
+                while tokio::time::Instant::now() < stop {
+                    let code = unknown_code(guesses);
+                    let answer = call(&attacker, "connect_session", json!({"code": code})).await;
+                    guesses += 1;
+                    match refusal(&answer).as_deref() {
+                        Some("rate_limited") => refused += 1,
+                        Some("session_not_found") => {}
+                        other => panic!("a guess got {other:?}: {answer:?}"),
+                    }
+                }
+                let _ = attacker.cancel().await;
+                (guesses, refused)
+            })
         }
-        let _ = attacker.cancel().await;
-        (guesses, refused)
-    });
+        Attacker::NewIdentityPerGuess => {
+            let http = system.http.clone();
+            let base = system.base.clone();
+            tokio::spawn(async move {
+                let (mut guesses, mut refused) = (0, 0);
+                while tokio::time::Instant::now() < stop {
+                    let code = unknown_code(guesses);
+                    let answer = http
+                        .get(format!("{base}/api/sessions/{code}/metadata"))
+                        .header("openai-ephemeral-user-id", format!("guesser-{guesses}"))
+                        .send()
+                        .await
+                        .unwrap();
+                    guesses += 1;
+                    match answer.status().as_u16() {
+                        429 => refused += 1,
+                        404 => {}
+                        other => panic!("a guess got {other}"),
+                    }
+                }
+                (guesses, refused)
+            })
+        }
+    };
 
-    // Meanwhile everyone else works: a call to their tab every PACE, and ten of them mistype a
-    // code now and then.
-    let refusals = Arc::new(AtomicUsize::new(0));
-    let answered = Arc::new(AtomicUsize::new(0));
-    let working = users.into_iter().enumerate().map(|(n, (mcp, code))| {
-        let (refusals, answered) = (Arc::clone(&refusals), Arc::clone(&answered));
+    let (answered, refused_calls, refused_typos) = (
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicUsize::new(0)),
+    );
+    let working = users.into_iter().enumerate().map(|(n, (mcp, session))| {
+        let (answered, refused_calls, refused_typos) = (
+            Arc::clone(&answered),
+            Arc::clone(&refused_calls),
+            Arc::clone(&refused_typos),
+        );
         tokio::spawn(async move {
             let mut round = 0;
             while tokio::time::Instant::now() < stop {
                 let text = format!("{n}-{round}");
                 let arguments =
-                    json!({"session": code, "name": "echo", "arguments": {"text": text}});
+                    json!({"session": session, "name": "echo", "arguments": {"text": text}});
                 let answer = call(&mcp, "call_session_tool", arguments).await;
                 match refusal(&answer) {
                     None => {
@@ -134,20 +195,16 @@ async fn honest_users_behind_one_address_are_never_refused_while_one_of_them_gue
                     }
                     Some(name) => {
                         assert_eq!(name, "rate_limited", "an honest call failed: {answer:?}");
-                        refusals.fetch_add(1, Ordering::Relaxed);
+                        refused_calls.fetch_add(1, Ordering::Relaxed);
                     }
                 }
                 if n < MISTYPERS && round % 3 == 1 {
-                    let typo = call(
-                        &mcp,
-                        "connect_session",
-                        json!({"code": unknown_code(1_000_000 + n * 100 + round)}),
-                    )
-                    .await;
+                    let typo = json!({"code": unknown_code(1_000_000 + n * 100 + round)});
+                    let typo = call(&mcp, "connect_session", typo).await;
                     match refusal(&typo).as_deref() {
                         Some("session_not_found") => {}
                         Some("rate_limited") => {
-                            refusals.fetch_add(1, Ordering::Relaxed);
+                            refused_typos.fetch_add(1, Ordering::Relaxed);
                         }
                         other => panic!("a mistyped code got {other:?}"),
                     }
@@ -165,26 +222,59 @@ async fn honest_users_behind_one_address_are_never_refused_while_one_of_them_gue
     for tab in tabs {
         tab.abort();
     }
-
-    let (refused, answered) = (
-        refusals.load(Ordering::Relaxed),
-        answered.load(Ordering::Relaxed),
-    );
+    system.stop().await;
+    let outcome = Outcome {
+        answered: answered.load(Ordering::Relaxed),
+        refused_calls: refused_calls.load(Ordering::Relaxed),
+        refused_typos: refused_typos.load(Ordering::Relaxed),
+        guesses,
+        guesses_refused,
+    };
     println!(
-        "{HONEST} users on one address: {answered} calls answered, {refused} refused; the attacker made {guesses} guesses in {ATTACK:?}, {guesses_refused} of them refused"
+        "{HONEST} users on one address, {attacker:?}, calls by {}: {outcome:?}",
+        if by_handle { "handle" } else { "code" }
     );
-    assert_eq!(refused, 0, "no honest call or typo is refused");
-    // Every user got through, again and again (slow is allowed; refused is not).
-    assert!(answered >= HONEST * 2, "{answered} calls answered");
+    outcome
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn honest_users_behind_one_address_are_never_refused_while_one_of_them_guesses() {
+    let outcome = honest_users_under(Attacker::OneIdentity, false).await;
+    // No honest call, and no honest typo, is refused; every user got through again and again
+    // (slow is allowed; refused is not).
+    assert_eq!(
+        outcome.refused_calls + outcome.refused_typos,
+        0,
+        "{outcome:?}"
+    );
+    assert!(outcome.answered >= HONEST * 2, "{outcome:?}");
     // The guesser itself was stopped: 30 unknown codes, then one more every 2 s as its budget
     // (30 a minute) refills, and refusals for the rest.
-    assert!(guesses > 100, "the attacker made only {guesses} guesses");
+    assert!(outcome.guesses > 100, "{outcome:?}");
     let allowed = 30 + usize::try_from(ATTACK.as_secs() / 2).unwrap() + 2;
     assert!(
-        guesses - guesses_refused <= allowed,
-        "{guesses_refused} of {guesses} refused"
+        outcome.guesses - outcome.guesses_refused <= allowed,
+        "{outcome:?}"
     );
-    Arc::try_unwrap(system).ok().unwrap().stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guesser_with_a_new_identity_per_guess_spends_the_ceiling_but_refuses_no_handle() {
+    let outcome = honest_users_under(Attacker::NewIdentityPerGuess, true).await;
+    // The attacker spends the address's ceiling (600 unknown codes a minute) and is refused
+    // from then on; the honest users' calls, made with their handles, are never refused (their
+    // typos may be, once the ceiling is reached).
+    assert!(
+        outcome.guesses > 600,
+        "the attacker reached the ceiling: {outcome:?}"
+    );
+    assert!(outcome.guesses_refused > 0, "{outcome:?}");
+    assert!(
+        outcome.guesses - outcome.guesses_refused <= 600 + 200 + 2,
+        "the ceiling held: {outcome:?}"
+    );
+    assert_eq!(outcome.refused_calls, 0, "{outcome:?}");
+    assert!(outcome.answered >= HONEST * 2, "{outcome:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
