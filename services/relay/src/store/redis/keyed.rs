@@ -94,6 +94,34 @@ impl McpSessionStore for RedisStore {
     }
 }
 
+impl RedisStore {
+    /// A place for `member` in the set of live things at `key` (`lua/place.lua`), its
+    /// expired members dropped first when `prune`: whether it has one.
+    pub(super) async fn place(
+        &self,
+        key: String,
+        member: &str,
+        cap: usize,
+        now: Timestamp,
+        expires_at: Timestamp,
+        prune: bool,
+    ) -> Result<bool, StoreError> {
+        let placed: i64 = self
+            .scripts
+            .place
+            .key(key)
+            .arg(now.0)
+            .arg(cap)
+            .arg(member)
+            .arg(expires_at.0)
+            .arg(if prune { "1" } else { "0" })
+            .invoke_async(&mut self.connection())
+            .await
+            .map_err(store_error)?;
+        Ok(placed == 1)
+    }
+}
+
 #[async_trait]
 impl BudgetStore for RedisStore {
     async fn lock(&self, key: &str, holder: &str, until: Timestamp) -> Result<bool, StoreError> {
@@ -131,19 +159,8 @@ impl BudgetStore for RedisStore {
         now: Timestamp,
         expires_at: Timestamp,
     ) -> Result<bool, StoreError> {
-        let placed: i64 = self
-            .scripts
-            .place
-            .key(self.key(&format!("places:{set}")))
-            .arg(now.0)
-            .arg(cap)
-            .arg(member)
-            .arg(expires_at.0)
-            .arg("1")
-            .invoke_async(&mut self.connection())
-            .await
-            .map_err(store_error)?;
-        Ok(placed == 1)
+        let key = self.key(&format!("places:{set}"));
+        self.place(key, member, cap, now, expires_at, true).await
     }
 
     async fn spend(

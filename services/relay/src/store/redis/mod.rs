@@ -354,19 +354,14 @@ impl SessionStore for RedisStore {
         // session's own keys are in its slot, so the two cannot share a script on a Cluster.
         // A place whose session then finds its code taken is the live session's own.
         if max_live < usize::MAX {
-            let placed: i64 = self
-                .scripts
-                .place
-                .key(self.key("sessions"))
-                .arg(self.clock.now().0)
-                .arg(max_live)
-                .arg(session.code.as_str())
-                .arg(session.expires_at.0)
-                .arg("0")
-                .invoke_async(&mut self.connection())
-                .await
-                .map_err(store_error)?;
-            if placed == 0 {
+            let (code, now) = (session.code.as_str(), self.clock.now());
+            let sessions = self.key("sessions");
+            // Not pruned here: the usage read prunes it, counting each expiry once.
+            let prune = false;
+            if !self
+                .place(sessions, code, max_live, now, session.expires_at, prune)
+                .await?
+            {
                 return Ok(Inserted::Full);
             }
         }
