@@ -297,6 +297,9 @@ async fn relay_frames<S>(
     let mut drained = std::pin::pin!(settings.drain.ended());
     loop {
         tokio::select! {
+            // The drain first: when it ends, the link to a relay elsewhere may close at the
+            // same moment, and the tab must hear 1012 (reconnect), not a plain close.
+            biased;
             () = &mut drained => {
                 // The process is stopping (a gateway whose relay goes on included): the tab
                 // hears why, and reconnects elsewhere.
@@ -307,7 +310,13 @@ async fn relay_frames<S>(
             }
             message = link.downlink.recv() => {
                 let Some(message) = message else {
-                    Box::pin(close(&mut socket, CloseCode::Normal, "closed")).await;
+                    // A link closed by this process's drain is a restart to the tab too.
+                    let (code, reason) = if settings.drain.has_ended() {
+                        (CloseCode::Restart, "relay restarting")
+                    } else {
+                        (CloseCode::Normal, "closed")
+                    };
+                    Box::pin(close(&mut socket, code, reason)).await;
                     return;
                 };
                 // Only the relay's own heartbeats measure silence: a reply to the tab's ping
