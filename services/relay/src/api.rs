@@ -121,8 +121,8 @@ impl Relay {
             .await
     }
 
-    /// Runs an operation on `session` — a pairing code, or a connector handle, which every
-    /// consumer operation takes in its place — for `caller` under the brute-force guard
+    /// Runs an operation on `session` — a pairing code, or a connector handle (which every
+    /// consumer operation takes in its place) or a claim — for `caller` under the brute-force guard
     /// ([`crate::limits::Limits::guarded_as`]): a code is refused to a caller, or an address,
     /// that guessed too much; a handle only to a caller that did. Every transport goes through
     /// it.
@@ -132,25 +132,13 @@ impl Relay {
         session: &str,
         operation: impl Future<Output = Result<T, RelayError>>,
     ) -> Result<T, RelayError> {
-        let reference = if crate::code::SessionCode::parse(session).is_ok() {
-            crate::limits::Reference::Code
-        } else {
+        // A handle or claim is 32 hex digits; anything else is looked at as a code.
+        let reference = if crate::code::is_handle(session) {
             crate::limits::Reference::Secret
+        } else {
+            crate::limits::Reference::Code
         };
         self.limits().guarded_as(caller, reference, operation).await
-    }
-
-    /// Runs an operation on a handle or claim for `caller` under the brute-force guard, which
-    /// refuses it only when this caller itself guessed too much
-    /// ([`crate::limits::Limits::guarded_as`]).
-    pub async fn guarded_secret<T>(
-        &self,
-        caller: &Caller,
-        operation: impl Future<Output = Result<T, RelayError>>,
-    ) -> Result<T, RelayError> {
-        self.limits()
-            .guarded_as(caller, crate::limits::Reference::Secret, operation)
-            .await
     }
 
     /// Runs a provider's operation (provider token) under the brute-force guard, which never

@@ -365,13 +365,15 @@ impl Limits {
     /// relay spends it as it queues the call, in the same step (see
     /// [`crate::store::EnqueueChecks`]); the key carries the session's hash tag.
     pub fn call_charge(&self, caller: &Caller, code: &str) -> RateCharge {
+        self.call_charge_of(&self.caller_key(caller), code)
+    }
+
+    /// [`Limits::call_charge`] for the caller whose key ([`Limits::caller_key`]) is `caller`.
+    pub fn call_charge_of(&self, caller: &str, code: &str) -> RateCharge {
         let code = SessionCode::parse(code)
             .map_or_else(|_| code.to_owned(), |code| code.as_str().to_owned());
         RateCharge {
-            key: format!(
-                "calls:{}:{{{code}}}",
-                caller_key(caller, self.budgets.ipv6_prefix)
-            ),
+            key: format!("calls:{caller}:{{{code}}}"),
             budget: RateBudget::per_minute(self.budgets.calls_per_code),
         }
     }

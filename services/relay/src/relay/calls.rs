@@ -521,12 +521,14 @@ fn admitted(
     code: &str,
     mut call: CallInput,
 ) -> Result<(CallInput, RateCharge), RelayError> {
-    relay.limits().admit(caller)?;
-    let charge = relay.limits().call_charge(caller, code);
+    let limits = relay.limits();
+    limits.admit(caller)?;
+    let key = limits.caller_key(caller);
+    let charge = limits.call_charge_of(&key, code);
     if call.correlation_id.is_none() {
         call.correlation_id.clone_from(&caller.correlation_id);
     }
-    call.caller = Some(relay.limits().caller_key(caller));
+    call.caller = Some(key);
     Ok((call, charge))
 }
 

@@ -197,7 +197,7 @@ impl Operation for RedeemClaim {
 
     async fn run(self, relay: &Relay, caller: &Caller) -> Result<NewSession, RelayError> {
         relay
-            .guarded_secret(caller, relay.redeem_claim(&self.claim))
+            .guarded(caller, &self.claim, relay.redeem_claim(&self.claim))
             .await
     }
 

@@ -280,7 +280,7 @@ impl Operation for ResolveHandle {
     async fn run(self, relay: &Relay, caller: &Caller) -> Result<String, RelayError> {
         relay.limits().admit(caller)?;
         let code = relay
-            .guarded_secret(caller, relay.resolve_handle(&self.handle))
+            .guarded(caller, &self.handle, relay.resolve_handle(&self.handle))
             .await?;
         Ok(code.as_str().to_owned())
     }
