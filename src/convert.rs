@@ -10,8 +10,8 @@ use serde_json::{Map, Value, json};
 use crate::json::{from_struct, from_value, to_struct, to_value};
 use crate::proto::v1 as pb;
 use crate::wire::{
-    FlatTool, FunctionSpec, GroupedManifest, ProviderFrame, ProviderResponse, RequestStatus,
-    ToolError, ToolGroup, ToolHints, ToolRequest, ToolResponse,
+    ApprovalAnswer, CallerRef, FlatTool, FunctionSpec, GroupedManifest, ProviderFrame,
+    ProviderResponse, RequestStatus, ToolError, ToolGroup, ToolHints, ToolRequest, ToolResponse,
 };
 
 /// A protobuf message that cannot stand for the domain value: a required part is missing or
@@ -41,6 +41,7 @@ impl From<RequestStatus> for pb::RequestStatus {
             RequestStatus::Failed => Self::Failed,
             RequestStatus::Expired => Self::Expired,
             RequestStatus::Cancelled => Self::Cancelled,
+            RequestStatus::AwaitingApproval => Self::AwaitingApproval,
         }
     }
 }
@@ -54,6 +55,7 @@ impl From<pb::RequestStatus> for RequestStatus {
             pb::RequestStatus::Failed => Self::Failed,
             pb::RequestStatus::Expired => Self::Expired,
             pb::RequestStatus::Cancelled => Self::Cancelled,
+            pb::RequestStatus::AwaitingApproval => Self::AwaitingApproval,
         }
     }
 }
@@ -285,12 +287,22 @@ impl From<ProviderFrame> for pb::ProviderMessage {
     fn from(frame: ProviderFrame) -> Self {
         use pb::provider_message::Kind;
         let kind = match frame {
-            ProviderFrame::Register { tools } => Kind::Register(pb::Register {
+            ProviderFrame::Register { tools, approves } => Kind::Register(pb::Register {
                 tools: Vec::new(),
                 tools_json: tools.to_string(),
+                approves,
             }),
             ProviderFrame::Response(response) => Kind::Response((*response).into()),
             ProviderFrame::Ping => Kind::Ping(pb::Ping {}),
+            ProviderFrame::Approval(answer) => Kind::Approval(pb::ApprovalAnswer {
+                caller_id: answer.caller_id,
+                allow: answer.allow,
+            }),
+            ProviderFrame::DisconnectCaller(caller) => {
+                Kind::DisconnectCaller(pb::DisconnectCaller {
+                    caller_id: caller.caller_id,
+                })
+            }
         };
         Self { kind: Some(kind) }
     }
@@ -308,9 +320,17 @@ impl TryFrom<pb::ProviderMessage> for ProviderFrame {
             {
                 Kind::Register(register) => Self::Register {
                     tools: Box::new(registered_tools(&register.tools, &register.tools_json)),
+                    approves: register.approves,
                 },
                 Kind::Response(response) => Self::Response(Box::new(response.into())),
                 Kind::Ping(_) => Self::Ping,
+                Kind::Approval(answer) => Self::Approval(Box::new(ApprovalAnswer {
+                    caller_id: answer.caller_id,
+                    allow: answer.allow,
+                })),
+                Kind::DisconnectCaller(caller) => Self::DisconnectCaller(Box::new(CallerRef {
+                    caller_id: caller.caller_id,
+                })),
             },
         )
     }

@@ -193,6 +193,18 @@ error_codes! {
     ToolError = "tool_error", BadRequest;
     /// The caller cancelled the call: the code of its answer, never of an HTTP refusal.
     Cancelled = "cancelled", Conflict;
+    /// The person denied this caller in the tab (the tool never ran).
+    ApprovalDeclined = "approval_declined", Forbidden;
+    /// The person did not answer the tab's question about this caller in time.
+    ApprovalTimeout = "approval_timeout", Forbidden;
+    /// The person denied three callers: the session takes no new ones (a new code does).
+    ApprovalRefused = "approval_refused", Forbidden;
+    /// The person disconnected this caller in the tab: its handle no longer works.
+    CallerDisconnected = "caller_disconnected", Forbidden;
+    /// The tab answered a question about a caller that is not being asked about.
+    ApprovalNotPending = "approval_not_pending", Conflict;
+    /// A new caller needs the person's approval, and the session's tab is not open.
+    TabNotConnected = "tab_not_connected", Conflict;
 }
 
 named_codes! {

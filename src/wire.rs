@@ -13,6 +13,9 @@ use crate::errors::ErrorCode;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RequestStatus {
+    /// Held until the person approves its caller in the tab (a caller the tab has not
+    /// allowed yet, using the session's code); then queued, or failed when declined.
+    AwaitingApproval,
     /// Waiting for a provider.
     Queued,
     /// Sent to the provider, not answered yet.
@@ -39,6 +42,7 @@ impl RequestStatus {
     /// The lowercase name used on the wire.
     pub fn as_str(self) -> &'static str {
         match self {
+            Self::AwaitingApproval => "awaiting_approval",
             Self::Queued => "queued",
             Self::Delivered => "delivered",
             Self::Completed => "completed",
@@ -309,12 +313,57 @@ pub enum ProviderFrame {
         /// The tools, grouped (`[{id, functions}]`) or flat (`[{name, inputSchema}]`)
         /// (boxed, as the answer is).
         tools: Box<Value>,
+        /// Whether the person approves each new caller in the tab (absent: no).
+        #[serde(default)]
+        approves: bool,
     },
+    /// The person's answer to an `approval-request`.
+    Approval(Box<ApprovalAnswer>),
+    /// The person disconnects a caller it allowed: its handle stops working, and its next
+    /// use of the code asks again.
+    DisconnectCaller(Box<CallerRef>),
     /// Answers a call (boxed: the other frames are small, and every provider's channel holds
     /// a block of frames from the start).
     Response(Box<ProviderResponse>),
     /// Keeps the session alive; answered with a `heartbeat`.
     Ping,
+}
+
+/// The person's answer to an approval request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApprovalAnswer {
+    /// The caller asked about (`approval-request`'s `callerId`).
+    pub caller_id: String,
+    /// Allow, or deny.
+    pub allow: bool,
+}
+
+/// A caller, by the id an `approval-request` named it with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CallerRef {
+    /// Its id.
+    pub caller_id: String,
+}
+
+/// A caller asking to use the session, as the tab shows it to the person.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CallerCard {
+    /// The caller's id in this session (not a secret).
+    pub caller_id: String,
+    /// What it says it is (an MCP client's name, a User-Agent), as it says it: not proof.
+    pub label: String,
+    /// How it came: `MCP`, `GPT Actions`, `HTTP API`, `gRPC`.
+    pub via: String,
+    /// The address it came from.
+    pub address: String,
+    /// Known by its address alone: allowing it allows everyone at that address.
+    pub shared_address: bool,
+    /// RFC 3339: when it was allowed (`callers`) or when the question lapses
+    /// (`approval-request`).
+    pub at: String,
 }
 
 /// A frame from the relay to the provider.
@@ -375,6 +424,25 @@ pub enum RelayFrame {
         /// What the refusal means, when there is one.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         message: Option<String>,
+    },
+    /// A caller the person has not allowed uses the session's code: ask the person, and
+    /// answer with an `approval` frame (or `POST …/approvals/{callerId}`).
+    ApprovalRequest(CallerCard),
+    /// The question about this caller is closed (answered, here or in another tab of the
+    /// session, or lapsed).
+    ApprovalClosed {
+        /// The caller.
+        caller_id: String,
+        /// `allowed`, `declined` or `timeout`.
+        outcome: String,
+    },
+    /// The callers the person allowed, and whether the session refuses new ones (after three
+    /// denials: offer a new code).
+    Callers {
+        /// Allowed callers.
+        allowed: Vec<CallerCard>,
+        /// New callers are refused without asking.
+        refused: bool,
     },
     /// The session has ended; the connection closes after this frame.
     Expired {

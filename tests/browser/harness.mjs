@@ -301,13 +301,17 @@ export async function inNewPage(browser, scenario) {
   }
 }
 
-/** Opens the CODAP stand-in with the plugin, as CODAP does with `?di=`; returns both frames. */
-export async function openInCodap(context, host, relay) {
+/**
+ * Opens the CODAP stand-in with the plugin, as CODAP does with `?di=`; returns both frames.
+ * The plugin asks the person about each new caller unless `approve` is 'auto' (the suites about
+ * other things call it by its code from Node without a person to answer: they pass 'auto').
+ */
+export async function openInCodap(context, host, relay, { approve = 'auto' } = {}) {
   const page = await context.newPage();
   watchErrors(page);
-  const pluginUrl = `${relay.base}/codap/`;
+  const pluginUrl = approve === 'auto' ? `${relay.base}/codap/?approve=auto` : `${relay.base}/codap/`;
   await page.goto(`${host.origin}/index.html?di=${encodeURIComponent(pluginUrl)}`);
-  const plugin = await pluginFrame(page, pluginUrl);
+  const plugin = await pluginFrame(page, `${relay.base}/codap/`);
   await until(plugin, () => window.toolrelay?.session?.code && window.toolrelay.ready);
   return { page, plugin, code: await plugin.evaluate(() => window.toolrelay.session.code) };
 }

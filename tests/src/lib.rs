@@ -579,6 +579,7 @@ impl GrpcProvider {
         let register = provider_message::Kind::Register(Register {
             tools: Vec::new(),
             tools_json: tools.to_string(),
+            approves: false,
         });
         outbound
             .send(ProviderMessage {

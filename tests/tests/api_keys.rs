@@ -292,6 +292,7 @@ async fn grpc_consumers_need_a_key_and_providers_their_token() {
         code: created.code.clone(),
         tools: Vec::new(),
         tools_json: demo_tools().to_string(),
+        approves: false,
     };
     client
         .register_manifest(toolrelay_tests::with_token(

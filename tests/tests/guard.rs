@@ -281,6 +281,7 @@ async fn every_grpc_rpc_that_takes_a_code_is_guarded() {
                         code: c(),
                         tools: Vec::new(),
                         tools_json: "[]".into(),
+                        approves: false,
                     },
                     "t",
                 ))

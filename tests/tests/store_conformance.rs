@@ -886,7 +886,7 @@ conformance! {
             key: "calls:192.0.2.1:{ABCD2345}".into(),
             budget: RateBudget::per_minute(std::num::NonZeroU32::new(2).unwrap()),
         };
-        let checks = |revision| EnqueueChecks { manifest_revision: Some(revision), charge: Some(charge.clone()) };
+        let checks = |revision| EnqueueChecks { manifest_revision: Some(revision), charge: Some(charge.clone()), ..EnqueueChecks::default() };
         // Checked against revision 0, the manifest moved on: nothing queued, the session told.
         let (stale, session) = fixture
             .store

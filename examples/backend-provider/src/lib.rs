@@ -184,11 +184,15 @@ pub async fn serve(
                 eprintln!("relay refused something we sent: {}", error.message);
             }
             // This provider's tools answer at once: a call is never running when its caller
-            // cancels it (a provider with long tools stops the one named).
+            // cancels it (a provider with long tools stops the one named). A backend does not
+            // approve callers (its Register says so), so it is never asked about one.
             Some(
                 relay_message::Kind::Welcome(_)
                 | relay_message::Kind::Registered(_)
-                | relay_message::Kind::Cancel(_),
+                | relay_message::Kind::Cancel(_)
+                | relay_message::Kind::ApprovalRequest(_)
+                | relay_message::Kind::ApprovalClosed(_)
+                | relay_message::Kind::Callers(_),
             )
             | None => {}
         }

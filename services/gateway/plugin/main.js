@@ -1,7 +1,8 @@
 // The plugin page: CODAP's tools (tools.js, codap.js) served through the browser SDK
 // (/sdk/: pairing, transport, dispatch) and shown by its <toolrelay-pairing> element.
 // Loaded with `?claim=` (the MCP app `open_codap` frames CODAP so), it is paired with the
-// assistant's session at once and shows no code; the claim then leaves its URL.
+// assistant's session at once and shows no code; the claim then leaves its URL. It approves
+// callers: a caller's first use of the code waits until the person allows it here.
 
 import { Connection, Dispatcher } from '../sdk/toolrelay.js';
 import '../sdk/pairing.js';
@@ -21,9 +22,13 @@ for (const tool of codapTools(codap)) dispatcher.register(tool.id, tool.descript
 window.mcpDispatcher = dispatcher;
 
 const claim = new URL(location.href).searchParams.get('claim');
+// Whether the person approves each new caller here: yes by default; `?approve=auto` turns it
+// off (a page the person set up for one assistant only, the tests that predate approvals).
+const APPROVE = new URL(location.href).searchParams.get('approve') === 'auto' ? 'auto' : 'ask';
 
-// The session is kept under mcp-session-<code> (SPEC §9).
-const connection = new Connection({ relay: BASE, dispatcher, storageKey: 'mcp-session-', claim });
+// The session is kept under mcp-session-<code> (SPEC §9). The person allows each new caller
+// in the plugin before its first call runs (the pairing element asks, at the top of the frame).
+const connection = new Connection({ relay: BASE, dispatcher, storageKey: 'mcp-session-', claim, approve: APPROVE });
 if (claim) {
   // Once redeemed (or refused) the claim opens nothing: it does not stay in the address.
   const dropClaim = () => {
@@ -89,6 +94,14 @@ window.toolrelay = {
     return connection.interruptions;
   },
   prompt: () => pairing.prompt(),
+  /** The open questions about new callers, oldest first. */
+  get pendingApprovals() {
+    return connection.pendingApprovals;
+  },
+  /** The callers the person allowed, and whether the code refuses new ones. */
+  get callers() {
+    return connection.callers;
+  },
   connection,
 };
 

@@ -12,6 +12,18 @@
 //   call-started   {requestId, name, args}
 //   call-finished  {requestId, name, args, success, result?, error?}
 //   expiry         {expiresAt}
+//   approval-request  {callerId, label, via, address, expiresAt, sharedAddress}  a caller the
+//                  person has not allowed uses the code: ask them (approve(callerId, allow));
+//                  once per question (the relay's repeats after a reconnect are not events)
+//   approval-closed   {callerId, outcome: allowed | declined | timeout | gone}  the question is
+//                  over (`gone`: the relay no longer asks, or the session ended or changed)
+//   callers        {allowed: [{callerId, label, via, address, since, sharedAddress}], refused}
+//                  the callers the person allowed, and whether the session refuses new ones
+//                  (after three denials: only a new code helps)
+//
+// Approvals (`approve` option): with 'ask' the relay holds the first use of the code by each
+// caller the person has not allowed, and this page asks the person (<toolrelay-pairing> shows
+// the question; a page of its own listens to `approval-request`); with 'auto' it does not ask.
 
 import { Dispatcher, ToolError, heldForConfirmation } from './dispatcher.js';
 import { ErrorCode, ToolErrorCode } from './errors.js';
@@ -20,6 +32,8 @@ import { Transport } from './transport.js';
 
 // How long to wait before asking an unreachable relay for a session again.
 const RETRY_PAIRING_MS = 5000;
+// Closed questions remembered, so that a repeat that crossed the close is not asked again.
+const REMEMBERED_CLOSES = 100;
 
 /** `ABCDEFGH` as people read it: `ABCD-EFGH`. */
 export function displayCode(code) {
@@ -49,6 +63,11 @@ export class Connection extends EventTarget {
    *   (the page loaded anew) reconnects to that session without redeeming it twice.
    * @param {(call: object, signal: AbortSignal) => Promise<boolean>} [options.confirm]  asked before a call of a
    *   function not marked read-only
+   * @param {'ask' | 'auto'} [options.approve]  'ask': the person allows each new caller in this
+   *   page before its first call runs (the page shows `approval-request` events, as
+   *   <toolrelay-pairing> does); 'auto': callers are not asked about. Default: 'ask' while a
+   *   <toolrelay-pairing> shows this connection, 'auto' without one (nobody would see the
+   *   question). Pass 'auto' to opt out with the element too.
    */
   constructor(options = {}) {
     super();
@@ -61,6 +80,17 @@ export class Connection extends EventTarget {
       remember: options.resume !== false,
     });
     this.confirm = options.confirm ?? null;
+    if (options.approve !== undefined && options.approve !== 'ask' && options.approve !== 'auto') {
+      throw new TypeError(`approve is 'ask' or 'auto', not ${JSON.stringify(options.approve)}`);
+    }
+    this.approveOption = options.approve ?? null;
+    this.approvalUi = false;
+    /** The questions open about callers, by callerId: {frame, seenAt}, oldest first. */
+    this.approvalRequests = new Map();
+    /** Questions the relay has closed, by callerId → expiresAt: a late repeat is not asked again. */
+    this.closedApprovals = new Map();
+    /** The callers the person allowed, and whether the session refuses new ones. */
+    this.callers = { allowed: [], refused: false };
     this.claim = options.claim || null;
     this.transport = null;
     /** connecting | connected | disconnected | unreachable | refused | expired | ended | replaced */
@@ -95,6 +125,24 @@ export class Connection extends EventTarget {
     return this.transport?.interruptions ?? 0;
   }
 
+  /**
+   * 'ask' (the relay holds each new caller until the person allows it here) or 'auto' (it
+   * does not ask): the `approve` option, else 'ask' while a UI shows the questions.
+   */
+  get approvalMode() {
+    return this.approveOption ?? (this.approvalUi ? 'ask' : 'auto');
+  }
+
+  /** The oldest open question about a caller (an `approval-request`'s detail), or null. */
+  get pendingApproval() {
+    return this.approvalRequests.values().next().value?.frame ?? null;
+  }
+
+  /** Every open question about a caller, oldest first. */
+  get pendingApprovals() {
+    return [...this.approvalRequests.values()].map((entry) => entry.frame);
+  }
+
   emit(name, detail) {
     this.dispatchEvent(new CustomEvent(name, { detail }));
   }
@@ -120,6 +168,116 @@ export class Connection extends EventTarget {
     return removed;
   }
 
+  // ---- approving callers ----
+
+  /**
+   * A UI that shows the questions about callers (<toolrelay-pairing>) shows this connection
+   * (`shown`) or no longer does: without an `approve` option, the page asks while one does.
+   */
+  setApprovalUi(shown) {
+    const before = this.approvalMode;
+    this.approvalUi = Boolean(shown);
+    if (this.approvalMode !== before) this.transport?.reregister();
+  }
+
+  /**
+   * The person's answer about caller `callerId` (from `approval-request`): allow it (true) or
+   * deny it. Over the open WebSocket, else `POST /api/sessions/{code}/approvals/{callerId}`.
+   * Resolves with the outcome, `allowed` or `declined`, or null when the relay no longer asks
+   * about that caller; the question is closed either way. Throws when the answer could not go
+   * (the question stays open: answer again).
+   */
+  async approve(callerId, allow) {
+    if (!this.transport) throw new Error('Not connected to the relay.');
+    const { outcome, confirmed } = await this.transport.approve(callerId, Boolean(allow));
+    this.closeApproval(callerId, outcome ?? 'gone', confirmed);
+    return outcome;
+  }
+
+  /**
+   * Disconnects a caller the person allowed: its handle stops working, and its next use of
+   * the code asks again. Over the open WebSocket, else
+   * `DELETE /api/sessions/{code}/approvals/{callerId}`. Throws when that could not go.
+   */
+  async disconnectCaller(callerId) {
+    if (!this.transport) throw new Error('Not connected to the relay.');
+    await this.transport.disconnectCaller(callerId);
+    // The relay's next `callers` says the same.
+    const allowed = this.callers.allowed.filter((caller) => caller.callerId !== callerId);
+    if (allowed.length !== this.callers.allowed.length) this.setCallers({ ...this.callers, allowed });
+  }
+
+  /** A question from the relay: asked once (its repeats, after a reconnect, only refresh it). */
+  approvalRequested(frame) {
+    if (!frame?.callerId) return;
+    const detail = {
+      callerId: frame.callerId,
+      label: frame.label || 'an unnamed assistant',
+      via: frame.via || 'the relay',
+      address: frame.address || '',
+      expiresAt: frame.expiresAt ?? frame.at ?? null,
+      sharedAddress: Boolean(frame.sharedAddress),
+    };
+    // The same question again (it has the same expiry) after the relay closed it: a repeat
+    // that crossed the close (a poll under way, say).
+    if (detail.expiresAt && this.closedApprovals.get(detail.callerId) === detail.expiresAt) return;
+    const known = this.approvalRequests.has(detail.callerId);
+    this.approvalRequests.set(detail.callerId, { frame: detail, seenAt: performance.now() });
+    if (!known) this.emit('approval-request', detail);
+  }
+
+  /**
+   * The question about `callerId` is over (if it was open); `confirmed`: the relay said so (an
+   * answer only sent over the socket is not: if the relay asks again, the question shows again).
+   */
+  closeApproval(callerId, outcome, confirmed = true) {
+    const entry = this.approvalRequests.get(callerId);
+    if (!entry) return;
+    this.approvalRequests.delete(callerId);
+    if (confirmed && entry.frame.expiresAt) {
+      this.closedApprovals.delete(callerId);
+      this.closedApprovals.set(callerId, entry.frame.expiresAt);
+      while (this.closedApprovals.size > REMEMBERED_CLOSES) this.closedApprovals.delete(this.closedApprovals.keys().next().value);
+    }
+    this.emit('approval-closed', { callerId, outcome });
+  }
+
+  /** The relay's list of allowed callers (a `callers` frame). */
+  setCallers(frame) {
+    const allowed = (Array.isArray(frame?.allowed) ? frame.allowed : []).filter((caller) => caller?.callerId).map((caller) => ({
+      callerId: caller.callerId,
+      label: caller.label || 'an unnamed assistant',
+      via: caller.via || 'the relay',
+      address: caller.address || '',
+      since: caller.since ?? caller.at ?? null,
+      sharedAddress: Boolean(caller.sharedAddress),
+    }));
+    this.callers = { allowed, refused: Boolean(frame?.refused) };
+    // A caller allowed (in another tab of the session, say) is no longer asked about.
+    for (const caller of allowed) this.closeApproval(caller.callerId, 'allowed');
+    this.emit('callers', { allowed: [...allowed], refused: this.callers.refused });
+  }
+
+  /**
+   * What the relay said on a (re)connection (`approvals`): its callers, and its open
+   * questions; a question heard of before and no longer open closed while the page was away.
+   */
+  approvalsRead({ pending, allowed, refused, askedAt }) {
+    const open = new Set(pending.map((frame) => frame.callerId));
+    for (const [callerId, entry] of [...this.approvalRequests]) {
+      if (!open.has(callerId) && entry.seenAt < askedAt) this.closeApproval(callerId, 'gone');
+    }
+    for (const frame of pending) this.approvalRequested(frame);
+    this.setCallers({ allowed, refused });
+  }
+
+  /** The session ended or changed: its questions and callers are not this page's any more. */
+  forgetApprovals() {
+    for (const callerId of [...this.approvalRequests.keys()]) this.closeApproval(callerId, 'gone');
+    this.closedApprovals.clear();
+    if (this.callers.allowed.length || this.callers.refused) this.setCallers({ allowed: [], refused: false });
+  }
+
   // ---- pairing ----
 
   /**
@@ -128,6 +286,7 @@ export class Connection extends EventTarget {
    */
   async start(fresh = false) {
     this.stopTransport();
+    this.forgetApprovals();
     clearTimeout(this.retryTimer);
     if (fresh) this.claim = null;
     this.setState('connecting');
@@ -165,7 +324,9 @@ export class Connection extends EventTarget {
   }
 
   startTransport(session) {
-    const transport = new Transport(this.base, session, () => this.dispatcher.manifest(), (call, signal) => this.run(call, signal));
+    const transport = new Transport(this.base, session, () => this.dispatcher.manifest(), (call, signal) => this.run(call, signal), {
+      approves: () => this.approvalMode === 'ask',
+    });
     this.transport = transport;
     const mine = (listener) => (event) => {
       if (this.transport === transport) listener(event.detail);
@@ -181,9 +342,14 @@ export class Connection extends EventTarget {
       this.sessions.setExpiry(expiresAt);
       this.emit('expiry', { expiresAt });
     }));
+    transport.addEventListener('approval-request', mine((frame) => this.approvalRequested(frame)));
+    transport.addEventListener('approval-closed', mine(({ callerId, outcome }) => this.closeApproval(callerId, outcome || 'gone')));
+    transport.addEventListener('callers', mine((frame) => this.setCallers(frame)));
+    transport.addEventListener('approvals', mine((read) => this.approvalsRead(read)));
     transport.addEventListener('expired', mine((message) => this.expire(message || 'The session has ended.')));
     transport.addEventListener('replaced', mine((message) => {
       this.stopTransport();
+      this.forgetApprovals();
       this.setState('replaced', { message: message || 'Another tab took over this session.' });
     }));
     transport.start();
@@ -197,6 +363,7 @@ export class Connection extends EventTarget {
   /** The session is gone at the relay (expired, or its code no longer works). */
   expire(message) {
     this.stopTransport();
+    this.forgetApprovals();
     this.sessions.forget();
     this.setState('expired', { message });
   }
@@ -212,6 +379,7 @@ export class Connection extends EventTarget {
   async end() {
     clearTimeout(this.retryTimer);
     this.stopTransport();
+    this.forgetApprovals();
     await this.sessions.end();
     this.setState('ended');
   }
@@ -220,6 +388,7 @@ export class Connection extends EventTarget {
   close() {
     clearTimeout(this.retryTimer);
     this.stopTransport();
+    this.forgetApprovals();
     this.sessions.release();
     this.setState('disconnected');
   }
@@ -266,6 +435,14 @@ export class Connection extends EventTarget {
  *   const relay = connect({ claim: new URL(location.href).searchParams.get('claim'), tools });
  *   relay.addEventListener('status', (event) => {
  *     if (event.detail.state === 'refused') show(event.detail.message); // used, expired, unknown
+ *   });
+ *
+ * A page that shows no <toolrelay-pairing> but asks the person about new callers itself:
+ *
+ *   const relay = connect({ tools, approve: 'ask' });
+ *   relay.addEventListener('approval-request', (event) => {
+ *     const { callerId, label, via } = event.detail;
+ *     relay.approve(callerId, confirm(`Allow ${label} (via ${via}) to use this page?`));
  *   });
  */
 export function connect(options = {}) {

@@ -45,6 +45,12 @@ export const ErrorCode = Object.freeze({
   HOST_NOT_ALLOWED: 'host_not_allowed',
   TOOL_ERROR: 'tool_error',
   CANCELLED: 'cancelled',
+  APPROVAL_DECLINED: 'approval_declined',
+  APPROVAL_TIMEOUT: 'approval_timeout',
+  APPROVAL_REFUSED: 'approval_refused',
+  CALLER_DISCONNECTED: 'caller_disconnected',
+  APPROVAL_NOT_PENDING: 'approval_not_pending',
+  TAB_NOT_CONNECTED: 'tab_not_connected',
 });
 
 /**

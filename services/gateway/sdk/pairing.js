@@ -1,9 +1,15 @@
 // <toolrelay-pairing>: what a person needs to pair a page with an assistant — the code, how to
 // connect each kind of assistant, copy buttons, the countdown, a status dot, the activity
 // list, End session and the "ask me before changes" switch (it holds every call of a tool not
-// marked `readOnly`). A session an assistant opened for the page (a claim, `connect({claim})`)
-// needs no code: the element then says "Connected to your assistant" and shows no code, no
-// prompt and no connect instructions (`data-mode="assistant"`, else `"code"`).
+// marked `readOnly`), and the questions about new callers: "An assistant wants to use this
+// page — Allow / Deny" (at the top, focused, announced, counted in a badge and in the page's
+// title; keys a and d answer it), the callers the person allowed (each with Disconnect), and,
+// after three denials, New code. A connection it shows asks about new callers unless the page
+// created it with `approve: 'auto'` (see connection.js); `data-approval` says whether a
+// question is open (`pending`, else `none`). A session an assistant opened for the page (a
+// claim, `connect({claim})`) needs no code: the element then says "Connected to your
+// assistant" and shows no code, no prompt and no connect instructions (`data-mode="assistant"`,
+// else `"code"`).
 // Set its `connection` property to a Connection (connect() from toolrelay.js), and, to word
 // the activity list in the page's own terms, `describeCall` to a function (name, args) → text.
 //
@@ -13,7 +19,8 @@
 // have fixed ids.
 //
 // Attributes: heading (default "AI assistant"), level (of its heading, default 2), subject
-// (what the copied prompt offers, default "the tools of a web page I have open"), keys (c
+// (what the copied prompt offers, default "the tools of a web page I have open"), page-name
+// (what the question about a new caller calls the page, default "this page"), keys (c
 // copies the prompt, r makes a new code), standalone (it is the whole page: header and main).
 
 import { displayCode } from './connection.js';
@@ -26,6 +33,11 @@ const LIFETIME_WARNING_MS = 60 * 60 * 1000;
 const COPIED_MS = 1500;
 // Which kind of assistant the connect instructions show first.
 const KIND_KEY = 'toolrelay-assistant-kind';
+// A question about a caller ignores answers this long after it appears: a key or click meant
+// for what was there before does not allow anyone.
+const APPROVAL_ARMING_MS = 500;
+// A caller's name, as it says it, is cut to this many characters.
+const LABEL_SHOWN = 60;
 const STYLES = new URL('./pairing.css', import.meta.url).href;
 
 /** `ms` as m:ss, or h:mm:ss past an hour. */
@@ -55,6 +67,26 @@ function summarize(name, args) {
   if (Array.isArray(a.items)) parts.push(`${a.items.length} item${a.items.length === 1 ? '' : 's'}`);
   const detail = parts.filter(Boolean).join(' · ');
   return detail ? `${name} · ${detail}` : name;
+}
+
+/** What a caller says it is (not proof), cut to a length the prompt can show. */
+function shortLabel(text) {
+  const label = String(text ?? '').replace(/\s+/g, ' ').trim() || 'an unnamed assistant';
+  return label.length > LABEL_SHOWN ? `${label.slice(0, LABEL_SHOWN - 1)}…` : label;
+}
+
+/** The question about a caller, in words (from an `approval-request`'s detail). */
+export function approvalText(request, pageName = 'this page') {
+  const text = `An assistant wants to use ${pageName} (says it is ${shortLabel(request.label)}, via ${request.via})`;
+  return request.sharedAddress
+    ? `${text} — known only by its network address: allowing it allows everyone at ${request.address}.`
+    : `${text}.`;
+}
+
+/** `iso` as HH:MM in the person's time, or '' when it is no time. */
+function clock(iso) {
+  const time = new Date(iso ?? NaN);
+  return Number.isNaN(time.getTime()) ? '' : time.toLocaleTimeString([], { hour: '2-digit', minute: '2-digit', hourCycle: 'h23' });
 }
 
 /** Who can reach the relay at `base`: cloud assistants need a public HTTPS address. */
@@ -123,12 +155,23 @@ function template(heading, level, standalone) {
   return `
   <${head} class="bar">
     <${h} class="title">${escape(heading)}</${h}>
+    <span id="approval-badge" class="badge" hidden></span>
     <span class="link">
       <span id="dot" class="dot" role="img" aria-label="Disconnected" title="Disconnected"></span>
       <span id="link-label">Connecting…</span>
     </span>
   </${head}>
   <${body} class="body">
+    <section id="approval" class="approval" hidden aria-labelledby="approval-title" aria-describedby="approval-text">
+      <${sub} id="approval-title">Allow this assistant?</${sub}>
+      <p id="approval-text"></p>
+      <p id="approval-more" class="quiet" hidden></p>
+      <div class="actions">
+        <button type="button" id="approval-allow" class="primary" aria-keyshortcuts="a">Allow <kbd>a</kbd></button>
+        <button type="button" id="approval-deny" class="secondary" aria-keyshortcuts="d">Deny <kbd>d</kbd></button>
+      </div>
+    </section>
+    <p id="refused-callers" class="notice" hidden>Three assistants were denied; this code no longer accepts new ones. <button type="button" id="refused-new" class="secondary small">New code</button></p>
     <section class="banner" aria-labelledby="code-label">
       <div class="assistant">
         <p id="assistant-title" class="assistant-title">Connected to your assistant</p>
@@ -182,6 +225,10 @@ function template(heading, level, standalone) {
         <button type="button" id="deny" class="secondary">Deny</button>
       </div>
     </section>
+    <section id="callers" class="callers" hidden aria-labelledby="callers-title">
+      <${sub} id="callers-title">Allowed assistants</${sub}>
+      <ul id="callers-list"></ul>
+    </section>
     <section class="activity" aria-labelledby="activity-title">
       <${sub} id="activity-title">Activity</${sub}>
       <p id="no-activity" class="quiet">No calls yet.</p>
@@ -192,7 +239,8 @@ function template(heading, level, standalone) {
       <button type="button" id="end" class="danger">End session</button>
     </section>
   </${body}>
-  <div id="announcer" class="visually-hidden" role="status" aria-live="polite"></div>`;
+  <div id="announcer" class="visually-hidden" role="status" aria-live="polite"></div>
+  <div id="alert" class="visually-hidden" role="alert"></div>`;
 }
 
 function escape(text) {
@@ -209,6 +257,10 @@ export class ToolrelayPairing extends HTMLElement {
     this.listeners = [];
     this.discovered = Promise.resolve();
     this.describeCall = null;
+    // The page's own title while a question is open ("(1) " goes before it), else null.
+    this.titleBase = null;
+    this.armTimer = null;
+    this.answering = false;
   }
 
   connectedCallback() {
@@ -220,7 +272,10 @@ export class ToolrelayPairing extends HTMLElement {
     const kept = [...this.childNodes];
     const level = Math.min(Math.max(Number(this.getAttribute('level')) || 2, 1), 5);
     this.innerHTML = template(this.getAttribute('heading') || 'AI assistant', level, this.hasAttribute('standalone'));
-    this.querySelector('.body').prepend(...kept);
+    const body = this.querySelector('.body');
+    body.prepend(...kept);
+    // The question about a caller comes first, above the page's own notices too.
+    body.prepend(this.$('approval'));
     this.wire();
     this.dataset.state = 'fresh';
     this.dataset.mode = 'code';
@@ -231,6 +286,7 @@ export class ToolrelayPairing extends HTMLElement {
 
   disconnectedCallback() {
     clearInterval(this.timer);
+    this.showCount(0);
   }
 
   $(id) {
@@ -267,10 +323,14 @@ export class ToolrelayPairing extends HTMLElement {
     // The switch decides about every call but read-only ones (see Connection.run).
     this.confirmHook = (call, signal) => this.ask(call, signal);
     connection.confirm = this.confirmHook;
+    // Shown here, new callers are asked about (unless the page said `approve: 'auto'`).
+    connection.setApprovalUi?.(true);
     this.publicBase = connection.base;
     this.discovered = this.learnPublicBase(connection.base);
     on('code', (detail) => {
       this.showSession();
+      this.showApprovals();
+      this.showCallers();
       if (detail.claimed) this.announce(detail.restored ? 'Reconnecting to your assistant.' : 'Connected to your assistant.');
       else this.announce(detail.restored ? `Reconnecting to session ${detail.display}.` : `New pairing code ${detail.display}.`);
     });
@@ -306,7 +366,12 @@ export class ToolrelayPairing extends HTMLElement {
       if (this.linkState === 'idle') this.setLink('connected', connection.transportKind ?? '');
     });
     on('call-finished', ({ name, args, success, error }) => this.record(name, args, success, error?.message, error?.code === ErrorCode.CANCELLED));
+    on('approval-request', () => this.showApprovals());
+    on('approval-closed', (detail) => this.approvalClosed(detail));
+    on('callers', () => this.showCallers());
     if (connection.session) this.showSession();
+    this.showApprovals();
+    this.showCallers();
   }
 
   detach() {
@@ -314,6 +379,7 @@ export class ToolrelayPairing extends HTMLElement {
     for (const [name, listener] of this.listeners) this.conn.removeEventListener(name, listener);
     this.listeners = [];
     if (this.conn.confirm === this.confirmHook) this.conn.confirm = null;
+    this.conn.setApprovalUi?.(false);
   }
 
   /** The relay's public address, from its discovery document (it differs behind a proxy). */
@@ -533,6 +599,9 @@ export class ToolrelayPairing extends HTMLElement {
       `1. First GET ${api}/metadata: it lists the tools with the JSON Schema of their args.`,
       `2. Call a tool: POST ${api}/call with JSON {"functionName": "<name>", "args": {...}}. The answer is {"success": true, "result": ...} or an error that says what to fix.`,
       `3. A 202 answer means it is still running: GET ${api}/requests/<requestId> for the result. A 404 means the code expired: ask me for the new one.`,
+      ...(this.conn.approvalMode === 'ask'
+        ? ['The first time you use the code I am asked once, in my browser tab, to allow you: your first call (or connect_session) waits until I answer.']
+        : []),
       `With MCP instead (${mcp}): connect to ${base}/mcp and call connect_session with the code; or connect to this session alone: ${session.connectorUrl || `${base}/mcp`}`,
     ].join('\n');
   }
@@ -610,6 +679,147 @@ export class ToolrelayPairing extends HTMLElement {
     return answer;
   }
 
+  // ---- asking about new callers ----
+
+  /** What the question about a caller calls the page: the `page-name` attribute. */
+  get pageName() {
+    return this.getAttribute('page-name') || 'this page';
+  }
+
+  /**
+   * Shows the oldest open question about a caller (at the top, in view), or hides the box when
+   * none is open. A new question is announced, takes the focus (unless the person is typing
+   * in a field of the page) and ignores answers for a moment (APPROVAL_ARMING_MS).
+   */
+  showApprovals() {
+    const pending = this.conn?.pendingApprovals ?? [];
+    const first = pending[0] ?? null;
+    const box = this.$('approval');
+    const shownBefore = box.hidden ? null : box.dataset.callerId;
+    this.showCount(pending.length);
+    this.dataset.approval = first ? 'pending' : 'none';
+    if (!first) {
+      box.hidden = true;
+      delete box.dataset.callerId;
+      this.$('alert').textContent = '';
+      return;
+    }
+    const text = approvalText(first, this.pageName);
+    this.$('approval-text').textContent = text;
+    const more = this.$('approval-more');
+    more.hidden = pending.length < 2;
+    more.textContent = `${pending.length - 1} more waiting after this one.`;
+    box.dataset.callerId = first.callerId;
+    box.hidden = false;
+    if (shownBefore === first.callerId) return;
+    this.arm();
+    this.$('alert').textContent = `${text} Press a to allow or d to deny.`;
+    box.scrollIntoView({ block: 'nearest' });
+    const active = document.activeElement;
+    const typing = active && !this.contains(active) && (active instanceof HTMLInputElement || active instanceof HTMLTextAreaElement || active.isContentEditable);
+    if (!typing) this.$('approval-allow').focus();
+  }
+
+  /** Answers to the question just shown are ignored for a moment. */
+  arm() {
+    const buttons = [this.$('approval-allow'), this.$('approval-deny')];
+    for (const button of buttons) button.setAttribute('aria-disabled', 'true');
+    clearTimeout(this.armTimer);
+    this.armTimer = setTimeout(() => {
+      this.armTimer = null;
+      for (const button of buttons) button.removeAttribute('aria-disabled');
+    }, APPROVAL_ARMING_MS);
+  }
+
+  /** How many questions are open: a badge, and "(n) " before the page's title. */
+  showCount(count) {
+    const badge = this.$('approval-badge');
+    if (badge) {
+      badge.hidden = count === 0;
+      badge.textContent = `${count} waiting`;
+      badge.title = count === 1 ? 'An assistant is waiting for you to allow it' : `${count} assistants are waiting for you to allow them`;
+    }
+    const prefix = /^\(\d+\) /;
+    if (count > 0) {
+      // A title the page set meanwhile is the new one to restore.
+      if (this.titleBase === null || !prefix.test(document.title)) this.titleBase = document.title.replace(prefix, '');
+      document.title = `(${count}) ${this.titleBase}`;
+    } else if (this.titleBase !== null) {
+      if (prefix.test(document.title)) document.title = this.titleBase;
+      this.titleBase = null;
+    }
+  }
+
+  /** The person answers the question shown: allow (true) or deny the caller. */
+  async answerApproval(allow) {
+    const box = this.$('approval');
+    const callerId = box.dataset.callerId;
+    if (box.hidden || !callerId || this.armTimer || this.answering || !this.conn) return;
+    this.answering = true;
+    box.setAttribute('aria-busy', 'true');
+    try {
+      const outcome = await this.conn.approve(callerId, allow);
+      if (outcome === null) this.announce('That question had already been closed.');
+    } catch (error) {
+      this.announce(`Your answer did not reach the relay (${error.message}). Answer again.`);
+    } finally {
+      this.answering = false;
+      box.removeAttribute('aria-busy');
+      this.showApprovals();
+    }
+  }
+
+  approvalClosed({ outcome }) {
+    const said = {
+      allowed: `Allowed: the assistant can use ${this.pageName} now.`,
+      declined: 'Denied: the assistant was refused.',
+      timeout: 'Not answered in time: the assistant was refused. It may ask again.',
+    }[outcome];
+    if (said) this.announce(said);
+    this.showApprovals();
+  }
+
+  /** The callers the person allowed (each with Disconnect), and whether the code refuses more. */
+  showCallers() {
+    const { allowed, refused } = this.conn?.callers ?? { allowed: [], refused: false };
+    const items = allowed.map((caller) => {
+      const item = document.createElement('li');
+      const who = document.createElement('span');
+      who.className = 'who';
+      const since = clock(caller.since);
+      who.textContent = `${shortLabel(caller.label)} via ${caller.via}${since ? ` — since ${since}` : ''}${caller.sharedAddress ? ` · everyone at ${caller.address}` : ''}`;
+      const disconnect = document.createElement('button');
+      disconnect.type = 'button';
+      disconnect.className = 'secondary small';
+      disconnect.textContent = 'Disconnect';
+      disconnect.setAttribute('aria-label', `Disconnect ${shortLabel(caller.label)} via ${caller.via}`);
+      disconnect.dataset.callerId = caller.callerId;
+      disconnect.addEventListener('click', () => this.disconnectCaller(caller, disconnect));
+      item.append(who, disconnect);
+      return item;
+    });
+    this.$('callers-list').replaceChildren(...items);
+    this.$('callers').hidden = items.length === 0;
+    const notice = this.$('refused-callers');
+    const newlyRefused = refused && notice.hidden;
+    notice.hidden = !refused;
+    if (newlyRefused) {
+      this.announce('Three assistants were denied; this code no longer accepts new ones. Press New code for a new one.');
+      notice.scrollIntoView({ block: 'nearest' });
+    }
+  }
+
+  async disconnectCaller(caller, button) {
+    button.disabled = true;
+    try {
+      await this.conn.disconnectCaller(caller.callerId);
+      this.announce(`${shortLabel(caller.label)} is disconnected: it has to be allowed again.`);
+    } catch (error) {
+      button.disabled = false;
+      this.announce(`Could not disconnect ${shortLabel(caller.label)} (${error.message}). Try again.`);
+    }
+  }
+
   // ---- controls ----
 
   wire() {
@@ -641,6 +851,18 @@ export class ToolrelayPairing extends HTMLElement {
     this.$('regenerate').addEventListener('click', regenerate);
     this.$('lifetime-new').addEventListener('click', regenerate);
     this.$('end').addEventListener('click', () => this.conn?.end());
+    this.$('refused-new').addEventListener('click', regenerate);
+    this.$('approval-allow').addEventListener('click', () => this.answerApproval(true));
+    this.$('approval-deny').addEventListener('click', () => this.answerApproval(false));
+    // a and d answer an open question about a caller (with or without the `keys` attribute).
+    document.addEventListener('keydown', (event) => {
+      if (this.$('approval').hidden || event.repeat || event.ctrlKey || event.metaKey || event.altKey) return;
+      const target = event.target;
+      if (target instanceof HTMLInputElement || target instanceof HTMLTextAreaElement || target?.isContentEditable) return;
+      if (event.key !== 'a' && event.key !== 'd') return;
+      event.preventDefault();
+      this.answerApproval(event.key === 'a');
+    });
     if (!keys) return;
     document.addEventListener('keydown', (event) => {
       if (event.ctrlKey || event.metaKey || event.altKey) return;

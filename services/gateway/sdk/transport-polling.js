@@ -22,10 +22,18 @@ export async function poll(transport) {
       // enough to miss every poll is no reconnection.
       for (const answer of [...transport.unsent.values()]) transport.send(answer);
     }
+    // Calls, cancels, and the relay's frames about callers (told apart by `type`). The open
+    // question is in every poll until it closes: one missing from this poll is over.
+    let asked = null;
     for (const item of await response.json()) {
       if (item.type === 'cancel') transport.cancel(item.requestId);
-      else transport.handle(item);
+      else if (!transport.approvalFrame(item)) transport.handle(item);
+      if (item.type === 'approval-request') asked = item.callerId;
     }
+    if (transport.polledQuestion && transport.polledQuestion !== asked) {
+      transport.approvalFrame({ type: 'approval-closed', callerId: transport.polledQuestion, outcome: 'gone' });
+    }
+    transport.polledQuestion = asked;
     transport.pollTimer = setTimeout(() => poll(transport), POLL_INTERVAL_MS);
   } catch {
     const worked = transport.polling;

@@ -15,6 +15,10 @@ export function openEventStream(transport) {
   });
   events.addEventListener('tool-request', (event) => transport.handle(JSON.parse(event.data)));
   events.addEventListener('cancel', (event) => transport.cancel(JSON.parse(event.data).requestId));
+  // The relay's frames about callers (a tab that approves them): the event's name is the type.
+  for (const type of ['approval-request', 'approval-closed', 'callers']) {
+    events.addEventListener(type, (event) => transport.approvalFrame({ ...JSON.parse(event.data), type }));
+  }
   events.addEventListener('heartbeat', (event) => transport.emit('expiry', JSON.parse(event.data).expiresAt));
   events.addEventListener('expired', (event) => {
     if (transport.ended({ ...JSON.parse(event.data), type: 'expired' })) events.close();

@@ -28,7 +28,7 @@ export function openWebSocket(transport) {
         welcomed = true;
         transport.connected();
         transport.emit('expiry', frame.expiresAt);
-        socket.send(JSON.stringify({ type: 'register', tools: transport.manifest() }));
+        socket.send(JSON.stringify({ type: 'register', ...transport.registration() }));
         break;
       case 'registered':
         transport.emit('registered', frame.tools);
@@ -38,6 +38,11 @@ export function openWebSocket(transport) {
         break;
       case 'cancel':
         transport.cancel(frame.requestId);
+        break;
+      case 'approval-request':
+      case 'approval-closed':
+      case 'callers':
+        transport.approvalFrame(frame);
         break;
       case 'heartbeat':
         transport.emit('expiry', frame.expiresAt);

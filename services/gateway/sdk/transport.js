@@ -9,6 +9,14 @@
 // delivered again gets the answer it had, without running twice. A call the caller cancels
 // (a `cancel` frame, SSE event or polling item naming it) has its AbortSignal aborted; its
 // answer is not sent (the relay has the call's end already).
+//
+// Approvals: a tab that registers with `approves: true` is asked by the relay before a caller
+// it has not allowed uses its code. The relay's `approval-request`, `approval-closed` and
+// `callers` frames (SSE events, polling items) come out of the Transport as events of those
+// names (`detail`: the frame); `approve` and `disconnectCaller` answer over the socket when it
+// is open, else over HTTP. On every connection such a tab also reads the relay's list
+// (`GET …/approvals`) and emits it as an `approvals` event: a question closed while the tab
+// was away is then known to be over.
 
 import { ErrorCode } from './errors.js';
 import { poll } from './transport-polling.js';
@@ -34,6 +42,8 @@ const ORDER = Object.keys(OPEN);
 const SESSION_GONE = new Set([ErrorCode.SESSION_NOT_FOUND, ErrorCode.INVALID_TOKEN, ErrorCode.TOKEN_REQUIRED, ErrorCode.INVALID_CODE]);
 // The same, as the HTTP statuses polling sees.
 const SESSION_GONE_STATUSES = new Set([401, 403, 404]);
+// The relay's frames about callers, emitted as events of the same names.
+const APPROVAL_FRAMES = new Set(['approval-request', 'approval-closed', 'callers']);
 
 /**
  * Whether what the relay said (a frame, or `{type: 'error', status}` for an HTTP refusal) ends
@@ -59,13 +69,17 @@ export class Transport extends EventTarget {
    * @param {() => object[]} manifest  the tools to register
    * @param {(call: object, signal: AbortSignal) => Promise<object>} run  runs a call (the
    *   signal is aborted if the caller cancels it); resolves with {success, result?, error?}
+   * @param {{approves?: boolean | (() => boolean)}} [options]  `approves`: whether the person
+   *   allows each new caller in this tab (sent with every registration; default false)
    */
-  constructor(base, session, manifest, run) {
+  constructor(base, session, manifest, run, options = {}) {
     super();
     this.base = base;
     this.session = session;
     this.manifest = manifest;
     this.run = run;
+    const approves = options.approves ?? false;
+    this.approves = typeof approves === 'function' ? () => Boolean(approves()) : () => Boolean(approves);
     this.kind = ORDER[0];
     this.failures = 0;
     this.backoff = BACKOFF_START_MS;
@@ -143,17 +157,113 @@ export class Transport extends EventTarget {
     this.emit('status', { state: 'connected', transport: this.kind });
     // Answers that could not go out while the connection was down go now.
     for (const answer of [...this.unsent.values()]) this.send(answer);
+    if (this.approves()) this.readApprovals();
   }
 
-  /** The tools changed while connected: register them again on the live connection. */
+  /** What every registration says: the tools, and whether the person approves callers here. */
+  registration() {
+    return { tools: this.manifest(), approves: this.approves() };
+  }
+
+  /** The tools (or whether the person approves) changed: register again on the live connection. */
   reregister() {
     const socket = this.socket;
     if (socket && socket.readyState === WebSocket.OPEN) {
-      socket.send(JSON.stringify({ type: 'register', tools: this.manifest() }));
+      socket.send(JSON.stringify({ type: 'register', ...this.registration() }));
     } else if (this.events || this.polling) {
       this.putManifest();
     }
     // Otherwise the next connection registers them.
+  }
+
+  // ---- approvals ----
+
+  /**
+   * Emits a frame about callers (`approval-request`, `approval-closed`, `callers`) as the event
+   * of its name; says whether `frame` was one.
+   */
+  approvalFrame(frame) {
+    if (!frame || !APPROVAL_FRAMES.has(frame.type)) return false;
+    this.emit(frame.type, frame);
+    return true;
+  }
+
+  /**
+   * Reads the relay's list of callers and its open question, emitted as `approvals`
+   * `{pending: [frame…], allowed, refused, askedAt}` (`askedAt`: performance.now() when asked;
+   * a question heard of before then and not in `pending` is over). Nothing when it fails.
+   */
+  async readApprovals() {
+    const askedAt = performance.now();
+    try {
+      const response = await fetch(this.url('/approvals'), { headers: this.auth() });
+      if (!response.ok || this.stopped) return;
+      const body = await response.json();
+      const pending = (Array.isArray(body.pending) ? body.pending : [body.pending]).filter((frame) => frame?.callerId);
+      this.emit('approvals', {
+        pending: pending.map((frame) => ({ ...frame, type: 'approval-request' })),
+        allowed: Array.isArray(body.allowed) ? body.allowed : [],
+        refused: Boolean(body.refused),
+        askedAt,
+      });
+    } catch {
+      // The relay's frames say the same as they come.
+    }
+  }
+
+  /** The open WebSocket, if there is one. */
+  openSocket() {
+    const socket = this.socket;
+    return socket && socket.readyState === WebSocket.OPEN ? socket : null;
+  }
+
+  /**
+   * The person's answer about caller `callerId`: over the open socket, else
+   * `POST …/approvals/{callerId}`. Resolves with `{outcome, confirmed}`: the outcome (`allowed`
+   * or `declined`, or null when the relay no longer asks about that caller), and whether the
+   * relay said so (over HTTP; a socket's frame may be lost with the socket, and the relay
+   * then asks again). Throws when the answer could not go.
+   */
+  async approve(callerId, allow) {
+    const socket = this.openSocket();
+    if (socket) {
+      socket.send(JSON.stringify({ type: 'approval', callerId, allow }));
+      return { outcome: allow ? 'allowed' : 'declined', confirmed: false };
+    }
+    const response = await fetch(this.url(`/approvals/${encodeURIComponent(callerId)}`), {
+      method: 'POST',
+      headers: { ...this.auth(), 'content-type': 'application/json' },
+      body: JSON.stringify({ allow }),
+    });
+    const body = await response.json().catch(() => ({}));
+    if (response.ok) {
+      const outcome = body.outcome === 'allowed' || body.outcome === 'declined' ? body.outcome : allow ? 'allowed' : 'declined';
+      return { outcome, confirmed: true };
+    }
+    if (response.status === 409 || response.status === 404) return { outcome: null, confirmed: true };
+    throw new Error(body.message || `The relay answered ${response.status}.`);
+  }
+
+  /**
+   * Disconnects the allowed caller `callerId` (its handle stops working; its next use of the
+   * code asks again): over the open socket, else `DELETE …/approvals/{callerId}`. Throws when
+   * that could not go.
+   */
+  async disconnectCaller(callerId) {
+    const socket = this.openSocket();
+    if (socket) {
+      socket.send(JSON.stringify({ type: 'disconnect-caller', callerId }));
+      return;
+    }
+    const response = await fetch(this.url(`/approvals/${encodeURIComponent(callerId)}`), {
+      method: 'DELETE',
+      headers: this.auth(),
+    });
+    // 404: that caller is not allowed (any more): nothing to disconnect.
+    if (!response.ok && response.status !== 404) {
+      const body = await response.json().catch(() => ({}));
+      throw new Error(body.message || `The relay answered ${response.status}.`);
+    }
   }
 
   // ---- calls and answers ----
@@ -167,7 +277,7 @@ export class Transport extends EventTarget {
       const response = await fetch(this.url('/manifest'), {
         method: 'PUT',
         headers: { ...this.auth(), 'content-type': 'application/json' },
-        body: JSON.stringify({ tools: this.manifest() }),
+        body: JSON.stringify(this.registration()),
       });
       const body = await response.json();
       if (response.ok) this.emit('registered', body.tools);

@@ -36,6 +36,9 @@ pub enum Status {
     Expired,
     /// Cancelled by its caller before it had an answer.
     Cancelled,
+    /// Held until the person allows its caller in the tab.
+    #[oai(rename = "awaiting_approval")]
+    AwaitingApproval,
 }
 
 impl From<RequestStatus> for Status {
@@ -47,6 +50,7 @@ impl From<RequestStatus> for Status {
             RequestStatus::Failed => Self::Failed,
             RequestStatus::Expired => Self::Expired,
             RequestStatus::Cancelled => Self::Cancelled,
+            RequestStatus::AwaitingApproval => Self::AwaitingApproval,
         }
     }
 }
@@ -448,6 +452,78 @@ pub enum PolledItem {
     /// A call to stop.
     #[oai(mapping = "cancel")]
     Cancel(CancelledCall),
+    /// A caller the person has not allowed asks to use the session: ask the person, and
+    /// answer with `POST …/approvals/{callerId}` (in every poll until the question closes).
+    #[oai(mapping = "approval-request")]
+    ApprovalRequest(CallerCard),
+    /// The callers the person allowed, and whether the session refuses new ones.
+    #[oai(mapping = "callers")]
+    Callers(AllowedCallers),
+}
+
+/// A caller, as the person is shown it.
+#[derive(Debug, Clone, Object)]
+#[oai(rename_all = "camelCase")]
+pub struct CallerCard {
+    /// Its id in this session (not a secret).
+    pub caller_id: String,
+    /// What it says it is (not proof).
+    pub label: String,
+    /// How it came: `MCP`, `GPT Actions`, `the HTTP API`.
+    pub via: String,
+    /// Its address.
+    pub address: String,
+    /// Known by its address alone: allowing it allows everyone at that address.
+    pub shared_address: bool,
+    /// RFC 3339: when the question lapses, or when the caller was allowed.
+    pub at: String,
+}
+
+impl From<toolrelay::wire::CallerCard> for CallerCard {
+    fn from(card: toolrelay::wire::CallerCard) -> Self {
+        Self {
+            caller_id: card.caller_id,
+            label: card.label,
+            via: card.via,
+            address: card.address,
+            shared_address: card.shared_address,
+            at: card.at,
+        }
+    }
+}
+
+/// The callers the person allowed.
+#[derive(Debug, Clone, Object)]
+pub struct AllowedCallers {
+    /// Allowed callers.
+    pub allowed: Vec<CallerCard>,
+    /// New callers are refused without asking (after three denials): offer a new code.
+    pub refused: bool,
+}
+
+/// A session's approvals as its tab shows them.
+#[derive(Debug, Clone, Object)]
+pub struct Approvals {
+    /// The caller the person is asked about now.
+    pub pending: Option<CallerCard>,
+    /// The callers the person allowed.
+    pub allowed: Vec<CallerCard>,
+    /// New callers are refused without asking (after three denials).
+    pub refused: bool,
+}
+
+/// The person's answer about a caller.
+#[derive(Debug, Clone, Object)]
+pub struct ApprovalAnswer {
+    /// Allow (true) or deny (false).
+    pub allow: bool,
+}
+
+/// What became of the person's answer.
+#[derive(Debug, Clone, Object)]
+pub struct ApprovalOutcome {
+    /// `allowed`, `declined` or `disconnected`.
+    pub outcome: String,
 }
 
 impl PolledItem {
@@ -461,7 +537,17 @@ impl PolledItem {
             .requests
             .into_iter()
             .map(|request| Self::Call(request.into()));
-        cancels.chain(calls).collect()
+        let approvals = polled
+            .approval
+            .map(|card| Self::ApprovalRequest(card.into()))
+            .into_iter()
+            .chain(polled.callers.map(|(allowed, refused)| {
+                Self::Callers(AllowedCallers {
+                    allowed: allowed.into_iter().map(Into::into).collect(),
+                    refused,
+                })
+            }));
+        cancels.chain(approvals).chain(calls).collect()
     }
 }
 

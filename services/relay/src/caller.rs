@@ -123,6 +123,9 @@ pub struct Caller {
     pub admission: Admission,
     /// The request's correlation id (`x-request-id`), passed on to a relay in another process.
     pub correlation_id: Option<String>,
+    /// What the client says it is (an MCP client's name, a `User-Agent`), for the person who
+    /// is asked to allow it: not proof of anything.
+    pub label: Option<String>,
 }
 
 /// Who let a caller in.
@@ -161,6 +164,7 @@ impl Caller {
             identity: None,
             admission: Admission::Gateway,
             correlation_id: None,
+            label: None,
         }
     }
 
@@ -176,6 +180,21 @@ impl Caller {
     #[must_use]
     pub fn with_correlation_id(mut self, id: impl Into<String>) -> Self {
         self.correlation_id = Some(id.into());
+        self
+    }
+
+    /// The same client, saying it is `label` (cut to 80 characters).
+    #[must_use]
+    pub fn with_label(mut self, label: Option<&str>) -> Self {
+        self.label = label
+            .map(|label| {
+                label
+                    .chars()
+                    .filter(|c| !c.is_control())
+                    .take(80)
+                    .collect::<String>()
+            })
+            .filter(|label| !label.trim().is_empty());
         self
     }
 

@@ -176,6 +176,8 @@ impl CallInput {
             read_only,
             // Who makes the call is the relay's to say, from the request's caller.
             caller: None,
+            approval: crate::store::ApprovalCheck::Exempt,
+            applicant: None,
         }
     }
 }
@@ -307,6 +309,18 @@ impl From<Downlink> for pb::RelayMessage {
             }),
             Downlink::Expired { message } => Kind::Expired(pb::Expired { message }),
             Downlink::Cancel { request_id } => Kind::Cancel(pb::Cancel { request_id }),
+            Downlink::ApprovalRequest(card) => Kind::ApprovalRequest(card_message(*card)),
+            Downlink::ApprovalClosed(closed) => {
+                let (caller_id, outcome) = *closed;
+                Kind::ApprovalClosed(pb::ApprovalClosed { caller_id, outcome })
+            }
+            Downlink::Callers(callers) => {
+                let (allowed, refused) = *callers;
+                Kind::Callers(pb::Callers {
+                    allowed: allowed.into_iter().map(card_message).collect(),
+                    refused,
+                })
+            }
             other @ (Downlink::Error { .. } | Downlink::Replaced | Downlink::Restarting) => {
                 let (error, message) = other
                     .error()
@@ -399,8 +413,38 @@ impl TryFrom<pb::RelayMessage> for Downlink {
                 Kind::Cancel(cancel) => Self::Cancel {
                     request_id: cancel.request_id,
                 },
+                Kind::ApprovalRequest(card) => Self::ApprovalRequest(Box::new(card_of(card))),
+                Kind::ApprovalClosed(closed) => {
+                    Self::ApprovalClosed(Box::new((closed.caller_id, closed.outcome)))
+                }
+                Kind::Callers(callers) => Self::Callers(Box::new((
+                    callers.allowed.into_iter().map(card_of).collect(),
+                    callers.refused,
+                ))),
             },
         )
+    }
+}
+
+pub(crate) fn card_message(card: toolrelay::wire::CallerCard) -> pb::CallerCard {
+    pb::CallerCard {
+        caller_id: card.caller_id,
+        label: card.label,
+        via: card.via,
+        address: card.address,
+        shared_address: card.shared_address,
+        at: card.at,
+    }
+}
+
+pub(crate) fn card_of(card: pb::CallerCard) -> toolrelay::wire::CallerCard {
+    toolrelay::wire::CallerCard {
+        caller_id: card.caller_id,
+        label: card.label,
+        via: card.via,
+        address: card.address,
+        shared_address: card.shared_address,
+        at: card.at,
     }
 }
 
@@ -574,6 +618,9 @@ mod tests {
             Downlink::Cancel {
                 request_id: "r0".into(),
             },
+            Downlink::ApprovalRequest(Box::new(card())),
+            Downlink::ApprovalClosed(Box::new(("c1".into(), "declined".into()))),
+            Downlink::Callers(Box::new((vec![card()], true))),
             Downlink::Error {
                 error: ErrorCode::InvalidResponse,
                 message: "Say it again.".into(),
@@ -613,7 +660,15 @@ mod tests {
                 tools: Box::new(
                     json!([{"name": "f", "description": "d", "inputSchema": {"type": "object"}}]),
                 ),
+                approves: true,
             },
+            ProviderFrame::Approval(Box::new(toolrelay::wire::ApprovalAnswer {
+                caller_id: "0123456789abcdef01234567".into(),
+                allow: true,
+            })),
+            ProviderFrame::DisconnectCaller(Box::new(toolrelay::wire::CallerRef {
+                caller_id: "0123456789abcdef01234567".into(),
+            })),
             ProviderFrame::Response(Box::new(ProviderResponse {
                 request_id: "r1".into(),
                 success: Some(true),
@@ -627,6 +682,17 @@ mod tests {
                 ProviderFrame::try_from(pb::ProviderMessage::from(frame.clone())),
                 Ok(frame)
             );
+        }
+    }
+
+    fn card() -> toolrelay::wire::CallerCard {
+        toolrelay::wire::CallerCard {
+            caller_id: "c1".into(),
+            label: "Claude".into(),
+            via: "MCP".into(),
+            address: "203.0.113.7".into(),
+            shared_address: false,
+            at: "2026-11-28T23:00:00Z".into(),
         }
     }
 

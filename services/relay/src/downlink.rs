@@ -2,7 +2,7 @@
 //! and what a provider is told about each answer it sends ([`receipt`]).
 
 use toolrelay::PROTOCOL_VERSION;
-use toolrelay::wire::{RelayFrame, ToolRequest};
+use toolrelay::wire::{CallerCard, RelayFrame, ToolRequest};
 
 use crate::clock::Timestamp;
 use crate::code::SessionCode;
@@ -32,6 +32,12 @@ pub enum Downlink {
         /// The call.
         request_id: String,
     },
+    /// A caller the person has not allowed asks to use the session: ask the person.
+    ApprovalRequest(Box<CallerCard>),
+    /// The question about a caller is closed: (its id, `allowed` / `declined` / `timeout`).
+    ApprovalClosed(Box<(String, String)>),
+    /// The callers the person allowed, and whether new ones are refused.
+    Callers(Box<(Vec<CallerCard>, bool)>),
     /// Periodic, and the answer to a ping.
     Heartbeat {
         /// When the session expires unless there is activity.
@@ -176,6 +182,15 @@ impl Downlink {
             Self::Registered { tools } => RelayFrame::Registered { tools: *tools },
             Self::Cancel { request_id } => RelayFrame::Cancel {
                 request_id: request_id.clone(),
+            },
+            Self::ApprovalRequest(card) => RelayFrame::ApprovalRequest(card.as_ref().clone()),
+            Self::ApprovalClosed(closed) => RelayFrame::ApprovalClosed {
+                caller_id: closed.0.clone(),
+                outcome: closed.1.clone(),
+            },
+            Self::Callers(callers) => RelayFrame::Callers {
+                allowed: callers.0.clone(),
+                refused: callers.1,
             },
             Self::Error { .. } | Self::Replaced | Self::Restarting => {
                 let (error, message) = self

@@ -206,6 +206,33 @@ pub enum RelayError {
         /// Its value.
         value: usize,
     },
+    /// The person did not allow the caller (declined, did not answer in time, or the session
+    /// takes no new callers).
+    #[error("{message}")]
+    Approval {
+        /// Which: `approval_declined`, `approval_timeout` or `approval_refused`.
+        code: ErrorCode,
+        /// What it means and what to do.
+        message: String,
+    },
+    /// A caller handle the person disconnected.
+    #[error(
+        "The person disconnected you from this session in their tab, so this handle no longer works. Ask them for the pairing code again if they want you back."
+    )]
+    CallerDisconnected,
+    /// The tab answered about a caller nobody asks about.
+    #[error(
+        "No question about this caller is open (it was answered, in this tab or another, or it lapsed)."
+    )]
+    ApprovalNotPending,
+    /// A new caller needs the person's approval and the tab is closed.
+    #[error(
+        "The person's CODAP (or the page serving session {code}) is not open, and they must allow you in it the first time. Ask them to open it, then call again."
+    )]
+    TabNotConnected {
+        /// The code, as people see it.
+        code: String,
+    },
     /// The relay is stopping.
     #[error("The relay is restarting. Reconnect in a moment.")]
     ShuttingDown,
@@ -307,6 +334,10 @@ impl RelayError {
             Self::StoreUnavailable(_) => ErrorCode::StoreUnavailable,
             Self::StoreFull(_) => ErrorCode::StoreFull,
             Self::AtCapacity { .. } => ErrorCode::AtCapacity,
+            Self::Approval { code, .. } => *code,
+            Self::CallerDisconnected => ErrorCode::CallerDisconnected,
+            Self::ApprovalNotPending => ErrorCode::ApprovalNotPending,
+            Self::TabNotConnected { .. } => ErrorCode::TabNotConnected,
             Self::ShuttingDown => ErrorCode::ShuttingDown,
             Self::Drained { .. } => ErrorCode::ShuttingDown,
             Self::ApiKeyRequired => ErrorCode::ApiKeyRequired,

@@ -222,7 +222,7 @@ impl Relay {
             down: down_tx,
             outstanding: std::sync::Mutex::default(),
             watch: attended.watch.clone(),
-            answered: std::sync::Mutex::default(),
+            memory: Box::default(),
         };
         let driver = LinkDriver(Some(Box::new(Start {
             driver,
@@ -259,9 +259,27 @@ struct Driver {
     outstanding: std::sync::Mutex<HashMap<String, (Hold, Connected)>>,
     /// What it shares with the replica's upkeep: when the session expires, whether to look.
     watch: std::sync::Arc<Watch>,
+    /// What it remembers (boxed: an idle tab's task keeps the driver).
+    memory: Box<std::sync::Mutex<Memory>>,
+}
+
+/// What a driver remembers of what it did.
+#[derive(Default)]
+struct Memory {
     /// The calls answered last (at most [`ANSWERED_KEPT`]): an event that handed one over may
     /// come after a redelivery sent it and its answer came back, and must not send it again.
-    answered: std::sync::Mutex<std::collections::VecDeque<String>>,
+    answered: std::collections::VecDeque<String>,
+    /// What the tab was last shown of the session's approvals (`None`: nothing yet).
+    shown: Option<Shown>,
+}
+
+/// What a tab was last shown of its session's approvals.
+#[derive(Default)]
+struct Shown {
+    /// The question shown: its number and caller.
+    asking: Option<(u64, String)>,
+    /// The allowed callers and whether new ones are refused.
+    callers: Option<(Vec<toolrelay::wire::CallerCard>, bool)>,
 }
 
 /// Answered calls a driver remembers (see `Driver::answered`).
@@ -411,6 +429,8 @@ impl Driver {
         .await?;
         let mut retry = Retry::new();
         Box::pin(self.deliver_or_retry(&mut retry, false)).await?;
+        // A question open about a new caller is asked again in every new connection.
+        Box::pin(self.show_approvals()).await?;
 
         let period = config.heartbeat_interval;
         let mut heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
@@ -474,6 +494,9 @@ impl Driver {
                         // found calls this connection does not know of), whatever this
                         // connection holds and never got goes too.
                         Box::pin(self.deliver_or_retry(&mut retry, missed)).await?;
+                        if missed {
+                            Box::pin(self.show_approvals()).await?;
+                        }
                     }
                     Some(SessionEvent::SessionEnded) | None => {
                         return Box::pin(self.expire("The session has ended. Start a new session to pair again.")).await;
@@ -483,6 +506,7 @@ impl Driver {
                         self.settled(&id);
                     }
                     Some(SessionEvent::ManifestChanged) => {}
+                    Some(SessionEvent::ApprovalsChanged) => Box::pin(self.show_approvals()).await?,
                 },
                 notice = attended.notices.recv() => match notice {
                     // The session has calls this connection does not know of: an event that
@@ -519,11 +543,36 @@ impl Driver {
     async fn handle(&self, frame: ProviderFrame) -> Result<Option<Ending>, Gone> {
         let connection = Some(self.connection_id.as_str());
         let reply = match frame {
-            ProviderFrame::Register { tools } => self
+            ProviderFrame::Register { tools, approves } => {
+                match self
+                    .relay
+                    .install_manifest(&self.code, &tools, connection)
+                    .await
+                {
+                    Ok(tools) => self
+                        .relay
+                        .set_approving(&self.code, approves)
+                        .await
+                        .map(|()| Some(Downlink::Registered { tools })),
+                    Err(error) => Err(error),
+                }
+            }
+            ProviderFrame::Approval(answer) => {
+                let decision = if answer.allow {
+                    crate::relay::approvals::Decision::Allow
+                } else {
+                    crate::relay::approvals::Decision::Deny
+                };
+                self.relay
+                    .decide(&self.code, &answer.caller_id, None, decision)
+                    .await
+                    .map(|_| None)
+            }
+            ProviderFrame::DisconnectCaller(caller) => self
                 .relay
-                .install_manifest(&self.code, &tools, connection)
+                .disconnect_caller(&self.code, &caller.caller_id)
                 .await
-                .map(|tools| Some(Downlink::Registered { tools })),
+                .map(|()| None),
             ProviderFrame::Response(response) => {
                 let request_id = response.request_id.clone();
                 let recorded = self
@@ -717,10 +766,8 @@ impl Driver {
     /// remembered as answered.
     fn settled(&self, id: &str) {
         if self.outstanding().remove(id).is_some() {
-            let mut answered = self
-                .answered
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut memory = self.memory();
+            let answered = &mut memory.answered;
             if answered.len() >= ANSWERED_KEPT {
                 answered.pop_front();
             }
@@ -729,11 +776,13 @@ impl Driver {
     }
 
     fn was_answered(&self, id: &str) -> bool {
-        self.answered
+        self.memory().answered.iter().any(|answered| answered == id)
+    }
+
+    fn memory(&self) -> std::sync::MutexGuard<'_, Memory> {
+        self.memory
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .iter()
-            .any(|answered| answered == id)
     }
 
     /// Stops holding the drain open for calls that have their answer (after lost events).
@@ -749,6 +798,57 @@ impl Driver {
                 self.settled(&id);
             }
         }
+    }
+
+    /// Shows the tab what changed in its session's approvals: the question asked now (and
+    /// the end of the one shown before), the allowed callers. A tab that does not approve
+    /// callers, and never did, is shown nothing.
+    async fn show_approvals(&self) -> Result<(), Gone> {
+        let view = match self.relay.approval_view(&self.code).await {
+            Ok(view) => view,
+            Err(error) => {
+                tracing::debug!(code = %self.code.redacted(), %error, "could not read the session's approvals");
+                return Ok(());
+            }
+        };
+        let mut messages = Vec::new();
+        {
+            let mut memory = self.memory();
+            // A tab that does not approve callers (and never did on this connection) hears
+            // nothing of them: a raw client's protocol stays as it was.
+            if memory.shown.is_none() && !view.approves {
+                return Ok(());
+            }
+            let shown = memory.shown.get_or_insert_with(Shown::default);
+            let asking = view
+                .asking
+                .as_ref()
+                .map(|(n, card)| (*n, card.caller_id.clone()));
+            if shown.asking != asking {
+                if let Some((n, caller)) = shown.asking.take() {
+                    let outcome = match &view.closed {
+                        Some((closed, _, outcome)) if *closed == n => outcome.clone(),
+                        _ => "timeout".to_owned(),
+                    };
+                    messages.push(Downlink::ApprovalClosed(Box::new((caller, outcome))));
+                }
+                if let Some((_, card)) = view.asking {
+                    messages.push(Downlink::ApprovalRequest(Box::new(card)));
+                }
+                shown.asking = asking;
+            }
+            let callers = Some((view.allowed, view.refused));
+            if shown.callers != callers {
+                if let Some((allowed, refused)) = &callers {
+                    messages.push(Downlink::Callers(Box::new((allowed.clone(), *refused))));
+                }
+                shown.callers = callers;
+            }
+        }
+        for message in messages {
+            self.send(message).await?;
+        }
+        Ok(())
     }
 
     async fn replaced(&self) -> Result<Ending, Gone> {
@@ -799,7 +899,7 @@ mod tests {
             down,
             outstanding: std::sync::Mutex::default(),
             watch: attended.watch.clone(),
-            answered: std::sync::Mutex::default(),
+            memory: Box::default(),
         };
         let events: EventStream = Box::pin(futures::stream::empty());
         let running = driver.run(now, events, attended, up_rx);

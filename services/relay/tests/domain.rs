@@ -604,9 +604,9 @@ async fn overlapping_attaches_leave_one_connection_standing() {
     use toolrelay::wire::ToolResponse;
     use toolrelay_relay::error::StoreError;
     use toolrelay_relay::store::{
-        Answerer, BudgetStore, Claim, EnqueueChecks, Enqueued, EventStream, Finished,
-        McpSessionStore, NewRequest, ProviderInfo, Reachable, RequestRecord, SessionRecord,
-        SessionStore, StoreUsage, TicketStore,
+        Answerer, ApprovalChange, ApprovalState, BudgetStore, Claim, EnqueueChecks, Enqueued,
+        EventStream, Finished, McpSessionStore, NewRequest, ProviderInfo, Reachable, RequestRecord,
+        SessionRecord, SessionStore, StoreUsage, TicketStore,
     };
     use toolrelay_relay::{SessionCode, Timestamp};
     struct Slow(Arc<Mem>);
@@ -677,6 +677,17 @@ async fn overlapping_attaches_leave_one_connection_standing() {
             checks: EnqueueChecks,
         ) -> Result<(Enqueued, Option<SessionRecord>), StoreError> {
             self.0.enqueue_checked(c, r, m, u, checks).await
+        }
+        async fn approvals(&self, c: &SessionCode) -> Result<Option<ApprovalState>, StoreError> {
+            self.0.approvals(c).await
+        }
+        async fn change_approvals(
+            &self,
+            c: &SessionCode,
+            change: &ApprovalChange,
+            now: Timestamp,
+        ) -> Result<Option<bool>, StoreError> {
+            self.0.change_approvals(c, change, now).await
         }
         async fn request(
             &self,

@@ -57,6 +57,12 @@ async function saysAndShouts(page, llm) {
   assert.equal(await page.textContent('#said'), 'HELLO');
 }
 
+/** What `pending` (a call held for the person's approval) gives once the person presses Allow in `page`. */
+async function allowing(page, pending) {
+  await page.click('#approval-allow');
+  return pending;
+}
+
 /** The text of an MCP tool result. */
 function mcpText(result) {
   return result.content.map((part) => part.text).join('\n');
@@ -75,8 +81,9 @@ test('the demo page: tools called over HTTP, MCP and gRPC run once each and show
       const names = await functionNames(llm);
       for (const name of ['addItem', 'listItems', 'removeItem']) assert.ok(names.includes(name), `${name} in ${names}`);
 
-      // One call over each way in.
-      const viaHttp = await llm.ok('addItem', { text: 'from HTTP' });
+      // One call over each way in. The page approves callers (its pairing element asks): the
+      // first call waits for the person's Allow, which allows this address from then on.
+      const viaHttp = await allowing(page, llm.ok('addItem', { text: 'from HTTP' }));
       assert.deepEqual(viaHttp, { id: 1, text: 'from HTTP', by: 'assistant' });
       mcp.client = new McpClient(connectorUrl);
       await mcp.client.connect();
@@ -376,8 +383,9 @@ test('<toolrelay-pairing> on a page of another origin loads its styles from the 
       assert.equal(await page.evaluate(() => document.querySelector('link[rel="stylesheet"]').href), `${relay.base}/sdk/pairing.css`);
       assert.equal(await page.evaluate(() => document.styleSheets.length), 1);
       assert.deepEqual(await accessibilityViolations(page), [], 'no WCAG AA violations on the other origin');
-      // And the code is the session's: an assistant given it calls the page's tool.
-      assert.deepEqual(await new Llm(relay.base, code).ok('ping'), { pong: true });
+      // And the code is the session's: an assistant given it calls the page's tool, once the
+      // person allows it (the element asks).
+      assert.deepEqual(await allowing(page, new Llm(relay.base, code).ok('ping')), { pong: true });
     });
   } finally {
     await host.stop();

@@ -17,7 +17,8 @@ use serde_json::{Value, json};
 use toolrelay::json::ReadError;
 use toolrelay::wire::ProviderResponse;
 use toolrelay_relay::relay::operations::{
-    CreateSession, EndSession, PollRequests, PostResponse, RedeemClaim, RegisterManifest,
+    AnswerApproval, CreateSession, EndSession, GetApprovals, PollRequests, PostResponse,
+    RedeemClaim, RegisterManifest,
 };
 use toolrelay_relay::relay::too_deep_response;
 use toolrelay_relay::{
@@ -27,7 +28,8 @@ use toolrelay_relay::{
 use super::{Client, State, Tag, provider_token};
 use crate::error::ApiError;
 use crate::types::{
-    ClaimBody, CreatedSession, PolledItem, Registered, ResponseAccepted, TabResponse,
+    ApprovalAnswer, ApprovalOutcome, Approvals, ClaimBody, CreatedSession, PolledItem, Registered,
+    ResponseAccepted, TabResponse,
 };
 
 /// The tab-side operations.
@@ -294,6 +296,102 @@ impl TabApi {
         }))
     }
 
+    /// Answer the person's question about a new caller
+    ///
+    /// For a tab without a WebSocket (SSE, polling): the person's Allow (`{allow: true}`) or
+    /// Deny (`{allow: false}`) about the caller an `approval-request` named. 409
+    /// `approval_not_pending` when that caller is not asked about (answered already, in this
+    /// tab or another, or lapsed).
+    #[oai(
+        path = "/api/sessions/:code/approvals/:caller_id",
+        method = "post",
+        operation_id = "answerApproval"
+    )]
+    async fn answer_approval(
+        &self,
+        /// The pairing code.
+        code: Path<String>,
+        /// The caller (`callerId` of the `approval-request`).
+        caller_id: Path<String>,
+        body: Json<ApprovalAnswer>,
+        /// `Bearer <providerToken>`.
+        #[oai(name = "Authorization")]
+        authorization: Header<Option<String>>,
+        client: Client,
+    ) -> Result<Json<ApprovalOutcome>, ApiError> {
+        let token = provider_token(authorization.as_deref(), None);
+        let answer = AnswerApproval {
+            code: code.0,
+            token,
+            caller_id: caller_id.0,
+            allow: Some(body.0.allow),
+        };
+        let outcome = self.state.relay.run(&client.0, answer).await?;
+        Ok(Json(ApprovalOutcome { outcome }))
+    }
+
+    /// The session's approvals
+    ///
+    /// What the tab shows: the caller the person is asked about now (`pending`, or null), the
+    /// callers allowed, and whether new ones are refused. Read it on every (re)connection.
+    #[oai(
+        path = "/api/sessions/:code/approvals",
+        method = "get",
+        operation_id = "getApprovals"
+    )]
+    async fn get_approvals(
+        &self,
+        /// The pairing code.
+        code: Path<String>,
+        /// `Bearer <providerToken>`.
+        #[oai(name = "Authorization")]
+        authorization: Header<Option<String>>,
+        client: Client,
+    ) -> Result<Json<Approvals>, ApiError> {
+        let token = provider_token(authorization.as_deref(), None);
+        let read = GetApprovals {
+            code: code.0,
+            token,
+        };
+        let view = self.state.relay.run(&client.0, read).await?;
+        Ok(Json(Approvals {
+            pending: view.asking.map(|(_, card)| card.into()),
+            allowed: view.allowed.into_iter().map(Into::into).collect(),
+            refused: view.refused,
+        }))
+    }
+
+    /// Disconnect an allowed caller
+    ///
+    /// The person's **Disconnect**: the caller's handle stops working, and its next use of
+    /// the code asks the person again.
+    #[oai(
+        path = "/api/sessions/:code/approvals/:caller_id",
+        method = "delete",
+        operation_id = "disconnectCaller"
+    )]
+    async fn disconnect_caller(
+        &self,
+        /// The pairing code.
+        code: Path<String>,
+        /// The caller.
+        caller_id: Path<String>,
+        /// `Bearer <providerToken>`.
+        #[oai(name = "Authorization")]
+        authorization: Header<Option<String>>,
+        client: Client,
+    ) -> Result<Json<ApprovalOutcome>, ApiError> {
+        let token = provider_token(authorization.as_deref(), None);
+        let answer = AnswerApproval {
+            code: code.0,
+            token,
+            caller_id: caller_id.0,
+            allow: None,
+        };
+        let outcome = self.state.relay.run(&client.0, answer).await?;
+        Ok(Json(ApprovalOutcome { outcome }))
+    }
+
     /// Register the tab's tools
     ///
     /// Replaces the session's manifest: {tools: [...]} with tools grouped
@@ -326,6 +424,7 @@ impl TabApi {
                 RegisterManifest {
                     code: code.0,
                     token,
+                    approves: body.0.get("approves").and_then(Value::as_bool) == Some(true),
                     tools: body.0,
                 },
             )

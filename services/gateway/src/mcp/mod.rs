@@ -297,10 +297,17 @@ fn read_message(body: &[u8]) -> Result<ClientJsonRpcMessage, Box<poem::Response>
 /// The client of an MCP request (an unknown one, if the gateway's context is missing, shares
 /// one budget with every other such request).
 fn caller_of(context: &RequestContext<RoleServer>) -> Caller {
-    request_of(context).map_or_else(
-        || Caller::new(std::net::IpAddr::from([0, 0, 0, 0])),
-        |request| request.caller,
-    )
+    // What the client says it is (its `initialize`'s clientInfo), for a person asked to allow it.
+    let label = context.peer.peer_info().map(|info| {
+        let client = &info.client_info;
+        format!("{} {}", client.name, client.version)
+    });
+    request_of(context)
+        .map_or_else(
+            || Caller::new(std::net::IpAddr::from([0, 0, 0, 0])),
+            |request| request.caller,
+        )
+        .with_label(label.as_deref())
 }
 
 fn request_of(context: &RequestContext<RoleServer>) -> Option<McpRequest> {

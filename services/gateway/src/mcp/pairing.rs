@@ -10,7 +10,7 @@ use rmcp::model::{CallToolResult, Tool};
 use rmcp::service::RequestContext;
 use serde_json::{Value, json};
 use toolrelay_relay::Caller;
-use toolrelay_relay::relay::operations::GetSession;
+use toolrelay_relay::relay::operations::Connect;
 
 use toolrelay::wire::ToolHints;
 
@@ -171,19 +171,14 @@ impl RelayMcp {
         let status = match self
             .state
             .relay
-            .run(
-                caller,
-                GetSession {
-                    code: code.clone(),
-                    token: None,
-                },
-            )
+            .run(caller, Connect { code: code.clone() })
             .await
         {
             Ok(status) => status,
             Err(error) => return from_error(&error),
         };
-        let tools = match self.session_tools(caller, &code).await {
+        // The handle it was given: once the person allowed it, its own.
+        let tools = match self.session_tools(caller, &status.mcp_handle).await {
             Ok(tools) => tools,
             Err(error) => return from_error(&error),
         };

@@ -26,6 +26,8 @@ pub const ENV_SESSION_MAX_LIFETIME: &str = "SESSION_MAX_LIFETIME_SECONDS";
 pub const ENV_CLAIM_TTL: &str = "CLAIM_TTL_SECONDS";
 /// `REQUEST_TIMEOUT_SECONDS`: a call not answered in this time expires.
 pub const ENV_REQUEST_TIMEOUT: &str = "REQUEST_TIMEOUT_SECONDS";
+/// Environment variable: seconds the person has to answer a tab's question about a new caller.
+pub const ENV_APPROVAL_TIMEOUT: &str = "APPROVAL_TIMEOUT_SECONDS";
 /// `MAX_PENDING_PER_SESSION`: unanswered calls a session may hold.
 pub const ENV_MAX_PENDING: &str = "MAX_PENDING_PER_SESSION";
 /// `MAX_SESSIONS`: live sessions the relay holds in all (every replica on one store
@@ -133,6 +135,8 @@ pub struct RelayConfig {
     pub claim_ttl: Duration,
     /// A call not answered in this time becomes `expired`.
     pub request_timeout: Duration,
+    /// How long the person has to answer the tab's question about a new caller.
+    pub approval_timeout: Duration,
     /// Unanswered calls a session may hold; more are refused.
     pub max_pending_per_session: usize,
     /// Live sessions in all; more are refused (`MAX_SESSIONS`).
@@ -202,6 +206,7 @@ impl Default for RelayConfig {
             session_max_lifetime: Duration::from_secs(24 * 3600),
             claim_ttl: Duration::from_secs(600),
             request_timeout: Duration::from_secs(60),
+            approval_timeout: Duration::from_secs(60),
             max_pending_per_session: 100,
             max_sessions: DEFAULT_MAX_SESSIONS,
             max_claims: DEFAULT_MAX_CLAIMS,
@@ -325,6 +330,10 @@ pub struct RelayArgs {
     /// Seconds after which an unanswered call expires.
     #[arg(long, env = ENV_REQUEST_TIMEOUT, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     pub request_timeout_seconds: u64,
+    /// Seconds the person has to answer the tab's question about a new caller (a call
+    /// held for it fails with `approval_timeout` after).
+    #[arg(long, env = ENV_APPROVAL_TIMEOUT, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3_600))]
+    pub approval_timeout_seconds: u64,
     /// Unanswered calls a session may hold.
     #[arg(long, env = ENV_MAX_PENDING, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub max_pending_per_session: u64,
@@ -566,6 +575,7 @@ impl RelayArgs {
             session_max_lifetime: Duration::from_secs(self.session_max_lifetime_seconds),
             claim_ttl: Duration::from_secs(self.claim_ttl_seconds),
             request_timeout: Duration::from_secs(self.request_timeout_seconds),
+            approval_timeout: Duration::from_secs(self.approval_timeout_seconds),
             max_pending_per_session: usize::try_from(self.max_pending_per_session)
                 .unwrap_or(usize::MAX),
             max_sessions: usize::try_from(self.max_sessions).unwrap_or(usize::MAX),

@@ -274,6 +274,8 @@ store_operations! {
     SetManifest = "set_manifest",
     Manifest = "manifest",
     Enqueue = "enqueue",
+    Approvals = "approvals",
+    ChangeApprovals = "change_approvals",
     Request = "request",
     Responses = "responses",
     PendingCount = "pending_count",

@@ -105,6 +105,7 @@ impl Relay {
             correlation_id: call.correlation_id,
             caller: call.caller,
         };
+        let (approval, applicant) = (call.approval, call.applicant);
         let asked_tool = request.tool_id.clone();
         let read_only = call.read_only;
         let mut known = self.inner.manifests.latest(&code);
@@ -150,6 +151,7 @@ impl Relay {
             let checks = EnqueueChecks {
                 manifest_revision: Some(revision),
                 charge: charge.take(),
+                approval: approval.clone(),
             };
             let (enqueued, session) = self
                 .inner
@@ -161,6 +163,10 @@ impl Relay {
                 None => false,
             };
             return match enqueued {
+                Enqueued::Queued(record) if record.status == RequestStatus::AwaitingApproval => {
+                    self.held(&code, record, connected, applicant.as_ref())
+                        .await
+                }
                 Enqueued::Queued(mut record) => {
                     tracing::debug!(code = %code.redacted(), request_id = %record.id, function = %record.function_name, "call queued");
                     // Handed to the session's tab in the same step, it is still reported as
@@ -197,11 +203,53 @@ impl Relay {
                     retry_after: Duration::from_secs(5),
                 }),
                 Enqueued::NoSession => Err(not_found(&code)),
+                Enqueued::ApprovalRefused => Err(RelayError::Approval {
+                    code: toolrelay::errors::ErrorCode::ApprovalRefused,
+                    message: "The person denied three requests to use this session, so it takes no new ones. Ask them for a new code (their plugin offers New code).".into(),
+                }),
+                Enqueued::Disconnected => Err(RelayError::CallerDisconnected),
             };
         }
         Err(RelayError::StoreUnavailable(crate::error::StoreError(
             "the session's manifest kept changing while a call was queued".into(),
         )))
+    }
+
+    /// A call held for the person's approval of its caller: the person is asked (or the
+    /// caller waits behind whoever is asked about now). With no tab to ask in, the call fails
+    /// at once.
+    async fn held(
+        &self,
+        code: &SessionCode,
+        record: RequestRecord,
+        connected: bool,
+        applicant: Option<&super::approvals::Applicant>,
+    ) -> Result<(RequestRecord, bool), RelayError> {
+        let Some(applicant) = applicant else {
+            return Ok((record, connected));
+        };
+        if !connected {
+            let change = crate::store::ApprovalChange {
+                release: Some((
+                    applicant.id.clone(),
+                    crate::store::Release::Fail {
+                        code: toolrelay::errors::ErrorCode::TabNotConnected,
+                        message: "The page serving this session was not open.".into(),
+                    },
+                )),
+                ..Default::default()
+            };
+            self.inner
+                .store
+                .change_approvals(code, &change, self.now())
+                .await?;
+            return Err(RelayError::TabNotConnected {
+                code: code.display(),
+            });
+        }
+        tracing::info!(code = %code.redacted(), request_id = %record.id, "call held for the person's approval");
+        self.ask(code, applicant, record.deadline).await?;
+        Ok((record, connected))
     }
 
     /// The call already recorded under `request`'s id, if it is the same call (the tool it
@@ -384,8 +432,8 @@ impl Operation for Submit {
 
     async fn run(self, relay: &Relay, caller: &Caller) -> Result<RequestView, RelayError> {
         let submitted = async {
-            let code = relay.session_code(&self.code).await?;
-            let (call, charge) = admitted(relay, caller, code.as_str(), self.call)?;
+            let (code, named) = relay.named_session(&self.code).await?;
+            let (call, charge) = admitted(relay, caller, &code, &named, self.call)?;
             relay
                 .submit_charged(code.as_str(), call, Some(charge))
                 .await
@@ -455,8 +503,8 @@ impl Operation for Call {
 
     async fn run(self, relay: &Relay, caller: &Caller) -> Result<RequestView, RelayError> {
         let called = async {
-            let code = relay.session_code(&self.code).await?;
-            let (call, charge) = admitted(relay, caller, code.as_str(), self.call)?;
+            let (code, named) = relay.named_session(&self.code).await?;
+            let (call, charge) = admitted(relay, caller, &code, &named, self.call)?;
             relay
                 .call_charged(code.as_str(), call, self.wait, Some(charge))
                 .await
@@ -518,16 +566,19 @@ impl Operation for Call {
 fn admitted(
     relay: &Relay,
     caller: &Caller,
-    code: &str,
+    code: &SessionCode,
+    named: &super::approvals::Named,
     mut call: CallInput,
 ) -> Result<(CallInput, RateCharge), RelayError> {
     let limits = relay.limits();
     limits.admit(caller)?;
     let key = limits.caller_key(caller);
-    let charge = limits.call_charge_of(&key, code);
+    let charge = limits.call_charge_of(&key, code.as_str());
     if call.correlation_id.is_none() {
         call.correlation_id.clone_from(&caller.correlation_id);
     }
+    call.approval = Relay::approval_check(named, &key);
+    call.applicant = Some(super::approvals::Applicant::of(caller, &key));
     call.caller = Some(key);
     Ok((call, charge))
 }

@@ -143,7 +143,14 @@ impl Operation for CreateClaimedSession {
     async fn run(self, relay: &Relay, caller: &Caller) -> Result<ClaimedSession, RelayError> {
         relay.limits().admit(caller)?;
         relay.limits().admit_session(caller).await?;
-        relay.create_claimed_session().await
+        let claimed = relay.create_claimed_session().await?;
+        // The tab is opened for this caller: the person is not asked about it.
+        let key = relay.limits().caller_key(caller);
+        let applicant = super::approvals::Applicant::of(caller, &key);
+        relay
+            .allow_without_asking(&claimed.session.code, &applicant)
+            .await?;
+        Ok(claimed)
     }
 
     fn into_message(self) -> (Self::Message, Credential) {

@@ -218,9 +218,11 @@ impl Operation for GetManifest {
 
     async fn run(self, relay: &Relay, caller: &Caller) -> Result<GroupedManifest, RelayError> {
         relay.limits().admit(caller)?;
-        relay
-            .guarded(caller, &self.code, relay.manifest(&self.code))
-            .await
+        let read = async {
+            relay.approved(caller, &self.code).await?;
+            relay.manifest(&self.code).await
+        };
+        relay.guarded(caller, &self.code, read).await
     }
 
     fn into_message(self) -> (Self::Message, Credential) {
@@ -249,6 +251,8 @@ pub struct RegisterManifest {
     pub token: Option<String>,
     /// The tools, as the provider wrote them.
     pub tools: Value,
+    /// Whether the person approves each new caller in the tab.
+    pub approves: bool,
 }
 
 impl Operation for RegisterManifest {
@@ -261,7 +265,14 @@ impl Operation for RegisterManifest {
 
     async fn run(self, relay: &Relay, caller: &Caller) -> Result<usize, RelayError> {
         let token = self.token.as_deref();
-        let registered = relay.register_manifest(&self.code, token, &self.tools);
+        let registered = async {
+            let tools = relay
+                .register_manifest(&self.code, token, &self.tools)
+                .await?;
+            let code = relay.session_code(&self.code).await?;
+            relay.set_approving(&code, self.approves).await?;
+            Ok(tools)
+        };
         relay.guarded_provider(caller, token, registered).await
     }
 
@@ -270,6 +281,7 @@ impl Operation for RegisterManifest {
             code: self.code,
             tools: Vec::new(),
             tools_json: self.tools.to_string(),
+            approves: self.approves,
         };
         (message, Credential::token(self.token))
     }
@@ -279,6 +291,7 @@ impl Operation for RegisterManifest {
             tools: registered_tools(&message.tools, &message.tools_json),
             code: message.code,
             token: credentials.bearer,
+            approves: message.approves,
         })
     }
 

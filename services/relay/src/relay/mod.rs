@@ -11,6 +11,7 @@
 //! [`RelayError`] whose message tells the caller what to do next.
 
 mod answers;
+pub mod approvals;
 mod builtin;
 mod calls;
 mod claims;
@@ -23,6 +24,7 @@ mod waiting;
 /// The relay's operations as units ([`crate::operation`]), from every family.
 pub mod operations {
     pub use super::answers::*;
+    pub use super::approvals::{AnswerApproval, ApprovalView, Connect, GetApprovals};
     pub use super::builtin::*;
     pub use super::calls::*;
     pub use super::claims::*;
@@ -35,6 +37,7 @@ pub mod operations {
 /// Shows `visitor` every family's operations.
 pub(crate) fn each_operation(visitor: &mut impl crate::operation::Visitor) {
     answers::operations(visitor);
+    approvals::operations(visitor);
     builtin::operations(visitor);
     calls::operations(visitor);
     claims::operations(visitor);
@@ -150,6 +153,11 @@ pub struct CallInput {
     /// Who makes it (the key its budgets count under), set by the relay as it lets the call
     /// in: only that caller may cancel it.
     pub caller: Option<String>,
+    /// Whether the person must have allowed its caller, set by the relay as it lets the call
+    /// in (from how the caller named the session).
+    pub approval: crate::store::ApprovalCheck,
+    /// Its caller, as the person would be asked about it (set with `approval`).
+    pub applicant: Option<approvals::Applicant>,
 }
 
 /// Where a call stands, with its response once it has one.
@@ -360,11 +368,7 @@ impl Relay {
     /// The session a caller names: by its pairing code, or by a connector handle, which every
     /// consumer operation takes in the code's place (one look-up in the store).
     pub(crate) async fn session_code(&self, session: &str) -> Result<SessionCode, RelayError> {
-        match SessionCode::parse(session) {
-            Ok(code) => Ok(code),
-            Err(invalid) if !code::is_handle(session) => Err(invalid),
-            Err(_) => self.resolve_handle(session).await,
-        }
+        Ok(self.named_session(session).await?.0)
     }
 
     pub(crate) async fn live_session(

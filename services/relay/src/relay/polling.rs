@@ -4,7 +4,7 @@
 use tonic::Status;
 use toolrelay::convert::Malformed;
 use toolrelay::proto::v1 as pb;
-use toolrelay::wire::{RequestStatus, ToolRequest};
+use toolrelay::wire::{CallerCard, RequestStatus, ToolRequest};
 
 use super::Relay;
 use crate::api::Outcome;
@@ -28,6 +28,11 @@ pub struct Polled {
     pub requests: Vec<ToolRequest>,
     /// Calls to stop running.
     pub cancelled: Vec<String>,
+    /// In a session whose tab approves callers: the caller the person is asked about now.
+    pub approval: Option<CallerCard>,
+    /// In a session whose tab approves callers: the callers allowed, and whether new ones
+    /// are refused.
+    pub callers: Option<(Vec<CallerCard>, bool)>,
 }
 
 impl Relay {
@@ -75,8 +80,8 @@ impl Relay {
         // another relay, takes them.
         if self.drain().is_handing_over() {
             return Ok(Polled {
-                requests: Vec::new(),
                 cancelled,
+                ..Polled::default()
             });
         }
         let claim = Claim {
@@ -87,9 +92,14 @@ impl Relay {
             redeliver: false,
         };
         let claimed = self.store().claim(&code, &claim).await?;
+        // The question open about a new caller is in every poll until it closes.
+        let view = self.approval_view(&code).await?;
+        let approving = view.approves;
         Ok(Polled {
             requests: claimed.iter().map(|record| record.tool_request()).collect(),
             cancelled,
+            approval: view.asking.map(|(_, card)| card),
+            callers: approving.then_some((view.allowed, view.refused)),
         })
     }
 }
@@ -146,6 +156,14 @@ impl Operation for PollRequests {
         pb::PollRequestsResponse {
             requests: output.requests.into_iter().map(Into::into).collect(),
             cancelled: output.cancelled,
+            approval_request: output.approval.map(crate::convert::card_message),
+            callers: output.callers.map(|(allowed, refused)| pb::Callers {
+                allowed: allowed
+                    .into_iter()
+                    .map(crate::convert::card_message)
+                    .collect(),
+                refused,
+            }),
         }
     }
 
@@ -153,6 +171,11 @@ impl Operation for PollRequests {
         Ok(Polled {
             requests: reply.requests.into_iter().map(Into::into).collect(),
             cancelled: reply.cancelled,
+            approval: reply.approval_request.map(crate::convert::card_of),
+            callers: reply.callers.map(|callers| {
+                let allowed = callers.allowed.into_iter().map(crate::convert::card_of);
+                (allowed.collect(), callers.refused)
+            }),
         })
     }
 

@@ -229,9 +229,11 @@ impl Operation for GetSession {
     async fn run(self, relay: &Relay, caller: &Caller) -> Result<SessionStatus, RelayError> {
         let Some(token) = self.token else {
             relay.limits().admit(caller)?;
-            return relay
-                .guarded(caller, &self.code, relay.session_status(&self.code))
-                .await;
+            let status = async {
+                relay.approved(caller, &self.code).await?;
+                relay.session_status(&self.code).await
+            };
+            return relay.guarded(caller, &self.code, status).await;
         };
         let status = async {
             relay.authorized(&self.code, Some(&token)).await?;

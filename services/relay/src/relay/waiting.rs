@@ -175,7 +175,12 @@ impl Operation for AwaitResponse {
 
     async fn run(self, relay: &Relay, caller: &Caller) -> Result<RequestView, RelayError> {
         relay.limits().admit(caller)?;
-        let waited = relay.await_response(&self.code, &self.request_id, self.wait);
+        let waited = async {
+            relay.approved(caller, &self.code).await?;
+            relay
+                .await_response(&self.code, &self.request_id, self.wait)
+                .await
+        };
         relay.guarded(caller, &self.code, waited).await
     }
 
@@ -230,7 +235,12 @@ impl Operation for ListResponses {
 
     async fn run(self, relay: &Relay, caller: &Caller) -> Result<Vec<ToolResponse>, RelayError> {
         relay.limits().admit(caller)?;
-        let responses = relay.responses(&self.code, self.request_id.as_deref());
+        let responses = async {
+            relay.approved(caller, &self.code).await?;
+            relay
+                .responses(&self.code, self.request_id.as_deref())
+                .await
+        };
         relay.guarded(caller, &self.code, responses).await
     }
 

@@ -23,10 +23,10 @@ use toolrelay::wire::{RequestStatus, ToolResponse};
 
 use super::traits::store_methods;
 use super::{
-    Answerer, BudgetStore, Claim, EnqueueChecks, Enqueued, EventStream, Finished, Inserted,
-    McpSessionCaps, McpSessionStore, McpSessionsFull, NewRequest, ProviderInfo, RateBudget,
-    Reachable, RequestRecord, SessionRecord, SessionStore, Store, StoreUsage, TabState,
-    TicketStore,
+    Answerer, ApprovalChange, ApprovalState, BudgetStore, Claim, EnqueueChecks, Enqueued,
+    EventStream, Finished, Inserted, McpSessionCaps, McpSessionStore, McpSessionsFull, NewRequest,
+    ProviderInfo, RateBudget, Reachable, RequestRecord, SessionRecord, SessionStore, Store,
+    StoreUsage, TabState, TicketStore,
 };
 use crate::clock::{Clock, Timestamp};
 use crate::code::SessionCode;

@@ -357,6 +357,11 @@ pub enum Enqueued {
     /// The caller's budget ([`EnqueueChecks::charge`]) is spent: try again after this long;
     /// nothing changed.
     RateLimited(Duration),
+    /// The caller needs the person's approval and the session takes no new callers (the
+    /// person denied three); nothing changed.
+    ApprovalRefused,
+    /// The caller's handle was disconnected by the person; nothing changed.
+    Disconnected,
 }
 
 /// What [`SessionStore::enqueue_checked`] checks in the same step as queueing a call, so that a
@@ -369,6 +374,70 @@ pub struct EnqueueChecks {
     /// Spend a unit of this budget first (as [`BudgetStore::spend`] does); when it is spent,
     /// nothing is queued.
     pub charge: Option<RateCharge>,
+    /// Whether the caller must be one the person allowed.
+    pub approval: ApprovalCheck,
+}
+
+/// Whether a call's caller must be one the person allowed, in a session whose tab approves
+/// callers (in one that does not, every caller may call).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum ApprovalCheck {
+    /// No: the caller holds the session's own connector handle, or is the relay.
+    #[default]
+    Exempt,
+    /// The caller with this approval id, using the session's code: a caller not allowed yet
+    /// is held (`awaiting_approval`, filed under the id) until the person answers.
+    Ask(String),
+    /// The caller with this approval id, using the caller handle it was given when allowed: a
+    /// caller no longer allowed (disconnected) is refused ([`Enqueued::Disconnected`]).
+    Handle(String),
+}
+
+/// A session's approvals as the store keeps them (see [`SessionStore::approvals`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ApprovalState {
+    /// Whether the session's tab approves new callers.
+    pub approves: bool,
+    /// Whether the session refuses new callers without asking.
+    pub refused: bool,
+    /// The relay's book of questions (JSON, opaque to the store: `relay::approvals`).
+    pub book: Option<String>,
+    /// The allowed callers: approval id and what the relay keeps of it (JSON, opaque).
+    pub allowed: Vec<(String, String)>,
+    /// The held calls: (approval id, call id), oldest first.
+    pub held: Vec<(String, String)>,
+}
+
+/// One change to a session's approvals, made at once ([`SessionStore::change_approvals`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ApprovalChange {
+    /// The new book, if the book is still the first (the change is made only then).
+    pub book: Option<(Option<String>, String)>,
+    /// Sets whether the tab approves callers.
+    pub approves: Option<bool>,
+    /// Sets whether new callers are refused.
+    pub refused: Option<bool>,
+    /// Allows a caller: its approval id, and what to keep of it.
+    pub allow: Option<(String, String)>,
+    /// Disconnects a caller (by approval id).
+    pub revoke: Option<String>,
+    /// Lets the held calls of a caller (by approval id) go: into the queue, or finished with a
+    /// failed answer.
+    pub release: Option<(String, Release)>,
+}
+
+/// What becomes of a caller's held calls.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Release {
+    /// Queued for the tab, as if just made.
+    Queue,
+    /// Failed, with this error.
+    Fail {
+        /// Its code.
+        code: toolrelay::errors::ErrorCode,
+        /// What it means and what to do.
+        message: String,
+    },
 }
 
 /// A unit of a rate budget to spend.
@@ -463,6 +532,9 @@ pub enum SessionEvent {
     ProviderChanged(String),
     /// A new manifest was registered.
     ManifestChanged,
+    /// The session's approvals changed (a question asked or closed, a caller allowed or
+    /// disconnected): its tab looks at them again.
+    ApprovalsChanged,
     /// The session was deleted or expired; no more events follow.
     SessionEnded,
     /// Events were lost (a slow subscriber): look at the state again.

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use toolrelay::wire::{RequestStatus, ToolResponse};
 
-use super::{ProviderInfo, RequestRecord, Transport};
+use super::{ApprovalCheck, ApprovalState, ProviderInfo, RequestRecord, Transport};
 use crate::clock::Timestamp;
 
 /// How long a replica holds a built-in call it runs without renewing the lease (it renews a
@@ -81,6 +81,55 @@ pub fn hand_over(provider: Option<&ProviderInfo>, builtin: bool) -> Option<&str>
     provider
         .filter(|provider| !builtin && provider.transport != Transport::Polling)
         .map(|provider| provider.connection_id.as_str())
+}
+
+/// What the person's approvals make of a call about to be queued ([`approval_needed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Approval<'a> {
+    /// It goes in.
+    Let,
+    /// It is held for the person under its caller's approval id.
+    Hold(&'a str),
+    /// Refused: the session takes no new callers.
+    Refused,
+    /// Refused: the caller's handle was disconnected.
+    Disconnected,
+}
+
+/// What the person's approvals make of a call about to be queued (`enqueue.lua` spells the
+/// same): let in; held (a caller not allowed yet, using the code, in a session whose tab
+/// approves callers); or refused (a session refusing new callers; a disconnected handle).
+pub fn approval_needed<'a>(approvals: &ApprovalState, check: &'a ApprovalCheck) -> Approval<'a> {
+    let allowed = |caller: &str| approvals.allowed.iter().any(|(id, _)| id == caller);
+    match check {
+        ApprovalCheck::Exempt => Approval::Let,
+        ApprovalCheck::Ask(caller) | ApprovalCheck::Handle(caller)
+            if !approvals.approves || allowed(caller) =>
+        {
+            Approval::Let
+        }
+        ApprovalCheck::Handle(_) => Approval::Disconnected,
+        ApprovalCheck::Ask(_) if approvals.refused => Approval::Refused,
+        ApprovalCheck::Ask(caller) => Approval::Hold(caller),
+    }
+}
+
+/// The failed answer of a call the relay refused on the person's behalf (declined, not
+/// answered in time).
+pub fn refused_response(
+    id: &str,
+    code: toolrelay::errors::ErrorCode,
+    message: &str,
+) -> ToolResponse {
+    ToolResponse {
+        request_id: id.to_owned(),
+        success: false,
+        result: None,
+        error: Some(toolrelay::wire::ToolError {
+            code: code.as_str().to_owned(),
+            message: message.to_owned(),
+        }),
+    }
 }
 
 /// Until when a pushed call is held by its connection: its whole life (another connection of

@@ -13,9 +13,9 @@ use serde_json::Value;
 use toolrelay::wire::{RequestStatus, ToolResponse};
 
 use super::{
-    Answerer, Claim, EnqueueChecks, Enqueued, EventStream, Finished, Inserted, McpSessionCaps,
-    McpSessionsFull, NewRequest, ProviderInfo, RateBudget, RequestRecord, SessionEvent,
-    SessionRecord, StoreUsage, TabState,
+    Answerer, ApprovalChange, ApprovalState, Claim, EnqueueChecks, Enqueued, EventStream, Finished,
+    Inserted, McpSessionCaps, McpSessionsFull, NewRequest, ProviderInfo, RateBudget, RequestRecord,
+    SessionEvent, SessionRecord, StoreUsage, TabState,
 };
 use crate::clock::Timestamp;
 use crate::code::SessionCode;
@@ -188,6 +188,21 @@ pub trait SessionStore: Reachable {
         until: Timestamp,
         checks: EnqueueChecks,
     ) -> Result<(Enqueued, Option<SessionRecord>), StoreError>;
+
+    /// The session's approvals: whether its tab approves callers, the relay's book of
+    /// questions, the allowed callers and the held calls.
+    async fn approvals(&self, code: &SessionCode) -> Result<Option<ApprovalState>, StoreError>;
+
+    /// Makes `change` in one step at `now` — unless it carries a book and the session's book
+    /// is no longer the one it expected (then nothing changes: `Some(false)`) — and announces
+    /// [`SessionEvent::ApprovalsChanged`]; released calls are announced as queued, or as
+    /// answered. `None`: no such session.
+    async fn change_approvals(
+        &self,
+        code: &SessionCode,
+        change: &ApprovalChange,
+        now: Timestamp,
+    ) -> Result<Option<bool>, StoreError>;
 
     /// One call.
     async fn request(
@@ -414,6 +429,9 @@ macro_rules! store_methods {
                 &self, code: &SessionCode, request: &NewRequest, max_pending: usize, until: Timestamp,
                 checks: EnqueueChecks,
             ) -> (Enqueued, Option<SessionRecord>) => Enqueue;
+            fn approvals(&self, code: &SessionCode) -> Option<ApprovalState> => Approvals;
+            fn change_approvals(&self, code: &SessionCode, change: &ApprovalChange, now: Timestamp)
+                -> Option<bool> => ChangeApprovals;
             fn request(&self, code: &SessionCode, id: &str) -> Option<RequestRecord> => Request;
             fn responses(&self, code: &SessionCode) -> Option<Vec<ToolResponse>> => Responses;
             fn pending_count(&self, code: &SessionCode) -> Option<usize> => PendingCount;

@@ -12,7 +12,10 @@ use crate::clock::Timestamp;
 use crate::code::SessionCode;
 use crate::store::events::SessionChannel;
 use crate::store::rules::{self, MAX_FINISHED_PER_SESSION};
-use crate::store::{Enqueued, RequestRecord, SessionEvent, SessionRecord};
+use crate::store::{
+    ApprovalChange, ApprovalCheck, ApprovalState, Enqueued, Release, RequestRecord, SessionEvent,
+    SessionRecord,
+};
 
 /// A session and everything in it.
 pub(super) struct Entry {
@@ -35,6 +38,8 @@ pub(super) struct Entry {
     pub(super) next_seq: u64,
     /// Who listens on this session.
     pub(super) listeners: Arc<SessionChannel>,
+    /// Its approvals.
+    pub(super) approvals: ApprovalState,
 }
 
 impl Entry {
@@ -49,6 +54,7 @@ impl Entry {
         mut record: RequestRecord,
         max_pending: usize,
         until: Timestamp,
+        approval: &ApprovalCheck,
     ) -> Enqueued {
         if let Some(existing) = self.requests.get(&record.id) {
             return if existing.call_hash == record.call_hash {
@@ -64,6 +70,12 @@ impl Entry {
                 Enqueued::Conflict
             };
         }
+        let held = match rules::approval_needed(&self.approvals, approval) {
+            rules::Approval::Let => None,
+            rules::Approval::Hold(caller) => Some(caller),
+            rules::Approval::Refused => return Enqueued::ApprovalRefused,
+            rules::Approval::Disconnected => return Enqueued::Disconnected,
+        };
         // Overdue calls were expired on entry, so every pending call still counts.
         if self.pending.len() >= max_pending {
             return Enqueued::Full;
@@ -71,7 +83,14 @@ impl Entry {
         let seq = self.next_seq;
         self.next_seq += 1;
         record.seq = seq;
-        let handed_to = rules::hand_over(self.session.provider.as_ref(), record.builtin);
+        if let Some(caller) = held {
+            record.status = RequestStatus::AwaitingApproval;
+            self.approvals
+                .held
+                .push((caller.to_owned(), record.id.clone()));
+        }
+        let handed_to = rules::hand_over(self.session.provider.as_ref(), record.builtin)
+            .filter(|_| held.is_none());
         let handed = handed_to.is_some();
         if let Some(connection) = handed_to.map(str::to_owned) {
             record.status = RequestStatus::Delivered;
@@ -84,12 +103,79 @@ impl Entry {
         index.deadlines.insert((record.deadline, code.clone(), seq));
         self.requests.insert(record.id.clone(), record.clone());
         self.slide(code, index, record.created_at, until);
-        self.announce(if handed {
-            SessionEvent::CallHanded(Box::new(record.clone()))
-        } else {
-            SessionEvent::RequestQueued
-        });
+        if held.is_none() {
+            self.announce(if handed {
+                SessionEvent::CallHanded(Box::new(record.clone()))
+            } else {
+                SessionEvent::RequestQueued
+            });
+        }
         Enqueued::Queued(record)
+    }
+
+    /// Makes a change to the session's approvals ([`crate::store::SessionStore::change_approvals`]);
+    /// false when its book moved.
+    pub(super) fn change_approvals(
+        &mut self,
+        code: &SessionCode,
+        index: &mut Indexes,
+        change: &ApprovalChange,
+        now: Timestamp,
+    ) -> bool {
+        let approvals = &mut self.approvals;
+        if let Some((expected, book)) = &change.book {
+            if approvals.book != *expected {
+                return false;
+            }
+            approvals.book = Some(book.clone());
+        }
+        if let Some(approves) = change.approves {
+            approvals.approves = approves;
+        }
+        if let Some(refused) = change.refused {
+            approvals.refused = refused;
+        }
+        if let Some((caller, kept)) = &change.allow {
+            approvals.allowed.retain(|(id, _)| id != caller);
+            approvals.allowed.push((caller.clone(), kept.clone()));
+        }
+        if let Some(caller) = &change.revoke {
+            approvals.allowed.retain(|(id, _)| id != caller);
+        }
+        if let Some((caller, release)) = &change.release {
+            let (released, kept) = std::mem::take(&mut approvals.held)
+                .into_iter()
+                .partition(|(id, _)| id == caller);
+            approvals.held = kept;
+            let mut queued = false;
+            for (_, id) in released {
+                let Some(record) = self.requests.get_mut(&id) else {
+                    continue;
+                };
+                if record.status != RequestStatus::AwaitingApproval {
+                    continue;
+                }
+                match release {
+                    Release::Queue => {
+                        record.status = RequestStatus::Queued;
+                        queued = true;
+                    }
+                    Release::Fail {
+                        code: error,
+                        message,
+                    } => {
+                        let response = rules::refused_response(&id, *error, message);
+                        let cost = rules::answer_cost(&response);
+                        self.finish(code, index, &id, RequestStatus::Failed, response, cost, now);
+                    }
+                }
+            }
+            if queued {
+                self.announce(SessionEvent::RequestQueued);
+            }
+        }
+        self.announce(SessionEvent::ApprovalsChanged);
+        true
     }
 
     /// Slides the expiry to `until` for activity at `now`, by the rule ([`rules::slide`]).

@@ -13,9 +13,9 @@ use crate::code::SessionCode;
 use crate::error::StoreError;
 use crate::store::events::SessionChannel;
 use crate::store::{
-    Answerer, BUILTIN_CONNECTION, BudgetStore, Claim, EnqueueChecks, Enqueued, EventStream,
-    Finished, Inserted, NewRequest, ProviderInfo, RequestRecord, SessionEvent, SessionRecord,
-    SessionStore, StoreUsage,
+    Answerer, ApprovalChange, ApprovalState, BUILTIN_CONNECTION, BudgetStore, Claim, EnqueueChecks,
+    Enqueued, EventStream, Finished, Inserted, NewRequest, ProviderInfo, RequestRecord,
+    SessionEvent, SessionRecord, SessionStore, StoreUsage,
 };
 
 #[async_trait]
@@ -68,6 +68,7 @@ impl SessionStore for MemoryStore {
                 answer_bytes: 0,
                 next_seq: 1,
                 listeners: SessionChannel::new(),
+                approvals: ApprovalState::default(),
             },
         );
         Ok(Inserted::Inserted)
@@ -202,11 +203,26 @@ impl SessionStore for MemoryStore {
             let enqueued = if stale {
                 Enqueued::StaleManifest
             } else {
-                entry.enqueue(code, index, record, max_pending, until)
+                entry.enqueue(code, index, record, max_pending, until, &checks.approval)
             };
             (enqueued, Some(entry.session.clone()))
         });
         Ok(outcome.unwrap_or((Enqueued::NoSession, None)))
+    }
+
+    async fn approvals(&self, code: &SessionCode) -> Result<Option<ApprovalState>, StoreError> {
+        Ok(self.with_live(code, |entry, _| entry.approvals.clone()))
+    }
+
+    async fn change_approvals(
+        &self,
+        code: &SessionCode,
+        change: &ApprovalChange,
+        now: Timestamp,
+    ) -> Result<Option<bool>, StoreError> {
+        Ok(self.with_live(code, |entry, index| {
+            entry.change_approvals(code, index, change, now)
+        }))
     }
 
     async fn request(

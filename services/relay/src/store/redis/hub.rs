@@ -144,6 +144,7 @@ impl EventHub {
         let event = match payload {
             "q" => SessionEvent::RequestQueued,
             "m" => SessionEvent::ManifestChanged,
+            "a" => SessionEvent::ApprovalsChanged,
             "e" => SessionEvent::SessionEnded,
             other => match other.split_at_checked(2) {
                 Some(("r:", id)) => SessionEvent::ResponseReady {

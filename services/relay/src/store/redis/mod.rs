@@ -58,14 +58,14 @@ pub use self::link::install_tls_provider;
 use self::link::{Connection, Link};
 use self::records::{call_in, counted, missing, outcome, unexpected, unreadable};
 use self::scripts::{
-    Arguments, ClaimCalls, ClearProvider, Enqueue, Finish, Insert, LeaseBuiltin, Named,
-    NoArguments, Request, Scripts, SessionScript, SetManifest, SetProvider, Touch,
+    Arguments, ChangeApprovals, ClaimCalls, ClearProvider, Enqueue, Finish, Insert, LeaseBuiltin,
+    Named, NoArguments, Request, Scripts, SessionScript, SetManifest, SetProvider, Touch,
 };
 use super::memory::StoreLimits;
 use super::{
-    Answerer, Claim, EnqueueChecks, Enqueued, EventStream, Finished, Inserted, NewRequest,
-    ProviderInfo, Reachable, RequestRecord, SessionRecord, SessionStore, StoreUsage, TabState,
-    rules,
+    Answerer, ApprovalChange, ApprovalCheck, ApprovalState, Claim, EnqueueChecks, Enqueued,
+    EventStream, Finished, Inserted, NewRequest, ProviderInfo, Reachable, Release, RequestRecord,
+    SessionRecord, SessionStore, StoreUsage, TabState, rules,
 };
 use crate::clock::{Clock, Timestamp};
 use crate::code::SessionCode;
@@ -584,6 +584,11 @@ impl SessionStore for RedisStore {
         let revision = checks
             .manifest_revision
             .map_or_else(String::new, |revision| revision.to_string());
+        let (approval_mode, approver) = match &checks.approval {
+            ApprovalCheck::Exempt => ("", ""),
+            ApprovalCheck::Ask(caller) => ("ask", caller.as_str()),
+            ApprovalCheck::Handle(caller) => ("handle", caller.as_str()),
+        };
         let answer: redis::Value = self
             .run(
                 &self.scripts.enqueue,
@@ -597,6 +602,8 @@ impl SessionStore for RedisStore {
                     revision: &revision,
                     rate_interval: &interval,
                     rate_tolerance: &tolerance,
+                    approval: approval_mode,
+                    approver,
                 },
             )
             .await?;
@@ -618,6 +625,8 @@ impl SessionStore for RedisStore {
             "full" => Enqueued::Full,
             "stale" => Enqueued::StaleManifest,
             "nosession" => Enqueued::NoSession,
+            "refused" => Enqueued::ApprovalRefused,
+            "disconnected" => Enqueued::Disconnected,
             "limited" => {
                 let over: i64 = items
                     .next()
@@ -630,6 +639,85 @@ impl SessionStore for RedisStore {
             other => return Err(unexpected(other)),
         };
         Ok((enqueued, session))
+    }
+
+    async fn approvals(&self, code: &SessionCode) -> Result<Option<ApprovalState>, StoreError> {
+        type Found = (String, String, String, String, String, Vec<String>);
+        let found: Option<Found> = self
+            .run(&self.scripts.approvals, code, &[], NoArguments)
+            .await?;
+        Ok(found.map(
+            |(approves, refused, has_book, book, held, allowed)| ApprovalState {
+                approves: approves == "1",
+                refused: refused == "1",
+                book: (has_book == "1").then_some(book),
+                allowed: allowed
+                    .chunks_exact(2)
+                    .map(|pair| (pair[0].clone(), pair[1].clone()))
+                    .collect(),
+                held: held
+                    .split_whitespace()
+                    .filter_map(|entry| entry.split_once('='))
+                    .map(|(caller, id)| (caller.to_owned(), id.to_owned()))
+                    .collect(),
+            },
+        ))
+    }
+
+    async fn change_approvals(
+        &self,
+        code: &SessionCode,
+        change: &ApprovalChange,
+        _now: Timestamp,
+    ) -> Result<Option<bool>, StoreError> {
+        let flag = |value: Option<bool>| match value {
+            None => "",
+            Some(true) => "1",
+            Some(false) => "0",
+        };
+        let (book_set, expected_set, expected, book) = match &change.book {
+            None => ("", "", "", ""),
+            Some((expected, book)) => (
+                "1",
+                if expected.is_some() { "1" } else { "" },
+                expected.as_deref().unwrap_or(""),
+                book.as_str(),
+            ),
+        };
+        let (allow, allow_kept) = change
+            .allow
+            .as_ref()
+            .map_or(("", ""), |(id, kept)| (id.as_str(), kept.as_str()));
+        let (release, release_mode, fail_code, fail_message) = match &change.release {
+            None => ("", "", "", ""),
+            Some((caller, Release::Queue)) => (caller.as_str(), "queue", "", ""),
+            Some((caller, Release::Fail { code, message })) => {
+                (caller.as_str(), "fail", code.as_str(), message.as_str())
+            }
+        };
+        let changed: Option<i64> = self
+            .run(
+                &self.scripts.change_approvals,
+                code,
+                &[],
+                ChangeApprovals {
+                    book_set,
+                    expected_set,
+                    expected,
+                    book,
+                    approves: flag(change.approves),
+                    refused: flag(change.refused),
+                    allow,
+                    allow_kept,
+                    revoke: change.revoke.as_deref().unwrap_or(""),
+                    release,
+                    release_mode,
+                    fail_code,
+                    fail_message,
+                },
+            )
+            .await?;
+        Ok(changed.map(|changed| changed == 1))
     }
 
     async fn request(

@@ -127,6 +127,7 @@ fn status_of(name: &str) -> Result<RequestStatus, StoreError> {
         "failed" => RequestStatus::Failed,
         "expired" => RequestStatus::Expired,
         "cancelled" => RequestStatus::Cancelled,
+        "awaiting_approval" => RequestStatus::AwaitingApproval,
         _ => return Err(corrupt("status")),
     })
 }

@@ -66,7 +66,15 @@ arguments! {
     /// `lua/set_manifest.lua`.
     SetManifest { manifest }
     /// `lua/enqueue.lua`.
-    Enqueue { id, packed, max_pending, until_ms, revision, rate_interval, rate_tolerance }
+    Enqueue {
+        id, packed, max_pending, until_ms, revision, rate_interval, rate_tolerance, approval,
+        approver,
+    }
+    /// `lua/change_approvals.lua`.
+    ChangeApprovals {
+        book_set, expected_set, expected, book, approves, refused, allow, allow_kept, revoke,
+        release, release_mode, fail_code, fail_message,
+    }
     /// `lua/finish.lua`.
     Finish { id, status, response, cost, until_ms, answerer, connection, share }
     /// `lua/claim.lua`.
@@ -137,6 +145,8 @@ pub(super) struct Scripts {
     pub manifest: SessionScript<NoArguments>,
     pub store_manifest: Script,
     pub enqueue: SessionScript<Enqueue<'static>>,
+    pub approvals: SessionScript<NoArguments>,
+    pub change_approvals: SessionScript<ChangeApprovals<'static>>,
     pub finish: SessionScript<Finish<'static>>,
     pub claim: SessionScript<ClaimCalls<'static>>,
     pub request: SessionScript<Request<'static>>,
@@ -201,6 +211,9 @@ impl Scripts {
             manifest: SessionScript::new(include_str!("lua/manifest.lua"), sharded),
             store_manifest: script(&[include_str!("lua/store_manifest.lua")], sharded),
             enqueue: SessionScript::new(include_str!("lua/enqueue.lua"), sharded).replicated(),
+            approvals: SessionScript::new(include_str!("lua/approvals.lua"), sharded),
+            change_approvals: SessionScript::new(include_str!("lua/change_approvals.lua"), sharded)
+                .replicated(),
             finish: SessionScript::new(include_str!("lua/finish.lua"), sharded).replicated(),
             claim: SessionScript::new(include_str!("lua/claim.lua"), sharded),
             request: SessionScript::new(include_str!("lua/request.lua"), sharded),
@@ -222,7 +235,7 @@ impl Scripts {
 
     /// Every script, to load at connect (so a replica's first calls after a Redis restart do
     /// not each meet `NOSCRIPT` first).
-    pub(super) fn all(&self) -> [&Script; 27] {
+    pub(super) fn all(&self) -> [&Script; 29] {
         [
             &self.insert.script,
             &self.session.script,
@@ -235,6 +248,8 @@ impl Scripts {
             &self.manifest.script,
             &self.store_manifest,
             &self.enqueue.script,
+            &self.approvals.script,
+            &self.change_approvals.script,
             &self.finish.script,
             &self.claim.script,
             &self.request.script,
@@ -296,6 +311,8 @@ mod tests {
         assert_named(&scripts.set_manifest);
         assert_named(&scripts.manifest);
         assert_named(&scripts.enqueue);
+        assert_named(&scripts.approvals);
+        assert_named(&scripts.change_approvals);
         assert_named(&scripts.finish);
         assert_named(&scripts.claim);
         assert_named(&scripts.request);
@@ -322,6 +339,7 @@ mod tests {
             MCP,
             include_str!("lua/enqueue.lua"),
             include_str!("lua/finish.lua"),
+            include_str!("lua/change_approvals.lua"),
         ] {
             assert!(!body.contains("PUBLISH"), "only the library publishes");
         }

@@ -4,16 +4,25 @@
 -- given. When the session's provider is a connection the relay pushes to (rules::hand_over),
 -- the call is queued delivered to it and announced whole ('Q:' and the call), so that
 -- connection's replica forwards it without a claim; else 'q' (whoever serves the session
--- claims). Answers { outcome, the call packed or false, the session's values or false, µs to
--- wait when rate limited }.
-local id, packed, max_pending, until_ms, revision, rate_interval, rate_tolerance =
-  ARGV[3], ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], ARGV[8], ARGV[9]
+-- claims). With `approval` ('ask' or 'handle', rules::approval_needed), the caller
+-- `approver` must be one the person allowed if the session's tab approves callers: else
+-- ('ask') the call is held, `awaiting_approval` and filed under the caller in `ap_held`, or
+-- ('handle', a disconnected caller handle) refused. Answers { outcome, the call packed or
+-- false, the session's values or false, µs to wait when rate limited }.
+local id, packed, max_pending, until_ms, revision, rate_interval, rate_tolerance, approval,
+  approver =
+  ARGV[3], ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], ARGV[8], ARGV[9], ARGV[10],
+  ARGV[11]
 if KEYS[2] then
   local over = gcra(KEYS[2], now * 1e3, tonumber(rate_interval), tonumber(rate_tolerance))
   if over > 0 then return { 'limited', false, false, over } end
 end
 local r = record_field(id)
-local session = open(KEYS[1], { r, 'queue' })
+local extra = { r, 'queue' }
+if approval ~= '' then
+  extra = { r, 'queue', 'ap_on', 'ap_refused', 'a:' .. approver }
+end
+local session = open(KEYS[1], extra)
 if not live(session) then return { 'nosession', false, false } end
 if revision ~= '' and (field(session, 'manifest_revision') or '0') ~= revision then
   return { 'stale', false, session_values(session) }
@@ -33,6 +42,14 @@ local function existing()
 end
 local found = existing()
 if found then return found end
+local held = false
+if approval ~= '' and field(session, 'ap_on') == '1' and not field(session, 'a:' .. approver) then
+  if approval == 'handle' then return { 'disconnected', false, session_values(session) } end
+  if field(session, 'ap_refused') == '1' then
+    return { 'refused', false, session_values(session) }
+  end
+  held = true
+end
 if count(session, 'pending') >= max_pending then
   -- Calls past their deadline still count until something looks at them: look now.
   settle_pending(session)
@@ -43,7 +60,12 @@ end
 local seq = count(session, 'next_seq') + 1
 record.seq = num(seq)
 local connection = field(session, 'p_conn')
-local handed = record.builtin ~= '1' and connection and field(session, 'p_transport') ~= 'polling'
+local handed = not held and record.builtin ~= '1' and connection
+  and field(session, 'p_transport') ~= 'polling'
+if held then
+  record.status = 'awaiting_approval'
+  set(session, 'ap_held', (field(session, 'ap_held') or '') .. approver .. '=' .. id .. ' ')
+end
 if handed then
   record.status = 'delivered'
   record.delivered_to = connection
@@ -55,7 +77,9 @@ enqueue_id(session, id)
 set(session, 'next_seq', num(seq))
 slide(session, until_ms)
 save(session)
-if not handed then
+if held then
+  -- Nothing for the tab to run yet: the relay asks the person next.
+elseif not handed then
   publish(session, 'q')
 elseif #packed > ANNOUNCED_ANSWER_BYTES then
   publish(session, 'h:' .. id)

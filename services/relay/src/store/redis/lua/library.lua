@@ -193,6 +193,16 @@ local function dequeue_id(session, id)
   set(session, 'pending', num(math.max(0, count(session, 'pending') - 1)))
 end
 
+-- The callers the person allowed, in the order allowed: id, what is kept of it, id, ….
+local function allowed_callers(session)
+  local out = {}
+  for id in string.gmatch(field(session, 'ap_allowed') or '', '%S+') do
+    out[#out + 1] = id
+    out[#out + 1] = field(session, 'a:' .. id) or ''
+  end
+  return out
+end
+
 -- Ends the session: its keys go (its calls with them), subscribers hear it.
 local function end_session(session)
   redis.call('DEL', session.s, session.f)
@@ -351,7 +361,8 @@ end
 
 -- Expires an unfinished call past its deadline (its answer is written by the reader).
 local function expire_if_due(session, record)
-  if (record.status == 'queued' or record.status == 'delivered')
+  if (record.status == 'queued' or record.status == 'delivered'
+      or record.status == 'awaiting_approval')
       and tonumber(record.deadline) <= now then
     expired_calls = expired_calls + 1
     return finish_record(session, record, 'expired', '', record_cost(record.id)), true
