@@ -573,13 +573,25 @@ impl GrpcProvider {
         token: &str,
         tools: &Value,
     ) -> Result<Self, tonic::Status> {
+        Self::connect_approving(grpc, code, token, tools, false).await
+    }
+
+    /// Like [`GrpcProvider::connect`], saying at `Register` whether the person approves new
+    /// callers (`approves`).
+    pub async fn connect_approving(
+        grpc: SocketAddr,
+        code: &str,
+        token: &str,
+        tools: &Value,
+        approves: bool,
+    ) -> Result<Self, tonic::Status> {
         use toolrelay::proto::v1::{ProviderMessage, Register, provider_message, relay_message};
         let channel = grpc_channel(grpc).await;
         let (outbound, messages) = tokio::sync::mpsc::channel(16);
         let register = provider_message::Kind::Register(Register {
             tools: Vec::new(),
             tools_json: tools.to_string(),
-            approves: false,
+            approves,
         });
         outbound
             .send(ProviderMessage {
@@ -632,6 +644,12 @@ impl GrpcProvider {
             Some(toolrelay::proto::v1::relay_message::Kind::ToolRequest(request)) => request,
             other => panic!("expected a tool request, got {other:?}"),
         }
+    }
+
+    /// Sends a message up the stream.
+    pub async fn send(&mut self, kind: toolrelay::proto::v1::provider_message::Kind) {
+        let message = toolrelay::proto::v1::ProviderMessage { kind: Some(kind) };
+        self.outbound.send(message).await.unwrap();
     }
 
     /// Answers a call successfully.

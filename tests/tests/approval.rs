@@ -535,3 +535,48 @@ async fn reading_the_tools_or_the_answers_is_a_first_use_too() {
     client.cancel().await.unwrap();
     system.stop().await;
 }
+
+#[tokio::test]
+async fn a_grpc_provider_that_approves_callers_is_asked_on_its_stream() {
+    use toolrelay::proto::v1::{ApprovalAnswer, provider_message, relay_message};
+    let system = System::start().await;
+    let (code, token) = system.create_session().await;
+    let mut provider = toolrelay_tests::GrpcProvider::connect_approving(
+        system.grpc,
+        &code,
+        &token,
+        &demo_tools(),
+        true,
+    )
+    .await
+    .unwrap();
+    let held = call_over_rest(&system, &code, "over-grpc");
+    let asked = loop {
+        match provider.next().await {
+            Some(relay_message::Kind::ApprovalRequest(card)) => break card,
+            Some(relay_message::Kind::Callers(_)) => {}
+            other => panic!("expected a question, got {other:?}"),
+        }
+    };
+    assert_eq!(asked.address, "127.0.0.1");
+    provider
+        .send(provider_message::Kind::Approval(ApprovalAnswer {
+            caller_id: asked.caller_id.clone(),
+            allow: true,
+        }))
+        .await;
+    let call = loop {
+        match provider.next().await {
+            Some(relay_message::Kind::ToolRequest(call)) => break call,
+            Some(relay_message::Kind::ApprovalClosed(closed)) => {
+                assert_eq!(closed.outcome, "allowed");
+            }
+            Some(relay_message::Kind::Callers(_)) => {}
+            other => panic!("expected the call, got {other:?}"),
+        }
+    };
+    assert_eq!(call.request_id, "over-grpc");
+    provider.answer("over-grpc", &json!({"echoed": "hi"})).await;
+    assert_eq!(held.await.unwrap().body["success"], true);
+    system.stop().await;
+}

@@ -258,7 +258,7 @@ test('Disconnect revokes an allowed caller: its handle fails with caller_disconn
     // The plugin lists the caller; Disconnect takes it off.
     const listed = plugin.locator('#callers-list li', { hasText: 'approval-test-disconnected' });
     await listed.waitFor({ state: 'visible' });
-    assert.match(await listed.textContent(), /approval-test-disconnected via .+ — since \d\d:\d\d/);
+    assert.match(await listed.textContent(), /approval-test-disconnected \S+ via .+ — since \d\d:\d\d/);
     await listed.locator('button', { hasText: 'Disconnect' }).click();
     await listed.waitFor({ state: 'detached' });
 

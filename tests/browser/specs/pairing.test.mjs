@@ -296,7 +296,10 @@ test('outside CODAP the plugin says so and still pairs', async () => {
     assert.equal(link, `https://codap.concord.org/app/?di=${encodeURIComponent(`${relay.base}/codap/`)}`);
     const code = await page.evaluate(() => window.toolrelay.session.code);
     await until(page, () => window.toolrelay.ready);
-    const answer = await new Llm(relay.base, code).call('listDataContexts');
+    // The plugin approves callers by default: the person allows the assistant's first call.
+    const pending = new Llm(relay.base, code).call('listDataContexts');
+    await page.click('#approval-allow');
+    const answer = await pending;
     assert.equal(answer.success, false);
     assert.equal(answer.error.code, 'codap_unavailable');
     assert.match(answer.error.message, /not running inside CODAP/);

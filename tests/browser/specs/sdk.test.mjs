@@ -78,12 +78,13 @@ test('the demo page: tools called over HTTP, MCP and gRPC run once each and show
       assert.match(await page.textContent('#code'), /^[A-Z2-7]{4}-[A-Z2-7]{4}$/);
       assert.equal(await page.evaluate(() => window.demo.relay.transportKind), 'websocket');
       const llm = new Llm(impatient.base, code);
-      const names = await functionNames(llm);
+      // The page approves callers (its pairing element asks): the first use of the code — here
+      // reading the tools — waits for the person's Allow, which allows this address from then on.
+      const names = await allowing(page, functionNames(llm));
       for (const name of ['addItem', 'listItems', 'removeItem']) assert.ok(names.includes(name), `${name} in ${names}`);
 
-      // One call over each way in. The page approves callers (its pairing element asks): the
-      // first call waits for the person's Allow, which allows this address from then on.
-      const viaHttp = await allowing(page, llm.ok('addItem', { text: 'from HTTP' }));
+      // One call over each way in.
+      const viaHttp = await llm.ok('addItem', { text: 'from HTTP' });
       assert.deepEqual(viaHttp, { id: 1, text: 'from HTTP', by: 'assistant' });
       mcp.client = new McpClient(connectorUrl);
       await mcp.client.connect();
