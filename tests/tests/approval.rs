@@ -580,3 +580,64 @@ async fn a_grpc_provider_that_approves_callers_is_asked_on_its_stream() {
     assert_eq!(held.await.unwrap().body["success"], true);
     system.stop().await;
 }
+
+#[tokio::test]
+async fn a_request_id_is_its_callers_own_and_never_gives_another_callers_answer() {
+    // Two users of one GPT, told apart by their per-user header from a shared range.
+    let system = System::with(RelayConfig::default(), |config| {
+        config.shared_egress = vec!["127.0.0.0/8".parse().unwrap()];
+    })
+    .await;
+    let (code, token) = system.create_session().await;
+    let mut tab = WsTab::attach_url(&system.ws_url(&code, &token)).await;
+    tab.register(demo_tools()).await;
+    let call_as = |user: &str| {
+        let request = system
+            .request(reqwest::Method::POST, &format!("/api/sessions/{code}/call"))
+            .header("openai-ephemeral-user-id", user)
+            .json(&json!({"functionName": "echo", "args": {"text": "secret"}, "requestId": "1"}));
+        tokio::spawn(send(request))
+    };
+    let first = call_as("ada");
+    let call = next_of(&mut tab, "tool-request").await;
+    tab.answer(
+        call["requestId"].as_str().unwrap(),
+        json!({"echoed": "secret"}),
+    )
+    .await;
+    assert_eq!(first.await.unwrap().body["result"]["echoed"], "secret");
+    // The same caller asking again gets its answer, and nothing runs again…
+    let again = call_as("ada").await.unwrap();
+    assert_eq!(again.body["result"]["echoed"], "secret", "{again:?}");
+    // …another caller naming the same id is refused, and is not given the answer.
+    let other = call_as("bob").await.unwrap();
+    assert_eq!(other.status, StatusCode::CONFLICT, "{other:?}");
+    assert_eq!(other.body["error"], "request_id_conflict", "{other:?}");
+    assert!(!other.body.to_string().contains("echoed"), "{other:?}");
+    system.stop().await;
+}
+
+#[tokio::test]
+async fn behind_a_split_gateway_the_question_names_the_client_as_it_says_it_is() {
+    let system = System::split().await;
+    let (code, _, mut tab) = approving_tab(&system).await;
+    let client = connect(&system.url("/mcp")).await;
+    let peer = client.peer().clone();
+    let connecting = {
+        let code = code.clone();
+        tokio::spawn(async move { call(&peer, "connect_session", json!({"code": code})).await })
+    };
+    let asked = next_of(&mut tab, "approval-request").await;
+    // rmcp's client names itself in `initialize`; the gateway passes that on to the relay.
+    assert!(
+        asked["label"].as_str().unwrap().starts_with("rmcp"),
+        "{asked}"
+    );
+    assert_eq!(asked["via"], "MCP", "{asked}");
+    tab.send(json!({"type": "approval", "callerId": asked["callerId"], "allow": true}))
+        .await;
+    let connected = connecting.await.unwrap();
+    assert_ne!(connected.is_error, Some(true), "{connected:?}");
+    client.cancel().await.unwrap();
+    system.stop().await;
+}

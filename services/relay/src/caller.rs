@@ -24,6 +24,10 @@ use sha2::{Digest, Sha256};
 /// gRPC metadata entry in which a gateway names the client's identity ([`CallerId`]).
 pub const CLIENT_IDENTITY_METADATA: &str = "x-toolrelay-caller";
 
+/// gRPC metadata entry in which a gateway passes what the client says it is
+/// ([`Caller::label`], in ASCII): shown to the person asked to allow it, never trusted.
+pub const CLIENT_LABEL_METADATA: &str = "x-toolrelay-caller-label";
+
 /// Headers that name one user of a hosted assistant calling from its vendor's addresses,
 /// believed only from an address in `SHARED_EGRESS_RANGES`: ChatGPT's GPT Actions send
 /// `openai-ephemeral-user-id` (not in OpenAI's documents; seen on GPT Action requests, and

@@ -28,7 +28,9 @@ use toolrelay::proto::v1 as pb;
 use toolrelay::wire::ProviderFrame;
 
 use crate::access::{GATEWAY_PROOF_METADATA, Gateways};
-use crate::caller::{Admission, CLIENT_IDENTITY_METADATA, CallerId, IdentityKind};
+use crate::caller::{
+    Admission, CLIENT_IDENTITY_METADATA, CLIENT_LABEL_METADATA, CallerId, IdentityKind,
+};
 use crate::error::{ErrorInfo, ErrorKind, RelayError};
 use crate::limits::{CLIENT_ADDRESS_METADATA, CORRELATION_ID_METADATA, Caller};
 use crate::operation::{self, Credentials, Operation, Visitor};
@@ -100,6 +102,7 @@ impl RelayService {
             }
             _ => caller,
         };
+        let caller = caller.with_label(metadata_str(metadata, CLIENT_LABEL_METADATA).as_deref());
         match metadata_str(metadata, CORRELATION_ID_METADATA) {
             Some(id) => caller.with_correlation_id(id),
             None => caller,

@@ -25,7 +25,7 @@ use toolrelay::wire::ProviderFrame;
 
 use crate::access::{GATEWAY_PROOF_METADATA, GatewaySecrets};
 use crate::api::Outcome;
-use crate::caller::CLIENT_IDENTITY_METADATA;
+use crate::caller::{CLIENT_IDENTITY_METADATA, CLIENT_LABEL_METADATA};
 use crate::channel::channel;
 use crate::code::SessionCode;
 use crate::config::ENV_GATEWAY_SECRET;
@@ -120,6 +120,22 @@ impl RemoteRelay {
             .and_then(|identity| MetadataValue::try_from(identity.as_str()).ok())
         {
             metadata.insert(CLIENT_IDENTITY_METADATA, identity);
+        }
+        // What the client says it is, for the person asked to allow it (ASCII: metadata).
+        if let Some(label) = caller.label.as_deref().and_then(|label| {
+            let ascii: String = label
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_graphic() || c == ' ' {
+                        c
+                    } else {
+                        '?'
+                    }
+                })
+                .collect();
+            MetadataValue::try_from(ascii).ok()
+        }) {
+            metadata.insert(CLIENT_LABEL_METADATA, label);
         }
         // The relay's log lines for this call carry the gateway's correlation id.
         if let Some(id) = caller

@@ -266,7 +266,12 @@ impl Relay {
         };
         let tool_id = request.tool_id.as_deref().or(record.tool_id.as_deref());
         if record.call_hash
-            != crate::store::call_hash(tool_id, &request.function_name, &request.args)
+            != crate::store::callers_call_hash(
+                tool_id,
+                &request.function_name,
+                &request.args,
+                request.caller.as_deref(),
+            )
         {
             return Err(RelayError::RequestIdConflict {
                 request_id: record.id,

@@ -174,6 +174,18 @@ pub struct RequestRecord {
 /// SHA-256 (hex) of a call: its tool, function and arguments, with object keys sorted, so that
 /// the same call hashes the same whatever order its fields came in.
 pub fn call_hash(tool_id: Option<&str>, function_name: &str, args: &Value) -> String {
+    callers_call_hash(tool_id, function_name, args, None)
+}
+
+/// [`call_hash`] of a call made by `caller` (the key its budgets count under): a request id is
+/// the same call only for the caller that made it, so another caller naming the same id (a
+/// guessed `1`) is refused as a conflict and never given the first caller's answer.
+pub fn callers_call_hash(
+    tool_id: Option<&str>,
+    function_name: &str,
+    args: &Value,
+    caller: Option<&str>,
+) -> String {
     use sha2::{Digest, Sha256};
     /// Bytes written into the hash.
     struct Fed<'a>(&'a mut Sha256);
@@ -220,6 +232,10 @@ pub fn call_hash(tool_id: Option<&str>, function_name: &str, args: &Value) -> St
     scalar(&mut hasher, &tool_id.unwrap_or_default());
     scalar(&mut hasher, &function_name);
     feed(&mut hasher, args);
+    if let Some(caller) = caller {
+        hasher.update(b"\0caller\0");
+        hasher.update(caller.as_bytes());
+    }
     data_encoding::HEXLOWER.encode(&hasher.finalize())
 }
 
@@ -228,10 +244,11 @@ impl RequestRecord {
     /// A built-in call starts out delivered to the relay itself.
     pub fn queued(request: NewRequest, seq: u64) -> Self {
         let builtin = request.builtin;
-        let call_hash = call_hash(
+        let call_hash = callers_call_hash(
             request.tool_id.as_deref(),
             &request.function_name,
             &request.args,
+            request.caller.as_deref(),
         );
         Self {
             call_hash,
