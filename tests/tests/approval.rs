@@ -641,3 +641,86 @@ async fn behind_a_split_gateway_the_question_names_the_client_as_it_says_it_is()
     client.cancel().await.unwrap();
     system.stop().await;
 }
+
+#[tokio::test]
+async fn nothing_of_the_tab_is_told_to_a_caller_before_the_person_allows_it() {
+    let system = System::with(RelayConfig::default(), |config| {
+        config.shared_egress = vec!["127.0.0.0/8".parse().unwrap()];
+    })
+    .await;
+    let created = system.post("/api/sessions", json!({})).await;
+    let code = created.body["code"].as_str().unwrap().to_owned();
+    let token = created.body["providerToken"].as_str().unwrap().to_owned();
+    let handle = created.body["connectorUrl"]
+        .as_str()
+        .unwrap()
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .to_owned();
+
+    // The session's status over gRPC names no connector handle (never asked about) to a
+    // caller that named the session by its code.
+    let mut grpc = toolrelay_tests::relay_client(system.grpc).await;
+    let info = grpc
+        .get_session(toolrelay::proto::v1::GetSessionRequest { code: code.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.mcp_handle, "", "{info:?}");
+
+    let mut tab = WsTab::attach_url(&system.ws_url(&code, &token)).await;
+    tab.send(json!({"type": "register", "tools": demo_tools(), "approves": true}))
+        .await;
+    next_of(&mut tab, "registered").await;
+    let as_user = |user: &str, request: reqwest::RequestBuilder| {
+        tokio::spawn(send(request.header("openai-ephemeral-user-id", user)))
+    };
+
+    // A call of a function the tab does not have would list the tab's functions: the person
+    // is asked first, and a Deny tells the caller nothing more.
+    let unknown = as_user(
+        "mallory",
+        system
+            .request(reqwest::Method::POST, &format!("/api/sessions/{code}/call"))
+            .json(&json!({"functionName": "nothing_here", "args": {}})),
+    );
+    let asked = next_of(&mut tab, "approval-request").await;
+    assert_eq!(asked["via"], "GPT Actions", "{asked}");
+    tab.send(json!({"type": "approval", "callerId": asked["callerId"], "allow": false}))
+        .await;
+    let refused = unknown.await.unwrap();
+    assert_eq!(refused.body["error"], "approval_declined", "{refused:?}");
+    assert!(!refused.body.to_string().contains("echo"), "{refused:?}");
+
+    // A call's answer, read by its id, is for callers the person allowed.
+    let made = tokio::spawn(send(
+        system
+            .request(
+                reqwest::Method::POST,
+                &format!("/api/sessions/{handle}/call"),
+            )
+            .json(&json!({"functionName": "echo", "args": {"text": "private"}, "requestId": "1"})),
+    ));
+    let call = next_of(&mut tab, "tool-request").await;
+    tab.answer(
+        call["requestId"].as_str().unwrap(),
+        json!({"echoed": "private"}),
+    )
+    .await;
+    assert_eq!(made.await.unwrap().body["success"], true);
+    let reading = as_user(
+        "eve",
+        system.request(
+            reqwest::Method::GET,
+            &format!("/api/sessions/{code}/requests/1"),
+        ),
+    );
+    let asked = next_of(&mut tab, "approval-request").await;
+    tab.send(json!({"type": "approval", "callerId": asked["callerId"], "allow": false}))
+        .await;
+    let read = reading.await.unwrap();
+    assert_eq!(read.body["error"], "approval_declined", "{read:?}");
+    assert!(!read.body.to_string().contains("private"), "{read:?}");
+    system.stop().await;
+}

@@ -543,17 +543,14 @@ impl Driver {
     async fn handle(&self, frame: ProviderFrame) -> Result<Option<Ending>, Gone> {
         let connection = Some(self.connection_id.as_str());
         let reply = match frame {
+            // Approval is on before the tools are there to be called.
             ProviderFrame::Register { tools, approves } => {
-                match self
-                    .relay
-                    .install_manifest(&self.code, &tools, connection)
-                    .await
-                {
-                    Ok(tools) => self
+                match self.relay.set_approving(&self.code, approves).await {
+                    Ok(()) => self
                         .relay
-                        .set_approving(&self.code, approves)
+                        .install_manifest(&self.code, &tools, connection)
                         .await
-                        .map(|()| Some(Downlink::Registered { tools })),
+                        .map(|tools| Some(Downlink::Registered { tools })),
                     Err(error) => Err(error),
                 }
             }

@@ -33,6 +33,11 @@ const CALLER_HANDLES: &str = "caller-handle";
 const ID_HEX: usize = 24;
 /// Times a change of the book is tried against others changing it at once.
 const BOOK_ATTEMPTS: usize = 8;
+/// How long before a held call's deadline its question lapses (ms), so that the caller hears
+/// `approval_timeout` rather than its call expiring unanswered.
+const LAPSE_MARGIN_MS: i64 = 1_000;
+/// Callers waiting behind the question asked now, at most; more are told to try again later.
+const MAX_WAITING: usize = 32;
 
 /// How a caller named a session.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -151,12 +156,15 @@ impl Book {
             .any(|question| question.applicant.id == id)
     }
 
-    /// Asks the next waiting caller still waiting, if nobody is asked about.
+    /// Asks the next waiting caller still waiting, if nobody is asked about. The question
+    /// lapses after `timeout`, or a second before its caller stops waiting (a held call's
+    /// deadline), whichever comes first: the caller then hears `approval_timeout`.
     fn ask_next(&mut self, now: Timestamp, timeout: Duration) {
         while self.asking.is_none() && !self.waiting.is_empty() {
             let mut next = self.waiting.remove(0);
-            if next.until > now {
-                next.until = now.plus(timeout);
+            let gives_up = Timestamp(next.until.0 - LAPSE_MARGIN_MS);
+            if gives_up > now {
+                next.until = now.plus(timeout).min(gives_up);
                 self.asking = Some(next);
             }
         }
@@ -244,41 +252,84 @@ impl Relay {
     /// refused.
     pub(crate) async fn approved(&self, caller: &Caller, text: &str) -> Result<(), RelayError> {
         let (code, named) = self.named_session(text).await?;
-        if named == Named::ConnectorHandle {
-            return Ok(());
-        }
-        let state = self.approval_state(&code).await?;
-        if !state.approves {
-            return Ok(());
-        }
-        let key = self.limits().caller_key(caller);
-        let applicant = Applicant::of(caller, &key);
-        let allowed = |id: &str| state.allowed.iter().any(|(allowed, _)| allowed == id);
         match named {
-            Named::CallerHandle(id) if allowed(&id) => Ok(()),
-            Named::CallerHandle(_) => Err(RelayError::CallerDisconnected),
-            _ if allowed(&applicant.id) => Ok(()),
-            _ => {
-                let session = self
-                    .inner
-                    .store
-                    .session(&code)
-                    .await?
-                    .ok_or_else(|| not_found(&code))?;
-                if self
-                    .connected_transport(&session, self.now())
-                    .await
-                    .is_none()
-                {
-                    return Err(RelayError::TabNotConnected {
-                        code: code.display(),
-                    });
+            Named::ConnectorHandle => Ok(()),
+            Named::CallerHandle(id) => {
+                let state = self.approval_state(&code).await?;
+                if !state.approves || state.allowed.iter().any(|(allowed, _)| *allowed == id) {
+                    Ok(())
+                } else {
+                    Err(RelayError::CallerDisconnected)
                 }
-                let give_up = self.now().plus(self.inner.config.approval_timeout);
-                self.await_approval(&code, &applicant, give_up).await?;
-                Ok(())
+            }
+            Named::Code => {
+                let key = self.limits().caller_key(caller);
+                self.vetted(&code, &Applicant::of(caller, &key)).await
             }
         }
+    }
+
+    /// Lets `caller` read one call's state (`GET …/requests/{id}`): where it stands, and an
+    /// answer the relay gave on the person's behalf (declined, lapsed), which say nothing of
+    /// the tab, are anyone's who has the id — a held caller follows its own call so; a tool's
+    /// answer is only for a caller the person allowed (asked about first, as a call would be).
+    pub(crate) async fn readable(
+        &self,
+        caller: &Caller,
+        text: &str,
+        view: &super::RequestView,
+    ) -> Result<(), RelayError> {
+        let tools_answer = view.response.as_ref().is_some_and(|response| {
+            let code = response.error.as_ref().map(|error| error.code.as_str());
+            !matches!(
+                code.and_then(ErrorCode::parse),
+                Some(
+                    ErrorCode::ApprovalDeclined
+                        | ErrorCode::ApprovalTimeout
+                        | ErrorCode::ApprovalRefused
+                        | ErrorCode::TabNotConnected
+                )
+            )
+        });
+        if tools_answer {
+            self.approved(caller, text).await
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Waits until the person has allowed `applicant` to use the session by its code, asking
+    /// if need be (at once when the session's tab does not approve callers, or allowed it).
+    pub(crate) async fn vetted(
+        &self,
+        code: &SessionCode,
+        applicant: &Applicant,
+    ) -> Result<(), RelayError> {
+        let state = self.approval_state(code).await?;
+        if !state.approves || state.allowed.iter().any(|(id, _)| *id == applicant.id) {
+            return Ok(());
+        }
+        if state.refused {
+            return Err(approval_error(ErrorCode::ApprovalRefused, self));
+        }
+        let session = self
+            .inner
+            .store
+            .session(code)
+            .await?
+            .ok_or_else(|| not_found(code))?;
+        if self
+            .connected_transport(&session, self.now())
+            .await
+            .is_none()
+        {
+            return Err(RelayError::TabNotConnected {
+                code: code.display(),
+            });
+        }
+        let give_up = self.now().plus(self.inner.config.approval_timeout);
+        self.await_approval(code, applicant, give_up).await?;
+        Ok(())
     }
 
     /// What a call by `caller` (key `key`) of a session it named `named` must pass.
@@ -349,6 +400,9 @@ impl Relay {
             if book.has(&applicant.id) || state.allowed.iter().any(|(id, _)| *id == applicant.id) {
                 return None;
             }
+            if book.waiting.len() >= MAX_WAITING {
+                return None;
+            }
             book.asked += 1;
             let question = Question {
                 n: book.asked,
@@ -370,7 +424,7 @@ impl Relay {
         if let Some(asking) = book.asking
             && asking.until <= self.now()
         {
-            self.decide(code, &asking.applicant.id, Some(asking.n), Decision::Lapse)
+            Box::pin(self.decide(code, &asking.applicant.id, Some(asking.n), Decision::Lapse))
                 .await
                 .or_else(|error| match error {
                     RelayError::ApprovalNotPending => Ok(""),
@@ -419,6 +473,31 @@ impl Relay {
     ) -> Result<&'static str, RelayError> {
         let timeout = self.inner.config.approval_timeout;
         let handle = code::random_id();
+        if decision == Decision::Allow {
+            // The handle works before anyone hears of the Allow (a waiting connect_session
+            // answers it at once); one minted for an answer that then does not count names a
+            // caller never allowed, and is refused as disconnected.
+            let session = self
+                .inner
+                .store
+                .session(code)
+                .await?
+                .ok_or_else(|| not_found(code))?;
+            let owner = HandleOf {
+                code: code.as_str().to_owned(),
+                caller: caller_id.to_owned(),
+            };
+            let owner = serde_json::to_value(owner).unwrap_or_default();
+            self.inner
+                .store
+                .put_ticket(
+                    CALLER_HANDLES,
+                    &handle,
+                    std::sync::Arc::new(owner),
+                    session.max_expires_at,
+                )
+                .await?;
+        }
         let mut refused_others = Vec::new();
         let decided = self
             .edit_book(code, |_, book, now| {
@@ -426,7 +505,8 @@ impl Relay {
                 if asking.applicant.id != caller_id || n.is_some_and(|n| n != asking.n) {
                     return None;
                 }
-                if decision == Decision::Lapse && asking.until > now {
+                // A question lapses at its time, whoever looks first: an answer after it is late.
+                if (decision == Decision::Lapse) == (asking.until > now) {
                     return None;
                 }
                 let asking = book.asking.take()?;
@@ -464,30 +544,12 @@ impl Relay {
             })
             .await?;
         let Some(outcome) = decided else {
+            if decision != Decision::Lapse {
+                // A lapsed question nobody closed yet (its replica is gone) is closed now.
+                self.close_lapsed(code).await?;
+            }
             return Err(RelayError::ApprovalNotPending);
         };
-        if decision == Decision::Allow {
-            let session = self
-                .inner
-                .store
-                .session(code)
-                .await?
-                .ok_or_else(|| not_found(code))?;
-            let owner = HandleOf {
-                code: code.as_str().to_owned(),
-                caller: caller_id.to_owned(),
-            };
-            let owner = serde_json::to_value(owner).unwrap_or_default();
-            self.inner
-                .store
-                .put_ticket(
-                    CALLER_HANDLES,
-                    &handle,
-                    std::sync::Arc::new(owner),
-                    session.max_expires_at,
-                )
-                .await?;
-        }
         for other in refused_others {
             let change = ApprovalChange {
                 release: Some((other, refused())),
@@ -570,6 +632,13 @@ impl Relay {
     pub async fn approval_view(&self, code: &SessionCode) -> Result<ApprovalView, RelayError> {
         let state = self.approval_state(code).await?;
         let book = Book::read(&state);
+        // A question past its time whose replica is gone (its timer with it) is closed by
+        // whoever looks: the tab's connection, a poll.
+        if let Some(asking) = &book.asking
+            && asking.until <= self.now()
+        {
+            self.lapse_later(code, asking.n, asking.until);
+        }
         let allowed = state
             .allowed
             .iter()
@@ -730,10 +799,12 @@ impl crate::operation::Operation for Connect {
                 }
                 Named::Code if !state.approves => {}
                 Named::Code => {
-                    if let Some(handle) =
-                        allowed_handle(&state, &applicant.id).filter(|handle| !handle.is_empty())
-                    {
-                        status.mcp_handle = handle;
+                    // The caller that opened the session (open_codap) was allowed with no
+                    // handle of its own: it keeps the session's.
+                    if let Some(handle) = allowed_handle(&state, &applicant.id) {
+                        if !handle.is_empty() {
+                            status.mcp_handle = handle;
+                        }
                     } else {
                         if status.transport.is_none() {
                             return Err(RelayError::TabNotConnected {

@@ -20,7 +20,7 @@ use crate::manifest::Manifest;
 use crate::operation::{Credential, Credentials, Operation, Visitor};
 use crate::pool::Retry;
 use crate::remote::RemoteRelay;
-use crate::store::{EnqueueChecks, Enqueued, NewRequest, RateCharge, RequestRecord};
+use crate::store::{ApprovalCheck, EnqueueChecks, Enqueued, NewRequest, RateCharge, RequestRecord};
 
 impl Relay {
     /// Queues a call after checking it against the manifest; returns at once. Repeating a
@@ -131,15 +131,21 @@ impl Relay {
                 // registered new tools since (through another replica), so the refusal
                 // stands only against the session's manifest as it is now.
                 Err(_) if cached && self.manifest_moved(&code, revision).await? => continue,
-                // A call asked again while its tab is away (its tools not registered again
-                // yet) or after the tools changed is still the call it was.
-                Err(error) if given_id => {
-                    return match self.earlier_call(&code, &request, now).await? {
-                        Some(earlier) => Ok(earlier),
-                        None => Err(error),
-                    };
+                Err(error) => {
+                    // A refusal names the tab's tools (or their arguments): a caller the
+                    // person has not allowed is asked about first, as its call would be.
+                    if let (ApprovalCheck::Ask(_), Some(applicant)) = (&approval, &applicant) {
+                        self.vetted(&code, applicant).await?;
+                    }
+                    // A call asked again while its tab is away (its tools not registered
+                    // again yet) or after the tools changed is still the call it was.
+                    if given_id
+                        && let Some(earlier) = self.earlier_call(&code, &request, now).await?
+                    {
+                        return Ok(earlier);
+                    }
+                    return Err(error);
                 }
-                Err(error) => return Err(error),
             };
             // The provider dispatches on (tool, function): name the tool even when the caller
             // did not, so a call with and without `toolId` is the same call.

@@ -266,12 +266,12 @@ impl Operation for RegisterManifest {
     async fn run(self, relay: &Relay, caller: &Caller) -> Result<usize, RelayError> {
         let token = self.token.as_deref();
         let registered = async {
-            let tools = relay
-                .register_manifest(&self.code, token, &self.tools)
-                .await?;
-            let code = relay.session_code(&self.code).await?;
+            // Approval is on before the tools are there to be called.
+            let (code, _) = relay.authorized(&self.code, token).await?;
             relay.set_approving(&code, self.approves).await?;
-            Ok(tools)
+            relay
+                .register_manifest(&self.code, token, &self.tools)
+                .await
         };
         relay.guarded_provider(caller, token, registered).await
     }

@@ -231,7 +231,14 @@ impl Operation for GetSession {
             relay.limits().admit(caller)?;
             let status = async {
                 relay.approved(caller, &self.code).await?;
-                relay.session_status(&self.code).await
+                let mut status = relay.session_status(&self.code).await?;
+                // The connector handle is never asked about: only its holder (and the tab) is
+                // told it. Anyone else pairs by `ConnectCaller` and gets a handle of its own.
+                let (_, named) = relay.named_session(&self.code).await?;
+                if named != super::approvals::Named::ConnectorHandle {
+                    status.mcp_handle = String::new();
+                }
+                Ok(status)
             };
             return relay.guarded(caller, &self.code, status).await;
         };
@@ -289,8 +296,15 @@ impl Operation for ResolveHandle {
 
     /// The reply is the session's status, as `GetSession`'s.
     async fn serve(self, relay: &Relay, caller: &Caller) -> Result<Self::Reply, RelayError> {
-        let code = self.run(relay, caller).await?;
-        let status = GetSession { code, token: None }.run(relay, caller).await?;
+        let handle = self.handle.clone();
+        self.run(relay, caller).await?;
+        // Read by the handle: its holder is never asked about, and is told the handle.
+        let status = GetSession {
+            code: handle,
+            token: None,
+        }
+        .run(relay, caller)
+        .await?;
         Ok(status.into())
     }
 

@@ -288,7 +288,11 @@ impl Operation for GetRequestStatus {
 
     async fn run(self, relay: &Relay, caller: &Caller) -> Result<RequestView, RelayError> {
         relay.limits().admit(caller)?;
-        let status = relay.request_status(&self.code, &self.request_id);
+        let status = async {
+            let view = relay.request_status(&self.code, &self.request_id).await?;
+            relay.readable(caller, &self.code, &view).await?;
+            Ok(view)
+        };
         relay.guarded(caller, &self.code, status).await
     }
 

@@ -16,7 +16,9 @@ if answerer ~= 'relay' then
     return { 'notdelivered' }
   end
 end
-if record.status ~= 'queued' and record.status ~= 'delivered' then
+-- A call held for the person's approval is finished only by the relay (its caller cancels it).
+if record.status ~= 'queued' and record.status ~= 'delivered'
+    and not (record.status == 'awaiting_approval' and answerer == 'relay') then
   return { 'already', packed }
 end
 local expired = expire_if_due(session, record)
