@@ -235,7 +235,23 @@ async fn the_provider_token_is_required_and_the_code_alone_is_refused() {
     let (session, tab) = relay.paired().await;
     let mut client = relay.client().await;
     // A call waits in the queue while no tab is attached; no refused attempt may take it.
+    // (Queued once the tab's departure is recorded: before, it would be handed to the tab.)
     tab.close().await;
+    wait_until(PATIENCE, async || {
+        let info = client
+            .get_session(GetSessionRequest {
+                code: session.code.clone(),
+            })
+            .await
+            .map_err(|status| status.to_string())?
+            .into_inner();
+        if info.provider_connected {
+            Err("the tab's departure is not recorded yet".to_owned())
+        } else {
+            Ok(())
+        }
+    })
+    .await;
     let waiting = client
         .submit(submit(
             &session.code,
