@@ -724,3 +724,25 @@ async fn nothing_of_the_tab_is_told_to_a_caller_before_the_person_allows_it() {
     assert!(!read.body.to_string().contains("private"), "{read:?}");
     system.stop().await;
 }
+
+#[tokio::test]
+async fn a_tab_that_stops_approving_lets_the_held_calls_run() {
+    let system = System::start().await;
+    let (code, _, mut tab) = approving_tab(&system).await;
+    let held = call_over_rest(&system, &code, "let-go");
+    next_of(&mut tab, "approval-request").await;
+    tab.send(json!({"type": "register", "tools": demo_tools(), "approves": false}))
+        .await;
+    let call = loop {
+        let frame = tab.recv().await;
+        match frame["type"].as_str() {
+            Some("tool-request") => break frame,
+            Some("registered" | "callers" | "approval-closed") => {}
+            _ => panic!("unexpected {frame}"),
+        }
+    };
+    assert_eq!(call["requestId"], "let-go");
+    tab.answer("let-go", json!({"echoed": "hi"})).await;
+    assert_eq!(held.await.unwrap().body["success"], true);
+    system.stop().await;
+}

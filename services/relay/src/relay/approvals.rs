@@ -599,6 +599,31 @@ impl Relay {
                 .change_approvals(code, &change, self.now())
                 .await?;
         }
+        if !approves && !state.held.is_empty() {
+            // Nobody asks any more: the held calls go on, and the questions close.
+            let mut callers: Vec<&String> = state.held.iter().map(|(caller, _)| caller).collect();
+            callers.sort_unstable();
+            callers.dedup();
+            for caller in callers {
+                let change = ApprovalChange {
+                    release: Some((caller.clone(), Release::Queue)),
+                    ..ApprovalChange::default()
+                };
+                self.inner
+                    .store
+                    .change_approvals(code, &change, self.now())
+                    .await?;
+            }
+            self.edit_book(code, |_, book, _| {
+                if book.asking.is_none() && book.waiting.is_empty() {
+                    return None;
+                }
+                book.asking = None;
+                book.waiting.clear();
+                Some((ApprovalChange::default(), ()))
+            })
+            .await?;
+        }
         Ok(())
     }
 
