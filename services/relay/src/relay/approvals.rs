@@ -246,27 +246,32 @@ impl Relay {
         }
     }
 
-    /// Lets `caller` read the session it named `text` (its tools, its status, its answers): in
-    /// a session whose tab approves callers, a caller the person has not allowed is asked
-    /// about first and waits for the answer, as a call would; a disconnected caller handle is
-    /// refused.
-    pub(crate) async fn approved(&self, caller: &Caller, text: &str) -> Result<(), RelayError> {
+    /// Lets `caller` use the session it named `text` (read its tools, its status, its answers;
+    /// pair with it): in a session whose tab approves callers, a caller the person has not
+    /// allowed is asked about first and waits for the answer, as a call would; a disconnected
+    /// caller handle is refused. The session, how it was named, and the caller's own handle
+    /// when the person allowed it by its code (empty for one allowed without: `open_codap`'s).
+    pub(crate) async fn approved(
+        &self,
+        caller: &Caller,
+        text: &str,
+    ) -> Result<(SessionCode, Named, Option<String>), RelayError> {
         let (code, named) = self.named_session(text).await?;
-        match named {
-            Named::ConnectorHandle => Ok(()),
+        let handle = match &named {
+            Named::ConnectorHandle => None,
             Named::CallerHandle(id) => {
                 let state = self.approval_state(&code).await?;
-                if !state.approves || state.allowed.iter().any(|(allowed, _)| *allowed == id) {
-                    Ok(())
-                } else {
-                    Err(RelayError::CallerDisconnected)
+                if state.approves && !state.allowed.iter().any(|(allowed, _)| allowed == id) {
+                    return Err(RelayError::CallerDisconnected);
                 }
+                None
             }
             Named::Code => {
                 let key = self.limits().caller_key(caller);
-                self.vetted(&code, &Applicant::of(caller, &key)).await
+                self.vetted(&code, &Applicant::of(caller, &key)).await?
             }
-        }
+        };
+        Ok((code, named, handle))
     }
 
     /// Lets `caller` read one call's state (`GET …/requests/{id}`): where it stands, and an
@@ -292,22 +297,25 @@ impl Relay {
             )
         });
         if tools_answer {
-            self.approved(caller, text).await
-        } else {
-            Ok(())
+            self.approved(caller, text).await?;
         }
+        Ok(())
     }
 
     /// Waits until the person has allowed `applicant` to use the session by its code, asking
-    /// if need be (at once when the session's tab does not approve callers, or allowed it).
+    /// if need be: its caller handle then; `None` at once when the session's tab does not
+    /// approve callers.
     pub(crate) async fn vetted(
         &self,
         code: &SessionCode,
         applicant: &Applicant,
-    ) -> Result<(), RelayError> {
+    ) -> Result<Option<String>, RelayError> {
         let state = self.approval_state(code).await?;
-        if !state.approves || state.allowed.iter().any(|(id, _)| *id == applicant.id) {
-            return Ok(());
+        if !state.approves {
+            return Ok(None);
+        }
+        if let Some(handle) = allowed_handle(&state, &applicant.id) {
+            return Ok(Some(handle));
         }
         if state.refused {
             return Err(approval_error(ErrorCode::ApprovalRefused, self));
@@ -328,8 +336,9 @@ impl Relay {
             });
         }
         let give_up = self.now().plus(self.inner.config.approval_timeout);
-        self.await_approval(code, applicant, give_up).await?;
-        Ok(())
+        self.await_approval(code, applicant, give_up)
+            .await
+            .map(Some)
     }
 
     /// What a call by `caller` (key `key`) of a session it named `named` must pass.
@@ -809,36 +818,17 @@ impl crate::operation::Operation for Connect {
     async fn run(self, relay: &Relay, caller: &Caller) -> Result<super::SessionStatus, RelayError> {
         relay.limits().admit(caller)?;
         let connected = async {
-            let (code, named) = relay.named_session(&self.code).await?;
+            let (code, named, handle) = relay.approved(caller, &self.code).await?;
             let mut status = relay.session_status(code.as_str()).await?;
-            let state = relay.approval_state(&code).await?;
-            let key = relay.limits().caller_key(caller);
-            let applicant = Applicant::of(caller, &key);
             match named {
-                Named::ConnectorHandle => {}
-                Named::CallerHandle(id) => {
-                    if !state.allowed.iter().any(|(allowed, _)| *allowed == id) {
-                        return Err(RelayError::CallerDisconnected);
-                    }
-                    status.mcp_handle = self.code.to_ascii_lowercase();
-                }
-                Named::Code if !state.approves => {}
-                Named::Code => {
-                    // The caller that opened the session (open_codap) was allowed with no
-                    // handle of its own: it keeps the session's.
-                    if let Some(handle) = allowed_handle(&state, &applicant.id) {
-                        if !handle.is_empty() {
-                            status.mcp_handle = handle;
-                        }
-                    } else {
-                        if status.transport.is_none() {
-                            return Err(RelayError::TabNotConnected {
-                                code: code.display(),
-                            });
-                        }
-                        let give_up = relay.now().plus(relay.inner.config.approval_timeout);
-                        status.mcp_handle =
-                            relay.await_approval(&code, &applicant, give_up).await?;
+                // A caller handle stays the caller's handle.
+                Named::CallerHandle(_) => status.mcp_handle = self.code.to_ascii_lowercase(),
+                // The caller the person allowed gets its own; the caller that opened the
+                // session (open_codap, allowed with none) and the holder of the connector
+                // handle keep the session's.
+                _ => {
+                    if let Some(handle) = handle.filter(|handle| !handle.is_empty()) {
+                        status.mcp_handle = handle;
                     }
                 }
             }

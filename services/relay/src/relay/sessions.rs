@@ -230,11 +230,10 @@ impl Operation for GetSession {
         let Some(token) = self.token else {
             relay.limits().admit(caller)?;
             let status = async {
-                relay.approved(caller, &self.code).await?;
-                let mut status = relay.session_status(&self.code).await?;
+                let (code, named, _) = relay.approved(caller, &self.code).await?;
+                let mut status = relay.session_status(code.as_str()).await?;
                 // The connector handle is never asked about: only its holder (and the tab) is
                 // told it. Anyone else pairs by `ConnectCaller` and gets a handle of its own.
-                let (_, named) = relay.named_session(&self.code).await?;
                 if named != super::approvals::Named::ConnectorHandle {
                     status.mcp_handle = String::new();
                 }
