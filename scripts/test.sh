@@ -18,7 +18,7 @@ cargo build --workspace --bins --locked
 step "cargo test (in-memory store; the store conformance suite runs on Redis as well)"
 cargo test --workspace --locked
 step "cargo test: the relay, gateway, cancellation, claim, operability, shared-address, ceiling and approval suites again, on Redis (TOOLRELAY_TEST_STORE=redis)"
-TOOLRELAY_TEST_STORE=redis cargo test --locked -p toolrelay-tests --test relay --test gateway --test cancel --test claims --test operability --test shared_address --test ceilings --test approval
+TOOLRELAY_TEST_STORE=redis cargo test --locked -p toolrelay-tests --test relay --test gateway --test cancel --test claims --test operability --test shared_address --test ceilings --test approval --test own_calls
 step "browser tests (the CODAP plugin in chromium)"
 npm --prefix tests/browser test
 step "container image (scripts/image.sh: release build, base and venv cached under ~/.cache/toolrelay/image)"

@@ -693,7 +693,8 @@ async fn nothing_of_the_tab_is_told_to_a_caller_before_the_person_allows_it() {
     assert_eq!(refused.body["error"], "approval_declined", "{refused:?}");
     assert!(!refused.body.to_string().contains("echo"), "{refused:?}");
 
-    // A call's answer, read by its id, is for callers the person allowed.
+    // A call's answer, read by its id, is its caller's alone: another caller is told there is
+    // no such call, and the person is not bothered about it.
     let made = tokio::spawn(send(
         system
             .request(
@@ -716,12 +717,25 @@ async fn nothing_of_the_tab_is_told_to_a_caller_before_the_person_allows_it() {
             &format!("/api/sessions/{code}/requests/1"),
         ),
     );
+    let read = reading.await.unwrap();
+    assert_eq!(read.body["error"], "request_not_found", "{read:?}");
+    assert!(!read.body.to_string().contains("private"), "{read:?}");
+    // Asking to see the session's tools is a first use, and the question comes now: the read
+    // above asked nothing.
+    let listing = as_user(
+        "eve",
+        system.request(
+            reqwest::Method::GET,
+            &format!("/api/sessions/{code}/metadata"),
+        ),
+    );
     let asked = next_of(&mut tab, "approval-request").await;
+    assert_eq!(asked["via"], "GPT Actions", "{asked}");
     tab.send(json!({"type": "approval", "callerId": asked["callerId"], "allow": false}))
         .await;
-    let read = reading.await.unwrap();
-    assert_eq!(read.body["error"], "approval_declined", "{read:?}");
-    assert!(!read.body.to_string().contains("private"), "{read:?}");
+    let listed = listing.await.unwrap();
+    assert_eq!(listed.body["error"], "approval_declined", "{listed:?}");
+    assert!(!listed.body.to_string().contains("echo"), "{listed:?}");
     system.stop().await;
 }
 

@@ -611,7 +611,7 @@ conformance! {
             Finished::NoRequest
         );
         fixture.store.finish(&code, "r1", RequestStatus::Completed, answer("r1", json!(1)), Answerer::Relay, now, now).await.unwrap();
-        let responses = fixture.store.responses(&code).await.unwrap().unwrap();
+        let responses = fixture.store.responses(&code, None).await.unwrap().unwrap();
         assert_eq!(responses.iter().map(|r| r.request_id.as_str()).collect::<Vec<_>>(), ["r1", "r2"]);
         assert_eq!(fixture.store.pending_count(&code).await.unwrap(), Some(0));
         // A finished call is never handed out again.
@@ -645,7 +645,7 @@ conformance! {
         fixture.advance(Duration::from_secs(1));
         keep_alive(&fixture).await;
         assert!(fixture.store.request(&code, "r1").await.unwrap().is_none(), "gone past the retention");
-        assert!(fixture.store.responses(&code).await.unwrap().unwrap().is_empty());
+        assert!(fixture.store.responses(&code, None).await.unwrap().unwrap().is_empty());
         // Its id may name a new call, even a different one.
         let now = fixture.now();
         assert!(matches!(
@@ -741,7 +741,7 @@ conformance! {
             let kept = fixture.store.request(&quiet, &format!("q{n}")).await.unwrap().unwrap();
             assert!(!kept.evicted && kept.response.is_some(), "q{n} was evicted");
         }
-        assert_eq!(fixture.store.responses(&quiet).await.unwrap().unwrap().len(), 2);
+        assert_eq!(fixture.store.responses(&quiet, None).await.unwrap().unwrap().len(), 2);
         // The noisy one kept its newest answers, within its share, and lost its oldest.
         let mut evicted = Vec::new();
         for n in 0..20 {
@@ -1267,7 +1267,7 @@ conformance! {
         );
         let answered: Vec<String> = fixture
             .store
-            .responses(&noisy)
+            .responses(&noisy, None)
             .await
             .unwrap()
             .unwrap()

@@ -172,7 +172,10 @@ fn is_provider_route(method: &Method, path: &str) -> bool {
     match rest.split_once('/') {
         None => *method == Method::DELETE,
         Some((_, tail)) => match tail {
-            "ws" | "stream" | "manifest" | "response" => true,
+            "ws" | "stream" | "manifest" => true,
+            // The tab answers with POST …/response and polls with GET …/request; a caller
+            // lists its answers with GET …/response and queues with POST …/request.
+            "response" => *method == Method::POST,
             "request" => *method == Method::GET,
             _ => false,
         },
@@ -273,6 +276,19 @@ mod tests {
             None
         );
         assert_eq!(identity(&limiters, shared, Method::POST, call, &[]), None);
+        // A caller reading its answers is the same caller as when it called (the tab answers
+        // on the same path with POST, and polls for calls with GET …/request).
+        let answers = "/api/sessions/ABCDEFGH/response";
+        let reading = identity(&limiters, shared, Method::GET, answers, &user);
+        assert_eq!(reading.as_deref(), Some(from_shared.as_str()));
+        let queueing = "/api/sessions/ABCDEFGH/request";
+        let queued = identity(&limiters, shared, Method::POST, queueing, &user);
+        assert_eq!(queued.as_deref(), Some(from_shared.as_str()));
+        let answering = [("authorization", "Bearer t1")];
+        let tab = identity(&limiters, shared, Method::POST, answers, &answering);
+        assert!(tab.unwrap().starts_with("tab:"));
+        let polling = identity(&limiters, shared, Method::GET, queueing, &answering);
+        assert!(polling.unwrap().starts_with("tab:"));
         // Without API keys, a bearer on an LLM route names nobody; with them, it is the key.
         let keyed = [("authorization", "Bearer k1")];
         assert_eq!(

@@ -290,7 +290,7 @@ async fn an_unanswered_call_expires_with_a_clear_error() {
     assert_eq!(queued.status, RequestStatus::Queued);
     assert!(!queued.provider_connected);
     let view = relay
-        .await_response(code, &queued.request_id, Duration::from_secs(90))
+        .await_response(code, &queued.request_id, Duration::from_secs(90), None)
         .await
         .unwrap();
     assert_eq!(view.status, RequestStatus::Expired);
@@ -313,7 +313,10 @@ async fn an_unanswered_call_expires_with_a_clear_error() {
         matches!(late, Err(RelayError::NotDelivered { .. })),
         "{late:?}"
     );
-    let view = relay.request_status(code, &view.request_id).await.unwrap();
+    let view = relay
+        .request_status(code, &view.request_id, None)
+        .await
+        .unwrap();
     assert_eq!(view.status, RequestStatus::Expired);
 }
 
@@ -390,7 +393,7 @@ async fn a_reconnecting_provider_gets_unanswered_calls_again_and_the_first_answe
         "a second answer to the same call is ignored"
     );
     let responses = relay
-        .responses(code, Some(&delivered.request_id))
+        .responses(code, Some(&delivered.request_id), None)
         .await
         .unwrap();
     assert_eq!(responses.len(), 1);
@@ -451,7 +454,7 @@ async fn polled_calls_are_handed_out_again_after_their_lease() {
     );
     assert_eq!(
         relay
-            .request_status(code, &call.request_id)
+            .request_status(code, &call.request_id, None)
             .await
             .unwrap()
             .status,
@@ -522,7 +525,7 @@ async fn an_answer_sent_just_before_disconnecting_is_not_lost() {
             tokio::task::yield_now().await;
         }
         let status = relay
-            .request_status(code, &call.request_id)
+            .request_status(code, &call.request_id, None)
             .await
             .unwrap()
             .status;
@@ -591,7 +594,12 @@ async fn calls_that_expire_unobserved_are_eventually_dropped() {
         tokio::time::sleep(Duration::from_secs(61)).await;
     }
     use toolrelay_relay::store::SessionStore;
-    let kept = store.responses(&session.code).await.unwrap().unwrap().len();
+    let kept = store
+        .responses(&session.code, None)
+        .await
+        .unwrap()
+        .unwrap()
+        .len();
     assert_eq!(store.pending_count(&session.code).await.unwrap(), Some(0));
     // Retention is 1 h after the answer (here: the expiry at +60 s): at most ~70 minutes' worth.
     assert!(kept <= 10 * 71, "{kept} call records kept after 3 hours");
@@ -699,8 +707,9 @@ async fn overlapping_attaches_leave_one_connection_standing() {
         async fn responses(
             &self,
             c: &SessionCode,
+            caller: Option<&str>,
         ) -> Result<Option<Vec<ToolResponse>>, StoreError> {
-            self.0.responses(c).await
+            self.0.responses(c, caller).await
         }
         async fn pending_count(&self, c: &SessionCode) -> Result<Option<usize>, StoreError> {
             self.0.pending_count(c).await

@@ -117,9 +117,8 @@ impl Relay {
     }
 
     /// [`Relay::cancel`] for the caller whose key ([`crate::limits::Limits::caller_key`]) is
-    /// `caller`: only the caller that made a call may cancel it while it runs; to anyone else
-    /// it is a call the session does not have (request ids are 128-bit random, and one chosen
-    /// by its caller is no key to another caller's call).
+    /// `caller`: only the caller that made a call may cancel it; to anyone else it is a call
+    /// the session does not have (see [`Relay::request_record`]).
     pub(crate) async fn cancel_as(
         &self,
         code: &str,
@@ -127,18 +126,9 @@ impl Relay {
         caller: Option<&str>,
     ) -> Result<RequestView, RelayError> {
         let code = self.session_code(code).await?;
-        let record = self.request_record(&code, request_id).await?;
+        let record = self.request_record(&code, request_id, caller).await?;
         if record.status.is_terminal() {
             return self.view(&code, record).await;
-        }
-        if let (Some(caller), Some(maker)) = (caller, record.caller.as_deref())
-            && caller != maker
-        {
-            tracing::warn!(code = %code.redacted(), request_id, "a caller tried to cancel another caller's call");
-            return Err(RelayError::RequestNotFound {
-                code: code.display(),
-                request_id: request_id.to_owned(),
-            });
         }
         let response = ToolResponse {
             request_id: request_id.to_owned(),

@@ -274,10 +274,11 @@ impl Relay {
         Ok((code, named, handle))
     }
 
-    /// Lets `caller` read one call's state (`GET …/requests/{id}`): where it stands, and an
-    /// answer the relay gave on the person's behalf (declined, lapsed), which say nothing of
-    /// the tab, are anyone's who has the id — a held caller follows its own call so; a tool's
-    /// answer is only for a caller the person allowed (asked about first, as a call would be).
+    /// Lets `caller` read the state of one of its own calls (`GET …/requests/{id}`; another
+    /// caller's is not found, see `Relay::request_record`): where it stands, and an answer the
+    /// relay gave on the person's behalf (declined, lapsed), which say nothing of the tab —
+    /// a held caller follows its own call so; a tool's answer only once the person allowed
+    /// the caller (a caller handle the person disconnected is asked about again).
     pub(crate) async fn readable(
         &self,
         caller: &Caller,

@@ -383,7 +383,8 @@ impl Relay {
         }
         let wait = wait.unwrap_or(self.inner.config.default_call_wait);
         let request_id = record.id.clone();
-        self.wait_for_answer(&parsed, &request_id, wait, events, Some(record))
+        // The caller waits for its own call.
+        self.wait_for_answer(&parsed, &request_id, wait, events, Some(record), None)
             .await
     }
 }

@@ -20,12 +20,15 @@ use crate::remote::RemoteRelay;
 use crate::store::{BUILTIN_LEASE, EventStream, RequestRecord, SessionEvent};
 
 impl Relay {
-    /// Waits up to `wait` for a call's final answer; returns its state either way.
+    /// Waits up to `wait` for a call's final answer; returns its state either way. A call is
+    /// its caller's: to any other `reader` (a caller's key; `None`: the relay) it is not
+    /// found.
     pub async fn await_response(
         &self,
         code: &str,
         request_id: &str,
         wait: Duration,
+        reader: Option<&str>,
     ) -> Result<RequestView, RelayError> {
         let code = self.session_code(code).await?;
         // Whether the session exists, the first look at the call says.
@@ -34,13 +37,13 @@ impl Relay {
             .store
             .listen_for_answer(&code, request_id)
             .await?;
-        self.wait_for_answer(&code, request_id, wait, events, None)
+        self.wait_for_answer(&code, request_id, wait, events, None, reader)
             .await
     }
 
     /// Waits, on `events` (the call's answer and what ends a wait, listened to before `known`
     /// was read, if it was), up to `wait` for a call's final answer; returns its state either
-    /// way.
+    /// way. The call must be `reader`'s (see [`Relay::request_record`]).
     pub(super) async fn wait_for_answer(
         &self,
         code: &SessionCode,
@@ -48,6 +51,7 @@ impl Relay {
         wait: Duration,
         mut events: EventStream,
         mut known: Option<RequestRecord>,
+        reader: Option<&str>,
     ) -> Result<RequestView, RelayError> {
         let wait_until = self.now().plus(wait);
         // A waiting caller holds a stopping relay open until its answer comes or the drain
@@ -57,7 +61,7 @@ impl Relay {
         loop {
             let record = match known.take() {
                 Some(record) => record,
-                None => self.request_record(code, request_id).await?,
+                None => self.request_record(code, request_id, reader).await?,
             };
             let now = self.now();
             if record.status.is_terminal() || now >= wait_until {
@@ -98,16 +102,18 @@ impl Relay {
         }
     }
 
-    /// Final answers of the session's calls, oldest first (or only `request_id`'s). Reading
-    /// does not consume them.
+    /// Final answers of the calls `reader` (a caller's key; `None`: every call's) made in the
+    /// session, oldest first (or only `request_id`'s). Reading does not consume them.
     pub async fn responses(
         &self,
         code: &str,
         request_id: Option<&str>,
+        reader: Option<&str>,
     ) -> Result<Vec<ToolResponse>, RelayError> {
         let (code, _) = self.live_session(code).await?;
         let responses = match request_id {
             Some(id) => match self.inner.store.request(&code, id).await? {
+                Some(record) if !record.made_by(reader) => Vec::new(),
                 Some(record) if record.evicted => {
                     return Err(RelayError::ResponseEvicted {
                         request_id: record.id,
@@ -118,19 +124,25 @@ impl Relay {
                     .into_iter()
                     .collect(),
             },
-            None => self.inner.store.responses(&code).await?.unwrap_or_default(),
+            None => self
+                .inner
+                .store
+                .responses(&code, reader)
+                .await?
+                .unwrap_or_default(),
         };
         Ok(responses)
     }
 
-    /// Where one call stands.
+    /// Where one call stands, for `reader` (see [`Relay::await_response`]).
     pub async fn request_status(
         &self,
         code: &str,
         request_id: &str,
+        reader: Option<&str>,
     ) -> Result<RequestView, RelayError> {
         let code = self.session_code(code).await?;
-        let record = self.request_record(&code, request_id).await?;
+        let record = self.request_record(&code, request_id, reader).await?;
         // A caller polling a built-in call whose replica died is what takes it over here.
         if record.is_orphaned_builtin(self.now()) {
             self.run_builtin(code.clone(), &record);
@@ -138,13 +150,25 @@ impl Relay {
         self.view(&code, record).await
     }
 
+    /// The call `request_id`, if `reader` (a caller's key; `None`: the relay) made it: a call
+    /// and its answer are its caller's alone, and to another caller it is a call the session
+    /// does not have (ids the relay makes are 128 random bits; one a caller chose is no key to
+    /// another caller's call).
     pub(super) async fn request_record(
         &self,
         code: &SessionCode,
         request_id: &str,
+        reader: Option<&str>,
     ) -> Result<RequestRecord, RelayError> {
         match self.inner.store.request(code, request_id).await? {
-            Some(record) => Ok(record),
+            Some(record) if record.made_by(reader) => Ok(record),
+            Some(_) => {
+                tracing::warn!(code = %code.redacted(), request_id, "a caller asked for another caller's call");
+                Err(RelayError::RequestNotFound {
+                    code: code.display(),
+                    request_id: request_id.to_owned(),
+                })
+            }
             None if self.inner.store.session(code).await?.is_none() => Err(not_found(code)),
             None => Err(RelayError::RequestNotFound {
                 code: code.display(),
@@ -175,10 +199,11 @@ impl Operation for AwaitResponse {
 
     async fn run(self, relay: &Relay, caller: &Caller) -> Result<RequestView, RelayError> {
         relay.limits().admit(caller)?;
+        let key = relay.limits().caller_key(caller);
         let waited = async {
             relay.approved(caller, &self.code).await?;
             relay
-                .await_response(&self.code, &self.request_id, self.wait)
+                .await_response(&self.code, &self.request_id, self.wait, Some(&key))
                 .await
         };
         relay.guarded(caller, &self.code, waited).await
@@ -235,10 +260,11 @@ impl Operation for ListResponses {
 
     async fn run(self, relay: &Relay, caller: &Caller) -> Result<Vec<ToolResponse>, RelayError> {
         relay.limits().admit(caller)?;
+        let key = relay.limits().caller_key(caller);
         let responses = async {
             relay.approved(caller, &self.code).await?;
             relay
-                .responses(&self.code, self.request_id.as_deref())
+                .responses(&self.code, self.request_id.as_deref(), Some(&key))
                 .await
         };
         relay.guarded(caller, &self.code, responses).await
@@ -288,8 +314,11 @@ impl Operation for GetRequestStatus {
 
     async fn run(self, relay: &Relay, caller: &Caller) -> Result<RequestView, RelayError> {
         relay.limits().admit(caller)?;
+        let key = relay.limits().caller_key(caller);
         let status = async {
-            let view = relay.request_status(&self.code, &self.request_id).await?;
+            let view = relay
+                .request_status(&self.code, &self.request_id, Some(&key))
+                .await?;
             relay.readable(caller, &self.code, &view).await?;
             Ok(view)
         };

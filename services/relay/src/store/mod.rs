@@ -167,7 +167,8 @@ pub struct RequestRecord {
     /// Whether its answer was dropped to keep the store within its byte budget: the call ran,
     /// and its status stays, but the answer cannot be read any more.
     pub evicted: bool,
-    /// Who made it, while it runs (a finished call's record, like its arguments, drops it).
+    /// Who made it (the key its budgets count under): the call and its answer are that
+    /// caller's alone. `None` for a call an older relay packed.
     pub caller: Option<String>,
 }
 
@@ -240,6 +241,15 @@ pub fn callers_call_hash(
 }
 
 impl RequestRecord {
+    /// Whether `reader` (a caller's key) may see this call: the caller that made it, anyone
+    /// when its caller is unknown, and the relay itself (`None`).
+    pub fn made_by(&self, reader: Option<&str>) -> bool {
+        match (reader, self.caller.as_deref()) {
+            (Some(reader), Some(maker)) => reader == maker,
+            _ => true,
+        }
+    }
+
     /// A record for a newly queued call.
     /// A built-in call starts out delivered to the relay itself.
     pub fn queued(request: NewRequest, seq: u64) -> Self {

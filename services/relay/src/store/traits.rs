@@ -211,8 +211,13 @@ pub trait SessionStore: Reachable {
         id: &str,
     ) -> Result<Option<RequestRecord>, StoreError>;
 
-    /// The final answers kept for the session, in queue order.
-    async fn responses(&self, code: &SessionCode) -> Result<Option<Vec<ToolResponse>>, StoreError>;
+    /// The final answers kept for the session, in queue order: of the calls `caller` (a
+    /// caller's key) made and of those whose caller is unknown, or all when `None`.
+    async fn responses(
+        &self,
+        code: &SessionCode,
+        caller: Option<&str>,
+    ) -> Result<Option<Vec<ToolResponse>>, StoreError>;
 
     /// How many calls wait for an answer.
     async fn pending_count(&self, code: &SessionCode) -> Result<Option<usize>, StoreError>;
@@ -433,7 +438,7 @@ macro_rules! store_methods {
             fn change_approvals(&self, code: &SessionCode, change: &ApprovalChange, now: Timestamp)
                 -> Option<bool> => ChangeApprovals;
             fn request(&self, code: &SessionCode, id: &str) -> Option<RequestRecord> => Request;
-            fn responses(&self, code: &SessionCode) -> Option<Vec<ToolResponse>> => Responses;
+            fn responses(&self, code: &SessionCode, caller: Option<&str>) -> Option<Vec<ToolResponse>> => Responses;
             fn pending_count(&self, code: &SessionCode) -> Option<usize> => PendingCount;
             fn lease_builtin(
                 &self, code: &SessionCode, id: &str, holder: &str, now: Timestamp, until: Timestamp,

@@ -228,7 +228,6 @@ impl Entry {
         record.finished_at = Some(now);
         record.lease_until = None;
         record.args = Value::Null;
-        record.caller = None;
         let (seq, deadline) = (record.seq, record.deadline);
         self.pending.remove(&seq);
         self.deadlines.remove(&(deadline, seq));

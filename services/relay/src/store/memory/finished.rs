@@ -55,6 +55,8 @@ pub(super) struct Done {
     tool_id: Option<NonZeroU32>,
     function_name: Option<NonZeroU32>,
     delivered_to: Option<NonZeroU32>,
+    /// Who made it (its caller's key): its answer is that caller's alone.
+    caller: Option<NonZeroU32>,
     deliveries: u32,
     status: RequestStatus,
     builtin: bool,
@@ -152,6 +154,10 @@ impl FinishedCalls {
                 .delivered_to
                 .as_deref()
                 .and_then(|name| self.names.keep(name)),
+            record
+                .caller
+                .as_deref()
+                .and_then(|name| self.names.keep(name)),
         ];
         let done = Done::new(record, names, status, response, finished_at, cost);
         let number = self.first + self.calls.len() as u64;
@@ -238,13 +244,18 @@ impl FinishedCalls {
         }
     }
 
-    /// The kept answers, in the order the calls were queued.
-    pub(super) fn responses(&self) -> Vec<ToolResponse> {
+    /// The kept answers of the calls `caller` made (and of those whose caller is unknown), in
+    /// the order the calls were queued; every kept answer when `caller` is `None`.
+    pub(super) fn responses(&self, caller: Option<&str>) -> Vec<ToolResponse> {
+        let mine = |done: &Done| match (caller, self.names.get(done.caller)) {
+            (Some(reader), Some(maker)) => reader == maker,
+            _ => true,
+        };
         let mut answered: Vec<&Done> = self
             .calls
             .iter()
             .flatten()
-            .filter(|done| done.has_answer())
+            .filter(|done| done.has_answer() && mine(done))
             .collect();
         answered.sort_by_key(|done| done.seq);
         answered
@@ -272,7 +283,7 @@ impl FinishedCalls {
             finished_at: Some(done.finished_at),
             builtin: done.builtin,
             correlation_id: None,
-            caller: None,
+            caller: name(done.caller),
             call_hash: data_encoding::HEXLOWER.encode(&done.call_hash),
             evicted: false,
         }
@@ -287,10 +298,10 @@ fn id_at((calls, first): (&VecDeque<Option<Done>>, u64), number: u64) -> Option<
 
 impl Done {
     /// `record`, finished with `response` at `finished_at`, its names at `names` (tool,
-    /// function, connection).
+    /// function, connection, caller).
     fn new(
         record: &RequestRecord,
-        [tool_id, function_name, delivered_to]: [Option<NonZeroU32>; 3],
+        [tool_id, function_name, delivered_to, caller]: [Option<NonZeroU32>; 4],
         status: RequestStatus,
         response: &ToolResponse,
         finished_at: Timestamp,
@@ -328,6 +339,7 @@ impl Done {
             tool_id,
             function_name,
             delivered_to,
+            caller,
             deliveries: record.deliveries,
             status,
             builtin: record.builtin,

@@ -232,8 +232,12 @@ impl SessionStore for MemoryStore {
     ) -> Result<Option<RequestRecord>, StoreError> {
         Ok(self.with_live(code, |entry, _| entry.record(id)).flatten())
     }
-    async fn responses(&self, code: &SessionCode) -> Result<Option<Vec<ToolResponse>>, StoreError> {
-        Ok(self.with_live(code, |entry, _| entry.finished.responses()))
+    async fn responses(
+        &self,
+        code: &SessionCode,
+        caller: Option<&str>,
+    ) -> Result<Option<Vec<ToolResponse>>, StoreError> {
+        Ok(self.with_live(code, |entry, _| entry.finished.responses(caller)))
     }
 
     async fn pending_count(&self, code: &SessionCode) -> Result<Option<usize>, StoreError> {

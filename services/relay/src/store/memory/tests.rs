@@ -161,7 +161,7 @@ async fn answers_stay_within_their_budget_and_evicted_calls_are_still_known() {
     );
     let newest = store.request(&code, "r49").await.unwrap().unwrap();
     assert!(!newest.evicted && newest.response.is_some());
-    let kept = store.responses(&code).await.unwrap().unwrap();
+    let kept = store.responses(&code, None).await.unwrap().unwrap();
     assert!(kept.len() < 50 && kept.last().unwrap().request_id == "r49");
     // Ending the session gives its bytes back.
     store.delete_session(&code).await.unwrap();
@@ -257,7 +257,7 @@ async fn a_finished_call_reads_back_as_it_was_answered() {
         (whole.status, whole.call_hash)
     );
     assert_eq!(
-        store.responses(&code).await.unwrap().unwrap(),
+        store.responses(&code, None).await.unwrap().unwrap(),
         vec![response]
     );
 

@@ -736,7 +736,11 @@ impl SessionStore for RedisStore {
         }
     }
 
-    async fn responses(&self, code: &SessionCode) -> Result<Option<Vec<ToolResponse>>, StoreError> {
+    async fn responses(
+        &self,
+        code: &SessionCode,
+        caller: Option<&str>,
+    ) -> Result<Option<Vec<ToolResponse>>, StoreError> {
         let found: Option<Vec<String>> = self
             .run(&self.scripts.responses, code, &[], NoArguments)
             .await?;
@@ -749,6 +753,7 @@ impl SessionStore for RedisStore {
         Ok(Some(
             records
                 .into_iter()
+                .filter(|record| record.made_by(caller))
                 .filter_map(|record| record.response)
                 .collect(),
         ))

@@ -325,7 +325,8 @@ end
 -- Gives an unfinished call its final answer (`response` '' for an expired call, whose answer
 -- the reader writes) and files it among the finished ones; the finished calls past
 -- MAX_FINISHED_PER_SESSION (a tenth more, then trimmed in one go) or past `retention` go. Its
--- arguments, caller and correlation id go from what is kept; its hash still identifies it. Announces
+-- arguments and correlation id go from what is kept; its hash still identifies it, and its
+-- caller keeps it its own. Announces
 -- and returns the record packed, with its correlation id (the finishing replica logs the call
 -- under it), as the memory store does.
 local function finish_record(session, record, status, response, cost)
@@ -334,7 +335,6 @@ local function finish_record(session, record, status, response, cost)
   record.finished_at = num(now)
   record.lease_until = ''
   record.args = ''
-  record.caller = ''
   local correlation_id = record.correlation_id or ''
   record.correlation_id = ''
   local packed = write_call(session, record)
