@@ -115,7 +115,8 @@ pub const BUILTIN_TOOLS: [&str; 6] = [
     "get_mip_solution",
 ];
 
-/// `/mcp`'s tools, in the order it lists them: the built-in ones, then the pairing tools.
+/// `/mcp`'s tools, in the order it lists them: the built-in ones, then the pairing tools (the
+/// last, `codap_status`, only for `open_codap`'s app).
 pub fn mcp_tools() -> Vec<&'static str> {
     BUILTIN_TOOLS
         .into_iter()
@@ -125,6 +126,7 @@ pub fn mcp_tools() -> Vec<&'static str> {
             "list_session_tools",
             "call_session_tool",
             "read_session_tool",
+            "codap_status",
         ])
         .collect()
 }

@@ -299,5 +299,270 @@ async fn only_the_plugin_loaded_for_a_claim_may_be_framed_by_any_page() {
         "*",
         "inside an app, the ancestors are the host's and its sandbox's"
     );
+    // A claim that is not one (empty, malformed) gets the normal page's policy: the plugin
+    // takes it for no claim, and shows its buttons.
+    for path in [
+        "/codap/?claim=",
+        "/codap/?claim=nope",
+        "/codap/?claim=0123456789abcdef0123456789abcdeg",
+        "/codap/?claim=0123456789abcdef0123456789abcdef00",
+        "/codap/?x=1&claim=",
+    ] {
+        assert_eq!(ancestors(path).await, plain, "{path}");
+    }
+    assert!(plain.contains("'self'"), "{plain}");
+    system.stop().await;
+}
+
+/// The provider token relays before issue 40 derived from a claim (SHA-256 of a label and the
+/// claim): anyone who read the claim could compute it.
+fn token_derived_from(claim: &str) -> String {
+    let digest = toolrelay_relay::code::hash_token(&format!("toolrelay provider token\n{claim}"));
+    let bytes = data_encoding::HEXLOWER.decode(digest.as_bytes()).unwrap();
+    data_encoding::BASE64URL_NOPAD.encode(&bytes)
+}
+
+/// Asserts that every provider route of session `code` refuses `token`: the WebSocket, SSE,
+/// polling, registering tools, answering and the gRPC provider stream.
+async fn refused_everywhere(system: &System, code: &str, token: &str) {
+    use reqwest::Method;
+    let mut socket = WsTab::connect(&system.ws_url(code, token)).await;
+    let frame = socket.recv().await;
+    assert_eq!(frame["error"], "invalid_token", "WebSocket: {frame}");
+    let routes = [
+        (
+            Method::GET,
+            format!("/api/sessions/{code}/stream?token={token}"),
+        ),
+        (Method::GET, format!("/api/sessions/{code}/request")),
+        (Method::PUT, format!("/api/sessions/{code}/manifest")),
+        (Method::POST, format!("/api/sessions/{code}/response")),
+    ];
+    for (method, path) in routes {
+        let body = if method == Method::PUT {
+            json!({"tools": demo_tools()})
+        } else {
+            json!({"requestId": "x", "result": 1})
+        };
+        let request = system.request(method.clone(), &path).bearer_auth(token);
+        let request = if method == Method::GET {
+            request
+        } else {
+            request.json(&body)
+        };
+        let answer = toolrelay_tests::system::send(request).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::FORBIDDEN,
+            "{method} {path}: {answer:?}"
+        );
+        assert_eq!(
+            error_name(&answer),
+            "invalid_token",
+            "{method} {path}: {answer:?}"
+        );
+    }
+    let mut grpc = toolrelay_tests::relay_client(system.grpc).await;
+    let (_keep, messages) = tokio::sync::mpsc::channel(1);
+    let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(messages));
+    request
+        .metadata_mut()
+        .insert("x-session-code", code.parse().unwrap());
+    request
+        .metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    let refused = grpc.connect(request).await.unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::PermissionDenied,
+        "gRPC: {refused:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_spent_claim_opens_nothing_and_twenty_redemptions_pair_one_tab() {
+    let system = System::with(RelayConfig::default(), |config| {
+        config.codap_url = CODAP.to_owned();
+    })
+    .await;
+    let mcp = connect(&system.url("/mcp")).await;
+    let (_, claim) = open_codap(&system, &mcp).await;
+
+    // Twenty tabs redeem the claim at once: one is paired, the others are told it was used.
+    let redemptions: Vec<_> = (0..20)
+        .map(|_| {
+            let request = system
+                .request(reqwest::Method::POST, "/api/sessions/claim")
+                .json(&json!({"claim": claim}));
+            tokio::spawn(toolrelay_tests::system::send(request))
+        })
+        .collect();
+    let mut winners = Vec::new();
+    let mut used = 0;
+    for redemption in redemptions {
+        let answer = redemption.await.unwrap();
+        match answer.status {
+            StatusCode::CREATED => winners.push(answer),
+            StatusCode::GONE if error_name(&answer) == "claim_used" => used += 1,
+            _ => panic!("{answer:?}"),
+        }
+    }
+    assert_eq!((winners.len(), used), (1, 19));
+    let winner = &winners[0].body;
+    let code = winner["code"].as_str().unwrap();
+    let token = winner["providerToken"].as_str().unwrap();
+    assert_ne!(token, token_derived_from(&claim), "a token of its own");
+
+    // Neither the claim nor anything derived from it is a credential; the winner's token is.
+    refused_everywhere(&system, code, &claim).await;
+    refused_everywhere(&system, code, &token_derived_from(&claim)).await;
+    let mut tab = WsTab::attach_url(&system.ws_url(code, token)).await;
+    tab.register(demo_tools()).await;
+    tab.close().await;
+    mcp.cancel().await.unwrap();
+    system.stop().await;
+}
+
+#[tokio::test]
+async fn a_caller_that_names_the_session_by_its_handle_is_never_told_its_code() {
+    let system = System::with(RelayConfig::default(), |config| {
+        config.codap_url = CODAP.to_owned();
+    })
+    .await;
+    let mcp = connect(&system.url("/mcp")).await;
+    let (answer, claim) = open_codap(&system, &mcp).await;
+    let handle = answer["handle"].as_str().unwrap().to_owned();
+    let redeemed = redeem(&system, &claim).await;
+    let code = redeemed.body["code"].as_str().unwrap().to_owned();
+    let token = redeemed.body["providerToken"].as_str().unwrap();
+    let mut tab = WsTab::attach_url(&system.ws_url(&code, token)).await;
+    tab.register(demo_tools()).await;
+    let bare = code.replace('-', "");
+    let tells_nothing = |text: String| {
+        assert!(
+            !text.contains(&code) && !text.contains(&bare),
+            "names the code {code}: {text}"
+        );
+    };
+
+    // MCP, in the session open_codap opened (by its handle).
+    let unknown = call(
+        &mcp,
+        "call_session_tool",
+        json!({"name": "nothing", "arguments": {}}),
+    )
+    .await;
+    assert_eq!(unknown.is_error, Some(true), "{unknown:?}");
+    assert_eq!(structured(&unknown)["error"]["code"], "unknown_function");
+    tells_nothing(serde_json::to_string(&unknown).unwrap());
+    // REST by the handle.
+    let called = system
+        .post(
+            &format!("/api/sessions/{handle}/call"),
+            json!({"functionName": "nothing", "args": {}}),
+        )
+        .await;
+    assert_eq!(error_name(&called), "unknown_function", "{called:?}");
+    tells_nothing(called.body.to_string());
+    let missing = system
+        .get(&format!("/api/sessions/{handle}/requests/no-such-call"))
+        .await;
+    assert_eq!(error_name(&missing), "request_not_found", "{missing:?}");
+    tells_nothing(missing.body.to_string());
+    tab.close().await;
+    mcp.cancel().await.unwrap();
+    system.stop().await;
+}
+
+#[tokio::test]
+async fn a_claim_is_described_without_spending_it_and_the_app_learns_when_codap_pairs() {
+    let system = System::with(RelayConfig::default(), |config| {
+        config.codap_url = CODAP.to_owned();
+    })
+    .await;
+    let mcp = connect(&system.url("/mcp")).await;
+    let tools = mcp.list_all_tools().await.unwrap();
+    let status_tool = tools
+        .iter()
+        .find(|tool| tool.name == "codap_status")
+        .unwrap();
+    let meta = serde_json::to_value(status_tool.meta.as_ref().unwrap()).unwrap();
+    assert_eq!(
+        meta["ui"]["visibility"],
+        json!(["app"]),
+        "only the app calls it: {meta}"
+    );
+    let (answer, claim) = open_codap(&system, &mcp).await;
+    let handle = answer["handle"].as_str().unwrap().to_owned();
+    let status = async |mcp: &Mcp| {
+        let result = call(
+            mcp,
+            "codap_status",
+            json!({"session": handle, "claim": claim}),
+        )
+        .await;
+        assert_ne!(result.is_error, Some(true), "{result:?}");
+        structured(&result)
+    };
+    let before = status(&mcp).await;
+    assert_eq!(before["claim"], "open", "{before}");
+    assert_eq!(before["paired"], false, "{before}");
+
+    // Described: who opened it (what its MCP client says it is), and the claim still works.
+    let about = system
+        .post("/api/sessions/claim/about", json!({"claim": claim}))
+        .await;
+    assert_eq!(about.status, StatusCode::OK, "{about:?}");
+    assert!(
+        about.body["label"].as_str().unwrap().starts_with("rmcp"),
+        "{about:?}"
+    );
+    assert!(about.body["expiresAt"].as_str().is_some(), "{about:?}");
+    let redeemed = redeem(&system, &claim).await;
+    assert_eq!(redeemed.status, StatusCode::CREATED, "{redeemed:?}");
+    let spent = system
+        .post("/api/sessions/claim/about", json!({"claim": claim}))
+        .await;
+    assert_eq!(spent.status, StatusCode::GONE, "{spent:?}");
+    assert_eq!(error_name(&spent), "claim_used");
+    let unknown = system
+        .post(
+            "/api/sessions/claim/about",
+            json!({"claim": format!("{:032x}", 7)}),
+        )
+        .await;
+    assert_eq!(error_name(&unknown), "unknown_claim", "{unknown:?}");
+
+    // The tab comes, approving callers: the conversation that opened it is among the callers
+    // it allowed, named as it came; the app hears that CODAP is paired.
+    let code = redeemed.body["code"].as_str().unwrap();
+    let token = redeemed.body["providerToken"].as_str().unwrap();
+    let mut tab = WsTab::attach_url(&system.ws_url(code, token)).await;
+    tab.send(json!({"type": "register", "tools": demo_tools(), "approves": true}))
+        .await;
+    let callers = loop {
+        let frame = tab.recv().await;
+        if frame["type"] == "callers" {
+            break frame;
+        }
+    };
+    let opened_by = &callers["allowed"][0];
+    assert!(
+        opened_by["label"]
+            .as_str()
+            .unwrap()
+            .starts_with("Opened from your conversation in rmcp"),
+        "{callers}"
+    );
+    let after = status(&mcp).await;
+    assert_eq!(after["claim"], "used", "{after}");
+    assert_eq!(after["paired"], true, "{after}");
+    let functions = toolrelay_tests::tab_and_builtin_names().len();
+    assert_eq!(
+        after["toolCount"], functions,
+        "the tab's and the built-in ones: {after}"
+    );
+    tab.close().await;
+    mcp.cancel().await.unwrap();
     system.stop().await;
 }

@@ -394,6 +394,18 @@ conformance! {
         assert!(fixture.store.session(&code).await.unwrap().unwrap().provider.is_none());
     }
 
+    async fn a_sessions_provider_token_is_replaced_and_only_the_new_one_is_kept(fixture) {
+        let code = with_session(&fixture).await;
+        let before = fixture.store.session(&code).await.unwrap().unwrap();
+        assert!(fixture.store.set_token(&code, "new-hash").await.unwrap());
+        let after = fixture.store.session(&code).await.unwrap().unwrap();
+        assert_eq!(after.token_hash, "new-hash");
+        assert_ne!(before.token_hash, after.token_hash);
+        assert_eq!(after.code, before.code, "nothing else changes");
+        assert_eq!(after.mcp_handle, before.mcp_handle);
+        assert!(!fixture.store.set_token(&code_of("ZZZZ2345"), "x").await.unwrap(), "no such session");
+    }
+
     async fn replicas_count_as_alive_until_their_record_runs_out(fixture) {
         let now = fixture.now();
         let seconds = |n| now.plus(Duration::from_secs(n));

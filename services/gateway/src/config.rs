@@ -36,6 +36,11 @@ pub const ENV_MCP_MAX_SESSIONS: &str = "MCP_MAX_SESSIONS";
 pub const ENV_MCP_SESSION_IDLE: &str = "MCP_SESSION_IDLE_SECONDS";
 /// `CODAP_URL`: the CODAP that `open_codap`'s app frames (and its fallback link opens).
 pub const ENV_CODAP_URL: &str = "CODAP_URL";
+/// `APP_HOSTS`: the origins of the conversations that render MCP Apps (whose pages may frame
+/// `open_codap`'s CODAP without the plugin asking the person first).
+pub const ENV_APP_HOSTS: &str = "APP_HOSTS";
+/// The hosts known to render `open_codap`'s app unless `APP_HOSTS` says otherwise.
+pub const DEFAULT_APP_HOSTS: [&str; 2] = ["https://claude.ai", "https://chatgpt.com"];
 /// The CODAP `open_codap` opens unless `CODAP_URL` says otherwise.
 pub const DEFAULT_CODAP_URL: &str = "https://codap3.concord.org/";
 
@@ -103,6 +108,12 @@ pub struct GatewayArgs {
     /// relay's plugin), e.g. https://codap3.concord.org/.
     #[arg(long, env = ENV_CODAP_URL, default_value = DEFAULT_CODAP_URL)]
     pub codap_url: String,
+    /// Origins of the conversations known to render `open_codap`'s app, comma-separated
+    /// (default https://claude.ai,https://chatgpt.com). The plugin, loaded for a claim inside
+    /// a CODAP that is itself framed under one of them, pairs without asking; anywhere else
+    /// it asks the person first.
+    #[arg(long, env = ENV_APP_HOSTS, value_delimiter = ',')]
+    pub app_hosts: Vec<String>,
 }
 
 /// The gateway's settings.
@@ -140,6 +151,8 @@ pub struct GatewayConfig {
     pub mcp_sessions: McpSessions,
     /// The CODAP `open_codap` opens (`CODAP_URL`), as given (with a path, at least `/`).
     pub codap_url: String,
+    /// Origins of the conversations known to render `open_codap`'s app (`APP_HOSTS`).
+    pub app_hosts: Vec<String>,
     /// Where a gateway alone keeps what it shares with other gateways (rate limits, MCP
     /// sessions): `REDIS_URL`. In one process, the relay's store serves.
     pub store: StoreConfig,
@@ -195,6 +208,7 @@ impl GatewayConfig {
             gateway_secrets: None,
             mcp_sessions: McpSessions::default(),
             codap_url: DEFAULT_CODAP_URL.to_owned(),
+            app_hosts: DEFAULT_APP_HOSTS.map(str::to_owned).to_vec(),
             store: StoreConfig::Memory,
             connections: ConnectionLimits::default(),
         })
@@ -259,6 +273,18 @@ impl GatewayArgs {
             ));
         }
         config.codap_url = checked_codap_url(&self.codap_url)?;
+        let app_hosts = self.app_hosts.iter().map(|host| host.trim());
+        let app_hosts: Vec<_> = app_hosts.filter(|host| !host.is_empty()).collect();
+        if !app_hosts.is_empty() {
+            config.app_hosts = app_hosts
+                .into_iter()
+                .map(|host| {
+                    checked_base_url(host)
+                        .map(|url| origin_of(&url))
+                        .map_err(|error| format!("{ENV_APP_HOSTS}: {error}"))
+                })
+                .collect::<Result<_, _>>()?;
+        }
         config.check_host = bound.ip().is_loopback();
         config.store = service.store_config()?;
         config.connections = ConnectionLimits {

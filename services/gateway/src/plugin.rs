@@ -147,14 +147,17 @@ pub fn plugin_root() -> Response {
     moved("/codap/")
 }
 
-/// `/codap/` — the page; `/codap/?claim=…` the page an MCP App's CODAP loads (see
-/// [`Framing::App`]).
+/// `/codap/` — the page; `/codap/?claim=…` with a claim of a claim's shape (32 hex digits) the
+/// page an MCP App's CODAP loads (see [`Framing::App`]). An empty or malformed claim is the
+/// normal page, framed by CODAP only.
 #[handler]
 pub fn plugin_index(request: &poem::Request, Data(state): Data<&State>) -> Response {
-    let claimed = request
-        .uri()
-        .query()
-        .is_some_and(|query| query.split('&').any(|pair| pair.starts_with("claim=")));
+    let claimed = request.uri().query().is_some_and(|query| {
+        query
+            .split('&')
+            .filter_map(|pair| pair.strip_prefix("claim="))
+            .any(toolrelay_relay::code::is_handle)
+    });
     let framing = if claimed {
         Framing::App
     } else {

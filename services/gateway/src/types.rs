@@ -95,6 +95,17 @@ pub struct ClaimBody {
     pub claim: String,
 }
 
+/// What a claim is, told without spending it.
+#[derive(Debug, Clone, Object)]
+#[oai(rename_all = "camelCase")]
+pub struct ClaimAbout {
+    /// What the MCP client that opened it (`open_codap`) says it is, e.g. `claude-ai`: not
+    /// proof of anything. Absent when it said nothing.
+    pub label: Option<String>,
+    /// Until when it can be redeemed (RFC 3339).
+    pub expires_at: String,
+}
+
 /// Where a session stands.
 #[derive(Debug, Clone, Object)]
 #[oai(rename_all = "camelCase")]
@@ -617,6 +628,9 @@ pub struct Discovery {
     pub mcp_endpoint: String,
     /// The OpenAPI document.
     pub openapi: String,
+    /// Origins of the conversations known to render MCP Apps (`APP_HOSTS`): the plugin loaded
+    /// for a claim pairs without asking only inside a CODAP framed under one of them.
+    pub app_hosts: Vec<String>,
 }
 
 #[cfg(test)]

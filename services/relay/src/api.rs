@@ -132,12 +132,14 @@ impl Relay {
         session: &str,
         operation: impl Future<Output = Result<T, RelayError>>,
     ) -> Result<T, RelayError> {
-        // A handle or claim is 32 hex digits; anything else is looked at as a code.
-        let reference = if crate::code::is_handle(session) {
-            crate::limits::Reference::Secret
-        } else {
-            crate::limits::Reference::Code
-        };
+        // A handle or claim is 32 hex digits; anything else is looked at as a code. A caller
+        // that named the session by a handle is never told its code.
+        if crate::code::is_handle(session) {
+            let reference = crate::limits::Reference::Secret;
+            let outcome = self.limits().guarded_as(caller, reference, operation).await;
+            return outcome.map_err(RelayError::named_by_handle);
+        }
+        let reference = crate::limits::Reference::Code;
         self.limits().guarded_as(caller, reference, operation).await
     }
 

@@ -308,7 +308,30 @@ impl From<StoreError> for RelayError {
     }
 }
 
+/// What an error says in place of the session's code to a caller that named the session by a
+/// connector or caller handle: the handle is a secret (the caller's own, but no part of a
+/// message), and the code is one the caller was never given.
+pub const BY_HANDLE: &str = "(by its handle)";
+
 impl RelayError {
+    /// The same error, for a caller that named the session by a handle: no session code in
+    /// it ([`BY_HANDLE`] in its place).
+    #[must_use]
+    pub fn named_by_handle(mut self) -> Self {
+        match &mut self {
+            Self::SessionNotFound { code }
+            | Self::InvalidToken { code }
+            | Self::UnknownFunction { code, .. }
+            | Self::RequestNotFound { code, .. }
+            | Self::NotDelivered { code, .. }
+            | Self::QueueFull { code, .. }
+            | Self::TabNotConnected { code }
+            | Self::Drained { code, .. } => BY_HANDLE.clone_into(code),
+            _ => {}
+        }
+        self
+    }
+
     /// What went wrong, by name: for error bodies, frames and the gRPC `x-error` trailer.
     pub fn code(&self) -> ErrorCode {
         match self {

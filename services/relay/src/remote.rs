@@ -244,8 +244,10 @@ impl RemoteRelay {
             reply = reply => reply,
             () = self.options.drain.ended() => Err(RelayError::Drained {
                 // A handle is a secret: the caller's own, but no part of an error message.
-                code: SessionCode::parse(code)
-                    .map_or_else(|_| "(by its handle)".to_owned(), |code| code.display()),
+                code: SessionCode::parse(code).map_or_else(
+                    |_| crate::error::BY_HANDLE.to_owned(),
+                    |code| code.display(),
+                ),
                 request_id: request_id.to_owned(),
             }
             .into()),

@@ -660,6 +660,9 @@ async fn overlapping_attaches_leave_one_connection_standing() {
             tokio::task::yield_now().await;
             self.0.set_provider(c, p).await
         }
+        async fn set_token(&self, c: &SessionCode, hash: &str) -> Result<bool, StoreError> {
+            self.0.set_token(c, hash).await
+        }
         async fn clear_provider(&self, c: &SessionCode, id: &str) -> Result<(), StoreError> {
             self.0.clear_provider(c, id).await
         }

@@ -20,7 +20,7 @@ print("built")
 `;
 
 // `/mcp`'s pairing tools: their results are the session's (or the pairing's), with no schema.
-const PAIRING = ['open_codap', 'connect_session', 'list_session_tools', 'call_session_tool', 'read_session_tool'];
+const PAIRING = ['open_codap', 'connect_session', 'list_session_tools', 'call_session_tool', 'read_session_tool', 'codap_status'];
 
 let relay;
 before(async () => {

@@ -60,6 +60,7 @@ impl DiscoveryApi {
             web_socket_endpoint: format!("{ws_base}/api/sessions/{{code}}/ws"),
             mcp_endpoint: state.url("/mcp"),
             openapi: state.url("/openapi.json"),
+            app_hosts: state.config.app_hosts.clone(),
         })
     }
 

@@ -17,8 +17,8 @@ use serde_json::{Value, json};
 use toolrelay::json::ReadError;
 use toolrelay::wire::ProviderResponse;
 use toolrelay_relay::relay::operations::{
-    AnswerApproval, CreateSession, EndSession, GetApprovals, PollRequests, PostResponse,
-    RedeemClaim, RegisterManifest,
+    AnswerApproval, CreateSession, DescribeClaim, EndSession, GetApprovals, PollRequests,
+    PostResponse, RedeemClaim, RegisterManifest,
 };
 use toolrelay_relay::relay::too_deep_response;
 use toolrelay_relay::{
@@ -28,8 +28,8 @@ use toolrelay_relay::{
 use super::{Client, State, Tag, provider_token};
 use crate::error::ApiError;
 use crate::types::{
-    ApprovalAnswer, ApprovalOutcome, Approvals, ClaimBody, CreatedSession, PolledItem, Registered,
-    ResponseAccepted, TabResponse,
+    ApprovalAnswer, ApprovalOutcome, Approvals, ClaimAbout, ClaimBody, CreatedSession, PolledItem,
+    Registered, ResponseAccepted, TabResponse,
 };
 
 /// The tab-side operations.
@@ -104,6 +104,32 @@ impl TabApi {
         };
         let session = self.state.relay.run(&client.0, redeem).await?;
         Ok(self.created(session))
+    }
+
+    /// Describe a claim without redeeming it
+    ///
+    /// Who opened the claim (what its MCP client says it is) and until when it can be
+    /// redeemed, for a page that asks the person before pairing (the plugin opened from a
+    /// link rather than inside the conversation). Refused as a redemption is (404
+    /// `unknown_claim`, 410 `claim_used`, `claim_expired`); the claim stays unspent.
+    #[oai(
+        path = "/api/sessions/claim/about",
+        method = "post",
+        operation_id = "describeClaim"
+    )]
+    async fn describe_claim(
+        &self,
+        body: Json<ClaimBody>,
+        client: Client,
+    ) -> Result<Json<ClaimAbout>, ApiError> {
+        let describe = DescribeClaim {
+            claim: body.0.claim,
+        };
+        let about = self.state.relay.run(&client.0, describe).await?;
+        Ok(Json(ClaimAbout {
+            label: about.label,
+            expires_at: about.claim_expires_at.rfc3339(),
+        }))
     }
 
     /// End a session

@@ -20,7 +20,8 @@ use rmcp::model::{
 use rmcp::service::RequestContext;
 use serde_json::{Value, json};
 use toolrelay_relay::clock::Timestamp;
-use toolrelay_relay::relay::operations::CreateClaimedSession;
+use toolrelay_relay::relay::operations::{CreateClaimedSession, DescribeClaim, GetSession};
+use toolrelay_relay::{Caller, ErrorCode};
 
 use super::tools::{failure, from_error, success};
 use super::{RelayMcp, caller_of, mcp_session_of};
@@ -34,12 +35,23 @@ const APP_PAGE: &str = include_str!("codap-app.html");
 /// The ticket scope under which an MCP client session's opened session is remembered.
 const OPENED_SCOPE: &str = "mcp-opened-session";
 
-/// The `_meta` of `open_codap`: its app, under the extension's key and the older flat one
-/// that hosts still read.
+/// The `_meta` of `open_codap`: its app under the extension's key (`ui.resourceUri`, what the
+/// stable spec names), and the flat `ui/resourceUri` it deprecates, kept for older hosts.
 pub(super) fn open_codap_meta() -> MetaObject {
     let mut meta = MetaObject::new();
-    meta.insert("ui".to_owned(), json!({"resourceUri": CODAP_APP}));
+    meta.insert(
+        "ui".to_owned(),
+        json!({"resourceUri": CODAP_APP, "visibility": ["model", "app"]}),
+    );
     meta.insert("ui/resourceUri".to_owned(), json!(CODAP_APP));
+    meta
+}
+
+/// The `_meta` of a tool only the app calls (through its host): hosts do not offer it to the
+/// model.
+pub(super) fn app_only_meta() -> MetaObject {
+    let mut meta = MetaObject::new();
+    meta.insert("ui".to_owned(), json!({"visibility": ["app"]}));
     meta
 }
 
@@ -143,6 +155,70 @@ impl RelayMcp {
             ));
         }
         success(answer)
+    }
+
+    /// `codap_status`, which only the app calls: whether its claim was taken (`open`, `used`,
+    /// `expired`, `unknown`) and whether its session's tab is connected, with its tools — so
+    /// the app knows when CODAP has paired without reaching the relay itself.
+    pub(super) async fn codap_status(
+        &self,
+        caller: &Caller,
+        arguments: &Value,
+        context: &RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        let relay = &self.state.relay;
+        let claim = match arguments.get("claim").and_then(Value::as_str) {
+            None => Value::Null,
+            Some(claim) => {
+                let described = relay.run(
+                    caller,
+                    DescribeClaim {
+                        claim: claim.to_owned(),
+                    },
+                );
+                match described.await {
+                    Ok(_) => json!("open"),
+                    Err(error) => match error.code {
+                        ErrorCode::ClaimUsed => json!("used"),
+                        ErrorCode::ClaimExpired => json!("expired"),
+                        ErrorCode::UnknownClaim => json!("unknown"),
+                        _ => return from_error(&error),
+                    },
+                }
+            }
+        };
+        let session = match arguments.get("session").and_then(Value::as_str) {
+            Some(session) => Some(session.to_owned()),
+            None => self.remembered(context).await,
+        };
+        let Some(session) = session else {
+            return failure(
+                "invalid_arguments",
+                "codap_status needs {\"session\": \"<handle from open_codap>\"}.",
+            );
+        };
+        let status = GetSession {
+            code: session,
+            token: None,
+        };
+        match relay.run(caller, status).await {
+            Ok(status) => success(json!({
+                "claim": claim,
+                "session": "live",
+                "paired": status.transport.is_some(),
+                "transport": status.transport.map(|transport| transport.as_str()),
+                "toolCount": status.tool_count,
+            })),
+            Err(error)
+                if error.code == ErrorCode::SessionNotFound
+                    || error.code == ErrorCode::UnknownHandle =>
+            {
+                success(
+                    json!({"claim": claim, "session": "ended", "paired": false, "toolCount": 0}),
+                )
+            }
+            Err(error) => from_error(&error),
+        }
     }
 
     /// Remembers, for the MCP client session of `context` (if it has one), the session it

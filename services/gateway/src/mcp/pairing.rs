@@ -14,7 +14,7 @@ use toolrelay_relay::relay::operations::Connect;
 
 use toolrelay::wire::ToolHints;
 
-use super::app::open_codap_meta;
+use super::app::{app_only_meta, open_codap_meta};
 use super::tools::{failure, from_error, relay_icon, success, tool};
 use super::{RelayMcp, caller_of};
 
@@ -32,16 +32,20 @@ pub(super) enum Pairing {
     CallTool,
     /// `read_session_tool`: calls a paired session's read-only tool by name.
     ReadTool,
+    /// `codap_status`: for `open_codap`'s app only (`visibility: ["app"]`), whether its
+    /// claim was redeemed and its CODAP's plugin is paired.
+    CodapStatus,
 }
 
 impl Pairing {
     /// The pairing tools, in the order `/mcp` lists them.
-    const ALL: [Self; 5] = [
+    const ALL: [Self; 6] = [
         Self::OpenCodap,
         Self::Connect,
         Self::ListTools,
         Self::CallTool,
         Self::ReadTool,
+        Self::CodapStatus,
     ];
 
     /// The tool's name, as clients call it.
@@ -52,6 +56,7 @@ impl Pairing {
             Self::ListTools => "list_session_tools",
             Self::CallTool => "call_session_tool",
             Self::ReadTool => "read_session_tool",
+            Self::CodapStatus => "codap_status",
         }
     }
 
@@ -65,6 +70,11 @@ impl Pairing {
             Self::ListTools => ("List the tab's tools", true, true),
             Self::CallTool => ("Call a tool of the tab", false, false),
             Self::ReadTool => ("Read with a tool of the tab", true, true),
+            Self::CodapStatus => (
+                "Whether the CODAP in the conversation is paired",
+                true,
+                true,
+            ),
         };
         ToolHints {
             title: Some(title.to_owned()),
@@ -91,6 +101,7 @@ impl Pairing {
         let tool = self.definition().with_icons(vec![relay_icon()]);
         match self {
             Self::OpenCodap => tool.with_meta(open_codap_meta()),
+            Self::CodapStatus => tool.with_meta(app_only_meta()),
             _ => tool,
         }
     }
@@ -134,6 +145,15 @@ impl Pairing {
                 call_arguments,
                 hints,
             ),
+            Self::CodapStatus => tool(
+                self.name(),
+                "For the app of open_codap only (hosts do not show it to the model): whether the CODAP it opened has taken its link (claim: open, used, expired or unknown) and whether its plugin is connected.",
+                json!({"type": "object", "properties": {
+                    "session": {"type": "string", "description": "The handle open_codap answered."},
+                    "claim": {"type": "string", "description": "The claim in open_codap's link."}
+                }}),
+                hints,
+            ),
         }
     }
 }
@@ -153,6 +173,7 @@ impl RelayMcp {
             Pairing::ListTools => self.list_session_tools(caller, arguments, context).await,
             Pairing::CallTool => self.call_session_tool(arguments, false, context).await,
             Pairing::ReadTool => self.call_session_tool(arguments, true, context).await,
+            Pairing::CodapStatus => self.codap_status(caller, arguments, context).await,
         }
     }
 
@@ -184,16 +205,20 @@ impl RelayMcp {
         };
         self.remember(context, &status.mcp_handle, status.max_expires_at)
             .await;
-        success(json!({
+        let mut answer = json!({
             "handle": status.mcp_handle,
-            // The plain form for programs; the hyphenated one to show people.
-            "code": status.code.as_str(),
-            "displayCode": status.code.display(),
             "connectorUrl": self.state.url(&format!("/mcp/s/{}", status.mcp_handle)),
             "expiresAt": status.expires_at.rfc3339(),
             "tools": tools.iter().map(|t| json!({"name": t.name, "title": t.title, "description": t.description,
                 "readOnly": t.annotations.as_ref().and_then(|a| a.read_only_hint)})).collect::<Vec<_>>(),
-        }))
+        });
+        // A caller that came with the code gets it back, the plain form for programs and the
+        // hyphenated one to show people; one that came with a handle is never told it.
+        if !toolrelay_relay::code::is_handle(&code) {
+            answer["code"] = json!(status.code.as_str());
+            answer["displayCode"] = json!(status.code.display());
+        }
+        success(answer)
     }
 
     async fn list_session_tools(

@@ -271,6 +271,7 @@ store_operations! {
     DeleteSession = "delete_session",
     SetProvider = "set_provider",
     ClearProvider = "clear_provider",
+    SetToken = "set_token",
     SetManifest = "set_manifest",
     Manifest = "manifest",
     Enqueue = "enqueue",

@@ -4,16 +4,16 @@
 //!
 //! A claim is 128 random bits. The store keeps, under the claim's SHA-256, only the session's
 //! code and when the claim expires (a claim-check ticket), and marks a redeemed claim with a
-//! lock, so a claim works on every replica and only once. The provider token is derived from
-//! the claim, so the store holds no usable secret: a dump shows neither the claim nor the
+//! lock, so a claim works on every replica and only once. Until it is redeemed the session's
+//! provider token is one nobody was given; redeeming it mints a fresh random token and the
+//! store keeps its hash, as for a created session. So a spent claim opens nothing — no value
+//! derived from it is a credential — and a dump of the store shows neither a claim nor a
 //! token. The ticket is kept one more claim lifetime after the claim expires, so an expired
 //! claim is told apart from one never minted.
 
 use std::sync::Arc;
 
-use data_encoding::BASE64URL_NOPAD;
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 use tonic::Status;
 use toolrelay::convert::Malformed;
 use toolrelay::proto::v1 as pb;
@@ -39,37 +39,81 @@ pub struct ClaimedSession {
     pub claim_expires_at: Timestamp,
 }
 
+/// What a claim is, told without spending it ([`DescribeClaim`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimDescription {
+    /// What the MCP client that opened it says it is, if it said.
+    pub label: Option<String>,
+    /// When it can no longer be redeemed.
+    pub claim_expires_at: Timestamp,
+}
+
+/// A claim's ticket: the session it opens, when it expires, who opened it, and whether it was
+/// redeemed.
+struct Ticket {
+    code: SessionCode,
+    expires_at: Timestamp,
+    label: Option<String>,
+    redeemed: bool,
+}
+
+impl Ticket {
+    fn read(ticket: &Value) -> Option<Self> {
+        Some(Self {
+            code: SessionCode::parse(ticket.get("code")?.as_str()?).ok()?,
+            expires_at: Timestamp(ticket.get("expiresAt")?.as_i64()?),
+            label: ticket
+                .get("label")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            redeemed: ticket.get("redeemed").and_then(Value::as_bool) == Some(true),
+        })
+    }
+
+    fn to_value(&self) -> Value {
+        json!({
+            "code": self.code.as_str(),
+            "expiresAt": self.expires_at.0,
+            "label": self.label,
+            "redeemed": self.redeemed,
+        })
+    }
+}
+
 /// The ticket scope of a claim: one of 256, by the first byte of its hash, so that as many
 /// claims may be out at once as 256 scopes hold.
 fn scope(hash: &str) -> String {
     format!("pairing-claims/{}", &hash[..2])
 }
 
-/// The provider token a claim stands for.
-fn provider_token(claim: &str) -> String {
-    let mut digest = Sha256::new();
-    digest.update(b"toolrelay provider token\n");
-    digest.update(claim.as_bytes());
-    BASE64URL_NOPAD.encode(&digest.finalize())
-}
-
 impl Relay {
-    /// Creates a session and mints the claim its tab will redeem.
-    pub async fn create_claimed_session(&self) -> Result<ClaimedSession, RelayError> {
+    /// Creates a session and mints the claim its tab will redeem, opened by a caller that says
+    /// it is `label`.
+    pub async fn create_claimed_session(
+        &self,
+        label: Option<&str>,
+    ) -> Result<ClaimedSession, RelayError> {
         let claim = code::random_id();
         let hash = code::hash_token(&claim);
         let lifetime = self.inner.config.claim_ttl;
         let claim_expires_at = self.now().plus(lifetime);
         self.within_ceiling(super::Ceiling::Claims, &hash, claim_expires_at)
             .await?;
-        let session = self.create_session_with(provider_token(&claim)).await?;
-        let record = json!({"code": session.code.as_str(), "expiresAt": claim_expires_at.0});
+        // Its token is nobody's until the claim is redeemed: no tab attaches before then.
+        let mut session = self.create_session_with(code::generate_token()).await?;
+        session.provider_token.clear();
+        let ticket = Ticket {
+            code: session.code.clone(),
+            expires_at: claim_expires_at,
+            label: label.map(str::to_owned),
+            redeemed: false,
+        };
         self.inner
             .store
             .put_ticket(
                 &scope(&hash),
                 &hash,
-                Arc::new(record),
+                Arc::new(ticket.to_value()),
                 claim_expires_at.plus(lifetime),
             )
             .await?;
@@ -80,23 +124,47 @@ impl Relay {
         })
     }
 
+    /// A claim's ticket while it can be redeemed: an unknown, redeemed or expired claim is
+    /// refused as such.
+    async fn open_ticket(&self, hash: &str) -> Result<Ticket, RelayError> {
+        let ticket = self.inner.store.ticket(&scope(hash), hash).await?;
+        let Some(ticket) = ticket.as_deref().and_then(Ticket::read) else {
+            return Err(RelayError::UnknownClaim);
+        };
+        if ticket.redeemed {
+            return Err(RelayError::ClaimUsed);
+        }
+        if self.now() >= ticket.expires_at {
+            return Err(self.claim_expired());
+        }
+        Ok(ticket)
+    }
+
+    fn claim_expired(&self) -> RelayError {
+        RelayError::ClaimExpired {
+            minutes: self.inner.config.claim_ttl.as_secs().div_ceil(60),
+        }
+    }
+
+    /// What a claim is, without spending it: who opened it and until when it can be
+    /// redeemed. Refused as [`Relay::redeem_claim`] refuses.
+    pub async fn describe_claim(&self, claim: &str) -> Result<ClaimDescription, RelayError> {
+        let ticket = self.open_ticket(&code::hash_token(claim)).await?;
+        Ok(ClaimDescription {
+            label: ticket.label,
+            claim_expires_at: ticket.expires_at,
+        })
+    }
+
     /// The session a claim opened, with its provider token, once: a claim redeemed before,
     /// past its expiry, or never minted is refused.
     pub async fn redeem_claim(&self, claim: &str) -> Result<NewSession, RelayError> {
         let hash = code::hash_token(claim);
-        let ticket = self.inner.store.ticket(&scope(&hash), &hash).await?;
-        let Some((code, claim_expires_at)) = ticket.as_deref().and_then(read_ticket) else {
-            return Err(RelayError::UnknownClaim);
-        };
+        let mut ticket = self.open_ticket(&hash).await?;
+        let expired = self.claim_expired();
         let lifetime = self.inner.config.claim_ttl;
-        let expired = RelayError::ClaimExpired {
-            minutes: lifetime.as_secs().div_ceil(60),
-        };
-        if self.now() >= claim_expires_at {
-            return Err(expired);
-        }
         let redeemer = code::random_id();
-        let until = claim_expires_at.plus(lifetime);
+        let until = ticket.expires_at.plus(lifetime);
         if !self
             .inner
             .store
@@ -105,26 +173,32 @@ impl Relay {
         {
             return Err(RelayError::ClaimUsed);
         }
-        let Ok((code, session)) = self.live_session(code.as_str()).await else {
+        let Ok((code, session)) = self.live_session(ticket.code.as_str()).await else {
             return Err(expired);
         };
+        // The tab's own token, known to it alone from now on.
+        let provider_token = code::generate_token();
+        let token_hash = code::hash_token(&provider_token);
+        if !self.inner.store.set_token(&code, &token_hash).await? {
+            return Err(expired);
+        }
+        // Told apart from an open claim from now on, without taking the lock (a description
+        // of the claim says it was used).
+        ticket.redeemed = true;
+        self.inner
+            .store
+            .put_ticket(&scope(&hash), &hash, Arc::new(ticket.to_value()), until)
+            .await?;
         tracing::info!(code = %code.redacted(), "claim redeemed");
         Ok(NewSession {
             code,
-            provider_token: provider_token(claim),
+            provider_token,
             ttl: self.inner.config.session_ttl,
             expires_at: session.expires_at,
             max_expires_at: session.max_expires_at,
             mcp_handle: session.mcp_handle,
         })
     }
-}
-
-/// A claim's ticket: the session code and when the claim expires.
-fn read_ticket(ticket: &Value) -> Option<(SessionCode, Timestamp)> {
-    let code = SessionCode::parse(ticket.get("code")?.as_str()?).ok()?;
-    let expires_at = Timestamp(ticket.get("expiresAt")?.as_i64()?);
-    Some((code, expires_at))
 }
 
 /// Creates a session for a tab to come, with the claim that tab redeems; spends the caller's
@@ -143,10 +217,14 @@ impl Operation for CreateClaimedSession {
     async fn run(self, relay: &Relay, caller: &Caller) -> Result<ClaimedSession, RelayError> {
         relay.limits().admit(caller)?;
         relay.limits().admit_session(caller).await?;
-        let claimed = relay.create_claimed_session().await?;
-        // The tab is opened for this caller: the person is not asked about it.
+        let claimed = relay
+            .create_claimed_session(caller.label.as_deref())
+            .await?;
+        // The tab is opened for this caller: the person is not asked about it, and sees it
+        // among the callers it allowed, with Disconnect.
         let key = relay.limits().caller_key(caller);
-        let applicant = super::approvals::Applicant::of(caller, &key);
+        let mut applicant = super::approvals::Applicant::of(caller, &key);
+        applicant.label = format!("Opened from your conversation in {}", applicant.label);
         relay
             .allow_without_asking(&claimed.session.code, &applicant)
             .await?;
@@ -230,8 +308,58 @@ impl Operation for RedeemClaim {
     }
 }
 
+/// What a claim is, without spending it (the page asks the person before redeeming a claim
+/// it was not framed for). An unknown claim counts against the brute-force guard.
+#[derive(Debug, Clone)]
+pub struct DescribeClaim {
+    /// The claim.
+    pub claim: String,
+}
+
+impl Operation for DescribeClaim {
+    const PATH: &'static str = "/toolrelay.v1.Relay/DescribeClaim";
+    const RETRY: Retry = Retry::Safe;
+    type Message = pb::RedeemClaimRequest;
+    type Reply = pb::ClaimDescription;
+    type Output = ClaimDescription;
+
+    async fn run(self, relay: &Relay, caller: &Caller) -> Result<ClaimDescription, RelayError> {
+        relay
+            .guarded(caller, &self.claim, relay.describe_claim(&self.claim))
+            .await
+    }
+
+    fn into_message(self) -> (Self::Message, Credential) {
+        (
+            pb::RedeemClaimRequest { claim: self.claim },
+            Credential::None,
+        )
+    }
+
+    fn from_message(message: Self::Message, _: Credentials) -> Result<Self, Status> {
+        Ok(Self {
+            claim: message.claim,
+        })
+    }
+
+    fn reply(output: ClaimDescription) -> Self::Reply {
+        pb::ClaimDescription {
+            label: output.label.unwrap_or_default(),
+            claim_expires_at: Some(output.claim_expires_at.into()),
+        }
+    }
+
+    fn output(reply: Self::Reply) -> Result<ClaimDescription, Malformed> {
+        Ok(ClaimDescription {
+            label: Some(reply.label).filter(|label| !label.is_empty()),
+            claim_expires_at: reply.claim_expires_at.into(),
+        })
+    }
+}
+
 /// This family's operations, for the gRPC server's routes ([`crate::operation::each`]).
 pub(super) fn operations(visitor: &mut impl Visitor) {
     visitor.visit::<CreateClaimedSession>();
     visitor.visit::<RedeemClaim>();
+    visitor.visit::<DescribeClaim>();
 }

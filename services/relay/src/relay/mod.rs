@@ -101,7 +101,8 @@ struct Inner {
 pub struct NewSession {
     /// The pairing code.
     pub code: SessionCode,
-    /// The provider's secret.
+    /// The provider's secret (empty for a session opened for a claim: its tab is given one
+    /// when it redeems the claim).
     pub provider_token: String,
     /// The idle timeout.
     pub ttl: Duration,

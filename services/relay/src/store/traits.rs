@@ -143,6 +143,10 @@ pub trait SessionStore: Reachable {
         connection_id: &str,
     ) -> Result<(), StoreError>;
 
+    /// Replaces the session's provider token (its SHA-256, `token_hash`): a claim redeemed
+    /// gives its tab a token of its own. False when there is no such session.
+    async fn set_token(&self, code: &SessionCode, token_hash: &str) -> Result<bool, StoreError>;
+
     /// Replaces the manifest (a validated manifest's JSON,
     /// [`crate::manifest::Manifest::to_json`]); returns the new revision, also in
     /// [`SessionRecord::manifest_revision`]. A store keeps only the JSON: compiled validators
@@ -428,6 +432,7 @@ macro_rules! store_methods {
             fn set_provider(&self, code: &SessionCode, provider: ProviderInfo)
                 -> Option<SessionRecord> => SetProvider;
             fn clear_provider(&self, code: &SessionCode, connection_id: &str) -> () => ClearProvider;
+            fn set_token(&self, code: &SessionCode, token_hash: &str) -> bool => SetToken;
             fn set_manifest(&self, code: &SessionCode, json: String) -> Option<u64> => SetManifest;
             fn manifest(&self, code: &SessionCode) -> Option<(u64, Option<String>)> => Manifest;
             fn enqueue_checked(

@@ -152,6 +152,13 @@ impl SessionStore for MemoryStore {
         Ok(())
     }
 
+    async fn set_token(&self, code: &SessionCode, token_hash: &str) -> Result<bool, StoreError> {
+        let set = self.with_live(code, |entry, _| {
+            entry.session.token_hash = token_hash.to_owned();
+        });
+        Ok(set.is_some())
+    }
+
     async fn set_manifest(
         &self,
         code: &SessionCode,

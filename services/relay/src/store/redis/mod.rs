@@ -59,7 +59,7 @@ use self::link::{Connection, Link};
 use self::records::{call_in, counted, missing, outcome, unexpected, unreadable};
 use self::scripts::{
     Arguments, ChangeApprovals, ClaimCalls, ClearProvider, Enqueue, Finish, Insert, LeaseBuiltin,
-    Named, NoArguments, Request, Scripts, SessionScript, SetManifest, SetProvider, Touch,
+    Named, NoArguments, Request, Scripts, SessionScript, SetManifest, SetProvider, SetToken, Touch,
 };
 use super::memory::StoreLimits;
 use super::{
@@ -509,6 +509,13 @@ impl SessionStore for RedisStore {
             )
             .await?;
         Ok(())
+    }
+
+    async fn set_token(&self, code: &SessionCode, token_hash: &str) -> Result<bool, StoreError> {
+        let set: i64 = self
+            .run(&self.scripts.set_token, code, &[], SetToken { token_hash })
+            .await?;
+        Ok(set == 1)
     }
 
     async fn set_manifest(

@@ -63,6 +63,8 @@ arguments! {
     SetProvider { connection, transport, connected_at, last_seen }
     /// `lua/clear_provider.lua`.
     ClearProvider { connection }
+    /// `lua/set_token.lua`.
+    SetToken { token_hash }
     /// `lua/set_manifest.lua`.
     SetManifest { manifest }
     /// `lua/enqueue.lua`.
@@ -141,6 +143,7 @@ pub(super) struct Scripts {
     pub delete: SessionScript<NoArguments>,
     pub set_provider: SessionScript<SetProvider<'static>>,
     pub clear_provider: SessionScript<ClearProvider<'static>>,
+    pub set_token: SessionScript<SetToken<'static>>,
     pub set_manifest: SessionScript<SetManifest<'static>>,
     pub manifest: SessionScript<NoArguments>,
     pub store_manifest: Script,
@@ -207,6 +210,7 @@ impl Scripts {
             delete: SessionScript::new(include_str!("lua/delete.lua"), sharded),
             set_provider: SessionScript::new(include_str!("lua/set_provider.lua"), sharded),
             clear_provider: SessionScript::new(include_str!("lua/clear_provider.lua"), sharded),
+            set_token: SessionScript::new(include_str!("lua/set_token.lua"), sharded).replicated(),
             set_manifest: SessionScript::new(include_str!("lua/set_manifest.lua"), sharded),
             manifest: SessionScript::new(include_str!("lua/manifest.lua"), sharded),
             store_manifest: script(&[include_str!("lua/store_manifest.lua")], sharded),
@@ -235,7 +239,7 @@ impl Scripts {
 
     /// Every script, to load at connect (so a replica's first calls after a Redis restart do
     /// not each meet `NOSCRIPT` first).
-    pub(super) fn all(&self) -> [&Script; 29] {
+    pub(super) fn all(&self) -> [&Script; 30] {
         [
             &self.insert.script,
             &self.session.script,
@@ -244,6 +248,7 @@ impl Scripts {
             &self.delete.script,
             &self.set_provider.script,
             &self.clear_provider.script,
+            &self.set_token.script,
             &self.set_manifest.script,
             &self.manifest.script,
             &self.store_manifest,
@@ -308,6 +313,7 @@ mod tests {
         assert_named(&scripts.delete);
         assert_named(&scripts.set_provider);
         assert_named(&scripts.clear_provider);
+        assert_named(&scripts.set_token);
         assert_named(&scripts.set_manifest);
         assert_named(&scripts.manifest);
         assert_named(&scripts.enqueue);
