@@ -1,10 +1,16 @@
 // The plugin page: CODAP's tools (tools.js, codap.js) served through the browser SDK
 // (/sdk/: pairing, transport, dispatch) and shown by its <toolrelay-pairing> element.
-// Loaded with `?claim=` (the MCP app `open_codap` frames CODAP so), it is paired with the
-// assistant's session at once and shows no code; the claim then leaves its URL. It approves
-// callers: a caller's first use of the code waits until the person allows it here.
+// Loaded with `?claim=<32 hex digits>` (the MCP app of `open_codap` frames CODAP so), it is
+// paired with the assistant's session and shows no code: at once where CODAP is itself framed
+// under one of the relay's known app hosts (its discovery's `appHosts`), else only once the
+// person answers Connect to "A conversation sent you this link. Connect this CODAP to that
+// assistant?" (Not me leaves the claim unspent and pairs with a code of its own). That session
+// is kept for this tab alone: a reload with the claim reconnects to it, a load without the claim
+// never does (and a load with one never resumes the plugin's own kept session). The claim
+// leaves the URL once redeemed, declined or refused; an empty or malformed claim is no claim.
+// It approves callers: a caller's first use of the code waits until the person allows it here.
 
-import { Connection, Dispatcher } from '../sdk/toolrelay.js';
+import { Connection, Dispatcher, isClaim } from '../sdk/toolrelay.js';
 import '../sdk/pairing.js';
 import { CodapLink } from './codap.js';
 import { codapTools, describeCall } from './tools.js';
@@ -21,23 +27,30 @@ const dispatcher = new Dispatcher();
 for (const tool of codapTools(codap)) dispatcher.register(tool.id, tool.description, tool.functions);
 window.mcpDispatcher = dispatcher;
 
-const claim = new URL(location.href).searchParams.get('claim');
+// A claim is 32 hex digits; anything else (empty, cut short) is no claim.
+const given = new URL(location.href).searchParams.get('claim');
+const claim = isClaim(given) ? given : null;
 // Whether the person approves each new caller here: yes by default; `?approve=auto` turns it
 // off (a page the person set up for one assistant only, the tests that predate approvals).
 const APPROVE = new URL(location.href).searchParams.get('approve') === 'auto' ? 'auto' : 'ask';
 
 // The session is kept under mcp-session-<code> (SPEC §9). The person allows each new caller
 // in the plugin before its first call runs (the pairing element asks, at the top of the frame).
-const connection = new Connection({ relay: BASE, dispatcher, storageKey: 'mcp-session-', claim, approve: APPROVE });
+// An app frames CODAP, which frames the plugin: a claim pairs without asking only two frames
+// below an app host's page.
+const connection = new Connection({ relay: BASE, dispatcher, storageKey: 'mcp-session-', claim, claimFrameDepth: 2, approve: APPROVE });
+const dropClaim = () => {
+  const url = new URL(location.href);
+  url.searchParams.delete('claim');
+  history.replaceState(history.state, '', url);
+};
 if (claim) {
-  // Once redeemed (or refused) the claim opens nothing: it does not stay in the address.
-  const dropClaim = () => {
-    const url = new URL(location.href);
-    url.searchParams.delete('claim');
-    history.replaceState(history.state, '', url);
-  };
+  // Once redeemed, declined (a code of the plugin's own comes instead) or refused, the claim
+  // is done with here: it does not stay in the address.
   connection.addEventListener('code', dropClaim, { once: true });
   connection.addEventListener('status', (event) => event.detail.state === 'refused' && dropClaim());
+} else if (given !== null) {
+  dropClaim();
 }
 pairing.connection = connection;
 pairing.describeCall = describeCall;
@@ -97,6 +110,10 @@ window.toolrelay = {
   /** The open questions about new callers, oldest first. */
   get pendingApprovals() {
     return connection.pendingApprovals;
+  },
+  /** The question about a claim link while it is open ({label, expiresAt}), or null. */
+  get pendingClaim() {
+    return connection.pendingClaim;
   },
   /** The callers the person allowed, and whether the code refuses new ones. */
   get callers() {

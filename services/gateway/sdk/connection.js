@@ -5,9 +5,12 @@
 //
 // Events (CustomEvent, `detail` as shown):
 //   code           {code, display, expiresAt, maxExpiresAt, connectorUrl, restored, claimed}
-//   status         {state: connecting | connected | disconnected | unreachable | refused |
-//                   expired | ended | replaced, transport?, message?, code?}
-//                  (refused: the relay would not redeem the claim; `code` is its error name)
+//   status         {state: connecting | asking | connected | disconnected | unreachable |
+//                   refused | expired | ended | replaced, transport?, message?, code?,
+//                   label?, expiresAt?}
+//                  (asking: a claim waits for the person's answer, `answerClaim(connect)`;
+//                  `label` is who opened it, as its MCP client says, `expiresAt` until when.
+//                  refused: the relay would not redeem the claim; `code` is its error name)
 //   registered     {tools}  the relay has the manifest
 //   call-started   {requestId, name, args}
 //   call-finished  {requestId, name, args, success, result?, error?}
@@ -24,10 +27,22 @@
 // Approvals (`approve` option): with 'ask' the relay holds the first use of the code by each
 // caller the person has not allowed, and this page asks the person (<toolrelay-pairing> shows
 // the question; a page of its own listens to `approval-request`); with 'auto' it does not ask.
+//
+// Claims (`claim` option, 32 hex digits; anything else is no claim): whoever has a claim link
+// can send it to anyone, so a claim pairs without asking only where an assistant's app opened
+// the page: framed `claimFrameDepth` levels below the top window (the CODAP plugin: 2, the app
+// frames CODAP, which frames it), under a top-level page of one of the relay's known app hosts
+// (`appHosts` of its discovery document; checked where the browser tells the ancestors' origins,
+// `location.ancestorOrigins`). Anywhere else — a link opened in a tab, an unknown host, no
+// discovery — the connection asks first: status `asking` with who opened the claim (`POST
+// /api/sessions/claim/about`, which does not spend it); `answerClaim(true)` redeems it,
+// `answerClaim(false)` leaves it unspent and pairs with a new session of the page's own. A
+// session from a claim is kept for this tab only (session.js): a load without the claim never
+// rejoins it, and a load with a claim never resumes the page's own kept session.
 
 import { Dispatcher, ToolError, heldForConfirmation } from './dispatcher.js';
 import { ErrorCode, ToolErrorCode } from './errors.js';
-import { ClaimRefused, Sessions } from './session.js';
+import { ClaimRefused, Sessions, isClaim } from './session.js';
 import { Transport } from './transport.js';
 
 // How long to wait before asking an unreachable relay for a session again.
@@ -38,6 +53,36 @@ const REMEMBERED_CLOSES = 100;
 /** `ABCDEFGH` as people read it: `ABCD-EFGH`. */
 export function displayCode(code) {
   return `${code.slice(0, 4)}-${code.slice(4)}`;
+}
+
+/**
+ * Whether this page runs where an assistant's app put it: framed at least `depth` levels below
+ * the top window, and, where the browser tells the ancestors' origins, under a top-level page
+ * of one of `appHosts` (origins). In any doubt (no hosts known, an origin not listed, a window
+ * that cannot be compared) it says no.
+ */
+export function underAppHost(appHosts, { depth = 1, win = globalThis.window } = {}) {
+  const known = new Set();
+  for (const host of Array.isArray(appHosts) ? appHosts : []) {
+    try {
+      known.add(new URL(host).origin);
+    } catch {
+      // Not an origin: it names nothing.
+    }
+  }
+  if (!known.size || !win) return false;
+  try {
+    let frame = win;
+    for (let level = 0; level < Math.max(1, depth); level += 1) {
+      if (frame === frame.top) return false;
+      frame = frame.parent;
+    }
+    const ancestors = win.location.ancestorOrigins;
+    if (ancestors && !known.has(ancestors[ancestors.length - 1])) return false;
+    return true;
+  } catch {
+    return false;
+  }
 }
 
 /** Where this module was served from: the relay, unless the page says otherwise. */
@@ -58,9 +103,13 @@ export class Connection extends EventTarget {
    * @param {string} [options.group]  the group flat tools join (default `page`)
    * @param {string} [options.storageKey]  localStorage prefix for the session (default per path)
    * @param {boolean} [options.resume]  reconnect to this page's session after a reload (default true)
-   * @param {string} [options.claim]  a claim an assistant minted (MCP `open_codap`): redeemed
-   *   for its session instead of creating one, so no code is needed. The same claim given again
-   *   (the page loaded anew) reconnects to that session without redeeming it twice.
+   * @param {string} [options.claim]  a claim an assistant minted (MCP `open_codap`, 32 hex
+   *   digits; anything else is ignored): redeemed for its session instead of creating one, so
+   *   no code is needed — at once inside an app host's conversation, else once the person says
+   *   yes (status `asking`, `answerClaim`). The same claim given again in the same tab (a
+   *   reload) reconnects to that session without asking or redeeming it twice.
+   * @param {number} [options.claimFrameDepth]  how many frames below the app host's page an app
+   *   puts this page (default 1; the CODAP plugin: 2): a claim pairs without asking only there
    * @param {(call: object, signal: AbortSignal) => Promise<boolean>} [options.confirm]  asked before a call of a
    *   function not marked read-only
    * @param {'ask' | 'auto'} [options.approve]  'ask': the person allows each new caller in this
@@ -91,9 +140,14 @@ export class Connection extends EventTarget {
     this.closedApprovals = new Map();
     /** The callers the person allowed, and whether the session refuses new ones. */
     this.callers = { allowed: [], refused: false };
-    this.claim = options.claim || null;
+    this.claim = isClaim(options.claim) ? options.claim : null;
+    this.claimFrameDepth = options.claimFrameDepth ?? 1;
+    /** The open question about the claim: {label, expiresAt, resolve}, or null. */
+    this.claimQuestion = null;
+    this.discovery = null;
+    this.attempt = 0;
     this.transport = null;
-    /** connecting | connected | disconnected | unreachable | refused | expired | ended | replaced */
+    /** connecting | asking | connected | disconnected | unreachable | refused | expired | ended | replaced */
     this.state = 'connecting';
     this.registered = false;
     this.handled = 0;
@@ -136,6 +190,12 @@ export class Connection extends EventTarget {
   /** The oldest open question about a caller (an `approval-request`'s detail), or null. */
   get pendingApproval() {
     return this.approvalRequests.values().next().value?.frame ?? null;
+  }
+
+  /** The question about the claim while one is open (status `asking`): {label, expiresAt}, or null. */
+  get pendingClaim() {
+    const question = this.claimQuestion;
+    return question ? { label: question.label, expiresAt: question.expiresAt } : null;
   }
 
   /** Every open question about a caller, oldest first. */
@@ -281,21 +341,88 @@ export class Connection extends EventTarget {
   // ---- pairing ----
 
   /**
-   * Pairs: with the claim it was given, else resumes this page's session when it can (or makes
-   * a new one when `fresh`, which also leaves the claim behind).
+   * The relay's discovery document (`/.well-known/codap-mcp.json`), or null when it could not
+   * be read; read once (a failure is asked again next time).
+   */
+  discover() {
+    this.discovery ??= fetch(`${this.base}/.well-known/codap-mcp.json`)
+      .then((response) => (response.ok ? response.json() : null))
+      .catch(() => null)
+      .then((discovery) => {
+        if (!discovery) this.discovery = null;
+        return discovery;
+      });
+    return this.discovery;
+  }
+
+  /**
+   * The person's answer to the question about the claim (status `asking`): connect (true)
+   * redeems it and pairs with the assistant's session; false leaves it unspent and pairs with
+   * a new session of this page's own. Returns false when no question was open.
+   */
+  answerClaim(connect) {
+    const question = this.claimQuestion;
+    if (!question) return false;
+    this.claimQuestion = null;
+    question.resolve(Boolean(connect));
+    return true;
+  }
+
+  /** Drops an open question about the claim unanswered (the connection starts over or stops). */
+  dropClaimQuestion() {
+    const question = this.claimQuestion;
+    this.claimQuestion = null;
+    question?.resolve(null);
+  }
+
+  /**
+   * The claim's session: the one this tab already holds for it, else redeemed — once the
+   * person says yes, where the page is not inside an app host's conversation. Resolves with
+   * what `Sessions.open` does, with `{declined: true}` when the person said no, or with null
+   * when the question was dropped unanswered.
+   */
+  async openClaim(claim) {
+    const kept = await this.sessions.resumeClaim(claim);
+    if (kept) return kept;
+    const discovery = await this.discover();
+    if (!underAppHost(discovery?.appHosts, { depth: this.claimFrameDepth })) {
+      const about = await this.sessions.describeClaim(claim);
+      const connect = await new Promise((resolve) => {
+        this.claimQuestion = { label: about.label, expiresAt: about.expiresAt, resolve };
+        this.setState('asking', { label: about.label, expiresAt: about.expiresAt });
+      });
+      if (connect === null) return null;
+      if (!connect) return { declined: true };
+      this.setState('connecting');
+    }
+    return this.sessions.redeemClaim(claim);
+  }
+
+  /**
+   * Pairs: with the claim it was given (never resuming this page's own kept session), else
+   * resumes this page's session when it can (or makes a new one when `fresh`, which also
+   * leaves the claim behind).
    */
   async start(fresh = false) {
     this.stopTransport();
     this.forgetApprovals();
+    this.dropClaimQuestion();
     clearTimeout(this.retryTimer);
+    const attempt = (this.attempt += 1);
     if (fresh) this.claim = null;
     this.setState('connecting');
     let opened;
     try {
       if (fresh) opened = { session: await this.sessions.create(), restored: false };
-      else if (this.claim) opened = await this.sessions.openClaim(this.claim);
+      else if (this.claim) opened = await this.openClaim(this.claim);
       else opened = await this.sessions.open();
+      // Not for this page's assistant: the claim stays unspent, the page pairs on its own.
+      if (opened?.declined && attempt === this.attempt) {
+        this.claim = null;
+        opened = { session: await this.sessions.create(), restored: false };
+      }
     } catch (error) {
+      if (attempt !== this.attempt) return;
       // A refused claim stays refused (a rate limit passes): asking again would not help.
       if (error instanceof ClaimRefused && error.code !== ErrorCode.RATE_LIMITED) {
         this.setState('refused', { message: error.message, code: error.code });
@@ -309,6 +436,8 @@ export class Connection extends EventTarget {
       this.retryTimer = setTimeout(() => this.start(fresh), RETRY_PAIRING_MS);
       return;
     }
+    // Started over (or stopped) meanwhile: that start pairs.
+    if (!opened || attempt !== this.attempt) return;
     const { session, restored } = opened;
     this.handled = 0;
     this.emit('code', {
@@ -378,6 +507,8 @@ export class Connection extends EventTarget {
   /** Ends the session at the relay: its code stops working at once. */
   async end() {
     clearTimeout(this.retryTimer);
+    this.attempt += 1;
+    this.dropClaimQuestion();
     this.stopTransport();
     this.forgetApprovals();
     await this.sessions.end();
@@ -387,6 +518,8 @@ export class Connection extends EventTarget {
   /** Disconnects, leaving the session for this page's next load to resume. */
   close() {
     clearTimeout(this.retryTimer);
+    this.attempt += 1;
+    this.dropClaimQuestion();
     this.stopTransport();
     this.forgetApprovals();
     this.sessions.release();
@@ -430,11 +563,15 @@ export class Connection extends EventTarget {
 /**
  * Pairs this page with the relay and serves `tools`: returns the Connection at once (its
  * `code` event says when the pairing code is there). With `claim` (from an assistant's
- * `open_codap`, say) the page is paired with that assistant's session and needs no code:
+ * `open_codap`, say) the page is paired with that assistant's session and needs no code —
+ * after asking the person, unless an app host's conversation framed the page (<toolrelay-pairing>
+ * asks; a page without one answers `asking` itself, or it waits for ever):
  *
  *   const relay = connect({ claim: new URL(location.href).searchParams.get('claim'), tools });
  *   relay.addEventListener('status', (event) => {
- *     if (event.detail.state === 'refused') show(event.detail.message); // used, expired, unknown
+ *     const { state, label, message } = event.detail;
+ *     if (state === 'asking') relay.answerClaim(confirm(`Connect this page to the assistant that sent the link (${label ?? 'unnamed'})?`));
+ *     if (state === 'refused') show(message); // used, expired, unknown
  *   });
  *
  * A page that shows no <toolrelay-pairing> but asks the person about new callers itself:

@@ -9,7 +9,13 @@
 // question is open (`pending`, else `none`). A session an assistant opened for the page (a
 // claim, `connect({claim})`) needs no code: the element then says "Connected to your
 // assistant" and shows no code, no prompt and no connect instructions (`data-mode="assistant"`,
-// else `"code"`).
+// else `"code"`). A claim link opened outside an assistant's conversation (a tab, a host that
+// shows no apps; see connection.js) is asked about first (`data-state="asking"`): "A
+// conversation sent you this link. Connect this page to that assistant?", naming the assistant
+// as its MCP client calls itself, with Connect (redeems the claim) and Not me (leaves it
+// unspent and pairs with a code of the page's own) — announced, focused, and deaf to clicks
+// for a moment as the question about a caller is. A refused claim (used, expired, unknown)
+// says so and offers New code.
 // Set its `connection` property to a Connection (connect() from toolrelay.js), and, to word
 // the activity list in the page's own terms, `describeCall` to a function (name, args) → text.
 //
@@ -36,8 +42,11 @@ const KIND_KEY = 'toolrelay-assistant-kind';
 // A question about a caller ignores answers this long after it appears: a key or click meant
 // for what was there before does not allow anyone.
 const APPROVAL_ARMING_MS = 500;
-// A caller's name, as it says it, is cut to this many characters.
+// A caller's name, as it says it, is cut to this many characters; in the list of allowed
+// callers, where the relay may put words of its own before it ("Opened from your conversation
+// in …"), to this many.
 const LABEL_SHOWN = 60;
+const LABEL_LISTED = 100;
 const STYLES = new URL('./pairing.css', import.meta.url).href;
 
 /** `ms` as m:ss, or h:mm:ss past an hour. */
@@ -70,9 +79,9 @@ function summarize(name, args) {
 }
 
 /** What a caller says it is (not proof), cut to a length the prompt can show. */
-function shortLabel(text) {
+function shortLabel(text, most = LABEL_SHOWN) {
   const label = String(text ?? '').replace(/\s+/g, ' ').trim() || 'an unnamed assistant';
-  return label.length > LABEL_SHOWN ? `${label.slice(0, LABEL_SHOWN - 1)}…` : label;
+  return label.length > most ? `${label.slice(0, most - 1)}…` : label;
 }
 
 /** The question about a caller, in words (from an `approval-request`'s detail). */
@@ -176,6 +185,10 @@ function template(heading, level, standalone) {
       <div class="assistant">
         <p id="assistant-title" class="assistant-title">Connected to your assistant</p>
         <p id="assistant-text" class="quiet">Your assistant opened this page from your conversation: no code needed.</p>
+        <div id="claim-actions" class="actions claim-actions" hidden>
+          <button type="button" id="claim-connect" class="primary">Connect</button>
+          <button type="button" id="claim-decline" class="secondary">Not me</button>
+        </div>
       </div>
       <div class="code-row">
         <p id="code-label" class="label">Pairing code</p>
@@ -260,6 +273,7 @@ export class ToolrelayPairing extends HTMLElement {
     // The page's own title while a question is open ("(1) " goes before it), else null.
     this.titleBase = null;
     this.armTimer = null;
+    this.claimArmTimer = null;
     this.answering = false;
   }
 
@@ -340,6 +354,8 @@ export class ToolrelayPairing extends HTMLElement {
         this.announce(`Connected to the relay over ${transport}.`);
       } else if (state === 'disconnected') {
         this.setLink('disconnected');
+      } else if (state === 'asking') {
+        this.askClaim(connection.pendingClaim ?? {});
       } else if (state === 'refused') {
         this.refused(message);
       } else if (state === 'unreachable') {
@@ -370,6 +386,7 @@ export class ToolrelayPairing extends HTMLElement {
     on('approval-closed', (detail) => this.approvalClosed(detail));
     on('callers', () => this.showCallers());
     if (connection.session) this.showSession();
+    else if (connection.pendingClaim) this.askClaim(connection.pendingClaim);
     this.showApprovals();
     this.showCallers();
   }
@@ -385,9 +402,10 @@ export class ToolrelayPairing extends HTMLElement {
   /** The relay's public address, from its discovery document (it differs behind a proxy). */
   async learnPublicBase(base) {
     try {
-      const response = await fetch(`${base}/.well-known/codap-mcp.json`);
-      const discovery = await response.json();
-      if (typeof discovery.mcpEndpoint === 'string' && discovery.mcpEndpoint.endsWith('/mcp')) {
+      const discovery = this.conn?.discover
+        ? await this.conn.discover()
+        : await (await fetch(`${base}/.well-known/codap-mcp.json`)).json();
+      if (typeof discovery?.mcpEndpoint === 'string' && discovery.mcpEndpoint.endsWith('/mcp')) {
         this.publicBase = discovery.mcpEndpoint.slice(0, -'/mcp'.length);
       }
     } catch {
@@ -408,8 +426,8 @@ export class ToolrelayPairing extends HTMLElement {
 
   setState(state) {
     this.dataset.state = state;
-    // A code that no longer works is not offered for copying.
-    const gone = state === 'expired' || state === 'ended' || state === 'refused';
+    // A code that no longer works (or none yet, while a claim is asked about) is not offered.
+    const gone = state === 'expired' || state === 'ended' || state === 'refused' || state === 'asking';
     for (const id of ['copy-prompt', 'copy-code', 'end']) this.$(id).disabled = gone;
     this.emitState();
   }
@@ -438,7 +456,9 @@ export class ToolrelayPairing extends HTMLElement {
   setMode(mode) {
     this.dataset.mode = mode;
     this.$('assistant-title').textContent = 'Connected to your assistant';
+    this.$('assistant-title').removeAttribute('tabindex');
     this.$('assistant-text').textContent = 'Your assistant opened this page from your conversation: no code needed.';
+    this.$('claim-actions').hidden = true;
     if (mode === 'assistant') {
       this.$('code').textContent = '····-····';
       for (const code of this.querySelectorAll('.code-inline')) code.textContent = '';
@@ -454,6 +474,48 @@ export class ToolrelayPairing extends HTMLElement {
       this.showConnect(session);
     }
     this.tick();
+  }
+
+  /**
+   * A claim link opened outside an assistant's conversation (status `asking`): whoever has the
+   * link can send it, so the person says whether it is theirs before it is redeemed. The
+   * question is announced and focused (not its Connect button: Enter pressed for something
+   * else connects nobody), and its buttons ignore clicks for a moment.
+   */
+  askClaim({ label }) {
+    this.setMode('assistant');
+    this.setState('asking');
+    const page = this.pageName;
+    const title = this.$('assistant-title');
+    title.textContent = `A conversation sent you this link. Connect ${page} to that assistant?`;
+    const who = label ? `It says it is ${shortLabel(label)}.` : 'It did not say what it is.';
+    this.$('assistant-text').textContent = `${who} Connect only if you asked your assistant to open ${page}; if not, press Not me.`;
+    this.$('claim-actions').hidden = false;
+    this.$('countdown').textContent = 'Nothing is connected until you answer.';
+    const buttons = [this.$('claim-connect'), this.$('claim-decline')];
+    for (const button of buttons) button.setAttribute('aria-disabled', 'true');
+    clearTimeout(this.claimArmTimer);
+    this.claimArmTimer = setTimeout(() => {
+      this.claimArmTimer = null;
+      for (const button of buttons) button.removeAttribute('aria-disabled');
+    }, APPROVAL_ARMING_MS);
+    this.$('alert').textContent = `${title.textContent} ${this.$('assistant-text').textContent}`;
+    title.tabIndex = -1;
+    title.scrollIntoView({ block: 'nearest' });
+    const active = document.activeElement;
+    const typing = active && !this.contains(active) && (active instanceof HTMLInputElement || active instanceof HTMLTextAreaElement || active.isContentEditable);
+    if (!typing) title.focus();
+  }
+
+  /** The person answers the question about the claim: Connect (true) or Not me. */
+  answerClaim(connect) {
+    if (this.claimArmTimer || !this.conn?.pendingClaim) return;
+    this.$('claim-actions').hidden = true;
+    this.$('alert').textContent = '';
+    this.$('assistant-title').textContent = connect ? 'Connecting to your assistant…' : 'Not connected to that assistant';
+    this.$('assistant-text').textContent = connect ? '' : `${this.pageName[0].toUpperCase()}${this.pageName.slice(1)} gets a code of its own.`;
+    this.announce(connect ? 'Connecting to the assistant that sent the link.' : 'Not connected to that assistant: pairing with a code of its own instead.');
+    this.conn.answerClaim(connect);
   }
 
   /** The relay would not redeem the claim (or its session is gone): say why, offer a code. */
@@ -787,12 +849,12 @@ export class ToolrelayPairing extends HTMLElement {
       const who = document.createElement('span');
       who.className = 'who';
       const since = clock(caller.since);
-      who.textContent = `${shortLabel(caller.label)} via ${caller.via}${since ? ` — since ${since}` : ''}${caller.sharedAddress ? ` · everyone at ${caller.address}` : ''}`;
+      who.textContent = `${shortLabel(caller.label, LABEL_LISTED)} via ${caller.via}${since ? ` — since ${since}` : ''}${caller.sharedAddress ? ` · everyone at ${caller.address}` : ''}`;
       const disconnect = document.createElement('button');
       disconnect.type = 'button';
       disconnect.className = 'secondary small';
       disconnect.textContent = 'Disconnect';
-      disconnect.setAttribute('aria-label', `Disconnect ${shortLabel(caller.label)} via ${caller.via}`);
+      disconnect.setAttribute('aria-label', `Disconnect ${shortLabel(caller.label, LABEL_LISTED)} via ${caller.via}`);
       disconnect.dataset.callerId = caller.callerId;
       disconnect.addEventListener('click', () => this.disconnectCaller(caller, disconnect));
       item.append(who, disconnect);
@@ -813,10 +875,10 @@ export class ToolrelayPairing extends HTMLElement {
     button.disabled = true;
     try {
       await this.conn.disconnectCaller(caller.callerId);
-      this.announce(`${shortLabel(caller.label)} is disconnected: it has to be allowed again.`);
+      this.announce(`${shortLabel(caller.label, LABEL_LISTED)} is disconnected: it has to be allowed again.`);
     } catch (error) {
       button.disabled = false;
-      this.announce(`Could not disconnect ${shortLabel(caller.label)} (${error.message}). Try again.`);
+      this.announce(`Could not disconnect ${shortLabel(caller.label, LABEL_LISTED)} (${error.message}). Try again.`);
     }
   }
 
@@ -852,6 +914,8 @@ export class ToolrelayPairing extends HTMLElement {
     this.$('lifetime-new').addEventListener('click', regenerate);
     this.$('end').addEventListener('click', () => this.conn?.end());
     this.$('refused-new').addEventListener('click', regenerate);
+    this.$('claim-connect').addEventListener('click', () => this.answerClaim(true));
+    this.$('claim-decline').addEventListener('click', () => this.answerClaim(false));
     this.$('approval-allow').addEventListener('click', () => this.answerApproval(true));
     this.$('approval-deny').addEventListener('click', () => this.answerApproval(false));
     // a and d answer an open question about a caller (with or without the `keys` attribute).

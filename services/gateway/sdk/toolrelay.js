@@ -6,16 +6,17 @@
 //   relay.addEventListener('code', (event) => show(event.detail.display));
 //
 // Or, in a page an assistant opened for the person (an MCP App frames it with `?claim=`),
-// `connect({ claim, tools })`: paired at once, no code (connection.js says more).
+// `connect({ claim, tools })`: paired with that assistant, no code — at once inside the app
+// host's conversation, after asking the person anywhere else (connection.js says more).
 //
 // Layout: connection.js pairs and runs calls, transport.js carries them (WebSocket → SSE →
 // polling, one file each: transport-websocket.js, transport-sse.js, transport-polling.js),
 // session.js keeps the session across reloads, dispatcher.js checks arguments, pairing.js is
 // the <toolrelay-pairing> element, webmcp.js bridges WebMCP pages.
 
-export { connect, Connection, displayCode } from './connection.js';
+export { connect, Connection, displayCode, underAppHost } from './connection.js';
 export { Dispatcher, ToolError, validate } from './dispatcher.js';
 export { ErrorCode, ToolErrorCode } from './errors.js';
-export { ClaimRefused, Sessions } from './session.js';
+export { ClaimRefused, Sessions, isClaim } from './session.js';
 export { Transport } from './transport.js';
 export { bridgeWebMCP } from './webmcp.js';

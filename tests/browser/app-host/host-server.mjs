@@ -1,8 +1,9 @@
 // The backend of the test's MCP Apps host: its page (host.html with host.mjs, bundled by esbuild
 // now), its sandbox proxy on a second origin (`localhost` where the page is `127.0.0.1`) served
-// with the CSP the host builds from the resource's `_meta.ui.csp`, and `/mcp`, which passes the
-// page's MCP traffic to the relay as a web host's servers do (claude.ai and ChatGPT reach MCP
-// servers from their backends, not from the browser), noting every tool called.
+// with the CSP the host builds from the resource's `_meta.ui.csp` (or with a fixed `frame-src`,
+// as claude.ai serves every app), and `/mcp`, which passes the page's MCP traffic to the relay as
+// a web host's servers do (claude.ai and ChatGPT reach MCP servers from their backends, not from
+// the browser), noting every tool called.
 
 import http from 'node:http';
 import path from 'node:path';
@@ -26,11 +27,14 @@ function sources(domains) {
   return (Array.isArray(domains) ? domains : []).filter((domain) => typeof domain === 'string' && /^[a-z][a-z0-9+.-]*:\/\/[^\s;'",]+$/i.test(domain));
 }
 
-/** The CSP for the app's document, as the spec has hosts build it from `_meta.ui.csp`. */
-export function policyFor(csp = {}) {
+/**
+ * The CSP for the app's document, as the spec has hosts build it from `_meta.ui.csp`; a host
+ * that ignores `frameDomains` gives its own `frameSrc` instead.
+ */
+export function policyFor(csp = {}, frameSrc = null) {
   const resources = sources(csp.resourceDomains).join(' ');
   const connect = sources(csp.connectDomains).join(' ');
-  const frames = sources(csp.frameDomains).join(' ');
+  const frames = frameSrc ?? sources(csp.frameDomains).join(' ');
   const bases = sources(csp.baseUriDomains).join(' ');
   return [
     "default-src 'none'",
@@ -46,8 +50,11 @@ export function policyFor(csp = {}) {
   ].map((directive) => directive.trim()).join('; ');
 }
 
-/** Starts the host's backend in front of `relay`; `stop()` ends it. */
-export async function startAppHost(relay) {
+/**
+ * Starts the host's backend; `use(relay)` says which relay `/mcp` reaches (the relay is told the
+ * host's `origin` first, as its APP_HOSTS); `stop()` ends it.
+ */
+export async function startAppHost() {
   const bundle = await build({
     entryPoints: [path.join(HERE, 'host.mjs')],
     bundle: true,
@@ -60,7 +67,7 @@ export async function startAppHost(relay) {
   const sandbox = readFileSync(path.join(HERE, 'sandbox.html'), 'utf8');
   const toolCalls = [];
   const policies = [];
-  const relayUrl = new URL(relay.base);
+  let relayUrl = null;
 
   const server = http.createServer((request, response) => {
     const url = new URL(request.url, 'http://localhost');
@@ -75,10 +82,11 @@ export async function startAppHost(relay) {
       } catch {
         csp = {};
       }
-      const policy = policyFor(csp);
+      const frameSrc = url.searchParams.get('frame-src');
+      const policy = policyFor(csp, frameSrc && /^[a-z0-9 :'*.-]+$/i.test(frameSrc) ? frameSrc : null);
       policies.push(policy);
       response.writeHead(200, { 'content-type': 'text/html; charset=utf-8', 'content-security-policy': policy }).end(sandbox);
-    } else if (url.pathname === '/mcp') {
+    } else if (url.pathname === '/mcp' && relayUrl) {
       forward(request, response);
     } else {
       response.writeHead(404).end('not found');
@@ -116,6 +124,10 @@ export async function startAppHost(relay) {
   await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
   const { port } = server.address();
   return {
+    origin: `http://127.0.0.1:${port}`,
+    use(relay) {
+      relayUrl = new URL(relay.base);
+    },
     page: `http://127.0.0.1:${port}/host.html`,
     sandbox: `http://localhost:${port}/sandbox.html`,
     toolCalls,

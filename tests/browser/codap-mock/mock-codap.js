@@ -1820,6 +1820,7 @@
     connected: false,
     pluginUrl: null,
     error: null,
+    startError: null,
     snapshot: snapshot,
     requestCount: requestCount,
     /**
@@ -1939,9 +1940,42 @@
       (codap.error ? ' · error: ' + codap.error : '');
   }
 
+  /**
+   * `?storage=blocked`: this browser keeps no storage for frames of other sites. Embedded in
+   * another site's page, `localStorage` then throws (as Chromium's does when third-party storage
+   * is blocked); the real CODAP reads it while starting, so it stops there: it never loads the
+   * plugin and never sends it a message (a grey box). As a tab of its own it has storage.
+   * (Without the parameter the stand-in carries on where the browser itself gives it no
+   * storage, so the plugin's own behaviour there can be tested.) Says whether it blocked.
+   */
+  function blockThirdPartyStorage(params) {
+    if (params.get('storage') !== 'blocked' || window.top === window) return false;
+    Object.defineProperty(window, 'localStorage', {
+      configurable: true,
+      get: function () {
+        throw new DOMException("Failed to read the 'localStorage' property from 'Window': Access is denied for this document.", 'SecurityError');
+      }
+    });
+    return true;
+  }
+
+  /** What the real CODAP reads first while starting: its saved preferences. */
+  function readPreferences() {
+    return window.localStorage.getItem('codap-preferences');
+  }
+
   function start() {
     statusEl = document.getElementById('status');
     const params = new URLSearchParams(window.location.search);
+    if (blockThirdPartyStorage(params)) {
+      try {
+        readPreferences();
+      } catch (e) {
+        // Left uncaught in CODAP: nothing after this runs. Noted for tests, then thrown on.
+        codap.startError = e.name + ': ' + e.message;
+        throw e;
+      }
+    }
     const di = params.get('di');
     if (!di) {
       codap.error = 'no ?di=<plugin URL> given';

@@ -83,8 +83,9 @@ impl RelayMcp {
         ListResourcesResult::with_all_items(vec![resource])
     }
 
-    /// The app's page as `resources/read` gives it: the HTML, and the origins its frame may
-    /// reach (CODAP's to frame it, the relay's for the plugin inside).
+    /// The app's page as `resources/read` gives it: the HTML, and the origin its page may frame
+    /// (CODAP's). The page reaches nothing itself: it asks the relay through its host
+    /// (`codap_status`), and the plugin inside CODAP reaches the relay from CODAP's frame.
     pub(super) fn read_app(&self, uri: &str) -> Option<ReadResourceResult> {
         (uri == CODAP_APP).then(|| {
             let contents = ResourceContents::TextResourceContents {
@@ -97,17 +98,15 @@ impl RelayMcp {
         })
     }
 
+    /// The `_meta.ui` of the app's resource, on its `resources/list` entry and its
+    /// `resources/read` content alike (hosts read either; the content wins).
     fn app_meta(&self) -> MetaObject {
         let config = &self.state.config;
-        let relay = config.public_base_url.clone();
         let mut meta = MetaObject::new();
         meta.insert(
             "ui".to_owned(),
             json!({
-                "csp": {
-                    "frameDomains": [config.codap_origin()],
-                    "connectDomains": [relay],
-                },
+                "csp": {"frameDomains": [config.codap_origin()]},
                 "prefersBorder": false,
             }),
         );
