@@ -112,7 +112,11 @@ async fn claim_pairs_the_tab_once(system: &System) {
     assert!(text.contains("<html"), "{text}");
     let csp = serde_json::to_value(meta.as_ref().unwrap()).unwrap()["ui"]["csp"].clone();
     assert_eq!(csp["frameDomains"], json!(["http://localhost:9"]), "{csp}");
-    assert_eq!(csp["connectDomains"], Value::Null, "the page reaches nothing itself: {csp}");
+    assert_eq!(
+        csp["connectDomains"],
+        Value::Null,
+        "the page reaches nothing itself: {csp}"
+    );
     // The list entry carries the same `_meta.ui` (hosts read either).
     let listed = serde_json::to_value(resources[0].meta.as_ref().unwrap()).unwrap();
     assert_eq!(listed["ui"]["csp"], csp, "{listed}");
