@@ -12,10 +12,12 @@ use toolrelay_tests::deploy::{manifests, render, scratch};
 use toolrelay_tests::repo_file;
 use toolrelay_tests::system::binary;
 
-/// What `scripts/test.sh` checks: the base, the overlay to adapt, the one podman runs, and
-/// the ones on a Redis outside the cluster (managed with TLS; Sentinel).
-const KUSTOMIZATIONS: [&str; 5] = [
+/// What `scripts/test.sh` checks: the base (and its part without Redis), the overlay to adapt,
+/// the one podman runs, and the ones on a Redis outside the cluster (managed with TLS;
+/// Sentinel).
+const KUSTOMIZATIONS: [&str; 6] = [
     "base",
+    "base/app",
     "overlays/production",
     "overlays/podman",
     "overlays/managed-redis-tls",
@@ -229,4 +231,27 @@ async fn the_deployments_give_each_binary_only_settings_it_takes_and_drain_in_ti
         );
     }
     std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// kustomize 5.5.0 (kubectl 1.32) panics on a patch that deletes a whole object (a document
+/// whose top level says `$patch: delete`): no manifest has one, so that the oldest kubectl the
+/// README names still renders every directory. (Deleting an item of a list stays fine.)
+#[test]
+fn no_manifest_deletes_a_whole_object() {
+    fn walk(dir: &std::path::Path, found: &mut Vec<String>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, found);
+            } else if path.extension().is_some_and(|ext| ext == "yaml") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                if text.lines().any(|line| line.trim_end() == "$patch: delete") {
+                    found.push(path.display().to_string());
+                }
+            }
+        }
+    }
+    let mut found = Vec::new();
+    walk(&repo_file("k8s"), &mut found);
+    assert!(found.is_empty(), "whole-object deletions in {found:?}");
 }
