@@ -45,7 +45,13 @@ impl Topology {
 pub struct Redis {
     topology: Topology,
     nodes: Vec<Node>,
+    /// Redis process CPU (s) of one `SET` in its own round trip, measured on the primary
+    /// before the relays connect ([`Node::set_round_trip_cpu`]); `None` on a Cluster.
+    set_round_trip: Option<f64>,
 }
+
+/// `SET`s timed for [`Node::set_round_trip_cpu`].
+const SET_ROUND_TRIPS: usize = 20_000;
 
 /// One `redis-server` on an ephemeral loopback port, with AOF on and fsync every second (as
 /// deployed).
@@ -116,6 +122,37 @@ impl Node {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// What one `SET` in its own round trip costs this Redis's process in CPU (s): `INFO cpu`
+    /// before and after `redis-benchmark -t set -c 1 -P 1` (one client, no pipelining), over
+    /// [`SET_ROUND_TRIPS`] of them — the syscalls of a round trip, the AOF's share of a write:
+    /// the unit the per-call figures are given in.
+    async fn set_round_trip_cpu(&self) -> anyhow::Result<f64> {
+        let before = Counters::parse(&self.info().await?);
+        let output = Command::new("redis-benchmark")
+            .args([
+                "-p",
+                &self.port.to_string(),
+                "-t",
+                "set",
+                "-c",
+                "1",
+                "-P",
+                "1",
+                "-q",
+            ])
+            .args(["-n", &SET_ROUND_TRIPS.to_string()])
+            .output()
+            .await
+            .context("cannot run redis-benchmark")?;
+        if !output.status.success() {
+            bail!("redis-benchmark failed");
+        }
+        let after = Counters::parse(&self.info().await?);
+        let spent = after.since(&before);
+        // INFO itself costs a little, and is counted twice: left in (it is well under 1 %).
+        Ok(spent.cpu / SET_ROUND_TRIPS as f64)
+    }
+
     /// `INFO all` as `field → value` (`cmdstat_evalsha → calls=…,usec=…`, `used_memory → …`).
     async fn info(&self) -> anyhow::Result<BTreeMap<String, String>> {
         let output = Command::new("redis-cli")
@@ -169,7 +206,16 @@ impl Redis {
             }
             Topology::Cluster => cluster().await?,
         };
-        Ok(Self { topology, nodes })
+        let set_round_trip = match topology {
+            // A key's slot decides which shard answers: no one node's figure.
+            Topology::Cluster => None,
+            _ => Some(nodes[0].set_round_trip_cpu().await?),
+        };
+        Ok(Self {
+            topology,
+            nodes,
+            set_round_trip,
+        })
     }
 
     /// The relays' settings for this Redis.
@@ -193,14 +239,14 @@ impl Redis {
         // figures, and only the second page's own operations (a few) into the relays'.
         let operations = store_operations(metrics).await?;
         let nodes = self.counters().await?;
-        Ok(Snapshot::new(nodes, operations))
+        Ok(Snapshot::new(nodes, operations, self.set_round_trip))
     }
 
     /// [`Redis::snapshot`] in the other order, to close a window opened by it.
     pub async fn then(&self, metrics: &[String]) -> anyhow::Result<Snapshot> {
         let nodes = self.counters().await?;
         let operations = store_operations(metrics).await?;
-        Ok(Snapshot::new(nodes, operations))
+        Ok(Snapshot::new(nodes, operations, self.set_round_trip))
     }
 
     async fn counters(&self) -> anyhow::Result<Vec<(String, Counters)>> {
@@ -448,14 +494,21 @@ pub struct Snapshot {
     nodes: Vec<(String, Counters)>,
     /// The relays' store operations by operation.
     operations: BTreeMap<String, f64>,
+    /// [`Redis::set_round_trip`].
+    set_round_trip: Option<f64>,
 }
 
 impl Snapshot {
-    fn new(nodes: Vec<(String, Counters)>, operations: BTreeMap<String, f64>) -> Self {
+    fn new(
+        nodes: Vec<(String, Counters)>,
+        operations: BTreeMap<String, f64>,
+        set_round_trip: Option<f64>,
+    ) -> Self {
         Self {
             at: Instant::now(),
             nodes,
             operations,
+            set_round_trip,
         }
     }
 
@@ -478,6 +531,7 @@ impl Snapshot {
                 })
                 .filter(|(_, n)| *n > 0.0)
                 .collect(),
+            set_round_trip: self.set_round_trip,
         }
     }
 
@@ -496,6 +550,8 @@ pub struct Spent {
     nodes: Vec<(String, Counters)>,
     /// The relays' store operations (round trips) by operation.
     operations: BTreeMap<String, f64>,
+    /// [`Redis::set_round_trip`].
+    set_round_trip: Option<f64>,
 }
 
 /// How many commands (or operations) the "top" cells name.
@@ -543,8 +599,9 @@ impl Spent {
         rows
     }
 
-    /// Per-call rows' cells, each: node, commands, round trips, Redis CPU µs, Redis CPU % of a
-    /// core, the calls/s a Redis core would carry at that cost, the top commands per call, the
+    /// Per-call rows' cells, each: node, commands, round trips, Redis CPU µs, that as a multiple
+    /// of one `SET` round trip's, Redis CPU % of a core, the calls/s a Redis core would carry
+    /// at that cost, the top commands per call, the
     /// top µs in commands per call (a script's own including its commands), the round trips
     /// by operation per call, errors.
     pub fn per_call_rows(&self, calls: f64) -> Vec<String> {
@@ -561,8 +618,15 @@ impl Spent {
                 } else {
                     ("–".to_owned(), "–".to_owned())
                 };
+                let in_sets = self
+                    .set_round_trip
+                    .filter(|set| *set > 0.0)
+                    .map_or_else(
+                        || "–".to_owned(),
+                        |set| format!("{:.1} (of {:.0} µs)", cpu_per_call / set, set * 1e6),
+                    );
                 format!(
-                    "{node} | {:.1} | {trips} | {:.1} | {:.0} % | {} | {} | {} | {by_operation} | {}",
+                    "{node} | {:.1} | {trips} | {:.1} | {in_sets} | {:.0} % | {} | {} | {} | {by_operation} | {}",
                     counters.total() as f64 / calls,
                     cpu_per_call * 1e6,
                     counters.cpu * 100.0 / self.seconds.max(1e-9),

@@ -75,7 +75,7 @@ fn mode_of(target: Target) -> Option<(Mode, bool)> {
 
 /// The header of the Redis table of the latency and throughput scenarios: with several Redis
 /// nodes, a row for all of them and one for each (`node`).
-pub const REDIS_PER_CALL: &str = "| relay | mode | store | tab | caller | callers | calls | node | Redis commands / call | round trips / call | Redis CPU µs / call | Redis CPU, % of a core | calls/s a Redis core carries | top commands / call | top µs in commands / call (a script's own included) | round trips by operation / call | Redis errors |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|";
+pub const REDIS_PER_CALL: &str = "| relay | mode | store | tab | caller | callers | calls | node | Redis commands / call | round trips / call | Redis CPU µs / call | × a `SET` round trip (its CPU) | Redis CPU, % of a core | calls/s a Redis core carries | top commands / call | top µs in commands / call (a script's own included) | round trips by operation / call | Redis errors |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|";
 
 /// The header of the Redis table of the idle scenario.
 pub const REDIS_IDLE: &str = "| relay | mode | store | tab | tabs | node | window s | Redis commands / s | per tab per s | Redis CPU ms / s | round trips / s | top commands / s | round trips by operation / s | Redis errors | relay CPU ms / s | used_memory before (MB) | after (MB) | KB / session |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|";

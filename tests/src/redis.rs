@@ -363,6 +363,25 @@ impl RedisServer {
             .sum()
     }
 
+    /// Scripts it has run since it started (`INFO commandstats`' `EVALSHA` calls).
+    pub async fn scripts_run(&self) -> u64 {
+        let mut connection = self.connection().await.unwrap();
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        info.lines()
+            .find_map(|line| {
+                line.strip_prefix("cmdstat_evalsha:calls=")?
+                    .split(',')
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or(0)
+    }
+
     /// Stops it (SIGKILL: what a crash or a pulled plug does).
     pub async fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -66,6 +66,17 @@ async fn redis(limits: StoreLimits) -> Fixture {
     on_redis(RedisServer::start().await, limits).await
 }
 
+/// On Redis, every call queued by the library's script (`REDIS_SCRIPTS=library`), as before the
+/// flat one: the two must behave the same.
+async fn redis_library(limits: StoreLimits) -> Fixture {
+    let server = RedisServer::start().await;
+    let settings = RedisSettings {
+        flat_scripts: false,
+        ..RedisSettings::primary(server.url(), "test:")
+    };
+    connected(&settings, Box::new(server), limits).await
+}
+
 /// On one Redis Cluster node owning every slot: a script touching two slots fails there.
 async fn cluster_node(limits: StoreLimits) -> Fixture {
     on_redis(RedisServer::cluster_node().await, limits).await
@@ -139,6 +150,14 @@ macro_rules! conformance {
                 #[tokio::test]
                 async fn $name() {
                     super::$name(super::redis(super::limits()).await).await;
+                }
+            )*
+        }
+        mod redis_library_scripts {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name(super::redis_library(super::limits()).await).await;
                 }
             )*
         }
@@ -1726,4 +1745,173 @@ async fn finished_calls_in_redis_cost_what_the_budget_counts() {
         grown <= budget + budget / 2,
         "30,000 finished calls keep {grown} bytes of Redis, over the budget of {budget}"
     );
+}
+
+/// The flat enqueue script (issue 41) takes the common path alone — one script, one round trip
+/// — and leaves every other outcome to the library's script, which it runs after (two):
+/// queued by the flat one; an id taken, a full queue, a manifest that moved and a session past
+/// its expiry by the library's, each with the library's answer.
+#[tokio::test]
+async fn the_flat_enqueue_takes_the_common_path_and_leaves_the_rest_to_the_library() {
+    let fixture = redis(limits()).await;
+    let server = fixture
+        ._redis
+        .as_ref()
+        .and_then(|redis| redis.downcast_ref::<RedisServer>())
+        .unwrap();
+    let code = with_session(&fixture).await;
+    let now = fixture.now();
+    let until = Timestamp(now.0 + 1_000);
+    let enqueue = async |request: NewRequest, max_pending: usize, checks: EnqueueChecks| {
+        let before = server.scripts_run().await;
+        let (enqueued, _) = fixture
+            .store
+            .enqueue_checked(&code, &request, max_pending, until, checks)
+            .await
+            .unwrap();
+        (enqueued, server.scripts_run().await - before)
+    };
+    let plain = EnqueueChecks::default;
+
+    let (queued, scripts) = enqueue(call("r1", now, json!({})), 10, plain()).await;
+    assert!(
+        matches!(queued, Enqueued::Queued(ref record) if record.seq == 1),
+        "{queued:?}"
+    );
+    assert_eq!(scripts, 1, "queued by the flat script alone");
+    let (existing, scripts) = enqueue(call("r1", now, json!({})), 10, plain()).await;
+    assert!(matches!(existing, Enqueued::Existing(_)), "{existing:?}");
+    assert_eq!(scripts, 2, "an id taken: the library decides");
+    let (conflict, scripts) = enqueue(call("r1", now, json!({"other": 1})), 10, plain()).await;
+    assert_eq!((conflict, scripts), (Enqueued::Conflict, 2));
+    let (full, scripts) = enqueue(call("r2", now, json!({})), 1, plain()).await;
+    assert_eq!((full, scripts), (Enqueued::Full, 2));
+    let moved = EnqueueChecks {
+        manifest_revision: Some(7),
+        ..EnqueueChecks::default()
+    };
+    let (stale, scripts) = enqueue(call("r3", now, json!({})), 10, moved).await;
+    assert_eq!((stale, scripts), (Enqueued::StaleManifest, 2));
+    let (second, scripts) = enqueue(call("r4", now, json!({})), 10, plain()).await;
+    assert!(
+        matches!(second, Enqueued::Queued(ref record) if record.seq == 2),
+        "{second:?}"
+    );
+    assert_eq!(scripts, 1);
+    // Past its expiry the session is ended by the library's script.
+    fixture.advance(HOUR * 4);
+    let later = fixture.now();
+    let (gone, scripts) = enqueue(call("r5", later, json!({})), 10, plain()).await;
+    assert_eq!((gone, scripts), (Enqueued::NoSession, 2));
+    // An unknown session the flat script answers itself.
+    let before = server.scripts_run().await;
+    let (unknown, _) = fixture
+        .store
+        .enqueue_checked(
+            &code_of("ZZZZ2345"),
+            &call("r6", later, json!({})),
+            10,
+            until,
+            plain(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (unknown, server.scripts_run().await - before),
+        (Enqueued::NoSession, 1)
+    );
+}
+
+/// The flat finish script (issue 41) takes the common path alone and leaves the rest to the
+/// library's script: finished, and not this connection's, by the flat one (one script); an
+/// answer to a call answered already or overdue by the library's (two), each with the
+/// library's answer.
+#[tokio::test]
+async fn the_flat_finish_takes_the_common_path_and_leaves_the_rest_to_the_library() {
+    let fixture = redis(limits()).await;
+    let server = fixture
+        ._redis
+        .as_ref()
+        .and_then(|redis| redis.downcast_ref::<RedisServer>())
+        .unwrap();
+    let code = with_session(&fixture).await;
+    let now = fixture.now();
+    let until = Timestamp(now.0 + 1_000);
+    for id in ["r1", "r2"] {
+        let queued = fixture
+            .store
+            .enqueue(&code, call(id, now, json!({})), 10, until)
+            .await;
+        assert!(matches!(queued, Ok(Enqueued::Queued(_))), "{queued:?}");
+    }
+    fixture
+        .store
+        .claim(&code, &claim("tab-1", now, HOUR))
+        .await
+        .unwrap();
+    let finish = async |id: &str, by: &str| {
+        let before = server.scripts_run().await;
+        let finished = fixture
+            .store
+            .finish(
+                &code,
+                id,
+                RequestStatus::Completed,
+                answer(id, json!(1)),
+                Answerer::Connection(by),
+                fixture.now(),
+                until,
+            )
+            .await
+            .unwrap();
+        (finished, server.scripts_run().await - before)
+    };
+    let (other, scripts) = finish("r1", "tab-2").await;
+    assert_eq!(
+        (other, scripts),
+        (Finished::NotDelivered, 1),
+        "not this connection's"
+    );
+    let (finished, scripts) = finish("r1", "tab-1").await;
+    let Finished::Finished(record) = finished else {
+        panic!("{finished:?}")
+    };
+    assert_eq!(
+        (record.status, scripts),
+        (RequestStatus::Completed, 1),
+        "finished by the flat script"
+    );
+    assert_eq!(
+        record.correlation_id.as_deref(),
+        Some("corr"),
+        "answered with its correlation id"
+    );
+    assert_eq!(
+        fixture
+            .store
+            .responses(&code, None)
+            .await
+            .unwrap()
+            .unwrap()
+            .len(),
+        1
+    );
+    let kept = fixture.store.request(&code, "r1").await.unwrap().unwrap();
+    assert_eq!(
+        (kept.args, kept.correlation_id, kept.lease_until),
+        (Value::Null, None, None)
+    );
+    assert_eq!(kept.response.unwrap().result, Some(json!(1)));
+    let (again, scripts) = finish("r1", "tab-1").await;
+    assert!(matches!(again, Finished::AlreadyFinished(_)), "{again:?}");
+    assert_eq!(scripts, 2, "answered already: the library decides");
+    let (unknown, scripts) = finish("r9", "tab-1").await;
+    assert_eq!((unknown, scripts), (Finished::NoRequest, 1));
+    // Past its deadline the library's script expires it.
+    fixture.advance(Duration::from_secs(61));
+    let (overdue, scripts) = finish("r2", "tab-1").await;
+    let Finished::AlreadyFinished(record) = overdue else {
+        panic!("{overdue:?}")
+    };
+    assert_eq!((record.status, scripts), (RequestStatus::Expired, 2));
 }

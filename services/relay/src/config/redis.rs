@@ -39,6 +39,9 @@ pub const ENV_REDIS_CLIENT_KEY_FILE: &str = "REDIS_CLIENT_KEY_FILE";
 pub const ENV_REDIS_WAIT_REPLICAS: &str = "REDIS_WAIT_REPLICAS";
 /// `REDIS_WAIT_MS`: how long such a `WAIT` may take, in milliseconds.
 pub const ENV_REDIS_WAIT_MS: &str = "REDIS_WAIT_MS";
+/// `REDIS_SCRIPTS`: `flat` (the default) queues a call with the flat script on its common path;
+/// `library` always with the library's (for measuring one against the other).
+pub const ENV_REDIS_SCRIPTS: &str = "REDIS_SCRIPTS";
 
 /// The Redis flags (each mirroring an environment variable).
 #[derive(Debug, Clone, Args)]
@@ -86,6 +89,10 @@ pub struct RedisArgs {
     /// Milliseconds such a `WAIT` may take before the write is refused as not replicated.
     #[arg(long, env = ENV_REDIS_WAIT_MS, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub redis_wait_ms: u64,
+    /// `flat`: a call is queued by a flat script on its common path (the library's script
+    /// decides the rest); `library`: always by the library's script. For measurement.
+    #[arg(long, env = ENV_REDIS_SCRIPTS, default_value = "flat", value_parser = ["flat", "library"])]
+    pub redis_scripts: String,
 }
 
 /// How to reach Redis and who to be to it, checked.
@@ -105,6 +112,8 @@ pub struct RedisSettings {
     pub tls: TlsFiles,
     /// Replicas a call's writes must reach before they count.
     pub wait: Option<WaitReplicas>,
+    /// Whether a call is queued by the flat script on its common path (`REDIS_SCRIPTS`).
+    pub flat_scripts: bool,
 }
 
 /// Where Redis is.
@@ -153,6 +162,7 @@ impl RedisSettings {
             sentinel_password: None,
             tls: TlsFiles::default(),
             wait: None,
+            flat_scripts: true,
         }
     }
 }
@@ -278,6 +288,7 @@ impl RedisArgs {
                 replicas: self.redis_wait_replicas,
                 timeout_ms: self.redis_wait_ms,
             }),
+            flat_scripts: self.redis_scripts != "library",
         }))
     }
 }

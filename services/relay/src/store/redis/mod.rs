@@ -56,10 +56,11 @@ use toolrelay::wire::{RequestStatus, ToolResponse};
 use self::hub::EventHub;
 pub use self::link::install_tls_provider;
 use self::link::{Connection, Link};
-use self::records::{call_in, counted, missing, outcome, unexpected, unreadable};
+use self::records::{call_in, counted, is_slow, missing, outcome, unexpected, unreadable};
 use self::scripts::{
-    Arguments, ChangeApprovals, ClaimCalls, ClearProvider, Enqueue, Finish, Insert, LeaseBuiltin,
-    Named, NoArguments, Request, Scripts, SessionScript, SetManifest, SetProvider, SetToken, Touch,
+    Arguments, ChangeApprovals, ClaimCalls, ClearProvider, Enqueue, Finish, FlatEnqueue,
+    FlatFinish, Insert, LeaseBuiltin, Named, NoArguments, Request, Scripts, SessionScript,
+    SetManifest, SetProvider, SetToken, Touch,
 };
 use super::memory::StoreLimits;
 use super::{
@@ -92,6 +93,8 @@ pub struct RedisStore {
     cluster: bool,
     /// Replicas the enqueue and finish scripts' writes must reach (`WAIT`), when set.
     wait: Option<WaitReplicas>,
+    /// Whether a call is queued by the flat script first (`REDIS_SCRIPTS`).
+    flat_scripts: bool,
     /// The sessions whose answers went through this replica, for the budget's trim.
     answered: Mutex<trim::Answered>,
     /// This replica's name in the answer budget's counts.
@@ -156,6 +159,7 @@ impl RedisStore {
             metrics,
             cluster,
             wait: settings.wait,
+            flat_scripts: settings.flat_scripts,
             answered: Mutex::new(trim::Answered::default()),
             replica: crate::code::random_id(),
         });
@@ -579,7 +583,6 @@ impl SessionStore for RedisStore {
         until: Timestamp,
         checks: EnqueueChecks,
     ) -> Result<(Enqueued, Option<SessionRecord>), StoreError> {
-        let packed = records::pack(&RequestRecord::queued(request.clone(), 0));
         let (rate_key, interval, tolerance) = match &checks.charge {
             Some(charge) => (
                 vec![self.rate_key(&charge.key)],
@@ -596,24 +599,58 @@ impl SessionStore for RedisStore {
             ApprovalCheck::Ask(caller) => ("ask", caller.as_str()),
             ApprovalCheck::Handle(caller) => ("handle", caller.as_str()),
         };
-        let answer: redis::Value = self
-            .run(
-                &self.scripts.enqueue,
-                code,
-                &rate_key,
-                Enqueue {
+        let max_pending = max_pending.to_string();
+        let until_ms = until.0.to_string();
+        // The common path first, flat; anything else the library's script decides.
+        let mut answer = None;
+        if self.flat_scripts {
+            let queued = RequestRecord::queued(request.clone(), 0);
+            let [head, middle, state, times, tail] = records::pieces(&queued);
+            let flat: redis::Value = self
+                .run(
+                    &self.scripts.flat_enqueue,
+                    code,
+                    &rate_key,
+                    FlatEnqueue {
+                        id: &request.id,
+                        head: &head,
+                        middle: &middle,
+                        state: &state,
+                        times: &times,
+                        tail: &tail,
+                        builtin: if request.builtin { "1" } else { "0" },
+                        deadline: &queued.deadline.0.to_string(),
+                        max_pending: &max_pending,
+                        until_ms: &until_ms,
+                        revision: &revision,
+                        rate_interval: &interval,
+                        rate_tolerance: &tolerance,
+                        approval: approval_mode,
+                        approver,
+                    },
+                )
+                .await?;
+            answer = (!is_slow(&flat)).then_some(flat);
+        }
+        let answer = match answer {
+            Some(answer) => answer,
+            None => {
+                let packed = records::pack(&RequestRecord::queued(request.clone(), 0));
+                let arguments = Enqueue {
                     id: &request.id,
                     packed: &packed,
-                    max_pending: &max_pending.to_string(),
-                    until_ms: &until.0.to_string(),
+                    max_pending: &max_pending,
+                    until_ms: &until_ms,
                     revision: &revision,
                     rate_interval: &interval,
                     rate_tolerance: &tolerance,
                     approval: approval_mode,
                     approver,
-                },
-            )
-            .await?;
+                };
+                self.run(&self.scripts.enqueue, code, &rate_key, arguments)
+                    .await?
+            }
+        };
         let (outcome, items) = outcome(answer)?;
         let mut items = items.into_iter();
         let record = call_in(items.next())?;
@@ -833,23 +870,42 @@ impl SessionStore for RedisStore {
             Answerer::Connection(connection) => ("connection", connection),
             Answerer::Provider => ("provider", ""),
         };
-        let answer: redis::Value = self
-            .run(
-                &self.scripts.finish,
-                code,
-                &[],
-                Finish {
+        let (cost, until_ms) = (cost.to_string(), until.0.to_string());
+        let share = self.limits.session_answer_budget.to_string();
+        // The common path first, flat; anything else the library's script decides.
+        let mut answer = None;
+        if self.flat_scripts {
+            let arguments = FlatFinish {
+                id,
+                status: status.as_str(),
+                response: &response,
+                cost: &cost,
+                until_ms: &until_ms,
+                answerer,
+                connection,
+                share: &share,
+            };
+            let flat: redis::Value = self
+                .run(&self.scripts.flat_finish, code, &[], arguments)
+                .await?;
+            answer = (!is_slow(&flat)).then_some(flat);
+        }
+        let answer = match answer {
+            Some(answer) => answer,
+            None => {
+                let arguments = Finish {
                     id,
                     status: status.as_str(),
                     response: &response,
-                    cost: &cost.to_string(),
-                    until_ms: &until.0.to_string(),
+                    cost: &cost,
+                    until_ms: &until_ms,
                     answerer,
                     connection,
-                    share: &self.limits.session_answer_budget.to_string(),
-                },
-            )
-            .await?;
+                    share: &share,
+                };
+                self.run(&self.scripts.finish, code, &[], arguments).await?
+            }
+        };
         let (outcome, items) = outcome(answer)?;
         let record = || -> Result<RequestRecord, StoreError> {
             call_in(items.clone().into_iter().next())?.ok_or_else(|| missing("call"))

@@ -44,8 +44,39 @@ enum SessionField {
 
 /// A call packed as the scripts keep it.
 pub(super) fn pack(record: &RequestRecord) -> String {
+    join(&values(record))
+}
+
+/// A newly queued call in the pieces `lua/flat_enqueue.lua` joins around what only the
+/// session knows (its place in the queue, and whom it is handed to): `[head, middle, state,
+/// times, tail]` — the id; tool, function and arguments; status to deliveries as made here;
+/// created and deadline; answer to caller.
+pub(super) fn pieces(record: &RequestRecord) -> [String; 5] {
+    let values = values(record);
+    [
+        join(&values[..1]),
+        join(&values[2..5]),
+        join(&values[5..11]),
+        join(&values[6..8]),
+        join(&values[11..]),
+    ]
+}
+
+/// `fields`, each as `<length>:<value>`, one after the other.
+fn join(fields: &[String]) -> String {
+    let mut packed = String::with_capacity(fields.iter().map(|field| field.len() + 4).sum());
+    for field in fields {
+        packed.push_str(&field.len().to_string());
+        packed.push(':');
+        packed.push_str(field);
+    }
+    packed
+}
+
+/// A call's fields as the scripts keep them, in `FIELDS` order.
+fn values(record: &RequestRecord) -> [String; FIELDS] {
     let number = |value: i64| value.to_string();
-    let fields: [String; FIELDS] = [
+    [
         record.id.clone(),
         record.seq.to_string(),
         record.tool_id.clone().unwrap_or_default(),
@@ -77,14 +108,7 @@ pub(super) fn pack(record: &RequestRecord) -> String {
         record.call_hash.clone(),
         if record.evicted { "1" } else { "0" }.to_owned(),
         record.caller.clone().unwrap_or_default(),
-    ];
-    let mut packed = String::with_capacity(fields.iter().map(|field| field.len() + 4).sum());
-    for field in &fields {
-        packed.push_str(&field.len().to_string());
-        packed.push(':');
-        packed.push_str(field);
-    }
-    packed
+    ]
 }
 
 fn corrupt(what: &str) -> StoreError {
@@ -245,6 +269,19 @@ pub(super) fn outcome(answer: redis::Value) -> Result<(String, Vec<redis::Value>
     }
 }
 
+/// Whether a flat script's answer is `{ 'slow' }`: off its common path, for the library's
+/// script to decide.
+pub(super) fn is_slow(answer: &redis::Value) -> bool {
+    let redis::Value::Array(items) = answer else {
+        return false;
+    };
+    match items.first() {
+        Some(redis::Value::BulkString(outcome)) => outcome.as_slice() == b"slow",
+        Some(redis::Value::SimpleString(outcome)) => outcome == "slow",
+        _ => false,
+    }
+}
+
 /// The packed call in `value`, read; `None` for nil or false.
 pub(super) fn call_in(value: Option<redis::Value>) -> Result<Option<RequestRecord>, StoreError> {
     match value {
@@ -261,6 +298,48 @@ mod tests {
     use super::*;
     use crate::store::NewRequest;
     use toolrelay::wire::ToolResponse;
+
+    /// The pieces `flat_enqueue.lua` joins, joined as it joins them, are the call packed: as
+    /// made here (queued, or a built-in call delivered to the relay) and handed to a tab.
+    #[test]
+    fn a_queued_call_s_pieces_join_into_the_call_packed() {
+        let field = |value: &str| format!("{}:{value}", value.len());
+        for builtin in [false, true] {
+            let mut record = RequestRecord::queued(
+                NewRequest {
+                    id: "r-1".into(),
+                    tool_id: None,
+                    function_name: "echo".into(),
+                    args: serde_json::json!({"text": "a:b"}),
+                    created_at: Timestamp(1_700_000_000_000),
+                    deadline: Timestamp(1_700_000_060_000),
+                    builtin,
+                    correlation_id: None,
+                    caller: Some("mcp:0123456789abcdef01234567".into()),
+                },
+                0,
+            );
+            let [head, middle, state, times, tail] = pieces(&record);
+            record.seq = 12;
+            assert_eq!(
+                format!("{head}{}{middle}{state}{tail}", field("12")),
+                pack(&record)
+            );
+            record.status = RequestStatus::Delivered;
+            record.delivered_to = Some("tab-1".into());
+            record.lease_until = Some(record.deadline);
+            record.deliveries = 1;
+            let handed = format!(
+                "{head}{}{middle}{}{times}{}{}{}{tail}",
+                field("12"),
+                field("delivered"),
+                field("tab-1"),
+                field("1700000060000"),
+                field("1")
+            );
+            assert_eq!(handed, pack(&record));
+        }
+    }
 
     #[test]
     fn a_call_reads_back_as_it_was_packed() {

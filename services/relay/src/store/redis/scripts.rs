@@ -72,6 +72,13 @@ arguments! {
         id, packed, max_pending, until_ms, revision, rate_interval, rate_tolerance, approval,
         approver,
     }
+    /// `lua/flat_enqueue.lua`.
+    FlatEnqueue {
+        id, head, middle, state, times, tail, builtin, deadline, max_pending, until_ms,
+        revision, rate_interval, rate_tolerance, approval, approver,
+    }
+    /// `lua/flat_finish.lua`.
+    FlatFinish { id, status, response, cost, until_ms, answerer, connection, share }
     /// `lua/change_approvals.lua`.
     ChangeApprovals {
         book_set, expected_set, expected, book, approves, refused, allow, allow_kept, revoke,
@@ -125,6 +132,18 @@ impl<A: Named> SessionScript<A> {
         }
     }
 
+    /// A flat session script: its body alone (with the rules' constants and GCRA), no
+    /// library; it answers in the session script's envelope itself.
+    fn flat(body: &'static str, sharded: bool) -> Self {
+        Self {
+            script: script(&[GCRA, body], sharded),
+            replicated: false,
+            #[cfg(test)]
+            body,
+            arguments: PhantomData,
+        }
+    }
+
     /// The same, its writes waiting for replicas when asked to.
     fn replicated(self) -> Self {
         Self {
@@ -148,9 +167,11 @@ pub(super) struct Scripts {
     pub manifest: SessionScript<NoArguments>,
     pub store_manifest: Script,
     pub enqueue: SessionScript<Enqueue<'static>>,
+    pub flat_enqueue: SessionScript<FlatEnqueue<'static>>,
     pub approvals: SessionScript<NoArguments>,
     pub change_approvals: SessionScript<ChangeApprovals<'static>>,
     pub finish: SessionScript<Finish<'static>>,
+    pub flat_finish: SessionScript<FlatFinish<'static>>,
     pub claim: SessionScript<ClaimCalls<'static>>,
     pub request: SessionScript<Request<'static>>,
     pub responses: SessionScript<NoArguments>,
@@ -215,10 +236,14 @@ impl Scripts {
             manifest: SessionScript::new(include_str!("lua/manifest.lua"), sharded),
             store_manifest: script(&[include_str!("lua/store_manifest.lua")], sharded),
             enqueue: SessionScript::new(include_str!("lua/enqueue.lua"), sharded).replicated(),
+            flat_enqueue: SessionScript::flat(include_str!("lua/flat_enqueue.lua"), sharded)
+                .replicated(),
             approvals: SessionScript::new(include_str!("lua/approvals.lua"), sharded),
             change_approvals: SessionScript::new(include_str!("lua/change_approvals.lua"), sharded)
                 .replicated(),
             finish: SessionScript::new(include_str!("lua/finish.lua"), sharded).replicated(),
+            flat_finish: SessionScript::flat(include_str!("lua/flat_finish.lua"), sharded)
+                .replicated(),
             claim: SessionScript::new(include_str!("lua/claim.lua"), sharded),
             request: SessionScript::new(include_str!("lua/request.lua"), sharded),
             responses: SessionScript::new(include_str!("lua/responses.lua"), sharded),
@@ -239,7 +264,7 @@ impl Scripts {
 
     /// Every script, to load at connect (so a replica's first calls after a Redis restart do
     /// not each meet `NOSCRIPT` first).
-    pub(super) fn all(&self) -> [&Script; 30] {
+    pub(super) fn all(&self) -> [&Script; 32] {
         [
             &self.insert.script,
             &self.session.script,
@@ -253,9 +278,11 @@ impl Scripts {
             &self.manifest.script,
             &self.store_manifest,
             &self.enqueue.script,
+            &self.flat_enqueue.script,
             &self.approvals.script,
             &self.change_approvals.script,
             &self.finish.script,
+            &self.flat_finish.script,
             &self.claim.script,
             &self.request.script,
             &self.responses.script,
@@ -317,9 +344,11 @@ mod tests {
         assert_named(&scripts.set_manifest);
         assert_named(&scripts.manifest);
         assert_named(&scripts.enqueue);
+        assert_named(&scripts.flat_enqueue);
         assert_named(&scripts.approvals);
         assert_named(&scripts.change_approvals);
         assert_named(&scripts.finish);
+        assert_named(&scripts.flat_finish);
         assert_named(&scripts.claim);
         assert_named(&scripts.request);
         assert_named(&scripts.responses);
@@ -349,6 +378,17 @@ mod tests {
         ] {
             assert!(!body.contains("PUBLISH"), "only the library publishes");
         }
+        // A flat script publishes by itself, in the one way that is switched.
+        for flat in [
+            include_str!("lua/flat_enqueue.lua"),
+            include_str!("lua/flat_finish.lua"),
+        ] {
+            assert_eq!(
+                flat.matches("PUBLISH").count(),
+                flat.matches(PUBLISH).count()
+            );
+            assert!(!source(&[flat], true).contains(PUBLISH));
+        }
     }
 
     /// The scripts spell no number the rules module owns: each comes from the preamble (unit
@@ -359,6 +399,8 @@ mod tests {
             GCRA,
             LIBRARY,
             include_str!("lua/enqueue.lua"),
+            include_str!("lua/flat_enqueue.lua"),
+            include_str!("lua/flat_finish.lua"),
             include_str!("lua/finish.lua"),
             include_str!("lua/claim.lua"),
             include_str!("lua/lease_builtin.lua"),

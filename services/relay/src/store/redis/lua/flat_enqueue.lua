@@ -1,0 +1,101 @@
+-- The common path of enqueue.lua, flat (no library): one HMGET of the fields it needs, its
+-- checks, at most one rate spend, one HSET, one publish. The call's record is the replica's,
+-- in pieces Lua joins around what only the session knows (its place in the queue, whom it is
+-- handed to) and never parses: `head` (the id's field), `middle` (tool, function, arguments),
+-- `state` (status to deliveries, as the replica made them: a built-in call starts out
+-- delivered to the relay), `times` (created, deadline, for a call handed to the tab),
+-- `tail` (answer … caller), each packed as `<length>:<value>`.
+-- Anything off the common path — no live session past its expiry, a manifest that moved, an
+-- id that is taken, a caller the person must be asked about, a full queue — answers
+-- `{ 'slow' }` before anything is written or spent, and the replica runs enqueue.lua, which
+-- decides it with the library. Answers as enqueue.lua does otherwise, in the session script's
+-- envelope `{ calls expired (0), the expiry slid to (0: none), the answer }`.
+local now = tonumber(ARGV[1])
+local id, head, middle, state, times, tail, builtin, deadline, max_pending, until_ms,
+  revision, rate_interval, rate_tolerance, approval, approver =
+  ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10],
+  tonumber(ARGV[11]), tonumber(ARGV[12]), ARGV[13], ARGV[14], ARGV[15], ARGV[16], ARGV[17]
+local s = KEYS[1] .. 's'
+
+-- The library's SESSION_FIELDS in its order (the replica reads them back: 1 to 19), then
+-- the call's field, the queue and the caller's approval.
+local v = redis.call('HMGET', s, 'code', 'token_hash', 'created_at', 'expires_at',
+  'max_expires_at', 'keys_until', 'mcp_handle', 'manifest', 'manifest_revision', 'next_seq',
+  'pending', 'finished', 'answer_bytes', 'kept_from', 'oldest_at', 'p_conn', 'p_transport',
+  'p_connected_at', 'p_last_seen', 'r:' .. id, 'queue', 'ap_on', 'a:' .. approver)
+local EXPIRES_AT, MAX_EXPIRES_AT, KEYS_UNTIL, REVISION, NEXT_SEQ, PENDING, FINISHED, P_CONN,
+  P_TRANSPORT, RECORD, QUEUE, AP_ON, ALLOWED = 4, 5, 6, 9, 10, 11, 12, 16, 17, 20, 21, 22, 23
+
+local function spend()
+  if not KEYS[2] then return 0 end
+  return gcra(KEYS[2], now * 1e3, tonumber(rate_interval), tonumber(rate_tolerance))
+end
+
+if not v[EXPIRES_AT] then
+  -- As enqueue.lua: the budget is spent first, then the session is found missing.
+  local over = spend()
+  if over > 0 then return { 0, 0, { 'limited', false, false, over } } end
+  return { 0, 0, { 'nosession', false, false } }
+end
+local function number(i)
+  return tonumber(v[i] or '0') or 0
+end
+if number(EXPIRES_AT) <= now
+    or (revision ~= '' and (v[REVISION] or '0') ~= revision)
+    or v[RECORD]
+    or (approval ~= '' and v[AP_ON] == '1' and not v[ALLOWED])
+    or number(PENDING) >= max_pending then
+  return { 0, 0, { 'slow' } }
+end
+local over = spend()
+if over > 0 then return { 0, 0, { 'limited', false, false, over } } end
+
+local function field(value)
+  return #value .. ':' .. value
+end
+local seq = number(NEXT_SEQ) + 1
+local connection = v[P_CONN]
+local handed = builtin ~= '1' and connection and v[P_TRANSPORT] ~= 'polling'
+local packed
+if handed then
+  packed = head .. field(string.format('%.0f', seq)) .. middle .. field('delivered') .. times
+    .. field(connection) .. field(deadline) .. field('1') .. tail
+else
+  packed = head .. field(string.format('%.0f', seq)) .. middle .. state .. tail
+end
+v[NEXT_SEQ] = string.format('%.0f', seq)
+v[PENDING] = string.format('%.0f', number(PENDING) + 1)
+local writes = { 'r:' .. id, packed, 'queue', (v[QUEUE] or '') .. id .. ' ',
+  'pending', v[PENDING], 'next_seq', v[NEXT_SEQ] }
+
+-- rules::slide, as the library's `slide`.
+local slid_to = 0
+local expires, max = number(EXPIRES_AT), number(MAX_EXPIRES_AT)
+local target = math.min(until_ms, max)
+local step = math.floor((target - now) / SLIDE_STEP_DIVISOR)
+if not (target <= expires or (target - expires < step and target ~= max)) then
+  v[EXPIRES_AT] = string.format('%.0f', target)
+  writes[#writes + 1] = 'expires_at'
+  writes[#writes + 1] = v[EXPIRES_AT]
+  slid_to = target
+  if target > number(KEYS_UNTIL) then
+    local keys_until = math.min(max, target + (target - now))
+    v[KEYS_UNTIL] = string.format('%.0f', keys_until)
+    writes[#writes + 1] = 'keys_until'
+    writes[#writes + 1] = v[KEYS_UNTIL]
+    redis.call('PEXPIREAT', s, keys_until)
+    if number(FINISHED) > 0 then redis.call('PEXPIREAT', KEYS[1] .. 'f', keys_until) end
+  end
+end
+redis.call('HSET', s, unpack(writes))
+
+if not handed then
+  redis.call('PUBLISH', KEYS[1] .. 'ev', 'q')
+elseif #packed > ANNOUNCED_ANSWER_BYTES then
+  redis.call('PUBLISH', KEYS[1] .. 'ev', 'h:' .. id)
+else
+  redis.call('PUBLISH', KEYS[1] .. 'ev', 'Q:' .. packed)
+end
+local values = {}
+for i = 1, 19 do values[i] = v[i] or '' end
+return { 0, slid_to, { 'queued', packed, values } }
