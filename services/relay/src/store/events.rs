@@ -79,11 +79,18 @@ impl SessionChannel {
     }
 
     /// Tells the listeners who want to know: the session's streams hear of everything (of an
-    /// answer, its id only); an answer's waiters of it, with the finished call when the store
-    /// sent it along; every waiter of the session's end and of lost events.
+    /// answer, the finished call without its answer — how it ended, so that the tab's
+    /// connection knows a cancelled call without reading it — when the store sent it along);
+    /// an answer's waiters of it, with the finished call; every waiter of the session's end
+    /// and of lost events.
     pub(crate) fn announce(&self, event: SessionEvent) {
         match event {
             SessionEvent::ResponseReady { id, record } => {
+                // Taken before the waiters take the record; none when nobody listens.
+                let brief = record
+                    .as_deref()
+                    .filter(|_| self.events.receiver_count() > 0)
+                    .map(|record| Box::new(record.without_answer()));
                 // Mailboxes are filled under the map's lock (each put is one short lock of its
                 // own, never the other way round): no copy of the list per answer.
                 if let Some(((_, last), others)) = self
@@ -105,7 +112,7 @@ impl SessionChannel {
                 // No subscribers is normal: nobody is listening.
                 let _ = self
                     .events
-                    .send(SessionEvent::ResponseReady { id, record: None });
+                    .send(SessionEvent::ResponseReady { id, record: brief });
             }
             SessionEvent::SessionEnded | SessionEvent::Missed => {
                 for waiting in self.waiters().values() {

@@ -241,6 +241,30 @@ pub fn callers_call_hash(
 }
 
 impl RequestRecord {
+    /// The same call without its answer (or arguments): how it stands, cheap to copy.
+    pub fn without_answer(&self) -> Self {
+        Self {
+            id: self.id.clone(),
+            seq: self.seq,
+            tool_id: self.tool_id.clone(),
+            function_name: self.function_name.clone(),
+            args: Value::Null,
+            status: self.status,
+            created_at: self.created_at,
+            deadline: self.deadline,
+            delivered_to: self.delivered_to.clone(),
+            lease_until: self.lease_until,
+            deliveries: self.deliveries,
+            response: None,
+            finished_at: self.finished_at,
+            builtin: self.builtin,
+            correlation_id: self.correlation_id.clone(),
+            call_hash: self.call_hash.clone(),
+            evicted: self.evicted,
+            caller: self.caller.clone(),
+        }
+    }
+
     /// Whether `reader` (a caller's key) may see this call: the caller that made it, anyone
     /// when its caller is unknown, and the relay itself (`None`).
     pub fn made_by(&self, reader: Option<&str>) -> bool {
@@ -552,7 +576,8 @@ pub enum SessionEvent {
         id: String,
         /// The finished call, when the store could send it along (the Redis store does for
         /// answers up to [`rules::ANNOUNCED_ANSWER_BYTES`]), so that a waiter
-        /// need not read it.
+        /// need not read it; on a session's stream, without its answer
+        /// ([`RequestRecord::without_answer`]).
         record: Option<Box<RequestRecord>>,
     },
     /// The connection with this id is now the provider.
