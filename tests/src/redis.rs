@@ -345,6 +345,23 @@ impl RedisServer {
     /// Commands it has run since it started, the commands that scripts run counted one by
     /// one (`INFO commandstats`' calls, summed; the `INFO` asking for it included).
     pub async fn commands_run(&self) -> u64 {
+        self.command_calls()
+            .await
+            .into_iter()
+            .map(|(_, calls)| calls)
+            .sum()
+    }
+
+    /// Scripts it has run since it started (`INFO commandstats`' `EVALSHA` calls).
+    pub async fn scripts_run(&self) -> u64 {
+        let mut calls = self.command_calls().await.into_iter();
+        calls
+            .find_map(|(command, calls)| (command == "evalsha").then_some(calls))
+            .unwrap_or(0)
+    }
+
+    /// `INFO commandstats` as `(command, calls)`.
+    async fn command_calls(&self) -> Vec<(String, u64)> {
         let mut connection = self.connection().await.unwrap();
         let info: String = redis::cmd("INFO")
             .arg("commandstats")
@@ -353,33 +370,16 @@ impl RedisServer {
             .unwrap();
         info.lines()
             .filter_map(|line| {
-                line.split_once("calls=")?
-                    .1
-                    .split(',')
-                    .next()?
-                    .parse::<u64>()
-                    .ok()
-            })
-            .sum()
-    }
-
-    /// Scripts it has run since it started (`INFO commandstats`' `EVALSHA` calls).
-    pub async fn scripts_run(&self) -> u64 {
-        let mut connection = self.connection().await.unwrap();
-        let info: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query_async(&mut connection)
-            .await
-            .unwrap();
-        info.lines()
-            .find_map(|line| {
-                line.strip_prefix("cmdstat_evalsha:calls=")?
+                let (command, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+                let calls = stats
+                    .strip_prefix("calls=")?
                     .split(',')
                     .next()?
                     .parse()
-                    .ok()
+                    .ok()?;
+                Some((command.to_owned(), calls))
             })
-            .unwrap_or(0)
+            .collect()
     }
 
     /// Stops it (SIGKILL: what a crash or a pulled plug does).

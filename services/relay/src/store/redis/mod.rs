@@ -58,9 +58,9 @@ pub use self::link::install_tls_provider;
 use self::link::{Connection, Link};
 use self::records::{call_in, counted, is_slow, missing, outcome, unexpected, unreadable};
 use self::scripts::{
-    Arguments, ChangeApprovals, ClaimCalls, ClearProvider, Enqueue, Finish, FlatEnqueue,
-    FlatFinish, Insert, LeaseBuiltin, Named, NoArguments, Request, Scripts, SessionScript,
-    SetManifest, SetProvider, SetToken, Touch,
+    Arguments, ChangeApprovals, ClaimCalls, ClearProvider, Enqueue, Finish, FlatEnqueue, Insert,
+    LeaseBuiltin, Named, NoArguments, Request, Scripts, SessionScript, SetManifest, SetProvider,
+    SetToken, Touch,
 };
 use super::memory::StoreLimits;
 use super::{
@@ -602,9 +602,9 @@ impl SessionStore for RedisStore {
         let max_pending = max_pending.to_string();
         let until_ms = until.0.to_string();
         // The common path first, flat; anything else the library's script decides.
+        let queued = RequestRecord::queued(request.clone(), 0);
         let mut answer = None;
         if self.flat_scripts {
-            let queued = RequestRecord::queued(request.clone(), 0);
             let [head, middle, state, times, tail] = records::pieces(&queued);
             let flat: redis::Value = self
                 .run(
@@ -635,7 +635,7 @@ impl SessionStore for RedisStore {
         let answer = match answer {
             Some(answer) => answer,
             None => {
-                let packed = records::pack(&RequestRecord::queued(request.clone(), 0));
+                let packed = records::pack(&queued);
                 let arguments = Enqueue {
                     id: &request.id,
                     packed: &packed,
@@ -872,38 +872,30 @@ impl SessionStore for RedisStore {
         };
         let (cost, until_ms) = (cost.to_string(), until.0.to_string());
         let share = self.limits.session_answer_budget.to_string();
+        // Both scripts take the same arguments.
+        let arguments = || Finish {
+            id,
+            status: status.as_str(),
+            response: &response,
+            cost: &cost,
+            until_ms: &until_ms,
+            answerer,
+            connection,
+            share: &share,
+        };
         // The common path first, flat; anything else the library's script decides.
         let mut answer = None;
         if self.flat_scripts {
-            let arguments = FlatFinish {
-                id,
-                status: status.as_str(),
-                response: &response,
-                cost: &cost,
-                until_ms: &until_ms,
-                answerer,
-                connection,
-                share: &share,
-            };
             let flat: redis::Value = self
-                .run(&self.scripts.flat_finish, code, &[], arguments)
+                .run(&self.scripts.flat_finish, code, &[], arguments())
                 .await?;
             answer = (!is_slow(&flat)).then_some(flat);
         }
         let answer = match answer {
             Some(answer) => answer,
             None => {
-                let arguments = Finish {
-                    id,
-                    status: status.as_str(),
-                    response: &response,
-                    cost: &cost,
-                    until_ms: &until_ms,
-                    answerer,
-                    connection,
-                    share: &share,
-                };
-                self.run(&self.scripts.finish, code, &[], arguments).await?
+                self.run(&self.scripts.finish, code, &[], arguments())
+                    .await?
             }
         };
         let (outcome, items) = outcome(answer)?;

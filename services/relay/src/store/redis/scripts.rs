@@ -77,8 +77,6 @@ arguments! {
         id, head, middle, state, times, tail, builtin, deadline, max_pending, until_ms,
         revision, rate_interval, rate_tolerance, approval, approver,
     }
-    /// `lua/flat_finish.lua`.
-    FlatFinish { id, status, response, cost, until_ms, answerer, connection, share }
     /// `lua/change_approvals.lua`.
     ChangeApprovals {
         book_set, expected_set, expected, book, approves, refused, allow, allow_kept, revoke,
@@ -171,7 +169,8 @@ pub(super) struct Scripts {
     pub approvals: SessionScript<NoArguments>,
     pub change_approvals: SessionScript<ChangeApprovals<'static>>,
     pub finish: SessionScript<Finish<'static>>,
-    pub flat_finish: SessionScript<FlatFinish<'static>>,
+    /// `lua/flat_finish.lua`: the same arguments as `finish`.
+    pub flat_finish: SessionScript<Finish<'static>>,
     pub claim: SessionScript<ClaimCalls<'static>>,
     pub request: SessionScript<Request<'static>>,
     pub responses: SessionScript<NoArguments>,
