@@ -17,8 +17,10 @@ step "cargo build (the binaries the end-to-end tests start)"
 cargo build --workspace --bins --locked
 step "cargo test (in-memory store; the store conformance suite runs on Redis as well)"
 cargo test --workspace --locked
-step "cargo test: the relay, gateway, cancellation, claim, operability, shared-address, ceiling and approval suites again, on Redis (TOOLRELAY_TEST_STORE=redis)"
+step "cargo test: the relay, gateway, cancellation, claim, operability, shared-address, ceiling and approval suites again, on Redis (TOOLRELAY_TEST_STORE=redis; calls routed, each handed to its tab in the process)"
 TOOLRELAY_TEST_STORE=redis cargo test --locked -p toolrelay-tests --test relay --test gateway --test cancel --test claims --test operability --test shared_address --test ceilings --test approval --test own_calls
+step "cargo test: the fleet suites again with calls by Redis pub/sub alone (TOOLRELAY_TEST_ROUTE=pubsub; above, relays route them: REPLICA_URL)"
+TOOLRELAY_TEST_ROUTE=pubsub cargo test --locked -p toolrelay-tests --test replicas --test drain --test redis_operated --test idle
 step "browser tests (the CODAP plugin in chromium)"
 npm --prefix tests/browser test
 step "container image (scripts/image.sh: release build, base and venv cached under ~/.cache/toolrelay/image)"

@@ -94,6 +94,15 @@ enum StoreChoice {
     Both,
 }
 
+/// How replicas on Redis reach a call's tab.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum RouteChoice {
+    /// By Redis pub/sub alone (no `REPLICA_URL`): the default deployment.
+    Pubsub,
+    /// Routed to the tab's replica (`REPLICA_URL` on each relay, the Redis store only).
+    Routed,
+}
+
 /// The coordinator's options.
 #[derive(Debug, Clone, Args)]
 struct Bench {
@@ -111,6 +120,11 @@ struct Bench {
     /// three primaries carries per shard.
     #[arg(long, value_enum, value_delimiter = ',', action = ArgAction::Set, default_value = "primary")]
     redis: Vec<redis::Topology>,
+    /// How replicas on Redis reach a call's tab: by pub/sub, or routed to the tab's replica
+    /// (`REPLICA_URL`). `REDIS_SCRIPTS=library` in the bench's environment chooses the library's
+    /// scripts over the flat ones (the relays inherit it).
+    #[arg(long, value_enum, default_value_t = RouteChoice::Pubsub)]
+    route: RouteChoice,
     /// How tabs attach, comma-separated (the floor has WebSocket only; idle: ws, sse, grpc).
     #[arg(long, value_enum, value_delimiter = ',', action = ArgAction::Set, default_value = "ws")]
     transport: Vec<Transport>,
@@ -219,6 +233,13 @@ async fn coordinate(bench: Bench) -> anyhow::Result<()> {
         floor: own_dir,
         idle_manifest: idle_manifest.as_ref().map(|(path, _)| path.clone()),
     };
+    if bench.store != StoreChoice::Memory {
+        let scripts = std::env::var("REDIS_SCRIPTS").unwrap_or_else(|_| "flat".to_owned());
+        println!(
+            "Redis: {scripts} scripts, calls between replicas {:?}",
+            bench.route
+        );
+    }
     let redis: Vec<Option<redis::Topology>> = bench.redis.iter().copied().map(Some).collect();
     let stores: Vec<Option<redis::Topology>> = match bench.store {
         StoreChoice::Memory => vec![None],

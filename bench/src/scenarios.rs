@@ -45,7 +45,11 @@ pub async fn start(target: Target, bench: &Bench, dirs: &Dirs) -> anyhow::Result
         } => Some(Redis::start(topology).await?),
         _ => None,
     };
-    let env = redis.as_ref().map(Redis::env).unwrap_or_default();
+    let mut env = redis.as_ref().map(Redis::env).unwrap_or_default();
+    if redis.is_some() && bench.route == crate::RouteChoice::Routed {
+        // Port 0: each relay's own gRPC port, as its listener bound it.
+        env.push(("REPLICA_URL", "http://127.0.0.1:0".to_owned()));
+    }
     let system = System::start(target, &dirs.bin, &dirs.floor, &env, !bench.no_call_log).await?;
     Ok(Running { system, redis })
 }

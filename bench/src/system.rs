@@ -321,6 +321,7 @@ pub async fn spawn(
         .env_remove("REDIS_CLUSTER_URLS")
         .env_remove("REDIS_SENTINELS")
         .env_remove("REDIS_WAIT_REPLICAS")
+        .env_remove("REPLICA_URL")
         .envs(env.iter().copied())
         .env("LOG_FORMAT", "json")
         .env(

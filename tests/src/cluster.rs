@@ -10,7 +10,9 @@ use std::net::SocketAddr;
 use serde_json::Value;
 use tokio::process::Child;
 use toolrelay_gateway::config::{ENV_LISTEN, ENV_RELAY_URL};
-use toolrelay_relay::config::{ENV_GATEWAY_SECRET, ENV_GRPC_LISTEN, ENV_REDIS_URL, ENV_WS_LISTEN};
+use toolrelay_relay::config::{
+    ENV_GATEWAY_SECRET, ENV_GRPC_LISTEN, ENV_REDIS_URL, ENV_REPLICA_URL, ENV_WS_LISTEN,
+};
 
 use crate::redis::RedisServer;
 use crate::system::{Answer, Logs, send, spawn_logged, until_ready};
@@ -134,6 +136,10 @@ impl Cluster {
                 (ENV_WS_LISTEN, "127.0.0.1:0"),
                 (ENV_GATEWAY_SECRET, crate::GATEWAY_SECRET),
             ];
+            // Port 0: the port its gRPC listener binds.
+            if crate::test_routed() {
+                all.push((ENV_REPLICA_URL, "http://127.0.0.1:0"));
+            }
             all.extend_from_slice(env);
             let logs = Logs::default();
             let (child, line) = spawn_logged(

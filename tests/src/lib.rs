@@ -173,6 +173,20 @@ pub fn from_other_address() -> reqwest::Client {
 /// The variable that runs the end-to-end suites on Redis: `TOOLRELAY_TEST_STORE=redis`.
 pub const ENV_TEST_STORE: &str = "TOOLRELAY_TEST_STORE";
 
+/// The variable that chooses how replicas on Redis reach a call's tab in the suites:
+/// `routed` (the default: each relay has `REPLICA_URL`, calls go to the tab's replica) or
+/// `pubsub` (no `REPLICA_URL`: by Redis pub/sub alone).
+pub const ENV_TEST_ROUTE: &str = "TOOLRELAY_TEST_ROUTE";
+
+/// Whether relays on Redis route calls to their tab's replica in this run ([`ENV_TEST_ROUTE`]).
+pub fn test_routed() -> bool {
+    match std::env::var(ENV_TEST_ROUTE).as_deref() {
+        Ok("routed" | "") | Err(_) => true,
+        Ok("pubsub") => false,
+        Ok(other) => panic!("{ENV_TEST_ROUTE}={other}: use routed or pubsub"),
+    }
+}
+
 /// A Redis of the test's own when the suites run in Redis mode ([`ENV_TEST_STORE`]).
 pub async fn test_redis() -> Option<redis::RedisServer> {
     match std::env::var(ENV_TEST_STORE).as_deref() {
@@ -232,12 +246,19 @@ impl TestRelay {
 
     async fn serving(mut config: RelayConfig, redis: Option<redis::RedisServer>) -> Self {
         config.validate().unwrap();
-        if let Some(redis) = &redis {
-            config.store = toolrelay_relay::config::StoreConfig::Redis(Box::new(
-                toolrelay_relay::config::RedisSettings::primary(redis.url(), "test:"),
-            ));
-        }
         let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        if let Some(redis) = &redis {
+            let mut settings =
+                toolrelay_relay::config::RedisSettings::primary(redis.url(), "test:");
+            // One replica: every call routed is handed to its tab in the process.
+            if test_routed() {
+                settings.routing = Some(toolrelay_relay::config::Routing {
+                    url: format!("http://{}", grpc.local_addr().unwrap()),
+                    proof: GATEWAY_SECRET.to_owned(),
+                });
+            }
+            config.store = toolrelay_relay::config::StoreConfig::Redis(Box::new(settings));
+        }
         let websocket = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addresses = (grpc.local_addr().unwrap(), websocket.local_addr().unwrap());
         let metrics = toolrelay_relay::Metrics::new("toolrelay-test");

@@ -354,9 +354,14 @@ impl RedisServer {
 
     /// Scripts it has run since it started (`INFO commandstats`' `EVALSHA` calls).
     pub async fn scripts_run(&self) -> u64 {
+        self.calls_of("evalsha").await
+    }
+
+    /// How often it ran `command` (lower case; those its scripts ran included) since it started.
+    pub async fn calls_of(&self, command: &str) -> u64 {
         let mut calls = self.command_calls().await.into_iter();
         calls
-            .find_map(|(command, calls)| (command == "evalsha").then_some(calls))
+            .find_map(|(name, calls)| (name == command).then_some(calls))
             .unwrap_or(0)
     }
 

@@ -1919,3 +1919,296 @@ async fn the_flat_finish_takes_the_common_path_and_leaves_the_rest_to_the_librar
     };
     assert_eq!((record.status, scripts), (RequestStatus::Expired, 2));
 }
+
+/// A store that routes (`REPLICA_URL` as `me`) on `server`, at the manual clock `clock`.
+async fn routed_store(
+    server: &RedisServer,
+    me: &str,
+    clock: &Clock,
+    metrics: &Metrics,
+) -> Arc<RedisStore> {
+    let settings = RedisSettings {
+        routing: Some(toolrelay_relay::config::Routing {
+            url: me.to_owned(),
+            proof: "secret".to_owned(),
+        }),
+        ..RedisSettings::primary(server.url(), "test:")
+    };
+    RedisStore::connect(&settings, clock.clone(), limits(), metrics.clone())
+        .await
+        .unwrap()
+}
+
+/// The next event of `events` that `wanted` picks, within the patience.
+async fn next_of<T>(events: &mut EventStream, wanted: impl Fn(SessionEvent) -> Option<T>) -> T {
+    tokio::time::timeout(PATIENCE, async {
+        loop {
+            if let Some(found) = wanted(events.next().await.expect("the stream goes on")) {
+                return found;
+            }
+        }
+    })
+    .await
+    .expect("the event came")
+}
+
+/// Routing on Redis (issue 41): a call that may be routed, whose session's tab is on this
+/// replica, is handed to the tab and its answer told to its waiter in the process — neither
+/// announced on Redis (no `PUBLISH`), both kept there; a call asked again (perhaps through
+/// another replica) has its answer announced; a call not to be routed is announced as
+/// before; and a call whose tab's replica cannot be reached is announced on Redis at once.
+#[tokio::test]
+async fn a_routed_call_is_handed_over_in_the_process_and_kept_in_redis() {
+    let server = RedisServer::start().await;
+    let (clock, _hand) = Clock::manual(wall_now());
+    let metrics = Metrics::default();
+    let me = "http://127.0.0.1:9";
+    let store = routed_store(&server, me, &clock, &metrics).await;
+    let now = clock.now();
+    let code = code_of("ABCD2345");
+    assert!(
+        store
+            .insert_session(session("ABCD2345", now, HOUR))
+            .await
+            .unwrap()
+    );
+    store
+        .set_provider(&code, attached("tab-1", Transport::WebSocket, now))
+        .await
+        .unwrap();
+    let mut tab = store.subscribe(&code).await.unwrap().unwrap();
+    let until = Timestamp(now.0 + 1_000);
+    let routed = EnqueueChecks {
+        route: true,
+        ..EnqueueChecks::default()
+    };
+    let enqueue = async |id: &str, checks: EnqueueChecks| {
+        let (enqueued, _) = store
+            .enqueue_checked(&code, &call(id, now, json!({})), 10, until, checks)
+            .await
+            .unwrap();
+        enqueued
+    };
+    let finish = async |id: &str| {
+        store
+            .finish(
+                &code,
+                id,
+                RequestStatus::Completed,
+                answer(id, json!(id)),
+                Answerer::Connection("tab-1"),
+                now,
+                until,
+            )
+            .await
+            .unwrap()
+    };
+
+    let published = server.calls_of("publish").await;
+    let mut waiter = store.listen_for_answer(&code, "r1").await.unwrap();
+    let queued = enqueue("r1", routed.clone()).await;
+    assert!(
+        matches!(&queued, Enqueued::Queued(record) if record.delivered_to.as_deref() == Some("tab-1")),
+        "{queued:?}"
+    );
+    let handed = next_of(&mut tab, |event| match event {
+        SessionEvent::CallHanded(record) => Some(record),
+        _ => None,
+    })
+    .await;
+    assert_eq!((handed.id.as_str(), handed.seq), ("r1", 1));
+    let kept = store.request(&code, "r1").await.unwrap().unwrap();
+    assert_eq!(
+        kept.status,
+        RequestStatus::Delivered,
+        "queued in Redis all the same"
+    );
+    assert!(matches!(finish("r1").await, Finished::Finished(_)));
+    let told = next_of(&mut waiter, |event| match event {
+        SessionEvent::ResponseReady { record, .. } => Some(record),
+        _ => None,
+    })
+    .await
+    .expect("told with the call");
+    assert_eq!(told.response.unwrap().result, Some(json!("r1")));
+    assert_eq!(
+        server.calls_of("publish").await - published,
+        0,
+        "neither the call nor its answer announced on Redis"
+    );
+    let kept = store.request(&code, "r1").await.unwrap().unwrap();
+    assert_eq!(kept.status, RequestStatus::Completed, "finished in Redis");
+
+    // Asked again before its answer (perhaps through another replica): the call is announced
+    // again (a replica that never handed it over — its queueing answered an error — has it
+    // reach the tab this way) and its answer is announced for the waiter elsewhere.
+    let published = server.calls_of("publish").await;
+    assert!(matches!(
+        enqueue("r2", routed.clone()).await,
+        Enqueued::Queued(_)
+    ));
+    assert_eq!(server.calls_of("publish").await - published, 0);
+    assert!(matches!(
+        enqueue("r2", routed.clone()).await,
+        Enqueued::Existing(_)
+    ));
+    assert_eq!(
+        server.calls_of("publish").await - published,
+        1,
+        "the call again"
+    );
+    assert!(matches!(finish("r2").await, Finished::Finished(_)));
+    assert_eq!(
+        server.calls_of("publish").await - published,
+        2,
+        "and its answer"
+    );
+
+    // Not to be routed (its caller does not wait on this replica): announced as before.
+    let published = server.calls_of("publish").await;
+    assert!(matches!(
+        enqueue("r3", EnqueueChecks::default()).await,
+        Enqueued::Queued(_)
+    ));
+    assert!(matches!(finish("r3").await, Finished::Finished(_)));
+    assert_eq!(server.calls_of("publish").await - published, 2);
+
+    // The tab on a replica nobody answers at: routed there, the call falls back to Redis at
+    // once — the tab's replica hears of it by its id — and that replica is passed over.
+    let elsewhere = routed_store(&server, "http://127.0.0.1:1", &clock, &metrics).await;
+    elsewhere
+        .set_provider(&code, attached("tab-2", Transport::WebSocket, now))
+        .await
+        .unwrap();
+    let mut moved = elsewhere.subscribe(&code).await.unwrap().unwrap();
+    assert!(matches!(
+        enqueue("r4", routed.clone()).await,
+        Enqueued::Queued(_)
+    ));
+    let handed = next_of(&mut moved, |event| match event {
+        SessionEvent::CallHanded(record) => Some(record),
+        _ => None,
+    })
+    .await;
+    assert_eq!(
+        (handed.id.as_str(), handed.delivered_to.as_deref()),
+        ("r4", Some("tab-2"))
+    );
+    assert_eq!(
+        sample(&metrics, r#"toolrelay_routed_calls_total{way="fallback"}"#).await,
+        1.0
+    );
+    // Passed over now: the next call is announced by the script itself.
+    let published = server.calls_of("publish").await;
+    assert!(matches!(enqueue("r5", routed).await, Enqueued::Queued(_)));
+    assert_eq!(server.calls_of("publish").await - published, 1);
+    assert_eq!(
+        sample(&metrics, r#"toolrelay_routed_calls_total{way="fallback"}"#).await,
+        1.0
+    );
+}
+
+/// What a finished call keeps in Redis for its retention beyond its answer, measured the way
+/// issue 41 asks (`MEMORY USAGE`, exact with `SAMPLES 0`, of the session's hash and its list
+/// of finished calls, before and after 500 calls as the relay makes them: 128-bit ids, a
+/// connection's id, a caller's key, a correlation id; less their answers' bytes), is no more
+/// than the answer budget counts for it (`rules::answer_cost` less the answer): the budget
+/// bounds what Redis really keeps. (449 bytes on Redis 7.0 here; the issue's goal of 300 is
+/// missed, BENCHMARKS.md says by what.)
+#[tokio::test]
+async fn a_finished_call_keeps_no_more_in_redis_than_the_budget_counts() {
+    const CALLS: usize = 500;
+    // Budgets that keep every answer: none is evicted during the count.
+    let fixture = redis(StoreLimits {
+        answer_budget: 64 * 1024 * 1024,
+        session_answer_budget: 8 * 1024 * 1024,
+        ..limits()
+    })
+    .await;
+    let server = fixture
+        ._redis
+        .as_ref()
+        .and_then(|redis| redis.downcast_ref::<RedisServer>())
+        .unwrap();
+    let now = fixture.now();
+    let code = code_of("ABCD2345");
+    assert!(
+        fixture
+            .store
+            .insert_session(session("ABCD2345", now, HOUR))
+            .await
+            .unwrap()
+    );
+    let connection = toolrelay_relay::code::random_id();
+    fixture
+        .store
+        .set_provider(&code, attached(&connection, Transport::WebSocket, now))
+        .await
+        .unwrap();
+    let mut redis = server.connection().await.unwrap();
+    let mut usage = async || {
+        let mut total = 0;
+        for key in ["s", "f"] {
+            let used: Option<usize> = redis::cmd("MEMORY")
+                .arg("USAGE")
+                .arg(format!("test:{{ABCD2345}}:{key}"))
+                .arg("SAMPLES")
+                .arg(0)
+                .query_async(&mut redis)
+                .await
+                .unwrap();
+            total += used.unwrap_or(0);
+        }
+        total
+    };
+    // One finished call first: the list of finished calls exists before the count starts.
+    let mut answers = 0;
+    let until = Timestamp(now.0 + 1_000);
+    let mut before = 0;
+    for n in 0..=CALLS {
+        if n == 1 {
+            before = usage().await;
+            answers = 0;
+        }
+        let id = toolrelay_relay::code::unique_id();
+        let request = NewRequest {
+            caller: Some("k:0123456789abcdef0123456789".into()),
+            correlation_id: Some(toolrelay_relay::code::random_id()),
+            ..call(&id, now, json!({"text": format!("hello {n}")}))
+        };
+        let result = json!({"text": format!("hello {n}")});
+        answers += result.to_string().len();
+        let queued = fixture
+            .store
+            .enqueue(&code, request, 10, until)
+            .await
+            .unwrap();
+        assert!(matches!(queued, Enqueued::Queued(_)), "{queued:?}");
+        let finished = fixture
+            .store
+            .finish(
+                &code,
+                &id,
+                RequestStatus::Completed,
+                answer(&id, result),
+                Answerer::Connection(&connection),
+                now,
+                until,
+            )
+            .await
+            .unwrap();
+        assert!(matches!(finished, Finished::Finished(_)), "{finished:?}");
+    }
+    let kept = (usage().await - before - answers) / CALLS;
+    let responses = fixture.store.responses(&code, None).await.unwrap().unwrap();
+    assert_eq!(responses.len(), CALLS + 1, "every answer kept");
+    // What the budget counts for a call beyond its answer: the record and its id.
+    let counted = toolrelay_relay::store::rules::FINISHED_CALL_BYTES + 32;
+    println!(
+        "a finished call keeps {kept} bytes of Redis beyond its answer; the budget counts {counted}"
+    );
+    assert!(
+        kept <= counted,
+        "a finished call keeps {kept} bytes beyond its answer, the budget counts {counted}"
+    );
+}

@@ -148,6 +148,14 @@ impl Gateways {
         }
     }
 
+    /// Whether `proof` is one of the secrets (never without secrets).
+    pub fn proven(&self, proof: Option<&str>) -> bool {
+        match (&self.secrets, proof) {
+            (Some(secrets), Some(proof)) => secrets.accepts(proof),
+            _ => false,
+        }
+    }
+
     /// The caller of a request from `peer` that may name a client (`claimed`), prove itself a
     /// gateway (`proof`) and present a credential (`bearer`, an API key on consumer RPCs).
     /// With valid proof, the named client, admitted by the gateway; otherwise the peer itself,
@@ -174,11 +182,7 @@ impl Gateways {
         proof: Option<&str>,
         bearer: Option<String>,
     ) -> Caller {
-        let proven = match (&self.secrets, proof) {
-            (Some(secrets), Some(proof)) => secrets.accepts(proof),
-            _ => false,
-        };
-        if proven {
+        if self.proven(proof) {
             let client = claimed.and_then(|value| value.trim().parse::<IpAddr>().ok());
             return Caller::new(client.unwrap_or(peer))
                 .with_identity(identity.and_then(CallerId::parse));

@@ -174,6 +174,7 @@ impl Routes {
         routes
             .0
             .insert(WATCH_MANIFEST, RelayService::watch_manifest_route);
+        routes.0.insert(FORWARD, RelayService::forward_route);
         routes
     }
 }
@@ -182,6 +183,8 @@ impl Routes {
 const CONNECT: &str = "/toolrelay.v1.Relay/Connect";
 /// The `WatchManifest` RPC: a session's manifest changes.
 const WATCH_MANIFEST: &str = "/toolrelay.v1.Relay/WatchManifest";
+/// The `Forward` RPC: a call routed here by another replica.
+const FORWARD: &str = "/toolrelay.v1.Relay/Forward";
 
 impl RelayService {
     /// The gRPC machinery for one RPC: the codec and the message size limits.
@@ -227,6 +230,34 @@ impl RelayService {
                 .server_streaming(service, request)
                 .await)
         })
+    }
+
+    fn forward_route(
+        &self,
+        request: http::Request<Body>,
+    ) -> BoxFuture<http::Response<Body>, Infallible> {
+        let service = Forward(self.clone());
+        Box::pin(async move {
+            Ok(Self::grpc::<pb::ForwardRequest, pb::ForwardEvent>()
+                .server_streaming(service, request)
+                .await)
+        })
+    }
+
+    /// Takes a call routed here by another replica, which proves itself with the gateway
+    /// secret: its answer on the stream.
+    async fn forward(&self, request: Request<pb::ForwardRequest>) -> Reply<ForwardStream> {
+        let proof = metadata_str(request.metadata(), GATEWAY_PROOF_METADATA);
+        if !self.gateways.proven(proof.as_deref()) {
+            return Err(Status::permission_denied(
+                "Forward is for replicas of this relay, proving themselves with GATEWAY_SECRET",
+            ));
+        }
+        let pb::ForwardRequest { code, call } = request.into_inner();
+        let answers = self.relay.accept_routed(&code, call).await?;
+        Ok(Response::new(Box::pin(
+            answers.map(|answer| Ok(pb::ForwardEvent { answer })),
+        )))
     }
 
     /// Attaches a provider: the `Connect` stream both ways.
@@ -300,6 +331,7 @@ impl RelayService {
 
 type ConnectStream = Pin<Box<dyn Stream<Item = Result<pb::RelayMessage, Status>> + Send>>;
 type WatchManifestStream = Pin<Box<dyn Stream<Item = Result<pb::ManifestChanged, Status>> + Send>>;
+type ForwardStream = Pin<Box<dyn Stream<Item = Result<pb::ForwardEvent, Status>> + Send>>;
 
 /// A unary operation's service.
 struct Unary<O>(RelayService, PhantomData<fn() -> O>);
@@ -345,6 +377,20 @@ impl ServerStreamingService<pb::GetManifestRequest> for WatchManifest {
     fn call(&mut self, request: Request<pb::GetManifestRequest>) -> Self::Future {
         let service = self.0.clone();
         Box::pin(async move { service.watch_manifest(request).await })
+    }
+}
+
+/// `Forward`'s service.
+struct Forward(RelayService);
+
+impl ServerStreamingService<pb::ForwardRequest> for Forward {
+    type Response = pb::ForwardEvent;
+    type ResponseStream = ForwardStream;
+    type Future = BoxFuture<Response<ForwardStream>, Status>;
+
+    fn call(&mut self, request: Request<pb::ForwardRequest>) -> Self::Future {
+        let service = self.0.clone();
+        Box::pin(async move { service.forward(request).await })
     }
 }
 

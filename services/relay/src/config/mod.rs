@@ -234,6 +234,18 @@ impl Default for RelayConfig {
 }
 
 impl RelayConfig {
+    /// The settings with `REPLICA_URL`'s port 0 (if any) made the port the gRPC listener bound
+    /// at `grpc`: what the binaries do once they have bound it.
+    #[must_use]
+    pub fn with_grpc_bound(mut self, grpc: SocketAddr) -> Self {
+        if let StoreConfig::Redis(settings) = &mut self.store
+            && let Some(routing) = &mut settings.routing
+        {
+            routing.url = Routing::bound(&routing.url, grpc);
+        }
+        self
+    }
+
     /// How often the replica keeps its tabs' sessions alive: `tab_refresh`, at most a quarter
     /// of the session's time to live.
     pub fn tab_refresh_period(&self) -> Duration {
@@ -531,6 +543,44 @@ impl ServiceArgs {
                 StoreConfig::Redis(Box::new(settings))
             }))
     }
+
+    /// [`ServiceArgs::store_config`], routing calls between replicas when `REPLICA_URL` is set:
+    /// only on Redis, and only with the secret the replicas prove themselves with.
+    pub fn routed_store_config(
+        &self,
+        secrets: Option<&GatewaySecrets>,
+    ) -> Result<StoreConfig, String> {
+        let mut store = self.store_config()?;
+        let Some(url) = self.redis.replica_url.as_deref().map(str::trim) else {
+            return Ok(store);
+        };
+        let StoreConfig::Redis(settings) = &mut store else {
+            return Err(format!(
+                "{ENV_REPLICA_URL} routes calls between replicas sharing Redis: set REDIS_URL (or the Sentinel or Cluster settings) too, or unset {ENV_REPLICA_URL}"
+            ));
+        };
+        let Some(secrets) = secrets else {
+            return Err(format!(
+                "{ENV_REPLICA_URL} routes calls between replicas, which prove themselves to each other with {ENV_GATEWAY_SECRET}: set {ENV_GATEWAY_SECRET} (or {ENV_GATEWAY_SECRET_FILE}) to the same secret on every replica and gateway"
+            ));
+        };
+        let usable = url
+            .parse::<tonic::codegen::http::Uri>()
+            .ok()
+            .filter(|uri| matches!(uri.scheme_str(), Some("http" | "https")))
+            .and_then(|uri| uri.port_u16().map(|_| uri.host().is_some()))
+            .unwrap_or(false);
+        if !usable {
+            return Err(format!(
+                "{ENV_REPLICA_URL} must be where other replicas reach this one's gRPC, with scheme and port, such as http://10.0.0.7:50051 (got {url:?})"
+            ));
+        }
+        settings.routing = Some(Routing {
+            url: url.to_owned(),
+            proof: secrets.current().to_owned(),
+        });
+        Ok(store)
+    }
 }
 
 /// The logging flag every binary has.
@@ -555,6 +605,7 @@ impl RelayArgs {
                 "{ENV_TRUSTED_GATEWAYS} is no longer used (gateways prove themselves with {ENV_GATEWAY_SECRET}): remove it"
             );
         }
+        let store = service.routed_store_config(gateway_secrets.as_deref())?;
         let config = RelayConfig {
             max_json_depth: service.max_json_depth,
             drain_timeout: service.drain_timeout(),
@@ -584,7 +635,7 @@ impl RelayArgs {
             heartbeat_interval: Duration::from_secs(self.heartbeat_seconds),
             tab_refresh: Duration::from_secs(self.tab_refresh_seconds),
             tab_sweep: Duration::from_secs(self.tab_sweep_seconds),
-            store: service.store_config()?,
+            store,
             connections: service.connection_limits()?,
             ..RelayConfig::default()
         };

@@ -42,6 +42,11 @@ pub const ENV_REDIS_WAIT_MS: &str = "REDIS_WAIT_MS";
 /// `REDIS_SCRIPTS`: `flat` (the default) queues a call with the flat script on its common path;
 /// `library` always with the library's (for measuring one against the other).
 pub const ENV_REDIS_SCRIPTS: &str = "REDIS_SCRIPTS";
+/// `REPLICA_URL`: where the other replicas sharing Redis reach this one's gRPC
+/// (`http://10.0.0.7:50051`; a port of 0 stands for the port `GRPC_LISTEN_ADDR` bound). Set
+/// with `GATEWAY_SECRET`, a call waited for on one replica is routed to the replica holding its
+/// session's tab; unset, calls go by Redis pub/sub alone.
+pub const ENV_REPLICA_URL: &str = "REPLICA_URL";
 
 /// The Redis flags (each mirroring an environment variable).
 #[derive(Debug, Clone, Args)]
@@ -93,6 +98,11 @@ pub struct RedisArgs {
     /// decides the rest); `library`: always by the library's script. For measurement.
     #[arg(long, env = ENV_REDIS_SCRIPTS, default_value = "flat", value_parser = ["flat", "library"])]
     pub redis_scripts: String,
+    /// Where the other replicas reach this one's gRPC (`http://<pod IP>:50051`; port 0: the
+    /// port the gRPC listener bound). With `GATEWAY_SECRET`, calls are routed to the replica
+    /// holding their tab.
+    #[arg(long, env = ENV_REPLICA_URL)]
+    pub replica_url: Option<String>,
 }
 
 /// How to reach Redis and who to be to it, checked.
@@ -114,6 +124,17 @@ pub struct RedisSettings {
     pub wait: Option<WaitReplicas>,
     /// Whether a call is queued by the flat script on its common path (`REDIS_SCRIPTS`).
     pub flat_scripts: bool,
+    /// Calls routed to the replica holding their tab (`REPLICA_URL`), when set.
+    pub routing: Option<Routing>,
+}
+
+/// How a replica routes calls to the replica holding their tab, and is reached for them.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Routing {
+    /// Where the other replicas reach this one's gRPC (`REPLICA_URL`, its port bound).
+    pub url: String,
+    /// What this replica proves itself with to the others (`GATEWAY_SECRET`'s current one).
+    pub proof: String,
 }
 
 /// Where Redis is.
@@ -163,6 +184,27 @@ impl RedisSettings {
             tls: TlsFiles::default(),
             wait: None,
             flat_scripts: true,
+            routing: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for Routing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Routing")
+            .field("url", &self.url)
+            .field("proof", &"<redacted>")
+            .finish()
+    }
+}
+
+impl Routing {
+    /// `url` (`REPLICA_URL`) with a port of 0 standing for `grpc`'s (the port the gRPC
+    /// listener bound).
+    pub fn bound(url: &str, grpc: std::net::SocketAddr) -> String {
+        match url.strip_suffix(":0") {
+            Some(base) => format!("{base}:{}", grpc.port()),
+            None => url.to_owned(),
         }
     }
 }
@@ -184,6 +226,7 @@ impl std::fmt::Debug for RedisSettings {
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("tls", &self.tls)
             .field("wait", &self.wait)
+            .field("routing", &self.routing)
             .finish_non_exhaustive()
     }
 }
@@ -289,6 +332,8 @@ impl RedisArgs {
                 timeout_ms: self.redis_wait_ms,
             }),
             flat_scripts: self.redis_scripts != "library",
+            // Set by `RelayArgs::relay_config`, which has the secret.
+            routing: None,
         }))
     }
 }

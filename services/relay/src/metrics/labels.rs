@@ -161,6 +161,35 @@ impl Refusal {
     }
 }
 
+/// What became of a call that could be routed to its tab's replica (`REPLICA_URL`):
+/// `toolrelay_routed_calls_total{way}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// Its tab is on the replica that queued it: handed over in the process.
+    Local,
+    /// Sent to the replica holding its tab, its answer back on the same stream.
+    Forwarded,
+    /// Taken in from another replica and handed to a tab here (counted by the receiver).
+    Accepted,
+    /// The tab's replica was gone, draining or unreachable: announced on Redis instead.
+    Fallback,
+}
+
+impl Route {
+    pub(super) const ALL: [Self; 4] =
+        [Self::Local, Self::Forwarded, Self::Accepted, Self::Fallback];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Local => "local",
+            Self::Forwarded => "forwarded",
+            Self::Accepted => "accepted",
+            Self::Fallback => "fallback",
+        }
+    }
+}
+
 /// A MIP tool: `toolrelay_mip_runs_total{tool}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MipTool {
@@ -285,6 +314,7 @@ store_operations! {
     Finish = "finish",
     Subscribe = "subscribe",
     Listen = "listen",
+    AcceptRouted = "accept_routed",
     Ping = "ping",
     Usage = "usage",
     PutTicket = "put_ticket",

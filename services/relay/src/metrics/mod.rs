@@ -37,7 +37,9 @@ use prometheus_client::registry::Registry;
 use toolrelay::wire::RequestStatus;
 
 use crate::store::Transport;
-pub use labels::{AnsweredBy, MipOutcome, MipTool, RateLimit, Refusal, RouteLabel, StoreOperation};
+pub use labels::{
+    AnsweredBy, MipOutcome, MipTool, RateLimit, Refusal, Route, RouteLabel, StoreOperation,
+};
 use labels::{ErrorLabels, HttpLabels, RouteLabels, connection_index, method_label, status_index};
 
 /// The `Content-Type` of [`Metrics::render`]'s text: the Prometheus text format, 0.0.4.
@@ -73,6 +75,7 @@ struct Inner {
     providers: [Gauge; 3],
     rate_limited: [Counter; RateLimit::ALL.len()],
     refused: [Counter; Refusal::ALL.len()],
+    routed: [Counter; Route::ALL.len()],
     store_durations: Vec<Histogram>,
     store_errors: Vec<Counter>,
     store_full: Counter,
@@ -170,6 +173,11 @@ impl Metrics {
     /// A connection or request was refused by the protection `reason`.
     pub fn refused(&self, reason: Refusal) {
         self.inner.refused[reason as usize].inc();
+    }
+
+    /// A call that could be routed went `way`.
+    pub fn routed(&self, way: Route) {
+        self.inner.routed[way as usize].inc();
     }
 
     /// What the store holds now, and the budget of its answers.

@@ -12,7 +12,7 @@ use toolrelay::wire::RequestStatus;
 
 use super::labels::{
     AnsweredBy, CONNECTIONS, ErrorLabels, HttpLabels, MipOutcome, MipTool, RateLimit, Refusal,
-    RouteLabels, StoreOperation,
+    Route, RouteLabels, StoreOperation,
 };
 use super::{Inner, Metrics};
 
@@ -116,6 +116,15 @@ impl Metrics {
             "toolrelay_refused",
             "Connections and requests refused by a protection (connection caps, header timeouts, MCP session caps, Fetch Metadata, Host checks, missing gateway proof), by reason",
             refused_family,
+        );
+
+        let route_family = Family::<[(&'static str, &'static str); 1], Counter>::default();
+        let routed =
+            Route::ALL.map(|way| route_family.get_or_create_owned(&[("way", way.as_str())]));
+        registry.register(
+            "toolrelay_routed_calls",
+            "Calls that could go to the replica holding their tab (REPLICA_URL), by what became of them: local (the tab is here), forwarded (sent to its replica), accepted (taken in from another), fallback (announced on Redis instead)",
+            route_family,
         );
 
         let store_family = Family::<[(&'static str, &'static str); 1], Histogram, fn() -> Histogram>::new_with_constructor(
@@ -258,6 +267,7 @@ impl Metrics {
                 providers,
                 rate_limited,
                 refused,
+                routed,
                 store_durations,
                 store_errors,
                 store_full,

@@ -20,7 +20,9 @@ use crate::manifest::Manifest;
 use crate::operation::{Credential, Credentials, Operation, Visitor};
 use crate::pool::Retry;
 use crate::remote::RemoteRelay;
-use crate::store::{ApprovalCheck, EnqueueChecks, Enqueued, NewRequest, RateCharge, RequestRecord};
+use crate::store::{
+    ApprovalCheck, EnqueueChecks, Enqueued, NewRequest, RateCharge, RequestRecord, RoutedAnswer,
+};
 
 impl Relay {
     /// Queues a call after checking it against the manifest; returns at once. Repeating a
@@ -38,6 +40,21 @@ impl Relay {
     ) -> Result<RequestView, RelayError> {
         let (record, connected) = self.queue(code, call, charge, None).await?;
         Ok(RequestView::of(record, connected))
+    }
+
+    /// A call another replica queued and routed here because its session's tab is connected
+    /// to this one (`call`: the record as the store packed it; the gRPC `Forward`, which only
+    /// a replica proving itself with the gateway secret reaches): handed to the tab, its answer
+    /// on the stream. A draining replica takes none: the other announces the call on Redis,
+    /// and the tab hears of it wherever it moves.
+    pub async fn accept_routed(
+        &self,
+        code: &str,
+        call: String,
+    ) -> Result<RoutedAnswer, RelayError> {
+        self.accepting()?;
+        let code = SessionCode::parse(code)?;
+        Ok(self.inner.store.accept_routed(&code, call).await?)
     }
 
     /// [`Relay::submit`]'s work: the call's record, and whether a tab is there to run it.
@@ -84,6 +101,9 @@ impl Relay {
             });
         }
         let given_id = call.request_id.is_some();
+        // A caller that waits for its call here listens for its id before it is queued: such a
+        // call may be routed to its tab's replica, its answer coming back to this one.
+        let waited_for = fresh_id.is_some();
         let request_id = match call.request_id {
             Some(id) if is_valid_request_id(&id) => id,
             Some(_) => return Err(RelayError::InvalidRequestId),
@@ -158,6 +178,7 @@ impl Relay {
                 manifest_revision: Some(revision),
                 charge: charge.take(),
                 approval: approval.clone(),
+                route: waited_for,
             };
             let (enqueued, session) = self
                 .inner

@@ -25,8 +25,8 @@ use super::traits::store_methods;
 use super::{
     Answerer, ApprovalChange, ApprovalState, BudgetStore, Claim, EnqueueChecks, Enqueued,
     EventStream, Finished, Inserted, McpSessionCaps, McpSessionStore, McpSessionsFull, NewRequest,
-    ProviderInfo, RateBudget, Reachable, RequestRecord, SessionRecord, SessionStore, Store,
-    StoreUsage, TabState, TicketStore,
+    ProviderInfo, RateBudget, Reachable, RequestRecord, RoutedAnswer, SessionRecord, SessionStore,
+    Store, StoreUsage, TabState, TicketStore,
 };
 use crate::clock::{Clock, Timestamp};
 use crate::code::SessionCode;

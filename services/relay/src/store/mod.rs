@@ -427,6 +427,10 @@ pub struct EnqueueChecks {
     pub charge: Option<RateCharge>,
     /// Whether the caller must be one the person allowed.
     pub approval: ApprovalCheck,
+    /// Whether the call may be routed to the replica that holds its tab (its caller waits for
+    /// it on this replica; see the Redis store's `route`): a store that does not route
+    /// ignores it.
+    pub route: bool,
 }
 
 /// Whether a call's caller must be one the person allowed, in a session whose tab approves
@@ -595,6 +599,10 @@ pub enum SessionEvent {
 
 /// A session's events; the stream ends when the session does.
 pub type EventStream = Pin<Box<dyn Stream<Item = SessionEvent> + Send>>;
+
+/// The answer to a call routed here from another replica ([`SessionStore::accept_routed`]):
+/// the finished call, packed, or an empty string when it was announced to every replica.
+pub type RoutedAnswer = Pin<Box<dyn Stream<Item = String> + Send>>;
 
 /// Caps on the live MCP client sessions, across every gateway sharing the store
 /// (`MCP_SESSIONS_PER_IP`, `MCP_MAX_SESSIONS`).

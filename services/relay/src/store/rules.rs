@@ -31,9 +31,11 @@ pub const ANNOUNCED_ANSWER_BYTES: usize = 64 * 1024;
 /// stores count it against the answer budget ([`answer_cost`]; an expired call, whose answer
 /// is written when it is read, costs this and its id: [`expired_cost`]). Measured with an
 /// 11-byte answer, a finished call keeps ~270 bytes in the memory store
-/// (`services/relay/tests/finished_calls.rs`) and ~440 in Redis (`tests/store_conformance.rs`:
-/// a field of its session's hash, its entry in the finished list, Redis's own bookkeeping),
-/// its id and answer included: this covers both, so the budget bounds what they keep.
+/// (`services/relay/tests/finished_calls.rs`); in Redis, as the relay makes calls (a caller's
+/// key, a connection's id), 449 bytes beyond its answer, its id included (`MEMORY USAGE`:
+/// a field of its session's hash, its entry in the finished list, Redis's own bookkeeping;
+/// `tests/store_conformance.rs`): this and the id cover both, so the budget bounds what they
+/// keep.
 pub const FINISHED_CALL_BYTES: usize = 450;
 
 /// The share of the session's time to live by which its expiry must move before a store

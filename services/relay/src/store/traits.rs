@@ -15,7 +15,7 @@ use toolrelay::wire::{RequestStatus, ToolResponse};
 use super::{
     Answerer, ApprovalChange, ApprovalState, Claim, EnqueueChecks, Enqueued, EventStream, Finished,
     Inserted, McpSessionCaps, McpSessionsFull, NewRequest, ProviderInfo, RateBudget, RequestRecord,
-    SessionEvent, SessionRecord, StoreUsage, TabState,
+    RoutedAnswer, SessionEvent, SessionRecord, StoreUsage, TabState,
 };
 use crate::clock::Timestamp;
 use crate::code::SessionCode;
@@ -182,8 +182,10 @@ pub trait SessionStore: Reachable {
 
     /// [`SessionStore::enqueue`], after spending `checks.charge` (at `request.created_at`) and only
     /// if the manifest is at `checks.manifest_revision`; with the session as it is after
-    /// (`None` when there is none, or the charge was refused). One round trip: all a call
-    /// needs to get in.
+    /// (`None` when there is none, or the charge was refused; after a call was queued, a store
+    /// may leave out the session's token hash, creation time and handle, which no caller reads
+    /// then).
+    /// One round trip: all a call needs to get in.
     async fn enqueue_checked(
         &self,
         code: &SessionCode,
@@ -295,6 +297,22 @@ pub trait SessionStore: Reachable {
                 _ => false,
             })
         })))
+    }
+
+    /// A call queued by another replica sharing this store and routed here because its
+    /// session's tab is connected to this one (`call`: the record as that replica's store
+    /// packed it): handed to the tab here. The stream yields once — the finished call, packed,
+    /// or an empty string when it was announced to every replica instead (listen there) — and
+    /// ends; dropped, the call's answer is announced to every replica.
+    async fn accept_routed(
+        &self,
+        code: &SessionCode,
+        call: String,
+    ) -> Result<RoutedAnswer, StoreError> {
+        let _ = (code, call);
+        Err(StoreError(
+            "calls are routed only between replicas sharing Redis (REPLICA_URL)".into(),
+        ))
     }
 
     /// What the kept answers and claim checks cost now (what the byte budgets bound), and how
@@ -457,6 +475,7 @@ macro_rules! store_methods {
             fn subscribe(&self, code: &SessionCode) -> Option<EventStream> => Subscribe;
             fn listen(&self, code: &SessionCode) -> EventStream => Listen;
             fn listen_for_answer(&self, code: &SessionCode, id: &str) -> EventStream => Listen;
+            fn accept_routed(&self, code: &SessionCode, call: String) -> RoutedAnswer => AcceptRouted;
             fn usage(&self) -> StoreUsage => Usage;
         });
 

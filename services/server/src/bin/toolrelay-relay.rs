@@ -48,6 +48,7 @@ async fn serve(cli: Cli) -> Result<(), String> {
     let config = cli.relay.relay_config(&cli.service)?;
     let tools = cli.tools.builtin_config()?;
     let grpc = bind(cli.relay.grpc_listen, ENV_GRPC_LISTEN).await?;
+    let config = config.with_grpc_bound(grpc.local_addr().map_err(|error| error.to_string())?);
     let websocket = bind(cli.ws_listen, ENV_WS_LISTEN).await?;
     let metrics = Metrics::new("toolrelay-relay");
     // Built before the line saying it listens: building it checks the MIP sandbox.

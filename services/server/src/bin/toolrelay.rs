@@ -64,6 +64,8 @@ async fn serve(cli: Cli) -> Result<(), String> {
     let relay_config = cli.relay.relay_config(&cli.service)?;
     let tools = cli.tools.builtin_config()?;
     let grpc = bind(cli.relay.grpc_listen, ENV_GRPC_LISTEN).await?;
+    let relay_config =
+        relay_config.with_grpc_bound(grpc.local_addr().map_err(|error| error.to_string())?);
     let metrics = Metrics::new("toolrelay");
     // Built before the line saying it listens: building it checks the MIP sandbox.
     let tools = toolrelay_builtin::standard(&tools, &metrics);

@@ -167,7 +167,8 @@ impl EventHub {
         self.announce(channel, event);
     }
 
-    fn announce(&self, channel: &str, event: SessionEvent) {
+    /// Tells this replica's listeners on `channel` of `event` (what a message on it would).
+    pub(super) fn announce(&self, channel: &str, event: SessionEvent) {
         let listeners = self.channels().get(channel).cloned();
         if let Some(listeners) = listeners {
             listeners.announce(event);

@@ -43,6 +43,7 @@ mod keyed;
 mod link;
 mod presence;
 mod records;
+mod route;
 mod scripts;
 mod trim;
 
@@ -50,6 +51,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::StreamExt;
 use redis::{AsyncCommands, Script};
 use toolrelay::wire::{RequestStatus, ToolResponse};
 
@@ -57,6 +59,7 @@ use self::hub::EventHub;
 pub use self::link::install_tls_provider;
 use self::link::{Connection, Link};
 use self::records::{call_in, counted, is_slow, missing, outcome, unexpected, unreadable};
+use self::route::Router;
 use self::scripts::{
     Arguments, ChangeApprovals, ClaimCalls, ClearProvider, Enqueue, Finish, FlatEnqueue, Insert,
     LeaseBuiltin, Named, NoArguments, Request, Scripts, SessionScript, SetManifest, SetProvider,
@@ -66,13 +69,13 @@ use super::memory::StoreLimits;
 use super::{
     Answerer, ApprovalChange, ApprovalCheck, ApprovalState, Claim, EnqueueChecks, Enqueued,
     EventStream, Finished, Inserted, NewRequest, ProviderInfo, Reachable, Release, RequestRecord,
-    SessionRecord, SessionStore, StoreUsage, TabState, rules,
+    RoutedAnswer, SessionEvent, SessionRecord, SessionStore, StoreUsage, TabState, rules,
 };
 use crate::clock::{Clock, Timestamp};
 use crate::code::SessionCode;
 use crate::config::{RedisSettings, Topology, WaitReplicas};
 use crate::error::StoreError;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Route};
 
 /// How long a command may take before the store counts as unreachable.
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -99,6 +102,8 @@ pub struct RedisStore {
     answered: Mutex<trim::Answered>,
     /// This replica's name in the answer budget's counts.
     replica: String,
+    /// Where calls are routed to their tab's replica (`REPLICA_URL`), when they are.
+    router: Option<Arc<Router>>,
 }
 
 impl RedisStore {
@@ -149,6 +154,13 @@ impl RedisStore {
             info.is_some_and(|info| info.contains("cluster_enabled:1"))
         };
         let events = EventHub::start(link.clone());
+        let router = match &settings.routing {
+            Some(routing) => Some(
+                Router::new(routing, sharded, clock.clone(), metrics.clone())
+                    .map_err(StoreError)?,
+            ),
+            None => None,
+        };
         let store = Arc::new(Self {
             link,
             prefix: settings.prefix.clone(),
@@ -162,6 +174,7 @@ impl RedisStore {
             flat_scripts: settings.flat_scripts,
             answered: Mutex::new(trim::Answered::default()),
             replica: crate::code::random_id(),
+            router,
         });
         trim::start(&store);
         Ok(store)
@@ -207,6 +220,50 @@ impl RedisStore {
     /// Runs a session script on the session's keys, then `extra`, with `args` after the
     /// common ones. Counts the calls it expired, and files the session in the sessions by
     /// expiry when the script moved its expiry.
+    /// Hands a call the queueing script routed (`routed`: 'local', or the URL of the replica
+    /// holding the session's tab; '' when it announced it) to its tab.
+    fn hand_routed(&self, code: &SessionCode, record: &RequestRecord, routed: &str) {
+        let Some(router) = self.router.as_ref().filter(|_| !routed.is_empty()) else {
+            return;
+        };
+        let base = self.base(code);
+        if routed == "local" {
+            router.hold_until(format!("{base}{}", record.id), record.deadline);
+            router.counted(Route::Local);
+            self.handed_here(&base, record.clone());
+        } else {
+            router.forward(
+                self.events.clone(),
+                self.link.clone(),
+                base,
+                code.as_str().to_owned(),
+                routed.to_owned(),
+                record.clone(),
+            );
+        }
+    }
+
+    /// Tells this replica's listeners of the session with key base `base` that `record` was
+    /// handed to its tab (what its announcement on Redis would): a routed call is not announced.
+    fn handed_here(&self, base: &str, record: RequestRecord) {
+        self.events.announce(
+            &format!("{base}ev"),
+            SessionEvent::CallHanded(Box::new(record)),
+        );
+    }
+
+    /// Tells this replica's listeners of the session that `record` finished (what its
+    /// announcement on Redis would): a routed call's answer is not announced.
+    fn told_here(&self, code: &SessionCode, record: &RequestRecord) {
+        self.events.announce(
+            &format!("{}ev", self.base(code)),
+            SessionEvent::ResponseReady {
+                id: record.id.clone(),
+                record: Some(Box::new(record.clone())),
+            },
+        );
+    }
+
     async fn run<A: Named, T: redis::FromRedisValue>(
         &self,
         script: &SessionScript<A>,
@@ -492,6 +549,7 @@ impl SessionStore for RedisStore {
                 transport: provider.transport.as_str(),
                 connected_at: &provider.connected_at.0.to_string(),
                 last_seen: &provider.last_seen.0.to_string(),
+                replica: self.router.as_ref().map_or("", |router| router.me.as_str()),
             },
         )
         .await
@@ -606,6 +664,10 @@ impl SessionStore for RedisStore {
         let mut answer = None;
         if self.flat_scripts {
             let [head, middle, state, times, tail] = records::pieces(&queued);
+            let (me, avoid) = match &self.router {
+                Some(router) if checks.route => (router.me.as_str(), router.avoided()),
+                _ => ("", String::new()),
+            };
             let flat: redis::Value = self
                 .run(
                     &self.scripts.flat_enqueue,
@@ -627,9 +689,17 @@ impl SessionStore for RedisStore {
                         rate_tolerance: &tolerance,
                         approval: approval_mode,
                         approver,
+                        me,
+                        avoid: &avoid,
+                        route: if me.is_empty() { "" } else { "1" },
                     },
                 )
                 .await?;
+            if let Some(queued) = records::flat_queued(&queued, code, &flat)? {
+                let (record, session, routed) = queued;
+                self.hand_routed(code, &record, &routed);
+                return Ok((Enqueued::Queued(record), Some(session)));
+            }
             answer = (!is_slow(&flat)).then_some(flat);
         }
         let answer = match answer {
@@ -863,8 +933,7 @@ impl SessionStore for RedisStore {
         until: Timestamp,
     ) -> Result<Finished, StoreError> {
         let cost = rules::answer_cost(&response);
-        let response = serde_json::to_string(&response)
-            .map_err(|error| StoreError(format!("an answer cannot be stored: {error}")))?;
+        let response = records::stored_answer(&response)?;
         let (answerer, connection) = match answerer {
             Answerer::Relay => ("relay", ""),
             Answerer::Connection(connection) => ("connection", connection),
@@ -872,6 +941,12 @@ impl SessionStore for RedisStore {
         };
         let (cost, until_ms) = (cost.to_string(), until.0.to_string());
         let share = self.limits.session_answer_budget.to_string();
+        // A routed call whose waiter is on this replica is told here, not announced.
+        let held = self
+            .router
+            .as_ref()
+            .map(|router| (router, format!("{}{id}", self.base(code))))
+            .filter(|(router, key)| router.holds(key));
         // Both scripts take the same arguments.
         let arguments = || Finish {
             id,
@@ -882,6 +957,7 @@ impl SessionStore for RedisStore {
             answerer,
             connection,
             share: &share,
+            quiet: if held.is_some() { "1" } else { "" },
         };
         // The common path first, flat; anything else the library's script decides.
         let mut answer = None;
@@ -905,9 +981,25 @@ impl SessionStore for RedisStore {
         Ok(match outcome.as_str() {
             "finished" => {
                 self.answered(code);
-                Finished::Finished(record()?)
+                let record = record()?;
+                let announced = !matches!(items.get(1), Some(redis::Value::Int(0)));
+                if let Some((router, key)) = held.filter(|_| !announced) {
+                    router.release(&key);
+                    self.told_here(code, &record);
+                }
+                Finished::Finished(record)
             }
-            "already" => Finished::AlreadyFinished(record()?),
+            "already" => {
+                let record = record()?;
+                // A routed call answered again (the tab sends an answer until it is
+                // acknowledged): the first finish may have stored it and failed after (a
+                // `WAIT` not met), its waiter here never told.
+                if let Some((router, key)) = held {
+                    router.release(&key);
+                    self.told_here(code, &record);
+                }
+                Finished::AlreadyFinished(record)
+            }
             "norequest" => Finished::NoRequest,
             "notdelivered" => Finished::NotDelivered,
             "nosession" => Finished::NoSession,
@@ -931,6 +1023,43 @@ impl SessionStore for RedisStore {
         id: &str,
     ) -> Result<EventStream, StoreError> {
         Ok(self.events.wait_for(&self.base(code), id).await)
+    }
+
+    async fn accept_routed(
+        &self,
+        code: &SessionCode,
+        call: String,
+    ) -> Result<RoutedAnswer, StoreError> {
+        let Some(router) = &self.router else {
+            return Err(StoreError(
+                "this replica takes no routed calls: set REPLICA_URL on it".into(),
+            ));
+        };
+        let record = records::unpack(&call)?;
+        let base = self.base(code);
+        let held = router.hold(format!("{base}{}", record.id), record.deadline);
+        let waiter = self.events.wait_for(&base, &record.id).await;
+        self.handed_here(&base, record);
+        router.counted(Route::Accepted);
+        Ok(Box::pin(futures::stream::unfold(
+            Some((waiter, held)),
+            |state| async move {
+                let (mut waiter, _held) = state?;
+                loop {
+                    match waiter.next().await? {
+                        SessionEvent::ResponseReady {
+                            record: Some(record),
+                            ..
+                        } => return Some((records::pack(&record), None)),
+                        // Announced on Redis (too large to tell whole), or gone: the caller's
+                        // replica hears of it there.
+                        SessionEvent::ResponseReady { record: None, .. }
+                        | SessionEvent::SessionEnded => return Some((String::new(), None)),
+                        _ => {}
+                    }
+                }
+            },
+        )))
     }
 
     async fn usage(&self) -> Result<StoreUsage, StoreError> {

@@ -3,7 +3,7 @@
 //! session is the values of `SESSION_FIELDS` in order.
 
 use serde_json::Value;
-use toolrelay::wire::RequestStatus;
+use toolrelay::wire::{RequestStatus, ToolError, ToolResponse};
 
 use crate::clock::Timestamp;
 use crate::code::SessionCode;
@@ -96,7 +96,7 @@ fn values(record: &RequestRecord) -> [String; FIELDS] {
             .unwrap_or_default(),
         record.deliveries.to_string(),
         match &record.response {
-            Some(response) => serde_json::to_string(response).unwrap_or_default(),
+            Some(response) => stored_answer(response).unwrap_or_default(),
             None => String::new(),
         },
         record
@@ -156,6 +156,48 @@ fn status_of(name: &str) -> Result<RequestStatus, StoreError> {
     })
 }
 
+/// An answer as a call's record keeps it: its JSON without the request id, which is the
+/// record's own (47 bytes less per finished call).
+pub(super) fn stored_answer(response: &ToolResponse) -> Result<String, StoreError> {
+    #[derive(serde::Serialize)]
+    struct Stored<'a> {
+        success: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        result: Option<&'a Value>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        error: Option<&'a ToolError>,
+    }
+    serde_json::to_string(&Stored {
+        success: response.success,
+        result: response.result.as_ref(),
+        error: response.error.as_ref(),
+    })
+    .map_err(|error| StoreError(format!("an answer cannot be stored: {error}")))
+}
+
+/// An answer kept in the record of call `id` ([`stored_answer`]; one kept whole, with its
+/// request id, as an older relay and the approval script keep it, reads the same).
+fn answer_of(stored: &str, id: &str) -> Result<ToolResponse, StoreError> {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Stored {
+        #[serde(default)]
+        request_id: Option<String>,
+        success: bool,
+        #[serde(default)]
+        result: Option<Value>,
+        #[serde(default)]
+        error: Option<ToolError>,
+    }
+    let stored: Stored = serde_json::from_str(stored).map_err(|_| corrupt("answer"))?;
+    Ok(ToolResponse {
+        request_id: stored.request_id.unwrap_or_else(|| id.to_owned()),
+        success: stored.success,
+        result: stored.result,
+        error: stored.error,
+    })
+}
+
 /// A packed call read back.
 pub(super) fn unpack(packed: &str) -> Result<RequestRecord, StoreError> {
     let fields = fields(packed)?;
@@ -190,7 +232,7 @@ pub(super) fn unpack(packed: &str) -> Result<RequestRecord, StoreError> {
             Some(record.expired_response())
         }
         "" => None,
-        response => Some(serde_json::from_str(response).map_err(|_| corrupt("answer"))?),
+        response => Some(answer_of(response, &record.id)?),
     };
     Ok(record)
 }
@@ -280,6 +322,68 @@ pub(super) fn is_slow(answer: &redis::Value) -> bool {
         Some(redis::Value::SimpleString(outcome)) => outcome == "slow",
         _ => false,
     }
+}
+
+/// A call the flat queueing script queued (`lua/flat_enqueue.lua`'s short answer `{ 'queued',
+/// its place in the queue, the connection it was handed to or '', the session's provider
+/// (connection, transport, connected at, last seen), where it is routed, the session's expiry,
+/// its maximum and its manifest's revision }`): `queued` as made here with what only the
+/// session knew, the session as far as the answer tells it (not its token hash, creation or
+/// handle), and where the call is routed ('' for nowhere). `None` for any other answer.
+pub(super) fn flat_queued(
+    queued: &RequestRecord,
+    code: &SessionCode,
+    answer: &redis::Value,
+) -> Result<Option<(RequestRecord, SessionRecord, String)>, StoreError> {
+    let redis::Value::Array(items) = answer else {
+        return Ok(None);
+    };
+    if !matches!(items.first(), Some(redis::Value::BulkString(tag)) if tag.as_slice() == b"queued")
+    {
+        return Ok(None);
+    }
+    let values: Vec<String> = redis::from_redis_value(answer.clone()).map_err(unreadable)?;
+    let [
+        _,
+        seq,
+        handed,
+        connection,
+        transport,
+        connected_at,
+        last_seen,
+        routed,
+        expires_at,
+        max_expires_at,
+        revision,
+    ] = <[String; 11]>::try_from(values).map_err(|_| missing("queued call's state"))?;
+    let mut record = queued.clone();
+    record.seq = seq.parse().map_err(|_| corrupt("queue position"))?;
+    if !handed.is_empty() {
+        // As the script packed it (and the library's enqueue.lua does): delivered, leased
+        // until its deadline, once.
+        record.status = RequestStatus::Delivered;
+        record.delivered_to = Some(handed);
+        record.lease_until = Some(record.deadline);
+        record.deliveries = 1;
+    }
+    let provider = optional(&connection).map(|connection_id| ProviderInfo {
+        connection_id,
+        transport: Transport::parse(&transport).unwrap_or(Transport::WebSocket),
+        connected_at: time(&connected_at).unwrap_or(Timestamp(0)),
+        last_seen: time(&last_seen).unwrap_or(Timestamp(0)),
+    });
+    // What a caller of `enqueue_checked` may read after a queued call (see there).
+    let session = SessionRecord {
+        code: code.clone(),
+        token_hash: String::new(),
+        created_at: Timestamp(0),
+        expires_at: time(&expires_at).ok_or_else(|| corrupt("session's expiry"))?,
+        max_expires_at: time(&max_expires_at).unwrap_or(Timestamp(0)),
+        provider,
+        manifest_revision: revision.parse().unwrap_or(0),
+        mcp_handle: String::new(),
+    };
+    Ok(Some((record, session, routed)))
 }
 
 /// The packed call in `value`, read; `None` for nil or false.

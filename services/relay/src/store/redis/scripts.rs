@@ -60,7 +60,7 @@ arguments! {
     /// `lua/touch.lua`.
     Touch { until_ms, seen }
     /// `lua/set_provider.lua`.
-    SetProvider { connection, transport, connected_at, last_seen }
+    SetProvider { connection, transport, connected_at, last_seen, replica }
     /// `lua/clear_provider.lua`.
     ClearProvider { connection }
     /// `lua/set_token.lua`.
@@ -75,7 +75,7 @@ arguments! {
     /// `lua/flat_enqueue.lua`.
     FlatEnqueue {
         id, head, middle, state, times, tail, builtin, deadline, max_pending, until_ms,
-        revision, rate_interval, rate_tolerance, approval, approver,
+        revision, rate_interval, rate_tolerance, approval, approver, me, avoid, route,
     }
     /// `lua/change_approvals.lua`.
     ChangeApprovals {
@@ -83,7 +83,7 @@ arguments! {
         release, release_mode, fail_code, fail_message,
     }
     /// `lua/finish.lua`.
-    Finish { id, status, response, cost, until_ms, answerer, connection, share }
+    Finish { id, status, response, cost, until_ms, answerer, connection, share, quiet }
     /// `lua/claim.lua`.
     ClaimCalls { connection, lease_until, limit, again }
     /// `lua/request.lua`.

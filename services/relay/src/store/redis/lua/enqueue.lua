@@ -37,6 +37,14 @@ local function existing()
   end
   if call.call_hash ~= record.call_hash then return { 'conflict', false, session_values(session) } end
   local expired = expire_if_due(session, call)
+  if not expired and (call.status == 'queued' or call.status == 'delivered') then
+    -- Asked again, perhaps through another replica: its answer is announced to all
+    -- (flat_finish.lua's `quiet` no longer holds), and a call handed to the tab is announced
+    -- again — one routed (not announced) whose replica never handed it over (its queueing
+    -- answered an error, say) reaches the tab this way; a tab that has it ignores it.
+    set(session, 'l:' .. id, '1')
+    if call.status == 'delivered' and call.builtin ~= '1' then publish(session, 'h:' .. id) end
+  end
   save(session)
   return { 'existing', expired or found, session_values(session) }
 end

@@ -2,10 +2,11 @@
 -- any call; 'connection': a call delivered to `connection`; 'provider': one delivered to the
 -- session's provider now), slides the session's expiry to `until`, and keeps the session's
 -- answers within its `share` of the budget. A call past its deadline is expired instead.
--- `cost` is rules::answer_cost of the answer. Answers { outcome, the call packed }.
-local id, status, response, cost, until_ms, answerer, connection, share =
+-- `cost` is rules::answer_cost of the answer. The finished call is always announced (`quiet`,
+-- flat_finish.lua's, is not for this rare path). Answers { outcome, the call packed }.
+local id, status, response, cost, until_ms, answerer, connection, share, quiet =
   ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8], ARGV[9],
-  tonumber(ARGV[10])
+  tonumber(ARGV[10]), ARGV[11]
 local session = open(KEYS[1], { record_field(id), 'queue' })
 if not live(session) then return { 'nosession' } end
 local record, packed = read_call(session, id)
@@ -27,6 +28,7 @@ if expired then
   return { 'already', expired }
 end
 local finished = finish_record(session, record, status, response, cost)
+redis.call('HDEL', session.s, 'l:' .. id)
 keep_share(session, share)
 slide(session, until_ms)
 save(session)

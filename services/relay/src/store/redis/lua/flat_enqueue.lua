@@ -1,30 +1,38 @@
 -- The common path of enqueue.lua, flat (no library): one HMGET of the fields it needs, its
--- checks, at most one rate spend, one HSET, one publish. The call's record is the replica's,
--- in pieces Lua joins around what only the session knows (its place in the queue, whom it is
--- handed to) and never parses: `head` (the id's field), `middle` (tool, function, arguments),
--- `state` (status to deliveries, as the replica made them: a built-in call starts out
--- delivered to the relay), `times` (created, deadline, for a call handed to the tab),
+-- checks, at most one rate spend, one HSET, at most one publish. The call's record is the
+-- replica's, in pieces Lua joins around what only the session knows (its place in the queue,
+-- whom it is handed to) and never parses: `head` (the id's field), `middle` (tool, function,
+-- arguments), `state` (status to deliveries, as the replica made them: a built-in call starts
+-- out delivered to the relay), `times` (created, deadline, for a call handed to the tab),
 -- `tail` (answer … caller), each packed as `<length>:<value>`.
+-- A call handed to the session's tab is announced on the session's channel, unless it may be
+-- routed (`route` '1', from a replica that serves routes as `me`) and the tab's replica
+-- (`p_replica`) serves routes and is not in `avoid` (' <url> … ', replicas found gone or
+-- draining): then nobody else hears of it, and the answer says where it goes — 'local' (the
+-- tab is on this replica) or the tab's replica — for the replica to hand it there.
 -- Anything off the common path — no live session past its expiry, a manifest that moved, an
 -- id that is taken, a caller the person must be asked about, a full queue — answers
 -- `{ 'slow' }` before anything is written or spent, and the replica runs enqueue.lua, which
--- decides it with the library. Answers as enqueue.lua does otherwise, in the session script's
--- envelope `{ calls expired (0), the expiry slid to (0: none), the answer }`.
+-- decides it with the library. Answers in the session script's envelope `{ calls expired (0),
+-- the expiry slid to (0: none), the answer }`, the answer short: `{ 'queued', its place in the
+-- queue, the connection it was handed to or '', the session's provider (connection,
+-- transport, connected at, last seen; '' each for none), where it is routed or '', the
+-- session's expiry, its maximum and its manifest's revision }` (the replica built the
+-- record: it needs nothing else back), or as enqueue.lua answers.
 local now = tonumber(ARGV[1])
 local id, head, middle, state, times, tail, builtin, deadline, max_pending, until_ms,
-  revision, rate_interval, rate_tolerance, approval, approver =
+  revision, rate_interval, rate_tolerance, approval, approver, me, avoid, route =
   ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10],
-  tonumber(ARGV[11]), tonumber(ARGV[12]), ARGV[13], ARGV[14], ARGV[15], ARGV[16], ARGV[17]
+  tonumber(ARGV[11]), tonumber(ARGV[12]), ARGV[13], ARGV[14], ARGV[15], ARGV[16], ARGV[17],
+  ARGV[18], ARGV[19], ARGV[20]
 local s = KEYS[1] .. 's'
 
--- The library's SESSION_FIELDS in its order (the replica reads them back: 1 to 19), then
--- the call's field, the queue and the caller's approval.
-local v = redis.call('HMGET', s, 'code', 'token_hash', 'created_at', 'expires_at',
-  'max_expires_at', 'keys_until', 'mcp_handle', 'manifest', 'manifest_revision', 'next_seq',
-  'pending', 'finished', 'answer_bytes', 'kept_from', 'oldest_at', 'p_conn', 'p_transport',
-  'p_connected_at', 'p_last_seen', 'r:' .. id, 'queue', 'ap_on', 'a:' .. approver)
+local v = redis.call('HMGET', s, 'expires_at', 'max_expires_at', 'keys_until',
+  'manifest_revision', 'next_seq', 'pending', 'finished', 'p_conn', 'p_transport',
+  'p_connected_at', 'p_last_seen', 'p_replica', 'r:' .. id, 'queue', 'ap_on', 'a:' .. approver)
 local EXPIRES_AT, MAX_EXPIRES_AT, KEYS_UNTIL, REVISION, NEXT_SEQ, PENDING, FINISHED, P_CONN,
-  P_TRANSPORT, RECORD, QUEUE, AP_ON, ALLOWED = 4, 5, 6, 9, 10, 11, 12, 16, 17, 20, 21, 22, 23
+  P_TRANSPORT, P_CONNECTED_AT, P_LAST_SEEN, P_REPLICA, RECORD, QUEUE, AP_ON, ALLOWED =
+  1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16
 
 local function spend()
   if not KEYS[2] then return 0 end
@@ -89,13 +97,22 @@ if not (target <= expires or (target - expires < step and target ~= max)) then
 end
 redis.call('HSET', s, unpack(writes))
 
-if not handed then
+local routed = ''
+if handed and route == '1' and me ~= '' then
+  local at = v[P_REPLICA]
+  if at and at ~= '' and not string.find(avoid, ' ' .. at .. ' ', 1, true) then
+    routed = (at == me) and 'local' or at
+  end
+end
+if routed ~= '' then
+  -- Handed by the replica, not announced.
+elseif not handed then
   redis.call('PUBLISH', KEYS[1] .. 'ev', 'q')
 elseif #packed > ANNOUNCED_ANSWER_BYTES then
   redis.call('PUBLISH', KEYS[1] .. 'ev', 'h:' .. id)
 else
   redis.call('PUBLISH', KEYS[1] .. 'ev', 'Q:' .. packed)
 end
-local values = {}
-for i = 1, 19 do values[i] = v[i] or '' end
-return { 0, slid_to, { 'queued', packed, values } }
+return { 0, slid_to, { 'queued', v[NEXT_SEQ], handed and connection or '', v[P_CONN] or '',
+  v[P_TRANSPORT] or '', v[P_CONNECTED_AT] or '', v[P_LAST_SEEN] or '', routed, v[EXPIRES_AT],
+  v[MAX_EXPIRES_AT] or '', v[REVISION] or '0' } }

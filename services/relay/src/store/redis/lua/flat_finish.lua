@@ -6,16 +6,20 @@
 -- forget — it answers `{ 'slow' }` before anything is written, and the replica runs
 -- finish.lua, which decides it with the library. Answers as finish.lua does otherwise, in the
 -- session script's envelope `{ calls expired (0), the expiry slid to (0: none), the answer }`.
+-- The finished call is announced on the session's channel unless `quiet` ('1': the call was
+-- routed and its waiter is on this replica, which tells it) and no waiter elsewhere asked for
+-- it since (`l:<id>`, set by a caller's retry through enqueue.lua): the answer says which,
+-- `{ 'finished', the call, 1 announced or 0 }`.
 local now = tonumber(ARGV[1])
 local retention = tonumber(ARGV[2])
-local id, status, response, cost, until_ms, answerer, connection, share =
+local id, status, response, cost, until_ms, answerer, connection, share, quiet =
   ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8], ARGV[9],
-  tonumber(ARGV[10])
+  tonumber(ARGV[10]), ARGV[11]
 local s, f = KEYS[1] .. 's', KEYS[1] .. 'f'
 local v = redis.call('HMGET', s, 'expires_at', 'max_expires_at', 'keys_until', 'finished',
-  'answer_bytes', 'oldest_at', 'queue', 'pending', 'p_conn', 'r:' .. id)
+  'answer_bytes', 'oldest_at', 'queue', 'pending', 'p_conn', 'r:' .. id, 'l:' .. id)
 local EXPIRES_AT, MAX_EXPIRES_AT, KEYS_UNTIL, FINISHED, ANSWER_BYTES, OLDEST_AT, QUEUE,
-  PENDING, P_CONN, RECORD = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
+  PENDING, P_CONN, RECORD, LISTENED = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11
 local SLOW = { 0, 0, { 'slow' } }
 
 local function number(i)
@@ -116,9 +120,13 @@ redis.call('HSET', s, unpack(writes))
 local correlation_id = value(CORRELATION_ID)
 local announced = kept
 if correlation_id ~= '' then announced = finished_record(correlation_id) end
+if v[LISTENED] then redis.call('HDEL', s, 'l:' .. id) end
+if quiet == '1' and not v[LISTENED] then
+  return { 0, slid_to, { 'finished', announced, 0 } }
+end
 if #response > ANNOUNCED_ANSWER_BYTES then
   redis.call('PUBLISH', KEYS[1] .. 'ev', 'r:' .. id)
 else
   redis.call('PUBLISH', KEYS[1] .. 'ev', 'R:' .. announced)
 end
-return { 0, slid_to, { 'finished', announced } }
+return { 0, slid_to, { 'finished', announced, 1 } }
