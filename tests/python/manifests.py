@@ -114,7 +114,15 @@ def facts(path):
         pod = document["spec"]["template"]["spec"]
         containers = []
         for container in pod["containers"]:
-            env = [variable["name"] for variable in container.get("env") or []]
+            variables = container.get("env") or []
+            # A variable only there to be spelt into another's value (`$(POD_IP)`), which
+            # Kubernetes does, is not a setting of the binary.
+            spelt = {
+                variable["name"]
+                for variable in variables
+                if any(f"$({variable['name']})" in str(other.get("value", "")) for other in variables)
+            }
+            env = [variable["name"] for variable in variables if variable["name"] not in spelt]
             for source in container.get("envFrom") or []:
                 for kind, ref in (("ConfigMap", "configMapRef"), ("Secret", "secretRef")):
                     if ref in source:
