@@ -9,6 +9,8 @@ export TOOLRELAY_TEST_PYTHON=${TOOLRELAY_TEST_VENV:-$HOME/.cache/toolrelay/test-
 
 step() { printf '\n\033[1m== %s\033[0m\n' "$*" >&2; }
 
+step "the browser SDK's pure functions under node (tests/node/sdk-unit.test.mjs: milliseconds, no browser)"
+node --test tests/node/sdk-unit.test.mjs
 step "cargo fmt --check"
 cargo fmt --all --check
 step "cargo clippy"

@@ -121,8 +121,7 @@ struct Bench {
     #[arg(long, value_enum, value_delimiter = ',', action = ArgAction::Set, default_value = "primary")]
     redis: Vec<redis::Topology>,
     /// How replicas on Redis reach a call's tab: by pub/sub, or routed to the tab's replica
-    /// (`REPLICA_URL`). `REDIS_SCRIPTS=library` in the bench's environment chooses the library's
-    /// scripts over the flat ones (the relays inherit it).
+    /// (`REPLICA_URL`).
     #[arg(long, value_enum, default_value_t = RouteChoice::Pubsub)]
     route: RouteChoice,
     /// How tabs attach, comma-separated (the floor has WebSocket only; idle: ws, sse, grpc).
@@ -234,11 +233,7 @@ async fn coordinate(bench: Bench) -> anyhow::Result<()> {
         idle_manifest: idle_manifest.as_ref().map(|(path, _)| path.clone()),
     };
     if bench.store != StoreChoice::Memory {
-        let scripts = std::env::var("REDIS_SCRIPTS").unwrap_or_else(|_| "flat".to_owned());
-        println!(
-            "Redis: {scripts} scripts, calls between replicas {:?}",
-            bench.route
-        );
+        println!("Redis: calls between replicas {:?}", bench.route);
     }
     let redis: Vec<Option<redis::Topology>> = bench.redis.iter().copied().map(Some).collect();
     let stores: Vec<Option<redis::Topology>> = match bench.store {

@@ -352,7 +352,17 @@ pub async fn spawn(
     })
     .await
     .with_context(|| format!("{name} did not start in time"))??;
-    // Keep reading, so a full pipe never blocks the process.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    // Keep reading, so a full pipe never blocks the process; its warnings and errors go to
+    // the bench's stderr (a figure measured while the relay complained is not one to keep).
+    let binary = name.to_owned();
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if let Ok(entry) = serde_json::from_str::<Value>(&line)
+                && matches!(entry["level"].as_str(), Some("WARN" | "ERROR"))
+            {
+                eprintln!("[{binary}] {line}");
+            }
+        }
+    });
     Ok((child, line))
 }

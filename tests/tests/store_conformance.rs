@@ -66,17 +66,6 @@ async fn redis(limits: StoreLimits) -> Fixture {
     on_redis(RedisServer::start().await, limits).await
 }
 
-/// On Redis, every call queued by the library's script (`REDIS_SCRIPTS=library`), as before the
-/// flat one: the two must behave the same.
-async fn redis_library(limits: StoreLimits) -> Fixture {
-    let server = RedisServer::start().await;
-    let settings = RedisSettings {
-        flat_scripts: false,
-        ..RedisSettings::primary(server.url(), "test:")
-    };
-    connected(&settings, Box::new(server), limits).await
-}
-
 /// On one Redis Cluster node owning every slot: a script touching two slots fails there.
 async fn cluster_node(limits: StoreLimits) -> Fixture {
     on_redis(RedisServer::cluster_node().await, limits).await
@@ -150,14 +139,6 @@ macro_rules! conformance {
                 #[tokio::test]
                 async fn $name() {
                     super::$name(super::redis(super::limits()).await).await;
-                }
-            )*
-        }
-        mod redis_library_scripts {
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    super::$name(super::redis_library(super::limits()).await).await;
                 }
             )*
         }

@@ -48,12 +48,13 @@ function check(schema, value, path, problems) {
     if (schema.items) value.forEach((item, i) => check(schema.items, item, `${path}[${i}]`, problems));
   }
   if (typeOf(value) === 'object') {
+    // Own properties only: `constructor` or `toString` is on every object, but not an argument.
     for (const name of schema.required || []) {
-      if (!(name in value)) problems.push(`${path}.${name} is required`);
+      if (!Object.hasOwn(value, name)) problems.push(`${path}.${name} is required`);
     }
     const properties = schema.properties || {};
     for (const [name, item] of Object.entries(value)) {
-      if (properties[name]) check(properties[name], item, `${path}.${name}`, problems);
+      if (Object.hasOwn(properties, name)) check(properties[name], item, `${path}.${name}`, problems);
       else if (schema.additionalProperties === false) problems.push(`${path}.${name} is not expected`);
       else if (typeof schema.additionalProperties === 'object') check(schema.additionalProperties, item, `${path}.${name}`, problems);
     }

@@ -12,7 +12,8 @@
 // Layout: connection.js pairs and runs calls, transport.js carries them (WebSocket → SSE →
 // polling, one file each: transport-websocket.js, transport-sse.js, transport-polling.js),
 // session.js keeps the session across reloads, dispatcher.js checks arguments, pairing.js is
-// the <toolrelay-pairing> element, webmcp.js bridges WebMCP pages.
+// the <toolrelay-pairing> element (its words made in pairing-text.js), webmcp.js bridges
+// WebMCP pages.
 
 export { connect, Connection, displayCode, underAppHost } from './connection.js';
 export { Dispatcher, ToolError, validate } from './dispatcher.js';

@@ -1,19 +1,29 @@
 // The WebSocket transport: one socket per connection, carrying the calls, the answers, their
-// acks and the relay's frames both ways (the first the Transport tries).
+// acks and the relay's frames both ways (the first the Transport tries). Like the other two
+// openers it keeps no state of the Transport's: it is given its URL and the Transport's
+// callbacks, reports through those, and returns `{send, close}` (transport.js says more).
 
 import { ErrorCode } from './errors.js';
 
-/** Opens the WebSocket of `transport` (a Transport); reports back through its methods. */
-export function openWebSocket(transport) {
-  const base = transport.base.replace(/^http/, 'ws');
+/**
+ * Opens a WebSocket to `url` (the session's `…/ws?token=…`). Of the callbacks it uses:
+ * `opened()` on the relay's welcome, then `expiry(expiresAt)` and `registration()` (what the
+ * `register` frame it sends then says); for the relay's frames `registered(tools)`,
+ * `call(frame)`, `cancel(requestId)`, `approval(frame)`, `expiry(expiresAt)`,
+ * `settled(requestId)` (an ack), `retry(requestId)` (an answer the relay could not store now),
+ * `problem(message)` and `ended(frame)` (whether the frame ends the session); and when the socket
+ * closes, `closed()` after the session ended, else `failed(welcomed)`.
+ * `send(frame)` sends while the socket is open.
+ */
+export function openWebSocket({ url }, on) {
   let socket;
   try {
-    socket = new WebSocket(`${base}/api/sessions/${transport.session.code}/ws?token=${encodeURIComponent(transport.session.token)}`);
+    socket = new WebSocket(url);
   } catch {
-    transport.failed(false);
-    return;
+    on.failed(false);
+    // Nothing to send over or to close: the Transport does not keep this connection.
+    return { send: () => false, close() {} };
   }
-  transport.socket = socket;
   let welcomed = false;
   let final = false;
   socket.onmessage = (event) => {
@@ -26,53 +36,61 @@ export function openWebSocket(transport) {
     switch (frame.type) {
       case 'welcome':
         welcomed = true;
-        transport.connected();
-        transport.emit('expiry', frame.expiresAt);
-        socket.send(JSON.stringify({ type: 'register', ...transport.registration() }));
+        on.opened();
+        on.expiry(frame.expiresAt);
+        socket.send(JSON.stringify({ type: 'register', ...on.registration() }));
         break;
       case 'registered':
-        transport.emit('registered', frame.tools);
+        on.registered(frame.tools);
         break;
       case 'tool-request':
-        transport.handle(frame);
+        on.call(frame);
         break;
       case 'cancel':
-        transport.cancel(frame.requestId);
+        on.cancel(frame.requestId);
         break;
       case 'approval-request':
       case 'approval-closed':
       case 'callers':
-        transport.approvalFrame(frame);
+        on.approval(frame);
         break;
       case 'heartbeat':
-        transport.emit('expiry', frame.expiresAt);
+        on.expiry(frame.expiresAt);
         break;
       case 'ack':
         // The relay is done with the answer: stored, or refused for good (`error` says why;
         // request_not_found after a reconnect is expected: the call comes again, and its
         // answer with it).
-        transport.settled(frame.requestId);
-        if (frame.error && frame.error !== ErrorCode.REQUEST_NOT_FOUND) transport.emit('problem', frame.message);
+        on.settled(frame.requestId);
+        if (frame.error && frame.error !== ErrorCode.REQUEST_NOT_FOUND) on.problem(frame.message);
         break;
       case 'expired':
-        final = transport.ended(frame);
+        final = on.ended(frame);
         break;
       case 'error':
-        if (transport.ended(frame)) {
+        if (on.ended(frame)) {
           final = true;
         } else if (frame.requestId) {
           // That answer could not be stored now: it goes again shortly.
-          transport.interruptions += 1;
-          transport.resendLater(frame.requestId);
+          on.retry(frame.requestId);
         } else {
-          transport.emit('problem', frame.message);
+          on.problem(frame.message);
         }
         break;
       default:
     }
   };
   socket.onclose = () => {
-    if (transport.socket === socket) transport.socket = null;
-    if (!final) transport.failed(welcomed);
+    // A session that ended is not tried again; any other close is a failure to retry.
+    if (final) on.closed();
+    else on.failed(welcomed);
+  };
+  return {
+    send(frame) {
+      if (socket.readyState !== WebSocket.OPEN) return false;
+      socket.send(JSON.stringify(frame));
+      return true;
+    },
+    close: () => socket.close(1000, 'stopped'),
   };
 }

@@ -17,9 +17,17 @@
 // is open, else over HTTP. On every connection such a tab also reads the relay's list
 // (`GET …/approvals`) and emits it as an `approvals` event: a question closed while the tab
 // was away is then known to be over.
+//
+// The openers keep none of this: each is called as `open(where, callbacks)` with what it needs
+// to connect (its URL; polling's headers too) and the callbacks it reports through (see
+// `callbacks` below), and returns `{send(frame), close()}`. `send` says whether the frame went
+// over the connection: only an open WebSocket carries frames up, and what it does not carry goes
+// over HTTP from here (answers, approvals, the manifest). `close` ends the connection for good.
+// The connection, the backoff, the fallback, the answers and their acks are kept and changed in
+// this file only.
 
 import { ErrorCode } from './errors.js';
-import { poll } from './transport-polling.js';
+import { openPolling } from './transport-polling.js';
 import { openEventStream } from './transport-sse.js';
 import { openWebSocket } from './transport-websocket.js';
 
@@ -35,7 +43,7 @@ const RESEND_START_MS = 250;
 const RESEND_MAX_MS = 5000;
 
 // How each transport connects, in the order they are tried.
-const OPEN = { websocket: openWebSocket, sse: openEventStream, polling: poll };
+const OPEN = { websocket: openWebSocket, sse: openEventStream, polling: openPolling };
 const ORDER = Object.keys(OPEN);
 
 // The relay's refusals that mean this tab's session is no longer there for it.
@@ -84,15 +92,14 @@ export class Transport extends EventTarget {
     this.failures = 0;
     this.backoff = BACKOFF_START_MS;
     this.stopped = false;
-    this.socket = null;
-    this.events = null;
-    this.pollTimer = null;
+    this.connection = null; // the {send, close} of the connection under way (see the top)
     this.retryTimer = null;
     this.answers = new Map(); // requestId → answer (or a promise of it while running)
     this.running = new Map(); // requestId → the AbortController of a call running
     this.unsent = new Map(); // requestId → answer the relay has not acknowledged yet
     this.resends = new Map(); // requestId → {timer, wait}: when an unsent answer goes again
-    this.polling = false;
+    this.polling = false; // polling works: a poll went through, and none has failed since
+    this.polledQuestion = null; // the open question the last poll named, by callerId
     this.interruptions = 0; // connections that failed or dropped, and answers that could not go
   }
 
@@ -108,13 +115,10 @@ export class Transport extends EventTarget {
   stop() {
     this.stopped = true;
     clearTimeout(this.retryTimer);
-    clearTimeout(this.pollTimer);
     for (const { timer } of this.resends.values()) clearTimeout(timer);
     this.resends.clear();
-    if (this.socket) this.socket.close(1000, 'stopped');
-    if (this.events) this.events.close();
-    this.socket = null;
-    this.events = null;
+    if (this.connection) this.connection.close();
+    this.connection = null;
   }
 
   emit(name, detail) {
@@ -123,8 +127,73 @@ export class Transport extends EventTarget {
 
   connect() {
     if (this.stopped) return;
-    this.emit('status', { state: 'connecting', transport: this.kind });
-    OPEN[this.kind](this);
+    const kind = this.kind;
+    this.emit('status', { state: 'connecting', transport: kind });
+    // The opener's handle is kept as the connection unless the connection is over before the
+    // opener returns (a WebSocket that cannot even be made fails at once).
+    let connection = null;
+    let over = false;
+    const forget = () => {
+      over = true;
+      if (this.connection === connection) this.connection = null;
+    };
+    connection = OPEN[kind](this.where(kind), this.callbacks(kind, forget));
+    if (!over) this.connection = connection;
+  }
+
+  /** What the opener of `kind` needs to connect: its URL, and polling's headers. */
+  where(kind) {
+    const token = encodeURIComponent(this.session.token);
+    if (kind === 'websocket') return { url: this.url(`/ws?token=${token}`).replace(/^http/, 'ws') };
+    if (kind === 'sse') return { url: this.url(`/stream?token=${token}`) };
+    return { url: this.url('/request'), headers: this.auth() };
+  }
+
+  /**
+   * The callbacks a connection of `kind` reports through (each opener's comment says which it
+   * uses); `forget` drops that connection as the Transport's, once it is over. `opened()`: the
+   * relay took the connection. `failed(everWorked)`: it failed or dropped, and is tried again.
+   * `closed()`: it closed after the session ended, and is not. `ended(frame)`: whether the frame
+   * ends the session (emitting the end). `registration()`: what a `register` frame says;
+   * `putManifest()` registers over HTTP. `approval(frame)`: whether it was a frame about
+   * callers. `settled(requestId)`: the relay acknowledged that answer; `retry(requestId)`: it
+   * could not store it now. `interrupted()`: connection trouble the connection gets over by
+   * itself. `resend()`: the unacknowledged answers go again now. `asked(callerId)`: the open
+   * question a poll named. The rest say what the relay said, or ask for what a poll needs.
+   */
+  callbacks(kind, forget) {
+    return {
+      opened: () => {
+        if (kind === 'polling') this.polling = true;
+        this.connected();
+      },
+      failed: (everWorked) => {
+        forget();
+        if (kind === 'polling') this.polling = false;
+        this.failed(everWorked);
+      },
+      closed: forget,
+      ended: (frame) => this.ended(frame),
+      expiry: (expiresAt) => this.emit('expiry', expiresAt),
+      registration: () => this.registration(),
+      putManifest: () => this.putManifest(),
+      registered: (tools) => this.emit('registered', tools),
+      call: (frame) => this.handle(frame),
+      cancel: (requestId) => this.cancel(requestId),
+      approval: (frame) => this.approvalFrame(frame),
+      settled: (requestId) => this.settled(requestId),
+      retry: (requestId) => {
+        this.interruptions += 1;
+        this.resendLater(requestId);
+      },
+      problem: (message) => this.emit('problem', message),
+      interrupted: () => {
+        this.interruptions += 1;
+      },
+      resend: () => this.resendUnsent(),
+      runningIds: () => this.runningIds(),
+      asked: (callerId) => this.asked(callerId),
+    };
   }
 
   /** The connection failed or dropped: try again later, or move to the next transport. */
@@ -156,8 +225,13 @@ export class Transport extends EventTarget {
     this.backoff = BACKOFF_START_MS;
     this.emit('status', { state: 'connected', transport: this.kind });
     // Answers that could not go out while the connection was down go now.
-    for (const answer of [...this.unsent.values()]) this.send(answer);
+    this.resendUnsent();
     if (this.approves()) this.readApprovals();
+  }
+
+  /** Sends every answer the relay has not acknowledged yet again now. */
+  resendUnsent() {
+    for (const answer of [...this.unsent.values()]) this.send(answer);
   }
 
   /** What every registration says: the tools, and whether the person approves callers here. */
@@ -167,13 +241,11 @@ export class Transport extends EventTarget {
 
   /** The tools (or whether the person approves) changed: register again on the live connection. */
   reregister() {
-    const socket = this.socket;
-    if (socket && socket.readyState === WebSocket.OPEN) {
-      socket.send(JSON.stringify({ type: 'register', ...this.registration() }));
-    } else if (this.events || this.polling) {
-      this.putManifest();
-    }
-    // Otherwise the next connection registers them.
+    if (this.connection?.send({ type: 'register', ...this.registration() })) return;
+    // Over HTTP while an event stream is open (or opening: the connection is SSE's until it
+    // fails, the kind changing only then) or while polling works. Otherwise the next connection
+    // registers them.
+    if ((this.kind === 'sse' && this.connection) || this.polling) this.putManifest();
   }
 
   // ---- approvals ----
@@ -211,10 +283,15 @@ export class Transport extends EventTarget {
     }
   }
 
-  /** The open WebSocket, if there is one. */
-  openSocket() {
-    const socket = this.socket;
-    return socket && socket.readyState === WebSocket.OPEN ? socket : null;
+  /**
+   * A poll named the open question about `callerId` (null: none). The relay names it in every
+   * poll until it closes, so one the last poll named and this one does not is over.
+   */
+  asked(callerId) {
+    if (this.polledQuestion && this.polledQuestion !== callerId) {
+      this.approvalFrame({ type: 'approval-closed', callerId: this.polledQuestion, outcome: 'gone' });
+    }
+    this.polledQuestion = callerId;
   }
 
   /**
@@ -225,9 +302,7 @@ export class Transport extends EventTarget {
    * then asks again). Throws when the answer could not go.
    */
   async approve(callerId, allow) {
-    const socket = this.openSocket();
-    if (socket) {
-      socket.send(JSON.stringify({ type: 'approval', callerId, allow }));
+    if (this.connection?.send({ type: 'approval', callerId, allow })) {
       return { outcome: allow ? 'allowed' : 'declined', confirmed: false };
     }
     const response = await fetch(this.url(`/approvals/${encodeURIComponent(callerId)}`), {
@@ -250,11 +325,7 @@ export class Transport extends EventTarget {
    * that could not go.
    */
   async disconnectCaller(callerId) {
-    const socket = this.openSocket();
-    if (socket) {
-      socket.send(JSON.stringify({ type: 'disconnect-caller', callerId }));
-      return;
-    }
+    if (this.connection?.send({ type: 'disconnect-caller', callerId })) return;
     const response = await fetch(this.url(`/approvals/${encodeURIComponent(callerId)}`), {
       method: 'DELETE',
       headers: this.auth(),
@@ -332,11 +403,7 @@ export class Transport extends EventTarget {
   async send(answer) {
     const id = answer.requestId;
     this.unsent.set(id, answer);
-    const socket = this.socket;
-    if (socket && socket.readyState === WebSocket.OPEN) {
-      socket.send(JSON.stringify({ type: 'response', ...answer }));
-      return;
-    }
+    if (this.connection?.send({ type: 'response', ...answer })) return;
     try {
       const response = await fetch(this.url('/response'), {
         method: 'POST',

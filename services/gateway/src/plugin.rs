@@ -94,6 +94,11 @@ const SDK: &[File] = &[
         include_str!("../sdk/pairing.js"),
     ),
     (
+        "pairing-text.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../sdk/pairing-text.js"),
+    ),
+    (
         "pairing.css",
         "text/css; charset=utf-8",
         include_str!("../sdk/pairing.css"),

@@ -39,9 +39,6 @@ pub const ENV_REDIS_CLIENT_KEY_FILE: &str = "REDIS_CLIENT_KEY_FILE";
 pub const ENV_REDIS_WAIT_REPLICAS: &str = "REDIS_WAIT_REPLICAS";
 /// `REDIS_WAIT_MS`: how long such a `WAIT` may take, in milliseconds.
 pub const ENV_REDIS_WAIT_MS: &str = "REDIS_WAIT_MS";
-/// `REDIS_SCRIPTS`: `flat` (the default) queues a call with the flat script on its common path;
-/// `library` always with the library's (for measuring one against the other).
-pub const ENV_REDIS_SCRIPTS: &str = "REDIS_SCRIPTS";
 /// `REPLICA_URL`: where the other replicas sharing Redis reach this one's gRPC
 /// (`http://10.0.0.7:50051`; a port of 0 stands for the port `GRPC_LISTEN_ADDR` bound). Set
 /// with `GATEWAY_SECRET`, a call waited for on one replica is routed to the replica holding its
@@ -94,10 +91,6 @@ pub struct RedisArgs {
     /// Milliseconds such a `WAIT` may take before the write is refused as not replicated.
     #[arg(long, env = ENV_REDIS_WAIT_MS, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub redis_wait_ms: u64,
-    /// `flat`: a call is queued by a flat script on its common path (the library's script
-    /// decides the rest); `library`: always by the library's script. For measurement.
-    #[arg(long, env = ENV_REDIS_SCRIPTS, default_value = "flat", value_parser = ["flat", "library"])]
-    pub redis_scripts: String,
     /// Where the other replicas reach this one's gRPC (`http://<pod IP>:50051`; port 0: the
     /// port the gRPC listener bound). With `GATEWAY_SECRET`, calls are routed to the replica
     /// holding their tab.
@@ -122,8 +115,6 @@ pub struct RedisSettings {
     pub tls: TlsFiles,
     /// Replicas a call's writes must reach before they count.
     pub wait: Option<WaitReplicas>,
-    /// Whether a call is queued by the flat script on its common path (`REDIS_SCRIPTS`).
-    pub flat_scripts: bool,
     /// Calls routed to the replica holding their tab (`REPLICA_URL`), when set.
     pub routing: Option<Routing>,
 }
@@ -183,7 +174,6 @@ impl RedisSettings {
             sentinel_password: None,
             tls: TlsFiles::default(),
             wait: None,
-            flat_scripts: true,
             routing: None,
         }
     }
@@ -331,7 +321,6 @@ impl RedisArgs {
                 replicas: self.redis_wait_replicas,
                 timeout_ms: self.redis_wait_ms,
             }),
-            flat_scripts: self.redis_scripts != "library",
             // Set by `RelayArgs::relay_config`, which has the secret.
             routing: None,
         }))

@@ -96,8 +96,6 @@ pub struct RedisStore {
     cluster: bool,
     /// Replicas the enqueue and finish scripts' writes must reach (`WAIT`), when set.
     wait: Option<WaitReplicas>,
-    /// Whether a call is queued by the flat script first (`REDIS_SCRIPTS`).
-    flat_scripts: bool,
     /// The sessions whose answers went through this replica, for the budget's trim.
     answered: Mutex<trim::Answered>,
     /// This replica's name in the answer budget's counts.
@@ -171,7 +169,6 @@ impl RedisStore {
             metrics,
             cluster,
             wait: settings.wait,
-            flat_scripts: settings.flat_scripts,
             answered: Mutex::new(trim::Answered::default()),
             replica: crate::code::random_id(),
             router,
@@ -661,54 +658,25 @@ impl SessionStore for RedisStore {
         let until_ms = until.0.to_string();
         // The common path first, flat; anything else the library's script decides.
         let queued = RequestRecord::queued(request.clone(), 0);
-        let mut answer = None;
-        if self.flat_scripts {
-            let [head, middle, state, times, tail] = records::pieces(&queued);
-            let (me, avoid) = match &self.router {
-                Some(router) if checks.route => (router.me.as_str(), router.avoided()),
-                _ => ("", String::new()),
-            };
-            let flat: redis::Value = self
-                .run(
-                    &self.scripts.flat_enqueue,
-                    code,
-                    &rate_key,
-                    FlatEnqueue {
-                        id: &request.id,
-                        head: &head,
-                        middle: &middle,
-                        state: &state,
-                        times: &times,
-                        tail: &tail,
-                        builtin: if request.builtin { "1" } else { "0" },
-                        deadline: &queued.deadline.0.to_string(),
-                        max_pending: &max_pending,
-                        until_ms: &until_ms,
-                        revision: &revision,
-                        rate_interval: &interval,
-                        rate_tolerance: &tolerance,
-                        approval: approval_mode,
-                        approver,
-                        me,
-                        avoid: &avoid,
-                        route: if me.is_empty() { "" } else { "1" },
-                    },
-                )
-                .await?;
-            if let Some(queued) = records::flat_queued(&queued, code, &flat)? {
-                let (record, session, routed) = queued;
-                self.hand_routed(code, &record, &routed);
-                return Ok((Enqueued::Queued(record), Some(session)));
-            }
-            answer = (!is_slow(&flat)).then_some(flat);
-        }
-        let answer = match answer {
-            Some(answer) => answer,
-            None => {
-                let packed = records::pack(&queued);
-                let arguments = Enqueue {
+        let [head, middle, state, times, tail] = records::pieces(&queued);
+        let (me, avoid) = match &self.router {
+            Some(router) if checks.route => (router.me.as_str(), router.avoided()),
+            _ => ("", String::new()),
+        };
+        let flat: redis::Value = self
+            .run(
+                &self.scripts.flat_enqueue,
+                code,
+                &rate_key,
+                FlatEnqueue {
                     id: &request.id,
-                    packed: &packed,
+                    head: &head,
+                    middle: &middle,
+                    state: &state,
+                    times: &times,
+                    tail: &tail,
+                    builtin: if request.builtin { "1" } else { "0" },
+                    deadline: &queued.deadline.0.to_string(),
                     max_pending: &max_pending,
                     until_ms: &until_ms,
                     revision: &revision,
@@ -716,10 +684,34 @@ impl SessionStore for RedisStore {
                     rate_tolerance: &tolerance,
                     approval: approval_mode,
                     approver,
-                };
-                self.run(&self.scripts.enqueue, code, &rate_key, arguments)
-                    .await?
-            }
+                    me,
+                    avoid: &avoid,
+                    route: if me.is_empty() { "" } else { "1" },
+                },
+            )
+            .await?;
+        if let Some(queued) = records::flat_queued(&queued, code, &flat)? {
+            let (record, session, routed) = queued;
+            self.hand_routed(code, &record, &routed);
+            return Ok((Enqueued::Queued(record), Some(session)));
+        }
+        let answer = if is_slow(&flat) {
+            let packed = records::pack(&queued);
+            let arguments = Enqueue {
+                id: &request.id,
+                packed: &packed,
+                max_pending: &max_pending,
+                until_ms: &until_ms,
+                revision: &revision,
+                rate_interval: &interval,
+                rate_tolerance: &tolerance,
+                approval: approval_mode,
+                approver,
+            };
+            self.run(&self.scripts.enqueue, code, &rate_key, arguments)
+                .await?
+        } else {
+            flat
         };
         let (outcome, items) = outcome(answer)?;
         let mut items = items.into_iter();
@@ -960,19 +952,14 @@ impl SessionStore for RedisStore {
             quiet: if held.is_some() { "1" } else { "" },
         };
         // The common path first, flat; anything else the library's script decides.
-        let mut answer = None;
-        if self.flat_scripts {
-            let flat: redis::Value = self
-                .run(&self.scripts.flat_finish, code, &[], arguments())
-                .await?;
-            answer = (!is_slow(&flat)).then_some(flat);
-        }
-        let answer = match answer {
-            Some(answer) => answer,
-            None => {
-                self.run(&self.scripts.finish, code, &[], arguments())
-                    .await?
-            }
+        let flat: redis::Value = self
+            .run(&self.scripts.flat_finish, code, &[], arguments())
+            .await?;
+        let answer = if is_slow(&flat) {
+            self.run(&self.scripts.finish, code, &[], arguments())
+                .await?
+        } else {
+            flat
         };
         let (outcome, items) = outcome(answer)?;
         let record = || -> Result<RequestRecord, StoreError> {

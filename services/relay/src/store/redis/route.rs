@@ -198,7 +198,7 @@ impl Router {
                     Err(_) => events.announce(&channel, SessionEvent::Missed),
                 },
                 Ok(Err(error)) => {
-                    tracing::info!(replica = %url, %error, "a call could not be routed to its tab's replica: announcing it on Redis");
+                    tracing::warn!(replica = %url, %error, "a call could not be routed to its tab's replica: announcing it on Redis, and passing that replica over for 5 s");
                     router.pass_over(&url);
                     router.counted(Route::Fallback);
                     router.announce_handed(&link, &channel, &id).await;
