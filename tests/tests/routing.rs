@@ -3,9 +3,10 @@
 //! the same stream; when that relay dies mid-call or is draining, the call takes the pub/sub
 //! path and is answered once all the same.
 
+use futures::StreamExt;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use toolrelay_relay::config::{ENV_DRAIN_SECONDS, ENV_REPLICA_URL};
+use toolrelay_relay::config::{ENV_DRAIN_SECONDS, ENV_RATE_LIMIT_REQUEST, ENV_REPLICA_URL};
 use toolrelay_tests::PATIENCE;
 use toolrelay_tests::cluster::Cluster;
 use toolrelay_tests::metrics::Scrape;
@@ -54,7 +55,7 @@ async fn routed(cluster: &Cluster, relay: usize, way: &str) -> f64 {
 /// Redis), and the tab on A's own relay is handed its calls in the process.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_go_to_the_replica_that_holds_their_tab() {
-    let cluster = Cluster::start(2, 2, &[ROUTED]).await;
+    let cluster = Cluster::start(2, 2, &[ROUTED, (ENV_RATE_LIMIT_REQUEST, "100000")]).await;
     let (code, token) = cluster.create_session(0).await;
     let tab = RecordingTab::start(vec![cluster.tab_url(1, &code, &token)]);
     until_tab_connected(&cluster, 0, &code).await;
@@ -71,6 +72,23 @@ async fn calls_go_to_the_replica_that_holds_their_tab() {
     assert_eq!(routed(&cluster, 0, "forwarded").await, 5.0);
     assert_eq!(routed(&cluster, 1, "accepted").await, 5.0);
     assert_eq!(routed(&cluster, 0, "fallback").await, 0.0);
+    // Many at once, on the one connection between the relays: each stream read to its end, so
+    // none is reset and HTTP/2's guard against rapid resets never cuts the connection.
+    let path = format!("/api/sessions/{code}/call");
+    let many: Vec<Answer> = futures::stream::iter(0..300)
+        .map(|n| cluster.post(0, &path, echo(&format!("m-{n}"), &format!("m{n}"))))
+        .buffer_unordered(30)
+        .collect()
+        .await;
+    for answer in &many {
+        assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    }
+    assert_eq!(routed(&cluster, 0, "forwarded").await, 305.0);
+    assert_eq!(
+        routed(&cluster, 0, "fallback").await,
+        0.0,
+        "no forward failed"
+    );
     // Through relay B itself: the tab is there.
     for n in 0..3 {
         let answer = cluster
@@ -84,7 +102,9 @@ async fn calls_go_to_the_replica_that_holds_their_tab() {
     }
     assert_eq!(routed(&cluster, 1, "local").await, 3.0);
     // Each call delivered once.
+    assert_eq!(tab.deliveries().len(), 308, "each call delivered once");
     let mut delivered = tab.deliveries();
+    delivered.retain(|id| !id.starts_with("m-"));
     delivered.sort();
     assert_eq!(
         delivered,

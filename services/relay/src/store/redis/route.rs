@@ -223,7 +223,13 @@ impl Router {
             .into_inner();
         self.counted(Route::Forwarded);
         match answers.message().await {
-            Ok(Some(event)) => Ok(event.answer),
+            Ok(Some(event)) => {
+                // Read to the stream's end (the other replica ends it after the answer): a
+                // stream dropped before its end is reset, and a peer resetting many streams
+                // is cut off by HTTP/2's rapid-reset guard (every call on the connection lost).
+                let _ = answers.message().await;
+                Ok(event.answer)
+            }
             Ok(None) => Err("the replica ended the call's stream without its answer".to_owned()),
             Err(status) => Err(status.message().to_owned()),
         }
