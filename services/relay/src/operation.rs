@@ -150,3 +150,86 @@ pub trait Visitor {
 pub fn each(visitor: &mut impl Visitor) {
     crate::relay::each_operation(visitor);
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use prost::Message as _;
+
+    use super::*;
+
+    /// The last segment of a type's or a message's full name.
+    fn short(name: &str) -> &str {
+        name.rsplit([':', '.']).next().unwrap_or(name)
+    }
+
+    /// Every unit by its path: its request and reply messages' names; and how many were shown.
+    #[derive(Default)]
+    struct Units {
+        by_path: BTreeMap<&'static str, (&'static str, &'static str)>,
+        shown: usize,
+    }
+
+    impl Visitor for Units {
+        fn visit<O: Operation>(&mut self) {
+            self.shown += 1;
+            let messages = (
+                short(std::any::type_name::<O::Message>()),
+                short(std::any::type_name::<O::Reply>()),
+            );
+            self.by_path.insert(O::PATH, messages);
+        }
+    }
+
+    /// The list of RPCs is `relay.proto`'s: every unary method of `toolrelay.v1.Relay` has
+    /// exactly one unit, with the method's request and reply messages, and no unit serves a
+    /// path the proto does not have; the streaming methods are the ones `grpc.rs` serves itself.
+    #[test]
+    fn every_unary_rpc_of_the_proto_has_exactly_one_unit_with_its_messages() {
+        let set = prost_types::FileDescriptorSet::decode(toolrelay::proto::FILE_DESCRIPTOR_SET)
+            .expect("the descriptor set decodes");
+        let service = set
+            .file
+            .iter()
+            .flat_map(|file| &file.service)
+            .find(|service| service.name() == "Relay")
+            .expect("relay.proto has the Relay service");
+        let mut units = Units::default();
+        each(&mut units);
+        assert_eq!(units.by_path.len(), units.shown, "a unit is listed twice");
+        let mut streaming = Vec::new();
+        let mut unary = BTreeMap::new();
+        for method in &service.method {
+            if method.client_streaming() || method.server_streaming() {
+                streaming.push(method.name());
+                continue;
+            }
+            let path = format!("/toolrelay.v1.Relay/{}", method.name());
+            unary.insert(
+                path,
+                (short(method.input_type()), short(method.output_type())),
+            );
+        }
+        streaming.sort_unstable();
+        assert_eq!(streaming, ["Connect", "Forward", "WatchManifest"]);
+        for (path, messages) in &unary {
+            let unit = units.by_path.get(path.as_str()).unwrap_or_else(|| {
+                panic!("{path} has no unit (crate::relay's `operations` lists)")
+            });
+            assert_eq!(
+                unit, messages,
+                "{path}: the unit's messages are not the proto's"
+            );
+        }
+        let extra: Vec<_> = units
+            .by_path
+            .keys()
+            .filter(|path| !unary.contains_key(**path))
+            .collect();
+        assert!(
+            extra.is_empty(),
+            "units for RPCs relay.proto does not have: {extra:?}"
+        );
+    }
+}
