@@ -69,6 +69,20 @@ impl Answer {
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).and_then(|value| value.to_str().ok())
     }
+
+    /// Asserts a refusal as the SPEC shapes it: `status`, the stable name `error`, and a
+    /// message that says what to do (the one check of a refusal, for every suite).
+    #[track_caller]
+    pub fn assert_refused(&self, status: StatusCode, error: &str) {
+        assert_eq!(self.status, status, "{self:?}");
+        assert_eq!(self.body["error"], error, "{self:?}");
+        assert!(
+            self.body["message"]
+                .as_str()
+                .is_some_and(|message| !message.trim().is_empty()),
+            "a refusal without a message: {self:?}"
+        );
+    }
 }
 
 impl System {

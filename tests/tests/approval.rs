@@ -169,8 +169,7 @@ async fn a_denied_caller_gets_approval_declined_and_the_tool_never_runs() {
         );
     }
     let refused = call_over_rest(&system, &code, "refused").await.unwrap();
-    assert_eq!(refused.status, StatusCode::FORBIDDEN, "{refused:?}");
-    assert_eq!(refused.body["error"], "approval_refused", "{refused:?}");
+    refused.assert_refused(StatusCode::FORBIDDEN, "approval_refused");
     let callers = loop {
         let frame = tab.recv().await;
         if frame["type"] == "callers" && frame["refused"] == true {
@@ -243,8 +242,7 @@ async fn the_tabs_own_handle_needs_no_approval_and_a_closed_tab_is_said_at_once(
     })
     .await;
     let refused = call_over_rest(&system, &code, "no-tab").await.unwrap();
-    assert_eq!(refused.status, StatusCode::CONFLICT, "{refused:?}");
-    assert_eq!(refused.body["error"], "tab_not_connected", "{refused:?}");
+    refused.assert_refused(StatusCode::CONFLICT, "tab_not_connected");
     system.stop().await;
 }
 
@@ -427,8 +425,7 @@ async fn a_polling_tab_and_an_sse_tab_answer_the_question_over_http() {
     let allowed = answer_over_http(&system, &code, &token, caller, true).await;
     assert_eq!(allowed.body["outcome"], "allowed", "{allowed:?}");
     let again = answer_over_http(&system, &code, &token, caller, false).await;
-    assert_eq!(again.status, StatusCode::CONFLICT, "{again:?}");
-    assert_eq!(again.body["error"], "approval_not_pending", "{again:?}");
+    again.assert_refused(StatusCode::CONFLICT, "approval_not_pending");
     let call = wait_until(PATIENCE, async || {
         let items = poll().await.body;
         items
@@ -611,8 +608,7 @@ async fn a_request_id_is_its_callers_own_and_never_gives_another_callers_answer(
     assert_eq!(again.body["result"]["echoed"], "secret", "{again:?}");
     // …another caller naming the same id is refused, and is not given the answer.
     let other = call_as("bob").await.unwrap();
-    assert_eq!(other.status, StatusCode::CONFLICT, "{other:?}");
-    assert_eq!(other.body["error"], "request_id_conflict", "{other:?}");
+    other.assert_refused(StatusCode::CONFLICT, "request_id_conflict");
     assert!(!other.body.to_string().contains("echoed"), "{other:?}");
     system.stop().await;
 }

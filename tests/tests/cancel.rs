@@ -167,8 +167,7 @@ async fn a_queued_call_cancelled_over_rest_or_grpc_is_never_delivered() {
     });
 
     let unknown = cancel(http, base, &code, "no-such-call").await;
-    assert_eq!(unknown.status, StatusCode::NOT_FOUND, "{unknown:?}");
-    assert_eq!(unknown.body["error"], "request_not_found");
+    unknown.assert_refused(StatusCode::NOT_FOUND, "request_not_found");
     system.stop().await;
 }
 
@@ -386,8 +385,7 @@ async fn only_the_caller_that_made_a_call_may_cancel_it() {
     // Another user who knows the session and the id cannot cancel it: to them it is unknown.
     let url = format!("{base}/api/sessions/{code}/requests/ada-1");
     let refused = send(as_user("bob", http.delete(&url))).await;
-    assert_eq!(refused.status, StatusCode::NOT_FOUND, "{refused:?}");
-    assert_eq!(refused.body["error"], "request_not_found");
+    refused.assert_refused(StatusCode::NOT_FOUND, "request_not_found");
     // Nor can a gRPC client at the same address.
     let mut client = relay_client(system.grpc).await;
     let over_grpc = client

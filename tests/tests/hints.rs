@@ -190,8 +190,7 @@ async fn reads_run_only_read_only_functions(system: &System) {
                 json!({"functionName": changing, "args": {}}),
             )
             .await;
-        assert_eq!(rest.status, StatusCode::FORBIDDEN, "{rest:?}");
-        assert_eq!(rest.body["error"], "not_read_only");
+        rest.assert_refused(StatusCode::FORBIDDEN, "not_read_only");
         assert!(
             rest.body["message"]
                 .as_str()

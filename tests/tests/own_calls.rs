@@ -43,8 +43,7 @@ async fn as_user(system: &System, user: &str, method: Method, path: &str) -> Ans
 
 /// Asserts that `answer` says the session has no such call, and names nothing of it.
 fn not_found(answer: &Answer) {
-    assert_eq!(answer.status, StatusCode::NOT_FOUND, "{answer:?}");
-    assert_eq!(answer.body["error"], "request_not_found", "{answer:?}");
+    answer.assert_refused(StatusCode::NOT_FOUND, "request_not_found");
     assert!(!answer.body.to_string().contains("echoed"), "{answer:?}");
 }
 

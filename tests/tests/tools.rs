@@ -412,8 +412,7 @@ async fn a_built_in_tool_runs_through_a_session_without_a_tab() {
             .json(&json!({"tools": [{"name": "encodePlantUML"}]})),
     )
     .await;
-    assert_eq!(clash.status, StatusCode::BAD_REQUEST);
-    assert_eq!(clash.body["error"], "invalid_manifest");
+    clash.assert_refused(StatusCode::BAD_REQUEST, "invalid_manifest");
     let status = system.get(&format!("/api/sessions/{code}")).await;
     assert_eq!(status.body["pendingRequests"], 0);
     system.stop().await;
