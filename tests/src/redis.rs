@@ -93,9 +93,43 @@ impl RedisServer {
     }
 
     async fn launch_with(durable: bool, cluster: bool, options: RedisOptions) -> Self {
-        let mut server = Self::unstarted(durable, cluster, options);
-        server.run().await;
-        server
+        // A port found free may be taken before redis-server binds it (another test's server
+        // or connection): a server that exits as it starts is started again on other ports.
+        for _ in 0..5 {
+            let mut server = Self::unstarted(durable, cluster, options.clone());
+            server.spawn();
+            if server.answered_or_exited().await {
+                return server;
+            }
+        }
+        panic!("redis-server exited as it started, on five free ports in a row");
+    }
+
+    /// Waits (with a deadline) until the server answers (`true`) or its process has exited
+    /// (`false`).
+    async fn answered_or_exited(&mut self) -> bool {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            // Answered by this process, not by another server holding the port.
+            if let Some(pid) = self.child.as_ref().and_then(Child::id)
+                && self.process_id().await == Some(pid)
+            {
+                return true;
+            }
+            let exited = self
+                .child
+                .as_mut()
+                .is_none_or(|child| !matches!(child.try_wait(), Ok(None)));
+            if exited {
+                return false;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "redis-server on port {} did not answer",
+                self.port
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
     }
 
     fn unstarted(durable: bool, cluster: bool, options: RedisOptions) -> Self {
@@ -114,7 +148,18 @@ impl RedisServer {
         }
     }
 
+    /// Starts the process on its port and waits (with a deadline) until it answers.
     async fn run(&mut self) {
+        self.spawn();
+        wait_until(PATIENCE, async || {
+            let pinged = self.ping().await;
+            pinged.map_err(|_| format!("redis-server on port {} did not answer", self.port))
+        })
+        .await;
+    }
+
+    /// Starts the process on its port.
+    fn spawn(&mut self) {
         let mut command = Command::new("redis-server");
         let port = self.port.to_string();
         match &self.options.tls {
@@ -176,11 +221,6 @@ impl RedisServer {
                 panic!("redis-server cannot start ({error}): run scripts/setup.sh --test (scripts/test.sh does), which installs Debian's redis-server")
             });
         self.child = Some(child);
-        wait_until(PATIENCE, async || {
-            let pinged = self.ping().await;
-            pinged.map_err(|_| format!("redis-server on port {} did not answer", self.port))
-        })
-        .await;
     }
 
     /// `redis://127.0.0.1:<port>` (`rediss://` with TLS), with no user or password.
@@ -225,6 +265,19 @@ impl RedisServer {
             )?,
         };
         client.get_multiplexed_async_connection().await
+    }
+
+    /// The process id the server at its port reports, if one answers.
+    async fn process_id(&self) -> Option<u32> {
+        let mut connection = self.connection().await.ok()?;
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query_async(&mut connection)
+            .await
+            .ok()?;
+        info.lines()
+            .find_map(|line| line.strip_prefix("process_id:"))
+            .and_then(|pid| pid.trim().parse().ok())
     }
 
     async fn ping(&self) -> redis::RedisResult<()> {
