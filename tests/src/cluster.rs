@@ -240,17 +240,19 @@ impl Cluster {
         )
     }
 
-    /// Waits (with a deadline) until gateway `gateway` lists the demo tools of the session
-    /// `code`: its tab attached and registered.
+    /// Waits (with a deadline) until gateway `gateway` sees the session `code`'s tab connected
+    /// and lists its demo tools: attached and registered, through any replica.
     pub async fn until_tab_registered(&self, gateway: usize, code: &str) {
         crate::wait_until(crate::PATIENCE, async || {
+            // The tab attaches before it registers its tools: wait for both.
+            let session = self.get(gateway, &format!("/api/sessions/{code}")).await;
             let tools = self
                 .get(gateway, &format!("/api/sessions/{code}/metadata"))
                 .await;
-            if tools.body["tools"][0]["id"] == "demo" {
+            if session.body["providerConnected"] == true && tools.body["tools"][0]["id"] == "demo" {
                 Ok(())
             } else {
-                Err(format!("the tab never registered: {tools:?}"))
+                Err(format!("the tab never showed up: {session:?} {tools:?}"))
             }
         })
         .await;

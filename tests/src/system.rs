@@ -83,6 +83,18 @@ impl Answer {
             "a refusal without a message: {self:?}"
         );
     }
+
+    /// Asserts the answer of the demo tab's `echo` of `text`: 200, a success, `{"text": text}`.
+    #[track_caller]
+    pub fn assert_echoed(&self, text: &str) {
+        assert_eq!(self.status, StatusCode::OK, "{self:?}");
+        assert_eq!(self.body["success"], true, "{self:?}");
+        assert_eq!(
+            self.body["result"],
+            serde_json::json!({"text": text}),
+            "{self:?}"
+        );
+    }
 }
 
 impl System {

@@ -71,11 +71,6 @@ async fn post_answer(system: &System, code: &str, token: &str, request_id: &str,
     assert_eq!(answered.body["accepted"], true, "{answered:?}");
 }
 
-fn assert_answered(answer: &Answer, text: &str) {
-    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
-    assert_eq!(answer.body["result"], json!({"text": text}), "{answer:?}");
-}
-
 #[tokio::test]
 async fn answers_given_during_the_drain_reach_their_callers_then_tabs_are_told_to_reconnect() {
     let mut system = System::binary(&[(ENV_DRAIN_SECONDS, "30")]).await;
@@ -181,10 +176,10 @@ async fn answers_given_during_the_drain_reach_their_callers_then_tabs_are_told_t
     provider
         .answer(&grpc_request.request_id, &json!({"text": "grpc"}))
         .await;
-    assert_answered(&ws_call.await.unwrap(), "ws");
-    assert_answered(&sse_call.await.unwrap(), "sse");
-    assert_answered(&poll_call.await.unwrap(), "poll");
-    assert_answered(&grpc_call.await.unwrap(), "grpc");
+    ws_call.await.unwrap().assert_echoed("ws");
+    sse_call.await.unwrap().assert_echoed("sse");
+    poll_call.await.unwrap().assert_echoed("poll");
+    grpc_call.await.unwrap().assert_echoed("grpc");
 
     // (c) With nothing left to answer the drain ends early: every tab is told to reconnect.
     let close = ws_tab.closed().await.expect("a close frame");
@@ -253,7 +248,7 @@ async fn split_drain(stopping: Stopping) {
         json!({"text": "split"}),
     )
     .await;
-    assert_answered(&calling.await.unwrap(), "split");
+    calling.await.unwrap().assert_echoed("split");
 
     // (c) Then the tab is told to reconnect, and what was stopped exits cleanly.
     let close = tab.closed().await.expect("a close frame");
@@ -593,7 +588,7 @@ async fn a_rolling_restart_of_one_of_two_relays_goes_unnoticed_by_callers() {
     );
     // Every caller got its own answer (no 503), and every call reached a tab exactly once.
     for call in &called {
-        assert_answered(&call.answer, &call.text);
+        call.answer.assert_echoed(&call.text);
         let relays = deliveries.get(call.text.as_str());
         assert_eq!(relays.map(Vec::len), Some(1), "{}: {relays:?}", call.text);
     }

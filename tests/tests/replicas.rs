@@ -20,30 +20,6 @@ fn echo(id: &str, text: &str) -> Value {
     json!({"requestId": id, "functionName": "echo", "args": {"text": text}, "timeoutMs": 30_000})
 }
 
-fn assert_answered(answer: &Answer, text: &str) {
-    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
-    assert_eq!(answer.body["success"], true, "{answer:?}");
-    assert_eq!(answer.body["result"], json!({"text": text}), "{answer:?}");
-}
-
-/// Waits until gateway `gateway` has a tab on the session (registered through any replica).
-async fn until_tab_registered(cluster: &Cluster, gateway: usize, code: &str) {
-    wait_until(PATIENCE, async || {
-        // `toolCount` includes the built-in tools, so wait for the tab's own group to be
-        // listed: the tab attaches before it registers its tools.
-        let session = cluster.get(gateway, &format!("/api/sessions/{code}")).await;
-        let tools = cluster
-            .get(gateway, &format!("/api/sessions/{code}/metadata"))
-            .await;
-        if session.body["providerConnected"] == true && tools.body["tools"][0]["id"] == "demo" {
-            Ok(())
-        } else {
-            Err(format!("the tab never showed up: {session:?} {tools:?}"))
-        }
-    })
-    .await;
-}
-
 /// 2 relays + 2 gateways + Redis: the tab on relay A, the LLM alternating gateways (B is in
 /// front of relay B): 500 calls, each answered and delivered exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -52,7 +28,7 @@ async fn five_hundred_calls_across_replicas_each_delivered_once() {
     let cluster = Cluster::start(2, 2, &[(ENV_RATE_LIMIT_REQUEST, "100000")]).await;
     let (code, token) = cluster.create_session(1).await;
     let tab = RecordingTab::start(vec![cluster.tab_url(0, &code, &token)]);
-    until_tab_registered(&cluster, 1, &code).await;
+    cluster.until_tab_registered(1, &code).await;
 
     let calls = futures::stream::iter(0..500)
         .map(|n| {
@@ -67,7 +43,7 @@ async fn five_hundred_calls_across_replicas_each_delivered_once() {
         .collect::<Vec<_>>()
         .await;
     for (n, answer) in &calls {
-        assert_answered(answer, &format!("n{n}"));
+        answer.assert_echoed(&format!("n{n}"));
     }
     // Every call is finished now, so none is delivered again from the store; a delivery of
     // one already on its way to the tab goes before a call made after (one connection, in
@@ -79,7 +55,7 @@ async fn five_hundred_calls_across_replicas_each_delivered_once() {
             echo("barrier", "b"),
         )
         .await;
-    assert_answered(&barrier, "b");
+    barrier.assert_echoed("b");
     let deliveries = tab.deliveries();
     assert_eq!(deliveries.len(), 501, "every call delivered exactly once");
     let distinct: std::collections::HashSet<&String> = deliveries.iter().collect();
@@ -98,7 +74,7 @@ async fn a_relay_killed_mid_call_loses_no_call_and_runs_none_twice() {
         cluster.tab_url(0, &code, &token),
         cluster.tab_url(1, &code, &token),
     ]);
-    until_tab_registered(&cluster, 0, &code).await;
+    cluster.until_tab_registered(0, &code).await;
     tab.hold(true);
     // Ten calls, alternating gateways, all delivered to the tab on relay A and held there.
     let waiting: Vec<_> = (0..10)
@@ -143,7 +119,7 @@ async fn a_relay_killed_mid_call_loses_no_call_and_runs_none_twice() {
                 echo(&format!("held-{n}"), &text),
             )
             .await;
-        assert_answered(&again, &text);
+        again.assert_echoed(&text);
     }
     // Delivered once to the first connection, once again to the one after (the tab answers
     // the repeat from what it ran, as the plugin does): never twice to one connection.
@@ -185,7 +161,7 @@ async fn a_gateway_killed_mid_call_is_answered_through_the_other() {
     let mut cluster = Cluster::start(2, 2, &[]).await;
     let (code, token) = cluster.create_session(0).await;
     let tab = RecordingTab::start(vec![cluster.tab_url(1, &code, &token)]);
-    until_tab_registered(&cluster, 0, &code).await;
+    cluster.until_tab_registered(0, &code).await;
     tab.hold(true);
     let waiting = tokio::spawn(
         reqwest::Client::new()
@@ -205,7 +181,7 @@ async fn a_gateway_killed_mid_call_is_answered_through_the_other() {
     let again = cluster
         .post(1, &format!("/api/sessions/{code}/call"), echo("slow", "s"))
         .await;
-    assert_answered(&again, "s");
+    again.assert_echoed("s");
     assert_eq!(tab.deliveries(), ["slow"], "delivered once, to the one tab");
 }
 
@@ -232,7 +208,7 @@ async fn a_gateway_balances_over_relays_and_moves_waiting_callers_off_a_dead_one
         cluster.tab_url(0, &code, &token),
         cluster.tab_url(1, &code, &token),
     ]);
-    until_tab_registered(&cluster, 0, &code).await;
+    cluster.until_tab_registered(0, &code).await;
     tab.hold(true);
     let waiting: Vec<_> = (0..10)
         .map(|n| {
@@ -250,7 +226,7 @@ async fn a_gateway_balances_over_relays_and_moves_waiting_callers_off_a_dead_one
     cluster.kill_relay(0).await;
     tab.hold(false);
     for (n, waiting) in waiting.into_iter().enumerate() {
-        assert_answered(&waiting.await.unwrap(), &format!("h{n}"));
+        waiting.await.unwrap().assert_echoed(&format!("h{n}"));
     }
     // Never twice to one connection, and each at most once more after the reconnect.
     for connection in 1..=tab.connections() {
@@ -272,7 +248,7 @@ async fn a_gateway_balances_over_relays_and_moves_waiting_callers_off_a_dead_one
                 echo(&format!("after-{n}"), "a"),
             )
             .await;
-        assert_answered(&answer, "a");
+        answer.assert_echoed("a");
     }
     assert_eq!(cluster.get(0, "/readyz").await.status, StatusCode::OK);
 }
@@ -471,7 +447,7 @@ async fn a_redis_outage_is_503_meanwhile_and_nothing_is_lost() {
     // A tab connected before, during and after the outage.
     let (kept_code, kept_token) = cluster.create_session(0).await;
     let kept = RecordingTab::start(vec![cluster.tab_url(0, &kept_code, &kept_token)]);
-    until_tab_registered(&cluster, 0, &kept_code).await;
+    cluster.until_tab_registered(0, &kept_code).await;
     let (code, token) = cluster.create_session(0).await;
     let registered = send(
         reqwest::Client::new()
@@ -539,7 +515,7 @@ async fn a_redis_outage_is_503_meanwhile_and_nothing_is_lost() {
         "a process stopped or restarted"
     );
     let tab = RecordingTab::start(vec![cluster.tab_url(0, &code, &token)]);
-    until_tab_registered(&cluster, 0, &code).await;
+    cluster.until_tab_registered(0, &code).await;
     let answered = cluster
         .post(
             0,
@@ -547,12 +523,12 @@ async fn a_redis_outage_is_503_meanwhile_and_nothing_is_lost() {
             echo("queued-before", "q"),
         )
         .await;
-    assert_answered(&answered, "q");
+    answered.assert_echoed("q");
     assert_eq!(tab.deliveries(), ["queued-before"]);
     let after = cluster
         .post(0, &format!("/api/sessions/{code}/call"), echo("after", "a"))
         .await;
-    assert_answered(&after, "a");
+    after.assert_echoed("a");
     // The tab connected all along kept its one connection, was never told its session ended,
     // and serves calls on it.
     let through = cluster
@@ -562,7 +538,7 @@ async fn a_redis_outage_is_503_meanwhile_and_nothing_is_lost() {
             echo("through", "t"),
         )
         .await;
-    assert_answered(&through, "t");
+    through.assert_echoed("t");
     assert_eq!(kept.connections(), 1);
     assert_eq!(kept.delivered_on(1), ["through"]);
     let frames = kept.other_frames();
@@ -651,7 +627,7 @@ async fn calls_in_flight_survive(failure: RedisFailure) {
         &token,
         Duration::from_millis(50),
     );
-    until_tab_registered(&cluster, 0, &code).await;
+    cluster.until_tab_registered(0, &code).await;
 
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(60))
@@ -894,7 +870,7 @@ async fn mcp_works_behind_a_round_robin_balancer() {
     let balancer = toolrelay_tests::balancer::RoundRobin::start(gateways).await;
     let (code, token) = cluster.create_session(0).await;
     let tab = RecordingTab::start(vec![cluster.tab_url(1, &code, &token)]);
-    until_tab_registered(&cluster, 0, &code).await;
+    cluster.until_tab_registered(0, &code).await;
 
     let mcp = mcp_client(format!("{}/mcp", balancer.url())).await;
     for _ in 0..2 {

@@ -21,28 +21,6 @@ fn echo(id: &str, text: &str) -> Value {
     json!({"requestId": id, "functionName": "echo", "args": {"text": text}, "timeoutMs": 60_000})
 }
 
-fn assert_answered(answer: &Answer, text: &str) {
-    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
-    assert_eq!(answer.body["success"], true, "{answer:?}");
-    assert_eq!(answer.body["result"], json!({"text": text}), "{answer:?}");
-}
-
-/// Waits until gateway `gateway` sees the session's tab connected with its tools.
-async fn until_tab_connected(cluster: &Cluster, gateway: usize, code: &str) {
-    wait_until(PATIENCE, async || {
-        let session = cluster.get(gateway, &format!("/api/sessions/{code}")).await;
-        let tools = cluster
-            .get(gateway, &format!("/api/sessions/{code}/metadata"))
-            .await;
-        if session.body["providerConnected"] == true && tools.body["tools"][0]["id"] == "demo" {
-            Ok(())
-        } else {
-            Err(format!("the tab never showed up: {session:?} {tools:?}"))
-        }
-    })
-    .await;
-}
-
 /// How many calls relay `relay` counted as routed `way` (`toolrelay_routed_calls_total`).
 async fn routed(cluster: &Cluster, relay: usize, way: &str) -> f64 {
     let url = format!("http://{}/metrics", cluster.relay_websockets[relay]);
@@ -58,7 +36,7 @@ async fn calls_go_to_the_replica_that_holds_their_tab() {
     let cluster = Cluster::start(2, 2, &[ROUTED, (ENV_RATE_LIMIT_REQUEST, "100000")]).await;
     let (code, token) = cluster.create_session(0).await;
     let tab = RecordingTab::start(vec![cluster.tab_url(1, &code, &token)]);
-    until_tab_connected(&cluster, 0, &code).await;
+    cluster.until_tab_registered(0, &code).await;
     for n in 0..5 {
         let answer = cluster
             .post(
@@ -67,7 +45,7 @@ async fn calls_go_to_the_replica_that_holds_their_tab() {
                 echo(&format!("a-{n}"), &format!("a{n}")),
             )
             .await;
-        assert_answered(&answer, &format!("a{n}"));
+        answer.assert_echoed(&format!("a{n}"));
     }
     assert_eq!(routed(&cluster, 0, "forwarded").await, 5.0);
     assert_eq!(routed(&cluster, 1, "accepted").await, 5.0);
@@ -98,7 +76,7 @@ async fn calls_go_to_the_replica_that_holds_their_tab() {
                 echo(&format!("b-{n}"), &format!("b{n}")),
             )
             .await;
-        assert_answered(&answer, &format!("b{n}"));
+        answer.assert_echoed(&format!("b{n}"));
     }
     assert_eq!(routed(&cluster, 1, "local").await, 3.0);
     // Each call delivered once.
@@ -123,7 +101,7 @@ async fn a_routed_call_whose_tab_replica_is_killed_is_answered_once_through_the_
         cluster.tab_url(1, &code, &token),
         cluster.tab_url(0, &code, &token),
     ]);
-    until_tab_connected(&cluster, 0, &code).await;
+    cluster.until_tab_registered(0, &code).await;
     tab.hold(true);
     let waiting = tokio::spawn(cluster.post(
         0,
@@ -143,7 +121,7 @@ async fn a_routed_call_whose_tab_replica_is_killed_is_answered_once_through_the_
     tab.hold(false);
 
     let answer = waiting.await.unwrap();
-    assert_answered(&answer, "r1");
+    answer.assert_echoed("r1");
     assert_eq!(routed(&cluster, 0, "fallback").await, 1.0);
     // Delivered once on the connection to B, once again on the one to A (answered from what
     // it ran): never twice to one connection, run once.
@@ -171,7 +149,7 @@ async fn a_call_to_a_draining_replica_s_tab_is_not_sent_there() {
         cluster.tab_url(1, &code, &token),
         cluster.tab_url(0, &code, &token),
     ]);
-    until_tab_connected(&cluster, 0, &code).await;
+    cluster.until_tab_registered(0, &code).await;
     // A call held by the tab keeps it on relay B while B drains.
     tab.hold(true);
     let first = tokio::spawn(cluster.post(
@@ -211,8 +189,8 @@ async fn a_call_to_a_draining_replica_s_tab_is_not_sent_there() {
         "only the first call"
     );
     tab.hold(false);
-    assert_answered(&first.await.unwrap(), "one");
-    assert_answered(&second.await.unwrap(), "two");
+    first.await.unwrap().assert_echoed("one");
+    second.await.unwrap().assert_echoed("two");
     assert!(cluster.relay_exited(1).await.success());
     // The second call reached the tab on its connection to relay A only.
     assert_eq!(tab.delivered_on(1), ["before-drain"]);

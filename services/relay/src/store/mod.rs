@@ -161,8 +161,8 @@ pub struct RequestRecord {
     pub builtin: bool,
     /// The correlation id of the request that made it.
     pub correlation_id: Option<String>,
-    /// SHA-256 of the call (tool, function, arguments with their keys in order), so that a
-    /// repeated request id can be checked after the arguments are gone.
+    /// The call's hash ([`call_hash`], hex), so that a repeated request id can be checked
+    /// after the arguments are gone.
     pub call_hash: String,
     /// Whether its answer was dropped to keep the store within its byte budget: the call ran,
     /// and its status stays, but the answer cannot be read any more.
@@ -172,8 +172,10 @@ pub struct RequestRecord {
     pub caller: Option<String>,
 }
 
-/// SHA-256 (hex) of a call: its tool, function and arguments, with object keys sorted, so that
-/// the same call hashes the same whatever order its fields came in.
+/// A call's hash: the first 128 bits of SHA-256 (32 hex digits) of its tool, function and
+/// arguments, with object keys sorted, so that the same call hashes the same whatever order its
+/// fields came in. 128 bits keep two calls apart as surely as the whole digest would (the hash
+/// is an identity, not a secret), in half the room of a kept call.
 pub fn call_hash(tool_id: Option<&str>, function_name: &str, args: &Value) -> String {
     callers_call_hash(tool_id, function_name, args, None)
 }
@@ -237,8 +239,11 @@ pub fn callers_call_hash(
         hasher.update(b"\0caller\0");
         hasher.update(caller.as_bytes());
     }
-    data_encoding::HEXLOWER.encode(&hasher.finalize())
+    data_encoding::HEXLOWER.encode(&hasher.finalize()[..CALL_HASH_BYTES])
 }
+
+/// The bytes of a call's hash ([`call_hash`]).
+pub const CALL_HASH_BYTES: usize = 16;
 
 impl RequestRecord {
     /// The same call without its answer (or arguments): how it stands, cheap to copy.
@@ -638,12 +643,12 @@ pub enum McpSessionsFull {
 mod tests {
     use super::*;
 
-    /// The hash is kept in Redis: it must not change between versions (this is what the
-    /// first implementation gave), nor with the order of an object's keys.
+    /// The hash is kept in Redis: it must not change between versions (this is the first
+    /// 128 bits of what the first implementation gave), nor with the order of an object's keys.
     #[test]
     fn a_call_hashes_as_it_always_did() {
         let args = serde_json::json!({"b": [1, "x", null, true], "a": {"z": 1.5, "y": "q\"é"}});
-        let expected = "271c39a7dec27942beec6dc1106b3674376057f05ecbac47ed74d8d94d5f186a";
+        let expected = "271c39a7dec27942beec6dc1106b3674";
         assert_eq!(call_hash(Some("demo"), "echo", &args), expected);
         let reordered: Value =
             serde_json::from_str(r#"{"a": {"y": "q\"é", "z": 1.5}, "b": [1, "x", null, true]}"#)

@@ -32,11 +32,11 @@ pub const ANNOUNCED_ANSWER_BYTES: usize = 64 * 1024;
 /// is written when it is read, costs this and its id: [`expired_cost`]). Measured with an
 /// 11-byte answer, a finished call keeps ~270 bytes in the memory store
 /// (`services/relay/tests/finished_calls.rs`); in Redis, as the relay makes calls (a caller's
-/// key, a connection's id), 449 bytes beyond its answer, its id included (`MEMORY USAGE`:
+/// key, a connection's id), 289 bytes beyond its answer, its id included (`MEMORY USAGE`:
 /// a field of its session's hash, its entry in the finished list, Redis's own bookkeeping;
 /// `tests/store_conformance.rs`): this and the id cover both, so the budget bounds what they
 /// keep.
-pub const FINISHED_CALL_BYTES: usize = 450;
+pub const FINISHED_CALL_BYTES: usize = 300;
 
 /// The share of the session's time to live by which its expiry must move before a store
 /// writes it: activity moves an expiry at most once per tenth of the time to live, so a busy
@@ -411,7 +411,7 @@ mod tests {
             "local MAX_FINISHED_PER_SESSION = 1000",
             "local ANNOUNCED_ANSWER_BYTES = 65536",
             "local SLIDE_STEP_DIVISOR = 10",
-            "local FINISHED_CALL_BYTES = 450",
+            "local FINISHED_CALL_BYTES = 300",
         ] {
             assert!(preamble.contains(line), "{preamble}");
         }

@@ -48,7 +48,7 @@ pub(super) struct Done {
     finished_at: Timestamp,
     /// What it costs against the answer budgets while its answer is kept.
     cost: usize,
-    call_hash: [u8; 32],
+    call_hash: [u8; crate::store::CALL_HASH_BYTES],
     id_len: u32,
     /// The length of the result's JSON after the id (0: no result).
     result_len: u32,
@@ -307,8 +307,8 @@ impl Done {
         finished_at: Timestamp,
         cost: usize,
     ) -> Self {
-        let mut call_hash = [0; 32];
-        // Every record's hash is one this crate wrote: 64 hex digits.
+        let mut call_hash = [0; crate::store::CALL_HASH_BYTES];
+        // Every record's hash is one this crate wrote: 32 hex digits.
         let _ = data_encoding::HEXLOWER.decode_mut(record.call_hash.as_bytes(), &mut call_hash);
         let mut text = record.id.clone();
         let mut result_len = 0;

@@ -182,12 +182,13 @@ impl EventHub {
             return;
         };
         let (key, field) = (format!("{base}s"), format!("r:{id}"));
-        let (hub, channel) = (self.clone(), channel.to_owned());
+        let (hub, channel, id) = (self.clone(), channel.to_owned(), id.to_owned());
         tokio::spawn(async move {
             let mut redis = hub.link.commands();
-            let packed: Result<Option<String>, _> = redis.hget(&key, &field).await;
-            let event = match packed {
-                Ok(Some(packed)) => announced(&packed, SessionEvent::CallHanded),
+            let stored: Result<Option<String>, _> = redis.hget(&key, &field).await;
+            let record = stored.map(|stored| stored.map(|stored| records::read(&id, &stored)));
+            let event = match record {
+                Ok(Some(Ok(record))) => SessionEvent::CallHanded(Box::new(record)),
                 _ => SessionEvent::Missed,
             };
             hub.announce(&channel, event);

@@ -3,7 +3,7 @@
 //! # Layout
 //! Every key starts with a configurable prefix. A session's keys carry its code as a hash tag,
 //! `<prefix>{<CODE>}:…`, so a Redis Cluster keeps a session in one slot: `s` (hash: the
-//! session, its counters, its provider, its queue, and each of its calls packed in a field
+//! session, its counters, its provider, its queue, and each of its calls (`records.rs`) in a field
 //! `r:<id>`), `f` (list: its finished calls), and the channel `ev` (its events);
 //! `lua/library.lua` has the details. Every script touches the keys
 //! of one session only: each carries a `#!lua` line, so a Cluster node refuses a script that
@@ -658,7 +658,7 @@ impl SessionStore for RedisStore {
         let until_ms = until.0.to_string();
         // The common path first, flat; anything else the library's script decides.
         let queued = RequestRecord::queued(request.clone(), 0);
-        let [head, middle, state, times, tail] = records::pieces(&queued);
+        let [state, rest] = records::pieces(&queued);
         let (me, avoid) = match &self.router {
             Some(router) if checks.route => (router.me.as_str(), router.avoided()),
             _ => ("", String::new()),
@@ -670,13 +670,10 @@ impl SessionStore for RedisStore {
                 &rate_key,
                 FlatEnqueue {
                     id: &request.id,
-                    head: &head,
-                    middle: &middle,
                     state: &state,
-                    times: &times,
-                    tail: &tail,
+                    rest: &rest,
                     builtin: if request.builtin { "1" } else { "0" },
-                    deadline: &queued.deadline.0.to_string(),
+                    lease: &records::handed_lease(&queued),
                     max_pending: &max_pending,
                     until_ms: &until_ms,
                     revision: &revision,
@@ -696,7 +693,7 @@ impl SessionStore for RedisStore {
             return Ok((Enqueued::Queued(record), Some(session)));
         }
         let answer = if is_slow(&flat) {
-            let packed = records::pack(&queued);
+            let packed = records::stored(&queued);
             let arguments = Enqueue {
                 id: &request.id,
                 packed: &packed,

@@ -74,8 +74,8 @@ arguments! {
     }
     /// `lua/flat_enqueue.lua`.
     FlatEnqueue {
-        id, head, middle, state, times, tail, builtin, deadline, max_pending, until_ms,
-        revision, rate_interval, rate_tolerance, approval, approver, me, avoid, route,
+        id, state, rest, builtin, lease, max_pending, until_ms, revision, rate_interval,
+        rate_tolerance, approval, approver, me, avoid, route,
     }
     /// `lua/change_approvals.lua`.
     ChangeApprovals {

@@ -1,7 +1,7 @@
 -- Queues a call, after spending a unit of the caller's rate budget (KEYS[2], if given) and
 -- only if the session's manifest is at `revision` ('' for any): the call's one round trip in.
--- `packed` is the call as `RequestRecord::queued` made it, its queue position still to be
--- given. When the session's provider is a connection the relay pushes to (rules::hand_over),
+-- `packed` is the call as `RequestRecord::queued` made it (stored form, records::stored), its
+-- queue position still to be given. When the session's provider is a connection the relay pushes to (rules::hand_over),
 -- the call is queued delivered to it and announced whole ('Q:' and the call), so that
 -- connection's replica forwards it without a claim; else 'q' (whoever serves the session
 -- claims). With `approval` ('ask' or 'handle', rules::approval_needed), the caller
@@ -27,7 +27,7 @@ if not live(session) then return { 'nosession', false, false } end
 if revision ~= '' and (field(session, 'manifest_revision') or '0') ~= revision then
   return { 'stale', false, session_values(session) }
 end
-local record = unpack_record(packed)
+local record = unpack_record(id, packed)
 local function existing()
   local call, found = read_call(session, id)
   if not call then

@@ -1,10 +1,10 @@
 -- The common path of enqueue.lua, flat (no library): one HMGET of the fields it needs, its
 -- checks, at most one rate spend, one HSET, at most one publish. The call's record is the
--- replica's, in pieces Lua joins around what only the session knows (its place in the queue,
--- whom it is handed to) and never parses: `head` (the id's field), `middle` (tool, function,
--- arguments), `state` (status to deliveries, as the replica made them: a built-in call starts
--- out delivered to the relay), `times` (created, deadline, for a call handed to the tab),
--- `tail` (answer … caller), each packed as `<length>:<value>`.
+-- replica's (records.rs), in two pieces Lua joins after what only the session knows (its
+-- place in the queue) and never parses: `state` (status, delivered to, deliveries and lease as
+-- the replica made them: a built-in call starts out delivered to the relay), which a call
+-- handed to the tab replaces (delivered to the tab's connection, once, leased until its
+-- deadline: `lease`), and `rest` (times, flags, hash, names and arguments).
 -- A call handed to the session's tab is announced on the session's channel, unless it may be
 -- routed (`route` '1', from a replica that serves routes as `me`) and the tab's replica
 -- (`p_replica`) serves routes and is not in `avoid` (' <url> … ', replicas found gone or
@@ -20,11 +20,10 @@
 -- session's expiry, its maximum and its manifest's revision }` (the replica built the
 -- record: it needs nothing else back), or as enqueue.lua answers.
 local now = tonumber(ARGV[1])
-local id, head, middle, state, times, tail, builtin, deadline, max_pending, until_ms,
-  revision, rate_interval, rate_tolerance, approval, approver, me, avoid, route =
-  ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10],
-  tonumber(ARGV[11]), tonumber(ARGV[12]), ARGV[13], ARGV[14], ARGV[15], ARGV[16], ARGV[17],
-  ARGV[18], ARGV[19], ARGV[20]
+local id, state, rest, builtin, lease, max_pending, until_ms, revision, rate_interval,
+  rate_tolerance, approval, approver, me, avoid, route =
+  ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], tonumber(ARGV[8]), tonumber(ARGV[9]), ARGV[10],
+  ARGV[11], ARGV[12], ARGV[13], ARGV[14], ARGV[15], ARGV[16], ARGV[17]
 local s = KEYS[1] .. 's'
 
 local v = redis.call('HMGET', s, 'expires_at', 'max_expires_at', 'keys_until',
@@ -58,20 +57,12 @@ end
 local over = spend()
 if over > 0 then return { 0, 0, { 'limited', false, false, over } } end
 
-local function field(value)
-  return #value .. ':' .. value
-end
-local seq = number(NEXT_SEQ) + 1
+local seq = string.format('%.0f', number(NEXT_SEQ) + 1)
 local connection = v[P_CONN]
 local handed = builtin ~= '1' and connection and v[P_TRANSPORT] ~= 'polling'
-local packed
-if handed then
-  packed = head .. field(string.format('%.0f', seq)) .. middle .. field('delivered') .. times
-    .. field(connection) .. field(deadline) .. field('1') .. tail
-else
-  packed = head .. field(string.format('%.0f', seq)) .. middle .. state .. tail
-end
-v[NEXT_SEQ] = string.format('%.0f', seq)
+if handed then state = 'd ' .. connection .. ' 1 ' .. lease end
+local packed = seq .. ' ' .. state .. ' ' .. rest
+v[NEXT_SEQ] = seq
 v[PENDING] = string.format('%.0f', number(PENDING) + 1)
 local writes = { 'r:' .. id, packed, 'queue', (v[QUEUE] or '') .. id .. ' ',
   'pending', v[PENDING], 'next_seq', v[NEXT_SEQ] }
@@ -111,7 +102,7 @@ elseif not handed then
 elseif #packed > ANNOUNCED_ANSWER_BYTES then
   redis.call('PUBLISH', KEYS[1] .. 'ev', 'h:' .. id)
 else
-  redis.call('PUBLISH', KEYS[1] .. 'ev', 'Q:' .. packed)
+  redis.call('PUBLISH', KEYS[1] .. 'ev', 'Q:' .. id .. ' ' .. packed)
 end
 return { 0, slid_to, { 'queued', v[NEXT_SEQ], handed and connection or '', v[P_CONN] or '',
   v[P_TRANSPORT] or '', v[P_CONNECTED_AT] or '', v[P_LAST_SEEN] or '', routed, v[EXPIRES_AT],

@@ -1,6 +1,7 @@
 -- The common path of finish.lua, flat (no library): one HMGET, the checks, one HSET, one
--- RPUSH, one publish. The call's record is walked for the offsets of its fields (`<length>:`
--- each) and joined again from slices and the answer; nothing is unpacked into a table. Off the
+-- RPUSH, one publish. The call's state is read by one match of its stored line, and the
+-- finished record is joined from it, a slice of the names and the answer; the names and the
+-- arguments are never parsed. Off the
 -- common path — a session past its expiry, a call held, answered or overdue, an answerer that
 -- may not answer it, a session over its share of the answer budget or with finished calls to
 -- forget — it answers `{ 'slow' }` before anything is written, and the replica runs
@@ -9,7 +10,7 @@
 -- The finished call is announced on the session's channel unless `quiet` ('1': the call was
 -- routed and its waiter is on this replica, which tells it) and no waiter elsewhere asked for
 -- it since (`l:<id>`, set by a caller's retry through enqueue.lua): the answer says which,
--- `{ 'finished', the call, 1 announced or 0 }`.
+-- `{ 'finished', the call's message (`<id> <stored form>`), 1 announced or 0 }`.
 local now = tonumber(ARGV[1])
 local retention = tonumber(ARGV[2])
 local id, status, response, cost, until_ms, answerer, connection, share, quiet =
@@ -30,54 +31,45 @@ if number(EXPIRES_AT) <= now then return SLOW end
 local packed = v[RECORD]
 if not packed then return { 0, 0, { 'norequest' } } end
 
--- Where each of the record's 18 fields starts (its length), where its value starts, and where
--- it ends.
-local heads, starts, ends, at = {}, {}, {}, 1
-for i = 1, 18 do
-  local colon = string.find(packed, ':', at, true)
-  if not colon then return SLOW end -- an older relay's record: the library reads it
-  local length = tonumber(string.sub(packed, at, colon - 1))
-  heads[i], starts[i], ends[i] = at, colon + 1, colon + length
-  at = colon + length + 1
-end
-local function value(i)
-  return string.sub(packed, starts[i], ends[i])
-end
-local STATUS, DEADLINE, DELIVERED_TO, FINISHED_AT, BUILTIN, CORRELATION_ID = 6, 8, 9, 13, 14, 15
+-- The call's state, by one match of its stored line (records.rs); its names and arguments are
+-- not read. `names_at` is where its names start.
+local seq, record_status, delivered_to, deliveries, _, created, deadline, record_finished,
+  flags, hash, correlation_id, names_at = string.match(packed,
+  '^(%d+) (%a) (%S*) (%d*) (%S*) (%-?%d+) (%-?%d+) (%S*) (%d+) (%S*) (%S*) ()')
+if not seq then return SLOW end -- an older relay's record: the library reads it
+local created_at = tonumber(created)
 
 -- A call kept past the retention time is gone: the library says so.
-local record_finished = value(FINISHED_AT)
-if record_finished ~= '' and tonumber(record_finished) + retention <= now then return SLOW end
-local record_status = value(STATUS)
+if record_finished ~= '' and created_at + tonumber(record_finished) + retention <= now then
+  return SLOW
+end
+local builtin = tonumber(flags) % 2 == 1
 if answerer ~= 'relay' then
   if answerer == 'provider' then connection = v[P_CONN] or '' end
-  if value(BUILTIN) == '1' or connection == '' or value(DELIVERED_TO) ~= connection then
+  if builtin or connection == '' or delivered_to ~= connection then
     return { 0, 0, { 'notdelivered' } }
   end
 end
+local LETTER_OF = { completed = 'c', failed = 'f', expired = 'x', cancelled = 'n' }
 local finished = number(FINISHED) + 1
-if (record_status ~= 'queued' and record_status ~= 'delivered')
-    or tonumber(value(DEADLINE)) <= now
+if not LETTER_OF[status]
+    or (record_status ~= 'q' and record_status ~= 'd')
+    or created_at + tonumber(deadline) <= now
     or number(ANSWER_BYTES) + cost > share
     or finished > MAX_FINISHED_PER_SESSION + MAX_FINISHED_PER_SESSION / 10
     or (v[OLDEST_AT] and v[OLDEST_AT] ~= '' and tonumber(v[OLDEST_AT]) + retention <= now) then
   return SLOW
 end
 
-local function field(text)
-  return #text .. ':' .. text
-end
-local function slice(from, to)
-  return string.sub(packed, heads[from], ends[to])
-end
--- The record finished: no arguments, lease or correlation id kept; its answer and when.
+-- The record finished: its status, when, no lease, arguments or correlation id kept; its
+-- answer as the payload.
 local finished_at = string.format('%.0f', now)
-local function finished_record(correlation_id)
-  return slice(1, 4) .. field('') .. field(status) .. slice(7, 9) .. field('') .. slice(11, 11)
-    .. field(response) .. field(finished_at) .. slice(14, 14) .. field(correlation_id)
-    .. slice(16, 18)
-end
-local kept = finished_record('')
+local line_end = string.find(packed, '\n', names_at, true)
+local tail = ' ' .. string.sub(packed, names_at, line_end) .. response
+local head = seq .. ' ' .. LETTER_OF[status] .. ' ' .. delivered_to .. ' ' .. deliveries .. '  '
+  .. created .. ' ' .. deadline .. ' ' .. string.format('%.0f', now - created_at) .. ' '
+  .. flags .. ' ' .. hash .. ' '
+local kept = head .. tail
 
 -- Out of the queue.
 local queue = v[QUEUE] or ''
@@ -117,9 +109,7 @@ end
 redis.call('HSET', s, unpack(writes))
 
 -- Announced (and answered) with its correlation id, which the finishing replica logs.
-local correlation_id = value(CORRELATION_ID)
-local announced = kept
-if correlation_id ~= '' then announced = finished_record(correlation_id) end
+local announced = id .. ' ' .. head .. correlation_id .. tail
 if v[LISTENED] then redis.call('HDEL', s, 'l:' .. id) end
 if quiet == '1' and not v[LISTENED] then
   return { 0, slid_to, { 'finished', announced, 0 } }

@@ -5,8 +5,7 @@
 -- A session `<prefix>{<CODE>}:` has:
 --   s  hash: the session (SESSION_FIELDS: its counters, its provider); `queue`, the ids of
 --      its unfinished calls in queue order, each followed by a space (request ids have none);
---      and `r:<id>` for each of its calls, packed (FIELDS, each as `<length>:<value>`, in
---      this order). A call lives in its session's hash: it costs no key of its own, and a
+--      and `r:<id>` for each of its calls, in its stored form (see `unpack_record`). A call lives in its session's hash: it costs no key of its own, and a
 --      script reads (one HMGET) and writes (one HSET) the session and the call together.
 --   f  list: its finished calls, oldest first, each `<finished_at>:<cost>:<id>`; the first
 --      `kept_from` of them had their answer evicted (eviction goes oldest first too)
@@ -30,11 +29,50 @@ local function num(value)
   return string.format('%.0f', value)
 end
 
+-- A call's record: a table of these fields, its times absolute (ms) and its status a word.
+-- A session's hash keeps it as one line of its state and names, then its payload (the
+-- arguments while it runs, its answer once finished), as store/redis/records.rs writes it:
+--   <seq> <status letter> <delivered to> <deliveries> <lease> <created> <deadline>
+--   <finished> <flags> <hash> <correlation id> <tool> <function> <caller>\n<payload>
+-- the lease, deadline and finished times in ms after `created` ('' for none), flags 1 for a
+-- built-in call and 2 for an evicted answer. The names (tool, function, caller) are one
+-- opaque string here (`names`): no script reads them; they and the correlation id stay
+-- escaped. A record an older relay packed (FIELDS, each `<length>:<value>`) still reads, and
+-- is written in this layout.
 local FIELDS = { 'id', 'seq', 'tool_id', 'function', 'args', 'status', 'created_at', 'deadline',
   'delivered_to', 'lease_until', 'deliveries', 'response', 'finished_at', 'builtin',
   'correlation_id', 'call_hash', 'evicted', 'caller' }
+local STATUS_OF = { q = 'queued', d = 'delivered', c = 'completed', f = 'failed', x = 'expired',
+  n = 'cancelled', a = 'awaiting_approval' }
+local LETTER_OF = { queued = 'q', delivered = 'd', completed = 'c', failed = 'f',
+  expired = 'x', cancelled = 'n', awaiting_approval = 'a' }
+local STORED = '^(%d+) (%a) (%S*) (%d*) (%S*) (%-?%d+) (%S*) (%S*) (%d+) (%S*) (%S*) ([^\n]*)\n'
 
-local function unpack_record(packed)
+-- A name as the stored line keeps it (`%`, space and newline escaped).
+local function escaped(name)
+  return (string.gsub(name or '', '[%% \n]', { ['%'] = '%25', [' '] = '%20', ['\n'] = '%0A' }))
+end
+
+-- An older relay's hash (a whole SHA digest, 64 hex digits) as this layout keeps one: its first 16
+-- bytes in base64url (records::stored_hash), so that the same call asked again matches it.
+local BASE64URL = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_'
+local function older_hash(hex)
+  if not hex or not string.find(hex, '^%x+$') or #hex ~= 64 then return hex end
+  local bytes, out = {}, {}
+  for i = 1, 32, 2 do bytes[#bytes + 1] = tonumber(string.sub(hex, i, i + 1), 16) end
+  bytes[17], bytes[18] = 0, 0
+  for i = 1, 16, 3 do
+    local n = bytes[i] * 2 ^ 16 + bytes[i + 1] * 2 ^ 8 + bytes[i + 2]
+    for shift = 18, 0, -6 do
+      local k = math.floor(n / 2 ^ shift) % 64
+      out[#out + 1] = string.sub(BASE64URL, k + 1, k + 1)
+    end
+  end
+  -- 16 bytes are 22 characters: the last group's byte gives two.
+  return table.concat(out, '', 1, 22)
+end
+
+local function unpack_older(packed)
   local record, at = {}, 1
   for _, name in ipairs(FIELDS) do
     local colon = string.find(packed, ':', at, true)
@@ -44,16 +82,53 @@ local function unpack_record(packed)
     record[name] = string.sub(packed, colon + 1, colon + length)
     at = colon + length + 1
   end
+  record.names = escaped(record.tool_id) .. ' ' .. escaped(record['function']) .. ' '
+    .. escaped(record.caller)
+  record.correlation_id = escaped(record.correlation_id)
+  record.call_hash = older_hash(record.call_hash)
   return record
 end
 
-local function pack_record(record)
-  local parts = {}
-  for i, name in ipairs(FIELDS) do
-    local value = record[name] or ''
-    parts[i] = #value .. ':' .. value
+-- Call `id` from its stored form.
+local function unpack_record(id, stored)
+  if string.find(stored, '^%d+:') then return unpack_older(stored) end
+  local seq, letter, delivered_to, deliveries, lease, created, deadline, finished, flags, hash,
+    correlation_id, names = string.match(stored, STORED)
+  if not seq then error('call ' .. id .. ': its stored record is unreadable') end
+  local at = tonumber(created)
+  local function after(offset)
+    if offset == '' then return '' end
+    return num(at + tonumber(offset))
   end
-  return table.concat(parts)
+  flags = tonumber(flags)
+  local payload = string.sub(stored, string.find(stored, '\n', 1, true) + 1)
+  return { id = id, seq = seq, status = STATUS_OF[letter], delivered_to = delivered_to,
+    deliveries = deliveries, lease_until = after(lease), created_at = created,
+    deadline = after(deadline), finished_at = after(finished),
+    builtin = (flags % 2 == 1) and '1' or '0', evicted = (flags >= 2) and '1' or '0',
+    call_hash = hash, correlation_id = correlation_id, names = names,
+    args = (finished == '') and payload or '', response = (finished ~= '') and payload or '' }
+end
+
+-- A record in its stored form.
+local function pack_record(record)
+  local created = tonumber(record.created_at)
+  local function since(at)
+    if at == nil or at == '' then return '' end
+    return num(tonumber(at) - created)
+  end
+  local finished = record.finished_at or ''
+  local flags = ((record.builtin == '1') and 1 or 0) + ((record.evicted == '1') and 2 or 0)
+  return table.concat({ record.seq, LETTER_OF[record.status], record.delivered_to or '',
+    record.deliveries or '0', since(record.lease_until), record.created_at,
+    since(record.deadline), since(finished), flags, record.call_hash or '',
+    record.correlation_id or '', record.names }, ' ')
+    .. '\n' .. ((finished ~= '') and (record.response or '') or (record.args or ''))
+end
+
+-- A call as it leaves a script: its id, then its stored form (records::unpack).
+local function message(id, stored)
+  return id .. ' ' .. stored
 end
 
 local SESSION_FIELDS = { 'code', 'token_hash', 'created_at', 'expires_at', 'max_expires_at',
@@ -139,21 +214,21 @@ local function retired(record)
   return record.finished_at ~= '' and tonumber(record.finished_at) + retention <= now
 end
 
--- Call `id` as the session keeps it: its record and its packing, or nil when it has none
--- (or kept it past the retention time).
+-- Call `id` as the session keeps it: its record and its message (`message`), or nil when it
+-- has none (or kept it past the retention time).
 local function read_call(session, id)
-  local packed = field(session, record_field(id))
-  if not packed then return nil end
-  local record = unpack_record(packed)
+  local stored = field(session, record_field(id))
+  if not stored then return nil end
+  local record = unpack_record(id, stored)
   if retired(record) then return nil end
-  return record, packed
+  return record, message(id, stored)
 end
 
--- Writes a call's record with the session's next `save`; answers it packed.
+-- Writes a call's record with the session's next `save`; answers its message.
 local function write_call(session, record)
-  local packed = pack_record(record)
-  set(session, record_field(record.id), packed)
-  return packed
+  local stored = pack_record(record)
+  set(session, record_field(record.id), stored)
+  return message(record.id, stored)
 end
 
 -- The ids of the session's unfinished calls, in queue order.
@@ -353,7 +428,7 @@ local function finish_record(session, record, status, response, cost)
   end
   if correlation_id ~= '' then
     record.correlation_id = correlation_id
-    packed = pack_record(record)
+    packed = message(record.id, pack_record(record))
   end
   announce_finished(session, record, packed)
   return packed
