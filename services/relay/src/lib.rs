@@ -69,3 +69,12 @@ pub use relay::{
     contain_response,
 };
 pub use store::Transport;
+
+/// Locks a std mutex held for a few map operations, never across an `.await`. Each critical
+/// section writes whole values, so the data is sound after a panic elsewhere: a poisoned lock
+/// is taken as it stands.
+pub(crate) fn locked<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}

@@ -45,6 +45,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::limits::{DEFAULT_IPV6_PREFIX, client_key, is_within};
+use crate::locked;
 use crate::metrics::{Metrics, Refusal};
 
 /// Default of `HEADER_READ_TIMEOUT_SECONDS`.
@@ -206,13 +207,6 @@ impl Drop for Slot {
         }
         self.connections.total.fetch_sub(1, Ordering::AcqRel);
     }
-}
-
-fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Each critical section writes whole values: the data is sound after a panic elsewhere.
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// The HTTP a listener speaks.

@@ -33,6 +33,7 @@ use crate::access::ApiKeys;
 use crate::clock::Clock;
 use crate::code::SessionCode;
 use crate::error::RelayError;
+use crate::locked;
 use crate::metrics::{Metrics, RateLimit};
 use crate::store::{BudgetStore, RateBudget, RateCharge};
 
@@ -493,13 +494,6 @@ fn lookup_limited(wait: Duration) -> RelayError {
         what: "look-ups of unknown session codes",
         retry_after: wait.max(Duration::from_secs(1)),
     }
-}
-
-fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Each critical section writes whole values: the data is sound after a panic elsewhere.
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// One entry of a list of trusted peers (`TRUSTED_PROXIES`): an address

@@ -25,6 +25,7 @@ use tokio::time::Instant;
 use crate::channel::{Receiver, Sender, channel};
 use crate::clock::Timestamp;
 use crate::code::{SessionCode, random_id};
+use crate::locked;
 use crate::relay::{Inner, Relay};
 use crate::store::TabState;
 
@@ -118,13 +119,6 @@ impl Drop for Attended {
             inner.tabs.lock().remove(&self.connection_id);
         }
     }
-}
-
-/// Locks a std mutex held for a few map operations, never across an `.await`.
-fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Tabs {

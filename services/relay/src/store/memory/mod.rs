@@ -33,6 +33,7 @@ use super::rules::{ANSWER_SESSION_SHARE, share_of};
 use crate::clock::{Clock, Timestamp};
 use crate::code::SessionCode;
 use crate::error::StoreError;
+use crate::locked;
 use crate::metrics::Metrics;
 use calls::Entry;
 use manifests::Manifests;
@@ -299,13 +300,6 @@ impl Reachable for MemoryStore {
     async fn ping(&self) -> Result<(), StoreError> {
         Ok(())
     }
-}
-
-fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Each critical section writes whole values: the data is sound after a panic elsewhere.
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Tables {

@@ -14,7 +14,7 @@
 //! answer announced.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -29,6 +29,7 @@ use super::records;
 use crate::access::GATEWAY_PROOF_METADATA;
 use crate::clock::{Clock, Timestamp};
 use crate::config::Routing;
+use crate::locked;
 use crate::metrics::{Metrics, Route};
 use crate::store::{RequestRecord, SessionEvent};
 
@@ -66,13 +67,6 @@ impl Drop for Held {
     fn drop(&mut self) {
         self.router.release(&self.key);
     }
-}
-
-fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Held for one map operation, never across an `.await`.
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Router {
