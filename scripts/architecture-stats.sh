@@ -41,3 +41,18 @@ long=$(for file in $(sources); do
 done || true)
 printf 'source files over 800 lines               %s\n' "$(grep -c . <<<"$long" || true)"
 [[ -z $long ]] || sed 's/^/    /' <<<"$long"
+
+long_suites=$(for file in tests/tests/*.rs; do
+  lines=$(wc -l <"$file")
+  ((lines > 800)) && echo "$file $lines"
+done || true)
+printf 'test suites over 800 lines                %s\n' "$(grep -c . <<<"$long_suites" || true)"
+[[ -z $long_suites ]] || sed 's/^/    /' <<<"$long_suites"
+
+# Tests written in tests/tests (a split must keep every one): test attributes, and the store
+# conformance cases (`async fn …(fixture)` inside `conformance!`, each run against every store;
+# the macro itself, with its four attributes, is in tests/src/store_fixture.rs).
+attributes=$(cat tests/tests/*.rs | grep -c -E '^\s*#\[(tokio::)?test' || true)
+cases=$(cat tests/tests/*.rs | grep -c -E '^    async fn [a-z_0-9]+\(fixture\)' || true)
+printf 'tests in tests/tests                      %s  (%s test functions, %s store conformance cases)\n' \
+  "$((attributes + cases))" "$attributes" "$cases"

@@ -7,7 +7,7 @@
 
 use std::net::SocketAddr;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use tokio::process::Child;
 use toolrelay_gateway::config::{ENV_LISTEN, ENV_RELAY_URL};
 use toolrelay_relay::config::{
@@ -289,4 +289,9 @@ impl Cluster {
     pub async fn kill_gateway(&mut self, index: usize) {
         self.gateway_processes[index].kill().await;
     }
+}
+
+/// The body of a call of the demo tab's `echo` of `text` with the requestId `id`.
+pub fn echo(id: &str, text: &str) -> Value {
+    json!({"requestId": id, "functionName": "echo", "args": {"text": text}, "timeoutMs": 30_000})
 }

@@ -14,12 +14,16 @@ pub mod balancer;
 pub mod certs;
 pub mod cluster;
 pub mod deploy;
+pub mod grpc;
+pub mod guard;
 pub mod mcp;
 pub mod metrics;
+pub mod mip;
 pub mod recording;
 pub mod redis;
 pub mod remip;
 pub mod sdk_tab;
+pub mod store_fixture;
 pub mod system;
 
 use std::net::SocketAddr;

@@ -454,6 +454,14 @@ impl Drop for System {
     }
 }
 
+/// A session of `system` whose WebSocket tab has registered the demo tools: code, token, tab.
+pub async fn paired(system: &System) -> (String, String, crate::WsTab) {
+    let (code, token) = system.create_session().await;
+    let mut tab = crate::WsTab::attach_url(&system.ws_url(&code, &token)).await;
+    tab.register(crate::demo_tools()).await;
+    (code, token, tab)
+}
+
 /// Sends SIGTERM to a child process.
 pub(crate) async fn terminate(process: &Child) {
     let pid = process.id().expect("the process runs");
@@ -494,6 +502,33 @@ async fn answer(response: reqwest::Response) -> Answer {
         headers,
         body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
     }
+}
+
+/// The body of a call of the demo tab's `echo` with `text` (see [`crate::demo_tools`]).
+pub fn echo_call(text: &str) -> Value {
+    json!({"functionName": "echo", "args": {"text": text}})
+}
+
+/// The tab's answer to a call, posted over HTTP.
+pub async fn post_answer(
+    system: &System,
+    code: &str,
+    token: &str,
+    request_id: &str,
+    result: Value,
+) {
+    let answer = send(
+        system
+            .request(
+                reqwest::Method::POST,
+                &format!("/api/sessions/{code}/response"),
+            )
+            .bearer_auth(token)
+            .json(&json!({"requestId": request_id, "success": true, "result": result})),
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    assert_eq!(answer.body["accepted"], true);
 }
 
 /// A workspace binary, built next to the test executables (`cargo test --workspace` and

@@ -34,7 +34,7 @@ pub const ANNOUNCED_ANSWER_BYTES: usize = 64 * 1024;
 /// (`services/relay/tests/finished_calls.rs`); in Redis, as the relay makes calls (a caller's
 /// key, a connection's id), 289 bytes beyond its answer, its id included (`MEMORY USAGE`:
 /// a field of its session's hash, its entry in the finished list, Redis's own bookkeeping;
-/// `tests/store_conformance.rs`): this and the id cover both, so the budget bounds what they
+/// `tests/store_redis_scripts.rs`): this and the id cover both, so the budget bounds what they
 /// keep.
 pub const FINISHED_CALL_BYTES: usize = 300;
 

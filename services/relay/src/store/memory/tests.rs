@@ -1,5 +1,5 @@
 //! The memory store's own tests (the behaviour both stores share is in the store conformance
-//! suite, `tests/tests/store_conformance.rs`).
+//! suite, `tests/tests/store_conformance.rs` and `store_calls.rs`).
 
 use std::time::Duration;
 
