@@ -34,9 +34,10 @@ pub const ANNOUNCED_ANSWER_BYTES: usize = 64 * 1024;
 /// (`services/relay/tests/finished_calls.rs`); in Redis, as the relay makes calls (a caller's
 /// key, a connection's id), 289 bytes beyond its answer, its id included (`MEMORY USAGE`:
 /// a field of its session's hash, its entry in the finished list, Redis's own bookkeeping;
-/// `tests/store_redis_scripts.rs`): this and the id cover both, so the budget bounds what they
-/// keep.
-pub const FINISHED_CALL_BYTES: usize = 300;
+/// `tests/store_redis_scripts.rs`), and up to ~365 bytes measured as the growth of Redis's
+/// `used_memory` over 400 calls (which also catches its buffers and tables growing in steps):
+/// this and the id cover both, so the budget bounds what they keep.
+pub const FINISHED_CALL_BYTES: usize = 360;
 
 /// The share of the session's time to live by which its expiry must move before a store
 /// writes it: activity moves an expiry at most once per tenth of the time to live, so a busy
@@ -411,7 +412,7 @@ mod tests {
             "local MAX_FINISHED_PER_SESSION = 1000",
             "local ANNOUNCED_ANSWER_BYTES = 65536",
             "local SLIDE_STEP_DIVISOR = 10",
-            "local FINISHED_CALL_BYTES = 300",
+            "local FINISHED_CALL_BYTES = 360",
         ] {
             assert!(preamble.contains(line), "{preamble}");
         }
