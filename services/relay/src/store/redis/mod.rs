@@ -38,12 +38,14 @@
 //! [`SessionEvent::Missed`] and looks again; the relay's upkeep of the tabs it serves
 //! ([`Store::refresh`]) catches anything else, at the latest when it next slides the session.
 
+mod calls;
 mod hub;
 mod keyed;
 mod link;
 mod presence;
 mod records;
 mod route;
+mod run;
 mod scripts;
 mod trim;
 
@@ -51,31 +53,29 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::StreamExt;
 use redis::{AsyncCommands, Script};
 use toolrelay::wire::{RequestStatus, ToolResponse};
 
 use self::hub::EventHub;
 pub use self::link::install_tls_provider;
 use self::link::{Connection, Link};
-use self::records::{call_in, counted, is_slow, missing, outcome, unexpected, unreadable};
+use self::records::{call_in, outcome, unexpected};
 use self::route::Router;
 use self::scripts::{
-    Arguments, ChangeApprovals, ClaimCalls, ClearProvider, Enqueue, Finish, FlatEnqueue, Insert,
-    LeaseBuiltin, Named, NoArguments, Request, Scripts, SessionScript, SetManifest, SetProvider,
-    SetToken, Touch,
+    ChangeApprovals, ClaimCalls, ClearProvider, Insert, LeaseBuiltin, NoArguments, Request,
+    Scripts, SetManifest, SetProvider, SetToken, Touch,
 };
 use super::memory::StoreLimits;
 use super::{
-    Answerer, ApprovalChange, ApprovalCheck, ApprovalState, Claim, EnqueueChecks, Enqueued,
-    EventStream, Finished, Inserted, NewRequest, ProviderInfo, Reachable, Release, RequestRecord,
-    RoutedAnswer, SessionEvent, SessionRecord, SessionStore, StoreUsage, TabState, rules,
+    Answerer, ApprovalChange, ApprovalState, Claim, EnqueueChecks, Enqueued, EventStream, Finished,
+    Inserted, NewRequest, ProviderInfo, Reachable, Release, RequestRecord, RoutedAnswer,
+    SessionRecord, SessionStore, StoreUsage, TabState,
 };
 use crate::clock::{Clock, Timestamp};
 use crate::code::SessionCode;
 use crate::config::{RedisSettings, Topology, WaitReplicas};
 use crate::error::StoreError;
-use crate::metrics::{Metrics, Route};
+use crate::metrics::Metrics;
 
 /// How long a command may take before the store counts as unreachable.
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -199,174 +199,6 @@ impl RedisStore {
 
     fn connection(&self) -> Connection {
         self.link.commands()
-    }
-
-    /// A script on `keys` (the first a session's key base) with the common arguments every
-    /// session script reads first: now, the retention of finished calls.
-    fn invocation<'a>(&self, script: &'a Script, keys: &[String]) -> redis::ScriptInvocation<'a> {
-        let mut invocation = script.prepare_invoke();
-        for key in keys {
-            invocation.key(key);
-        }
-        invocation
-            .arg(self.clock.now().0)
-            .arg(millis(self.limits.retention));
-        invocation
-    }
-
-    /// Runs a session script on the session's keys, then `extra`, with `args` after the
-    /// common ones. Counts the calls it expired, and files the session in the sessions by
-    /// expiry when the script moved its expiry.
-    /// Hands a call the queueing script routed (`routed`: 'local', or the URL of the replica
-    /// holding the session's tab; '' when it announced it) to its tab.
-    fn hand_routed(&self, code: &SessionCode, record: &RequestRecord, routed: &str) {
-        let Some(router) = self.router.as_ref().filter(|_| !routed.is_empty()) else {
-            return;
-        };
-        let base = self.base(code);
-        if routed == "local" {
-            router.hold_until(format!("{base}{}", record.id), record.deadline);
-            router.counted(Route::Local);
-            self.handed_here(&base, record.clone());
-        } else {
-            router.forward(
-                self.events.clone(),
-                self.link.clone(),
-                base,
-                code.as_str().to_owned(),
-                routed.to_owned(),
-                record.clone(),
-            );
-        }
-    }
-
-    /// Tells this replica's listeners of the session with key base `base` that `record` was
-    /// handed to its tab (what its announcement on Redis would): a routed call is not announced.
-    fn handed_here(&self, base: &str, record: RequestRecord) {
-        self.events.announce(
-            &format!("{base}ev"),
-            SessionEvent::CallHanded(Box::new(record)),
-        );
-    }
-
-    /// Tells this replica's listeners of the session that `record` finished (what its
-    /// announcement on Redis would): a routed call's answer is not announced.
-    fn told_here(&self, code: &SessionCode, record: &RequestRecord) {
-        self.events.announce(
-            &format!("{}ev", self.base(code)),
-            SessionEvent::ResponseReady {
-                id: record.id.clone(),
-                record: Some(Box::new(record.clone())),
-            },
-        );
-    }
-
-    async fn run<A: Named, T: redis::FromRedisValue>(
-        &self,
-        script: &SessionScript<A>,
-        code: &SessionCode,
-        extra: &[String],
-        args: A::With<'_>,
-    ) -> Result<T, StoreError> {
-        let mut keys = vec![self.base(code)];
-        keys.extend_from_slice(extra);
-        let mut command = redis::cmd("EVALSHA");
-        command
-            .arg(script.script.get_hash())
-            .arg(keys.len())
-            .arg(&keys)
-            .arg(self.clock.now().0)
-            .arg(millis(self.limits.retention));
-        args.push(&mut command);
-        let answer = self
-            .evaluate(&script.script, &command, script.replicated)
-            .await?;
-        let (expired, slid_to, answer) = counted(answer)?;
-        self.metrics.calls_expired(expired);
-        if let Some(slid_to) = slid_to {
-            self.index_session(code, slid_to).await?;
-        }
-        T::from_redis_value(answer).map_err(unreadable)
-    }
-
-    /// Runs a script's `EVALSHA` `command`, loading the script first when Redis does not have
-    /// it (a Redis restarted, or a replica promoted, since this replica loaded it). When
-    /// `replicated` and `REDIS_WAIT_REPLICAS` is set, `WAIT` goes in the same round trip, and
-    /// a write the replicas did not confirm in time is an error (retryable: the write stays,
-    /// and the idempotent scripts find it when called again).
-    async fn evaluate(
-        &self,
-        script: &Script,
-        command: &redis::Cmd,
-        replicated: bool,
-    ) -> Result<redis::Value, StoreError> {
-        let wait = self.wait.filter(|_| replicated);
-        let mut connection = match wait {
-            Some(_) => self.link.waiting(),
-            None => self.connection(),
-        };
-        let mut loaded = false;
-        loop {
-            let answered = match wait {
-                None => command.query_async(&mut connection).await,
-                Some(wait) => {
-                    let replicated: redis::RedisResult<(redis::Value, u32)> = redis::pipe()
-                        .add_command(command.clone())
-                        .cmd("WAIT")
-                        .arg(wait.replicas)
-                        .arg(wait.timeout_ms)
-                        .query_async(&mut connection)
-                        .await;
-                    match replicated {
-                        Ok((_, confirmed)) if confirmed < wait.replicas => {
-                            return Err(StoreError(format!(
-                                "Redis confirmed the write on {confirmed} of {} replicas within {} ms (REDIS_WAIT_REPLICAS, REDIS_WAIT_MS)",
-                                wait.replicas, wait.timeout_ms
-                            )));
-                        }
-                        replicated => replicated.map(|(answer, _)| answer),
-                    }
-                }
-            };
-            match answered {
-                Err(error)
-                    if !loaded
-                        && error.kind()
-                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-                {
-                    let _: String = script
-                        .prepare_invoke()
-                        .load_async(&mut connection)
-                        .await
-                        .map_err(store_error)?;
-                    loaded = true;
-                }
-                answered => return answered.map_err(store_error),
-            }
-        }
-    }
-
-    /// Files the session in the sessions by expiry (what the metrics count).
-    async fn index_session(&self, code: &SessionCode, expires_at: i64) -> Result<(), StoreError> {
-        let _: i64 = redis::cmd("ZADD")
-            .arg(self.key("sessions"))
-            .arg(expires_at)
-            .arg(code.as_str())
-            .query_async(&mut self.connection())
-            .await
-            .map_err(store_error)?;
-        Ok(())
-    }
-
-    /// A session script's answer that is a session (or false).
-    async fn session_of<A: Named>(
-        &self,
-        script: &SessionScript<A>,
-        code: &SessionCode,
-        args: A::With<'_>,
-    ) -> Result<Option<SessionRecord>, StoreError> {
-        let values: Option<Vec<String>> = self.run(script, code, &[], args).await?;
-        values.map(|values| records::session(&values)).transpose()
     }
 }
 
@@ -638,110 +470,8 @@ impl SessionStore for RedisStore {
         until: Timestamp,
         checks: EnqueueChecks,
     ) -> Result<(Enqueued, Option<SessionRecord>), StoreError> {
-        let (rate_key, interval, tolerance) = match &checks.charge {
-            Some(charge) => (
-                vec![self.rate_key(&charge.key)],
-                charge.budget.interval_micros().to_string(),
-                charge.budget.tolerance_micros().to_string(),
-            ),
-            None => (Vec::new(), String::new(), String::new()),
-        };
-        let revision = checks
-            .manifest_revision
-            .map_or_else(String::new, |revision| revision.to_string());
-        let (approval_mode, approver) = match &checks.approval {
-            ApprovalCheck::Exempt => ("", ""),
-            ApprovalCheck::Ask(caller) => ("ask", caller.as_str()),
-            ApprovalCheck::Handle(caller) => ("handle", caller.as_str()),
-        };
-        let max_pending = max_pending.to_string();
-        let until_ms = until.0.to_string();
-        // The common path first, flat; anything else the library's script decides.
-        let queued = RequestRecord::queued(request.clone(), 0);
-        let [state, rest] = records::pieces(&queued);
-        let (me, avoid) = match &self.router {
-            Some(router) if checks.route => (router.me.as_str(), router.avoided()),
-            _ => ("", String::new()),
-        };
-        let flat: redis::Value = self
-            .run(
-                &self.scripts.flat_enqueue,
-                code,
-                &rate_key,
-                FlatEnqueue {
-                    id: &request.id,
-                    state: &state,
-                    rest: &rest,
-                    builtin: if request.builtin { "1" } else { "0" },
-                    lease: &records::handed_lease(&queued),
-                    max_pending: &max_pending,
-                    until_ms: &until_ms,
-                    revision: &revision,
-                    rate_interval: &interval,
-                    rate_tolerance: &tolerance,
-                    approval: approval_mode,
-                    approver,
-                    me,
-                    avoid: &avoid,
-                    route: if me.is_empty() { "" } else { "1" },
-                },
-            )
-            .await?;
-        if let Some(queued) = records::flat_queued(&queued, code, &flat)? {
-            let (record, session, routed) = queued;
-            self.hand_routed(code, &record, &routed);
-            return Ok((Enqueued::Queued(record), Some(session)));
-        }
-        let answer = if is_slow(&flat) {
-            let packed = records::stored(&queued);
-            let arguments = Enqueue {
-                id: &request.id,
-                packed: &packed,
-                max_pending: &max_pending,
-                until_ms: &until_ms,
-                revision: &revision,
-                rate_interval: &interval,
-                rate_tolerance: &tolerance,
-                approval: approval_mode,
-                approver,
-            };
-            self.run(&self.scripts.enqueue, code, &rate_key, arguments)
-                .await?
-        } else {
-            flat
-        };
-        let (outcome, items) = outcome(answer)?;
-        let mut items = items.into_iter();
-        let record = call_in(items.next())?;
-        let session = match items.next() {
-            None | Some(redis::Value::Nil | redis::Value::Boolean(false)) => None,
-            Some(values) => {
-                let values: Vec<String> = redis::from_redis_value(values).map_err(unreadable)?;
-                Some(records::session(&values)?)
-            }
-        };
-        let call = || record.clone().ok_or_else(|| missing("call"));
-        let enqueued = match outcome.as_str() {
-            "queued" => Enqueued::Queued(call()?),
-            "existing" => Enqueued::Existing(call()?),
-            "conflict" => Enqueued::Conflict,
-            "full" => Enqueued::Full,
-            "stale" => Enqueued::StaleManifest,
-            "nosession" => Enqueued::NoSession,
-            "refused" => Enqueued::ApprovalRefused,
-            "disconnected" => Enqueued::Disconnected,
-            "limited" => {
-                let over: i64 = items
-                    .next()
-                    .map(redis::from_redis_value)
-                    .transpose()
-                    .map_err(unreadable)?
-                    .ok_or_else(|| missing("time to wait"))?;
-                Enqueued::RateLimited(Duration::from_micros(over.unsigned_abs()))
-            }
-            other => return Err(unexpected(other)),
-        };
-        Ok((enqueued, session))
+        self.enqueue_call(code, request, max_pending, until, checks)
+            .await
     }
 
     async fn approvals(&self, code: &SessionCode) -> Result<Option<ApprovalState>, StoreError> {
@@ -921,74 +651,8 @@ impl SessionStore for RedisStore {
         _now: Timestamp, // the scripts take `now` from the clock, as every script does
         until: Timestamp,
     ) -> Result<Finished, StoreError> {
-        let cost = rules::answer_cost(&response);
-        let response = records::stored_answer(&response)?;
-        let (answerer, connection) = match answerer {
-            Answerer::Relay => ("relay", ""),
-            Answerer::Connection(connection) => ("connection", connection),
-            Answerer::Provider => ("provider", ""),
-        };
-        let (cost, until_ms) = (cost.to_string(), until.0.to_string());
-        let share = self.limits.session_answer_budget.to_string();
-        // A routed call whose waiter is on this replica is told here, not announced.
-        let held = self
-            .router
-            .as_ref()
-            .map(|router| (router, format!("{}{id}", self.base(code))))
-            .filter(|(router, key)| router.holds(key));
-        // Both scripts take the same arguments.
-        let arguments = || Finish {
-            id,
-            status: status.as_str(),
-            response: &response,
-            cost: &cost,
-            until_ms: &until_ms,
-            answerer,
-            connection,
-            share: &share,
-            quiet: if held.is_some() { "1" } else { "" },
-        };
-        // The common path first, flat; anything else the library's script decides.
-        let flat: redis::Value = self
-            .run(&self.scripts.flat_finish, code, &[], arguments())
-            .await?;
-        let answer = if is_slow(&flat) {
-            self.run(&self.scripts.finish, code, &[], arguments())
-                .await?
-        } else {
-            flat
-        };
-        let (outcome, items) = outcome(answer)?;
-        let record = || -> Result<RequestRecord, StoreError> {
-            call_in(items.clone().into_iter().next())?.ok_or_else(|| missing("call"))
-        };
-        Ok(match outcome.as_str() {
-            "finished" => {
-                self.answered(code);
-                let record = record()?;
-                let announced = !matches!(items.get(1), Some(redis::Value::Int(0)));
-                if let Some((router, key)) = held.filter(|_| !announced) {
-                    router.release(&key);
-                    self.told_here(code, &record);
-                }
-                Finished::Finished(record)
-            }
-            "already" => {
-                let record = record()?;
-                // A routed call answered again (the tab sends an answer until it is
-                // acknowledged): the first finish may have stored it and failed after (a
-                // `WAIT` not met), its waiter here never told.
-                if let Some((router, key)) = held {
-                    router.release(&key);
-                    self.told_here(code, &record);
-                }
-                Finished::AlreadyFinished(record)
-            }
-            "norequest" => Finished::NoRequest,
-            "notdelivered" => Finished::NotDelivered,
-            "nosession" => Finished::NoSession,
-            other => return Err(unexpected(other)),
-        })
+        self.finish_call(code, id, status, response, answerer, until)
+            .await
     }
 
     async fn subscribe(&self, code: &SessionCode) -> Result<Option<EventStream>, StoreError> {
@@ -1014,36 +678,7 @@ impl SessionStore for RedisStore {
         code: &SessionCode,
         call: String,
     ) -> Result<RoutedAnswer, StoreError> {
-        let Some(router) = &self.router else {
-            return Err(StoreError(
-                "this replica takes no routed calls: set REPLICA_URL on it".into(),
-            ));
-        };
-        let record = records::unpack(&call)?;
-        let base = self.base(code);
-        let held = router.hold(format!("{base}{}", record.id), record.deadline);
-        let waiter = self.events.wait_for(&base, &record.id).await;
-        self.handed_here(&base, record);
-        router.counted(Route::Accepted);
-        Ok(Box::pin(futures::stream::unfold(
-            Some((waiter, held)),
-            |state| async move {
-                let (mut waiter, _held) = state?;
-                loop {
-                    match waiter.next().await? {
-                        SessionEvent::ResponseReady {
-                            record: Some(record),
-                            ..
-                        } => return Some((records::pack(&record), None)),
-                        // Announced on Redis (too large to tell whole), or gone: the caller's
-                        // replica hears of it there.
-                        SessionEvent::ResponseReady { record: None, .. }
-                        | SessionEvent::SessionEnded => return Some((String::new(), None)),
-                        _ => {}
-                    }
-                }
-            },
-        )))
+        self.accept_call(code, call).await
     }
 
     async fn usage(&self) -> Result<StoreUsage, StoreError> {

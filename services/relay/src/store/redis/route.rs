@@ -23,11 +23,13 @@ use tonic::transport::{Channel, Endpoint};
 use toolrelay::proto::v1 as pb;
 use toolrelay::proto::v1::relay_client::RelayClient;
 
+use super::RedisStore;
 use super::hub::EventHub;
 use super::link::Link;
 use super::records;
 use crate::access::GATEWAY_PROOF_METADATA;
 use crate::clock::{Clock, Timestamp};
+use crate::code::SessionCode;
 use crate::config::Routing;
 use crate::locked;
 use crate::metrics::{Metrics, Route};
@@ -243,5 +245,51 @@ impl Router {
             // `Missed` from its own and looks again.
             tracing::warn!(%error, "could not announce a call whose route failed");
         }
+    }
+}
+
+impl RedisStore {
+    /// Hands a call the queueing script routed (`routed`: 'local', or the URL of the replica
+    /// holding the session's tab; '' when it announced it) to its tab.
+    pub(super) fn hand_routed(&self, code: &SessionCode, record: &RequestRecord, routed: &str) {
+        let Some(router) = self.router.as_ref().filter(|_| !routed.is_empty()) else {
+            return;
+        };
+        let base = self.base(code);
+        if routed == "local" {
+            router.hold_until(format!("{base}{}", record.id), record.deadline);
+            router.counted(Route::Local);
+            self.handed_here(&base, record.clone());
+        } else {
+            router.forward(
+                self.events.clone(),
+                self.link.clone(),
+                base,
+                code.as_str().to_owned(),
+                routed.to_owned(),
+                record.clone(),
+            );
+        }
+    }
+
+    /// Tells this replica's listeners of the session with key base `base` that `record` was
+    /// handed to its tab (what its announcement on Redis would): a routed call is not announced.
+    pub(super) fn handed_here(&self, base: &str, record: RequestRecord) {
+        self.events.announce(
+            &format!("{base}ev"),
+            SessionEvent::CallHanded(Box::new(record)),
+        );
+    }
+
+    /// Tells this replica's listeners of the session that `record` finished (what its
+    /// announcement on Redis would): a routed call's answer is not announced.
+    pub(super) fn told_here(&self, code: &SessionCode, record: &RequestRecord) {
+        self.events.announce(
+            &format!("{}ev", self.base(code)),
+            SessionEvent::ResponseReady {
+                id: record.id.clone(),
+                record: Some(Box::new(record.clone())),
+            },
+        );
     }
 }
