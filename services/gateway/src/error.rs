@@ -252,7 +252,7 @@ pub async fn normalise_errors<E: Endpoint>(next: E, request: Request) -> poem::R
 }
 
 /// The built-in tool routes, which keep the original tool API's error shape.
-fn is_tool_route(path: &str) -> bool {
+pub(crate) fn is_tool_route(path: &str) -> bool {
     path == "/api/tools" || path.starts_with("/api/tools/")
 }
 
@@ -307,130 +307,6 @@ fn tool_response_for(path: &str, error: &poem::Error) -> Response {
         .body(body.to_string());
     response.extensions_mut().insert(FailureCode::Tool(code));
     response
-}
-
-/// Routes open to every origin (SPEC §10): the public tool API, the documents and the
-/// browser SDK's files.
-fn is_open_route(path: &str) -> bool {
-    is_tool_route(path)
-        || path.starts_with("/openapi")
-        || path.starts_with("/.well-known/")
-        || path.starts_with("/sdk/")
-}
-
-/// Whether the request's `Origin` names the host it was sent to.
-fn is_same_origin(request: &Request) -> bool {
-    request
-        .headers()
-        .get(header::ORIGIN)
-        .and_then(|value| value.to_str().ok())
-        .is_some_and(|origin| names_host(origin, request))
-}
-
-/// Whether `origin` names the host `request` was sent to.
-pub fn names_host(origin: &str, request: &Request) -> bool {
-    request
-        .headers()
-        .get(header::HOST)
-        .and_then(|value| value.to_str().ok())
-        .is_some_and(|host| {
-            origin
-                .split_once("://")
-                .is_some_and(|(_, authority)| authority.eq_ignore_ascii_case(host))
-        })
-}
-
-/// The routes a page serving tools uses (SPEC §6): create a session (or redeem a claim for
-/// one), see or end it, attach (WebSocket, SSE, polling), register its manifest, answer. The
-/// provider token (or the one-time claim), never a cookie, guards them, so a page on any origin
-/// may use them (the browser SDK's point).
-fn is_provider_route(method: &str, path: &str) -> bool {
-    if path == "/api/sessions" || path == "/api/sessions/claim" {
-        return method == "POST";
-    }
-    let Some(rest) = path.strip_prefix("/api/sessions/") else {
-        return false;
-    };
-    match rest.split_once('/') {
-        None => matches!(method, "GET" | "DELETE"),
-        Some((_, "ws" | "stream" | "request")) => method == "GET",
-        Some((_, "manifest")) => method == "PUT",
-        Some((_, "response")) => method == "POST",
-        Some(_) => false,
-    }
-}
-
-/// The `Origin` a request came with, kept when [`open_cors`] takes it off a request to an open
-/// route.
-#[derive(Debug, Clone)]
-pub struct SentOrigin(pub header::HeaderValue);
-
-/// Middleware: CORS `*` without credentials on the open routes — the public tool API, the
-/// documents, the SDK's files, and (unless `CORS_ORIGIN` narrowed them) the provider routes —
-/// answering their preflight itself; other routes are left to the allow-list, except
-/// same-origin requests, which need none.
-pub async fn open_cors<E: Endpoint>(
-    open_providers: bool,
-    next: E,
-    mut request: Request,
-) -> poem::Result<Response> {
-    use poem::http::{HeaderValue, Method};
-    let preflight = request.method() == Method::OPTIONS
-        && request
-            .headers()
-            .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
-    // A preflight asks for the method the real request will use.
-    let method = if preflight {
-        request
-            .headers()
-            .get(header::ACCESS_CONTROL_REQUEST_METHOD)
-            .and_then(|value| value.to_str().ok())
-            .unwrap_or_default()
-            .to_owned()
-    } else {
-        request.method().as_str().to_owned()
-    };
-    let path = request.uri().path();
-    let open = is_open_route(path) || (open_providers && is_provider_route(&method, path));
-    if !open {
-        // A same-origin request (the plugin calling the relay that serves it) needs no CORS,
-        // whatever name the relay is reached by.
-        if is_same_origin(&request) {
-            request.headers_mut().remove(header::ORIGIN);
-        }
-        return next.call(request).await.map(IntoResponse::into_response);
-    }
-    if preflight {
-        return Ok(Response::builder()
-            .status(StatusCode::NO_CONTENT)
-            .header(header::ACCESS_CONTROL_ALLOW_ORIGIN, "*")
-            .header(
-                header::ACCESS_CONTROL_ALLOW_METHODS,
-                "GET, POST, PUT, DELETE, OPTIONS",
-            )
-            .header(
-                header::ACCESS_CONTROL_ALLOW_HEADERS,
-                "Content-Type, Authorization, X-Request-Id, Last-Event-ID",
-            )
-            .header(header::ACCESS_CONTROL_MAX_AGE, "86400")
-            .finish());
-    }
-    // The allow-list does not apply here: the origin is not checked by CORS. The Fetch
-    // Metadata policy still reads it ([`crate::checks::fetch_metadata`]).
-    if let Some(origin) = request.headers_mut().remove(header::ORIGIN) {
-        request.extensions_mut().insert(SentOrigin(origin));
-    }
-    let mut response = next.call(request).await?.into_response();
-    let headers = response.headers_mut();
-    headers.insert(
-        header::ACCESS_CONTROL_ALLOW_ORIGIN,
-        HeaderValue::from_static("*"),
-    );
-    headers.insert(
-        header::ACCESS_CONTROL_EXPOSE_HEADERS,
-        HeaderValue::from_static("x-request-id, retry-after"),
-    );
-    Ok(response)
 }
 
 /// Marks a body that its JSON reader refused for nesting past the parser's limit.

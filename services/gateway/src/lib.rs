@@ -12,6 +12,7 @@
 //! * [`types`] — the JSON shapes of the API; [`error`] — error bodies and correlation ids;
 //! * [`limits`] — rate limits and client addresses; [`auth`] — API keys on the LLM side;
 //!   [`checks`] — the `Host` check and the Fetch Metadata policy, before any look-up;
+//!   [`cors`] — CORS, the allow-list and the open routes;
 //!   [`observe`] — the HTTP metrics (the registry is the relay crate's
 //!   [`toolrelay_relay::metrics`], shared with the relay in one process); [`config`] —
 //!   settings and flags.
@@ -22,6 +23,7 @@ pub mod api;
 pub mod auth;
 pub mod checks;
 pub mod config;
+pub mod cors;
 pub mod error;
 pub mod limits;
 pub mod mcp;

@@ -10,7 +10,6 @@ use std::time::Duration;
 use http_body_util::combinators::BoxBody;
 use poem::http::uri::Scheme;
 use poem::http::{Method, StatusCode, header};
-use poem::middleware::Cors;
 use poem::web::Data;
 use poem::web::{LocalAddr, RemoteAddr};
 use poem::{Endpoint, EndpointExt, IntoResponse, Request, Response, Route, get, handler};
@@ -34,7 +33,8 @@ use crate::api::tools::ToolsApi;
 use crate::api::{Gateway, State};
 use crate::checks::{Checks, check_host, fetch_metadata};
 use crate::config::{GatewayConfig, MAX_CALL_BODY, MAX_PROVIDER_BODY};
-use crate::error::{REQUEST_ID_HEADER, normalise_errors, note_too_deep, open_cors};
+use crate::cors::open_cors;
+use crate::error::{normalise_errors, note_too_deep};
 use crate::limits::Limiters;
 use crate::observe::{HttpMetrics, Routes};
 use crate::{mcp, plugin, websocket};
@@ -317,23 +317,7 @@ pub fn app(state: State) -> poem::endpoint::BoxEndpoint<'static, Response> {
         metrics: state.metrics.clone(),
         routes: routes(&spec_json),
     });
-    let cors = Cors::new()
-        .allow_origins(state.config.cors_origins.iter().map(String::as_str))
-        .allow_methods([
-            Method::GET,
-            Method::POST,
-            Method::PUT,
-            Method::DELETE,
-            Method::OPTIONS,
-        ])
-        .allow_headers([
-            header::CONTENT_TYPE.as_str(),
-            header::AUTHORIZATION.as_str(),
-            REQUEST_ID_HEADER,
-            "last-event-id",
-        ])
-        .expose_headers([REQUEST_ID_HEADER, header::RETRY_AFTER.as_str()])
-        .max_age(3600);
+    let cors = crate::cors::allow_list(&state.config.cors_origins);
     let (mcp_root, mcp_session) = mcp::endpoints(&state);
     let keys = state.config.api_keys.clone();
     let open_providers = state.config.open_provider_routes;
