@@ -539,7 +539,7 @@ pub struct ApprovalOutcome {
 
 impl PolledItem {
     /// A poll's items: the calls to stop first, then the calls to run.
-    pub fn all(polled: toolrelay_relay::relay::operations::Polled) -> Vec<Self> {
+    pub fn all(polled: toolrelay_relay::relay::Polled) -> Vec<Self> {
         let cancels = polled
             .cancelled
             .into_iter()

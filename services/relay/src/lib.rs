@@ -1,21 +1,25 @@
 //! The toolrelay relay: sessions, manifests, request queues, provider connections and expiry.
 //!
 //! # Layout
-//! * Domain (plain Rust, no transport types):
-//!   [`relay`] — the [`Relay`] and its consumer-side operations (sessions, manifests, calls,
-//!   responses); [`provider`] — attaching providers, delivery, heartbeats, polling, and
-//!   [`channel`], the channels between a provider's transport and its driver;
+//! * Domain (plain Rust, no transport types; a test in [`ops`] holds [`relay`] to it):
+//!   [`relay`] — the [`Relay`] and its consumer-side operations' domain steps (sessions,
+//!   manifests, calls, responses); [`provider`] — attaching providers, delivery, heartbeats,
+//!   polling, and [`channel`], the channels between a provider's transport and its driver;
 //!   [`manifest`] — validated manifests with compiled argument schemas; [`store`] — the
 //!   [`Store`](store::Store) trait and the in-memory store; [`code`] — pairing codes and
 //!   tokens; [`clock`] — time that tests can pause; [`error`] — the one error type;
 //!   [`builtin`] — the [`Tool`](builtin::Tool) trait and the [`Registry`](builtin::Registry)
 //!   the relay runs built-in tools from (the tools themselves are the `toolrelay-builtin`
 //!   crate's, handed in by the binaries that run them, so a gateway links none).
-//! * Transports, each a thin adapter over the domain: [`grpc`] (tonic: consumers and backend
-//!   providers, plus health and reflection) and [`ws`] (the browser WebSocket,
-//!   tokio-tungstenite), whose port also answers probes and scrapes ([`ops`]); [`remote`] —
-//!   the same operations reached over gRPC from another process (the gateway in a split
-//!   deployment); [`caller`] — who makes a request (its address, and who it is among the
+//! * Operations: [`ops`] — every unary operation as a unit ([`operation`]: the caller's checks
+//!   around its domain step, its retry rule, its protobuf messages, what a front end checks
+//!   first), one file per family as in [`relay`]; `convert.rs` — the relay's types to and
+//!   from protobuf.
+//! * Transports, each a thin adapter over the operations and the domain: [`grpc`] (tonic:
+//!   consumers and backend providers, plus health and reflection) and [`ws`] (the browser
+//!   WebSocket, tokio-tungstenite), whose port also answers probes and scrapes ([`probes`]);
+//!   [`remote`] — the same operations reached over gRPC from another process (the gateway in a
+//!   split deployment); [`caller`] — who makes a request (its address, and who it is among the
 //!   many people behind one address); [`limits`] — the brute-force guard and call limits
 //!   every transport applies through [`RelayApi`], per caller under per-address ceilings;
 //!   [`access`] — API keys and the proof a gateway gives before the
@@ -46,6 +50,7 @@ pub mod metrics;
 pub mod operation;
 pub mod ops;
 pub mod pool;
+pub mod probes;
 pub mod provider;
 pub mod relay;
 pub mod remote;

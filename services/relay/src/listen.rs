@@ -18,7 +18,7 @@
 //! head bytes are capped by hyper (`max_buf_size` for HTTP/1, answering 431;
 //! `max_header_list_size` for HTTP/2).
 //!
-//! The relay's WebSocket port is not HTTP served by hyper (see [`crate::ops`]); it takes its
+//! The relay's WebSocket port is not HTTP served by hyper (see [`crate::probes`]); it takes its
 //! slots from the same [`Connections`] and applies the same header-read timeout itself; its
 //! heads are bounded by tungstenite (64 KiB, fixed) and the probes' reader (8 KiB). An
 //! upgraded WebSocket keeps its slot, but no timeout here applies to it (its heartbeats do).

@@ -2,9 +2,10 @@
 //! is written as.
 //!
 //! An operation is a struct holding its request (a session code, a provider token, …) and an
-//! `impl Operation` beside its domain step, in the family file under [`crate::relay`]
-//! (`sessions.rs`, `manifests.rs`, `calls.rs`, `waiting.rs`, `answers.rs`, `builtin.rs`). The
-//! unit owns everything about it:
+//! `impl Operation`, in its family's file under [`crate::ops`] (`sessions.rs`, `manifests.rs`,
+//! `calls.rs`, `waiting.rs`, `answers.rs`, `polling.rs`, `builtin.rs`, `claims.rs`,
+//! `approvals.rs`), over its domain step: a [`Relay`] method in the family's file under
+//! [`crate::relay`], which names no wire type. The unit owns everything about it:
 //! * [`run`](Operation::run) — the caller's checks (the brute-force guard, budgets), then the
 //!   domain step, in this process;
 //! * [`RETRY`](Operation::RETRY) — whether a front end may ask another replica again;
@@ -22,10 +23,12 @@
 //!
 //! # Adding an operation
 //! 1. Its RPC and messages in `proto/toolrelay/v1/relay.proto`.
-//! 2. Its struct and `impl Operation` in the family file of [`crate::relay`] it belongs to,
-//!    beside (or as) its domain step, listed in that file's `operations` function (a new
-//!    family file: its `mod` line and `use` line in `relay/mod.rs`).
-//! 3. Its HTTP route in the gateway (`services/gateway/src/api/`), which calls
+//! 2. Its domain step, a [`Relay`] method in the family file of [`crate::relay`] it belongs
+//!    to (plain Rust: no protobuf, gRPC or remote type there).
+//! 3. Its struct and `impl Operation` in the same family's file of [`crate::ops`], listed in
+//!    that file's `operations` function (a new family: its files in both folders, their `mod`
+//!    and `pub use` lines, and its `operations` in `ops/mod.rs`'s `each_operation`).
+//! 4. Its HTTP route in the gateway (`services/gateway/src/api/`), which calls
 //!    `state.relay.run(caller, TheOperation { … })`.
 //!
 //! The streaming RPCs (`Connect`, `WatchManifest`) and readiness are not units: they are
@@ -146,9 +149,9 @@ pub trait Visitor {
 }
 
 /// Shows `visitor` every operation: the gRPC server's routes are built this way. Each family
-/// file lists its own (its `operations` function).
+/// file of [`crate::ops`] lists its own (its `operations` function).
 pub fn each(visitor: &mut impl Visitor) {
-    crate::relay::each_operation(visitor);
+    crate::ops::each_operation(visitor);
 }
 
 #[cfg(test)]
@@ -214,9 +217,10 @@ mod tests {
         streaming.sort_unstable();
         assert_eq!(streaming, ["Connect", "Forward", "WatchManifest"]);
         for (path, messages) in &unary {
-            let unit = units.by_path.get(path.as_str()).unwrap_or_else(|| {
-                panic!("{path} has no unit (crate::relay's `operations` lists)")
-            });
+            let unit = units
+                .by_path
+                .get(path.as_str())
+                .unwrap_or_else(|| panic!("{path} has no unit (crate::ops's `operations` lists)"));
             assert_eq!(
                 unit, messages,
                 "{path}: the unit's messages are not the proto's"

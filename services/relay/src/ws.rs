@@ -6,7 +6,7 @@
 //! (4400 bad input, 4401 token missing, 4403 token wrong, 4404 no such session).
 //!
 //! [`serve_listener`] runs the standalone relay's listener, whose port also answers the plain
-//! HTTP of probes and scrapes ([`crate::ops`]); [`serve_upgraded`] serves a connection another
+//! HTTP of probes and scrapes ([`crate::probes`]); [`serve_upgraded`] serves a connection another
 //! HTTP server (the gateway in one-process mode) has already upgraded.
 //!
 //! A tab is one task: [`serve_link`] runs the socket's loop and the link's driver
@@ -116,8 +116,8 @@ async fn serve_tcp(relay: Relay, stream: TcpStream, peer: SocketAddr, header_tim
     // enlarge the task every open WebSocket keeps. The whole head, peeked or read, arrives
     // within one header-read timeout.
     let deadline = tokio::time::Instant::now() + header_timeout;
-    match tokio::time::timeout_at(deadline, crate::ops::is_plain_http(&stream)).await {
-        Ok(Ok(true)) => return Box::pin(crate::ops::answer(&relay, stream, deadline)).await,
+    match tokio::time::timeout_at(deadline, crate::probes::is_plain_http(&stream)).await {
+        Ok(Ok(true)) => return Box::pin(crate::probes::answer(&relay, stream, deadline)).await,
         Ok(Ok(false)) => {}
         Ok(Err(_)) => return,
         Err(_) => return timed_out(),

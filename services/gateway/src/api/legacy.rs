@@ -7,7 +7,7 @@ use poem_openapi::payload::Json;
 use poem_openapi::{ApiResponse, Object, OpenApi};
 use serde_json::{Value, json};
 use toolrelay::wire::ProviderResponse;
-use toolrelay_relay::relay::operations::{GetManifest, PostResponse, Submit};
+use toolrelay_relay::ops::{GetManifest, PostResponse, Submit};
 use toolrelay_relay::{Downlink, Transport};
 
 use super::llm::call_input;

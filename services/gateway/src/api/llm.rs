@@ -9,7 +9,7 @@ use poem_openapi::payload::Json;
 use poem_openapi::types::ToJSON;
 use poem_openapi::{ApiResponse, OpenApi};
 use serde_json::Value;
-use toolrelay_relay::relay::operations::{
+use toolrelay_relay::ops::{
     AwaitResponse, Call, CancelRequest, GetManifest, GetRequestStatus, GetSession, ListResponses,
     Submit,
 };

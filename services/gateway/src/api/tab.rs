@@ -16,7 +16,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use toolrelay::json::ReadError;
 use toolrelay::wire::ProviderResponse;
-use toolrelay_relay::relay::operations::{
+use toolrelay_relay::ops::{
     AnswerApproval, CreateSession, DescribeClaim, EndSession, GetApprovals, PollRequests,
     PostResponse, RedeemClaim, RegisterManifest,
 };

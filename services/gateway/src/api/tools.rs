@@ -9,7 +9,7 @@ use poem_openapi::registry::{MetaResponses, Registry};
 use poem_openapi::{ApiResponse, Object, OpenApi};
 use serde_json::Value;
 use toolrelay_relay::builtin::{FailureCode, FailureKind, Scope, ToolFailure};
-use toolrelay_relay::relay::operations::{CallTool, ListTools};
+use toolrelay_relay::ops::{CallTool, ListTools};
 use toolrelay_relay::{ErrorInfo, ErrorKind};
 
 use super::{Client, State, Tag};

@@ -20,7 +20,7 @@ use rmcp::model::{
 use rmcp::service::RequestContext;
 use serde_json::{Value, json};
 use toolrelay_relay::clock::Timestamp;
-use toolrelay_relay::relay::operations::{CreateClaimedSession, DescribeClaim, GetSession};
+use toolrelay_relay::ops::{CreateClaimedSession, DescribeClaim, GetSession};
 use toolrelay_relay::{Caller, ErrorCode};
 
 use super::tools::{failure, from_error, success};

@@ -54,7 +54,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use toolrelay_relay::Caller;
 use toolrelay_relay::clock::Clock;
-use toolrelay_relay::relay::operations::ListTools;
+use toolrelay_relay::ops::ListTools;
 
 use crate::api::State;
 use pairing::Pairing;

@@ -10,7 +10,7 @@ use rmcp::model::{CallToolResult, Tool};
 use rmcp::service::RequestContext;
 use serde_json::{Value, json};
 use toolrelay_relay::Caller;
-use toolrelay_relay::relay::operations::Connect;
+use toolrelay_relay::ops::Connect;
 
 use toolrelay::wire::ToolHints;
 

@@ -15,9 +15,7 @@ use rmcp::service::{RequestContext, SubscriptionContext};
 use serde_json::{Value, json};
 use toolrelay::wire::{FunctionSpec, ToolHints};
 use toolrelay_relay::builtin::{FailureCode, Scope};
-use toolrelay_relay::relay::operations::{
-    AwaitResponse, CallTool, CancelRequest, GetManifest, Submit,
-};
+use toolrelay_relay::ops::{AwaitResponse, CallTool, CancelRequest, GetManifest, Submit};
 use toolrelay_relay::{CallInput, Caller, ErrorCode, ErrorInfo, ErrorKind, RelayApi};
 
 use super::{McpRequest, RelayMcp, caller_of, mcp_session_of, request_of};

@@ -2,21 +2,13 @@
 //! end by its caller (cancellation), which is recorded as its answer.
 
 use serde_json::Value;
-use tonic::Status;
-use toolrelay::convert::Malformed;
-use toolrelay::proto::v1 as pb;
 use toolrelay::wire::{ProviderResponse, RequestStatus, ToolError, ToolResponse};
 
 use super::calls::is_valid_request_id;
 use super::{Relay, RequestView, ResponseOutcome, millis, not_found};
-use crate::api::Outcome;
 use crate::code::SessionCode;
 use crate::error::{ErrorCode, RelayError};
-use crate::limits::Caller;
 use crate::metrics::AnsweredBy;
-use crate::operation::{Credential, Credentials, Operation, Visitor};
-use crate::pool::Retry;
-use crate::remote::RemoteRelay;
 use crate::store::{Answerer, Finished, RequestRecord};
 
 impl Relay {
@@ -323,132 +315,4 @@ pub(super) fn normalise_response(
             error,
         },
     ))
-}
-
-/// A provider's answer to a call (provider token).
-#[derive(Debug, Clone)]
-pub struct PostResponse {
-    /// The session code.
-    pub code: String,
-    /// The provider token.
-    pub token: Option<String>,
-    /// The answer.
-    pub response: ProviderResponse,
-}
-
-impl Operation for PostResponse {
-    const PATH: &'static str = "/toolrelay.v1.Relay/PostResponse";
-    // Not asked again once sent: the first answer wins, and a second would be told so.
-    const RETRY: Retry = Retry::IfNotSent;
-    type Message = pb::PostResponseRequest;
-    type Reply = pb::PostResponseResponse;
-    type Output = ResponseOutcome;
-
-    async fn run(self, relay: &Relay, caller: &Caller) -> Result<ResponseOutcome, RelayError> {
-        let token = self.token.as_deref();
-        let posted = relay.post_response(&self.code, token, self.response);
-        relay.guarded_provider(caller, token, posted).await
-    }
-
-    fn into_message(self) -> (Self::Message, Credential) {
-        let message = pb::PostResponseRequest {
-            code: self.code,
-            response: Some(self.response.into()),
-        };
-        (message, Credential::token(self.token))
-    }
-
-    fn from_message(message: Self::Message, credentials: Credentials) -> Result<Self, Status> {
-        let response = message
-            .response
-            .ok_or_else(|| Status::invalid_argument("PostResponse needs a response"))?;
-        Ok(Self {
-            code: message.code,
-            token: credentials.bearer,
-            response: response.into(),
-        })
-    }
-
-    fn reply(output: ResponseOutcome) -> Self::Reply {
-        pb::PostResponseResponse {
-            request_id: output.request_id,
-            status: pb::RequestStatus::from(output.status).into(),
-            accepted: output.accepted,
-        }
-    }
-
-    fn output(reply: Self::Reply) -> Result<ResponseOutcome, Malformed> {
-        Ok(ResponseOutcome {
-            status: reply.status().into(),
-            request_id: reply.request_id,
-            accepted: reply.accepted,
-        })
-    }
-
-    async fn send(mut self, remote: &RemoteRelay, caller: &Caller) -> Outcome<ResponseOutcome> {
-        // Only the nesting is checked here (it could not cross gRPC); the relay checks the rest.
-        let limits = AnswerLimits::depth_only(remote.max_json_depth());
-        let (response, refused) = contain_response(self.response, limits);
-        self.response = response;
-        let outcome = remote.unary(caller, self).await?;
-        match refused {
-            Some(error) if outcome.accepted => Err(error.into()),
-            _ => Ok(outcome),
-        }
-    }
-}
-
-/// Cancels a call (by its caller): see [`Relay::cancel`].
-#[derive(Debug, Clone)]
-pub struct CancelRequest {
-    /// The session code.
-    pub code: String,
-    /// The call.
-    pub request_id: String,
-}
-
-impl Operation for CancelRequest {
-    const PATH: &'static str = "/toolrelay.v1.Relay/CancelRequest";
-    // Cancelling twice ends the call once.
-    const RETRY: Retry = Retry::Safe;
-    type Message = pb::CancelRequestRequest;
-    type Reply = pb::RequestState;
-    type Output = RequestView;
-
-    async fn run(self, relay: &Relay, caller: &Caller) -> Result<RequestView, RelayError> {
-        // What reading the call's status takes: the caller's budget and the guard.
-        relay.limits().admit(caller)?;
-        let key = relay.limits().caller_key(caller);
-        let cancelled = relay.cancel_as(&self.code, &self.request_id, Some(&key));
-        relay.guarded(caller, &self.code, cancelled).await
-    }
-
-    fn into_message(self) -> (Self::Message, Credential) {
-        let message = pb::CancelRequestRequest {
-            code: self.code,
-            request_id: self.request_id,
-        };
-        (message, Credential::None)
-    }
-
-    fn from_message(message: Self::Message, _: Credentials) -> Result<Self, Status> {
-        Ok(Self {
-            code: message.code,
-            request_id: message.request_id,
-        })
-    }
-
-    fn reply(output: RequestView) -> Self::Reply {
-        output.into()
-    }
-
-    fn output(reply: Self::Reply) -> Result<RequestView, Malformed> {
-        Ok(reply.into())
-    }
-}
-
-/// This family's operations, for the gRPC server's routes ([`crate::operation::each`]).
-pub(super) fn operations(visitor: &mut impl Visitor) {
-    visitor.visit::<PostResponse>();
-    visitor.visit::<CancelRequest>();
 }

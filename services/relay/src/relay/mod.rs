@@ -1,11 +1,13 @@
-//! The relay's domain operations, shared by every transport: sessions, manifests, calls and
-//! their responses. Provider attachment lives in [`crate::provider`].
+//! The relay's domain, shared by every transport: sessions, manifests, calls and their
+//! responses. Provider attachment lives in [`crate::provider`].
 //!
 //! One file per family of operations (`sessions.rs`, `manifests.rs`, `calls.rs`,
-//! `waiting.rs`, `answers.rs`, `polling.rs`, `builtin.rs`, `claims.rs`): each holds the domain steps, as
-//! [`Relay`] methods, and the [`Operation`](crate::operation::Operation) units the transports
-//! run them through, listed in its `operations` function. [`crate::operation`] says how to
-//! add one.
+//! `waiting.rs`, `answers.rs`, `polling.rs`, `builtin.rs`, `claims.rs`, `approvals.rs`): each
+//! holds the family's domain steps, as [`Relay`] methods, in plain Rust. The units the
+//! transports run them through — each operation's checks for its caller, its messages on the
+//! wire, what a front end in front of a remote relay does first — are the operations layer's,
+//! in [`crate::ops`], one file per family too. Nothing here names a transport type: a test
+//! there holds the domain to that.
 //!
 //! Each operation takes the session code as the caller typed it, normalises it, and returns a
 //! [`RelayError`] whose message tells the caller what to do next.
@@ -21,33 +23,9 @@ mod sessions;
 pub(crate) mod tabs;
 mod waiting;
 
-/// The relay's operations as units ([`crate::operation`]), from every family.
-pub mod operations {
-    pub use super::answers::*;
-    pub use super::approvals::{AnswerApproval, ApprovalView, Connect, GetApprovals};
-    pub use super::builtin::*;
-    pub use super::calls::*;
-    pub use super::claims::*;
-    pub use super::manifests::*;
-    pub use super::polling::*;
-    pub use super::sessions::*;
-    pub use super::waiting::*;
-}
-
-/// Shows `visitor` every family's operations.
-pub(crate) fn each_operation(visitor: &mut impl crate::operation::Visitor) {
-    answers::operations(visitor);
-    approvals::operations(visitor);
-    builtin::operations(visitor);
-    calls::operations(visitor);
-    claims::operations(visitor);
-    manifests::operations(visitor);
-    polling::operations(visitor);
-    sessions::operations(visitor);
-    waiting::operations(visitor);
-}
-
 pub use self::answers::{AnswerLimits, contain_response, too_deep_response};
+pub use self::claims::{ClaimDescription, ClaimedSession};
+pub use self::polling::{MAX_RUNNING, Polled};
 
 use std::sync::Arc;
 use std::time::Duration;
