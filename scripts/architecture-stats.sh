@@ -56,3 +56,9 @@ attributes=$(cat tests/tests/*.rs | grep -c -E '^\s*#\[(tokio::)?test' || true)
 cases=$(cat tests/tests/*.rs | grep -c -E '^    async fn [a-z_0-9]+\(fixture\)' || true)
 printf 'tests in tests/tests                      %s  (%s test functions, %s store conformance cases)\n' \
   "$((attributes + cases))" "$attributes" "$cases"
+
+# Checks a unit writes by hand instead of declaring them (`Operation::CHECKS`, applied by
+# `operation::run`): budgets admitted and the guard called in services/relay/src/ops/.
+by_hand=$(grep -n -E '\.admit(_session|_tool_call)?\(|\.guarded(_provider)?\(' services/relay/src/ops/*.rs || true)
+printf 'checks written by hand in units          %s\n' "$(grep -c . <<<"$by_hand" || true)"
+[[ -z $by_hand ]] || sed 's/^/    /' <<<"$by_hand"

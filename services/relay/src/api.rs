@@ -39,7 +39,7 @@ impl RelayApi {
     /// Runs `operation` for `caller`.
     pub async fn run<O: Operation>(&self, caller: &Caller, operation: O) -> Outcome<O::Output> {
         match self {
-            Self::Local(relay) => Ok(operation.run(relay, caller).await?),
+            Self::Local(relay) => Ok(crate::operation::run(operation, relay, caller).await?),
             Self::Remote(remote) => operation.send(remote, caller).await,
         }
     }

@@ -6,8 +6,9 @@
 //! `calls.rs`, `waiting.rs`, `answers.rs`, `polling.rs`, `builtin.rs`, `claims.rs`,
 //! `approvals.rs`), over its domain step: a [`Relay`] method in the family's file under
 //! [`crate::relay`], which names no wire type. The unit owns everything about it:
-//! * [`run`](Operation::run) — the caller's checks (the brute-force guard, budgets), then the
-//!   domain step, in this process;
+//! * [`CHECKS`](Operation::CHECKS) — the checks its caller passes (its budgets, the
+//!   brute-force guard), declared, and [`step`](Operation::step), its domain step: [`run`]
+//!   applies the one to the other in this process, the only way a unit runs there;
 //! * [`RETRY`](Operation::RETRY) — whether a front end may ask another replica again;
 //! * its wire form: [`into_message`](Operation::into_message) and
 //!   [`from_message`](Operation::from_message) for the request,
@@ -18,7 +19,7 @@
 //! The transports are generic over it and name no operation: the gRPC server routes
 //! [`PATH`](Operation::PATH) to `from_message` → [`serve`](Operation::serve) → `reply`
 //! ([`crate::grpc`]); [`RemoteRelay`] sends `into_message` and reads `output`; the gateway
-//! calls [`RelayApi::run`](crate::api::RelayApi::run), which is `run` in one process and
+//! calls [`RelayApi::run`](crate::api::RelayApi::run), which is [`run`] in one process and
 //! `send` in a split deployment.
 //!
 //! # Adding an operation
@@ -60,8 +61,17 @@ pub trait Operation: Sized + Send + Sync + 'static {
     /// The answer.
     type Output: Send + 'static;
 
-    /// Runs the operation in this process for `caller`: its checks, then its domain step.
-    fn run(
+    /// The checks its caller passes before its step ([`run`] applies them).
+    const CHECKS: Checks;
+
+    /// What the guard counts: the session the request names and the provider token it
+    /// carries (for [`Guard::Named`], [`Guard::Provider`] and [`Guard::TokenOrNamed`]).
+    fn guarded(&self) -> Guarded {
+        Guarded::default()
+    }
+
+    /// The operation's work once its checks passed: the domain step, in this process.
+    fn step(
         self,
         relay: &Relay,
         caller: &Caller,
@@ -79,14 +89,14 @@ pub trait Operation: Sized + Send + Sync + 'static {
     /// The answer as received.
     fn output(reply: Self::Reply) -> Result<Self::Output, Malformed>;
 
-    /// Serves a request in this process: [`run`](Self::run), then [`reply`](Self::reply).
-    /// An operation whose reply says more than its output overrides it.
+    /// Serves a request in this process: [`run`], then [`reply`](Self::reply). An operation
+    /// whose reply says more than its output overrides it (and still runs through [`run`]).
     fn serve(
         self,
         relay: &Relay,
         caller: &Caller,
     ) -> impl Future<Output = Result<Self::Reply, RelayError>> + Send {
-        async move { self.run(relay, caller).await.map(Self::reply) }
+        async move { run(self, relay, caller).await.map(Self::reply) }
     }
 
     /// Runs the operation on a relay in another process. By default the request is sent as
@@ -97,6 +107,98 @@ pub trait Operation: Sized + Send + Sync + 'static {
         caller: &Caller,
     ) -> impl Future<Output = Outcome<Self::Output>> + Send {
         remote.unary(caller, self)
+    }
+}
+
+/// The checks a unit's caller passes, declared by the unit ([`Operation::CHECKS`]) and
+/// applied by [`run`] in this order: the admission, then the guard around the step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Checks {
+    /// What the caller's budgets must admit first.
+    pub admit: Admit,
+    /// The brute-force guard around the step.
+    pub guard: Guard,
+}
+
+/// What the caller's budgets admit before a unit's step ([`crate::limits::Limits`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admit {
+    /// Nothing here: the guard is all, or the step spends its own charge (a call's, in the
+    /// same round trip as its queueing).
+    Nothing,
+    /// A unit of the caller's request budget.
+    Request,
+    /// The caller's budget of new sessions.
+    Session,
+    /// A unit of the request budget, then the budget of new sessions.
+    RequestAndSession,
+    /// The caller's budget of built-in tool calls.
+    ToolCall,
+    /// A unit of the request budget, unless the request carries a provider token (the tab
+    /// asking about its own session).
+    RequestWithoutToken,
+}
+
+/// The brute-force guard around a unit's step ([`Relay`]'s `guarded`, `guarded_provider`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Guard {
+    /// None: the step names no session.
+    Nothing,
+    /// The session the request names — a code, or a handle or claim, which only the caller's
+    /// own guessing blocks ([`Guarded::session`]).
+    Named,
+    /// The provider token the request carries, which the guard never refuses when valid; a
+    /// request without one is guarded as its caller's ([`Guarded::token`]).
+    Provider,
+    /// The provider token when the request carries one, else the session it names.
+    TokenOrNamed,
+}
+
+/// What the guard counts for one request ([`Operation::guarded`]).
+#[derive(Debug, Clone, Default)]
+pub struct Guarded {
+    /// The session the request names: a code, a handle or a claim.
+    pub session: String,
+    /// The provider token it carries.
+    pub token: Option<String>,
+}
+
+/// Runs `unit` in this process for `caller`: the checks it declares ([`Operation::CHECKS`]),
+/// then its step. The one way a unit runs in process: the gRPC server's routes and the
+/// gateway in one process ([`RelayApi::run`](crate::api::RelayApi::run)) both come here.
+pub async fn run<O: Operation>(
+    unit: O,
+    relay: &Relay,
+    caller: &Caller,
+) -> Result<O::Output, RelayError> {
+    let Checks { admit, guard } = O::CHECKS;
+    let guarded = match guard {
+        Guard::Nothing => Guarded::default(),
+        _ => unit.guarded(),
+    };
+    let limits = relay.limits();
+    match admit {
+        Admit::Nothing => {}
+        Admit::Request => limits.admit(caller)?,
+        Admit::Session => limits.admit_session(caller).await?,
+        Admit::RequestAndSession => {
+            limits.admit(caller)?;
+            limits.admit_session(caller).await?;
+        }
+        Admit::ToolCall => limits.admit_tool_call(caller).await?,
+        Admit::RequestWithoutToken if guarded.token.is_none() => limits.admit(caller)?,
+        Admit::RequestWithoutToken => {}
+    }
+    let step = unit.step(relay, caller);
+    match (guard, guarded.token) {
+        (Guard::Nothing, _) => step.await,
+        (Guard::Provider, token) => relay.guarded_provider(caller, token.as_deref(), step).await,
+        (Guard::TokenOrNamed, Some(token)) => {
+            relay.guarded_provider(caller, Some(&token), step).await
+        }
+        (Guard::Named, _) | (Guard::TokenOrNamed, None) => {
+            relay.guarded(caller, &guarded.session, step).await
+        }
     }
 }
 

@@ -8,7 +8,9 @@ use toolrelay::wire::ProviderResponse;
 use crate::api::Outcome;
 use crate::error::RelayError;
 use crate::limits::Caller;
-use crate::operation::{Credential, Credentials, Operation, Visitor};
+use crate::operation::{
+    Admit, Checks, Credential, Credentials, Guard, Guarded, Operation, Visitor,
+};
 use crate::pool::Retry;
 use crate::relay::{AnswerLimits, Relay, RequestView, ResponseOutcome, contain_response};
 use crate::remote::RemoteRelay;
@@ -32,10 +34,22 @@ impl Operation for PostResponse {
     type Reply = pb::PostResponseResponse;
     type Output = ResponseOutcome;
 
-    async fn run(self, relay: &Relay, caller: &Caller) -> Result<ResponseOutcome, RelayError> {
-        let token = self.token.as_deref();
-        let posted = relay.post_response(&self.code, token, self.response);
-        relay.guarded_provider(caller, token, posted).await
+    const CHECKS: Checks = Checks {
+        admit: Admit::Nothing,
+        guard: Guard::Provider,
+    };
+
+    fn guarded(&self) -> Guarded {
+        Guarded {
+            token: self.token.clone(),
+            ..Guarded::default()
+        }
+    }
+
+    async fn step(self, relay: &Relay, _: &Caller) -> Result<ResponseOutcome, RelayError> {
+        relay
+            .post_response(&self.code, self.token.as_deref(), self.response)
+            .await
     }
 
     fn into_message(self) -> (Self::Message, Credential) {
@@ -103,12 +117,24 @@ impl Operation for CancelRequest {
     type Reply = pb::RequestState;
     type Output = RequestView;
 
-    async fn run(self, relay: &Relay, caller: &Caller) -> Result<RequestView, RelayError> {
-        // What reading the call's status takes: the caller's budget and the guard.
-        relay.limits().admit(caller)?;
+    // What reading the call's status takes: the caller's budget and the guard.
+    const CHECKS: Checks = Checks {
+        admit: Admit::Request,
+        guard: Guard::Named,
+    };
+
+    fn guarded(&self) -> Guarded {
+        Guarded {
+            session: self.code.clone(),
+            ..Guarded::default()
+        }
+    }
+
+    async fn step(self, relay: &Relay, caller: &Caller) -> Result<RequestView, RelayError> {
         let key = relay.limits().caller_key(caller);
-        let cancelled = relay.cancel_as(&self.code, &self.request_id, Some(&key));
-        relay.guarded(caller, &self.code, cancelled).await
+        relay
+            .cancel_as(&self.code, &self.request_id, Some(&key))
+            .await
     }
 
     fn into_message(self) -> (Self::Message, Credential) {

@@ -3,6 +3,7 @@
 
 use crate::caller::Caller;
 use crate::error::RelayError;
+use crate::operation::{Admit, Checks, Credential, Credentials, Guard, Guarded, Operation};
 use crate::relay::approvals::{ApprovalView, Decision, Named};
 use crate::relay::{Relay, SessionStatus};
 
@@ -17,7 +18,7 @@ pub struct Connect {
     pub code: String,
 }
 
-impl crate::operation::Operation for Connect {
+impl Operation for Connect {
     const PATH: &'static str = "/toolrelay.v1.Relay/ConnectCaller";
     // Asking again waits for the same question, or finds the caller allowed.
     const RETRY: crate::pool::Retry = crate::pool::Retry::Safe;
@@ -25,9 +26,20 @@ impl crate::operation::Operation for Connect {
     type Reply = toolrelay::proto::v1::SessionInfo;
     type Output = SessionStatus;
 
-    async fn run(self, relay: &Relay, caller: &Caller) -> Result<SessionStatus, RelayError> {
-        relay.limits().admit(caller)?;
-        let connected = async {
+    const CHECKS: Checks = Checks {
+        admit: Admit::Request,
+        guard: Guard::Named,
+    };
+
+    fn guarded(&self) -> Guarded {
+        Guarded {
+            session: self.code.clone(),
+            ..Guarded::default()
+        }
+    }
+
+    async fn step(self, relay: &Relay, caller: &Caller) -> Result<SessionStatus, RelayError> {
+        {
             let (code, named, handle) = relay.approved(caller, &self.code).await?;
             let mut status = relay.session_status(code.as_str()).await?;
             match named {
@@ -43,19 +55,15 @@ impl crate::operation::Operation for Connect {
                 }
             }
             Ok(status)
-        };
-        relay.guarded(caller, &self.code, connected).await
+        }
     }
 
-    fn into_message(self) -> (Self::Message, crate::operation::Credential) {
+    fn into_message(self) -> (Self::Message, Credential) {
         let message = toolrelay::proto::v1::GetSessionRequest { code: self.code };
-        (message, crate::operation::Credential::None)
+        (message, Credential::None)
     }
 
-    fn from_message(
-        message: Self::Message,
-        _: crate::operation::Credentials,
-    ) -> Result<Self, tonic::Status> {
+    fn from_message(message: Self::Message, _: Credentials) -> Result<Self, tonic::Status> {
         Ok(Self { code: message.code })
     }
 
@@ -83,7 +91,7 @@ pub struct AnswerApproval {
     pub allow: Option<bool>,
 }
 
-impl crate::operation::Operation for AnswerApproval {
+impl Operation for AnswerApproval {
     const PATH: &'static str = "/toolrelay.v1.Relay/AnswerApproval";
     // A second answer finds the question closed: it says so.
     const RETRY: crate::pool::Retry = crate::pool::Retry::IfNotSent;
@@ -91,10 +99,21 @@ impl crate::operation::Operation for AnswerApproval {
     type Reply = toolrelay::proto::v1::AnswerApprovalResponse;
     type Output = String;
 
-    async fn run(self, relay: &Relay, caller: &Caller) -> Result<String, RelayError> {
-        let token = self.token.as_deref();
-        let answered = async {
-            let (code, _) = relay.authorized(&self.code, token).await?;
+    const CHECKS: Checks = Checks {
+        admit: Admit::Nothing,
+        guard: Guard::Provider,
+    };
+
+    fn guarded(&self) -> Guarded {
+        Guarded {
+            token: self.token.clone(),
+            ..Guarded::default()
+        }
+    }
+
+    async fn step(self, relay: &Relay, _: &Caller) -> Result<String, RelayError> {
+        {
+            let (code, _) = relay.authorized(&self.code, self.token.as_deref()).await?;
             match self.allow {
                 None => {
                     relay.disconnect_caller(&code, &self.caller_id).await?;
@@ -110,23 +129,22 @@ impl crate::operation::Operation for AnswerApproval {
                     Ok(outcome.to_owned())
                 }
             }
-        };
-        relay.guarded_provider(caller, token, answered).await
+        }
     }
 
-    fn into_message(self) -> (Self::Message, crate::operation::Credential) {
+    fn into_message(self) -> (Self::Message, Credential) {
         let message = toolrelay::proto::v1::AnswerApprovalRequest {
             code: self.code,
             caller_id: self.caller_id,
             allow: self.allow == Some(true),
             disconnect: self.allow.is_none(),
         };
-        (message, crate::operation::Credential::token(self.token))
+        (message, Credential::token(self.token))
     }
 
     fn from_message(
         message: Self::Message,
-        credentials: crate::operation::Credentials,
+        credentials: Credentials,
     ) -> Result<Self, tonic::Status> {
         Ok(Self {
             code: message.code,
@@ -155,30 +173,38 @@ pub struct GetApprovals {
     pub token: Option<String>,
 }
 
-impl crate::operation::Operation for GetApprovals {
+impl Operation for GetApprovals {
     const PATH: &'static str = "/toolrelay.v1.Relay/GetApprovals";
     const RETRY: crate::pool::Retry = crate::pool::Retry::Safe;
     type Message = toolrelay::proto::v1::GetSessionRequest;
     type Reply = toolrelay::proto::v1::Approvals;
     type Output = ApprovalView;
 
-    async fn run(self, relay: &Relay, caller: &Caller) -> Result<ApprovalView, RelayError> {
-        let token = self.token.as_deref();
-        let read = async {
-            let (code, _) = relay.authorized(&self.code, token).await?;
-            relay.approval_view(&code).await
-        };
-        relay.guarded_provider(caller, token, read).await
+    const CHECKS: Checks = Checks {
+        admit: Admit::Nothing,
+        guard: Guard::Provider,
+    };
+
+    fn guarded(&self) -> Guarded {
+        Guarded {
+            token: self.token.clone(),
+            ..Guarded::default()
+        }
     }
 
-    fn into_message(self) -> (Self::Message, crate::operation::Credential) {
+    async fn step(self, relay: &Relay, _: &Caller) -> Result<ApprovalView, RelayError> {
+        let (code, _) = relay.authorized(&self.code, self.token.as_deref()).await?;
+        relay.approval_view(&code).await
+    }
+
+    fn into_message(self) -> (Self::Message, Credential) {
         let message = toolrelay::proto::v1::GetSessionRequest { code: self.code };
-        (message, crate::operation::Credential::token(self.token))
+        (message, Credential::token(self.token))
     }
 
     fn from_message(
         message: Self::Message,
-        credentials: crate::operation::Credentials,
+        credentials: Credentials,
     ) -> Result<Self, tonic::Status> {
         Ok(Self {
             code: message.code,

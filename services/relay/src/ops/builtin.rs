@@ -11,7 +11,7 @@ use crate::builtin::{FailureKind, Scope, ToolCode, ToolFailure, ToolInfo};
 use crate::convert::{tool_run, tool_run_message};
 use crate::error::RelayError;
 use crate::limits::Caller;
-use crate::operation::{Credential, Credentials, Operation, Visitor};
+use crate::operation::{Admit, Checks, Credential, Credentials, Guard, Operation, Visitor};
 use crate::pool::Retry;
 use crate::relay::Relay;
 use crate::remote::RemoteRelay;
@@ -27,8 +27,12 @@ impl Operation for ListTools {
     type Reply = pb::ListToolsResponse;
     type Output = Vec<ToolInfo>;
 
-    async fn run(self, relay: &Relay, caller: &Caller) -> Result<Vec<ToolInfo>, RelayError> {
-        relay.limits().admit(caller)?;
+    const CHECKS: Checks = Checks {
+        admit: Admit::Request,
+        guard: Guard::Nothing,
+    };
+
+    async fn step(self, relay: &Relay, _: &Caller) -> Result<Vec<ToolInfo>, RelayError> {
         Ok(relay.tools())
     }
 
@@ -72,8 +76,12 @@ impl Operation for CallTool {
     type Reply = pb::CallToolResponse;
     type Output = Result<Value, ToolFailure>;
 
-    async fn run(self, relay: &Relay, caller: &Caller) -> Result<Self::Output, RelayError> {
-        relay.limits().admit_tool_call(caller).await?;
+    const CHECKS: Checks = Checks {
+        admit: Admit::ToolCall,
+        guard: Guard::Nothing,
+    };
+
+    async fn step(self, relay: &Relay, caller: &Caller) -> Result<Self::Output, RelayError> {
         Ok(relay
             .call_tool(&self.name, self.args, self.scope, caller.address)
             .await)

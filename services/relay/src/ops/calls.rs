@@ -11,7 +11,9 @@ use crate::api::Outcome;
 use crate::code::{self, SessionCode};
 use crate::error::RelayError;
 use crate::limits::Caller;
-use crate::operation::{Credential, Credentials, Operation, Visitor};
+use crate::operation::{
+    Admit, Checks, Credential, Credentials, Guard, Guarded, Operation, Visitor,
+};
 use crate::pool::Retry;
 use crate::relay::approvals::{Applicant, Named};
 use crate::relay::{CallInput, Relay, RequestView};
@@ -35,15 +37,26 @@ impl Operation for Submit {
     type Reply = pb::RequestState;
     type Output = RequestView;
 
-    async fn run(self, relay: &Relay, caller: &Caller) -> Result<RequestView, RelayError> {
-        let submitted = async {
-            let (code, named) = relay.named_session(&self.code).await?;
-            let (call, charge) = admitted(relay, caller, &code, &named, self.call)?;
-            relay
-                .submit_charged(code.as_str(), call, Some(charge))
-                .await
-        };
-        relay.guarded(caller, &self.code, submitted).await
+    // The caller's request budget is spent once the session is found (`admitted`: a mistyped
+    // code costs only its count in the guard), and its call budget with the call's queueing.
+    const CHECKS: Checks = Checks {
+        admit: Admit::Nothing,
+        guard: Guard::Named,
+    };
+
+    fn guarded(&self) -> Guarded {
+        Guarded {
+            session: self.code.clone(),
+            ..Guarded::default()
+        }
+    }
+
+    async fn step(self, relay: &Relay, caller: &Caller) -> Result<RequestView, RelayError> {
+        let (code, named) = relay.named_session(&self.code).await?;
+        let (call, charge) = admitted(relay, caller, &code, &named, self.call)?;
+        relay
+            .submit_charged(code.as_str(), call, Some(charge))
+            .await
     }
 
     fn into_message(self) -> (Self::Message, Credential) {
@@ -106,15 +119,26 @@ impl Operation for Call {
     type Reply = pb::RequestState;
     type Output = RequestView;
 
-    async fn run(self, relay: &Relay, caller: &Caller) -> Result<RequestView, RelayError> {
-        let called = async {
-            let (code, named) = relay.named_session(&self.code).await?;
-            let (call, charge) = admitted(relay, caller, &code, &named, self.call)?;
-            relay
-                .call_charged(code.as_str(), call, self.wait, Some(charge))
-                .await
-        };
-        relay.guarded(caller, &self.code, called).await
+    // The caller's request budget is spent once the session is found (`admitted`: a mistyped
+    // code costs only its count in the guard), and its call budget with the call's queueing.
+    const CHECKS: Checks = Checks {
+        admit: Admit::Nothing,
+        guard: Guard::Named,
+    };
+
+    fn guarded(&self) -> Guarded {
+        Guarded {
+            session: self.code.clone(),
+            ..Guarded::default()
+        }
+    }
+
+    async fn step(self, relay: &Relay, caller: &Caller) -> Result<RequestView, RelayError> {
+        let (code, named) = relay.named_session(&self.code).await?;
+        let (call, charge) = admitted(relay, caller, &code, &named, self.call)?;
+        relay
+            .call_charged(code.as_str(), call, self.wait, Some(charge))
+            .await
     }
 
     fn into_message(self) -> (Self::Message, Credential) {

@@ -8,7 +8,9 @@ use toolrelay::proto::v1 as pb;
 use crate::api::Outcome;
 use crate::error::RelayError;
 use crate::limits::Caller;
-use crate::operation::{Credential, Credentials, Operation, Visitor};
+use crate::operation::{
+    Admit, Checks, Credential, Credentials, Guard, Guarded, Operation, Visitor,
+};
 use crate::pool::Retry;
 use crate::relay::approvals::Applicant;
 use crate::relay::{ClaimDescription, ClaimedSession, NewSession, Relay};
@@ -27,9 +29,12 @@ impl Operation for CreateClaimedSession {
     type Reply = pb::ClaimedSession;
     type Output = ClaimedSession;
 
-    async fn run(self, relay: &Relay, caller: &Caller) -> Result<ClaimedSession, RelayError> {
-        relay.limits().admit(caller)?;
-        relay.limits().admit_session(caller).await?;
+    const CHECKS: Checks = Checks {
+        admit: Admit::RequestAndSession,
+        guard: Guard::Nothing,
+    };
+
+    async fn step(self, relay: &Relay, caller: &Caller) -> Result<ClaimedSession, RelayError> {
         let claimed = relay
             .create_claimed_session(caller.label.as_deref())
             .await?;
@@ -93,10 +98,20 @@ impl Operation for RedeemClaim {
     type Reply = pb::CreateSessionResponse;
     type Output = NewSession;
 
-    async fn run(self, relay: &Relay, caller: &Caller) -> Result<NewSession, RelayError> {
-        relay
-            .guarded(caller, &self.claim, relay.redeem_claim(&self.claim))
-            .await
+    const CHECKS: Checks = Checks {
+        admit: Admit::Nothing,
+        guard: Guard::Named,
+    };
+
+    fn guarded(&self) -> Guarded {
+        Guarded {
+            session: self.claim.clone(),
+            ..Guarded::default()
+        }
+    }
+
+    async fn step(self, relay: &Relay, _: &Caller) -> Result<NewSession, RelayError> {
+        relay.redeem_claim(&self.claim).await
     }
 
     fn into_message(self) -> (Self::Message, Credential) {
@@ -136,10 +151,20 @@ impl Operation for DescribeClaim {
     type Reply = pb::ClaimDescription;
     type Output = ClaimDescription;
 
-    async fn run(self, relay: &Relay, caller: &Caller) -> Result<ClaimDescription, RelayError> {
-        relay
-            .guarded(caller, &self.claim, relay.describe_claim(&self.claim))
-            .await
+    const CHECKS: Checks = Checks {
+        admit: Admit::Nothing,
+        guard: Guard::Named,
+    };
+
+    fn guarded(&self) -> Guarded {
+        Guarded {
+            session: self.claim.clone(),
+            ..Guarded::default()
+        }
+    }
+
+    async fn step(self, relay: &Relay, _: &Caller) -> Result<ClaimDescription, RelayError> {
+        relay.describe_claim(&self.claim).await
     }
 
     fn into_message(self) -> (Self::Message, Credential) {

@@ -9,7 +9,9 @@ use toolrelay::wire::GroupedManifest;
 use crate::convert::count;
 use crate::error::RelayError;
 use crate::limits::Caller;
-use crate::operation::{Credential, Credentials, Operation, Visitor};
+use crate::operation::{
+    Admit, Checks, Credential, Credentials, Guard, Guarded, Operation, Visitor,
+};
 use crate::pool::Retry;
 use crate::relay::Relay;
 
@@ -27,13 +29,21 @@ impl Operation for GetManifest {
     type Reply = pb::Manifest;
     type Output = GroupedManifest;
 
-    async fn run(self, relay: &Relay, caller: &Caller) -> Result<GroupedManifest, RelayError> {
-        relay.limits().admit(caller)?;
-        let read = async {
-            relay.approved(caller, &self.code).await?;
-            relay.manifest(&self.code).await
-        };
-        relay.guarded(caller, &self.code, read).await
+    const CHECKS: Checks = Checks {
+        admit: Admit::Request,
+        guard: Guard::Named,
+    };
+
+    fn guarded(&self) -> Guarded {
+        Guarded {
+            session: self.code.clone(),
+            ..Guarded::default()
+        }
+    }
+
+    async fn step(self, relay: &Relay, caller: &Caller) -> Result<GroupedManifest, RelayError> {
+        relay.approved(caller, &self.code).await?;
+        relay.manifest(&self.code).await
     }
 
     fn into_message(self) -> (Self::Message, Credential) {
@@ -74,17 +84,26 @@ impl Operation for RegisterManifest {
     type Reply = pb::RegisterManifestResponse;
     type Output = usize;
 
-    async fn run(self, relay: &Relay, caller: &Caller) -> Result<usize, RelayError> {
+    const CHECKS: Checks = Checks {
+        admit: Admit::Nothing,
+        guard: Guard::Provider,
+    };
+
+    fn guarded(&self) -> Guarded {
+        Guarded {
+            token: self.token.clone(),
+            ..Guarded::default()
+        }
+    }
+
+    async fn step(self, relay: &Relay, _: &Caller) -> Result<usize, RelayError> {
         let token = self.token.as_deref();
-        let registered = async {
-            // Approval is on before the tools are there to be called.
-            let (code, _) = relay.authorized(&self.code, token).await?;
-            relay.set_approving(&code, self.approves).await?;
-            relay
-                .register_manifest(&self.code, token, &self.tools)
-                .await
-        };
-        relay.guarded_provider(caller, token, registered).await
+        // Approval is on before the tools are there to be called.
+        let (code, _) = relay.authorized(&self.code, token).await?;
+        relay.set_approving(&code, self.approves).await?;
+        relay
+            .register_manifest(&self.code, token, &self.tools)
+            .await
     }
 
     fn into_message(self) -> (Self::Message, Credential) {

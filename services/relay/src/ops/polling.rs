@@ -8,7 +8,9 @@ use toolrelay::proto::v1 as pb;
 use crate::api::Outcome;
 use crate::error::RelayError;
 use crate::limits::Caller;
-use crate::operation::{Credential, Credentials, Operation, Visitor};
+use crate::operation::{
+    Admit, Checks, Credential, Credentials, Guard, Guarded, Operation, Visitor,
+};
 use crate::pool::Retry;
 use crate::relay::{Polled, Relay};
 use crate::remote::RemoteRelay;
@@ -34,10 +36,22 @@ impl Operation for PollRequests {
     type Reply = pb::PollRequestsResponse;
     type Output = Polled;
 
-    async fn run(self, relay: &Relay, caller: &Caller) -> Result<Polled, RelayError> {
-        let token = self.token.as_deref();
-        let polled = relay.poll(&self.code, token, self.max, &self.running);
-        relay.guarded_provider(caller, token, polled).await
+    const CHECKS: Checks = Checks {
+        admit: Admit::Nothing,
+        guard: Guard::Provider,
+    };
+
+    fn guarded(&self) -> Guarded {
+        Guarded {
+            token: self.token.clone(),
+            ..Guarded::default()
+        }
+    }
+
+    async fn step(self, relay: &Relay, _: &Caller) -> Result<Polled, RelayError> {
+        relay
+            .poll(&self.code, self.token.as_deref(), self.max, &self.running)
+            .await
     }
 
     fn into_message(self) -> (Self::Message, Credential) {

@@ -7,7 +7,9 @@ use toolrelay::proto::v1 as pb;
 use crate::api::Outcome;
 use crate::error::RelayError;
 use crate::limits::Caller;
-use crate::operation::{Credential, Credentials, Operation, Visitor};
+use crate::operation::{
+    Admit, Checks, Credential, Credentials, Guard, Guarded, Operation, Visitor, run,
+};
 use crate::pool::Retry;
 use crate::relay::approvals::Named;
 use crate::relay::{NewSession, Relay, SessionStatus};
@@ -25,8 +27,12 @@ impl Operation for CreateSession {
     type Reply = pb::CreateSessionResponse;
     type Output = NewSession;
 
-    async fn run(self, relay: &Relay, caller: &Caller) -> Result<NewSession, RelayError> {
-        relay.limits().admit_session(caller).await?;
+    const CHECKS: Checks = Checks {
+        admit: Admit::Session,
+        guard: Guard::Nothing,
+    };
+
+    async fn step(self, relay: &Relay, _: &Caller) -> Result<NewSession, RelayError> {
         relay.create_session().await
     }
 
@@ -69,26 +75,32 @@ impl Operation for GetSession {
     type Reply = pb::SessionInfo;
     type Output = SessionStatus;
 
-    async fn run(self, relay: &Relay, caller: &Caller) -> Result<SessionStatus, RelayError> {
-        let Some(token) = self.token else {
-            relay.limits().admit(caller)?;
-            let status = async {
-                let (code, named, _) = relay.approved(caller, &self.code).await?;
-                let mut status = relay.session_status(code.as_str()).await?;
-                // The connector handle is never asked about: only its holder (and the tab) is
-                // told it. Anyone else pairs by `ConnectCaller` and gets a handle of its own.
-                if named != Named::ConnectorHandle {
-                    status.mcp_handle = String::new();
-                }
-                Ok(status)
-            };
-            return relay.guarded(caller, &self.code, status).await;
-        };
-        let status = async {
-            relay.authorized(&self.code, Some(&token)).await?;
-            relay.session_status(&self.code).await
-        };
-        relay.guarded_provider(caller, Some(&token), status).await
+    // The tab asking with its token is never refused by the guard; a caller spends a request.
+    const CHECKS: Checks = Checks {
+        admit: Admit::RequestWithoutToken,
+        guard: Guard::TokenOrNamed,
+    };
+
+    fn guarded(&self) -> Guarded {
+        Guarded {
+            session: self.code.clone(),
+            token: self.token.clone(),
+        }
+    }
+
+    async fn step(self, relay: &Relay, caller: &Caller) -> Result<SessionStatus, RelayError> {
+        if let Some(token) = &self.token {
+            relay.authorized(&self.code, Some(token)).await?;
+            return relay.session_status(&self.code).await;
+        }
+        let (code, named, _) = relay.approved(caller, &self.code).await?;
+        let mut status = relay.session_status(code.as_str()).await?;
+        // The connector handle is never asked about: only its holder (and the tab) is told it.
+        // Anyone else pairs by `ConnectCaller` and gets a handle of its own.
+        if named != Named::ConnectorHandle {
+            status.mcp_handle = String::new();
+        }
+        Ok(status)
     }
 
     fn into_message(self) -> (Self::Message, Credential) {
@@ -128,26 +140,33 @@ impl Operation for ResolveHandle {
     type Reply = pb::SessionInfo;
     type Output = String;
 
-    async fn run(self, relay: &Relay, caller: &Caller) -> Result<String, RelayError> {
-        relay.limits().admit(caller)?;
-        let code = relay
-            .guarded(caller, &self.handle, relay.resolve_handle(&self.handle))
-            .await?;
+    const CHECKS: Checks = Checks {
+        admit: Admit::Request,
+        guard: Guard::Named,
+    };
+
+    fn guarded(&self) -> Guarded {
+        Guarded {
+            session: self.handle.clone(),
+            ..Guarded::default()
+        }
+    }
+
+    async fn step(self, relay: &Relay, _: &Caller) -> Result<String, RelayError> {
+        let code = relay.resolve_handle(&self.handle).await?;
         Ok(code.as_str().to_owned())
     }
 
     /// The reply is the session's status, as `GetSession`'s.
     async fn serve(self, relay: &Relay, caller: &Caller) -> Result<Self::Reply, RelayError> {
         let handle = self.handle.clone();
-        self.run(relay, caller).await?;
+        run(self, relay, caller).await?;
         // Read by the handle: its holder is never asked about, and is told the handle.
-        let status = GetSession {
+        let read = GetSession {
             code: handle,
             token: None,
-        }
-        .run(relay, caller)
-        .await?;
-        Ok(status.into())
+        };
+        Ok(run(read, relay, caller).await?.into())
     }
 
     fn into_message(self) -> (Self::Message, Credential) {
@@ -192,11 +211,20 @@ impl Operation for EndSession {
     type Reply = pb::DeleteSessionResponse;
     type Output = ();
 
-    async fn run(self, relay: &Relay, caller: &Caller) -> Result<(), RelayError> {
-        let token = self.token.as_deref();
-        relay
-            .guarded_provider(caller, token, relay.end_session(&self.code, token))
-            .await
+    const CHECKS: Checks = Checks {
+        admit: Admit::Nothing,
+        guard: Guard::Provider,
+    };
+
+    fn guarded(&self) -> Guarded {
+        Guarded {
+            token: self.token.clone(),
+            ..Guarded::default()
+        }
+    }
+
+    async fn step(self, relay: &Relay, _: &Caller) -> Result<(), RelayError> {
+        relay.end_session(&self.code, self.token.as_deref()).await
     }
 
     fn into_message(self) -> (Self::Message, Credential) {

@@ -11,7 +11,9 @@ use super::calls::wire_millis;
 use crate::api::Outcome;
 use crate::error::RelayError;
 use crate::limits::Caller;
-use crate::operation::{Credential, Credentials, Operation, Visitor};
+use crate::operation::{
+    Admit, Checks, Credential, Credentials, Guard, Guarded, Operation, Visitor,
+};
 use crate::pool::Retry;
 use crate::relay::{Relay, RequestView};
 use crate::remote::RemoteRelay;
@@ -35,16 +37,24 @@ impl Operation for AwaitResponse {
     type Reply = pb::RequestState;
     type Output = RequestView;
 
-    async fn run(self, relay: &Relay, caller: &Caller) -> Result<RequestView, RelayError> {
-        relay.limits().admit(caller)?;
+    const CHECKS: Checks = Checks {
+        admit: Admit::Request,
+        guard: Guard::Named,
+    };
+
+    fn guarded(&self) -> Guarded {
+        Guarded {
+            session: self.code.clone(),
+            ..Guarded::default()
+        }
+    }
+
+    async fn step(self, relay: &Relay, caller: &Caller) -> Result<RequestView, RelayError> {
         let key = relay.limits().caller_key(caller);
-        let waited = async {
-            relay.approved(caller, &self.code).await?;
-            relay
-                .await_response(&self.code, &self.request_id, self.wait, Some(&key))
-                .await
-        };
-        relay.guarded(caller, &self.code, waited).await
+        relay.approved(caller, &self.code).await?;
+        relay
+            .await_response(&self.code, &self.request_id, self.wait, Some(&key))
+            .await
     }
 
     fn into_message(self) -> (Self::Message, Credential) {
@@ -96,16 +106,24 @@ impl Operation for ListResponses {
     type Reply = pb::ListResponsesResponse;
     type Output = Vec<ToolResponse>;
 
-    async fn run(self, relay: &Relay, caller: &Caller) -> Result<Vec<ToolResponse>, RelayError> {
-        relay.limits().admit(caller)?;
+    const CHECKS: Checks = Checks {
+        admit: Admit::Request,
+        guard: Guard::Named,
+    };
+
+    fn guarded(&self) -> Guarded {
+        Guarded {
+            session: self.code.clone(),
+            ..Guarded::default()
+        }
+    }
+
+    async fn step(self, relay: &Relay, caller: &Caller) -> Result<Vec<ToolResponse>, RelayError> {
         let key = relay.limits().caller_key(caller);
-        let responses = async {
-            relay.approved(caller, &self.code).await?;
-            relay
-                .responses(&self.code, self.request_id.as_deref(), Some(&key))
-                .await
-        };
-        relay.guarded(caller, &self.code, responses).await
+        relay.approved(caller, &self.code).await?;
+        relay
+            .responses(&self.code, self.request_id.as_deref(), Some(&key))
+            .await
     }
 
     fn into_message(self) -> (Self::Message, Credential) {
@@ -150,17 +168,25 @@ impl Operation for GetRequestStatus {
     type Reply = pb::RequestState;
     type Output = RequestView;
 
-    async fn run(self, relay: &Relay, caller: &Caller) -> Result<RequestView, RelayError> {
-        relay.limits().admit(caller)?;
+    const CHECKS: Checks = Checks {
+        admit: Admit::Request,
+        guard: Guard::Named,
+    };
+
+    fn guarded(&self) -> Guarded {
+        Guarded {
+            session: self.code.clone(),
+            ..Guarded::default()
+        }
+    }
+
+    async fn step(self, relay: &Relay, caller: &Caller) -> Result<RequestView, RelayError> {
         let key = relay.limits().caller_key(caller);
-        let status = async {
-            let view = relay
-                .request_status(&self.code, &self.request_id, Some(&key))
-                .await?;
-            relay.readable(caller, &self.code, &view).await?;
-            Ok(view)
-        };
-        relay.guarded(caller, &self.code, status).await
+        let view = relay
+            .request_status(&self.code, &self.request_id, Some(&key))
+            .await?;
+        relay.readable(caller, &self.code, &view).await?;
+        Ok(view)
     }
 
     fn into_message(self) -> (Self::Message, Credential) {
