@@ -62,15 +62,8 @@ pub(super) fn pack(record: &RequestRecord) -> String {
 
 /// A call as its session's hash keeps it.
 pub(super) fn stored(record: &RequestRecord) -> String {
-    let [state, rest] = halves(record);
+    let [state, rest] = pieces(record);
     format!("{} {state} {rest}", record.seq)
-}
-
-/// A newly queued call in the pieces `lua/flat_enqueue.lua` joins after its place in the queue:
-/// `[state, rest]` — status, delivered to, deliveries and lease as made here (the script writes
-/// its own for a call it hands to the tab); then the rest of the line and the payload.
-pub(super) fn pieces(record: &RequestRecord) -> [String; 2] {
-    halves(record)
 }
 
 /// The lease token of a call handed to its tab when queued: leased until its deadline.
@@ -78,7 +71,11 @@ pub(super) fn handed_lease(record: &RequestRecord) -> String {
     since(record.created_at, Some(record.deadline))
 }
 
-fn halves(record: &RequestRecord) -> [String; 2] {
+/// A call in the pieces `lua/flat_enqueue.lua` joins after its place in the queue (and
+/// [`stored`] after its `seq`):
+/// `[state, rest]` — status, delivered to, deliveries and lease as made here (the script writes
+/// its own for a call it hands to the tab); then the rest of the line and the payload.
+pub(super) fn pieces(record: &RequestRecord) -> [String; 2] {
     let created = record.created_at;
     let state = format!(
         "{} {} {} {}",
