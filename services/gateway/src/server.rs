@@ -369,7 +369,8 @@ pub fn app(state: State) -> poem::endpoint::BoxEndpoint<'static, Response> {
 pub async fn run(state: State, listener: TcpListener, connections: Arc<Connections>) {
     let stop = CancellationToken::new();
     let stopping = state.shutdown.clone();
-    let ended = state.drain.ended();
+    let drain = state.drain.clone();
+    let ended = drain.ended();
     let endpoint = Arc::new(app(state));
     let serving = listen::serve(
         listener,
@@ -402,6 +403,11 @@ pub async fn run(state: State, listener: TcpListener, connections: Arc<Connectio
         stop.cancel();
     };
     tokio::join!(serving, stop_after_drain);
+    // An upgraded WebSocket outlives its HTTP connection: its tab hears `restarting` and a
+    // close before the process exits.
+    if !drain.sockets_closed(CLOSE_TIMEOUT).await {
+        tracing::warn!("some tabs' WebSockets did not close in time");
+    }
 }
 
 /// The gateway alone on `public`, in front of the relay at `relay_url` (gRPC), until

@@ -61,8 +61,9 @@ pub async fn provider_socket(
         }
     };
 
-    let state = State::clone(state);
-    tokio::spawn(async move {
+    let socket_state = State::clone(state);
+    state.drain.spawn_socket(async move {
+        let state = socket_state;
         let Ok(connection) = upgrade.await else {
             return;
         };

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+use tokio_util::task::TaskTracker;
 
 /// The drain state of a process. Cheap to clone; clones share it.
 #[derive(Clone, Debug)]
@@ -38,6 +39,9 @@ struct Inner {
     held: AtomicUsize,
     /// Told when the count reaches zero while draining.
     settled: Notify,
+    /// Tabs' sockets: each tells its tab to reconnect when the drain ends, and the process
+    /// waits for them before it exits (see [`Drain::spawn_socket`]).
+    sockets: TaskTracker,
 }
 
 /// Something in flight that the drain waits for; dropping it lets the drain go on.
@@ -71,6 +75,7 @@ impl Drain {
                 ended: CancellationToken::new(),
                 held: AtomicUsize::new(0),
                 settled: Notify::new(),
+                sockets: TaskTracker::new(),
             }),
         }
     }
@@ -117,6 +122,24 @@ impl Drain {
     /// Completes when the drain ends.
     pub fn ended(&self) -> WaitForCancellationFutureOwned {
         self.inner.ended.clone().cancelled_owned()
+    }
+
+    /// Runs a tab's socket: when the drain ends it tells its tab to reconnect and closes, and
+    /// [`Drain::sockets_closed`] waits for that, so the process never exits with a tab untold.
+    pub fn spawn_socket<F>(&self, socket: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        self.inner.sockets.spawn(socket);
+    }
+
+    /// Waits up to `timeout` for every socket started with [`Drain::spawn_socket`] to close
+    /// (call it once the drain has ended); whether they all did.
+    pub async fn sockets_closed(&self, timeout: Duration) -> bool {
+        self.inner.sockets.close();
+        tokio::time::timeout(timeout, self.inner.sockets.wait())
+            .await
+            .is_ok()
     }
 
     /// Holds the drain open until the returned value is dropped.

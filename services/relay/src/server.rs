@@ -283,6 +283,9 @@ pub async fn run_sharing(
     if let Some(websocket) = websocket {
         let _ = websocket.await;
     }
+    if !relay.drain().sockets_closed(CLOSE_TIMEOUT).await {
+        tracing::warn!("some tabs' WebSockets did not close in time");
+    }
     // The server cuts off what is still open CLOSE_TIMEOUT after the stop.
     let _ = grpc.await;
     Ok(())

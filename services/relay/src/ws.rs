@@ -87,7 +87,7 @@ pub async fn serve_listener(
                     if let Some(slot) = connections.admit(peer.ip()) {
                         let relay = relay.clone();
                         let limits = connections.limits().header_read_timeout;
-                        tokio::spawn(async move {
+                        relay.drain().clone().spawn_socket(async move {
                             serve_tcp(relay, stream, peer, limits).await;
                             drop(slot);
                         });
