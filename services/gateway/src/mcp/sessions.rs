@@ -20,12 +20,14 @@ use toolrelay_relay::store::{McpSessionCaps, McpSessionStore, McpSessionsFull};
 use crate::api::State;
 
 /// Sessions a gateway keeps running at most (both endpoints together). A running session
-/// costs ~80 KiB in rmcp (its worker, its service loop and seven channels, each of which
-/// allocates a block of 32 messages at once, whatever its capacity); past this many, the one
+/// costs ~110 KiB in rmcp (its worker, its service loop and seven channels, each of which
+/// allocates a block of 32 messages at once, whatever its capacity; measured on 2026-11-29 by
+/// the flood test: 1,000 running held ~120 MiB, 250 held ~35 MiB). Past this many, the one
 /// used longest ago is stopped here, and its next request takes it over again from the store,
 /// as another gateway would. So 10,000 live sessions cost the store a few hundred bytes each
-/// and the gateway at most ~80 MiB.
-const RUNNING_SESSIONS: usize = 1_000;
+/// and the gateway ~55 MiB for those it runs (the flood's peak RSS, allocator cache included:
+/// 143–163 MiB, where 1,000 running peaked at 224–261 MiB).
+const RUNNING_SESSIONS: usize = 500;
 
 tokio::task_local! {
     /// The place [`Keeper::open`] took for the session an `initialize` is creating, for
