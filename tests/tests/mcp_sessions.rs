@@ -256,7 +256,7 @@ async fn flood(
         })
     };
     // A session begun before the flood: the gateway stops running it meanwhile (it runs a
-    // thousand at most), yet it still answers.
+    // few hundred at most), yet it still answers.
     let early = initialize_with(&client_from([127, 0, 0, 1]), &url)
         .await
         .session
