@@ -159,7 +159,8 @@ impl System {
             let shutdown = async {
                 let _ = stopped.await;
             };
-            toolrelay_gateway::server::run_all(relay, config, public, grpc, shutdown).await
+            let gateway = toolrelay_gateway::server::Server::with_relay(relay, config, grpc);
+            toolrelay_gateway::server::run(gateway, public, shutdown).await
         });
         Self {
             base,

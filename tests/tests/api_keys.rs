@@ -10,7 +10,7 @@ use rmcp::model::ClientConfig;
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use serde_json::{Value, json};
-use toolrelay_gateway::auth::ApiKeys;
+use toolrelay_gateway::middleware::auth::ApiKeys;
 use toolrelay_relay::RelayConfig;
 use toolrelay_relay::config::{ENV_API_KEYS, ENV_RATE_LIMIT_LOOKUP};
 use toolrelay_tests::system::{Answer, System, send};

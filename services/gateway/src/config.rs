@@ -143,7 +143,7 @@ pub struct GatewayConfig {
     /// Deepest JSON nesting accepted (`MAX_JSON_DEPTH`).
     pub max_json_depth: usize,
     /// Keys the LLM-facing routes require, when the operator set some.
-    pub api_keys: Option<std::sync::Arc<crate::auth::ApiKeys>>,
+    pub api_keys: Option<std::sync::Arc<crate::middleware::auth::ApiKeys>>,
     /// The secrets a gateway in front of a relay elsewhere proves itself with (it sends the
     /// first), so that the relay believes the client addresses it names.
     pub gateway_secrets: Option<std::sync::Arc<GatewaySecrets>>,

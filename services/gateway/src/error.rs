@@ -87,7 +87,7 @@ pub enum ErrorAnswer {
 }
 
 /// An error answer: its body and status, and its name, which the response carries in its
-/// extensions for the metrics ([`crate::observe`]) to count it by.
+/// extensions for the metrics ([`crate::middleware::observe`]) to count it by.
 #[derive(Debug)]
 pub struct ApiError {
     code: ErrorCode,

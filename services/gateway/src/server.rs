@@ -1,6 +1,7 @@
 //! Assembling and serving the gateway: the route table, middleware, the OpenAPI documents, and
-//! `run(state, listener, shutdown)` (the one-process server also starts the relay's gRPC
-//! service next to it, and shares its metrics; see [`run_all`]).
+//! the one way to serve it, [`run`], of a [`Server`] in front of the relay in this process
+//! (which then serves the relay's gRPC service beside it and shares its metrics) or of one
+//! in front of a relay elsewhere.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -8,11 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http_body_util::combinators::BoxBody;
+use poem::http::Method;
 use poem::http::uri::Scheme;
-use poem::http::{Method, StatusCode, header};
 use poem::web::Data;
 use poem::web::{LocalAddr, RemoteAddr};
-use poem::{Endpoint, EndpointExt, IntoResponse, Request, Response, Route, get, handler};
+use poem::{Endpoint, EndpointExt, Request, Response, Route, get, handler};
 use poem_openapi::OpenApiService;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -20,6 +21,7 @@ use toolrelay_relay::clock::Clock;
 use toolrelay_relay::listen::{self, Connections, Protocol};
 use toolrelay_relay::remote::{RemoteOptions, RemoteRelay};
 use toolrelay_relay::server::{local, start_store};
+use toolrelay_relay::store::connecting::Connection;
 use toolrelay_relay::store::memory::StoreLimits;
 use toolrelay_relay::store::observed::Observed;
 use toolrelay_relay::store::{BudgetStore, Store};
@@ -31,12 +33,9 @@ use crate::api::llm::LlmApi;
 use crate::api::tab::TabApi;
 use crate::api::tools::ToolsApi;
 use crate::api::{Gateway, State};
-use crate::checks::{Checks, check_host, fetch_metadata};
-use crate::config::{GatewayConfig, MAX_CALL_BODY, MAX_PROVIDER_BODY};
-use crate::cors::open_cors;
-use crate::error::{normalise_errors, note_too_deep};
+use crate::config::GatewayConfig;
 use crate::limits::Limiters;
-use crate::observe::{HttpMetrics, Routes};
+use crate::middleware::observe::{HttpMetrics, Routes};
 use crate::{mcp, plugin, websocket};
 
 /// Title of the API in its spec.
@@ -183,7 +182,7 @@ fn declare_authorization(spec: &mut serde_json::Value, keyed: bool) {
                 continue;
             };
             // Path templates such as `{code}` are segments like any other here.
-            if !crate::auth::is_llm_route(&method, path) {
+            if !crate::middleware::auth::is_llm_route(&method, path) {
                 continue;
             }
             let Some(responses) = operation
@@ -317,12 +316,8 @@ pub fn app(state: State) -> poem::endpoint::BoxEndpoint<'static, Response> {
         metrics: state.metrics.clone(),
         routes: routes(&spec_json),
     });
-    let cors = crate::cors::allow_list(&state.config.cors_origins);
     let (mcp_root, mcp_session) = mcp::endpoints(&state);
-    let keys = state.config.api_keys.clone();
-    let open_providers = state.config.open_provider_routes;
-    let (site, host) = (Checks::of(&state), Checks::of(&state));
-    Route::new()
+    let routes = Route::new()
         .at("/mcp", mcp_root)
         .at("/mcp/s/:handle", mcp_session)
         .at("/api/sessions/:code/ws", get(websocket::provider_socket))
@@ -346,27 +341,186 @@ pub fn app(state: State) -> poem::endpoint::BoxEndpoint<'static, Response> {
             get(document.data(Document::json(actions_json))),
         )
         .nest("/", api)
-        .data(state)
-        .around(limit_body)
-        .around(move |next, request| crate::auth::require_api_key(keys.clone(), next, request))
-        .with(cors)
-        .around(move |next, request| fetch_metadata(Arc::clone(&site), next, request))
-        .around(move |next, request| check_host(Arc::clone(&host), next, request))
-        .around(normalise_errors)
-        .around(move |next, request| open_cors(open_providers, next, request))
-        .around(move |next, request| crate::observe::observe(Arc::clone(&http), next, request))
-        .map_to_response()
-        // Boxed: the middleware stack's type is deep enough to overflow the compiler's query
-        // depth where the connection service wraps it in async blocks.
-        .boxed()
+        .data(State::clone(&state));
+    crate::middleware::layers(routes, &state, http)
 }
 
-/// Serves the gateway on `listener` until its drain ends (see [`toolrelay_relay::drain`]):
-/// during the drain it keeps accepting connections, because tabs still poll and answer over
-/// them; new work is refused by the relay operations. Then it closes its connections.
-/// Connections count in `connections` (see [`toolrelay_relay::listen`]: caps, header-read and
-/// idle timeouts).
-pub async fn run(state: State, listener: TcpListener, connections: Arc<Connections>) {
+/// A gateway ready to [`run`], and what it stands in front of: the relay in this process
+/// ([`Server::with_relay`]) or a relay elsewhere over gRPC ([`Server::in_front_of`]).
+pub struct Server {
+    state: State,
+    relaying: Relaying,
+    /// What its "listening" log line begins with.
+    name: String,
+}
+
+/// Where a gateway's relay runs.
+enum Relaying {
+    /// In this process, serving its gRPC on `grpc` beside the gateway; the relay runs the
+    /// drain.
+    Here { relay: Relay, grpc: TcpListener },
+    /// In another process, at `url`: the gateway keeps its own store (`connection` fails if it
+    /// cannot be made) and runs its own drain of up to `drain_timeout`.
+    Elsewhere {
+        url: String,
+        connection: Connection,
+        drain_timeout: Duration,
+    },
+}
+
+impl Server {
+    /// The one-process system: the gateway in front of `relay`, whose gRPC service it serves on
+    /// `grpc`, sharing the relay's drain, store and metrics.
+    pub fn with_relay(relay: Relay, config: GatewayConfig, grpc: TcpListener) -> Self {
+        let state = gateway(
+            RelayApi::Local(relay.clone()),
+            config,
+            relay.drain().clone(),
+            Arc::clone(relay.store()),
+            relay.metrics().clone(),
+        );
+        Self {
+            state,
+            relaying: Relaying::Here { relay, grpc },
+            name: "toolrelay".to_owned(),
+        }
+    }
+
+    /// The gateway alone, in front of the relay at `relay_url` (gRPC), with metrics of its own
+    /// (`metrics`: the relay serves its own) and a store of its own for rate budgets and MCP
+    /// sessions, made in the background (`/healthz` answers at once, `/readyz` once it is).
+    pub fn in_front_of(
+        relay_url: &str,
+        config: GatewayConfig,
+        metrics: Metrics,
+    ) -> Result<Self, String> {
+        let drain = Drain::new();
+        let options = RemoteOptions {
+            max_json_depth: config.max_json_depth,
+            drain: drain.clone(),
+            gateway_secrets: config.gateway_secrets.clone(),
+        };
+        if config.gateway_secrets.is_none() {
+            tracing::warn!(
+                "{} is not set: the relay will not believe the client addresses this gateway names, and will count every client against this gateway's address (set the same secret on the relay and its gateways)",
+                crate::config::ENV_GATEWAY_SECRET
+            );
+        }
+        let relay = RemoteRelay::connect_lazy(relay_url, options)
+            .map_err(|error| format!("{}: {error}", crate::config::ENV_RELAY_URL))?;
+        let (store, connection) = start_store(
+            &config.store,
+            &Clock::new(),
+            StoreLimits::keeping(Duration::from_secs(60)),
+            &metrics,
+        );
+        let store = Observed::wrap(store, metrics.clone());
+        observe_gateway(&metrics, &drain, &store);
+        let state = gateway(RelayApi::Remote(relay), config, drain, store, metrics);
+        Ok(Self {
+            state,
+            relaying: Relaying::Elsewhere {
+                url: relay_url.to_owned(),
+                connection,
+                drain_timeout: Duration::from_secs(toolrelay_relay::config::DEFAULT_DRAIN_SECONDS),
+            },
+            name: "toolrelay-gateway".to_owned(),
+        })
+    }
+
+    /// Names the server in its "listening" log line.
+    #[must_use]
+    pub fn named(mut self, name: &str) -> Self {
+        name.clone_into(&mut self.name);
+        self
+    }
+
+    /// How long a gateway alone drains (one in front of the relay in this process drains with
+    /// it, for as long as the relay's settings say).
+    #[must_use]
+    pub fn drain_timeout(mut self, timeout: Duration) -> Self {
+        if let Relaying::Elsewhere { drain_timeout, .. } = &mut self.relaying {
+            *drain_timeout = timeout;
+        }
+        self
+    }
+}
+
+/// Serves `server` on `public` until `shutdown` completes and the drain has run (see
+/// [`toolrelay_relay::drain`]): during the drain it keeps accepting connections, because tabs
+/// still poll and answer over them, and the relay operations refuse new work; then it closes
+/// its connections. With the relay in this process its gRPC service is served beside it, and
+/// both listeners share one budget of connections (and of file descriptors).
+pub async fn run(
+    server: Server,
+    public: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), String> {
+    let Server {
+        state,
+        relaying,
+        name,
+    } = server;
+    let connections = Connections::new(state.config.connections.clone(), state.metrics.clone());
+    match relaying {
+        Relaying::Here { relay, grpc } => {
+            tracing::info!(
+                listen = %local(&public),
+                grpc = %local(&grpc),
+                public_base_url = %state.config.public_base_url,
+                "{name} listening"
+            );
+            let listeners = toolrelay_relay::server::Listeners {
+                grpc,
+                websocket: None,
+            };
+            // The relay's server runs the drain when `shutdown` completes; the gateway stops
+            // when it has ended.
+            let relay_task = tokio::spawn(toolrelay_relay::server::run_sharing(
+                relay.clone(),
+                listeners,
+                Arc::clone(&connections),
+                shutdown,
+            ));
+            let gateway_task = tokio::spawn(serve(state, public, connections));
+            let relay_result = relay_task.await;
+            // The relay stopped: on a signal after its drain, or on its own after an error.
+            relay.shutdown();
+            let gateway_result = gateway_task.await;
+            match (gateway_result, relay_result) {
+                (Ok(()), Ok(Ok(()))) => Ok(()),
+                (_, Ok(Err(error))) => Err(format!("the relay failed: {error}")),
+                _ => Err("a server task panicked".into()),
+            }
+        }
+        Relaying::Elsewhere {
+            url,
+            connection,
+            drain_timeout,
+        } => {
+            tracing::info!(listen = %local(&public), relay = %url, "{name} listening");
+            let drain = state.drain.clone();
+            let serving = tokio::spawn(serve(state, public, connections));
+            tokio::select! {
+                () = shutdown => {}
+                message = connection.failed() => return Err(message),
+            }
+            tracing::info!(
+                "draining: refusing new work, waiting for delivered calls to be answered"
+            );
+            let unanswered = drain.run(drain_timeout).await;
+            tracing::info!(unanswered, "drained: closing connections");
+            serving
+                .await
+                .map_err(|_| "the gateway task panicked".to_owned())
+        }
+    }
+}
+
+/// Serves the gateway `state` on `listener` until its drain ends, then closes its
+/// connections, which count in `connections` (see [`toolrelay_relay::listen`]: caps,
+/// header-read and idle timeouts), and waits for its tabs' sockets to close.
+async fn serve(state: State, listener: TcpListener, connections: Arc<Connections>) {
     let stop = CancellationToken::new();
     let stopping = state.shutdown.clone();
     let drain = state.drain.clone();
@@ -407,106 +561,6 @@ pub async fn run(state: State, listener: TcpListener, connections: Arc<Connectio
     // close before the process exits.
     if !drain.sockets_closed(CLOSE_TIMEOUT).await {
         tracing::warn!("some tabs' WebSockets did not close in time");
-    }
-}
-
-/// The gateway alone on `public`, in front of the relay at `relay_url` (gRPC), until
-/// `shutdown` completes and a drain of up to `drain_timeout` has run; `name` opens its
-/// "listening" log line. Its metrics (`metrics`) are its own: the relay serves its own.
-pub async fn run_split(
-    name: &str,
-    relay_url: &str,
-    config: GatewayConfig,
-    drain_timeout: Duration,
-    public: TcpListener,
-    shutdown: impl Future<Output = ()>,
-    metrics: Metrics,
-) -> Result<(), String> {
-    let drain = Drain::new();
-    let options = RemoteOptions {
-        max_json_depth: config.max_json_depth,
-        drain: drain.clone(),
-        gateway_secrets: config.gateway_secrets.clone(),
-    };
-    if config.gateway_secrets.is_none() {
-        tracing::warn!(
-            "{} is not set: the relay will not believe the client addresses this gateway names, and will count every client against this gateway's address (set the same secret on the relay and its gateways)",
-            crate::config::ENV_GATEWAY_SECRET
-        );
-    }
-    let relay = RemoteRelay::connect_lazy(relay_url, options)
-        .map_err(|error| format!("{}: {error}", crate::config::ENV_RELAY_URL))?;
-    // Serves while its store connects: `/healthz` answers at once, `/readyz` once it is made.
-    let (store, connection) = start_store(
-        &config.store,
-        &Clock::new(),
-        StoreLimits::keeping(Duration::from_secs(60)),
-        &metrics,
-    );
-    let store = Observed::wrap(store, metrics.clone());
-    observe_gateway(&metrics, &drain, &store);
-    tracing::info!(listen = %local(&public), relay = %relay_url, "{name} listening");
-    let connections = Connections::new(config.connections.clone(), metrics.clone());
-    let state = gateway(
-        RelayApi::Remote(relay),
-        config,
-        drain.clone(),
-        store,
-        metrics,
-    );
-    let serving = tokio::spawn(run(state, public, connections));
-    tokio::select! {
-        () = shutdown => {}
-        message = connection.failed() => return Err(message),
-    }
-    tracing::info!("draining: refusing new work, waiting for delivered calls to be answered");
-    let unanswered = drain.run(drain_timeout).await;
-    tracing::info!(unanswered, "drained: closing connections");
-    serving
-        .await
-        .map_err(|_| "the gateway task panicked".to_owned())
-}
-
-/// The one-process system: the gateway on `public` and the relay's gRPC service on `grpc`,
-/// sharing one in-process relay and one drain, until `shutdown` completes and the drain has
-/// run.
-pub async fn run_all(
-    relay: Relay,
-    config: GatewayConfig,
-    public: TcpListener,
-    grpc: TcpListener,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), String> {
-    let relay_listeners = toolrelay_relay::server::Listeners {
-        grpc,
-        websocket: None,
-    };
-    // One process, one budget of connections (and of file descriptors) for both listeners.
-    let connections = Connections::new(config.connections.clone(), relay.metrics().clone());
-    // The relay's server runs the drain when `shutdown` completes; the gateway stops when it
-    // has ended.
-    let relay_task = tokio::spawn(toolrelay_relay::server::run_sharing(
-        relay.clone(),
-        relay_listeners,
-        Arc::clone(&connections),
-        shutdown,
-    ));
-    let state = gateway(
-        RelayApi::Local(relay.clone()),
-        config,
-        relay.drain().clone(),
-        Arc::clone(relay.store()),
-        relay.metrics().clone(),
-    );
-    let gateway_task = tokio::spawn(run(state, public, connections));
-    let relay_result = relay_task.await;
-    // The relay stopped: on a signal after its drain, or on its own after an error.
-    relay.shutdown();
-    let gateway_result = gateway_task.await;
-    match (gateway_result, relay_result) {
-        (Ok(()), Ok(Ok(()))) => Ok(()),
-        (_, Ok(Err(error))) => Err(format!("the relay failed: {error}")),
-        _ => Err("a server task panicked".into()),
     }
 }
 
@@ -554,53 +608,4 @@ fn document(Data(document): Data<&Document>) -> Response {
     Response::builder()
         .content_type(document.content_type)
         .body(document.body.as_str().to_owned())
-}
-
-/// Bodies the tab sends (answers, manifests) may be larger than an LLM's calls.
-fn body_limit(method: &Method, path: &str) -> usize {
-    let from_tab = (*method == Method::POST && path.ends_with("/response"))
-        || (*method == Method::PUT && path.ends_with("/manifest"));
-    if from_tab {
-        MAX_PROVIDER_BODY
-    } else {
-        MAX_CALL_BODY
-    }
-}
-
-/// Middleware: refuses a request body over its limit with 413, whether or not it declares
-/// its length, before any handler buffers it.
-async fn limit_body<E: Endpoint>(next: E, mut request: Request) -> poem::Result<Response> {
-    if matches!(
-        *request.method(),
-        Method::POST | Method::PUT | Method::PATCH
-    ) {
-        let limit = body_limit(request.method(), request.uri().path());
-        let declared = request
-            .headers()
-            .get(header::CONTENT_LENGTH)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.parse::<usize>().ok());
-        if declared.is_some_and(|length| length > limit) {
-            return Err(poem::Error::from_status(StatusCode::PAYLOAD_TOO_LARGE));
-        }
-        let body = match request.take_body().into_bytes_limit(limit).await {
-            Ok(bytes) => bytes,
-            Err(poem::error::ReadBodyError::PayloadTooLarge) => {
-                return Err(poem::Error::from_status(StatusCode::PAYLOAD_TOO_LARGE));
-            }
-            Err(error) => {
-                return Err(poem::Error::from_string(
-                    error.to_string(),
-                    StatusCode::BAD_REQUEST,
-                ));
-            }
-        };
-        request.set_body(body.clone());
-        return next
-            .call(request)
-            .await
-            .map(IntoResponse::into_response)
-            .map_err(|error| note_too_deep(error, &body));
-    }
-    next.call(request).await.map(IntoResponse::into_response)
 }

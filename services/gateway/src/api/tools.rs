@@ -91,7 +91,7 @@ pub enum ToolAnswer {
 }
 
 /// A tool call's answer, and the failure's code, which the response carries in its extensions
-/// for the metrics ([`crate::observe`]) to count it by.
+/// for the metrics ([`crate::middleware::observe`]) to count it by.
 pub struct ToolOutcome {
     failure: Option<FailureCode>,
     answer: ToolAnswer,

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use toolrelay_gateway::config::{ENV_LISTEN, ENV_RELAY_URL, GatewayArgs};
-use toolrelay_gateway::server;
+use toolrelay_gateway::server::{self, Server};
 use toolrelay_relay::config::{LogArgs, ServiceArgs};
 use toolrelay_relay::server::{bind, exit_code, shutdown_signal};
 use toolrelay_relay::{Metrics, telemetry};
@@ -54,15 +54,8 @@ async fn serve(cli: Cli) -> Result<(), String> {
     let public = bind(cli.gateway.listen, ENV_LISTEN).await?;
     let bound = public.local_addr().map_err(|error| error.to_string())?;
     let config = cli.gateway.gateway_config(bound, &cli.service)?;
-    let drain = cli.service.drain_timeout();
-    server::run_split(
-        "toolrelay-gateway",
-        &url,
-        config,
-        drain,
-        public,
-        shutdown_signal(),
-        Metrics::new("toolrelay-gateway"),
-    )
-    .await
+    let gateway = Server::in_front_of(&url, config, Metrics::new("toolrelay-gateway"))?
+        .named("toolrelay-gateway")
+        .drain_timeout(cli.service.drain_timeout());
+    server::run(gateway, public, shutdown_signal()).await
 }

@@ -226,7 +226,7 @@ impl Default for RelayConfig {
             limits: RateLimits::default(),
             api_keys: None,
             gateway_secrets: None,
-            drain_timeout: Duration::from_secs(10),
+            drain_timeout: Duration::from_secs(DEFAULT_DRAIN_SECONDS),
             store: StoreConfig::Memory,
             connections: ConnectionLimits::default(),
         }
@@ -413,6 +413,10 @@ fn parse_share(text: &str) -> Result<f64, String> {
     }
 }
 
+/// How long a stopping server waits for the calls its tabs have received, unless told
+/// (`DRAIN_SECONDS`).
+pub const DEFAULT_DRAIN_SECONDS: u64 = 10;
+
 /// Settings every server binary has: the JSON nesting limit and the drain on shutdown.
 #[derive(Debug, Clone, Args)]
 pub struct ServiceArgs {
@@ -420,7 +424,7 @@ pub struct ServiceArgs {
     #[arg(long, env = ENV_MAX_JSON_DEPTH, default_value_t = DEFAULT_MAX_JSON_DEPTH)]
     pub max_json_depth: usize,
     /// Seconds a stopping server waits for calls its tabs have received to be answered.
-    #[arg(long, env = ENV_DRAIN_SECONDS, default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=3600))]
+    #[arg(long, env = ENV_DRAIN_SECONDS, default_value_t = DEFAULT_DRAIN_SECONDS, value_parser = clap::value_parser!(u64).range(0..=3600))]
     pub drain_seconds: u64,
     /// Length of the IPv6 prefix one client is keyed by in every per-address budget and cap
     /// (one home or office line gets a /64); IPv4 addresses are keyed whole.

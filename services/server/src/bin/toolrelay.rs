@@ -8,9 +8,9 @@ use std::process::ExitCode;
 use clap::Parser;
 use toolrelay_builtin::ToolArgs;
 use toolrelay_gateway::config::{ENV_LISTEN, GatewayArgs};
-use toolrelay_gateway::server;
+use toolrelay_gateway::server::{self, Server};
 use toolrelay_relay::config::{ENV_GRPC_LISTEN, LogArgs, RelayArgs, ServiceArgs};
-use toolrelay_relay::server::{bind, exit_code, local, shutdown_signal, start_relay};
+use toolrelay_relay::server::{bind, exit_code, shutdown_signal, start_relay};
 use toolrelay_relay::{Metrics, telemetry};
 
 /// jemalloc rather than glibc's malloc: parsing big MIP models on many threads left glibc's
@@ -49,17 +49,10 @@ async fn serve(cli: Cli) -> Result<(), String> {
     let bound = public.local_addr().map_err(|error| error.to_string())?;
     let config = cli.gateway.gateway_config(bound, &cli.service)?;
     if let Some(url) = &cli.gateway.relay_url {
-        let drain = cli.service.drain_timeout();
-        return server::run_split(
-            "toolrelay gateway",
-            url,
-            config,
-            drain,
-            public,
-            shutdown_signal(),
-            Metrics::new("toolrelay"),
-        )
-        .await;
+        let gateway = Server::in_front_of(url, config, Metrics::new("toolrelay"))?
+            .named("toolrelay gateway")
+            .drain_timeout(cli.service.drain_timeout());
+        return server::run(gateway, public, shutdown_signal()).await;
     }
     let relay_config = cli.relay.relay_config(&cli.service)?;
     let tools = cli.tools.builtin_config()?;
@@ -71,14 +64,9 @@ async fn serve(cli: Cli) -> Result<(), String> {
     let tools = toolrelay_builtin::standard(&tools, &metrics);
     // Serves while the store connects: `/healthz` answers at once, `/readyz` once it is made.
     let (relay, connection) = start_relay(relay_config, tools, &metrics);
-    tracing::info!(
-        listen = %local(&public),
-        grpc = %local(&grpc),
-        public_base_url = %config.public_base_url,
-        "toolrelay listening"
-    );
+    let gateway = Server::with_relay(relay, config, grpc);
     tokio::select! {
-        served = server::run_all(relay, config, public, grpc, shutdown_signal()) => served,
+        served = server::run(gateway, public, shutdown_signal()) => served,
         message = connection.failed() => Err(message),
     }
 }

@@ -150,7 +150,7 @@ pub async fn open_cors<E: Endpoint>(
             .finish());
     }
     // The allow-list does not apply here: the origin is not checked by CORS. The Fetch
-    // Metadata policy still reads it ([`crate::checks::fetch_metadata`]).
+    // Metadata policy still reads it ([`crate::middleware::checks::fetch_metadata`]).
     if let Some(origin) = request.headers_mut().remove(header::ORIGIN) {
         request.extensions_mut().insert(SentOrigin(origin));
     }

@@ -21,8 +21,8 @@ use toolrelay_relay::{ErrorCode, Metrics};
 
 use crate::api::State;
 use crate::config::{ENV_ALLOWED_HOSTS, ENV_PUBLIC_BASE_URL, bare_host};
-use crate::cors::{SentOrigin, names_host};
 use crate::error::error_response;
+use crate::middleware::cors::{SentOrigin, names_host};
 
 /// What the checks need from the gateway's settings.
 pub struct Checks {
