@@ -62,3 +62,19 @@ printf 'tests in tests/tests                      %s  (%s test functions, %s sto
 by_hand=$(grep -n -E '\.admit(_session|_tool_call)?\(|\.guarded(_provider)?\(' services/relay/src/ops/*.rs || true)
 printf 'checks written by hand in units          %s\n' "$(grep -c . <<<"$by_hand" || true)"
 [[ -z $by_hand ]] || sed 's/^/    /' <<<"$by_hand"
+
+# What the domain imports of the wire (tonic, protobuf, the gRPC client): none.
+wire=$(grep -l -E 'tonic|prost|toolrelay::proto|RemoteRelay' services/relay/src/relay/*.rs || true)
+printf 'domain files naming wire code             %s of %s\n' "$(grep -c . <<<"$wire" || true)" \
+  "$(ls services/relay/src/relay/*.rs | wc -l)"
+[[ -z $wire ]] || sed 's/^/    /' <<<"$wire"
+
+# Relay modules a front end names (the gateway, its binary aside): only `front`.
+named=$(grep -rhoE 'toolrelay_relay::[A-Za-z_]+' services/gateway/src --include='*.rs' --exclude-dir=bin |
+  sort -u | sed 's/toolrelay_relay:://')
+printf 'relay modules the gateway names           %s  (%s)\n' "$(grep -c . <<<"$named" || true)" \
+  "$(tr '\n' ' ' <<<"$named" | sed 's/ $//')"
+
+# Ways to serve the gateway: public async functions of its server module.
+entries=$(grep -c -E '^pub async fn' services/gateway/src/server.rs || true)
+printf 'ways to serve the gateway                 %s\n' "$entries"

@@ -6,13 +6,15 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use clap::Args;
-use toolrelay_relay::access::GatewaySecrets;
-use toolrelay_relay::config::{DEFAULT_MAX_JSON_DEPTH, ServiceArgs, StoreConfig, check_json_depth};
-pub use toolrelay_relay::config::{
+use toolrelay_relay::front::GatewaySecrets;
+use toolrelay_relay::front::config::{
+    DEFAULT_MAX_JSON_DEPTH, ServiceArgs, StoreConfig, check_json_depth,
+};
+pub use toolrelay_relay::front::config::{
     ENV_API_KEYS, ENV_API_KEYS_FILE, ENV_GATEWAY_SECRET, ENV_GATEWAY_SECRET_FILE,
     ENV_RATE_LIMIT_SESSION, ENV_RATE_LIMIT_TOOL,
 };
-use toolrelay_relay::listen::ConnectionLimits;
+use toolrelay_relay::front::serve::ConnectionLimits;
 
 /// `LISTEN_ADDR`: the public HTTP address.
 pub const ENV_LISTEN: &str = "LISTEN_ADDR";
@@ -80,12 +82,12 @@ pub struct GatewayArgs {
     pub cors_origin: Vec<String>,
     /// Proxies (addresses or CIDR networks, comma-separated) whose X-Forwarded-For header is
     /// trusted.
-    #[arg(long, env = ENV_TRUSTED_PROXIES, value_delimiter = ',', value_parser = toolrelay_relay::limits::parse_network)]
+    #[arg(long, env = ENV_TRUSTED_PROXIES, value_delimiter = ',', value_parser = toolrelay_relay::front::limits::parse_network)]
     pub trusted_proxies: Vec<ipnet::IpNet>,
     /// Address ranges (CIDR, comma-separated) that carry many people, such as a hosted
     /// assistant's published egress ranges: a plain REST caller from one is told apart by its
     /// assistant's per-user header (`openai-ephemeral-user-id`), elsewhere by its address.
-    #[arg(long, env = ENV_SHARED_EGRESS_RANGES, value_delimiter = ',', value_parser = toolrelay_relay::limits::parse_network)]
+    #[arg(long, env = ENV_SHARED_EGRESS_RANGES, value_delimiter = ',', value_parser = toolrelay_relay::front::limits::parse_network)]
     pub shared_egress_ranges: Vec<ipnet::IpNet>,
     /// Live MCP client sessions one client address (an IPv6 /64) may hold, its callers
     /// together (a flood ceiling sized for a hosted assistant's egress); past it,
@@ -163,7 +165,7 @@ pub struct GatewayConfig {
 
 /// Rate limits, per minute: the relay's, of which the gateway spends the sessions and built-in
 /// tool calls.
-pub use toolrelay_relay::limits::RateLimits;
+pub use toolrelay_relay::front::limits::RateLimits;
 
 /// Caps and idle time of MCP client sessions.
 #[derive(Debug, Clone, Copy)]
@@ -184,7 +186,7 @@ impl Default for McpSessions {
             per_address: NonZeroU32::new(2_000).unwrap_or(NonZeroU32::MIN),
             total: NonZeroU32::new(20_000).unwrap_or(NonZeroU32::MIN),
             idle: Duration::from_secs(120),
-            ipv6_prefix: toolrelay_relay::limits::DEFAULT_IPV6_PREFIX,
+            ipv6_prefix: toolrelay_relay::front::limits::DEFAULT_IPV6_PREFIX,
         }
     }
 }

@@ -17,7 +17,7 @@ use poem_openapi::registry::{MetaResponses, Registry};
 use poem_openapi::{ApiResponse, Object};
 use toolrelay::errors::{FailureCode, ToolCode};
 use toolrelay::json::ReadError;
-use toolrelay_relay::{ErrorCode, ErrorInfo, ErrorKind};
+use toolrelay_relay::front::{ErrorCode, ErrorInfo, ErrorKind};
 use tracing::Instrument;
 
 /// Header carrying the correlation id, in and out.
@@ -206,13 +206,13 @@ pub async fn normalise_errors<E: Endpoint>(next: E, request: Request) -> poem::R
         .filter(|id| {
             !id.is_empty() && id.len() <= MAX_REQUEST_ID && id.bytes().all(|b| b.is_ascii_graphic())
         })
-        .map_or_else(toolrelay_relay::code::unique_id, str::to_owned);
+        .map_or_else(toolrelay_relay::front::unique_id, str::to_owned);
     let path = request.uri().path().to_owned();
     let span = tracing::info_span!(
         "request",
         correlation_id = %id,
         method = %request.method(),
-        path = %toolrelay_relay::telemetry::redacted_path(request.uri().path()),
+        path = %toolrelay_relay::front::redacted_path(request.uri().path()),
     );
     let started = std::time::Instant::now();
     let handled = CORRELATION_ID
@@ -226,7 +226,7 @@ pub async fn normalise_errors<E: Endpoint>(next: E, request: Request) -> poem::R
             // The access log, in the request's span (correlation id, method, path without
             // secrets): refusals at info, the rest at debug. Never bodies or tokens.
             let status = response.status().as_u16();
-            let duration_ms = toolrelay_relay::relay::millis(started.elapsed());
+            let duration_ms = toolrelay_relay::front::millis(started.elapsed());
             if status >= 400 {
                 tracing::info!(status, duration_ms, "request refused");
             } else {

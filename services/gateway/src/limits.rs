@@ -5,7 +5,7 @@
 //! them: sessions created, and built-in tool calls, per caller under a per-address ceiling (the
 //! relay's [`ClientBudgets`], which the relay also spends for a gRPC client that reaches it
 //! directly). The limits on paths that take a session code — the brute-force guard and calls
-//! per session — are the relay's ([`toolrelay_relay::limits`]), applied on every path; the
+//! per session — are the relay's ([`toolrelay_relay::front::limits`]), applied on every path; the
 //! gateway only tells it who the client is ([`Limiters::caller`]). The client address is the
 //! peer's, or — only when the peer is a configured trusted proxy — the right-most untrusted
 //! address of `X-Forwarded-For`.
@@ -15,11 +15,11 @@ use std::sync::Arc;
 
 use poem::http::{HeaderMap, Method};
 use poem::web::RemoteAddr;
-use toolrelay_relay::caller::{ASSISTANT_USER_HEADERS, CallerId, IdentityKind};
-use toolrelay_relay::clock::Clock;
-use toolrelay_relay::limits::{ClientBudgets, is_within};
-use toolrelay_relay::store::BudgetStore;
-use toolrelay_relay::{Caller, ErrorInfo, Metrics};
+use toolrelay_relay::front::Clock;
+use toolrelay_relay::front::limits::{ClientBudgets, is_within};
+use toolrelay_relay::front::store::BudgetStore;
+use toolrelay_relay::front::{ASSISTANT_USER_HEADERS, CallerId, IdentityKind};
+use toolrelay_relay::front::{Caller, ErrorInfo, Metrics};
 
 use crate::config::RateLimits;
 
@@ -200,11 +200,9 @@ mod tests {
 
     fn limiters(shared: &str, api_keys: bool) -> Limiters {
         let clock = Clock::new();
-        let store = toolrelay_relay::store::memory::MemoryStore::new(
-            clock.clone(),
-            Duration::from_secs(60),
-        );
-        let shared = vec![toolrelay_relay::limits::parse_network(shared).unwrap()];
+        let store =
+            toolrelay_relay::front::serve::MemoryStore::new(clock.clone(), Duration::from_secs(60));
+        let shared = vec![toolrelay_relay::front::limits::parse_network(shared).unwrap()];
         Limiters::new(limits(1), Vec::new(), store, clock, Metrics::default())
             .identifying(shared, api_keys)
     }
@@ -311,12 +309,10 @@ mod tests {
     async fn forwarded_addresses_count_only_behind_a_trusted_proxy() {
         let proxy: IpAddr = "10.0.0.1".parse().unwrap();
         let clock = Clock::new();
-        let store = toolrelay_relay::store::memory::MemoryStore::new(
-            clock.clone(),
-            Duration::from_secs(60),
-        );
+        let store =
+            toolrelay_relay::front::serve::MemoryStore::new(clock.clone(), Duration::from_secs(60));
         // A network of proxies (an ingress controller's pods), given as CIDR.
-        let proxies = vec![toolrelay_relay::limits::parse_network("10.0.0.0/24").unwrap()];
+        let proxies = vec![toolrelay_relay::front::limits::parse_network("10.0.0.0/24").unwrap()];
         let limiters = Limiters::new(limits(1), proxies, store, clock, Metrics::default());
         let mut headers = HeaderMap::new();
         headers.insert(

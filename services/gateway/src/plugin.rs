@@ -161,7 +161,7 @@ pub fn plugin_index(request: &poem::Request, Data(state): Data<&State>) -> Respo
         query
             .split('&')
             .filter_map(|pair| pair.strip_prefix("claim="))
-            .any(toolrelay_relay::code::is_handle)
+            .any(toolrelay_relay::front::is_handle)
     });
     let framing = if claimed {
         Framing::App
@@ -309,7 +309,7 @@ mod tests {
                 Some((key.to_owned(), value.strip_suffix("',")?.to_owned()))
             })
             .collect();
-        let expected: Vec<(String, String)> = toolrelay_relay::ErrorCode::ALL
+        let expected: Vec<(String, String)> = toolrelay_relay::front::ErrorCode::ALL
             .iter()
             .map(|code| (code.as_str().to_uppercase(), code.as_str().to_owned()))
             .collect();

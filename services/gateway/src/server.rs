@@ -17,15 +17,16 @@ use poem::{Endpoint, EndpointExt, Request, Response, Route, get, handler};
 use poem_openapi::OpenApiService;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use toolrelay_relay::clock::Clock;
-use toolrelay_relay::listen::{self, Connections, Protocol};
-use toolrelay_relay::remote::{RemoteOptions, RemoteRelay};
-use toolrelay_relay::server::{local, start_store};
-use toolrelay_relay::store::connecting::Connection;
-use toolrelay_relay::store::memory::StoreLimits;
-use toolrelay_relay::store::observed::Observed;
-use toolrelay_relay::store::{BudgetStore, Store};
-use toolrelay_relay::{Drain, Metrics, Relay, RelayApi};
+use toolrelay_relay::front::Clock;
+use toolrelay_relay::front::serve::Connection;
+use toolrelay_relay::front::serve::Observed;
+use toolrelay_relay::front::serve::Relay;
+use toolrelay_relay::front::serve::StoreLimits;
+use toolrelay_relay::front::serve::{Connections, Protocol, serve_connections};
+use toolrelay_relay::front::serve::{RemoteOptions, RemoteRelay};
+use toolrelay_relay::front::serve::{local, start_store};
+use toolrelay_relay::front::store::{BudgetStore, FrontStore};
+use toolrelay_relay::front::{Drain, Metrics, RelayApi};
 
 use crate::api::discovery::DiscoveryApi;
 use crate::api::legacy::LegacyApi;
@@ -49,7 +50,7 @@ pub fn gateway(
     relay: RelayApi,
     config: GatewayConfig,
     drain: Drain,
-    store: Arc<dyn Store>,
+    store: Arc<dyn FrontStore>,
     metrics: Metrics,
 ) -> State {
     Arc::new(Gateway {
@@ -376,7 +377,7 @@ impl Server {
             RelayApi::Local(relay.clone()),
             config,
             relay.drain().clone(),
-            Arc::clone(relay.store()),
+            Arc::clone(relay.store()) as Arc<dyn FrontStore>,
             relay.metrics().clone(),
         );
         Self {
@@ -414,7 +415,7 @@ impl Server {
             StoreLimits::keeping(Duration::from_secs(60)),
             &metrics,
         );
-        let store = Observed::wrap(store, metrics.clone());
+        let store: Arc<dyn FrontStore> = Observed::wrap(store, metrics.clone());
         observe_gateway(&metrics, &drain, &store);
         let state = gateway(RelayApi::Remote(relay), config, drain, store, metrics);
         Ok(Self {
@@ -422,7 +423,9 @@ impl Server {
             relaying: Relaying::Elsewhere {
                 url: relay_url.to_owned(),
                 connection,
-                drain_timeout: Duration::from_secs(toolrelay_relay::config::DEFAULT_DRAIN_SECONDS),
+                drain_timeout: Duration::from_secs(
+                    toolrelay_relay::front::config::DEFAULT_DRAIN_SECONDS,
+                ),
             },
             name: "toolrelay-gateway".to_owned(),
         })
@@ -447,7 +450,7 @@ impl Server {
 }
 
 /// Serves `server` on `public` until `shutdown` completes and the drain has run (see
-/// [`toolrelay_relay::drain`]): during the drain it keeps accepting connections, because tabs
+/// [`toolrelay_relay::front::serve::Drain`]): during the drain it keeps accepting connections, because tabs
 /// still poll and answer over them, and the relay operations refuse new work; then it closes
 /// its connections. With the relay in this process its gRPC service is served beside it, and
 /// both listeners share one budget of connections (and of file descriptors).
@@ -470,13 +473,13 @@ pub async fn run(
                 public_base_url = %state.config.public_base_url,
                 "{name} listening"
             );
-            let listeners = toolrelay_relay::server::Listeners {
+            let listeners = toolrelay_relay::front::serve::Listeners {
                 grpc,
                 websocket: None,
             };
             // The relay's server runs the drain when `shutdown` completes; the gateway stops
             // when it has ended.
-            let relay_task = tokio::spawn(toolrelay_relay::server::run_sharing(
+            let relay_task = tokio::spawn(toolrelay_relay::front::serve::run_sharing(
                 relay.clone(),
                 listeners,
                 Arc::clone(&connections),
@@ -518,7 +521,7 @@ pub async fn run(
 }
 
 /// Serves the gateway `state` on `listener` until its drain ends, then closes its
-/// connections, which count in `connections` (see [`toolrelay_relay::listen`]: caps,
+/// connections, which count in `connections` (see [`toolrelay_relay::front::serve::Connections`]: caps,
 /// header-read and idle timeouts), and waits for its tabs' sockets to close.
 async fn serve(state: State, listener: TcpListener, connections: Arc<Connections>) {
     let stop = CancellationToken::new();
@@ -526,7 +529,7 @@ async fn serve(state: State, listener: TcpListener, connections: Arc<Connections
     let drain = state.drain.clone();
     let ended = drain.ended();
     let endpoint = Arc::new(app(state));
-    let serving = listen::serve(
+    let serving = serve_connections(
         listener,
         connections,
         Protocol::Http,
@@ -566,7 +569,7 @@ async fn serve(state: State, listener: TcpListener, connections: Arc<Connections
 
 /// What a gateway alone reports when scraped: whether it drains, and whether its own store
 /// (rate limits, MCP sessions) answers. (In one process the relay reports both.)
-fn observe_gateway(metrics: &Metrics, drain: &Drain, store: &Arc<dyn Store>) {
+fn observe_gateway(metrics: &Metrics, drain: &Drain, store: &Arc<dyn FrontStore>) {
     let (handle, drain, store) = (metrics.clone(), drain.clone(), Arc::downgrade(store));
     metrics.on_scrape(move || {
         let (metrics, draining, store) = (handle.clone(), drain.is_draining(), store.upgrade());

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use poem_openapi::{Enum, Object, Union};
 use serde_json::Value;
 use toolrelay::wire::{GroupedManifest, RequestStatus, ToolRequest, ToolResponse};
-use toolrelay_relay::{NewSession, RequestView, SessionStatus};
+use toolrelay_relay::front::{NewSession, RequestView, SessionStatus};
 
 /// A call's arguments: a JSON object.
 pub type Arguments = BTreeMap<String, Value>;
@@ -539,7 +539,7 @@ pub struct ApprovalOutcome {
 
 impl PolledItem {
     /// A poll's items: the calls to stop first, then the calls to run.
-    pub fn all(polled: toolrelay_relay::relay::Polled) -> Vec<Self> {
+    pub fn all(polled: toolrelay_relay::front::Polled) -> Vec<Self> {
         let cancels = polled
             .cancelled
             .into_iter()

@@ -1,8 +1,8 @@
 //! The provider WebSocket on the gateway's port: `GET /api/sessions/{code}/ws?token=…`.
 //!
 //! The gateway completes the HTTP upgrade itself and hands the raw connection, with the
-//! provider link it attached through [`RelayApi`](toolrelay_relay::RelayApi), to the relay's
-//! WebSocket code ([`toolrelay_relay::ws::serve_upgraded`]). In one process the link is the
+//! provider link it attached through [`RelayApi`](toolrelay_relay::front::RelayApi), to the relay's
+//! WebSocket code ([`toolrelay_relay::front::serve::serve_upgraded`]). In one process the link is the
 //! relay's own; in a split deployment it is a gRPC `Connect` stream. Either way the tab speaks
 //! the same protocol on the same URL.
 
@@ -11,8 +11,8 @@ use poem::web::{Data, Path, Query};
 use poem::{Request, Response, handler};
 use serde::Deserialize;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
-use toolrelay_relay::ws::{SocketSettings, serve_upgraded, websocket_config};
-use toolrelay_relay::{AnswerLimits, ErrorCode, Transport};
+use toolrelay_relay::front::serve::{SocketSettings, serve_upgraded, websocket_config};
+use toolrelay_relay::front::{AnswerLimits, ErrorCode, Transport};
 
 use crate::api::{Client, State};
 use crate::error::error_response;

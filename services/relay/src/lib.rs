@@ -29,6 +29,10 @@
 //!   `toolrelay-server`) and by tests; [`drain`] — the graceful shutdown both servers of a
 //!   process share; [`metrics`] — the process's Prometheus metrics, which everything above
 //!   reports to; [`config`] — settings and command-line flags.
+//! * [`front`] — all a front end (the gateway) may use of this crate: the relay as
+//!   [`RelayApi`] and its units, callers and budgets, errors, the store's face for what a
+//!   front end keeps itself ([`store::FrontStore`]: claim checks, MCP client sessions, rate
+//!   budgets) and what serving one takes; a test in the gateway holds it to that.
 
 pub mod access;
 pub mod api;
@@ -42,6 +46,7 @@ pub(crate) mod convert;
 mod downlink;
 pub mod drain;
 pub mod error;
+pub mod front;
 pub mod grpc;
 pub mod limits;
 pub mod listen;

@@ -91,8 +91,8 @@ impl DiscoveryApi {
     async fn readyz(&self) -> Result<Ready, ApiError> {
         self.state.relay.ready().await?;
         if let Err(error) = self.state.store.ping().await {
-            let error = toolrelay_relay::RelayError::from(error);
-            return Err(toolrelay_relay::ErrorInfo::from(error).into());
+            let error = toolrelay_relay::front::RelayError::from(error);
+            return Err(toolrelay_relay::front::ErrorInfo::from(error).into());
         }
         Ok(Ready::Ready(PlainText("ready")))
     }

@@ -7,8 +7,8 @@ use poem_openapi::payload::Json;
 use poem_openapi::{ApiResponse, Object, OpenApi};
 use serde_json::{Value, json};
 use toolrelay::wire::ProviderResponse;
-use toolrelay_relay::ops::{GetManifest, PostResponse, Submit};
-use toolrelay_relay::{Downlink, Transport};
+use toolrelay_relay::front::ops::{GetManifest, PostResponse, Submit};
+use toolrelay_relay::front::{Downlink, Transport};
 
 use super::llm::call_input;
 use super::tab::{AnswerBody, EVENT_ID, Events, TooDeepAnswer, events};

@@ -9,11 +9,11 @@ use poem_openapi::payload::Json;
 use poem_openapi::types::ToJSON;
 use poem_openapi::{ApiResponse, OpenApi};
 use serde_json::Value;
-use toolrelay_relay::ops::{
+use toolrelay_relay::front::ops::{
     AwaitResponse, Call, CancelRequest, GetManifest, GetRequestStatus, GetSession, ListResponses,
     Submit,
 };
-use toolrelay_relay::{CallInput, ErrorCode};
+use toolrelay_relay::front::{CallInput, ErrorCode};
 
 use super::{Authorization, Client, State, Tag, provider_token};
 use crate::error::ApiError;

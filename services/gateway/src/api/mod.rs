@@ -17,7 +17,7 @@ use std::sync::Arc;
 use poem::http::StatusCode;
 use poem::{FromRequest, Request, RequestBody};
 use poem_openapi::Tags;
-use toolrelay_relay::{Caller, Drain, RelayApi};
+use toolrelay_relay::front::{Caller, Drain, RelayApi};
 
 use crate::config::GatewayConfig;
 use crate::limits::Limiters;
@@ -33,13 +33,13 @@ pub struct Gateway {
     /// What this gateway shares with the others on the same `REDIS_URL` (in one process, the
     /// relay's store) besides the rate budgets its limiters hold: MCP client sessions, and
     /// the session each one opened (a ticket).
-    pub store: Arc<dyn toolrelay_relay::store::Store>,
+    pub store: Arc<dyn toolrelay_relay::front::store::FrontStore>,
     /// Cancelled when the gateway shuts down (ends long-lived MCP streams).
     pub shutdown: tokio_util::sync::CancellationToken,
     /// The process's drain (shared with the relay when it runs in this process).
     pub drain: Drain,
     /// The process's metrics (shared with the relay when it runs in this process).
-    pub metrics: toolrelay_relay::Metrics,
+    pub metrics: toolrelay_relay::front::Metrics,
 }
 
 /// The state as the API structs hold it.

@@ -16,12 +16,12 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use toolrelay::json::ReadError;
 use toolrelay::wire::ProviderResponse;
-use toolrelay_relay::ops::{
+use toolrelay_relay::front::ops::{
     AnswerApproval, CreateSession, DescribeClaim, EndSession, GetApprovals, PollRequests,
     PostResponse, RedeemClaim, RegisterManifest,
 };
-use toolrelay_relay::relay::too_deep_response;
-use toolrelay_relay::{
+use toolrelay_relay::front::too_deep_response;
+use toolrelay_relay::front::{
     Caller, Downlink, ErrorInfo, NewSession, ProviderLink, RelayError, ResponseOutcome, Transport,
 };
 

@@ -8,9 +8,9 @@ use poem_openapi::payload::Json;
 use poem_openapi::registry::{MetaResponses, Registry};
 use poem_openapi::{ApiResponse, Object, OpenApi};
 use serde_json::Value;
-use toolrelay_relay::builtin::{FailureCode, FailureKind, Scope, ToolFailure};
-use toolrelay_relay::ops::{CallTool, ListTools};
-use toolrelay_relay::{ErrorInfo, ErrorKind};
+use toolrelay_relay::front::ops::{CallTool, ListTools};
+use toolrelay_relay::front::{ErrorInfo, ErrorKind};
+use toolrelay_relay::front::{FailureCode, FailureKind, Scope, ToolFailure};
 
 use super::{Client, State, Tag};
 use crate::error::ApiError;

@@ -19,9 +19,9 @@ use rmcp::model::{
 };
 use rmcp::service::RequestContext;
 use serde_json::{Value, json};
-use toolrelay_relay::clock::Timestamp;
-use toolrelay_relay::ops::{CreateClaimedSession, DescribeClaim, GetSession};
-use toolrelay_relay::{Caller, ErrorCode};
+use toolrelay_relay::front::Timestamp;
+use toolrelay_relay::front::ops::{CreateClaimedSession, DescribeClaim, GetSession};
+use toolrelay_relay::front::{Caller, ErrorCode};
 
 use super::tools::{failure, from_error, success};
 use super::{RelayMcp, caller_of, mcp_session_of};

@@ -52,9 +52,9 @@ use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
-use toolrelay_relay::Caller;
-use toolrelay_relay::clock::Clock;
-use toolrelay_relay::ops::ListTools;
+use toolrelay_relay::front::Caller;
+use toolrelay_relay::front::Clock;
+use toolrelay_relay::front::ops::ListTools;
 
 use crate::api::State;
 use pairing::Pairing;
@@ -124,7 +124,8 @@ pub fn endpoints(state: &State) -> (impl Endpoint + 'static, impl Endpoint + 'st
         // A client's next request may reach another gateway (a round-robin balancer): that
         // gateway takes the session over from what the store keeps.
         config.session_store = Some(Arc::new(SharedSessions {
-            store: Arc::clone(&state.store) as Arc<dyn toolrelay_relay::store::McpSessionStore>,
+            store: Arc::clone(&state.store)
+                as Arc<dyn toolrelay_relay::front::store::McpSessionStore>,
             clock: Clock::new(),
             namespace,
             idle: state.config.mcp_sessions.idle,

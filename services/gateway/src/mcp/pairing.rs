@@ -9,8 +9,8 @@ use rmcp::RoleServer;
 use rmcp::model::{CallToolResult, Tool};
 use rmcp::service::RequestContext;
 use serde_json::{Value, json};
-use toolrelay_relay::Caller;
-use toolrelay_relay::ops::Connect;
+use toolrelay_relay::front::Caller;
+use toolrelay_relay::front::ops::Connect;
 
 use toolrelay::wire::ToolHints;
 
@@ -214,7 +214,7 @@ impl RelayMcp {
         });
         // A caller that came with the code gets it back, the plain form for programs and the
         // hyphenated one to show people; one that came with a handle is never told it.
-        if !toolrelay_relay::code::is_handle(&code) {
+        if !toolrelay_relay::front::is_handle(&code) {
             answer["code"] = json!(status.code.as_str());
             answer["displayCode"] = json!(status.code.display());
         }

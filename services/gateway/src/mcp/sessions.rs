@@ -10,12 +10,12 @@ use rmcp::transport::streamable_http_server::session::store::{
     SessionState, SessionStore, SessionStoreError,
 };
 use serde_json::{Value, json};
-use toolrelay_relay::Caller;
-use toolrelay_relay::clock::{Clock, Timestamp};
-use toolrelay_relay::code::random_id;
-use toolrelay_relay::limits::client_key;
-use toolrelay_relay::metrics::Refusal;
-use toolrelay_relay::store::{McpSessionCaps, McpSessionStore, McpSessionsFull};
+use toolrelay_relay::front::Caller;
+use toolrelay_relay::front::Refusal;
+use toolrelay_relay::front::limits::client_key;
+use toolrelay_relay::front::random_id;
+use toolrelay_relay::front::store::{McpSessionCaps, McpSessionStore, McpSessionsFull};
+use toolrelay_relay::front::{Clock, Timestamp};
 
 use crate::api::State;
 

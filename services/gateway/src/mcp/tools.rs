@@ -14,9 +14,9 @@ use rmcp::model::{
 use rmcp::service::{RequestContext, SubscriptionContext};
 use serde_json::{Value, json};
 use toolrelay::wire::{FunctionSpec, ToolHints};
-use toolrelay_relay::builtin::{FailureCode, Scope};
-use toolrelay_relay::ops::{AwaitResponse, CallTool, CancelRequest, GetManifest, Submit};
-use toolrelay_relay::{CallInput, Caller, ErrorCode, ErrorInfo, ErrorKind, RelayApi};
+use toolrelay_relay::front::ops::{AwaitResponse, CallTool, CancelRequest, GetManifest, Submit};
+use toolrelay_relay::front::{CallInput, Caller, ErrorCode, ErrorInfo, ErrorKind, RelayApi};
+use toolrelay_relay::front::{FailureCode, Scope};
 
 use super::{McpRequest, RelayMcp, caller_of, mcp_session_of, request_of};
 use crate::types::CallResponse;

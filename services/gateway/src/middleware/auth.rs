@@ -9,9 +9,9 @@ use std::sync::Arc;
 
 use poem::http::{Method, StatusCode, header};
 use poem::{Endpoint, IntoResponse, Request, Response};
-use toolrelay_relay::ErrorCode;
-pub use toolrelay_relay::access::ApiKeys;
-use toolrelay_relay::builtin::FailureCode;
+pub use toolrelay_relay::front::ApiKeys;
+use toolrelay_relay::front::ErrorCode;
+use toolrelay_relay::front::FailureCode;
 
 use crate::error::error_response;
 

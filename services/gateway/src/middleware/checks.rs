@@ -16,8 +16,8 @@ use std::sync::Arc;
 
 use poem::http::{Method, StatusCode, header};
 use poem::{Endpoint, IntoResponse, Request, Response};
-use toolrelay_relay::metrics::Refusal;
-use toolrelay_relay::{ErrorCode, Metrics};
+use toolrelay_relay::front::Refusal;
+use toolrelay_relay::front::{ErrorCode, Metrics};
 
 use crate::api::State;
 use crate::config::{ENV_ALLOWED_HOSTS, ENV_PUBLIC_BASE_URL, bare_host};

@@ -14,9 +14,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use poem::{Endpoint, IntoResponse, Request, Response};
-use toolrelay_relay::builtin::FailureCode;
-use toolrelay_relay::metrics::RouteLabel;
-use toolrelay_relay::{ErrorCode, Metrics};
+use toolrelay_relay::front::FailureCode;
+use toolrelay_relay::front::RouteLabel;
+use toolrelay_relay::front::{ErrorCode, Metrics};
 
 /// The route templates of the paths the gateway serves.
 pub struct Routes {
@@ -175,7 +175,7 @@ mod tests {
 
     #[test]
     fn errors_are_named_by_the_code_their_response_carries() {
-        use toolrelay_relay::builtin::ToolCode;
+        use toolrelay_relay::front::ToolCode;
         // The body is never read: an answer that carries no code is `other`.
         let refusal = || {
             Response::builder()

@@ -23,7 +23,9 @@ pub mod rules;
 mod traits;
 
 pub use rules::{BUILTIN_LEASE, RateBudget};
-pub use traits::{BudgetStore, McpSessionStore, Reachable, SessionStore, Store, TicketStore};
+pub use traits::{
+    BudgetStore, FrontStore, McpSessionStore, Reachable, SessionStore, Store, TicketStore,
+};
 
 use std::pin::Pin;
 use std::time::Duration;

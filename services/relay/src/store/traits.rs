@@ -414,12 +414,19 @@ pub trait BudgetStore: Reachable {
     ) -> Result<Option<Duration>, StoreError>;
 }
 
+/// What a front end (the gateway) keeps in the store: claim checks, MCP client sessions and
+/// rate budgets, each with the store's reachability. Sessions, calls and answers it reaches
+/// only through the relay's operations. An `Arc<dyn Store>` gives it as `Arc<dyn FrontStore>`.
+pub trait FrontStore: TicketStore + McpSessionStore + BudgetStore {}
+
+impl<T: TicketStore + McpSessionStore + BudgetStore> FrontStore for T {}
+
 /// The whole store: what the relay holds. Anything implementing the four parts is one, and an
 /// `Arc<dyn Store>` gives each part as `Arc<dyn BudgetStore>` (and so on) to what needs only
 /// that.
-pub trait Store: SessionStore + TicketStore + McpSessionStore + BudgetStore {}
+pub trait Store: SessionStore + FrontStore {}
 
-impl<T: SessionStore + TicketStore + McpSessionStore + BudgetStore> Store for T {}
+impl<T: SessionStore + FrontStore> Store for T {}
 
 /// Calls `$callback!` once per part of the store's interface with every method of that part
 /// (its arguments, its output inside `Result<_, StoreError>`, and after `=>` the
