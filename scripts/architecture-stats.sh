@@ -78,3 +78,11 @@ printf 'relay modules the gateway names           %s  (%s)\n' "$(grep -c . <<<"$
 # Ways to serve the gateway: public async functions of its server module.
 entries=$(grep -c -E '^pub async fn' services/gateway/src/server.rs || true)
 printf 'ways to serve the gateway                 %s\n' "$entries"
+
+# What adding a store method takes: the places that write one, `touch_mcp_session` say, in the
+# store, its wrappers, the metrics and the relay's tests (its callers aside): its entry in the
+# list services/relay/src/store/traits.rs declares it, and the two stores implement it.
+written=$(grep -rn -w -e touch_mcp_session -e TouchMcpSession services/relay/src/store \
+  services/relay/src/metrics services/relay/tests | grep -v -E '\.touch_mcp_session\(' || true)
+printf 'places that write a store method          %s\n' "$(grep -c . <<<"$written" || true)"
+[[ -z $written ]] || sed 's/^/    /' <<<"$written" | cut -c1-120

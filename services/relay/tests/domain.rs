@@ -609,239 +609,44 @@ async fn calls_that_expire_unobserved_are_eventually_dropped() {
 /// other's ProviderChanged and both close, leaving the session without a provider.
 #[tokio::test(start_paused = true)]
 async fn overlapping_attaches_leave_one_connection_standing() {
-    use toolrelay::wire::ToolResponse;
+    use toolrelay::wire::{RequestStatus, ToolResponse};
     use toolrelay_relay::error::StoreError;
+    use toolrelay_relay::metrics::StoreOperation;
     use toolrelay_relay::store::{
         Answerer, ApprovalChange, ApprovalState, BudgetStore, Claim, EnqueueChecks, Enqueued,
-        EventStream, Finished, McpSessionStore, NewRequest, ProviderInfo, Reachable, RequestRecord,
-        SessionRecord, SessionStore, StoreUsage, TicketStore,
+        EventStream, Finished, Inserted, McpSessionCaps, McpSessionStore, McpSessionsFull,
+        NewRequest, ProviderInfo, RateBudget, Reachable, RequestRecord, RoutedAnswer,
+        SessionRecord, SessionStore, StoreUsage, TabState, TicketStore,
     };
     use toolrelay_relay::{SessionCode, Timestamp};
     struct Slow(Arc<Mem>);
-    #[async_trait::async_trait]
-    impl Reachable for Slow {
-        async fn ping(&self) -> Result<(), StoreError> {
-            self.0.ping().await
-        }
+    /// Each method forwards to the memory store; `set_provider` first yields, as a store round
+    /// trip (Redis) is a suspension point.
+    macro_rules! slowed {
+        () => {};
+        ($(#[$part_meta:meta])* $part:ident [$($bound:tt)*] {
+            $(
+                $(#[$meta:meta])*
+                fn $method:ident(&self $(, $arg:ident: $type:ty)* $(,)?)
+                    -> $output:ty => $operation:ident $body:tt
+            )*
+        } $($rest:tt)*) => {
+            #[async_trait::async_trait]
+            impl $part for Slow {
+                $(
+                    $(#[$meta])*
+                    async fn $method(&self $(, $arg: $type)*) -> Result<$output, StoreError> {
+                        if StoreOperation::$operation == StoreOperation::SetProvider {
+                            tokio::task::yield_now().await;
+                        }
+                        self.0.$method($($arg),*).await
+                    }
+                )*
+            }
+            slowed! { $($rest)* }
+        };
     }
-    #[async_trait::async_trait]
-    impl SessionStore for Slow {
-        async fn insert_session_within(
-            &self,
-            s: SessionRecord,
-            max_live: usize,
-        ) -> Result<toolrelay_relay::store::Inserted, StoreError> {
-            self.0.insert_session_within(s, max_live).await
-        }
-        async fn session(&self, c: &SessionCode) -> Result<Option<SessionRecord>, StoreError> {
-            self.0.session(c).await
-        }
-        async fn session_by_handle(&self, h: &str) -> Result<Option<SessionCode>, StoreError> {
-            self.0.session_by_handle(h).await
-        }
-        async fn touch_session(
-            &self,
-            c: &SessionCode,
-            n: Timestamp,
-            u: Timestamp,
-            s: Option<&str>,
-        ) -> Result<Option<SessionRecord>, StoreError> {
-            self.0.touch_session(c, n, u, s).await
-        }
-        async fn delete_session(&self, c: &SessionCode) -> Result<bool, StoreError> {
-            self.0.delete_session(c).await
-        }
-        async fn set_provider(
-            &self,
-            c: &SessionCode,
-            p: ProviderInfo,
-        ) -> Result<Option<SessionRecord>, StoreError> {
-            // a store round trip (Redis) is a suspension point
-            tokio::task::yield_now().await;
-            self.0.set_provider(c, p).await
-        }
-        async fn set_token(&self, c: &SessionCode, hash: &str) -> Result<bool, StoreError> {
-            self.0.set_token(c, hash).await
-        }
-        async fn clear_provider(&self, c: &SessionCode, id: &str) -> Result<(), StoreError> {
-            self.0.clear_provider(c, id).await
-        }
-        async fn set_manifest(
-            &self,
-            c: &SessionCode,
-            m: String,
-        ) -> Result<Option<u64>, StoreError> {
-            self.0.set_manifest(c, m).await
-        }
-        async fn manifest(
-            &self,
-            c: &SessionCode,
-        ) -> Result<Option<(u64, Option<String>)>, StoreError> {
-            self.0.manifest(c).await
-        }
-        async fn enqueue_checked(
-            &self,
-            c: &SessionCode,
-            r: &NewRequest,
-            m: usize,
-            u: Timestamp,
-            checks: EnqueueChecks,
-        ) -> Result<(Enqueued, Option<SessionRecord>), StoreError> {
-            self.0.enqueue_checked(c, r, m, u, checks).await
-        }
-        async fn approvals(&self, c: &SessionCode) -> Result<Option<ApprovalState>, StoreError> {
-            self.0.approvals(c).await
-        }
-        async fn change_approvals(
-            &self,
-            c: &SessionCode,
-            change: &ApprovalChange,
-            now: Timestamp,
-        ) -> Result<Option<bool>, StoreError> {
-            self.0.change_approvals(c, change, now).await
-        }
-        async fn request(
-            &self,
-            c: &SessionCode,
-            id: &str,
-        ) -> Result<Option<RequestRecord>, StoreError> {
-            self.0.request(c, id).await
-        }
-        async fn responses(
-            &self,
-            c: &SessionCode,
-            caller: Option<&str>,
-        ) -> Result<Option<Vec<ToolResponse>>, StoreError> {
-            self.0.responses(c, caller).await
-        }
-        async fn pending_count(&self, c: &SessionCode) -> Result<Option<usize>, StoreError> {
-            self.0.pending_count(c).await
-        }
-        async fn claim(
-            &self,
-            c: &SessionCode,
-            cl: &Claim,
-        ) -> Result<Vec<RequestRecord>, StoreError> {
-            self.0.claim(c, cl).await
-        }
-        async fn finish(
-            &self,
-            c: &SessionCode,
-            id: &str,
-            s: RequestStatus,
-            r: toolrelay::wire::ToolResponse,
-            a: Answerer<'_>,
-            n: Timestamp,
-            u: Timestamp,
-        ) -> Result<Finished, StoreError> {
-            self.0.finish(c, id, s, r, a, n, u).await
-        }
-        async fn subscribe(&self, c: &SessionCode) -> Result<Option<EventStream>, StoreError> {
-            self.0.subscribe(c).await
-        }
-        async fn listen(&self, c: &SessionCode) -> Result<EventStream, StoreError> {
-            self.0.listen(c).await
-        }
-        async fn usage(&self) -> Result<StoreUsage, StoreError> {
-            self.0.usage().await
-        }
-        async fn lease_builtin(
-            &self,
-            code: &SessionCode,
-            id: &str,
-            holder: &str,
-            now: Timestamp,
-            until: Timestamp,
-        ) -> Result<Option<RequestRecord>, StoreError> {
-            self.0.lease_builtin(code, id, holder, now, until).await
-        }
-    }
-    #[async_trait::async_trait]
-    impl TicketStore for Slow {
-        async fn put_ticket(
-            &self,
-            scope: &str,
-            id: &str,
-            value: Arc<Value>,
-            expires_at: Timestamp,
-        ) -> Result<(), StoreError> {
-            self.0.put_ticket(scope, id, value, expires_at).await
-        }
-        async fn ticket(&self, scope: &str, id: &str) -> Result<Option<Arc<Value>>, StoreError> {
-            self.0.ticket(scope, id).await
-        }
-    }
-    #[async_trait::async_trait]
-    impl McpSessionStore for Slow {
-        async fn open_mcp_session(
-            &self,
-            slot: &str,
-            address: &str,
-            caps: toolrelay_relay::store::McpSessionCaps,
-            expires_at: Timestamp,
-        ) -> Result<Result<(), toolrelay_relay::store::McpSessionsFull>, StoreError> {
-            self.0
-                .open_mcp_session(slot, address, caps, expires_at)
-                .await
-        }
-        async fn put_mcp_session(
-            &self,
-            id: &str,
-            slot: &str,
-            address: &str,
-            state: String,
-            expires_at: Timestamp,
-        ) -> Result<(), StoreError> {
-            self.0
-                .put_mcp_session(id, slot, address, state, expires_at)
-                .await
-        }
-        async fn touch_mcp_session(
-            &self,
-            id: &str,
-            expires_at: Timestamp,
-        ) -> Result<bool, StoreError> {
-            self.0.touch_mcp_session(id, expires_at).await
-        }
-        async fn mcp_session(&self, id: &str) -> Result<Option<String>, StoreError> {
-            self.0.mcp_session(id).await
-        }
-        async fn delete_mcp_session(&self, id: &str) -> Result<(), StoreError> {
-            self.0.delete_mcp_session(id).await
-        }
-    }
-    #[async_trait::async_trait]
-    impl BudgetStore for Slow {
-        async fn lock(
-            &self,
-            key: &str,
-            holder: &str,
-            until: Timestamp,
-        ) -> Result<bool, StoreError> {
-            self.0.lock(key, holder, until).await
-        }
-        async fn unlock(&self, key: &str, holder: &str) -> Result<(), StoreError> {
-            self.0.unlock(key, holder).await
-        }
-        async fn spend(
-            &self,
-            key: &str,
-            budget: toolrelay_relay::store::RateBudget,
-            now: toolrelay_relay::clock::Timestamp,
-        ) -> Result<Option<std::time::Duration>, StoreError> {
-            self.0.spend(key, budget, now).await
-        }
-        async fn take_place(
-            &self,
-            set: &str,
-            member: &str,
-            cap: usize,
-            now: Timestamp,
-            expires_at: Timestamp,
-        ) -> Result<bool, StoreError> {
-            self.0.take_place(set, member, cap, now, expires_at).await
-        }
-    }
+    toolrelay_relay::store_methods!(slowed);
     let config = RelayConfig::default();
     let clock = Clock::new();
     let relay = Relay::new(

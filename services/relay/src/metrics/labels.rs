@@ -269,66 +269,38 @@ impl MipOutcome {
     }
 }
 
+/// Writes [`StoreOperation`] from the store's list of methods ([`crate::store_methods`]): one
+/// variant per method (its name after `=>`), labelled with the method's name.
 macro_rules! store_operations {
-    ($($variant:ident = $name:literal,)*) => {
+    ($(
+        $(#[$part_meta:meta])*
+        $part:ident [$($bound:tt)*] {
+            $(
+                $(#[$meta:meta])*
+                fn $method:ident(&self $(, $arg:ident: $type:ty)* $(,)?)
+                    -> $output:ty => $operation:ident $body:tt
+            )*
+        }
+    )*) => {
         /// A [`Store`](crate::store::Store) operation:
         /// `toolrelay_store_operation_duration_seconds{operation}`.
         #[derive(Debug, Clone, Copy, PartialEq, Eq)]
         #[allow(missing_docs)] // each is the store method of that name
-        pub enum StoreOperation { $($variant,)* }
+        pub enum StoreOperation { $($($operation,)*)* }
 
         impl StoreOperation {
-            /// Every operation, in declaration order.
-            pub const ALL: &[StoreOperation] = &[$(StoreOperation::$variant,)*];
+            /// Every operation, in the list's order.
+            pub const ALL: &[StoreOperation] = &[$($(StoreOperation::$operation,)*)*];
 
             /// The label value: the store method's name.
             pub const fn as_str(self) -> &'static str {
-                match self { $(StoreOperation::$variant => $name,)* }
+                match self { $($(StoreOperation::$operation => stringify!($method),)*)* }
             }
         }
     };
 }
 
-store_operations! {
-    InsertSession = "insert_session",
-    Session = "session",
-    SessionByHandle = "session_by_handle",
-    TouchSession = "touch_session",
-    Refresh = "refresh",
-    KeepReplica = "keep_replica",
-    LiveReplicas = "live_replicas",
-    DeleteSession = "delete_session",
-    SetProvider = "set_provider",
-    ClearProvider = "clear_provider",
-    SetToken = "set_token",
-    SetManifest = "set_manifest",
-    Manifest = "manifest",
-    Enqueue = "enqueue",
-    Approvals = "approvals",
-    ChangeApprovals = "change_approvals",
-    Request = "request",
-    Responses = "responses",
-    PendingCount = "pending_count",
-    LeaseBuiltin = "lease_builtin",
-    Claim = "claim",
-    Finish = "finish",
-    Subscribe = "subscribe",
-    Listen = "listen",
-    AcceptRouted = "accept_routed",
-    Ping = "ping",
-    Usage = "usage",
-    PutTicket = "put_ticket",
-    Ticket = "ticket",
-    OpenMcpSession = "open_mcp_session",
-    PutMcpSession = "put_mcp_session",
-    TouchMcpSession = "touch_mcp_session",
-    McpSession = "mcp_session",
-    DeleteMcpSession = "delete_mcp_session",
-    Lock = "lock",
-    Unlock = "unlock",
-    Spend = "spend",
-    TakePlace = "take_place",
-}
+crate::store_methods!(store_operations);
 
 /// A route template as a label value (`/api/sessions/{code}/call`, `other`): cheap to clone,
 /// so counting a request allocates nothing. Made from the route table, never from a path.

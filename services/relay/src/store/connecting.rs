@@ -21,7 +21,6 @@ use serde_json::Value;
 use tokio::sync::watch;
 use toolrelay::wire::{RequestStatus, ToolResponse};
 
-use super::traits::store_methods;
 use super::{
     Answerer, ApprovalChange, ApprovalState, BudgetStore, Claim, EnqueueChecks, Enqueued,
     EventStream, Finished, Inserted, McpSessionCaps, McpSessionStore, McpSessionsFull, NewRequest,
@@ -168,17 +167,20 @@ impl Reachable for Connecting {
     }
 }
 
-/// Writes `impl $part for Connecting`: each method forwards to the connected store, noting a
+/// Writes `impl $part for Connecting` for each part of the store's interface: each method forwards to the connected store, noting a
 /// refusal because it is full. `Reachable` is written by hand above.
 macro_rules! forwarded {
-    (Reachable { $($ignored:tt)* }) => {};
-    ($part:ident {
+    ($(#[$part_meta:meta])* Reachable [$($bound:tt)*] { $($ignored:tt)* } $($rest:tt)*) => {
+        forwarded! { $($rest)* }
+    };
+    () => {};
+    ($(#[$part_meta:meta])* $part:ident [$($bound:tt)*] {
         $(
             $(#[$meta:meta])*
             fn $method:ident(&self $(, $arg:ident: $type:ty)* $(,)?)
-                -> $output:ty => $operation:ident;
+                -> $output:ty => $operation:ident $body:tt
         )*
-    }) => {
+    } $($rest:tt)*) => {
         #[async_trait]
         impl $part for Connecting {
             $(
@@ -188,10 +190,11 @@ macro_rules! forwarded {
                 }
             )*
         }
+        forwarded! { $($rest)* }
     };
 }
 
-store_methods!(forwarded);
+crate::store_methods!(forwarded);
 
 #[cfg(test)]
 mod tests {

@@ -10,7 +10,6 @@ use async_trait::async_trait;
 use serde_json::Value;
 use toolrelay::wire::{RequestStatus, ToolResponse};
 
-use super::traits::store_methods;
 use super::{
     Answerer, ApprovalChange, ApprovalState, BudgetStore, Claim, EnqueueChecks, Enqueued,
     EventStream, Finished, Inserted, McpSessionCaps, McpSessionStore, McpSessionsFull, NewRequest,
@@ -54,16 +53,17 @@ impl Observed {
     }
 }
 
-/// Writes `impl $part for Observed`: each listed method forwards to the inner store, timed as
+/// Writes `impl $part for Observed` for each part of the store's interface: each method forwards to the inner store, timed as
 /// the operation named after `=>`.
 macro_rules! measured {
-    ($part:ident {
+    () => {};
+    ($(#[$part_meta:meta])* $part:ident [$($bound:tt)*] {
         $(
             $(#[$meta:meta])*
             fn $method:ident(&self $(, $arg:ident: $type:ty)* $(,)?)
-                -> $output:ty => $operation:ident;
+                -> $output:ty => $operation:ident $body:tt
         )*
-    }) => {
+    } $($rest:tt)*) => {
         #[async_trait]
         impl $part for Observed {
             $(
@@ -73,7 +73,8 @@ macro_rules! measured {
                 }
             )*
         }
+        measured! { $($rest)* }
     };
 }
 
-store_methods!(measured);
+crate::store_methods!(measured);
