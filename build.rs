@@ -17,7 +17,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // `Channel` and call `RelayClient::new(channel)` instead.
         .build_transport(false)
         // The relay's server routes each RPC to its operation unit itself
-        // (services/relay/src/grpc.rs): only the client is generated.
+        // (services/relay/src/transport/grpc.rs): only the client is generated.
         .build_server(false)
         .compile_with_config(config, &protos, &includes)?;
 

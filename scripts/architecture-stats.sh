@@ -12,7 +12,7 @@ sources() {
 }
 
 # The files (besides proto/) that mention a relay operation by its Rust name: its method
-# (snake_case) or its unit (CamelCase, services/relay/src/operation.rs). The store's methods
+# (snake_case) or its unit (CamelCase, services/relay/src/ops/operation.rs). The store's methods
 # share some names and are not the operation.
 operation_files() {
   local name=$1 unit=$2
@@ -59,14 +59,16 @@ printf 'tests in tests/tests                      %s  (%s test functions, %s sto
 
 # Checks a unit writes by hand instead of declaring them (`Operation::CHECKS`, applied by
 # `operation::run`): budgets admitted and the guard called in services/relay/src/ops/.
-by_hand=$(grep -n -E '\.admit(_session|_tool_call)?\(|\.guarded(_provider)?\(' services/relay/src/ops/*.rs || true)
+by_hand=$(grep -n -E '\.admit(_session|_tool_call)?\(|\.guarded(_provider)?\(' services/relay/src/ops/*.rs |
+  grep -v '^services/relay/src/ops/operation.rs:' || true)
 printf 'checks written by hand in units          %s\n' "$(grep -c . <<<"$by_hand" || true)"
 [[ -z $by_hand ]] || sed 's/^/    /' <<<"$by_hand"
 
 # What the domain imports of the wire (tonic, protobuf, the gRPC client): none.
-wire=$(grep -l -E 'tonic|prost|toolrelay::proto|RemoteRelay' services/relay/src/relay/*.rs || true)
+domain=$(find services/relay/src/domain -name '*.rs' | sort)
+wire=$(grep -l -E 'tonic|prost|toolrelay::proto|RemoteRelay' $domain || true)
 printf 'domain files naming wire code             %s of %s\n' "$(grep -c . <<<"$wire" || true)" \
-  "$(ls services/relay/src/relay/*.rs | wc -l)"
+  "$(wc -l <<<"$domain")"
 [[ -z $wire ]] || sed 's/^/    /' <<<"$wire"
 
 # Relay modules a front end names (the gateway, its binary aside): only `front`.
@@ -83,6 +85,6 @@ printf 'ways to serve the gateway                 %s\n' "$entries"
 # store, its wrappers, the metrics and the relay's tests (its callers aside): its entry in the
 # list services/relay/src/store/traits.rs declares it, and the two stores implement it.
 written=$(grep -rn -w -e touch_mcp_session -e TouchMcpSession services/relay/src/store \
-  services/relay/src/metrics services/relay/tests | grep -v -E '\.touch_mcp_session\(' || true)
+  services/relay/src/process/metrics services/relay/tests | grep -v -E '\.touch_mcp_session\(' || true)
 printf 'places that write a store method          %s\n' "$(grep -c . <<<"$written" || true)"
 [[ -z $written ]] || sed 's/^/    /' <<<"$written" | cut -c1-120
