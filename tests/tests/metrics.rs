@@ -244,7 +244,7 @@ async fn a_scripted_run_shows_exactly_its_counts() {
     assert!(
         page.sum(
             "toolrelay_store_operation_duration_seconds_count",
-            &[("operation", "enqueue")]
+            &[("operation", "enqueue_checked")]
         ) >= 5.0
     );
 
