@@ -16,7 +16,6 @@
 //! driver dropped without having run is spawned, so a link taken apart or dropped still
 //! detaches cleanly.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -36,6 +35,14 @@ use crate::store::{
 
 pub use crate::downlink::{Downlink, Refusal, receipt};
 
+mod delivered;
+mod retry;
+mod shown;
+
+use delivered::Delivered;
+use retry::{Delivery, Retry};
+use shown::Shown;
+
 /// Frames a slow provider may fall behind by before the driver waits for it.
 const DOWNLINK_BUFFER: usize = 128;
 /// Frames from the provider waiting to be handled.
@@ -45,11 +52,6 @@ const CLAIM_BATCH: usize = 32;
 /// Most calls a redelivering claim hands out (one claim: it would return the same calls
 /// again in batches). Far above what a session may have waiting.
 const REDELIVER_LIMIT: usize = 100_000;
-/// The first wait before a driver retries a claim that failed on a store error; it doubles
-/// up to [`RETRY_MAX`] while the store stays unavailable.
-const RETRY_START: Duration = Duration::from_millis(250);
-/// The longest wait between a driver's retries.
-const RETRY_MAX: Duration = Duration::from_secs(5);
 
 /// One attached provider connection, as its transport sees it.
 #[derive(Debug)]
@@ -220,9 +222,8 @@ impl Relay {
             connection_id: connection_id.clone(),
             transport,
             down: down_tx,
-            outstanding: std::sync::Mutex::default(),
+            known: Box::default(),
             watch: attended.watch.clone(),
-            memory: Box::default(),
         };
         let driver = LinkDriver(Some(Box::new(Start {
             driver,
@@ -253,109 +254,26 @@ struct Driver {
     connection_id: String,
     transport: Transport,
     down: Sender<Downlink>,
-    /// Calls delivered to this connection and not answered yet: each holds a stopping relay
-    /// open until it is answered (by any path) or the drain ends, and counts in the queue
-    /// depth. A std mutex: held for one map operation, never across an `.await`.
-    outstanding: std::sync::Mutex<HashMap<String, (Hold, Connected)>>,
+    /// What it knows of its connection (boxed: an idle tab's task keeps the driver). A std
+    /// mutex: held for a few map operations, never across an `.await`.
+    known: Box<std::sync::Mutex<Known>>,
     /// What it shares with the replica's upkeep: when the session expires, whether to look.
     watch: std::sync::Arc<Watch>,
-    /// What it remembers (boxed: an idle tab's task keeps the driver).
-    memory: Box<std::sync::Mutex<Memory>>,
 }
 
-/// What a driver remembers of what it did.
+/// What a driver knows of its connection, with no IO in it.
 #[derive(Default)]
-struct Memory {
-    /// The calls answered last (at most [`ANSWERED_KEPT`]): an event that handed one over may
-    /// come after a redelivery sent it and its answer came back, and must not send it again.
-    answered: std::collections::VecDeque<String>,
+struct Known {
+    /// The calls delivered to this connection and not answered yet, each holding a stopping
+    /// relay open until it is answered (by any path) or the drain ends and counted in the
+    /// queue depth; and the ones it answered last.
+    delivered: Delivered<(Hold, Connected)>,
     /// What the tab was last shown of the session's approvals (`None`: nothing yet).
     shown: Option<Shown>,
 }
 
-/// What a tab was last shown of its session's approvals.
-#[derive(Default)]
-struct Shown {
-    /// The question shown: its number and caller.
-    asking: Option<(u64, String)>,
-    /// The allowed callers and whether new ones are refused.
-    callers: Option<(Vec<toolrelay::wire::CallerCard>, bool)>,
-}
-
-/// Answered calls a driver remembers (see `Driver::answered`).
-const ANSWERED_KEPT: usize = 256;
-
 /// The provider went away while the driver was sending.
 struct Gone;
-
-/// How a delivery went.
-enum Delivered {
-    /// Every claimable call was sent.
-    All,
-    /// The store failed: try again soon.
-    Failed,
-}
-
-/// A driver's retries after a store error. A failed operation may still have run in the
-/// store (a claim whose reply timed out), so the delivery after one is a redelivering one;
-/// it is due after a wait that doubles from [`RETRY_START`] to [`RETRY_MAX`] while the
-/// store keeps failing, and nothing is owed once a redelivering delivery goes through.
-struct Retry {
-    /// Made at the first failure, boxed: an idle tab's task keeps it.
-    sleep: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
-    wait: Duration,
-    /// A redelivering delivery is owed.
-    owed: bool,
-    /// The sleep runs.
-    armed: bool,
-}
-
-impl Retry {
-    fn new() -> Self {
-        Self {
-            sleep: None,
-            wait: RETRY_START,
-            owed: false,
-            armed: false,
-        }
-    }
-
-    /// A store operation failed: a redelivering delivery is owed, at the next wait.
-    fn failed(&mut self) {
-        self.owed = true;
-        if !self.armed {
-            let due = tokio::time::Instant::now() + self.wait;
-            match &mut self.sleep {
-                Some(sleep) => sleep.as_mut().reset(due),
-                None => self.sleep = Some(Box::pin(tokio::time::sleep_until(due))),
-            }
-            self.wait = (self.wait * 2).min(RETRY_MAX);
-            self.armed = true;
-        }
-    }
-
-    /// What a delivery (redelivering or not) came to.
-    fn after(&mut self, redelivered: bool, delivered: Delivered) {
-        match delivered {
-            Delivered::Failed => self.failed(),
-            Delivered::All if redelivered => {
-                self.owed = false;
-                self.armed = false;
-                self.wait = RETRY_START;
-            }
-            Delivered::All => {}
-        }
-    }
-
-    /// Completes when an armed retry is due (and disarms it); never while unarmed.
-    async fn due(&mut self) {
-        match &mut self.sleep {
-            Some(sleep) if self.armed => sleep.as_mut().await,
-            _ => return std::future::pending().await,
-        }
-        self.armed = false;
-    }
-}
 
 impl Driver {
     async fn run(
@@ -443,7 +361,7 @@ impl Driver {
         loop {
             // A relay handing its tabs over tells this one to move once what it was given is
             // answered: it reconnects to another relay, which delivers its queued calls.
-            if moving && self.outstanding().is_empty() {
+            if moving && self.known().delivered.is_empty() {
                 Box::pin(self.send(Downlink::Restarting)).await?;
                 return Ok(Ending::Moved);
             }
@@ -474,7 +392,7 @@ impl Driver {
                     // outlived the loss still come.)
                     Some(SessionEvent::CallHanded(record)) => {
                         let mine = record.delivered_to.as_deref() == Some(self.connection_id.as_str());
-                        if mine && !self.outstanding().contains_key(&record.id) && !self.was_answered(&record.id) {
+                        if mine && self.known().delivered.is_new(&record.id) {
                             Box::pin(self.forward(vec![*record])).await?;
                         }
                     }
@@ -512,7 +430,7 @@ impl Driver {
                     // The session has calls this connection does not know of: an event that
                     // handed one over was lost.
                     Some(Notice::Pending(pending)) => {
-                        if usize::try_from(pending).unwrap_or(usize::MAX) > self.outstanding().len() {
+                        if usize::try_from(pending).unwrap_or(usize::MAX) > self.known().delivered.len() {
                             Box::pin(self.forget_answered()).await;
                             Box::pin(self.deliver_or_retry(&mut retry, true)).await?;
                         }
@@ -636,10 +554,10 @@ impl Driver {
     /// to this connection that this driver never sent: a claim whose reply timed out, or an
     /// event that handed one over, may have been lost. (The ones it did send, the provider
     /// has: it sends their answers until they are acknowledged.)
-    async fn deliver(&self, redeliver: bool) -> Result<Delivered, Gone> {
+    async fn deliver(&self, redeliver: bool) -> Result<Delivery, Gone> {
         loop {
             if self.relay.drain().is_handing_over() {
-                return Ok(Delivered::All);
+                return Ok(Delivery::All);
             }
             let now = self.relay.now();
             let claim = Claim {
@@ -660,21 +578,21 @@ impl Driver {
                 Err(error) => {
                     tracing::warn!(code = %self.code.redacted(), %error, "could not claim calls for the provider");
                     self.watch.doubt();
-                    return Ok(Delivered::Failed);
+                    return Ok(Delivery::Failed);
                 }
             };
             let full = !redeliver && claimed.len() >= CLAIM_BATCH;
             let fresh: Vec<_> = {
-                let outstanding = self.outstanding();
+                let known = self.known();
                 claimed
                     .into_iter()
-                    .filter(|record| !outstanding.contains_key(&record.id))
+                    .filter(|record| !known.delivered.holds(&record.id))
                     .collect()
             };
             self.forward(fresh).await?;
             // A redelivering claim took everything claimable at once.
             if !full {
-                return Ok(Delivered::All);
+                return Ok(Delivery::All);
             }
         }
     }
@@ -696,7 +614,7 @@ impl Driver {
                 self.relay.drain().hold(),
                 self.relay.metrics().call_handed(),
             );
-            self.outstanding().insert(record.id.clone(), held);
+            self.known().delivered.deliver(record.id.clone(), held);
         }
         for record in calls {
             self.send(Downlink::ToolRequest {
@@ -726,10 +644,8 @@ impl Driver {
         AnsweredBy::Provider(self.transport)
     }
 
-    fn outstanding(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Hold, Connected)>> {
-        self.outstanding
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    fn known(&self) -> std::sync::MutexGuard<'_, Known> {
+        crate::locked(&self.known)
     }
 
     /// A call this connection was given and has not answered was cancelled by its caller
@@ -739,7 +655,7 @@ impl Driver {
         id: &str,
         record: Option<Box<RequestRecord>>,
     ) -> Result<(), Gone> {
-        if !self.outstanding().contains_key(id) {
+        if !self.known().delivered.holds(id) {
             return Ok(());
         }
         let status = match record {
@@ -759,32 +675,15 @@ impl Driver {
         Ok(())
     }
 
-    /// A call this connection was given has its answer: it is no longer outstanding, and is
+    /// A call this connection was given has its answer: it holds nothing more, and is
     /// remembered as answered.
     fn settled(&self, id: &str) {
-        if self.outstanding().remove(id).is_some() {
-            let mut memory = self.memory();
-            let answered = &mut memory.answered;
-            if answered.len() >= ANSWERED_KEPT {
-                answered.pop_front();
-            }
-            answered.push_back(id.to_owned());
-        }
-    }
-
-    fn was_answered(&self, id: &str) -> bool {
-        self.memory().answered.iter().any(|answered| answered == id)
-    }
-
-    fn memory(&self) -> std::sync::MutexGuard<'_, Memory> {
-        self.memory
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.known().delivered.settle(id);
     }
 
     /// Stops holding the drain open for calls that have their answer (after lost events).
     async fn forget_answered(&self) {
-        let ids: Vec<String> = self.outstanding().keys().cloned().collect();
+        let ids = self.known().delivered.waiting();
         for id in ids {
             let answered = match self.relay.store().request(&self.code, &id).await {
                 Ok(Some(record)) => record.status.is_terminal(),
@@ -797,9 +696,7 @@ impl Driver {
         }
     }
 
-    /// Shows the tab what changed in its session's approvals: the question asked now (and
-    /// the end of the one shown before), the allowed callers. A tab that does not approve
-    /// callers, and never did, is shown nothing.
+    /// Shows the tab what changed in its session's approvals ([`shown::changes`]).
     async fn show_approvals(&self) -> Result<(), Gone> {
         let view = match self.relay.approval_view(&self.code).await {
             Ok(view) => view,
@@ -808,40 +705,7 @@ impl Driver {
                 return Ok(());
             }
         };
-        let mut messages = Vec::new();
-        {
-            let mut memory = self.memory();
-            // A tab that does not approve callers (and never did on this connection) hears
-            // nothing of them: a raw client's protocol stays as it was.
-            if memory.shown.is_none() && !view.approves {
-                return Ok(());
-            }
-            let shown = memory.shown.get_or_insert_with(Shown::default);
-            let asking = view
-                .asking
-                .as_ref()
-                .map(|(n, card)| (*n, card.caller_id.clone()));
-            if shown.asking != asking {
-                if let Some((n, caller)) = shown.asking.take() {
-                    let outcome = match &view.closed {
-                        Some((closed, _, outcome)) if *closed == n => outcome.clone(),
-                        _ => "timeout".to_owned(),
-                    };
-                    messages.push(Downlink::ApprovalClosed(Box::new((caller, outcome))));
-                }
-                if let Some((_, card)) = view.asking {
-                    messages.push(Downlink::ApprovalRequest(Box::new(card)));
-                }
-                shown.asking = asking;
-            }
-            let callers = Some((view.allowed, view.refused));
-            if shown.callers != callers {
-                if let Some((allowed, refused)) = &callers {
-                    messages.push(Downlink::Callers(Box::new((allowed.clone(), *refused))));
-                }
-                shown.callers = callers;
-            }
-        }
+        let messages = shown::changes(&mut self.known().shown, view);
         for message in messages {
             self.send(message).await?;
         }
@@ -894,9 +758,8 @@ mod tests {
             connection_id: "c".into(),
             transport: Transport::WebSocket,
             down,
-            outstanding: std::sync::Mutex::default(),
+            known: Box::default(),
             watch: attended.watch.clone(),
-            memory: Box::default(),
         };
         let events: EventStream = Box::pin(futures::stream::empty());
         let running = driver.run(now, events, attended, up_rx);

@@ -1,0 +1,167 @@
+//! The calls delivered to a tab's connection and not answered yet, and the ones it answered
+//! last: the one record of what the connection was given, with no IO in it.
+
+use std::collections::{HashMap, VecDeque};
+
+/// Answered calls a connection remembers (see [`Delivered::is_new`]).
+const ANSWERED_KEPT: usize = 256;
+
+/// What a connection was given: each call delivered and not answered with what it holds
+/// (`H`: the drain held open and the call counted in the queue depth, until it is answered),
+/// and the last [`ANSWERED_KEPT`] calls it answered.
+#[derive(Debug)]
+pub(super) struct Delivered<H> {
+    calls: HashMap<String, H>,
+    answered: VecDeque<String>,
+}
+
+impl<H> Default for Delivered<H> {
+    fn default() -> Self {
+        Self {
+            calls: HashMap::new(),
+            answered: VecDeque::new(),
+        }
+    }
+}
+
+impl<H> Delivered<H> {
+    /// How many calls wait for their answer.
+    pub(super) fn len(&self) -> usize {
+        self.calls.len()
+    }
+
+    /// Whether no call waits for its answer.
+    pub(super) fn is_empty(&self) -> bool {
+        self.calls.is_empty()
+    }
+
+    /// Whether call `id` was delivered and waits for its answer.
+    pub(super) fn holds(&self, id: &str) -> bool {
+        self.calls.contains_key(id)
+    }
+
+    /// Whether call `id`, handed to this connection, is news to it: neither delivered and
+    /// waiting nor answered lately (an event that handed a call over may come after a
+    /// redelivery sent it and its answer came back).
+    pub(super) fn is_new(&self, id: &str) -> bool {
+        !self.holds(id) && !self.answered.iter().any(|answered| answered == id)
+    }
+
+    /// Records call `id` as delivered, holding `held` until it is answered.
+    pub(super) fn deliver(&mut self, id: String, held: H) {
+        self.calls.insert(id, held);
+    }
+
+    /// Call `id` has its answer: it holds nothing more, and is remembered as answered.
+    /// Whether it was waiting.
+    pub(super) fn settle(&mut self, id: &str) -> bool {
+        if self.calls.remove(id).is_none() {
+            return false;
+        }
+        if self.answered.len() >= ANSWERED_KEPT {
+            self.answered.pop_front();
+        }
+        self.answered.push_back(id.to_owned());
+        true
+    }
+
+    /// The calls waiting for their answer.
+    pub(super) fn waiting(&self) -> Vec<String> {
+        self.calls.keys().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One step of a connection's record of what it was given, and what it then says.
+    enum Step {
+        Deliver(&'static str),
+        Settle(&'static str, bool),
+        Expect {
+            waiting: usize,
+            new: &'static [&'static str],
+            known: &'static [&'static str],
+        },
+    }
+
+    fn run(steps: &[Step]) {
+        let mut delivered = Delivered::<()>::default();
+        for (n, step) in steps.iter().enumerate() {
+            match step {
+                Step::Deliver(id) => delivered.deliver((*id).to_owned(), ()),
+                Step::Settle(id, was_waiting) => {
+                    assert_eq!(delivered.settle(id), *was_waiting, "step {n}: settle {id}");
+                }
+                Step::Expect {
+                    waiting,
+                    new,
+                    known,
+                } => {
+                    assert_eq!(delivered.len(), *waiting, "step {n}: waiting");
+                    assert_eq!(delivered.is_empty(), *waiting == 0, "step {n}: empty");
+                    for id in *new {
+                        assert!(delivered.is_new(id), "step {n}: {id} should be new");
+                    }
+                    for id in *known {
+                        assert!(!delivered.is_new(id), "step {n}: {id} should be known");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_call_is_waiting_until_answered_then_known_as_answered() {
+        use Step::*;
+        run(&[
+            Expect {
+                waiting: 0,
+                new: &["a"],
+                known: &[],
+            },
+            Deliver("a"),
+            Deliver("b"),
+            Expect {
+                waiting: 2,
+                new: &["c"],
+                known: &["a", "b"],
+            },
+            // The answer, then a duplicate answer (any path may settle it first).
+            Settle("a", true),
+            Settle("a", false),
+            Expect {
+                waiting: 1,
+                new: &["c"],
+                known: &["a", "b"],
+            },
+            // An answer for a call never delivered here settles nothing.
+            Settle("x", false),
+            Expect {
+                waiting: 1,
+                new: &["x"],
+                known: &["b"],
+            },
+            Settle("b", true),
+            Expect {
+                waiting: 0,
+                new: &["c", "x"],
+                known: &["a", "b"],
+            },
+        ]);
+    }
+
+    #[test]
+    fn only_the_last_answered_calls_are_remembered() {
+        let mut delivered = Delivered::<()>::default();
+        for n in 0..=ANSWERED_KEPT {
+            delivered.deliver(n.to_string(), ());
+            assert!(delivered.settle(&n.to_string()));
+        }
+        assert!(delivered.is_new("0"), "the oldest is forgotten");
+        assert!(!delivered.is_new("1"));
+        assert!(!delivered.is_new(&ANSWERED_KEPT.to_string()));
+        assert!(delivered.waiting().is_empty());
+    }
+}
