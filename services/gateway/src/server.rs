@@ -450,7 +450,7 @@ impl Server {
 }
 
 /// Serves `server` on `public` until `shutdown` completes and the drain has run (see
-/// [`toolrelay_relay::front::serve::Drain`]): during the drain it keeps accepting connections, because tabs
+/// [`toolrelay_relay::front::Drain`]): during the drain it keeps accepting connections, because tabs
 /// still poll and answer over them, and the relay operations refuse new work; then it closes
 /// its connections. With the relay in this process its gRPC service is served beside it, and
 /// both listeners share one budget of connections (and of file descriptors).

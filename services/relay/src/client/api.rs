@@ -110,7 +110,7 @@ impl Relay {
             .await
     }
 
-    /// [`Relay::manifest_changes`] for `caller`, under the brute-force guard.
+    /// `Relay::manifest_changes` for `caller`, under the brute-force guard.
     pub async fn manifest_changes_for(
         &self,
         caller: &Caller,

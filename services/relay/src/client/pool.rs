@@ -158,7 +158,7 @@ impl RelayPool {
     }
 
     /// Runs `attempt` on a replica's channel, and on the next replica when this one did not
-    /// answer and `retry` allows it (at most [`MAX_ATTEMPTS`] replicas), or when it is draining
+    /// answer and `retry` allows it (at most `MAX_ATTEMPTS` replicas), or when it is draining
     /// and `retry` is [`Retry::Safe`] (every replica once at most).
     pub async fn run<T, F, Fut>(&self, retry: Retry, mut attempt: F) -> Result<T, Status>
     where

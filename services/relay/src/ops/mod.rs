@@ -17,7 +17,6 @@ mod builtin;
 mod calls;
 mod claims;
 mod manifests;
-/// The unit's trait, and the one place its checks are applied.
 pub mod operation;
 mod polling;
 mod sessions;

@@ -379,7 +379,7 @@ pub struct StoreUsage {
     pub sessions: usize,
 }
 
-/// A tab connection a replica serves, as [`Store::refresh`] found its session.
+/// A tab connection a replica serves, as [`SessionStore::refresh`] found its session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TabState {
     /// The connection serves the session, which has this many calls waiting for their answer

@@ -231,7 +231,7 @@ macro_rules! store_methods {
 
                 /// Makes `change` in one step at `now` — unless it carries a book and the session's
                 /// book is no longer the one it expected (then nothing changes: `Some(false)`) —
-                /// and announces [`SessionEvent::ApprovalsChanged`]; released calls are announced
+                /// and announces [`SessionEvent::ApprovalsChanged`](crate::store::SessionEvent::ApprovalsChanged); released calls are announced
                 /// as queued, or as answered. `None`: no such session.
                 fn change_approvals(
                     &self,
@@ -312,7 +312,7 @@ macro_rules! store_methods {
                 }
 
                 /// From now on, the answer to the session's call `id`
-                /// ([`SessionEvent::ResponseReady`]), the session's end and lost events, and
+                /// ([`SessionEvent::ResponseReady`](crate::store::SessionEvent::ResponseReady)), the session's end and lost events, and
                 /// nothing else: a waiting caller is woken by its own answer, not by every event of
                 /// its session. Like [`SessionStore::listen`], without looking the session up.
                 fn listen_for_answer(

@@ -1,5 +1,5 @@
 //! The transports, each a thin adapter over the operations and the domain: gRPC ([`grpc`],
-//! its messages converted in [`convert`]), the browser WebSocket ([`ws`]) whose port also
+//! its messages converted in `convert`), the browser WebSocket ([`ws`]) whose port also
 //! answers probes and scrapes ([`probes`]), and every listener's connection caps and timeouts
 //! ([`listen`]).
 

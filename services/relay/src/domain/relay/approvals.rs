@@ -4,7 +4,7 @@
 //! tab until the person answers; a guessed code gives nothing.
 //!
 //! The store keeps, per session, whether its tab approves callers, the allowed callers, the
-//! held calls, and the relay's [`Book`] of questions (opaque to it): the one question the tab
+//! held calls, and the relay's `Book` of questions (opaque to it): the one question the tab
 //! shows now, the callers waiting behind it, the denials so far. A call's approval check is
 //! part of its one enqueue round trip ([`crate::store::ApprovalCheck`]); everything here runs
 //! only for a caller not allowed yet, and for the tab's answers.

@@ -1,4 +1,4 @@
-//! The Redis [`Store`]: state shared by every relay replica (`REDIS_URL`).
+//! The Redis [`Store`](crate::store::Store): state shared by every relay replica (`REDIS_URL`).
 //!
 //! # Layout
 //! Every key starts with a configurable prefix. A session's keys carry its code as a hash tag,
@@ -35,8 +35,8 @@
 //! # Events
 //! Scripts `PUBLISH` a session's changes on its channel; each replica holds one pub/sub
 //! connection ([`hub::EventHub`]). After that connection is lost, every reader hears
-//! [`SessionEvent::Missed`] and looks again; the relay's upkeep of the tabs it serves
-//! ([`Store::refresh`]) catches anything else, at the latest when it next slides the session.
+//! [`SessionEvent::Missed`](crate::store::SessionEvent::Missed) and looks again; the relay's upkeep of the tabs it serves
+//! ([`SessionStore::refresh`]) catches anything else, at the latest when it next slides the session.
 
 mod calls;
 mod hub;
