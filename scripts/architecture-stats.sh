@@ -88,3 +88,29 @@ written=$(grep -rn -w -e touch_mcp_session -e TouchMcpSession services/relay/src
   services/relay/src/process/metrics services/relay/tests | grep -v -E '\.touch_mcp_session\(' || true)
 printf 'places that write a store method          %s\n' "$(grep -c . <<<"$written" || true)"
 [[ -z $written ]] || sed 's/^/    /' <<<"$written" | cut -c1-120
+
+# The length of function `name` in `file`: from its `fn` line to the brace that closes it at
+# the same indentation.
+fn_lines() {
+  local file=$1 name=$2
+  awk -v name="$name" '
+    !start && $0 ~ ("fn " name "[<(]") { start = NR; match($0, /^ */); indent = RLENGTH; next }
+    start && $0 ~ ("^" sprintf("%" indent "s", "") "}$") { print NR - start + 1; exit }
+  ' "$file"
+}
+
+# The longest functions on a call's path (issue 42's table: 60 lines at most).
+for path in services/relay/src/domain/relay/calls.rs:try_queue \
+  services/relay/src/transport/ws.rs:relay_frames \
+  services/relay/src/domain/provider/mod.rs:serve \
+  services/relay/src/domain/provider/mod.rs:perform \
+  services/relay/src/domain/provider/mod.rs:ask; do
+  printf 'lines of %-48s %s\n' "${path##*/}" "$(fn_lines "${path%%:*}" "${path##*:}")"
+done
+
+# Where a delivered call is tracked: the one record type (`Delivered`, each call with its hold),
+# kept by a connection's core and, in a split gateway, by its link to the relay (its own drain).
+tracked=$(grep -rn -E 'Delivered<|Delivered::<|HashMap<String, Hold>' services --include='*.rs' |
+  grep -v -e '/delivered.rs:' -e '/tests/' -e 'mod tests' || true)
+printf 'places that track a delivered call        %s\n' "$(grep -c . <<<"$tracked" || true)"
+[[ -z $tracked ]] || sed 's/^/    /' <<<"$tracked" | cut -c1-140

@@ -331,6 +331,11 @@ impl TryFrom<pb::ProviderMessage> for ProviderFrame {
                 Kind::DisconnectCaller(caller) => Self::DisconnectCaller(Box::new(CallerRef {
                     caller_id: caller.caller_id,
                 })),
+                Kind::Heard(_) => {
+                    return Err(Malformed(
+                        "`heard` comes from a front end relaying a tab, not from a provider",
+                    ));
+                }
             },
         )
     }

@@ -558,6 +558,25 @@ impl WsTab {
         .await;
     }
 
+    /// Answers a call and waits for the relay's acknowledgement: the answer is stored, and
+    /// anyone reading the call from now on sees it (frames that come first are skipped).
+    pub async fn answer_stored(&mut self, request_id: &str, result: Value) {
+        self.answer(request_id, result).await;
+        loop {
+            let frame = self
+                .next_any_frame()
+                .await
+                .expect("the relay closed the WebSocket before acknowledging the answer");
+            if frame["type"] == "ack" && frame["requestId"] == request_id {
+                assert!(
+                    frame.get("error").is_none(),
+                    "the answer was refused: {frame}"
+                );
+                return;
+            }
+        }
+    }
+
     /// Closes the socket as a tab would when its page goes away.
     pub async fn close(mut self) {
         let _ = self.socket.close(None).await;

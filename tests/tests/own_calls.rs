@@ -72,7 +72,7 @@ async fn another_user_of_the_same_assistant_cannot_read_list_or_cancel_a_call() 
     not_found(&as_user(&system, "bob", Method::GET, &one).await);
     not_found(&as_user(&system, "bob", Method::DELETE, &one).await);
 
-    tab.answer(&id, json!({"echoed": "ada's"})).await;
+    tab.answer_stored(&id, json!({"echoed": "ada's"})).await;
     let mine = as_user(&system, "ada", Method::GET, &one).await;
     assert_eq!(mine.status, StatusCode::OK, "{mine:?}");
     assert_eq!(mine.body["status"], "completed", "{mine:?}");

@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 use tokio::time::advance;
 use toolrelay::wire::{ProviderFrame, ProviderResponse, RequestStatus};
 use toolrelay_relay::builtin::{Context, Registry, Tool, ToolFailure};
+use toolrelay_relay::provider::Uplink;
 use toolrelay_relay::store::memory::MemoryStore as Mem;
 use toolrelay_relay::store::memory::{MemoryStore, StoreLimits};
 use toolrelay_relay::{
@@ -335,10 +336,10 @@ async fn a_call_waits_for_the_provider_and_gets_its_answer() {
     let id = request_id(next(&mut link).await);
     advance(Duration::from_secs(3)).await;
     link.uplink
-        .send(ProviderFrame::Response(Box::new(answer(
+        .send(Uplink::Frame(ProviderFrame::Response(Box::new(answer(
             &id,
             json!({"text": "hi"}),
-        ))))
+        )))))
         .await
         .unwrap();
     let view = caller.await.unwrap().unwrap();
@@ -514,10 +515,10 @@ async fn an_answer_sent_just_before_disconnecting_is_not_lost() {
         let call = relay.submit(code, echo("x")).await.unwrap();
         let id = request_id(next(&mut link).await);
         link.uplink
-            .send(ProviderFrame::Response(Box::new(answer(
+            .send(Uplink::Frame(ProviderFrame::Response(Box::new(answer(
                 &id,
                 json!("done"),
-            ))))
+            )))))
             .await
             .unwrap();
         drop(link); // socket closed right after the answer

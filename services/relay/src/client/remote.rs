@@ -6,7 +6,7 @@
 //!
 //! Results come back as the same domain types; errors as [`ErrorInfo`], rebuilt from the gRPC
 //! status, its `x-error` name and `retry-after`. Provider connections become a `Connect`
-//! stream whose messages are translated to and from [`Downlink`] and [`ProviderFrame`], so a
+//! stream whose messages are translated to and from [`Downlink`] and [`Uplink`], so a
 //! transport serving a tab cannot tell a remote relay from a local one.
 
 use std::sync::Arc;
@@ -21,7 +21,6 @@ use tonic::{Request, Status};
 use tonic_prost::ProstCodec;
 use toolrelay::proto::v1 as pb;
 use toolrelay::proto::v1::relay_client::RelayClient;
-use toolrelay::wire::ProviderFrame;
 
 use crate::access::{GATEWAY_PROOF_METADATA, GatewaySecrets};
 use crate::api::Outcome;
@@ -29,7 +28,7 @@ use crate::caller::{CLIENT_IDENTITY_METADATA, CLIENT_LABEL_METADATA};
 use crate::channel::channel;
 use crate::code::SessionCode;
 use crate::config::ENV_GATEWAY_SECRET;
-use crate::drain::Drain;
+use crate::drain::{Drain, Hold};
 use crate::error::{ErrorCode, ErrorInfo, RelayError};
 use crate::grpc::{
     ERROR_METADATA, PROVIDER_TOKEN_METADATA, REQUEST_ID_METADATA, RETRY_AFTER_METADATA,
@@ -38,7 +37,7 @@ use crate::grpc::{
 use crate::limits::{CLIENT_ADDRESS_METADATA, CORRELATION_ID_METADATA, Caller};
 use crate::operation::{Credential, Operation};
 use crate::pool::{RelayPool, Retry};
-use crate::provider::{Downlink, ProviderLink};
+use crate::provider::{Delivered, Downlink, ProviderLink, Uplink};
 use crate::store::Transport;
 
 /// Messages buffered between a remote `Connect` stream and its transport.
@@ -315,7 +314,7 @@ impl RemoteRelay {
         let (uplink, mut inbound) = self
             .streaming(
                 || {
-                    let (uplink, from_provider) = channel::<ProviderFrame>(LINK_BUFFER);
+                    let (uplink, from_provider) = channel::<Uplink>(LINK_BUFFER);
                     let outbound = from_provider.map(pb::ProviderMessage::from);
                     let mut request = self.request((uplink, outbound), caller, &credential);
                     let metadata = request.metadata_mut();
@@ -337,8 +336,12 @@ impl RemoteRelay {
         let code = SessionCode::parse(code).map_err(ErrorInfo::from)?;
 
         let (to_transport, downlink) = channel(LINK_BUFFER);
+        let drain = self.options.drain.clone();
         tokio::spawn(async move {
             let mut ended_by_relay = false;
+            // The calls the relay gave this tab, until it is done with their answers: each
+            // holds this process's drain open (the connection's own record is the relay's).
+            let mut delivered = Delivered::<Hold>::default();
             loop {
                 let message = tokio::select! {
                     message = inbound.next() => message,
@@ -356,6 +359,15 @@ impl RemoteRelay {
                     continue;
                 };
                 ended_by_relay = message.is_final();
+                match &message {
+                    Downlink::ToolRequest { request, .. } => {
+                        delivered.deliver(request.request_id.clone(), drain.hold());
+                    }
+                    Downlink::Ack { request_id, .. } => {
+                        delivered.settle(request_id);
+                    }
+                    _ => {}
+                }
                 if to_transport.send(message).await.is_err() {
                     break;
                 }
@@ -371,9 +383,7 @@ impl RemoteRelay {
             connection_id: String::new(),
             downlink,
             uplink,
-            // Answers go up the `Connect` stream to the relay that holds the session.
-            answers: None,
-            // It runs there too.
+            // It runs at the relay that holds the session, at the other end of the stream.
             driver: None,
         })
     }

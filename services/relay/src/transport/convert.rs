@@ -16,7 +16,7 @@ use crate::builtin::{BUILTIN_GROUP, FailureCode, FailureKind, Scope, ToolFailure
 use crate::clock::Timestamp;
 use crate::code::SessionCode;
 use crate::error::{ErrorCode, RelayError};
-use crate::provider::{Downlink, Refusal};
+use crate::provider::{Downlink, Refusal, Uplink};
 use crate::relay::{CallInput, NewSession, RequestView, SessionStatus};
 use crate::store::Transport;
 
@@ -269,6 +269,7 @@ impl From<RequestView> for pb::RequestState {
             status: pb::RequestStatus::from(view.status).into(),
             response: view.response.map(Into::into),
             provider_connected: view.provider_connected,
+            untrusted_content: view.untrusted,
         }
     }
 }
@@ -277,6 +278,7 @@ impl From<pb::RequestState> for RequestView {
     fn from(state: pb::RequestState) -> Self {
         Self {
             provider_connected: state.provider_connected,
+            untrusted: state.untrusted_content,
             status: state.status().into(),
             request_id: state.request_id,
             response: state.response.map(Into::into),
@@ -448,6 +450,28 @@ pub(crate) fn card_of(card: pb::CallerCard) -> toolrelay::wire::CallerCard {
     }
 }
 
+impl From<Uplink> for pb::ProviderMessage {
+    fn from(up: Uplink) -> Self {
+        match up {
+            Uplink::Frame(frame) => frame.into(),
+            Uplink::Heard => Self {
+                kind: Some(pb::provider_message::Kind::Heard(pb::Heard {})),
+            },
+        }
+    }
+}
+
+impl TryFrom<pb::ProviderMessage> for Uplink {
+    type Error = Malformed;
+
+    fn try_from(message: pb::ProviderMessage) -> Result<Self, Malformed> {
+        match message.kind {
+            Some(pb::provider_message::Kind::Heard(_)) => Ok(Self::Heard),
+            _ => toolrelay::wire::ProviderFrame::try_from(message).map(Self::Frame),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -560,6 +584,7 @@ mod tests {
         }
         let answered = RequestView {
             provider_connected: true,
+            untrusted: true,
             status: RequestStatus::Completed,
             request_id: "r1".into(),
             response: Some(ToolResponse {
@@ -680,9 +705,18 @@ mod tests {
         for frame in frames {
             assert_eq!(
                 ProviderFrame::try_from(pb::ProviderMessage::from(frame.clone())),
-                Ok(frame)
+                Ok(frame.clone())
+            );
+            let up = Uplink::Frame(frame);
+            assert_eq!(
+                Uplink::try_from(pb::ProviderMessage::from(up.clone())),
+                Ok(up)
             );
         }
+        // What a front end says of a tab it relays is no provider frame.
+        let heard = pb::ProviderMessage::from(Uplink::Heard);
+        assert_eq!(Uplink::try_from(heard.clone()), Ok(Uplink::Heard));
+        assert!(ProviderFrame::try_from(heard).is_err());
     }
 
     fn card() -> toolrelay::wire::CallerCard {

@@ -25,7 +25,6 @@ use tonic::server::{NamedService, ServerStreamingService, StreamingService, Unar
 use tonic::{Code, Request, Response, Status, Streaming};
 use tonic_prost::ProstCodec;
 use toolrelay::proto::v1 as pb;
-use toolrelay::wire::ProviderFrame;
 
 use crate::access::{GATEWAY_PROOF_METADATA, Gateways};
 use crate::caller::{
@@ -34,7 +33,7 @@ use crate::caller::{
 use crate::error::{ErrorInfo, ErrorKind, RelayError};
 use crate::limits::{CLIENT_ADDRESS_METADATA, CORRELATION_ID_METADATA, Caller};
 use crate::operation::{self, Credentials, Operation, Visitor};
-use crate::provider::ProviderLink;
+use crate::provider::{ProviderLink, Uplink};
 use crate::relay::Relay;
 use crate::store::Transport;
 
@@ -301,10 +300,10 @@ impl RelayService {
                     () = uplink.closed() => break,
                 };
                 let Ok(Some(message)) = message else { break };
-                let Ok(frame) = ProviderFrame::try_from(message) else {
+                let Ok(up) = Uplink::try_from(message) else {
                     continue;
                 };
-                if uplink.send(frame).await.is_err() {
+                if uplink.send(up).await.is_err() {
                     break;
                 }
             }

@@ -16,7 +16,6 @@
 //! task keeps while the tab is idle is paid by every tab, so what it awaits besides its events
 //! is boxed and its channels allocate as they fill ([`crate::channel`]).
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,12 +36,12 @@ use toolrelay::json::ReadError;
 use toolrelay::wire::{ProviderFrame, ProviderResponse, RelayFrame};
 
 use crate::caller::{CallerId, IdentityKind};
-use crate::drain::{Drain, Hold};
+use crate::drain::Drain;
 use crate::error::{ErrorCode, ErrorInfo, ErrorKind, RelayError};
 use crate::limits::Caller;
 use crate::listen::Connections;
 use crate::metrics::Refusal;
-use crate::provider::{Downlink, LinkDriver, ProviderLink};
+use crate::provider::{Downlink, LinkDriver, ProviderLink, Uplink};
 use crate::relay::{AnswerLimits, Relay, contain_response};
 use crate::store::Transport;
 
@@ -50,8 +49,6 @@ use crate::store::Transport;
 const FRAME_OVERHEAD: usize = 64 * 1024;
 /// How long a write to a provider may take before the connection counts as dead.
 const SEND_TIMEOUT: Duration = Duration::from_secs(10);
-/// Heartbeats in a row a provider may leave unanswered before its connection counts as dead.
-const SILENT_HEARTBEATS: u32 = 2;
 /// Read and write buffer of a provider socket.
 const SOCKET_BUFFER: usize = 4 * 1024;
 
@@ -241,14 +238,11 @@ pub async fn serve_socket<S>(
 /// side of the link, and the driver, seeing the provider gone, records its departure.
 /// (Not an `async fn`: its future would keep a moved-out copy of the socket and the link
 /// beside the loop's, and an idle tab's task keeps it.)
-pub fn serve_link<'a, S>(
-    socket: WebSocketStream<S>,
+pub fn serve_link<'a, S: Socket + 'a>(
+    socket: S,
     settings: &'a SocketSettings,
     link: Result<ProviderLink, ErrorInfo>,
-) -> impl Future<Output = ()> + 'a
-where
-    S: AsyncRead + AsyncWrite + Unpin + 'a,
-{
+) -> impl Future<Output = ()> + 'a {
     match link {
         Ok(mut link) => {
             let driver = OptionFuture::from(link.driver.take().map(LinkDriver::run));
@@ -258,11 +252,22 @@ where
     }
 }
 
-/// Tells the provider why it could not attach, and closes.
-async fn refuse<S>(mut socket: WebSocketStream<S>, error: ErrorInfo)
-where
-    S: AsyncRead + AsyncWrite + Unpin,
+/// A provider socket, as the adapter sees it: messages in, messages out. A tungstenite
+/// [`WebSocketStream`] is one; so is a pair of channels in a test.
+pub trait Socket:
+    futures::Stream<Item = Result<Message, WsError>> + futures::Sink<Message, Error = WsError> + Unpin
 {
+}
+
+impl<T> Socket for T where
+    T: futures::Stream<Item = Result<Message, WsError>>
+        + futures::Sink<Message, Error = WsError>
+        + Unpin
+{
+}
+
+/// Tells the provider why it could not attach, and closes.
+async fn refuse<S: Socket>(mut socket: S, error: ErrorInfo) {
     let code = refusal_close_code(&error);
     let frame = RelayFrame::Error {
         error: error.code,
@@ -274,139 +279,152 @@ where
     }
 }
 
-/// Relays frames between a socket and an attached provider link until either side ends.
-async fn relay_frames<S>(
-    mut socket: WebSocketStream<S>,
-    settings: &SocketSettings,
-    mut link: ProviderLink,
-) where
-    S: AsyncRead + AsyncWrite + Unpin,
-{
+/// What the socket is given to write for one message of the link (`None`: the link ended).
+#[derive(Debug, PartialEq)]
+enum Out {
+    /// A WebSocket ping: every relay heartbeat carries one, which browsers answer by
+    /// themselves; the relay counts the heartbeats left unanswered ([`Uplink::Heard`]).
+    Ping,
+    /// A frame of the tab protocol.
+    Frame(RelayFrame),
+    /// The close, last.
+    Close(CloseCode, &'static str),
+}
+
+/// What to write for `message`: its frame (after a ping, for the relay's own heartbeat), and
+/// the close after a final one. A link that ends with no final message ends because the
+/// process drains (the tab reconnects) or because the relay dropped a tab that answered no
+/// ping.
+fn outgoing(message: Option<Downlink>, drained: bool) -> Vec<Out> {
+    let Some(message) = message else {
+        return vec![if drained {
+            Out::Close(CloseCode::Restart, "relay restarting")
+        } else {
+            Out::Close(CloseCode::Away, "no answer to pings")
+        }];
+    };
+    let mut out = Vec::with_capacity(2);
+    if let Downlink::Heartbeat {
+        answers_ping: false,
+        ..
+    } = message
+    {
+        out.push(Out::Ping);
+    }
+    let ending = message.is_final().then_some(match message {
+        Downlink::Restarting => (CloseCode::Restart, "relay restarting"),
+        Downlink::Replaced => (CloseCode::Normal, "replaced"),
+        _ => (CloseCode::Normal, "session ended"),
+    });
+    out.push(Out::Frame(message.into_frame()));
+    if let Some((code, reason)) = ending {
+        out.push(Out::Close(code, reason));
+    }
+    out
+}
+
+/// What came in from the socket, for the link.
+#[derive(Debug, PartialEq)]
+enum In {
+    /// Word for the relay: a frame, or that the tab answered a ping.
+    Up(Option<Uplink>, Option<(ErrorCode, String)>),
+    /// Nothing to pass on.
+    Nothing,
+    /// Close the socket so, and stop.
+    Close(CloseCode, &'static str),
+    /// The socket ended.
+    End,
+}
+
+fn incoming(message: Option<Result<Message, WsError>>, limits: AnswerLimits) -> In {
+    match message {
+        Some(Ok(Message::Text(body))) => {
+            let (frame, refusal) = read_frame(&body, limits);
+            In::Up(frame.map(Uplink::Frame), refusal)
+        }
+        Some(Ok(Message::Binary(_))) => In::Up(
+            None,
+            Some((
+                ErrorCode::InvalidFrame,
+                "Binary frames are not understood; send JSON as text frames.".to_owned(),
+            )),
+        ),
+        // A pong answers the ping of a heartbeat (tungstenite answers the tab's pings itself).
+        Some(Ok(Message::Pong(_))) => In::Up(Some(Uplink::Heard), None),
+        Some(Ok(Message::Ping(_) | Message::Frame(_))) => In::Nothing,
+        Some(Err(WsError::Capacity(CapacityError::MessageTooLong { size, max_size }))) => {
+            tracing::debug!(size, max_size, "a provider sent a frame over the limit");
+            In::Close(CloseCode::Size, "frame too large")
+        }
+        Some(Ok(Message::Close(_)) | Err(_)) | None => In::End,
+    }
+}
+
+/// Relays frames between a socket and an attached provider link until either side ends: IO
+/// only. What the tab sends goes up the link (a pong as [`Uplink::Heard`]: this transport
+/// pings its tab, and says so first), what comes down is written; the connection's state and
+/// decisions are the relay's ([`crate::provider`]).
+async fn relay_frames<S: Socket>(mut socket: S, settings: &SocketSettings, mut link: ProviderLink) {
     // What the loop awaits besides the socket and the link is boxed: this future is what an
-    // idle tab's task keeps, and a write is short-lived.
-    // A frame read from the socket and not yet taken by the driver. While one waits, the loop
-    // stops reading but keeps writing, so a full uplink can never block the downlink.
-    let mut pending: Option<ProviderFrame> = None;
-    // Liveness: every heartbeat also carries a WebSocket ping, which browsers answer by
-    // themselves; a peer silent for SILENT_HEARTBEATS heartbeats in a row is gone (a sleeping
-    // laptop, a dropped network) even though no TCP close arrived.
-    let mut heard = true;
-    let mut silent = 0;
-    // Calls handed to this tab and not answered on it: they hold a stopping process open.
-    let mut delivered: HashMap<String, Hold> = HashMap::new();
+    // idle tab's task keeps, and a write is short-lived. `pending`: word read from the socket
+    // and not yet taken by the link; while some waits, the loop stops reading but keeps
+    // writing, so a full uplink can never block the downlink.
+    let mut pending = Some(Uplink::Heard);
     let mut drained = std::pin::pin!(settings.drain.ended());
     loop {
         tokio::select! {
             // The drain first: when it ends, the link to a relay elsewhere may close at the
             // same moment, and the tab must hear 1012 (reconnect), not a plain close.
             biased;
-            () = &mut drained => {
-                // The process is stopping (a gateway whose relay goes on included): the tab
-                // hears why, and reconnects elsewhere.
-                if Box::pin(send(&mut socket, text(&Downlink::Restarting.to_frame()))).await {
-                    Box::pin(close(&mut socket, CloseCode::Restart, "relay restarting")).await;
-                }
-                return;
-            }
+            // The process is stopping (a gateway whose relay goes on included): the tab hears
+            // why, and reconnects elsewhere.
+            () = &mut drained => return Box::pin(restart(&mut socket)).await,
             message = link.downlink.recv() => {
-                let Some(message) = message else {
-                    // A link closed by this process's drain is a restart to the tab too.
-                    let (code, reason) = if settings.drain.has_ended() {
-                        (CloseCode::Restart, "relay restarting")
-                    } else {
-                        (CloseCode::Normal, "closed")
+                for out in outgoing(message, settings.drain.has_ended()) {
+                    let sent = match out {
+                        Out::Ping => Box::pin(send(&mut socket, Message::Ping(Default::default()))).await,
+                        Out::Frame(frame) => Box::pin(send(&mut socket, text(&frame))).await,
+                        Out::Close(code, reason) => {
+                            Box::pin(close(&mut socket, code, reason)).await;
+                            false
+                        }
                     };
-                    Box::pin(close(&mut socket, code, reason)).await;
-                    return;
-                };
-                // Only the relay's own heartbeats measure silence: a reply to the tab's ping
-                // proves nothing about whether the tab still answers ours.
-                if let Downlink::Heartbeat { answers_ping: false, .. } = message {
-                    silent = if heard { 0 } else { silent + 1 };
-                    heard = false;
-                    if silent >= SILENT_HEARTBEATS {
-                        Box::pin(close(&mut socket, CloseCode::Away, "no answer to pings")).await;
+                    if !sent {
                         return;
                     }
-                    if !Box::pin(send(&mut socket, Message::Ping(Default::default()))).await {
-                        return;
-                    }
-                }
-                match &message {
-                    Downlink::ToolRequest { request, .. } => {
-                        delivered.insert(request.request_id.clone(), settings.drain.hold());
-                    }
-                    Downlink::Ack { request_id, .. } => {
-                        delivered.remove(request_id);
-                    }
-                    _ => {}
-                }
-                let ending = message.is_final().then_some(match message {
-                    Downlink::Restarting => (CloseCode::Restart, "relay restarting"),
-                    Downlink::Replaced => (CloseCode::Normal, "replaced"),
-                    _ => (CloseCode::Normal, "session ended"),
-                });
-                if !Box::pin(send(&mut socket, text(&message.into_frame()))).await {
-                    return;
-                }
-                if let Some((code, reason)) = ending {
-                    Box::pin(close(&mut socket, code, reason)).await;
-                    return;
                 }
             }
             permit = link.uplink.reserve(), if pending.is_some() => {
                 match (permit, pending.take()) {
-                    (Ok(permit), Some(frame)) => permit.send(frame),
+                    (Ok(permit), Some(up)) => permit.send(up),
                     _ => return,
                 }
             }
-            incoming = socket.next(), if pending.is_none() => {
-                heard = true;
-                let refusal = match incoming {
-                    Some(Ok(Message::Text(body))) => {
-                        let (frame, refusal) = read_frame(&body, settings.answers);
-                        match (frame, &link.answers) {
-                            // An answer goes straight to the relay where it can (one task
-                            // hand-off less per call); what it says back is sent at once.
-                            (Some(ProviderFrame::Response(response)), Some(answers)) => {
-                                let id = response.request_id.clone();
-                                let receipt = Box::pin(answers.accept(*response)).await;
-                                // An answer not stored holds on: the tab sends it again.
-                                if !matches!(receipt, Some(RelayFrame::Error { request_id: Some(_), .. })) {
-                                    delivered.remove(&id);
-                                }
-                                if let Some(frame) = receipt
-                                    && !Box::pin(send(&mut socket, text(&frame))).await
-                                {
-                                    return;
-                                }
-                            }
-                            // Sent up; its acknowledgement comes down (`Downlink::Ack`).
-                            (frame, _) => pending = frame,
+            message = socket.next(), if pending.is_none() => match incoming(message, settings.answers) {
+                In::Up(up, refusal) => {
+                    pending = up;
+                    if let Some((error, message)) = refusal {
+                        let frame = RelayFrame::Error { error, message, request_id: None };
+                        if !Box::pin(send(&mut socket, text(&frame))).await {
+                            return;
                         }
-                        refusal
-                    }
-                    Some(Ok(Message::Binary(_))) => Some((
-                        ErrorCode::InvalidFrame,
-                        "Binary frames are not understood; send JSON as text frames.".to_owned(),
-                    )),
-                    // tungstenite answers pings itself; a pong is the answer to ours.
-                    Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => None,
-                    Some(Err(WsError::Capacity(CapacityError::MessageTooLong { size, max_size }))) => {
-                        tracing::debug!(size, max_size, "a provider sent a frame over the limit");
-                        Box::pin(close(&mut socket, CloseCode::Size, "frame too large")).await;
-                        return;
-                    }
-                    Some(Ok(Message::Close(_)) | Err(_)) | None => return,
-                };
-                if let Some((error, message)) = refusal {
-                    let frame = RelayFrame::Error { error, message, request_id: None };
-                    if !Box::pin(send(&mut socket, text(&frame))).await {
-                        return;
                     }
                 }
-            }
+                In::Nothing => {}
+                In::Close(code, reason) => {
+                    Box::pin(close(&mut socket, code, reason)).await;
+                    return;
+                }
+                In::End => return,
+            },
         }
+    }
+}
+
+/// Tells the tab the relay restarts, and closes with 1012: it reconnects elsewhere.
+async fn restart<S: Socket>(socket: &mut S) {
+    if send(socket, text(&Downlink::Restarting.to_frame())).await {
+        close(socket, CloseCode::Restart, "relay restarting").await;
     }
 }
 
@@ -480,21 +498,16 @@ fn unreadable_answer(
 }
 
 /// Sends one message; false when the peer is gone or stopped reading for [`SEND_TIMEOUT`].
-async fn send<S>(socket: &mut WebSocketStream<S>, message: Message) -> bool
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-{
+async fn send<S: Socket>(socket: &mut S, message: Message) -> bool {
     matches!(
         tokio::time::timeout(SEND_TIMEOUT, socket.send(message)).await,
         Ok(Ok(()))
     )
 }
 
-async fn close<S>(socket: &mut WebSocketStream<S>, code: CloseCode, reason: &'static str)
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-{
-    let _ = tokio::time::timeout(SEND_TIMEOUT, socket.close(Some(close_frame(code, reason)))).await;
+async fn close<S: Socket>(socket: &mut S, code: CloseCode, reason: &'static str) {
+    let closing = Message::Close(Some(close_frame(code, reason)));
+    let _ = tokio::time::timeout(SEND_TIMEOUT, socket.send(closing)).await;
 }
 
 fn refusal_close_code(error: &ErrorInfo) -> CloseCode {
@@ -552,6 +565,264 @@ mod tests {
         // 4,168 bytes when `serve_upgraded` and `serve_link` were `async fn`s, which kept the
         // socket and the link twice.
         assert!(size <= 3000, "an idle tab's future is {size} bytes");
+    }
+
+    /// A socket made of two channels: what a test sends in, what the adapter wrote out.
+    struct ChannelSocket {
+        incoming: futures::channel::mpsc::UnboundedReceiver<Result<Message, WsError>>,
+        outgoing: futures::channel::mpsc::UnboundedSender<Message>,
+    }
+
+    impl futures::Stream for ChannelSocket {
+        type Item = Result<Message, WsError>;
+
+        fn poll_next(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Self::Item>> {
+            self.incoming.poll_next_unpin(cx)
+        }
+    }
+
+    impl futures::Sink<Message> for ChannelSocket {
+        type Error = WsError;
+
+        fn poll_ready(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Result<(), WsError>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+
+        fn start_send(self: std::pin::Pin<&mut Self>, message: Message) -> Result<(), WsError> {
+            self.outgoing
+                .unbounded_send(message)
+                .map_err(|_| WsError::ConnectionClosed)
+        }
+
+        fn poll_flush(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Result<(), WsError>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+
+        fn poll_close(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Result<(), WsError>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    /// The adapter over channels, with a link whose other end the test holds.
+    struct Adapter {
+        tab_in: futures::channel::mpsc::UnboundedSender<Result<Message, WsError>>,
+        tab_out: futures::channel::mpsc::UnboundedReceiver<Message>,
+        down: crate::channel::Sender<Downlink>,
+        up: crate::channel::Receiver<Uplink>,
+        drain: Drain,
+        serving: tokio::task::JoinHandle<()>,
+    }
+
+    impl Adapter {
+        fn start(uplink_room: usize) -> Self {
+            let (tab_in, incoming) = futures::channel::mpsc::unbounded();
+            let (outgoing, tab_out) = futures::channel::mpsc::unbounded();
+            let (down, downlink) = crate::channel::channel(8);
+            let (uplink, up) = crate::channel::channel(uplink_room);
+            let drain = Drain::new();
+            let settings = SocketSettings {
+                config: websocket_config(1024),
+                answers: AnswerLimits::depth_only(32),
+                drain: drain.clone(),
+            };
+            let link = ProviderLink {
+                code: crate::code::SessionCode::generate(),
+                connection_id: "c1".into(),
+                downlink,
+                uplink,
+                driver: None,
+            };
+            let socket = ChannelSocket { incoming, outgoing };
+            let serving = tokio::spawn(async move { relay_frames(socket, &settings, link).await });
+            Self {
+                tab_in,
+                tab_out,
+                down,
+                up,
+                drain,
+                serving,
+            }
+        }
+
+        fn tab_sends(&self, message: Message) {
+            self.tab_in.unbounded_send(Ok(message)).unwrap();
+        }
+
+        async fn written(&mut self) -> Message {
+            tokio::time::timeout(Duration::from_secs(30), self.tab_out.next())
+                .await
+                .expect("the adapter wrote nothing")
+                .expect("the socket's writer was dropped")
+        }
+
+        async fn written_frame(&mut self) -> serde_json::Value {
+            match self.written().await {
+                Message::Text(text) => serde_json::from_str(&text).unwrap(),
+                other => panic!("expected a text frame, got {other:?}"),
+            }
+        }
+
+        async fn closed_with(&mut self) -> u16 {
+            match self.written().await {
+                Message::Close(Some(frame)) => u16::from(frame.code),
+                other => panic!("expected a close, got {other:?}"),
+            }
+        }
+
+        async fn sent_up(&mut self) -> Uplink {
+            tokio::time::timeout(Duration::from_secs(30), self.up.recv())
+                .await
+                .expect("nothing went up")
+                .expect("the uplink ended")
+        }
+
+        async fn ends(self) {
+            tokio::time::timeout(Duration::from_secs(30), self.serving)
+                .await
+                .expect("the adapter did not stop")
+                .unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn the_adapter_passes_the_tabs_frames_up_and_the_relays_down() {
+        let mut adapter = Adapter::start(8);
+        // It pings its tab, and says so first.
+        assert_eq!(adapter.sent_up().await, Uplink::Heard);
+        adapter.tab_sends(Message::text(r#"{"type": "ping"}"#));
+        assert_eq!(
+            adapter.sent_up().await,
+            Uplink::Frame(toolrelay::wire::ProviderFrame::Ping)
+        );
+        adapter.tab_sends(Message::Pong(Default::default()));
+        assert_eq!(adapter.sent_up().await, Uplink::Heard);
+        adapter.tab_sends(Message::text(
+            r#"{"type": "response", "requestId": "r1", "success": true, "result": 1}"#,
+        ));
+        let Uplink::Frame(toolrelay::wire::ProviderFrame::Response(response)) =
+            adapter.sent_up().await
+        else {
+            panic!("the answer did not go up");
+        };
+        assert_eq!(response.request_id, "r1");
+        // What it cannot read, it says so and keeps the connection.
+        adapter.tab_sends(Message::Binary(Default::default()));
+        assert_eq!(adapter.written_frame().await["error"], "invalid_frame");
+        adapter.tab_sends(Message::text("not json"));
+        assert_eq!(adapter.written_frame().await["error"], "invalid_frame");
+
+        // The relay's heartbeat goes with a ping; one answering the tab's ping does not.
+        let expires_at = crate::clock::Timestamp(0);
+        adapter
+            .down
+            .send(Downlink::Heartbeat {
+                expires_at,
+                answers_ping: false,
+            })
+            .await
+            .unwrap();
+        assert!(matches!(adapter.written().await, Message::Ping(_)));
+        assert_eq!(adapter.written_frame().await["type"], "heartbeat");
+        adapter
+            .down
+            .send(Downlink::Heartbeat {
+                expires_at,
+                answers_ping: true,
+            })
+            .await
+            .unwrap();
+        assert_eq!(adapter.written_frame().await["type"], "heartbeat");
+        adapter
+            .down
+            .send(Downlink::Ack {
+                request_id: "r1".into(),
+                refusal: None,
+            })
+            .await
+            .unwrap();
+        assert_eq!(adapter.written_frame().await["requestId"], "r1");
+        // A final message, then the close it calls for.
+        adapter.down.send(Downlink::Replaced).await.unwrap();
+        assert_eq!(adapter.written_frame().await["error"], "replaced");
+        assert_eq!(adapter.closed_with().await, 1000);
+        adapter.ends().await;
+    }
+
+    #[tokio::test]
+    async fn the_adapter_closes_as_the_relay_or_the_tab_ends() {
+        // The process drains: the tab hears why, and reconnects.
+        let mut adapter = Adapter::start(8);
+        assert_eq!(adapter.sent_up().await, Uplink::Heard);
+        adapter.drain.begin();
+        adapter.drain.end();
+        assert_eq!(adapter.written_frame().await["error"], "shutting_down");
+        assert_eq!(adapter.closed_with().await, 1012);
+        adapter.ends().await;
+
+        // The relay dropped a tab that answered no ping: its link ends with no last word.
+        let mut adapter = Adapter::start(8);
+        assert_eq!(adapter.sent_up().await, Uplink::Heard);
+        adapter.down = crate::channel::channel(1).0;
+        assert_eq!(adapter.closed_with().await, 1001);
+        adapter.ends().await;
+
+        // A frame over the limit is not read: 1009, and the tab reconnects.
+        let mut adapter = Adapter::start(8);
+        adapter
+            .tab_in
+            .unbounded_send(Err(WsError::Capacity(CapacityError::MessageTooLong {
+                size: 2_000_000,
+                max_size: 1_000_000,
+            })))
+            .unwrap();
+        assert_eq!(adapter.closed_with().await, 1009);
+        adapter.ends().await;
+
+        // The tab closed: the adapter stops, and the uplink ends (the relay sees it gone).
+        let mut adapter = Adapter::start(8);
+        adapter.tab_sends(Message::Close(None));
+        let Adapter { up, serving, .. } = &mut adapter;
+        tokio::time::timeout(Duration::from_secs(30), serving)
+            .await
+            .expect("the adapter did not stop")
+            .unwrap();
+        assert_eq!(up.recv().await, Some(Uplink::Heard));
+        assert_eq!(up.recv().await, None);
+    }
+
+    #[tokio::test]
+    async fn a_full_uplink_stops_the_reading_but_not_the_writing() {
+        // Room for one: nothing takes what goes up.
+        let mut adapter = Adapter::start(1);
+        for _ in 0..5 {
+            adapter.tab_sends(Message::text(r#"{"type": "ping"}"#));
+        }
+        adapter
+            .down
+            .send(Downlink::Registered { tools: 3 })
+            .await
+            .unwrap();
+        assert_eq!(adapter.written_frame().await["tools"], 3);
+        // Then everything read arrives, in order.
+        assert_eq!(adapter.sent_up().await, Uplink::Heard);
+        for _ in 0..5 {
+            assert_eq!(
+                adapter.sent_up().await,
+                Uplink::Frame(toolrelay::wire::ProviderFrame::Ping)
+            );
+        }
     }
 
     #[test]

@@ -10,7 +10,7 @@ const ANSWERED_KEPT: usize = 256;
 /// (`H`: the drain held open and the call counted in the queue depth, until it is answered),
 /// and the last [`ANSWERED_KEPT`] calls it answered.
 #[derive(Debug)]
-pub(super) struct Delivered<H> {
+pub(crate) struct Delivered<H> {
     calls: HashMap<String, H>,
     answered: VecDeque<String>,
 }
@@ -26,35 +26,35 @@ impl<H> Default for Delivered<H> {
 
 impl<H> Delivered<H> {
     /// How many calls wait for their answer.
-    pub(super) fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.calls.len()
     }
 
     /// Whether no call waits for its answer.
-    pub(super) fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.calls.is_empty()
     }
 
     /// Whether call `id` was delivered and waits for its answer.
-    pub(super) fn holds(&self, id: &str) -> bool {
+    pub(crate) fn holds(&self, id: &str) -> bool {
         self.calls.contains_key(id)
     }
 
     /// Whether call `id`, handed to this connection, is news to it: neither delivered and
     /// waiting nor answered lately (an event that handed a call over may come after a
     /// redelivery sent it and its answer came back).
-    pub(super) fn is_new(&self, id: &str) -> bool {
+    pub(crate) fn is_new(&self, id: &str) -> bool {
         !self.holds(id) && !self.answered.iter().any(|answered| answered == id)
     }
 
     /// Records call `id` as delivered, holding `held` until it is answered.
-    pub(super) fn deliver(&mut self, id: String, held: H) {
+    pub(crate) fn deliver(&mut self, id: String, held: H) {
         self.calls.insert(id, held);
     }
 
     /// Call `id` has its answer: it holds nothing more, and is remembered as answered.
     /// Whether it was waiting.
-    pub(super) fn settle(&mut self, id: &str) -> bool {
+    pub(crate) fn settle(&mut self, id: &str) -> bool {
         if self.calls.remove(id).is_none() {
             return false;
         }
@@ -66,7 +66,7 @@ impl<H> Delivered<H> {
     }
 
     /// The calls waiting for their answer.
-    pub(super) fn waiting(&self) -> Vec<String> {
+    pub(crate) fn waiting(&self) -> Vec<String> {
         self.calls.keys().cloned().collect()
     }
 }

@@ -13,7 +13,54 @@ use crate::error::RelayError;
 use crate::manifest::Manifest;
 use crate::store::{
     ApprovalCheck, EnqueueChecks, Enqueued, NewRequest, RateCharge, RequestRecord, RoutedAnswer,
+    SessionRecord,
 };
+
+/// A call queued (or found queued before): its record, whether a tab can run it now, and
+/// whether its function says its results may hold untrusted content.
+pub(super) struct Queued {
+    pub(super) record: RequestRecord,
+    pub(super) connected: bool,
+    pub(super) untrusted: bool,
+}
+
+impl Queued {
+    fn view(self) -> RequestView {
+        RequestView {
+            untrusted: self.untrusted,
+            ..RequestView::of(self.record, self.connected)
+        }
+    }
+}
+
+/// What checking a call against the session's tools found: the tool group that serves it,
+/// whether it is built into the relay, and whether its results may hold untrusted content.
+pub(super) struct Checked {
+    group: String,
+    builtin: bool,
+    untrusted: bool,
+}
+
+/// A call on its way to the queue, and what its checks need.
+struct Queueing {
+    request: NewRequest,
+    /// The tool the caller named, if any.
+    asked_tool: Option<String>,
+    /// The caller gave the request id (a repeat of it is the same call).
+    given_id: bool,
+    /// The caller waits for its answer here.
+    waited_for: bool,
+    read_only: bool,
+    /// The checked function says its results may hold untrusted content.
+    untrusted: bool,
+    approval: ApprovalCheck,
+    applicant: Option<super::approvals::Applicant>,
+    now: Timestamp,
+    /// The session's queue's bound.
+    limit: usize,
+    /// Until when a call keeps the session alive.
+    until: Timestamp,
+}
 
 impl Relay {
     /// Queues a call after checking it against the manifest; returns at once. Repeating a
@@ -29,8 +76,7 @@ impl Relay {
         call: CallInput,
         charge: Option<RateCharge>,
     ) -> Result<RequestView, RelayError> {
-        let (record, connected) = self.queue(code, call, charge, None).await?;
-        Ok(RequestView::of(record, connected))
+        Ok(self.queue(code, call, charge, None).await?.view())
     }
 
     /// A call another replica queued and routed here because its session's tab is connected
@@ -58,7 +104,7 @@ impl Relay {
         call: CallInput,
         charge: Option<RateCharge>,
         fresh_id: Option<String>,
-    ) -> Result<(RequestRecord, bool), RelayError> {
+    ) -> Result<Queued, RelayError> {
         let mut charge = charge;
         let queued = self.try_queue(code, call, &mut charge, fresh_id).await;
         if queued.is_err()
@@ -81,10 +127,106 @@ impl Relay {
         call: CallInput,
         charge: &mut Option<RateCharge>,
         fresh_id: Option<String>,
-    ) -> Result<(RequestRecord, bool), RelayError> {
+    ) -> Result<Queued, RelayError> {
         self.accepting()?;
         let code = SessionCode::parse(code)?;
-        let limit = self.inner.config.max_json_depth;
+        let mut call = self.queueing(call, fresh_id)?;
+        let mut known = self.inner.manifests.latest(&code);
+        // A manifest changed between the check and the queueing is rare; twice in a row rarer.
+        for _ in 0..3 {
+            let cached = known.is_some();
+            let (revision, manifest) = match known.take() {
+                Some(known) => known,
+                None => {
+                    let (_, session) = self.live_session(code.as_str()).await?;
+                    let revision = session.manifest_revision;
+                    (revision, self.manifest_of(&code, revision).await?)
+                }
+            };
+            let (asked, read_only) = (call.asked_tool.as_deref(), call.read_only);
+            let checked = match self
+                .check_call(&code, &manifest, asked, &call.request, read_only)
+                .await
+            {
+                Ok(checked) => checked,
+                // Refused by the manifest this replica compiled earlier: the tab may have
+                // registered new tools since (through another replica), so the refusal
+                // stands only against the session's manifest as it is now.
+                Err(_) if cached && self.manifest_moved(&code, revision).await? => continue,
+                Err(error) => {
+                    let (record, connected) = self.refused(&code, &call, error).await?;
+                    // Its function is no longer there to say what its results hold.
+                    let untrusted = false;
+                    return Ok(Queued {
+                        record,
+                        connected,
+                        untrusted,
+                    });
+                }
+            };
+            // The provider dispatches on (tool, function): name the tool even when the caller
+            // did not, so a call with and without `toolId` is the same call.
+            call.request.tool_id = Some(checked.group);
+            call.request.builtin = checked.builtin;
+            call.untrusted = checked.untrusted;
+            if checked.builtin {
+                self.check_builtin_ready(&code, &call.request, call.given_id)
+                    .await?;
+            }
+            let (enqueued, session, connected) =
+                self.enqueue(&code, &call, revision, charge.take()).await?;
+            if let Some((record, connected)) =
+                self.enqueued(&code, &call, enqueued, connected).await?
+            {
+                return Ok(Queued {
+                    record,
+                    connected,
+                    untrusted: call.untrusted,
+                });
+            }
+            // The manifest moved on since this replica compiled it.
+            if let Some(session) = session {
+                let revision = session.manifest_revision;
+                known = Some((revision, self.manifest_of(&code, revision).await?));
+            }
+        }
+        Err(RelayError::StoreUnavailable(crate::error::StoreError(
+            "the session's manifest kept changing while a call was queued".into(),
+        )))
+    }
+
+    /// Queues the call checked against manifest `revision`, spending `charge`: what the store
+    /// said, the session as it was, and whether a tab is there.
+    async fn enqueue(
+        &self,
+        code: &SessionCode,
+        call: &Queueing,
+        revision: u64,
+        charge: Option<RateCharge>,
+    ) -> Result<(Enqueued, Option<SessionRecord>, bool), RelayError> {
+        let checks = EnqueueChecks {
+            manifest_revision: Some(revision),
+            charge,
+            approval: call.approval.clone(),
+            route: call.waited_for,
+        };
+        let (enqueued, session) = self
+            .inner
+            .store
+            .enqueue_checked(code, &call.request, call.limit, call.until, checks)
+            .await?;
+        let connected = match &session {
+            Some(session) => self.connected_transport(session, call.now).await.is_some(),
+            None => false,
+        };
+        Ok((enqueued, session, connected))
+    }
+
+    /// The call to queue, from what the caller gave: its arguments within the nesting limit,
+    /// its request id (given, `fresh_id`, or a random one), its deadline.
+    fn queueing(&self, call: CallInput, fresh_id: Option<String>) -> Result<Queueing, RelayError> {
+        let config = &self.inner.config;
+        let limit = config.max_json_depth;
         if toolrelay::json::depth(&call.args) > limit {
             return Err(RelayError::NestedTooDeeply {
                 what: "The arguments are",
@@ -105,132 +247,110 @@ impl Relay {
             args => args,
         };
         let now = self.now();
-        let mut request = NewRequest {
-            id: request_id.clone(),
-            tool_id: call.tool_id,
-            function_name: call.function_name,
-            args,
-            created_at: now,
-            deadline: now.plus(self.inner.config.request_timeout),
-            builtin: false,
-            correlation_id: call.correlation_id,
-            caller: call.caller,
-        };
-        let (approval, applicant) = (call.approval, call.applicant);
-        let asked_tool = request.tool_id.clone();
-        let read_only = call.read_only;
-        let mut known = self.inner.manifests.latest(&code);
-        let limit = self.inner.config.max_pending_per_session;
-        let until = now.plus(self.inner.config.session_ttl);
-        // A manifest changed between the check and the queueing is rare; twice in a row rarer.
-        for _ in 0..3 {
-            let cached = known.is_some();
-            let (revision, manifest) = match known.take() {
-                Some(known) => known,
-                None => {
-                    let (_, session) = self.live_session(code.as_str()).await?;
-                    let revision = session.manifest_revision;
-                    (revision, self.manifest_of(&code, revision).await?)
-                }
-            };
-            let (group, builtin) = match self
-                .check_call(&code, &manifest, asked_tool.as_deref(), &request, read_only)
-                .await
-            {
-                Ok(checked) => checked,
-                // Refused by the manifest this replica compiled earlier: the tab may have
-                // registered new tools since (through another replica), so the refusal
-                // stands only against the session's manifest as it is now.
-                Err(_) if cached && self.manifest_moved(&code, revision).await? => continue,
-                Err(error) => {
-                    // A refusal names the tab's tools (or their arguments): a caller the
-                    // person has not allowed is asked about first, as its call would be.
-                    if let (ApprovalCheck::Ask(_), Some(applicant)) = (&approval, &applicant) {
-                        self.vetted(&code, applicant).await?;
-                    }
-                    // A call asked again while its tab is away (its tools not registered
-                    // again yet) or after the tools changed is still the call it was.
-                    if given_id
-                        && let Some(earlier) = self.earlier_call(&code, &request, now).await?
-                    {
-                        return Ok(earlier);
-                    }
-                    return Err(error);
-                }
-            };
-            // The provider dispatches on (tool, function): name the tool even when the caller
-            // did not, so a call with and without `toolId` is the same call.
-            request.tool_id = Some(group);
-            request.builtin = builtin;
-            if builtin {
-                self.check_builtin_ready(&code, &request, given_id).await?;
-            }
-            let checks = EnqueueChecks {
-                manifest_revision: Some(revision),
-                charge: charge.take(),
-                approval: approval.clone(),
-                route: waited_for,
-            };
-            let (enqueued, session) = self
-                .inner
-                .store
-                .enqueue_checked(&code, &request, limit, until, checks)
-                .await?;
-            let connected = match &session {
-                Some(session) => self.connected_transport(session, now).await.is_some(),
-                None => false,
-            };
-            return match enqueued {
-                Enqueued::Queued(record) if record.status == RequestStatus::AwaitingApproval => {
-                    self.held(&code, record, connected, applicant.as_ref())
-                        .await
-                }
-                Enqueued::Queued(mut record) => {
-                    tracing::debug!(code = %code.redacted(), request_id = %record.id, function = %record.function_name, "call queued");
-                    // Handed to the session's tab in the same step, it is still reported as
-                    // queued (SPEC §5): the tab has not seen it yet.
-                    if !record.builtin && record.status == RequestStatus::Delivered {
-                        record.status = RequestStatus::Queued;
-                    }
-                    if record.builtin {
-                        self.run_builtin(code.clone(), &record);
-                    }
-                    Ok((record, connected))
-                }
-                Enqueued::Existing(record) if record.evicted => Err(RelayError::ResponseEvicted {
-                    request_id: record.id,
-                }),
-                Enqueued::Existing(record) => {
-                    if record.is_orphaned_builtin(now) {
-                        self.run_builtin(code.clone(), &record);
-                    }
-                    Ok((record, connected))
-                }
-                Enqueued::StaleManifest => {
-                    if let Some(session) = session {
-                        let revision = session.manifest_revision;
-                        known = Some((revision, self.manifest_of(&code, revision).await?));
-                    }
-                    continue;
-                }
-                Enqueued::RateLimited(wait) => Err(self.inner.limits.calls_limited(wait)),
-                Enqueued::Conflict => Err(RelayError::RequestIdConflict { request_id }),
-                Enqueued::Full => Err(RelayError::QueueFull {
-                    code: code.display(),
-                    limit,
-                    retry_after: Duration::from_secs(5),
-                }),
-                Enqueued::NoSession => Err(not_found(&code)),
-                Enqueued::ApprovalRefused => Err(RelayError::Approval {
-                    code: toolrelay::errors::ErrorCode::ApprovalRefused,
-                    message: "The person denied three requests to use this session, so it takes no new ones. Ask them for a new code (their plugin offers New code).".into(),
-                }),
-                Enqueued::Disconnected => Err(RelayError::CallerDisconnected),
-            };
+        Ok(Queueing {
+            asked_tool: call.tool_id.clone(),
+            request: NewRequest {
+                id: request_id,
+                tool_id: call.tool_id,
+                function_name: call.function_name,
+                args,
+                created_at: now,
+                deadline: now.plus(config.request_timeout),
+                builtin: false,
+                correlation_id: call.correlation_id,
+                caller: call.caller,
+            },
+            given_id,
+            waited_for,
+            read_only: call.read_only,
+            untrusted: false,
+            approval: call.approval,
+            applicant: call.applicant,
+            now,
+            limit: config.max_pending_per_session,
+            until: now.plus(config.session_ttl),
+        })
+    }
+
+    /// A call its session's tools refuse: a caller the person has not allowed is asked about
+    /// first (the refusal names the tab's tools, or their arguments), as its call would be;
+    /// and a call asked again while its tab is away (its tools not registered again yet) or
+    /// after the tools changed is still the call it was.
+    async fn refused(
+        &self,
+        code: &SessionCode,
+        call: &Queueing,
+        error: RelayError,
+    ) -> Result<(RequestRecord, bool), RelayError> {
+        if let (ApprovalCheck::Ask(_), Some(applicant)) = (&call.approval, &call.applicant) {
+            self.vetted(code, applicant).await?;
         }
-        Err(RelayError::StoreUnavailable(crate::error::StoreError(
-            "the session's manifest kept changing while a call was queued".into(),
-        )))
+        if call.given_id
+            && let Some(earlier) = self.earlier_call(code, &call.request, call.now).await?
+        {
+            return Ok(earlier);
+        }
+        Err(error)
+    }
+
+    /// What the queueing came to: the call (queued, held for approval, or asked before), an
+    /// error, or `None` when the manifest had moved on and the call is to be checked again.
+    async fn enqueued(
+        &self,
+        code: &SessionCode,
+        call: &Queueing,
+        enqueued: Enqueued,
+        connected: bool,
+    ) -> Result<Option<(RequestRecord, bool)>, RelayError> {
+        let record = match enqueued {
+            Enqueued::Queued(record) if record.status == RequestStatus::AwaitingApproval => {
+                let applicant = call.applicant.as_ref();
+                return self.held(code, record, connected, applicant).await.map(Some);
+            }
+            Enqueued::Queued(mut record) => {
+                tracing::debug!(code = %code.redacted(), request_id = %record.id, function = %record.function_name, "call queued");
+                // Handed to the session's tab in the same step, it is still reported as
+                // queued (SPEC §5): the tab has not seen it yet.
+                if !record.builtin && record.status == RequestStatus::Delivered {
+                    record.status = RequestStatus::Queued;
+                }
+                if record.builtin {
+                    self.run_builtin(code.clone(), &record);
+                }
+                record
+            }
+            Enqueued::Existing(record) if record.evicted => {
+                return Err(RelayError::ResponseEvicted {
+                    request_id: record.id,
+                });
+            }
+            Enqueued::Existing(record) => {
+                if record.is_orphaned_builtin(call.now) {
+                    self.run_builtin(code.clone(), &record);
+                }
+                record
+            }
+            Enqueued::StaleManifest => return Ok(None),
+            Enqueued::RateLimited(wait) => return Err(self.inner.limits.calls_limited(wait)),
+            Enqueued::Conflict => {
+                let request_id = call.request.id.clone();
+                return Err(RelayError::RequestIdConflict { request_id });
+            }
+            Enqueued::Full => {
+                return Err(RelayError::QueueFull {
+                    code: code.display(),
+                    limit: call.limit,
+                    retry_after: Duration::from_secs(5),
+                });
+            }
+            Enqueued::NoSession => return Err(not_found(code)),
+            Enqueued::ApprovalRefused => return Err(RelayError::Approval {
+                code: toolrelay::errors::ErrorCode::ApprovalRefused,
+                message: "The person denied three requests to use this session, so it takes no new ones. Ask them for a new code (their plugin offers New code).".into(),
+            }),
+            Enqueued::Disconnected => return Err(RelayError::CallerDisconnected),
+        };
+        Ok(Some((record, connected)))
     }
 
     /// A call held for the person's approval of its caller: the person is asked (or the
@@ -315,7 +435,7 @@ impl Relay {
         tool_id: Option<&str>,
         request: &NewRequest,
         read_only: bool,
-    ) -> Result<(String, bool), RelayError> {
+    ) -> Result<Checked, RelayError> {
         let (name, args) = (&request.function_name, &request.args);
         let not_read_only = || RelayError::NotReadOnly {
             function: name.clone(),
@@ -326,7 +446,11 @@ impl Relay {
                     return Err(not_read_only());
                 }
                 function.check_arguments_async(args).await?;
-                Ok((function.group_id().to_owned(), false))
+                Ok(Checked {
+                    group: function.group_id().to_owned(),
+                    builtin: false,
+                    untrusted: function.hints.is_untrusted(),
+                })
             }
             None if tool_id.is_none_or(|id| id == BUILTIN_GROUP)
                 && self.inner.tools.contains(name) =>
@@ -346,7 +470,16 @@ impl Relay {
                         problems,
                     });
                 }
-                Ok((BUILTIN_GROUP.to_owned(), true))
+                let untrusted = self
+                    .inner
+                    .tools
+                    .hints(name)
+                    .is_some_and(|h| h.is_untrusted());
+                Ok(Checked {
+                    group: BUILTIN_GROUP.to_owned(),
+                    builtin: true,
+                    untrusted,
+                })
             }
             None => Err(unknown_function(
                 code,
@@ -387,17 +520,27 @@ impl Relay {
             .store
             .listen_for_answer(&parsed, &request_id)
             .await?;
-        let (record, connected) = self.queue(code, call, charge, Some(request_id)).await?;
+        let queued = self.queue(code, call, charge, Some(request_id)).await?;
         // With no tab to run it, the call stays queued, and the caller learns so at once
         // rather than after a wait that cannot end well.
-        if record.status.is_terminal() || !(connected || record.builtin) {
-            return Ok(RequestView::of(record, connected));
+        let record = &queued.record;
+        if record.status.is_terminal() || !(queued.connected || record.builtin) {
+            return Ok(queued.view());
         }
         let wait = wait.unwrap_or(self.inner.config.default_call_wait);
-        let request_id = record.id.clone();
+        let (request_id, untrusted) = (record.id.clone(), queued.untrusted);
         // The caller waits for its own call.
-        self.wait_for_answer(&parsed, &request_id, wait, events, Some(record), None)
-            .await
+        let view = self
+            .wait_for_answer(
+                &parsed,
+                &request_id,
+                wait,
+                events,
+                Some(queued.record),
+                None,
+            )
+            .await?;
+        Ok(RequestView { untrusted, ..view })
     }
 }
 

@@ -151,6 +151,10 @@ pub struct RequestView {
     /// Whether something can answer it now: a provider is connected to the session, or the
     /// tool is built into the relay. (A finished call counts as answered by one.)
     pub provider_connected: bool,
+    /// The called function says its results may hold untrusted content (WebMCP's
+    /// `untrustedContentHint`): known to the view of the call as it was queued, which checked
+    /// it against the session's tools; false in any later view.
+    pub untrusted: bool,
 }
 
 impl RequestView {
@@ -160,6 +164,7 @@ impl RequestView {
             request_id: record.id,
             status: record.status,
             response: record.response,
+            untrusted: false,
         }
     }
 }
