@@ -114,3 +114,9 @@ tracked=$(grep -rn -E 'Delivered<|Delivered::<|HashMap<String, Hold>' services -
   grep -v -e '/delivered.rs:' -e '/tests/' -e 'mod tests' || true)
 printf 'places that track a delivered call        %s\n' "$(grep -c . <<<"$tracked" || true)"
 [[ -z $tracked ]] || sed 's/^/    /' <<<"$tracked" | cut -c1-140
+
+# How a caller waits for an answer: the `Call` unit (then `AwaitResponse`), for HTTP and MCP
+# alike. MCP queueing with `Submit` and waiting in a loop of its own would be a second way.
+own=$(grep -rn -w 'Submit' services/gateway/src/mcp --include='*.rs' || true)
+printf 'ways an answer is waited for              %s  (the Call unit%s)\n' \
+  "$((1 + $(grep -c . <<<"$own" || true)))" "${own:+, and a loop of MCP}"

@@ -61,9 +61,9 @@ pub async fn provider_socket(
         }
     };
 
-    let socket_state = State::clone(state);
-    state.drain.spawn_socket(async move {
-        let state = socket_state;
+    let drain = state.drain.clone();
+    let state = State::clone(state);
+    drain.spawn_socket(async move {
         let Ok(connection) = upgrade.await else {
             return;
         };

@@ -13,8 +13,10 @@ use rmcp::model::{
 };
 use rmcp::service::{RequestContext, SubscriptionContext};
 use serde_json::{Value, json};
+use tokio::time::Instant;
 use toolrelay::wire::{FunctionSpec, ToolHints};
-use toolrelay_relay::front::ops::{AwaitResponse, CallTool, CancelRequest, GetManifest, Submit};
+use toolrelay_relay::front::ops::{AwaitResponse, Call, CallTool, CancelRequest, GetManifest};
+use toolrelay_relay::front::unique_id;
 use toolrelay_relay::front::{CallInput, Caller, ErrorCode, ErrorInfo, ErrorKind, RelayApi};
 use toolrelay_relay::front::{FailureCode, Scope};
 
@@ -177,8 +179,11 @@ impl RelayMcp {
             .collect())
     }
 
-    /// Calls a tool of a session and waits for its answer, reporting progress meanwhile. A
-    /// read (`read_only`) runs only a function marked read-only.
+    /// Calls a tool of a session and waits for its answer, reporting progress meanwhile: the
+    /// `Call` unit an HTTP caller's `…/call` runs (its view carries the untrusted-content
+    /// mark), then `AwaitResponse` while the tab works, as an HTTP caller asks for the call
+    /// again. A client that cancels cancels the call (`CancelRequest`). A read (`read_only`)
+    /// runs only a function marked read-only.
     pub(super) async fn call_in_session(
         &self,
         code: &str,
@@ -189,51 +194,50 @@ impl RelayMcp {
     ) -> CallToolResult {
         let caller = &caller_of(context);
         let relay = &self.state.relay;
+        // Named here, so that a call cancelled while it is being queued can be found.
+        let request_id = unique_id();
         let call = CallInput {
+            request_id: Some(request_id.clone()),
             function_name: name.to_owned(),
             args: arguments,
             read_only,
             ..CallInput::default()
         };
-        let submit = Submit {
-            code: code.to_owned(),
-            call,
-        };
-        let mut view = match relay.run(caller, submit).await {
-            Ok(view) => view,
-            Err(error) => return from_error(&error),
-        };
-        let token = context.meta.get_progress_token();
-        let mut waited = 0.0;
-        while view.response.is_none() {
-            tokio::select! {
-                next = relay.run(caller, AwaitResponse { code: code.to_owned(), request_id: view.request_id.clone(), wait: PROGRESS_EVERY }) => match next {
-                    Ok(next) => view = next,
-                    Err(error) => return from_error(&error),
-                },
-                () = context.ct.cancelled() => {
-                    // The client cancelled (`notifications/cancelled`, or it closed the
-                    // response stream): the call ends for the tab too.
-                    let cancel = CancelRequest { code: code.to_owned(), request_id: view.request_id.clone() };
-                    if let Err(error) = relay.run(caller, cancel).await {
-                        tracing::warn!(error = %error.message, "a call its MCP client cancelled could not be cancelled");
-                    }
-                    return failure(ErrorCode::Cancelled.as_str(), "The call was cancelled by the client.");
-                }
-            }
-            if view.response.is_none()
-                && let Some(token) = token.clone()
-            {
-                waited += PROGRESS_EVERY.as_secs_f64();
-                let message = if view.provider_connected {
-                    format!("Waiting for the tab to answer ({waited:.0} s)")
-                } else {
-                    format!("{} ({waited:.0} s)", crate::types::NO_TAB)
+        let started = Instant::now();
+        let waiting = async {
+            let call = Call {
+                code: code.to_owned(),
+                call,
+                wait: Some(PROGRESS_EVERY),
+            };
+            let mut view = relay.run(caller, call).await?;
+            let untrusted = view.untrusted;
+            while view.response.is_none() {
+                progress(context, started, view.provider_connected).await;
+                let again = AwaitResponse {
+                    code: code.to_owned(),
+                    request_id: request_id.clone(),
+                    wait: PROGRESS_EVERY,
                 };
-                let note = ProgressNotificationParam::new(token, waited).with_message(message);
-                let _ = context.peer.notify_progress(note).await;
+                view = relay.run(caller, again).await?;
             }
-        }
+            Ok::<_, ErrorInfo>((view, untrusted))
+        };
+        let (view, untrusted) = tokio::select! {
+            answered = waiting => match answered {
+                Ok(answered) => answered,
+                Err(error) => return from_error(&error),
+            },
+            () = context.ct.cancelled() => {
+                // The client cancelled (`notifications/cancelled`, or it closed the response
+                // stream): the call ends for the tab too.
+                let cancel = CancelRequest { code: code.to_owned(), request_id: request_id.clone() };
+                if let Err(error) = relay.run(caller, cancel).await {
+                    tracing::warn!(error = %error.message, "a call its MCP client cancelled could not be cancelled");
+                }
+                return failure(ErrorCode::Cancelled.as_str(), "The call was cancelled by the client.");
+            }
+        };
         let Some(response) = view.response else {
             return failure(
                 ErrorCode::ToolError.as_str(),
@@ -248,7 +252,7 @@ impl RelayMcp {
                     value = json!({"truncated": true, "note": answer.note, "result": value});
                 }
                 let mut result = success(value);
-                if self.untrusted(caller, code, name).await {
+                if untrusted {
                     let mut meta = JsonObject::new();
                     meta.insert(UNTRUSTED_CONTENT.to_owned(), Value::Bool(true));
                     result.meta = Some(MetaObject(meta));
@@ -261,25 +265,6 @@ impl RelayMcp {
                 "The tool failed without a message.",
             ),
         }
-    }
-
-    /// Whether the session's function `name` says its results may hold untrusted content
-    /// (WebMCP's `untrustedContentHint`); a manifest that cannot be read says no.
-    async fn untrusted(&self, caller: &Caller, code: &str, name: &str) -> bool {
-        let manifest = GetManifest {
-            code: code.to_owned(),
-        };
-        self.state
-            .relay
-            .run(caller, manifest)
-            .await
-            .is_ok_and(|manifest| {
-                manifest
-                    .tools
-                    .iter()
-                    .flat_map(|group| &group.functions)
-                    .any(|function| function.name == name && function.hints.is_untrusted())
-            })
     }
 
     /// A built-in tool, outside any session (scope: the MCP session when there is one).
@@ -316,6 +301,22 @@ impl RelayMcp {
             ),
         }
     }
+}
+
+/// Tells the client (when it asked, with a progress token) that its call still waits, and how
+/// long it has: for the tab to answer, or for a tab to be opened.
+async fn progress(context: &RequestContext<RoleServer>, started: Instant, connected: bool) {
+    let Some(token) = context.meta.get_progress_token() else {
+        return;
+    };
+    let waited = started.elapsed().as_secs_f64().round();
+    let message = if connected {
+        format!("Waiting for the tab to answer ({waited:.0} s)")
+    } else {
+        format!("{} ({waited:.0} s)", crate::types::NO_TAB)
+    };
+    let note = ProgressNotificationParam::new(token, waited).with_message(message);
+    let _ = context.peer.notify_progress(note).await;
 }
 
 /// Calls `notify` each time the tools of the session behind `request`'s handle change, and

@@ -153,16 +153,7 @@ impl Relay {
                 // registered new tools since (through another replica), so the refusal
                 // stands only against the session's manifest as it is now.
                 Err(_) if cached && self.manifest_moved(&code, revision).await? => continue,
-                Err(error) => {
-                    let (record, connected) = self.refused(&code, &call, error).await?;
-                    // Its function is no longer there to say what its results hold.
-                    let untrusted = false;
-                    return Ok(Queued {
-                        record,
-                        connected,
-                        untrusted,
-                    });
-                }
+                Err(error) => return self.refused(&code, &call, error).await,
             };
             // The provider dispatches on (tool, function): name the tool even when the caller
             // did not, so a call with and without `toolId` is the same call.
@@ -175,14 +166,8 @@ impl Relay {
             }
             let (enqueued, session, connected) =
                 self.enqueue(&code, &call, revision, charge.take()).await?;
-            if let Some((record, connected)) =
-                self.enqueued(&code, &call, enqueued, connected).await?
-            {
-                return Ok(Queued {
-                    record,
-                    connected,
-                    untrusted: call.untrusted,
-                });
+            if let Some(queued) = self.enqueued(&code, &call, enqueued, connected).await? {
+                return Ok(queued);
             }
             // The manifest moved on since this replica compiled it.
             if let Some(session) = session {
@@ -281,14 +266,21 @@ impl Relay {
         code: &SessionCode,
         call: &Queueing,
         error: RelayError,
-    ) -> Result<(RequestRecord, bool), RelayError> {
+    ) -> Result<Queued, RelayError> {
         if let (ApprovalCheck::Ask(_), Some(applicant)) = (&call.approval, &call.applicant) {
             self.vetted(code, applicant).await?;
         }
         if call.given_id
-            && let Some(earlier) = self.earlier_call(code, &call.request, call.now).await?
+            && let Some((record, connected)) =
+                self.earlier_call(code, &call.request, call.now).await?
         {
-            return Ok(earlier);
+            // Its function is no longer there to say what its results hold.
+            let untrusted = false;
+            return Ok(Queued {
+                record,
+                connected,
+                untrusted,
+            });
         }
         Err(error)
     }
@@ -301,11 +293,12 @@ impl Relay {
         call: &Queueing,
         enqueued: Enqueued,
         connected: bool,
-    ) -> Result<Option<(RequestRecord, bool)>, RelayError> {
+    ) -> Result<Option<Queued>, RelayError> {
         let record = match enqueued {
             Enqueued::Queued(record) if record.status == RequestStatus::AwaitingApproval => {
                 let applicant = call.applicant.as_ref();
-                return self.held(code, record, connected, applicant).await.map(Some);
+                self.held(code, &record, connected, applicant).await?;
+                record
             }
             Enqueued::Queued(mut record) => {
                 tracing::debug!(code = %code.redacted(), request_id = %record.id, function = %record.function_name, "call queued");
@@ -350,7 +343,12 @@ impl Relay {
             }),
             Enqueued::Disconnected => return Err(RelayError::CallerDisconnected),
         };
-        Ok(Some((record, connected)))
+        let untrusted = call.untrusted;
+        Ok(Some(Queued {
+            record,
+            connected,
+            untrusted,
+        }))
     }
 
     /// A call held for the person's approval of its caller: the person is asked (or the
@@ -359,12 +357,12 @@ impl Relay {
     async fn held(
         &self,
         code: &SessionCode,
-        record: RequestRecord,
+        record: &RequestRecord,
         connected: bool,
         applicant: Option<&super::approvals::Applicant>,
-    ) -> Result<(RequestRecord, bool), RelayError> {
+    ) -> Result<(), RelayError> {
         let Some(applicant) = applicant else {
-            return Ok((record, connected));
+            return Ok(());
         };
         if !connected {
             let change = crate::store::ApprovalChange {
@@ -386,8 +384,7 @@ impl Relay {
             });
         }
         tracing::info!(code = %code.redacted(), request_id = %record.id, "call held for the person's approval");
-        self.ask(code, applicant, record.deadline).await?;
-        Ok((record, connected))
+        self.ask(code, applicant, record.deadline).await
     }
 
     /// The call already recorded under `request`'s id, if it is the same call (the tool it
