@@ -101,11 +101,11 @@ fn_lines() {
 
 # The longest functions on a call's path (issue 42's table: 60 lines at most).
 for path in services/relay/src/domain/relay/calls.rs:try_queue \
-  services/relay/src/transport/ws.rs:relay_frames \
+  services/relay/src/transport/ws/mod.rs:relay_frames \
   services/relay/src/domain/provider/mod.rs:serve \
   services/relay/src/domain/provider/mod.rs:perform \
   services/relay/src/domain/provider/mod.rs:ask; do
-  printf 'lines of %-48s %s\n' "${path##*/}" "$(fn_lines "${path%%:*}" "${path##*:}")"
+  printf 'lines of %-48s %s\n' "${path#services/relay/src/}" "$(fn_lines "${path%%:*}" "${path##*:}")"
 done
 
 # Where a delivered call is tracked: the one record type (`Delivered`, each call with its hold),
