@@ -347,3 +347,42 @@ async fn a_tab_that_pings_often_is_not_taken_for_silent() {
     assert_eq!(result_of(&state), json!({"text": "still here"}));
     relay.stop().await;
 }
+
+/// Behind a split gateway the tab's socket is the gateway's and its connection the relay's:
+/// the gateway tells the relay of each pong (`heard` on the `Connect` stream), so a tab that
+/// answers the pings stays however long it is quiet, and one that stops is dropped.
+#[tokio::test]
+async fn behind_a_split_gateway_a_tab_answering_pings_stays_and_a_silent_one_is_dropped() {
+    use toolrelay_tests::system::System;
+    let system = System::split_with(&[("HEARTBEAT_SECONDS", "1")], &[]).await;
+    let (code, token) = system.create_session().await;
+    let mut tab = WsTab::attach_url(&system.ws_url(&code, &token)).await;
+    tab.register(demo_tools()).await;
+    let connected = async || {
+        let status = system.get(&format!("/api/sessions/{code}")).await;
+        status.body["providerConnected"] == true
+    };
+
+    // Reading, the tab answers each heartbeat's ping: four heartbeats, twice the limit.
+    let mut heartbeats = 0;
+    while heartbeats < 4 {
+        let frame = tab.next_frame().await.expect("the tab was dropped");
+        if frame["type"] == "heartbeat" {
+            heartbeats += 1;
+        }
+    }
+    assert!(connected().await, "a tab answering pings was dropped");
+
+    // It stops reading (a sleeping laptop): no pong, no TCP close.
+    let every = Deadline::within(PATIENCE).every(Duration::from_millis(100));
+    wait_until(every, async || {
+        if connected().await {
+            Err("the silent tab was never dropped")
+        } else {
+            Ok(())
+        }
+    })
+    .await;
+    drop(tab);
+    system.stop().await;
+}
