@@ -36,6 +36,18 @@ pub async fn call(client: &Peer<RoleClient>, name: &str, arguments: Value) -> Ca
         .unwrap()
 }
 
+/// Calls a tool that is not there and returns the JSON-RPC error the server answered with
+/// (panics on a result: a name that is no tool is a protocol error, not a tool's failure).
+pub async fn call_unknown(client: &Peer<RoleClient>, name: &str) -> rmcp::ErrorData {
+    let asked = client
+        .call_tool(CallToolRequestParams::new(name.to_owned()))
+        .await;
+    match asked {
+        Err(rmcp::ServiceError::McpError(error)) => error,
+        other => panic!("calling {name:?} should be a JSON-RPC error, got {other:?}"),
+    }
+}
+
 /// A JSON-RPC request as a 2026-07-28 client sends it, ready to send: no session, the
 /// revision and the client in `_meta` and in the standard headers (`MCP-Protocol-Version`,
 /// `Mcp-Method`, and `Mcp-Name` for a call).

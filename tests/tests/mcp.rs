@@ -13,7 +13,7 @@ use rmcp::service::{NotificationContext, RunningService};
 use rmcp::{ClientHandler, RoleClient};
 use serde_json::{Value, json};
 use toolrelay_relay::RelayConfig;
-use toolrelay_tests::mcp::{call, connect_with};
+use toolrelay_tests::mcp::{call, call_unknown, connect_with};
 use toolrelay_tests::system::{System, send};
 use toolrelay_tests::{Deadline, WsTab, demo_tools, tab_and_builtin_names, wait_until};
 
@@ -132,11 +132,10 @@ async fn the_built_in_tools_over_mcp() {
         "INVALID_ARGUMENTS",
         "/plantumlCode",
     );
-    assert_error(
-        &call(&mcp, "nope", json!({})).await,
-        "TOOL_NOT_FOUND",
-        "encodePlantUML",
-    );
+    // A name that is no tool is a protocol error (-32602), naming the tools there are.
+    let unknown = call_unknown(&mcp, "nope").await;
+    assert_eq!(unknown.code.0, -32602, "{unknown:?}");
+    assert!(unknown.message.contains("encodePlantUML"), "{unknown:?}");
     mcp.cancel().await.unwrap();
     system.stop().await;
 }
@@ -260,11 +259,19 @@ async fn unknown_handles_ended_sessions_bad_arguments_and_unknown_tools_are_clea
         "invalid_arguments",
         "/text",
     );
-    assert_error(
-        &call(&scoped, "nope", json!({})).await,
-        "unknown_function",
-        "echo, add",
-    );
+    let unknown = call_unknown(&scoped, "nope").await;
+    assert_eq!(unknown.code.0, -32602, "{unknown:?}");
+    assert!(unknown.message.contains("echo, add"), "{unknown:?}");
+    // Inside call_session_tool it stays the tool's failure, naming the functions, so that the
+    // model can correct itself (and never the code).
+    let inside = call(
+        &mcp,
+        "call_session_tool",
+        json!({"session": handle, "name": "nope", "arguments": {}}),
+    )
+    .await;
+    assert_error(&inside, "unknown_function", "echo, add");
+    assert!(!text(&inside).contains(&code), "{inside:?}");
     assert_error(
         &call(
             &mcp,

@@ -493,16 +493,18 @@ impl ServerHandler for RelayMcp {
     ) -> Result<CallToolResponse, McpError> {
         let name = request.name.to_string();
         let arguments = Value::Object(request.arguments.unwrap_or_default());
-        let result = if self.scoped {
+        let called = if self.scoped {
             let handle = Self::scoped_handle(&context);
             self.call_in_session(&handle, &name, arguments, false, &context)
                 .await
         } else if let Some(pairing) = Pairing::named(&name) {
-            self.call_pairing(pairing, &arguments, &context).await
+            self.call_pairing(pairing, &arguments, &context)
+                .await
+                .into()
         } else {
             self.call_builtin(&name, arguments, &context).await
         };
-        Ok(result.into())
+        Ok(called.answering_tools_call()?.into())
     }
 }
 

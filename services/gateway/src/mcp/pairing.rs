@@ -271,6 +271,7 @@ impl RelayMcp {
         let arguments = arguments.get("arguments").cloned().unwrap_or(Value::Null);
         self.call_in_session(&session, &tool_name, arguments, read_only, context)
             .await
+            .inside_a_tool()
     }
 }
 

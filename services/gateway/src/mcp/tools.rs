@@ -6,19 +6,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use rmcp::RoleServer;
 use rmcp::model::{
     CallToolResult, ContentBlock, Icon, JsonObject, MetaObject, ProgressNotificationParam, Tool,
     ToolAnnotations,
 };
 use rmcp::service::{RequestContext, SubscriptionContext};
+use rmcp::{ErrorData as McpError, RoleServer};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 use toolrelay::wire::{FunctionSpec, ToolHints};
 use toolrelay_relay::front::ops::{AwaitResponse, Call, CallTool, CancelRequest, GetManifest};
 use toolrelay_relay::front::unique_id;
 use toolrelay_relay::front::{CallInput, Caller, ErrorCode, ErrorInfo, ErrorKind, RelayApi};
-use toolrelay_relay::front::{FailureCode, Scope};
+use toolrelay_relay::front::{FailureCode, Scope, ToolCode};
 
 use super::{McpRequest, RelayMcp, caller_of, mcp_session_of, request_of};
 use crate::types::CallResponse;
@@ -98,6 +98,41 @@ pub(super) fn failure(code: &str, message: &str) -> CallToolResult {
 
 pub(super) fn from_error(error: &ErrorInfo) -> CallToolResult {
     failure(error.code.as_str(), &error.message)
+}
+
+/// What a tool call came to: a result for the model, or the news that no tool of that name is
+/// there (its message names the ones that are).
+pub(super) enum Called {
+    /// The tool's result, or a failure the model can act on.
+    Result(CallToolResult),
+    /// No tool of that name.
+    NoSuchTool(String),
+}
+
+impl Called {
+    /// As the answer to `tools/call`, where a name that is no tool is a protocol error
+    /// (JSON-RPC -32602, the error table of every MCP revision).
+    pub(super) fn answering_tools_call(self) -> Result<CallToolResult, McpError> {
+        match self {
+            Self::Result(result) => Ok(result),
+            Self::NoSuchTool(message) => Err(McpError::invalid_params(message, None)),
+        }
+    }
+
+    /// As the result of a tool that calls another by name (`call_session_tool`): a failed
+    /// result naming the functions there are, so that the model can correct itself.
+    pub(super) fn inside_a_tool(self) -> CallToolResult {
+        match self {
+            Self::Result(result) => result,
+            Self::NoSuchTool(message) => failure(ErrorCode::UnknownFunction.as_str(), &message),
+        }
+    }
+}
+
+impl From<CallToolResult> for Called {
+    fn from(result: CallToolResult) -> Self {
+        Self::Result(result)
+    }
 }
 
 impl RelayMcp {
@@ -191,7 +226,7 @@ impl RelayMcp {
         arguments: Value,
         read_only: bool,
         context: &RequestContext<RoleServer>,
-    ) -> CallToolResult {
+    ) -> Called {
         let caller = &caller_of(context);
         let relay = &self.state.relay;
         // Named here, so that a call cancelled while it is being queued can be found.
@@ -226,7 +261,10 @@ impl RelayMcp {
         let (view, untrusted) = tokio::select! {
             answered = waiting => match answered {
                 Ok(answered) => answered,
-                Err(error) => return from_error(&error),
+                Err(error) if error.code == ErrorCode::UnknownFunction => {
+                    return Called::NoSuchTool(error.message);
+                }
+                Err(error) => return from_error(&error).into(),
             },
             () = context.ct.cancelled() => {
                 // The client cancelled (`notifications/cancelled`, or it closed the response
@@ -235,17 +273,18 @@ impl RelayMcp {
                 if let Err(error) = relay.run(caller, cancel).await {
                     tracing::warn!(error = %error.message, "a call its MCP client cancelled could not be cancelled");
                 }
-                return failure(ErrorCode::Cancelled.as_str(), "The call was cancelled by the client.");
+                return failure(ErrorCode::Cancelled.as_str(), "The call was cancelled by the client.").into();
             }
         };
         let Some(response) = view.response else {
             return failure(
                 ErrorCode::ToolError.as_str(),
                 "The call ended without an answer.",
-            );
+            )
+            .into();
         };
         let answer = CallResponse::from(response);
-        match (answer.success, answer.error) {
+        let result = match (answer.success, answer.error) {
             (true, _) => {
                 let mut value = answer.result.unwrap_or(Value::Null);
                 if answer.truncated == Some(true) {
@@ -264,7 +303,8 @@ impl RelayMcp {
                 ErrorCode::ToolError.as_str(),
                 "The tool failed without a message.",
             ),
-        }
+        };
+        result.into()
     }
 
     /// A built-in tool, outside any session (scope: the MCP session when there is one).
@@ -273,10 +313,10 @@ impl RelayMcp {
         name: &str,
         arguments: Value,
         context: &RequestContext<RoleServer>,
-    ) -> CallToolResult {
+    ) -> Called {
         let caller = caller_of(context);
         if let Err(limited) = self.state.limits.tool_call(&caller).await {
-            return failure(limited.code.as_str(), &limited.message);
+            return failure(limited.code.as_str(), &limited.message).into();
         }
         let scope = mcp_session_of(context).map_or(Scope::None, Scope::Mcp);
         let call = CallTool {
@@ -288,18 +328,22 @@ impl RelayMcp {
         let outcome = tokio::select! {
             outcome = self.state.relay.run(&caller, call) => outcome,
             () = context.ct.cancelled() => {
-                return failure(ErrorCode::Cancelled.as_str(), "The call was cancelled by the client.");
+                return failure(ErrorCode::Cancelled.as_str(), "The call was cancelled by the client.").into();
             }
         };
-        match outcome {
+        let result = match outcome {
             Ok(Ok(value)) => success(value),
+            Ok(Err(error)) if error.code == FailureCode::Tool(ToolCode::ToolNotFound) => {
+                return Called::NoSuchTool(error.message);
+            }
             Ok(Err(error)) => failure(&error.code.to_string(), &error.message),
             // The relay could not be reached (the gateway's own callers are let in).
             Err(refused) => failure(
                 &FailureCode::from(refused.code).to_string(),
                 &refused.message,
             ),
-        }
+        };
+        result.into()
     }
 }
 
