@@ -94,16 +94,16 @@ if [[ $mode == --test ]]; then
 fi
 
 # --- the MCP conformance suite's CLI on Node 20 ----------------------------------------------
-# @modelcontextprotocol/conformance 0.1.16 imports `globSync` from `fs`, which Node 22 has and
-# Node 20 lacks: that one import is taken from the `glob` package instead (tests/browser has it).
-# The file is patched only if it is exactly the one of 0.1.16: another version fails here, to be
-# looked at (and these hashes updated) rather than patched blindly.
+# @modelcontextprotocol/conformance 0.2.0-alpha.12 imports `globSync` from `fs`, which Node 22
+# has and Node 20 lacks: that one import is taken from the `glob` package instead (tests/browser
+# has it). The file is patched only if it is exactly the one of 0.2.0-alpha.12: another version
+# fails here, to be looked at (and these hashes updated) rather than patched blindly.
 if [[ $mode == --test ]]; then
   conformance=tests/browser/node_modules/@modelcontextprotocol/conformance/dist/index.js
-  as_published=8af99580e70f26781b379b63c89a90f26c44a9fa82022838d5308ff1a803ef2d
-  as_patched=cd5b96471e9b206dd01360df5dab5bf50abaa5671c01428cac1dabdb067aa2c2
-  fs_import='import{existsSync as a,globSync as o,mkdtempSync as s,promises as c,readFileSync as l}from"fs";'
-  glob_import='import{existsSync as a,mkdtempSync as s,promises as c,readFileSync as l}from"fs";import{globSync as o}from"glob";'
+  as_published=b56fb575e61edaac83c2008af40a6a78b47815c4038a02a9b04cd336d38832a0
+  as_patched=cbe9ec2ba70f0d22adc5ca7fbf877129c10891c988390f86bfb2acb82d01f705
+  fs_import='import{existsSync as i,globSync as a,mkdtempSync as o,promises as s,readFileSync as c,readdirSync as l,writeFileSync as u}from"fs";'
+  glob_import='import{existsSync as i,mkdtempSync as o,promises as s,readFileSync as c,readdirSync as l,writeFileSync as u}from"fs";import{globSync as a}from"glob";'
   found=$(sha256sum "$conformance" | cut -d' ' -f1)
   if [[ $found == "$as_published" ]]; then
     say "patching the conformance suite's import of fs.globSync (Node 20 has none)"
@@ -111,7 +111,7 @@ if [[ $mode == --test ]]; then
     found=$(sha256sum "$conformance" | cut -d' ' -f1)
   fi
   if [[ $found != "$as_patched" ]]; then
-    say "$conformance is not the file of @modelcontextprotocol/conformance 0.1.16 (sha256 $found):"
+    say "$conformance is not the file of @modelcontextprotocol/conformance 0.2.0-alpha.12 (sha256 $found):"
     say "check its fs.globSync import by hand, then update the hashes in scripts/setup.sh"
     exit 1
   fi

@@ -1,9 +1,10 @@
 //! Every MCP revision the relay serves (2024-11-05, 2025-03-26, 2025-06-18, 2025-11-25 over
 //! the `initialize` handshake; 2026-07-28 sessionless), each asked for by a real SDK client;
 //! a revision not served refused with the ones that are; the sessionless revision through two
-//! gateways on Redis; and the official conformance suite (`@modelcontextprotocol/conformance`)
-//! against `/mcp` of one process and behind two gateways on Redis, with its expected failures
-//! in `tests/conformance/expected-failures.yml`.
+//! gateways on Redis; and the official conformance suite (`@modelcontextprotocol/conformance`
+//! 0.2.0-alpha.12), the frozen requirements of 2025-11-25 and of 2026-07-28, against `/mcp` of
+//! one process and behind two gateways on Redis, with each revision's expected failures in
+//! `tests/conformance/expected-failures-<revision>.yml`.
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap should fail loudly
 
 use std::path::PathBuf;
@@ -325,32 +326,42 @@ async fn the_sessionless_revision_works_through_two_gateways_on_redis() {
     assert!(listener.wait().await.unwrap().success());
 }
 
-/// Runs the conformance suite against `url` with the expected failures; prints its summary.
+/// The revisions whose frozen requirements the conformance suite checks, each with its own
+/// expected failures (`tests/conformance/expected-failures-<revision>.yml`).
+const CONFORMANCE_REVISIONS: [&str; 2] = ["2025-11-25", "2026-07-28"];
+
+/// Runs the conformance suite against `url` for each revision's requirements, with that
+/// revision's expected failures; prints the summaries.
 async fn conformance(url: &str) {
     let cli = npm_package("@modelcontextprotocol/conformance/dist/index.js");
-    let output = tokio::process::Command::new("node")
-        .arg(cli)
-        .arg("server")
-        .arg("--url")
-        .arg(url)
-        .arg("--expected-failures")
-        .arg(repo_file("tests/conformance/expected-failures.yml"))
-        .kill_on_drop(true)
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let summary = stdout
-        .split_once("=== SUMMARY ===")
-        .map_or(stdout.as_ref(), |(_, summary)| summary);
-    println!("conformance suite against {url}:{summary}");
-    assert!(
-        output.status.success(),
-        "the conformance suite failed against {url} (a scenario failed that is not in \
-         tests/conformance/expected-failures.yml, or one listed there passes now; if it cannot \
-         start, run scripts/setup.sh --test):\n{summary}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    for revision in CONFORMANCE_REVISIONS {
+        let expected = format!("tests/conformance/expected-failures-{revision}.yml");
+        let output = tokio::process::Command::new("node")
+            .arg(&cli)
+            .arg("server")
+            .arg("--url")
+            .arg(url)
+            .arg("--requirements")
+            .arg(revision)
+            .arg("--expected-failures")
+            .arg(repo_file(&expected))
+            .kill_on_drop(true)
+            .output()
+            .await
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let summary = stdout
+            .split_once("=== SUMMARY ===")
+            .map_or(stdout.as_ref(), |(_, summary)| summary);
+        println!("conformance suite ({revision}) against {url}:{summary}");
+        assert!(
+            output.status.success(),
+            "the conformance suite ({revision}) failed against {url} (a scenario failed that is \
+             not in {expected}, or one listed there passes now; if it cannot start, run \
+             scripts/setup.sh --test):\n{summary}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
 }
 
 #[tokio::test]

@@ -444,7 +444,8 @@ impl ServerHandler for RelayMcp {
                     "No resource {}: resources/list names the ones there are.",
                     request.uri
                 ),
-                None,
+                // The resource asked for, as the spec's resource-not-found error carries it.
+                Some(json!({"uri": request.uri})),
             )
         })
     }
