@@ -231,21 +231,43 @@ impl RelayMcp {
         let relay = &self.state.relay;
         // Named here, so that a call cancelled while it is being queued can be found.
         let request_id = unique_id();
-        let call = CallInput {
-            request_id: Some(request_id.clone()),
-            function_name: name.to_owned(),
-            args: arguments,
-            read_only,
-            ..CallInput::default()
+        let call = Call {
+            code: code.to_owned(),
+            call: CallInput {
+                request_id: Some(request_id.clone()),
+                function_name: name.to_owned(),
+                args: arguments,
+                read_only,
+                ..CallInput::default()
+            },
+            wait: Some(PROGRESS_EVERY),
+        };
+        let cancel = CancelRequest {
+            code: code.to_owned(),
+            request_id: request_id.clone(),
         };
         let started = Instant::now();
+        // The call's queueing is owned, so that a client cancelling meanwhile does not cut it
+        // short: the call may be on its way into the queue (on another replica, even), and is
+        // cancelled once it is there.
+        let queueing = {
+            let (relay, caller) = (relay.clone(), caller.clone());
+            async move { relay.run(&caller, call).await }
+        };
+        let mut queueing = Box::pin(queueing);
+        let first = tokio::select! {
+            first = &mut queueing => first,
+            () = context.ct.cancelled() => {
+                let (relay, caller) = (relay.clone(), caller.clone());
+                tokio::spawn(async move {
+                    let _ = queueing.await;
+                    cancelled(&relay, &caller, cancel).await;
+                });
+                return failure(ErrorCode::Cancelled.as_str(), "The call was cancelled by the client.").into();
+            }
+        };
         let waiting = async {
-            let call = Call {
-                code: code.to_owned(),
-                call,
-                wait: Some(PROGRESS_EVERY),
-            };
-            let mut view = relay.run(caller, call).await?;
+            let mut view = first?;
             let untrusted = view.untrusted;
             while view.response.is_none() {
                 progress(context, started, view.provider_connected).await;
@@ -269,10 +291,7 @@ impl RelayMcp {
             () = context.ct.cancelled() => {
                 // The client cancelled (`notifications/cancelled`, or it closed the response
                 // stream): the call ends for the tab too.
-                let cancel = CancelRequest { code: code.to_owned(), request_id: request_id.clone() };
-                if let Err(error) = relay.run(caller, cancel).await {
-                    tracing::warn!(error = %error.message, "a call its MCP client cancelled could not be cancelled");
-                }
+                cancelled(relay, caller, cancel).await;
                 return failure(ErrorCode::Cancelled.as_str(), "The call was cancelled by the client.").into();
             }
         };
@@ -344,6 +363,13 @@ impl RelayMcp {
             ),
         };
         result.into()
+    }
+}
+
+/// Cancels a call its MCP client cancelled.
+async fn cancelled(relay: &RelayApi, caller: &Caller, cancel: CancelRequest) {
+    if let Err(error) = relay.run(caller, cancel).await {
+        tracing::warn!(error = %error.message, "a call its MCP client cancelled could not be cancelled");
     }
 }
 

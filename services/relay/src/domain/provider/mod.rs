@@ -399,11 +399,11 @@ impl Driver {
                 core.on_provider(served, after_missed, fx);
             }
             Effect::CheckCancelled(id) => {
-                if let Ok(Some(record)) = self.relay.store().request(code, &id).await
-                    && record.status == RequestStatus::Cancelled
-                {
-                    core.on_cancelled(id, fx);
-                }
+                let cancelled = match self.relay.store().request(code, &id).await {
+                    Ok(Some(record)) => record.status == RequestStatus::Cancelled,
+                    _ => false,
+                };
+                core.on_checked(id, cancelled, fx);
             }
             Effect::CheckAnswered(ids) => core.on_answered(self.answered(ids).await, fx),
             Effect::Send(_) | Effect::End(_) | Effect::Claim { .. } | Effect::Doubt => {}
@@ -426,44 +426,44 @@ impl Driver {
         answered
     }
 
-    /// Claims every call this connection may have — new ones, and ones delivered to an
-    /// earlier connection and never answered (with `redeliver`, also the ones recorded as
-    /// delivered to this connection: a claim whose reply timed out, or an event that handed
-    /// one over, may have been lost) — and gives them to the core.
+    /// Claims the calls this connection may have — new ones, and ones delivered to an earlier
+    /// connection and never answered (with `redeliver`, also the ones recorded as delivered to
+    /// this connection: a claim whose reply timed out, or an event that handed one over, may
+    /// have been lost) — and gives them to the core. A full batch asks for the next claim after
+    /// the calls it brought are sent, so a long queue reaches the tab as it is claimed.
     async fn claim(&self, core: &mut Core, redeliver: bool, fx: &mut Effects) -> Delivery {
-        loop {
-            if self.relay.drain().is_handing_over() {
-                return Delivery::All;
-            }
-            let now = self.relay.now();
-            let claim = Claim {
-                connection_id: core.connection_id().to_owned(),
-                now,
-                // A pushed call stays with this connection for as long as it lives.
-                lease_until: now.plus(self.relay.config().request_timeout + Duration::from_secs(1)),
-                // One redelivering claim: a second would hand out the same calls again.
-                limit: if redeliver {
-                    REDELIVER_LIMIT
-                } else {
-                    CLAIM_BATCH
-                },
-                redeliver,
-            };
-            let claimed = match self.relay.store().claim(&self.code, &claim).await {
-                Ok(claimed) => claimed,
-                Err(error) => {
-                    tracing::warn!(code = %self.code.redacted(), %error, "could not claim calls for the provider");
-                    self.watch.doubt();
-                    return Delivery::Failed;
-                }
-            };
-            let full = !redeliver && claimed.len() >= CLAIM_BATCH;
-            core.on_claimed(claimed, fx);
-            // A redelivering claim took everything claimable at once.
-            if !full {
-                return Delivery::All;
-            }
+        if self.relay.drain().is_handing_over() {
+            return Delivery::All;
         }
+        let now = self.relay.now();
+        let claim = Claim {
+            connection_id: core.connection_id().to_owned(),
+            now,
+            // A pushed call stays with this connection for as long as it lives.
+            lease_until: now.plus(self.relay.config().request_timeout + Duration::from_secs(1)),
+            // One redelivering claim: a second would hand out the same calls again.
+            limit: if redeliver {
+                REDELIVER_LIMIT
+            } else {
+                CLAIM_BATCH
+            },
+            redeliver,
+        };
+        let claimed = match self.relay.store().claim(&self.code, &claim).await {
+            Ok(claimed) => claimed,
+            Err(error) => {
+                tracing::warn!(code = %self.code.redacted(), %error, "could not claim calls for the provider");
+                self.watch.doubt();
+                return Delivery::Failed;
+            }
+        };
+        // A redelivering claim took everything claimable at once.
+        let full = !redeliver && claimed.len() >= CLAIM_BATCH;
+        core.on_claimed(claimed, fx);
+        if full {
+            fx.push_back(Effect::Claim { redeliver: false });
+        }
+        Delivery::All
     }
 
     /// Records the tab's answer.

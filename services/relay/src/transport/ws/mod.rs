@@ -338,20 +338,22 @@ enum In {
 
 fn incoming(message: Option<Result<Message, WsError>>, limits: AnswerLimits) -> In {
     match message {
+        // Anything the tab sends says it is there, even a frame it is told it got wrong.
         Some(Ok(Message::Text(body))) => {
             let (frame, refusal) = read_frame(&body, limits);
-            In::Up(frame.map(Uplink::Frame), refusal)
+            In::Up(Some(frame.map_or(Uplink::Heard, Uplink::Frame)), refusal)
         }
         Some(Ok(Message::Binary(_))) => In::Up(
-            None,
+            Some(Uplink::Heard),
             Some((
                 ErrorCode::InvalidFrame,
                 "Binary frames are not understood; send JSON as text frames.".to_owned(),
             )),
         ),
-        // A pong answers the ping of a heartbeat (tungstenite answers the tab's pings itself).
-        Some(Ok(Message::Pong(_))) => In::Up(Some(Uplink::Heard), None),
-        Some(Ok(Message::Ping(_) | Message::Frame(_))) => In::Nothing,
+        // A pong answers the ping of a heartbeat; a ping of the tab's own (tungstenite answers
+        // it) says it is there too.
+        Some(Ok(Message::Pong(_) | Message::Ping(_))) => In::Up(Some(Uplink::Heard), None),
+        Some(Ok(Message::Frame(_))) => In::Nothing,
         Some(Err(WsError::Capacity(CapacityError::MessageTooLong { size, max_size }))) => {
             tracing::debug!(size, max_size, "a provider sent a frame over the limit");
             In::Close(CloseCode::Size, "frame too large")

@@ -124,7 +124,7 @@ pub(crate) enum Effect {
         /// See above.
         after_missed: Option<bool>,
     },
-    /// Read whether this call was cancelled ([`TabConnection::on_cancelled`]).
+    /// Read whether this call, answered, was cancelled ([`TabConnection::on_checked`]).
     CheckCancelled(String),
     /// Read which of these calls have their answer ([`TabConnection::on_answered`]).
     CheckAnswered(Vec<String>),
@@ -305,17 +305,14 @@ impl<H> TabConnection<H> {
             Some(SessionEvent::ResponseReady { id, record }) => {
                 if self.delivered.holds(&id) {
                     // A call it was given and did not answer may have been cancelled by its
-                    // caller: the tab stops running it.
+                    // caller: the tab stops running it (told before anything that settling
+                    // the call may bring, such as the move of a relay handing over).
                     match record {
-                        Some(record) if record.status == RequestStatus::Cancelled => {
-                            fx.push_back(Effect::Send(Downlink::Cancel {
-                                request_id: id.clone(),
-                            }));
+                        Some(record) => {
+                            self.on_checked(id, record.status == RequestStatus::Cancelled, fx);
                         }
-                        Some(_) => {}
-                        None => fx.push_back(Effect::CheckCancelled(id.clone())),
+                        None => fx.push_back(Effect::CheckCancelled(id)),
                     }
-                    self.settle(&id, fx);
                 }
             }
             Some(SessionEvent::ManifestChanged) => {}
@@ -459,11 +456,19 @@ impl<H> TabConnection<H> {
         }
     }
 
-    /// A call it was given was cancelled by its caller: the tab stops running it.
-    pub(crate) fn on_cancelled(&mut self, request_id: String, fx: &mut Effects) {
-        if !self.ended {
-            fx.push_back(Effect::Send(Downlink::Cancel { request_id }));
+    /// A call it was given has its answer, and whether that answer is its caller's cancel
+    /// (after [`Effect::CheckCancelled`]; a store that could not say counts as no): a cancelled
+    /// call is stopped in the tab, then the call is settled.
+    pub(crate) fn on_checked(&mut self, request_id: String, cancelled: bool, fx: &mut Effects) {
+        if self.ended {
+            return;
         }
+        if cancelled {
+            fx.push_back(Effect::Send(Downlink::Cancel {
+                request_id: request_id.clone(),
+            }));
+        }
+        self.settle(&request_id, fx);
     }
 
     /// These calls it was given have their answer (found after lost events).

@@ -33,7 +33,7 @@ enum In {
     Outcome(Result<Option<Downlink>, RelayError>),
     Approvals(ApprovalView),
     Provider(Served, Option<bool>),
-    Cancelled(&'static str),
+    Checked(&'static str, bool),
     Answered(&'static [&'static str]),
 }
 
@@ -179,7 +179,7 @@ fn table(rows: Vec<(In, &[&str], usize)>) {
             In::Outcome(outcome) => tab.on_outcome(outcome, &mut fx),
             In::Approvals(view) => tab.on_approvals(view, &mut fx),
             In::Provider(served, after) => tab.on_provider(served, after, &mut fx),
-            In::Cancelled(id) => tab.on_cancelled(id.into(), &mut fx),
+            In::Checked(id, cancelled) => tab.on_checked(id.into(), cancelled, &mut fx),
             In::Answered(ids) => {
                 tab.on_answered(ids.iter().map(|id| (*id).to_owned()).collect(), &mut fx);
             }
@@ -253,9 +253,9 @@ fn a_call_is_delivered_once_and_held_until_its_answer_is_stored() {
                 record: None,
             })),
             &["check cancelled f"],
-            0,
+            1,
         ),
-        (Cancelled("f"), &["cancel f"], 0),
+        (Checked("f", true), &["cancel f"], 0),
         (Event(Some(SessionEvent::RequestQueued)), &["claim"], 0),
     ]);
 }
@@ -385,6 +385,26 @@ fn a_draining_relay_lets_its_tab_answer_then_tells_it_to_move() {
         (
             Event(answered("b", RequestStatus::Completed)),
             &["restarting", "end Moved"],
+            0,
+        ),
+    ]);
+    // Its last call cancelled, with no record on the event: the tab hears the cancel, then
+    // that it moves.
+    table(vec![
+        (Start, &["welcome", "claim", "show approvals"], 0),
+        (Claimed(&["a"]), &["doubt", "call a"], 1),
+        (Drain(DrainStage::HandingOver), &[], 1),
+        (
+            Event(Some(SessionEvent::ResponseReady {
+                id: "a".into(),
+                record: None,
+            })),
+            &["check cancelled a"],
+            1,
+        ),
+        (
+            Checked("a", true),
+            &["cancel a", "restarting", "end Moved"],
             0,
         ),
     ]);
