@@ -42,6 +42,8 @@
 
 import { Dispatcher, ToolError, heldForConfirmation } from './dispatcher.js';
 import { ErrorCode, ToolErrorCode } from './errors.js';
+import { callContext } from './progress.js';
+import { answerOf } from './result.js';
 import { ClaimRefused, Sessions, isClaim } from './session.js';
 import { Transport } from './transport.js';
 
@@ -531,26 +533,30 @@ export class Connection extends EventTarget {
   /**
    * Runs one call (the transport sees that it runs once); always resolves with its answer.
    * `signal` is aborted when the caller cancels it: the tool sees it (`execute(args,
-   * {signal})`), and the answer says `cancelled`.
+   * {signal, progress, log})`), and the answer says `cancelled`. `notify(frame)` sends the
+   * tool's `progress` and `log` frames while it runs (progress.js). A tool returning a
+   * ToolResult answers with content (result.js), anything else with a result.
    */
-  async run(call, signal = new AbortController().signal) {
+  async run(call, signal = new AbortController().signal, notify = () => {}) {
     const { requestId, toolId, functionName, args } = call;
     this.handled += 1;
     this.emit('call-started', { requestId, name: functionName, args });
+    const context = callContext(requestId, notify);
     let answer;
     try {
       const fn = this.dispatcher.find(toolId, functionName);
       if (fn && this.confirm && heldForConfirmation(fn, args) && !(await this.confirm(call, signal))) {
         throw new ToolError(ToolErrorCode.DECLINED_BY_USER, 'The user declined this change. Ask them before trying again.');
       }
-      const result = await this.dispatcher.call(toolId, functionName, args, { signal });
+      const value = await this.dispatcher.call(toolId, functionName, args, { signal, progress: context.progress, log: context.log });
       // What cannot travel as JSON (a cycle, a BigInt) is a failure, not a lost answer.
-      const json = JSON.stringify(result === undefined ? null : result);
-      answer = { requestId, success: true, result: JSON.parse(json) };
+      answer = answerOf(requestId, value);
     } catch (error) {
       const code = error?.code && typeof error.code === 'string' ? error.code : ToolErrorCode.TOOL_ERROR;
       const message = error?.message || String(error);
       answer = { requestId, success: false, error: { code, message } };
+    } finally {
+      context.close();
     }
     if (signal.aborted) {
       answer = { requestId, success: false, error: { code: ErrorCode.CANCELLED, message: 'The caller cancelled the call.' } };

@@ -154,8 +154,9 @@ export class Dispatcher {
 
   /**
    * Runs a function after checking its arguments; throws ToolError on failure. `context.signal`
-   * (an AbortSignal) is passed to the function as `execute(args, {signal})`: it is aborted
-   * when the caller cancels the call.
+   * (an AbortSignal) is passed to the function as `execute(args, {signal, progress, log})`: it
+   * is aborted when the caller cancels the call. `context.progress` and `context.log` report
+   * while it runs (progress.js); without them they do nothing.
    */
   async call(toolId, name, args = {}, context = {}) {
     const fn = this.find(toolId, name);
@@ -164,7 +165,9 @@ export class Dispatcher {
     if (problems.length) throw new ToolError(ErrorCode.INVALID_ARGUMENTS, `Invalid arguments: ${problems.join('; ')}.`);
     const signal = context.signal ?? new AbortController().signal;
     signal.throwIfAborted();
-    return fn.run(args ?? {}, { signal });
+    const progress = context.progress ?? (() => false);
+    const log = context.log ?? (() => false);
+    return fn.run(args ?? {}, { signal, progress, log });
   }
 }
 

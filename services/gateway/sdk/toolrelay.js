@@ -11,13 +11,23 @@
 //
 // Layout: connection.js pairs and runs calls, transport.js carries them (WebSocket → SSE →
 // polling, one file each: transport-websocket.js, transport-sse.js, transport-polling.js),
-// session.js keeps the session across reloads, dispatcher.js checks arguments, pairing.js is
-// the <toolrelay-pairing> element (its words made in pairing-text.js), webmcp.js bridges
-// WebMCP pages.
+// session.js keeps the session across reloads, dispatcher.js checks arguments, result.js makes
+// answers with content (`ToolResult`: images, text, audio, resources), progress.js a running
+// call's progress and log frames, pairing.js is the <toolrelay-pairing> element (its words made
+// in pairing-text.js), webmcp.js bridges WebMCP pages.
+//
+// A tool may answer with content, and report while it runs:
+//
+//   execute: async (args, { signal, progress, log }) => {
+//     progress(1, 2, 'drawing');
+//     return ToolResult.image(canvas.toDataURL('image/png')).and(ToolResult.text('A bar chart of …'));
+//   }
 
 export { connect, Connection, displayCode, underAppHost } from './connection.js';
 export { Dispatcher, ToolError, validate } from './dispatcher.js';
 export { ErrorCode, ToolErrorCode } from './errors.js';
+export { LOG_LEVELS, PROGRESS_INTERVAL_MS } from './progress.js';
+export { IMAGE_TYPES, ToolResult } from './result.js';
 export { ClaimRefused, Sessions, isClaim } from './session.js';
 export { Transport } from './transport.js';
 export { bridgeWebMCP } from './webmcp.js';

@@ -22,7 +22,8 @@
 // to connect (its URL; polling's headers too) and the callbacks it reports through (see
 // `callbacks` below), and returns `{send(frame), close()}`. `send` says whether the frame went
 // over the connection: only an open WebSocket carries frames up, and what it does not carry goes
-// over HTTP from here (answers, approvals, the manifest). `close` ends the connection for good.
+// over HTTP from here (answers, a running call's progress and log frames, approvals, the
+// manifest). `close` ends the connection for good.
 // The connection, the backoff, the fallback, the answers and their acks are kept and changed in
 // this file only.
 
@@ -75,8 +76,9 @@ export class Transport extends EventTarget {
    * @param {string} base  the relay's origin
    * @param {{code: string, token: string}} session
    * @param {() => object[]} manifest  the tools to register
-   * @param {(call: object, signal: AbortSignal) => Promise<object>} run  runs a call (the
-   *   signal is aborted if the caller cancels it); resolves with {success, result?, error?}
+   * @param {(call: object, signal: AbortSignal, notify: (frame: object) => void) => Promise<object>} run
+   *   runs a call (the signal is aborted if the caller cancels it; `notify` sends its progress
+   *   and log frames); resolves with {success, result?, content?, structuredContent?, error?}
    * @param {{approves?: boolean | (() => boolean)}} [options]  `approves`: whether the person
    *   allows each new caller in this tab (sent with every registration; default false)
    */
@@ -369,7 +371,7 @@ export class Transport extends EventTarget {
     }
     const controller = new AbortController();
     this.running.set(id, controller);
-    const running = this.run(call, controller.signal).then((answer) => {
+    const running = this.run(call, controller.signal, (frame) => this.notify(frame)).then((answer) => {
       this.running.delete(id);
       this.remember(id, answer);
       // A cancelled call's answer would be refused: the call has its end already.
@@ -417,6 +419,26 @@ export class Transport extends EventTarget {
       // Sent again shortly (and when the connection is back, or the relay hands the call out again).
       this.interruptions += 1;
       this.resendLater(id);
+    }
+  }
+
+  /**
+   * Sends a frame about a call under way (`progress`, `log`): over the open socket, else by
+   * `POST …/response` as answers go (the relay tells them apart by `type`). Never kept or sent
+   * again: a lost one is a missed update, and the answer follows. Nothing goes while no
+   * connection is up.
+   */
+  async notify(frame) {
+    if (this.stopped || this.connection?.send(frame)) return;
+    if (!((this.kind === 'sse' && this.connection) || this.polling)) return;
+    try {
+      await fetch(this.url('/response'), {
+        method: 'POST',
+        headers: { ...this.auth(), 'content-type': 'application/json' },
+        body: JSON.stringify(frame),
+      });
+    } catch {
+      // A missed update; the connection's own trouble shows elsewhere.
     }
   }
 

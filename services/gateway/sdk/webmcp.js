@@ -15,19 +15,15 @@
 // `clearContext()`; a context whose `executeTool` refuses an object gets the JSON string.
 // Declarative (form) tools, resources, prompts, sampling and elicitation are not bridged.
 
-import { ToolError } from './dispatcher.js';
-import { ToolErrorCode } from './errors.js';
+import { fromMcpResult } from './result.js';
 
-/** What an MCP-style result becomes for the relay: its structured content, or the result itself. */
+/**
+ * What a tool's result becomes for the relay: one in MCP's shape (`{content, structuredContent?,
+ * isError?}`) its content as is (result.js; `isError` a failed answer with that content, the
+ * first text its message), anything else the result.
+ */
 function unwrap(result) {
-  if (!result || typeof result !== 'object' || !Array.isArray(result.content)) return result;
-  const text = result.content
-    .filter((part) => part && part.type === 'text')
-    .map((part) => part.text)
-    .join('\n');
-  if (result.isError) throw new ToolError(ToolErrorCode.TOOL_ERROR, text || 'The tool failed.');
-  if (result.structuredContent !== undefined) return result.structuredContent;
-  return result;
+  return fromMcpResult(result) ?? result;
 }
 
 /** `name` as the relay takes it: letters, digits and _, at most 64. */
