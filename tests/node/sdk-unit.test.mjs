@@ -3,8 +3,10 @@
 // which frames end a tab's session (transport.js), what each transport's opener reports
 // through its callbacks and what the Transport does with its `{send, close}` (against stand-ins
 // for WebSocket, EventSource, fetch and the timers), and the words <toolrelay-pairing> puts on
-// the page (pairing-text.js). The browser tests (tests/browser) cover the same code end to
-// end, in seconds; these say which case broke.
+// the page (pairing-text.js); what a tool answers with (ToolResult, result.js) and reports
+// while it runs (progress and log frames, progress.js), and the plugin's own pure parts (its
+// graph pictures, graph-image.js, and its chunked item creation). The browser tests
+// (tests/browser) cover the same code end to end, in seconds; these say which case broke.
 //
 //   node --test tests/node/sdk-unit.test.mjs
 
@@ -26,10 +28,15 @@ import {
   shortLabel,
   summarize,
 } from '../../services/gateway/sdk/pairing-text.js';
+import { Connection } from '../../services/gateway/sdk/connection.js';
+import { LOG_LEVELS, PROGRESS_INTERVAL_MS, ProgressGate, callContext, logFrame, progressFrame } from '../../services/gateway/sdk/progress.js';
+import { IMAGE_TYPES, ToolResult, answerOf, fromMcpResult, splitDataUri, toBase64 } from '../../services/gateway/sdk/result.js';
 import { Transport, sessionEnd } from '../../services/gateway/sdk/transport.js';
 import { openPolling } from '../../services/gateway/sdk/transport-polling.js';
 import { openEventStream } from '../../services/gateway/sdk/transport-sse.js';
 import { openWebSocket } from '../../services/gateway/sdk/transport-websocket.js';
+import { MAX_WIDTH, describeGraph, fitted, fittedPng, leadingBytes, pngSize } from '../../services/gateway/plugin/graph-image.js';
+import { ITEMS_PER_REQUEST, codapTools } from '../../services/gateway/plugin/tools.js';
 
 // ---- dispatcher.js: validate ----
 
@@ -988,4 +995,529 @@ describe('escape', () => {
   for (const [what, text, html] of cases) {
     test(what, () => assert.equal(escape(text), html));
   }
+});
+
+// ---- result.js: what a tool answers with ----
+
+// A PNG's first 24 bytes (signature, IHDR's length, name, width and height) and a few more, as
+// base64: enough for a header to be read, not an image to decode.
+function pngHead(width, height) {
+  const bytes = new Uint8Array(33);
+  bytes.set([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a, 0, 0, 0, 13, 0x49, 0x48, 0x44, 0x52]);
+  const view = new DataView(bytes.buffer);
+  view.setUint32(16, width);
+  view.setUint32(20, height);
+  bytes.set([8, 6, 0, 0, 0], 24);
+  return bytes;
+}
+
+describe('ToolResult: the items', () => {
+  test('text, and a value that is no string as its text', () => {
+    assert.deepEqual(ToolResult.text('hello').content, [{ type: 'text', text: 'hello' }]);
+    assert.deepEqual(ToolResult.text(42).content, [{ type: 'text', text: '42' }]);
+  });
+
+  test('an image from a data: URI takes its type from it, and the data without the prefix', () => {
+    const { content } = ToolResult.image('data:image/PNG;base64,iVBORw0KGgo=');
+    assert.deepEqual(content, [{ type: 'image', data: 'iVBORw0KGgo=', mimeType: 'image/png' }]);
+  });
+
+  test('an image from base64 or bytes needs its type', () => {
+    assert.deepEqual(ToolResult.image('R0lGODlh', 'image/gif').content, [{ type: 'image', data: 'R0lGODlh', mimeType: 'image/gif' }]);
+    const bytes = new Uint8Array([0xff, 0xd8, 0xff, 0xe0]);
+    assert.deepEqual(ToolResult.image(bytes, 'image/jpeg').content[0].data, Buffer.from(bytes).toString('base64'));
+    assert.deepEqual(ToolResult.image(bytes.buffer, 'image/webp').content[0].mimeType, 'image/webp');
+    assert.throws(() => ToolResult.image('R0lGODlh'), { name: 'TypeError', message: 'An image needs a mimeType.' });
+  });
+
+  test('the image types are PNG, JPEG, WebP and GIF; an SVG is told to become a PNG', () => {
+    assert.deepEqual(IMAGE_TYPES, ['image/png', 'image/jpeg', 'image/webp', 'image/gif']);
+    assert.throws(() => ToolResult.image('PHN2Zz4=', 'image/svg+xml'), /not image\/svg\+xml: draw the SVG on a canvas and send the PNG/);
+    assert.throws(() => ToolResult.image('data:image/bmp;base64,Qk0=', undefined), /is image\/png, image\/jpeg, image\/webp, image\/gif, not image\/bmp\./);
+  });
+
+  test('data that is not base64 is refused, a percent-encoded data: URI too', () => {
+    assert.throws(() => ToolResult.image('not base64!', 'image/png'), { message: 'An image data is not base64.' });
+    assert.throws(() => ToolResult.image('abc', 'image/png'), { message: 'An image data is not base64.' });
+    assert.throws(() => ToolResult.image('data:image/svg+xml,%3Csvg%3E'), { message: 'Only base64 data: URIs can be sent (…;base64,…).' });
+    assert.throws(() => ToolResult.image({}), /base64 string, a data: URI or bytes, not object/);
+    // Line breaks in base64 (as some encoders wrap it) are not part of the data.
+    assert.equal(ToolResult.image('iVBO\nRw0K\r\nGgo=', 'image/png').content[0].data, 'iVBORw0KGgo=');
+  });
+
+  test('a sound is audio/…', () => {
+    assert.deepEqual(ToolResult.audio('data:audio/wav;base64,UklGRg==').content, [{ type: 'audio', data: 'UklGRg==', mimeType: 'audio/wav' }]);
+    assert.throws(() => ToolResult.audio('UklGRg==', 'image/png'), { message: 'A sound is audio/…, not image/png.' });
+  });
+
+  test('a resource link has a uri and a name, and what else is given', () => {
+    assert.deepEqual(ToolResult.resourceLink({ uri: 'file:///a.csv', name: 'a.csv', mimeType: 'text/csv', size: 12 }).content, [
+      { type: 'resource_link', uri: 'file:///a.csv', name: 'a.csv', mimeType: 'text/csv', size: 12 },
+    ]);
+    assert.throws(() => ToolResult.resourceLink({ uri: 'file:///a.csv' }), { message: 'A resource link needs a name.' });
+    assert.throws(() => ToolResult.resourceLink({ name: 'a' }), { message: 'A resource link needs a uri.' });
+  });
+
+  test('an embedded resource has text or a blob, not both', () => {
+    assert.deepEqual(ToolResult.resource({ uri: 'mem://notes', text: 'hi' }).content, [{ type: 'resource', resource: { uri: 'mem://notes', text: 'hi' } }]);
+    assert.deepEqual(ToolResult.resource({ uri: 'mem://b', blob: new Uint8Array([1, 2, 3]) }).content, [
+      { type: 'resource', resource: { uri: 'mem://b', mimeType: 'application/octet-stream', blob: 'AQID' } },
+    ]);
+    assert.throws(() => ToolResult.resource({ uri: 'mem://b', text: 'a', blob: 'AQID' }), { message: 'A resource has either text or blob.' });
+    assert.throws(() => ToolResult.resource({ uri: 'mem://b' }), { message: 'A resource has either text or blob.' });
+  });
+
+  test('of() flattens results into their items; and() adds after; with() sets the rest', () => {
+    const image = ToolResult.image('iVBORw0KGgo=', 'image/png');
+    const both = ToolResult.of({ content: [image, { type: 'text', text: 'a graph' }], structuredContent: { n: 1 } });
+    assert.deepEqual(both.content.map((item) => item.type), ['image', 'text']);
+    assert.deepEqual(both.structuredContent, { n: 1 });
+    const more = image.and(ToolResult.text('one'), { type: 'text', text: 'two' }).with({ structuredContent: { n: 2 }, result: [1] });
+    assert.deepEqual(more.content.map((item) => item.text ?? item.type), ['image', 'one', 'two']);
+    assert.deepEqual([more.structuredContent, more.result], [{ n: 2 }, [1]]);
+    assert.deepEqual(image.content.length, 1, 'and() leaves the result it was called on as it was');
+    assert.throws(() => ToolResult.of({ content: ['text'] }), /A content item is an object with a type, not "text"/);
+    assert.throws(() => ToolResult.of({ content: {} }), { message: 'content is an array of content items.' });
+    assert.throws(() => ToolResult.of({ structuredContent: [1] }), { message: 'structuredContent is a JSON object.' });
+  });
+
+  test('splitDataUri and toBase64', () => {
+    assert.equal(splitDataUri('https://example.org/a.png'), null);
+    assert.deepEqual(splitDataUri('data:;base64,QQ=='), { mimeType: 'text/plain', data: 'QQ==' });
+    assert.throws(() => splitDataUri('data:image/png;base64'), /needs a comma/);
+    const bytes = Uint8Array.from({ length: 70000 }, (_, i) => i % 256);
+    assert.equal(toBase64(bytes), Buffer.from(bytes).toString('base64'), 'long arrays go in pieces');
+  });
+});
+
+describe('answerOf: the answer frame', () => {
+  test('a plain value is the result, as before; nothing is null', () => {
+    assert.deepEqual(answerOf('r1', { a: 1 }), { requestId: 'r1', success: true, result: { a: 1 } });
+    assert.deepEqual(answerOf('r1', undefined), { requestId: 'r1', success: true, result: null });
+    const cycle = {};
+    cycle.self = cycle;
+    assert.throws(() => answerOf('r1', cycle), TypeError);
+    assert.throws(() => answerOf('r1', 1n), TypeError);
+  });
+
+  test('a ToolResult is content, with structuredContent and result only when it has them', () => {
+    const image = ToolResult.image('iVBORw0KGgo=', 'image/png').and(ToolResult.text('a graph'));
+    assert.deepEqual(answerOf('r2', image), {
+      requestId: 'r2',
+      success: true,
+      content: [{ type: 'image', data: 'iVBORw0KGgo=', mimeType: 'image/png' }, { type: 'text', text: 'a graph' }],
+    });
+    assert.deepEqual(answerOf('r3', ToolResult.text('x').with({ structuredContent: { k: 1 }, result: 0 })), {
+      requestId: 'r3',
+      success: true,
+      content: [{ type: 'text', text: 'x' }],
+      structuredContent: { k: 1 },
+      result: 0,
+    });
+  });
+
+  test('isError fails the call with its content, the first text its message', () => {
+    const answer = answerOf('r4', ToolResult.of({ content: [ToolResult.image('iVBORw0KGgo=', 'image/png'), ToolResult.text('the axis is empty')], isError: true }));
+    assert.equal(answer.success, false);
+    assert.deepEqual(answer.error, { code: 'tool_error', message: 'the axis is empty' });
+    assert.equal(answer.content.length, 2);
+    assert.deepEqual(answerOf('r5', ToolResult.of({ isError: true })).error, { code: 'tool_error', message: 'The tool failed.' });
+    assert.deepEqual(answerOf('r6', ToolResult.error('no such graph')), {
+      requestId: 'r6',
+      success: false,
+      content: [{ type: 'text', text: 'no such graph' }],
+      error: { code: 'tool_error', message: 'no such graph' },
+    });
+  });
+
+  test("an MCP tool result (WebMCP's) passes through as content; anything else is no such result", () => {
+    for (const value of [null, 'text', [1], { content: 'x' }, { result: 1 }]) assert.equal(fromMcpResult(value), null, JSON.stringify(value));
+    const mcp = { content: [{ type: 'text', text: '3 items' }], structuredContent: { count: 3 } };
+    assert.deepEqual(answerOf('w1', fromMcpResult(mcp)), { requestId: 'w1', success: true, ...mcp });
+    const failed = answerOf('w2', fromMcpResult({ content: [{ type: 'text', text: 'out of stock' }], isError: true }));
+    assert.deepEqual([failed.success, failed.error.message, failed.content.length], [false, 'out of stock', 1]);
+    assert.throws(() => fromMcpResult({ content: [7] }), /A content item is an object with a type/);
+  });
+});
+
+// ---- progress.js: what a running call reports ----
+
+describe('progress and log frames', () => {
+  test('a progress frame: total and message only when given', () => {
+    assert.deepEqual(progressFrame('r1', 40, 100, '40 of 100 cases'), { type: 'progress', requestId: 'r1', progress: 40, total: 100, message: '40 of 100 cases' });
+    assert.deepEqual(progressFrame('r1', 0.5), { type: 'progress', requestId: 'r1', progress: 0.5 });
+    for (const bad of [NaN, Infinity, '3', undefined]) assert.throws(() => progressFrame('r1', bad), TypeError, String(bad));
+    assert.throws(() => progressFrame('r1', 1, 'ten'), { message: 'total is a finite number, not ten.' });
+  });
+
+  test("a log frame: MCP's levels only, its data as JSON", () => {
+    assert.deepEqual(LOG_LEVELS, ['debug', 'info', 'notice', 'warning', 'error', 'critical', 'alert', 'emergency']);
+    assert.deepEqual(logFrame('warning', { rows: 3 }, 'import', 'r1'), { type: 'log', level: 'warning', data: { rows: 3 }, logger: 'import', requestId: 'r1' });
+    assert.deepEqual(logFrame('info', undefined), { type: 'log', level: 'info', data: null });
+    assert.throws(() => logFrame('warn', 'x'), /A log level is one of debug, .*, not warn\./);
+  });
+});
+
+/** A clock and timers the test moves by hand. */
+function manualClock() {
+  let now = 0;
+  const timers = [];
+  return {
+    now: () => now,
+    setTimer: (run, ms) => {
+      const timer = { at: now + ms, run };
+      timers.push(timer);
+      return timer;
+    },
+    clearTimer: (timer) => timers.splice(timers.indexOf(timer), 1),
+    pending: () => timers.length,
+    /** Moves to `to` ms, running the timers due on the way. */
+    advance(to) {
+      for (;;) {
+        timers.sort((a, b) => a.at - b.at);
+        if (!timers.length || timers[0].at > to) break;
+        const timer = timers.shift();
+        now = timer.at;
+        timer.run();
+      }
+      now = to;
+    },
+  };
+}
+
+describe('ProgressGate', () => {
+  const gate = () => {
+    const clock = manualClock();
+    const sent = [];
+    const progress = new ProgressGate((frame) => sent.push([clock.now(), frame.progress]), clock);
+    const offer = (value) => progress.offer({ type: 'progress', requestId: 'r1', progress: value });
+    return { clock, sent, progress, offer };
+  };
+
+  test('the first goes at once; what comes within 250 ms is merged, the last sent when they are over', () => {
+    const { clock, sent, offer } = gate();
+    assert.equal(PROGRESS_INTERVAL_MS, 250);
+    assert.equal(offer(1), true);
+    clock.advance(10);
+    offer(2);
+    clock.advance(100);
+    offer(3);
+    assert.deepEqual(sent, [[0, 1]]);
+    clock.advance(249);
+    assert.deepEqual(sent, [[0, 1]]);
+    clock.advance(250);
+    assert.deepEqual(sent, [[0, 1], [250, 3]]);
+    // A quiet while later, the next goes at once again.
+    clock.advance(900);
+    offer(4);
+    assert.deepEqual(sent.at(-1), [900, 4]);
+  });
+
+  test('a value not above the highest given is dropped, sent or waiting', () => {
+    const { clock, sent, offer } = gate();
+    offer(10);
+    assert.equal(offer(10), false, 'equal to the last sent');
+    assert.equal(offer(5), false, 'below the last sent');
+    assert.equal(offer(30), true);
+    assert.equal(offer(20), false, 'below the one waiting');
+    clock.advance(1000);
+    assert.deepEqual(sent.map(([, value]) => value), [10, 30]);
+  });
+
+  test('a flood is at most 4 frames a second, in order, ending with the last value', () => {
+    const { clock, sent, offer } = gate();
+    for (let at = 0; at < 1000; at += 1) {
+      clock.advance(at);
+      offer(at + 1);
+    }
+    const inTheSecond = sent.filter(([when]) => when < 1000);
+    assert.equal(inTheSecond.length, 4, JSON.stringify(sent));
+    clock.advance(5000);
+    assert.deepEqual(sent.at(-1)[1], 1000, 'the last value is sent once its interval is over');
+    const gaps = sent.slice(1).map(([when], i) => when - sent[i][0]);
+    assert.ok(gaps.every((gap) => gap >= 250), `frames are 250 ms apart at least: ${gaps}`);
+    assert.ok(sent.every(([, value], i) => i === 0 || value > sent[i - 1][1]), 'in increasing order');
+  });
+
+  test('close() drops what waits and sends nothing more', () => {
+    const { clock, sent, progress, offer } = gate();
+    offer(1);
+    offer(2);
+    assert.equal(clock.pending(), 1);
+    progress.close();
+    assert.equal(clock.pending(), 0);
+    clock.advance(1000);
+    assert.equal(offer(3), false);
+    assert.deepEqual(sent, [[0, 1]]);
+  });
+});
+
+describe('callContext', () => {
+  test("progress and log go out as the call's frames until it is closed", () => {
+    const clock = manualClock();
+    const sent = [];
+    const context = callContext('r9', (frame) => sent.push(frame), clock);
+    assert.equal(context.progress(1, 4, 'one'), true);
+    assert.equal(context.log('info', 'reading'), true);
+    assert.deepEqual(sent, [
+      { type: 'progress', requestId: 'r9', progress: 1, total: 4, message: 'one' },
+      { type: 'log', level: 'info', data: 'reading', requestId: 'r9' },
+    ]);
+    context.close();
+    assert.equal(context.progress(2, 4), false);
+    assert.equal(context.log('info', 'late'), false);
+    assert.equal(sent.length, 2);
+    assert.throws(() => context.log('loud', 'x'), TypeError, 'a wrong level is a mistake to see, even late');
+  });
+});
+
+// ---- connection.js: a call run, answered with content and reporting on the way ----
+
+describe('Connection.run', () => {
+  const connection = (t, tools) => {
+    stubGlobals(t, { addEventListener: () => {} });
+    return new Connection({ relay: 'https://relay.test', storageKey: 'test:', tools });
+  };
+  const call = (functionName, args = {}) => ({ requestId: `r-${functionName}`, toolId: null, functionName, args });
+
+  test('a ToolResult answers with content; progress and log go through notify while it runs', async (t) => {
+    const relay = connection(t, [
+      {
+        name: 'draw',
+        inputSchema: { type: 'object' },
+        execute: async (args, { progress, log }) => {
+          progress(1, 2, 'half');
+          log('notice', { drawn: 1 }, 'draw');
+          return ToolResult.image('iVBORw0KGgo=', 'image/png').and(ToolResult.text('a dot'));
+        },
+      },
+    ]);
+    const frames = [];
+    const finished = [];
+    relay.addEventListener('call-finished', (event) => finished.push(event.detail));
+    const answer = await relay.run(call('draw'), new AbortController().signal, (frame) => frames.push(frame));
+    assert.deepEqual(answer, {
+      requestId: 'r-draw',
+      success: true,
+      content: [{ type: 'image', data: 'iVBORw0KGgo=', mimeType: 'image/png' }, { type: 'text', text: 'a dot' }],
+    });
+    assert.deepEqual(frames, [
+      { type: 'progress', requestId: 'r-draw', progress: 1, total: 2, message: 'half' },
+      { type: 'log', level: 'notice', data: { drawn: 1 }, logger: 'draw', requestId: 'r-draw' },
+    ]);
+    assert.equal(finished[0].content.length, 2, 'call-finished carries the content');
+  });
+
+  test('a plain value is the result; a tool that reports after it answered reports nothing', async (t) => {
+    let late;
+    const relay = connection(t, [{ name: 'count', inputSchema: { type: 'object' }, execute: (args, context) => ((late = context), 3) }]);
+    const frames = [];
+    assert.deepEqual(await relay.run(call('count'), undefined, (frame) => frames.push(frame)), { requestId: 'r-count', success: true, result: 3 });
+    assert.equal(late.progress(1), false);
+    assert.equal(late.log('info', 'late'), false);
+    assert.deepEqual(frames, []);
+  });
+
+  test('a bad content item or a bad progress fails the call with a reason', async (t) => {
+    const relay = connection(t, [
+      { name: 'svg', inputSchema: { type: 'object' }, execute: () => ToolResult.image('PHN2Zz4=', 'image/svg+xml') },
+      { name: 'nan', inputSchema: { type: 'object' }, execute: (args, { progress }) => progress(NaN) },
+    ]);
+    const svg = await relay.run(call('svg'));
+    assert.equal(svg.success, false);
+    assert.match(svg.error.message, /not image\/svg\+xml/);
+    assert.deepEqual((await relay.run(call('nan'))).error, { code: 'tool_error', message: 'progress is a finite number, not NaN.' });
+  });
+});
+
+describe('Transport.notify: progress and log frames on their way', () => {
+  const transport = () => new Transport('https://relay.test', { code: 'ABCD1234', token: 't0k' }, () => [], async () => ({}));
+  const frame = { type: 'progress', requestId: 'r1', progress: 1 };
+
+  test('over the open socket; else posted where answers go (SSE, polling that works); else dropped', async (t) => {
+    fakeTimers(t);
+    const WebSocket = fakeWebSocket();
+    const EventSource = fakeEventSource();
+    const posted = [];
+    const fetch = async (url, init) => {
+      posted.push([url, init.method, init.headers.authorization, JSON.parse(init.body)]);
+      return { status: 200, ok: true, json: async () => ({}) };
+    };
+    stubGlobals(t, { WebSocket, EventSource, fetch });
+    const tab = transport();
+    tab.start();
+    await tab.notify(frame);
+    assert.deepEqual(posted, [], 'a socket not open yet: dropped, not posted');
+    const [socket] = WebSocket.made;
+    socket.open();
+    await tab.notify(frame);
+    assert.deepEqual(socket.sent, [frame]);
+    tab.stop();
+    const sse = transport();
+    sse.kind = 'sse';
+    sse.start();
+    await sse.notify(frame);
+    assert.deepEqual(posted, [['https://relay.test/api/sessions/ABCD1234/response', 'POST', 'Bearer t0k', frame]]);
+    sse.stop();
+    await sse.notify(frame);
+    assert.equal(posted.length, 1, 'a stopped transport sends nothing');
+    const polling = transport();
+    polling.polling = true;
+    await polling.notify({ type: 'log', level: 'info', data: 'x' });
+    assert.deepEqual(posted.at(-1)[3], { type: 'log', level: 'info', data: 'x' });
+  });
+
+  test('a call run by the Transport is given notify, so its frames go out over the connection', async (t) => {
+    fakeTimers(t);
+    const WebSocket = fakeWebSocket();
+    stubGlobals(t, { WebSocket });
+    const tab = new Transport('https://relay.test', { code: 'ABCD1234', token: 't0k' }, () => [], async (call, signal, notify) => {
+      notify({ type: 'progress', requestId: call.requestId, progress: 1 });
+      return { requestId: call.requestId, success: true, result: 1 };
+    });
+    tab.start();
+    const [socket] = WebSocket.made;
+    socket.open();
+    tab.handle({ requestId: 'c1', functionName: 'f', args: {} });
+    await settle();
+    assert.deepEqual(socket.sent, [
+      { type: 'progress', requestId: 'c1', progress: 1 },
+      { type: 'response', requestId: 'c1', success: true, result: 1 },
+    ]);
+    tab.stop();
+  });
+});
+
+// ---- the plugin: graph pictures (graph-image.js) and many items (tools.js) ----
+
+describe('graph pictures', () => {
+  test("a PNG's size from its header; anything else is no PNG", () => {
+    assert.deepEqual(pngSize(pngHead(640, 480)), { width: 640, height: 480 });
+    assert.deepEqual(pngSize(leadingBytes(toBase64(pngHead(1600, 2)), 24)), { width: 1600, height: 2 });
+    const jpeg = pngHead(1, 1);
+    jpeg[0] = 0xff;
+    assert.equal(pngSize(jpeg), null);
+    assert.equal(pngSize(pngHead(1, 1).subarray(0, 20)), null);
+  });
+
+  test('fitted: at most 1024 wide, aspect kept, never smaller than it was asked', () => {
+    assert.equal(MAX_WIDTH, 1024);
+    assert.deepEqual(fitted({ width: 640, height: 480 }), { width: 640, height: 480 });
+    assert.deepEqual(fitted({ width: 1024, height: 10 }), { width: 1024, height: 10 });
+    assert.deepEqual(fitted({ width: 1600, height: 500 }), { width: 1024, height: 320 });
+    assert.deepEqual(fitted({ width: 3000, height: 1 }), { width: 1024, height: 1 });
+  });
+
+  test('a PNG at most 1024 wide goes as it is, read from its header (no canvas)', async () => {
+    const data = toBase64(pngHead(640, 480));
+    assert.deepEqual(await fittedPng(`data:image/png;base64,${data}`), { data, width: 640, height: 480, original: { width: 640, height: 480 } });
+  });
+
+  test('the sentence: plot, attributes, legend, cases, size', () => {
+    const graph = { plotType: 'scatterPlot', xAttributeName: 'Age', yAttributeName: 'Height', title: 'Graph' };
+    assert.equal(describeGraph(graph, { cases: 31, width: 640, height: 480 }), 'Scatter plot of Height against Age, 31 cases (PNG 640×480)');
+    assert.equal(
+      describeGraph({ ...graph, title: 'Class', legendAttributeName: 'Sex' }, { cases: 1, width: 1024, height: 320, original: { width: 1600, height: 500 } }),
+      'Class: Scatter plot of Height against Age, coloured by Sex, 1 case (PNG 1024×320, scaled down from 1600×500)',
+    );
+    assert.equal(describeGraph({ plotType: 'dotPlot', yAttributeName: 'Height' }, { width: 2, height: 3 }), 'Dot plot of Height (PNG 2×3)');
+    assert.equal(describeGraph(null, { width: 2, height: 3 }), 'Graph (PNG 2×3)', 'a CODAP that says nothing about the graph');
+  });
+});
+
+/** The plugin's tools over a CODAP stand-in that answers `answer(request)` and records requests. */
+function pluginTools(answer) {
+  const sent = [];
+  const codap = {
+    async request(request) {
+      sent.push(request);
+      return Array.isArray(request) ? request.map(answer) : answer(request);
+    },
+  };
+  const dispatcher = new Dispatcher();
+  for (const tool of codapTools(codap)) dispatcher.register(tool.id, tool.description, tool.functions);
+  return { dispatcher, sent };
+}
+
+describe('the plugin: many items, a graph picture, CODAP v3 refusals', () => {
+  const items = (count) => Array.from({ length: count }, (_, i) => ({ n: i }));
+  let nextId = 0;
+  const created = (request) => ({ success: true, values: { itemIDs: request.values.map(() => (nextId += 1)), caseIDs: request.values.map(() => nextId + 1000) } });
+
+  test(`${ITEMS_PER_REQUEST} items or fewer go in one request, without progress`, async () => {
+    const { dispatcher, sent } = pluginTools(created);
+    const frames = [];
+    const result = await dispatcher.call(null, 'createItems', { dataContext: 'D', items: items(ITEMS_PER_REQUEST) }, { progress: (...args) => frames.push(args) });
+    assert.equal(sent.length, 1);
+    assert.equal(result.itemIDs.length, ITEMS_PER_REQUEST);
+    assert.deepEqual(frames, []);
+  });
+
+  test('more go 500 a request, progress after each (created, all), the ids joined in order', async () => {
+    const { dispatcher, sent } = pluginTools(created);
+    const frames = [];
+    const result = await dispatcher.call(null, 'createItems', { dataContext: 'D', items: items(1201) }, { progress: (...args) => frames.push(args) });
+    assert.deepEqual(sent.map((request) => [request.resource, request.values.length]), [['dataContext[D].item', 500], ['dataContext[D].item', 500], ['dataContext[D].item', 201]]);
+    assert.deepEqual(frames, [
+      [500, 1201, '500 of 1201 items created'],
+      [1000, 1201, '1000 of 1201 items created'],
+      [1201, 1201, '1201 of 1201 items created'],
+    ]);
+    assert.equal(result.itemIDs.length, 1201);
+    assert.equal(result.caseIDs.length, 1201);
+    assert.ok(result.itemIDs.every((id, i) => i === 0 || id > result.itemIDs[i - 1]));
+  });
+
+  test('a refusal after some requests went says how many items are in the data set; a cancel stops between requests', async () => {
+    let requests = 0;
+    const { dispatcher } = pluginTools((request) => ((requests += 1) === 2 ? { success: false, values: { error: 'attribute not found: m' } } : created(request)));
+    await assert.rejects(dispatcher.call(null, 'createItems', { dataContext: 'D', items: items(1500) }), {
+      code: 'codap_error',
+      message: 'Created the first 500 of 1500 items (they stay in D), then CODAP refused the next ones: attribute not found: m',
+    });
+    const first = pluginTools(() => ({ success: false, values: { error: 'dataContext not found: D' } }));
+    await assert.rejects(first.dispatcher.call(null, 'createItems', { dataContext: 'D', items: items(600) }), { message: 'dataContext not found: D' });
+    const controller = new AbortController();
+    const stopped = pluginTools((request) => (controller.abort(), created(request)));
+    await assert.rejects(stopped.dispatcher.call(null, 'createItems', { dataContext: 'D', items: items(1500) }, { signal: controller.signal }), { name: 'AbortError' });
+    assert.equal(stopped.sent.length, 1);
+  });
+
+  test('getGraphImage: an image and its sentence, from the picture, the graph and its case count', async () => {
+    const png = `data:image/png;base64,${toBase64(pngHead(640, 480))}`;
+    const answers = {
+      'dataDisplay[7]': { exportDataUri: png },
+      'component[7]': { id: 7, type: 'graph', title: 'Graph', dataContext: 'Class', plotType: 'scatterPlot', xAttributeName: 'age', yAttributeName: 'height', hiddenCases: [99] },
+      'dataContext[Class]': { collections: [{ name: 'Schools', attrs: [{ name: 'school' }] }, { name: 'Kids', attrs: [{ name: 'age' }, { name: 'height' }] }] },
+      'dataContext[Class].collection[Kids].caseCount': 32,
+    };
+    const { dispatcher, sent } = pluginTools((request) => ({ success: true, values: answers[request.resource] }));
+    const answer = answerOf('g1', await dispatcher.call(null, 'getGraphImage', { graph: 7 }));
+    assert.deepEqual(answer.content, [
+      { type: 'image', data: png.slice('data:image/png;base64,'.length), mimeType: 'image/png' },
+      { type: 'text', text: 'Scatter plot of height against age, 31 cases (PNG 640×480)' },
+    ]);
+    assert.deepEqual(answer.structuredContent, {
+      graph: 7, title: 'Graph', plotType: 'scatterPlot', xAttribute: 'age', yAttribute: 'height', cases: 31,
+      mimeType: 'image/png', width: 640, height: 480, originalWidth: 640, originalHeight: 480,
+    });
+    assert.ok(sent.every((request) => request.action === 'get'), 'it only reads');
+    // codapRequest's `get dataDisplay[…]` is the same picture.
+    const raw = answerOf('g2', await dispatcher.call(null, 'codapRequest', { action: 'get', resource: 'dataDisplay[7]' }));
+    assert.deepEqual(raw.content, answer.content);
+  });
+
+  test("a graph CODAP cannot describe still gives its picture; CODAP's refusals are the failure", async () => {
+    const png = `data:image/png;base64,${toBase64(pngHead(10, 20))}`;
+    const bare = pluginTools((request) => (request.resource.startsWith('dataDisplay') ? { success: true, values: { exportDataUri: png } } : { success: false, values: { error: 'no' } }));
+    assert.equal((await bare.dispatcher.call(null, 'getGraphImage', { graph: 'g' })).content[1].text, 'Graph (PNG 10×20)');
+    // Real CODAP: an unknown component is success:false; a component that is no graph (v3)
+    // answers {values: {error}} without `success`.
+    const unknown = pluginTools(() => ({ success: false, values: { error: 'Component not found' } }));
+    await assert.rejects(unknown.dispatcher.call(null, 'getGraphImage', { graph: 'nope' }), { code: 'codap_error', message: 'Component not found' });
+    const table = pluginTools(() => ({ values: { error: 'Data display not found' } }));
+    await assert.rejects(table.dispatcher.call(null, 'getGraphImage', { graph: 'table' }), { code: 'codap_error', message: 'Data display not found' });
+    const empty = pluginTools(() => ({ success: false }));
+    await assert.rejects(empty.dispatcher.call(null, 'getGraphImage', { graph: 3 }), { message: 'CODAP refused the request.' });
+  });
 });

@@ -7,9 +7,17 @@
 // (creates, selections and layout changes included). `destructive` marks what changes or
 // deletes what is there (updates, deletes, selections, codapRequest); creates say
 // `destructive: false` (they only add). Hosts get both as MCP annotations (SDK `hints`).
+//
+// A graph's picture answers as an image the assistant can look at, with a sentence on what it
+// shows (graph-image.js). Many items are created ITEMS_PER_REQUEST at a time, the call's
+// progress reported after each request.
 
 import { ToolError } from '../sdk/dispatcher.js';
 import { CodapErrorCode } from './codap.js';
+import { graphImage } from './graph-image.js';
+
+// Items sent to CODAP in one request: a big data set goes in several, with progress between.
+export const ITEMS_PER_REQUEST = 500;
 
 const NAME = 'Name exactly as created (names may contain spaces; match case).';
 const DATA_CONTEXT = { type: 'string', minLength: 1, description: `The data set (CODAP calls it a data context). ${NAME}` };
@@ -55,7 +63,11 @@ function outcome(response) {
   if (!response || typeof response !== 'object') {
     throw new ToolError(CodapErrorCode.ERROR, 'CODAP gave no answer to this request.');
   }
-  if (response.success === false) {
+  // CODAP v3 answers some refusals without `success` (a dataDisplay of a component that is no
+  // graph: `{values: {error}}`): an answer whose only value is an error is one too.
+  const onlyError = response.success !== true && response.values && typeof response.values === 'object'
+    && Object.keys(response.values).length === 1 && typeof response.values.error === 'string';
+  if (response.success === false || onlyError) {
     const reason = response.values?.error || response.error || 'CODAP refused the request.';
     throw new ToolError(CodapErrorCode.ERROR, String(reason));
   }
@@ -82,6 +94,48 @@ export function describeCall(name, args) {
   if (words(a.formula)) parts.push(String(a.formula));
   const detail = parts.filter(Boolean).join(' · ');
   return detail ? `${name} · ${detail}` : name;
+}
+
+/** `values` (one request's answer) added to `merged`: lists joined, anything else replaced. */
+function mergeValues(merged, values) {
+  if (!values || typeof values !== 'object' || Array.isArray(values)) return merged;
+  for (const [key, value] of Object.entries(values)) {
+    merged[key] = Array.isArray(value) && Array.isArray(merged[key]) ? merged[key].concat(value) : value;
+  }
+  return merged;
+}
+
+/**
+ * Creates `items` in data set `dataContext`, ITEMS_PER_REQUEST per request, reporting
+ * `progress(created, all)` after each; answers as one request would (the ids joined). A
+ * refusal after some were created says how many are in the data set.
+ */
+async function createItemsInChunks(ask, dataContext, items, { signal, progress }) {
+  if (items.length <= ITEMS_PER_REQUEST) return ask('create', `${dc(dataContext)}.item`, items);
+  const merged = {};
+  let created = 0;
+  for (let at = 0; at < items.length; at += ITEMS_PER_REQUEST) {
+    signal?.throwIfAborted();
+    const chunk = items.slice(at, at + ITEMS_PER_REQUEST);
+    try {
+      mergeValues(merged, await ask('create', `${dc(dataContext)}.item`, chunk));
+    } catch (error) {
+      if (created === 0) throw error;
+      throw new ToolError(
+        error?.code ?? CodapErrorCode.ERROR,
+        `Created the first ${created} of ${items.length} items (they stay in ${dataContext}), then CODAP refused the next ones: ${error?.message ?? error}`,
+      );
+    }
+    created += chunk.length;
+    progress?.(created, items.length, `${created} of ${items.length} items created`);
+  }
+  return merged;
+}
+
+/** The graph a `dataDisplay[graph]` resource names, or null for any other resource. */
+function dataDisplayOf(resource) {
+  const match = /^dataDisplay\[(.+)\]$/.exec(resource);
+  return match ? match[1] : null;
 }
 
 /** The tool groups, with handlers bound to a CodapLink. */
@@ -251,7 +305,7 @@ export function codapTools(codap) {
           description: 'Adds rows. Each item gives values by attribute name across all collections, e.g. [{"name": "Ada", "age": 36}]. Returns the new ids.',
           parameters: object({ dataContext: DATA_CONTEXT, items: { type: 'array', minItems: 1, items: ROW } }, ['dataContext', 'items']),
           destructive: false,
-          run: ({ dataContext, items }) => ask('create', `${dc(dataContext)}.item`, items),
+          run: ({ dataContext, items }, context = {}) => createItemsInChunks(ask, dataContext, items, context),
         },
         {
           name: 'getItems',
@@ -490,9 +544,10 @@ export function codapTools(codap) {
         {
           name: 'getGraphImage',
           readOnly: true,
-          description: 'A PNG image of a graph (by id or name) as a data: URI.',
+          description:
+            'Shows you a graph (by id or name): a PNG image of it (at most 1024 px wide) and a sentence on what it plots (plot type, attributes, number of cases).',
           parameters: object({ graph: { type: ['integer', 'string'] } }, ['graph']),
-          run: ({ graph }) => ask('get', `dataDisplay[${graph}]`),
+          run: ({ graph }) => graphImage(ask, graph),
         },
         {
           name: 'evaluateFormula',
@@ -526,7 +581,9 @@ export function codapTools(codap) {
             ['action', 'resource'],
           ),
           destructive: (args) => args.action === 'update' || args.action === 'delete',
-          run: ({ action, resource, values }) => ask(action, resource, values),
+          // A graph's picture is an image here too, as getGraphImage gives it.
+          run: ({ action, resource, values }) =>
+            action === 'get' && dataDisplayOf(resource) !== null ? graphImage(ask, dataDisplayOf(resource)) : ask(action, resource, values),
         },
       ],
     },

@@ -1535,8 +1535,18 @@
     return { id: c.id, name: c.name, title: c.title, type: c.type };
   }
 
-  /** Validates a component's data context and graph attributes (after merging). */
+  // A graph's size when it is made without one (CODAP gives every component one).
+  const GRAPH_SIZE = { width: 640, height: 480 };
+
+  /** Validates a component's data context, size and graph attributes (after merging). */
   function validateComponent(c) {
+    if (c.dimensions !== undefined) {
+      const d = c.dimensions;
+      if (!isObj(d) || !(toNumber(d.width) >= 1) || !(toNumber(d.height) >= 1) || toNumber(d.width) > 8000 || toNumber(d.height) > 8000) {
+        fail('dimensions need a width and a height of 1 to 8000 pixels');
+      }
+      c.dimensions = { width: Math.round(toNumber(d.width)), height: Math.round(toNumber(d.height)) };
+    }
     let dc = null;
     if (c.dataContext !== undefined && c.dataContext !== null && c.dataContext !== '') {
       dc = findDataContext(c.dataContext);
@@ -1561,6 +1571,7 @@
     if (COMPONENT_TYPES.indexOf(type) < 0) fail('Unsupported component type: ' + type);
     const c = clone(values);
     c.id = newId();
+    if (type === 'graph' && c.dimensions === undefined) c.dimensions = clone(GRAPH_SIZE);
     if (type === 'slider') {
       const name = values.name !== undefined && String(values.name).trim() !== '' ? String(values.name)
         : 'v' + (model.globals.length + 1);
@@ -1595,7 +1606,7 @@
       return null;
     }
     const c = findComponent(key);
-    if (action === 'get') return ok(clone(c));
+    if (action === 'get') return ok(c.type === 'graph' ? Object.assign(clone(c), { plotType: plotType(c) }) : clone(c));
     if (action === 'update') {
       if (!isObj(values)) fail('update component needs an object of values');
       if (values.type !== undefined && values.type !== c.type) fail('component type cannot be changed');
@@ -1634,22 +1645,46 @@
   // dataDisplay: a PNG of a graph, drawn on a canvas
   // ---------------------------------------------------------------------------
 
-  // 1x1 PNG used only if canvas drawing is unavailable.
-  const FALLBACK_PNG = 'data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8/5+hHgAHggJ/PchI7wAAAABJRU5ErkJggg==';
+  /** Whether attribute `name` of `dc` holds numbers (its type, else its values). */
+  function isNumeric(dc, name) {
+    const attr = findAttributeInDC(dc, name);
+    if (!attr) return false;
+    if (attr.type) return attr.type === 'numeric';
+    const view = buildView(dc);
+    const entry = view.attrs[name];
+    const values = dc.items.map(function (item) { return view.valueOf(entry.attr, entry.level, item); })
+      .filter(function (v) { return v !== '' && v !== null && v !== undefined; });
+    return values.length > 0 && values.every(function (v) { return !isNaN(toNumber(v)); });
+  }
 
+  /** CODAP v3's plot type for a graph's axes (graph-types.ts PlotTypes). */
+  function plotType(c) {
+    const dc = c.dataContext ? findByNameOrId(model.dataContexts, c.dataContext) : null;
+    const x = dc && c.xAttributeName ? (isNumeric(dc, c.xAttributeName) ? 'n' : 'c') : '';
+    const y = dc && c.yAttributeName ? (isNumeric(dc, c.yAttributeName) ? 'n' : 'c') : '';
+    if (x === 'n' && y === 'n') return 'scatterPlot';
+    if (x === 'n' || y === 'n') return 'dotPlot';
+    if (x || y) return 'dotChart';
+    return 'casePlot';
+  }
+
+  /**
+   * A real PNG of the graph at its size (`dimensions`), as CODAP's exportDataUri: axes, their
+   * names and the points, drawn on a canvas.
+   */
   function graphImage(c) {
-    const width = 320;
-    const height = 240;
+    const width = c.dimensions.width;
+    const height = c.dimensions.height;
     const canvas = document.createElement('canvas');
     canvas.width = width;
     canvas.height = height;
     const g = canvas.getContext('2d');
-    if (!g) return FALLBACK_PNG;
     g.fillStyle = '#ffffff';
     g.fillRect(0, 0, width, height);
     g.strokeStyle = '#333333';
     g.lineWidth = 1;
-    const left = 40, top = 20, right = width - 15, bottom = height - 35;
+    const left = Math.min(40, width / 4), top = Math.min(20, height / 8);
+    const right = width - Math.min(15, width / 10), bottom = height - Math.min(35, height / 5);
     g.beginPath();
     g.moveTo(left, top);
     g.lineTo(left, bottom);
@@ -1658,7 +1693,7 @@
     g.fillStyle = '#333333';
     g.font = '11px sans-serif';
     if (c.xAttributeName) g.fillText(String(c.xAttributeName), (left + right) / 2 - 20, height - 10);
-    if (c.yAttributeName) g.fillText(String(c.yAttributeName), 4, top - 6);
+    if (c.yAttributeName) g.fillText(String(c.yAttributeName), 4, Math.max(11, top - 6));
 
     const dc = c.dataContext ? findByNameOrId(model.dataContexts, c.dataContext) : null;
     if (dc && (c.xAttributeName || c.yAttributeName)) {
@@ -1672,8 +1707,8 @@
         if (!isNaN(x) && !isNaN(y)) points.push([x, y]);
       });
       const range = function (vals) {
-        let lo = Math.min.apply(null, vals);
-        let hi = Math.max.apply(null, vals);
+        let lo = vals.reduce(function (a, b) { return Math.min(a, b); });
+        let hi = vals.reduce(function (a, b) { return Math.max(a, b); });
         if (lo === hi) { lo -= 1; hi += 1; }
         return [lo, hi];
       };
@@ -1690,17 +1725,15 @@
         });
       }
     }
-    try {
-      return canvas.toDataURL('image/png');
-    } catch (e) {
-      return FALLBACK_PNG;
-    }
+    return canvas.toDataURL('image/png');
   }
 
   function handleDataDisplay(action, key) {
     if (action !== 'get' || key === undefined) return null;
     const c = findComponent(key);
-    if (c.type !== 'graph') fail('dataDisplay is only available for graphs, not ' + c.type);
+    // CODAP v3 (data-display-handler.ts) answers a component that has no picture without
+    // `success` at all: only `values: {error}`.
+    if (c.type !== 'graph') return { values: { error: 'Data display not found' } };
     return ok({ exportDataUri: graphImage(c) });
   }
 

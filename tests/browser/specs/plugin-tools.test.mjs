@@ -48,6 +48,8 @@ const SAMPLES = {
   codapRequest: { action: 'get', resource: 'globalList' },
 };
 
+const PIXEL = 'data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8/5+hHgAHggJ/PchI7wAAAABJRU5ErkJggg==';
+
 /** A request that leaves the document as it was. */
 function reads(request) {
   return request.action === 'get' || (request.action === 'notify' && request.resource === 'formulaEngine');
@@ -60,8 +62,9 @@ function plugin() {
     async request(request) {
       const requests = Array.isArray(request) ? request : [request];
       sent.push(...requests);
-      const answer = { success: true, values: [] };
-      return Array.isArray(request) ? requests.map(() => answer) : answer;
+      // A graph's picture is a PNG (1×1 here), as CODAP gives it; anything else an empty list.
+      const answer = (one) => (one.resource.startsWith('dataDisplay[') ? { success: true, values: { exportDataUri: PIXEL } } : { success: true, values: [] });
+      return Array.isArray(request) ? requests.map(answer) : answer(request);
     },
   };
   const dispatcher = new Dispatcher();
