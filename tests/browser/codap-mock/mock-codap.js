@@ -1854,6 +1854,7 @@
     pluginUrl: null,
     error: null,
     startError: null,
+    answerDelayMs: 0,
     snapshot: snapshot,
     requestCount: requestCount,
     /**
@@ -1959,8 +1960,13 @@
     const result = runRequest(request);
     codap.log.push({ request: clone(request), response: clone(result.response), at: Date.now() });
     updateStatus();
-    callback(result.response);
-    result.notifications.forEach(sendNotification);
+    const answer = function () {
+      callback(result.response);
+      result.notifications.forEach(sendNotification);
+    };
+    // A CODAP busy with a big document answers late (the change is made at once).
+    if (codap.answerDelayMs > 0) setTimeout(answer, codap.answerDelayMs);
+    else answer();
   }
 
   let statusEl = null;
