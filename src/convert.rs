@@ -10,8 +10,9 @@ use serde_json::{Map, Value, json};
 use crate::json::{from_struct, from_value, to_struct, to_value};
 use crate::proto::v1 as pb;
 use crate::wire::{
-    ApprovalAnswer, CallerRef, FlatTool, FunctionSpec, GroupedManifest, ProviderFrame,
-    ProviderResponse, RequestStatus, ToolError, ToolGroup, ToolHints, ToolRequest, ToolResponse,
+    ApprovalAnswer, CallerRef, FlatTool, FunctionSpec, GroupedManifest, LogFrame, ProgressFrame,
+    ProviderFrame, ProviderResponse, RequestStatus, ToolError, ToolGroup, ToolHints, ToolRequest,
+    ToolResponse,
 };
 
 /// A protobuf message that cannot stand for the domain value: a required part is missing or
@@ -70,6 +71,8 @@ impl From<ToolResponse> for pb::ToolResponse {
                 code: error.code,
                 message: error.message,
             }),
+            content: response.content.iter().flatten().map(to_value).collect(),
+            structured_content: response.structured_content.as_ref().map(to_value),
         }
     }
 }
@@ -84,6 +87,8 @@ impl From<pb::ToolResponse> for ToolResponse {
                 code: error.code,
                 message: error.message,
             }),
+            content: contents(&response.content),
+            structured_content: response.structured_content.as_ref().map(from_value),
         }
     }
 }
@@ -118,6 +123,8 @@ impl From<ProviderResponse> for pb::ToolResponse {
             success,
             result: response.result.as_ref().map(to_value),
             error: if success { None } else { error },
+            content: response.content.iter().flatten().map(to_value).collect(),
+            structured_content: response.structured_content.as_ref().map(to_value),
         }
     }
 }
@@ -137,8 +144,15 @@ impl From<pb::ToolResponse> for ProviderResponse {
                 object.insert("message".into(), Value::String(error.message));
                 Value::Object(object)
             }),
+            content: contents(&response.content),
+            structured_content: response.structured_content.as_ref().map(from_value),
         }
     }
+}
+
+/// Content items as JSON: none when the list is empty (an answer with a result only).
+fn contents(items: &[prost_types::Value]) -> Option<Vec<Value>> {
+    (!items.is_empty()).then(|| items.iter().map(from_value).collect())
 }
 
 impl From<pb::ToolRequest> for ToolRequest {
@@ -294,6 +308,18 @@ impl From<ProviderFrame> for pb::ProviderMessage {
             }),
             ProviderFrame::Response(response) => Kind::Response((*response).into()),
             ProviderFrame::Ping => Kind::Ping(pb::Ping {}),
+            ProviderFrame::Progress(progress) => Kind::Progress(pb::Progress {
+                request_id: progress.request_id,
+                progress: progress.progress,
+                total: progress.total,
+                message: progress.message.unwrap_or_default(),
+            }),
+            ProviderFrame::Log(log) => Kind::Log(pb::Log {
+                request_id: log.request_id.unwrap_or_default(),
+                level: log.level.as_str().to_owned(),
+                data: Some(to_value(&log.data)),
+                logger: log.logger.unwrap_or_default(),
+            }),
             ProviderFrame::Approval(answer) => Kind::Approval(pb::ApprovalAnswer {
                 caller_id: answer.caller_id,
                 allow: answer.allow,
@@ -324,6 +350,19 @@ impl TryFrom<pb::ProviderMessage> for ProviderFrame {
                 },
                 Kind::Response(response) => Self::Response(Box::new(response.into())),
                 Kind::Ping(_) => Self::Ping,
+                Kind::Progress(progress) => Self::Progress(Box::new(ProgressFrame {
+                    request_id: progress.request_id,
+                    progress: progress.progress,
+                    total: progress.total,
+                    message: non_empty(progress.message),
+                })),
+                Kind::Log(log) => Self::Log(Box::new(LogFrame {
+                    request_id: non_empty(log.request_id),
+                    level: serde_json::from_value(Value::String(log.level))
+                        .map_err(|_| Malformed("a log message's level is none of MCP's"))?,
+                    data: log.data.as_ref().map_or(Value::Null, from_value),
+                    logger: non_empty(log.logger),
+                })),
                 Kind::Approval(answer) => Self::Approval(Box::new(ApprovalAnswer {
                     caller_id: answer.caller_id,
                     allow: answer.allow,

@@ -91,6 +91,13 @@ pub struct ToolResponse {
     /// The failure, when it did not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<ToolError>,
+    /// MCP content items (text, image, audio, resource links, embedded resources), checked
+    /// where the answer entered the relay; beside or instead of `result`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<Vec<Value>>,
+    /// MCP structured content: a JSON object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub structured_content: Option<Value>,
 }
 
 /// A response as a provider sends it: `error` may be a string or an object with a `message`.
@@ -108,6 +115,12 @@ pub struct ProviderResponse {
     /// The failure: a string, or an object with `message` (and optionally `code`).
     #[serde(default)]
     pub error: Option<Value>,
+    /// MCP content items, beside or instead of `result` (see [`ToolResponse::content`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<Vec<Value>>,
+    /// MCP structured content: a JSON object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub structured_content: Option<Value>,
 }
 
 /// What a function does to data, for hosts that ask the person before a change (SPEC §4).
@@ -325,8 +338,84 @@ pub enum ProviderFrame {
     /// Answers a call (boxed: the other frames are small, and every provider's channel holds
     /// a block of frames from the start).
     Response(Box<ProviderResponse>),
+    /// How far a delivered call has come, while it runs.
+    Progress(Box<ProgressFrame>),
+    /// A message for the callers' logs (MCP `notifications/message`).
+    Log(Box<LogFrame>),
     /// Keeps the session alive; answered with a `heartbeat`.
     Ping,
+}
+
+/// How far a delivered call has come: `progress` of `total` (when known), with a message for
+/// people. Progress increases; a value not above the last one is dropped.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProgressFrame {
+    /// The call's id.
+    pub request_id: String,
+    /// Work done so far, in any unit that grows (items, seconds, percent).
+    pub progress: f64,
+    /// The work there is, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total: Option<f64>,
+    /// What is happening, for people.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// A log message from the tab, for the callers whose calls it runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LogFrame {
+    /// The call it is about; without one, it is about every call the tab runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+    /// How much it matters (the syslog levels MCP uses).
+    pub level: LogLevel,
+    /// The message: any JSON.
+    #[serde(default)]
+    pub data: Value,
+    /// Who logged it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logger: Option<String>,
+}
+
+/// The syslog severities MCP logging uses, least severe first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogLevel {
+    /// Detail for debugging.
+    Debug,
+    /// Information.
+    Info,
+    /// Normal but significant.
+    Notice,
+    /// A warning.
+    Warning,
+    /// An error.
+    Error,
+    /// Critical.
+    Critical,
+    /// Action must be taken at once.
+    Alert,
+    /// The system is unusable.
+    Emergency,
+}
+
+impl LogLevel {
+    /// The level's name, as MCP writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Debug => "debug",
+            Self::Info => "info",
+            Self::Notice => "notice",
+            Self::Warning => "warning",
+            Self::Error => "error",
+            Self::Critical => "critical",
+            Self::Alert => "alert",
+            Self::Emergency => "emergency",
+        }
+    }
 }
 
 /// The person's answer to an approval request.
@@ -568,8 +657,48 @@ mod tests {
                 success: Some(false),
                 result: None,
                 error: Some(json!("no such case")),
+                content: None,
+                structured_content: None,
             }))
         );
+        let image = json!({"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"});
+        let frame: ProviderFrame = serde_json::from_value(json!({
+            "type": "response", "requestId": "r2", "content": [image], "structuredContent": {"n": 1}
+        }))
+        .unwrap();
+        let ProviderFrame::Response(response) = frame else {
+            panic!("a response: {frame:?}");
+        };
+        assert_eq!(response.content, Some(vec![image]));
+        assert_eq!(response.structured_content, Some(json!({"n": 1})));
+        let progress: ProviderFrame = serde_json::from_value(json!({
+            "type": "progress", "requestId": "r2", "progress": 40, "total": 100, "message": "40 of 100"
+        }))
+        .unwrap();
+        assert_eq!(
+            progress,
+            ProviderFrame::Progress(Box::new(ProgressFrame {
+                request_id: "r2".into(),
+                progress: 40.0,
+                total: Some(100.0),
+                message: Some("40 of 100".into()),
+            }))
+        );
+        let log: ProviderFrame = serde_json::from_value(
+            json!({"type": "log", "level": "warning", "data": {"rows": 3}, "logger": "codap"}),
+        )
+        .unwrap();
+        assert_eq!(
+            log,
+            ProviderFrame::Log(Box::new(LogFrame {
+                request_id: None,
+                level: LogLevel::Warning,
+                data: json!({"rows": 3}),
+                logger: Some("codap".into()),
+            }))
+        );
+        let unknown_level = json!({"type": "log", "level": "loud", "data": 1});
+        assert!(serde_json::from_value::<ProviderFrame>(unknown_level).is_err());
         let ping: ProviderFrame = serde_json::from_str(r#"{"type":"ping"}"#).unwrap();
         assert_eq!(ping, ProviderFrame::Ping);
     }

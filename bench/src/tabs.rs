@@ -396,6 +396,8 @@ async fn grpc_tab(
                         toolrelay::json::to_value(&toolrelay::json::from_struct(&args))
                     }),
                     error: None,
+                    content: Vec::new(),
+                    structured_content: None,
                 };
                 let reply = provider_message::Kind::Response(response);
                 outbound.send(ProviderMessage { kind: Some(reply) }).await?;

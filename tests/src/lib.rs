@@ -706,6 +706,8 @@ impl GrpcProvider {
             success: true,
             result: Some(toolrelay::json::to_value(result)),
             error: None,
+            content: Vec::new(),
+            structured_content: None,
         };
         self.outbound
             .send(ProviderMessage {

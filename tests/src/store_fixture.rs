@@ -254,6 +254,8 @@ pub fn answer(id: &str, result: Value) -> ToolResponse {
         success: true,
         result: Some(result),
         error: None,
+        content: None,
+        structured_content: None,
     }
 }
 

@@ -174,6 +174,7 @@ async fn every_grpc_rpc_that_takes_a_code_is_guarded() {
                     code: c(),
                     request_id: id(),
                     wait_ms: 0,
+                    news: false,
                 })
                 .await
                 .unwrap_err(),

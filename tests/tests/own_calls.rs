@@ -136,6 +136,7 @@ async fn an_mcp_clients_call_is_its_own_to_rest_and_grpc_callers_at_its_address(
             code: code.clone(),
             request_id: id.clone(),
             wait_ms: 0,
+            news: false,
         })
         .await
         .unwrap_err();

@@ -188,6 +188,7 @@ async fn submit_then_await_response_works_in_two_steps() {
             code: session.code.clone(),
             request_id: queued.request_id.clone(),
             wait_ms: 10_000,
+            news: false,
         })
         .await
         .unwrap()
@@ -286,6 +287,8 @@ async fn the_fallback_rpcs_serve_a_polling_provider() {
             success: true,
             result: Some(toolrelay::json::to_value(&json!(text))),
             error: None,
+            content: Vec::new(),
+            structured_content: None,
         }),
     };
     let posted = client

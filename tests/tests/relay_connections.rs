@@ -76,6 +76,7 @@ async fn a_tab_that_reconnects_gets_its_unanswered_call_again_and_nothing_runs_t
             code: code.clone(),
             request_id: "job-2".into(),
             wait_ms: 10_000,
+            news: false,
         })
         .await
         .unwrap()
@@ -170,6 +171,8 @@ async fn a_grpc_provider_that_reconnects_gets_its_unanswered_call_again() {
         success: true,
         result: Some(toolrelay::json::to_value(&json!("done"))),
         error: None,
+        content: Vec::new(),
+        structured_content: None,
     };
     outbound
         .send(pb::ProviderMessage {
@@ -182,6 +185,7 @@ async fn a_grpc_provider_that_reconnects_gets_its_unanswered_call_again() {
             code: session.code.clone(),
             request_id: "once".into(),
             wait_ms: 10_000,
+            news: false,
         })
         .await
         .unwrap()

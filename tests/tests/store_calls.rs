@@ -577,7 +577,7 @@ toolrelay_tests::conformance! {
                         request_id: id.clone(),
                         success: false,
                         result: None,
-                        error: Some(toolrelay::wire::ToolError { code: "tool_error".into(), message: "e".repeat(bytes) }),
+                        error: Some(toolrelay::wire::ToolError { code: "tool_error".into(), message: "e".repeat(bytes) }), content: None, structured_content: None,
                     }
                 } else {
                     answer(&id, json!("x".repeat(bytes)))

@@ -139,6 +139,8 @@ pub async fn serve(
                         success: true,
                         result: Some(to_value(&result)),
                         error: None,
+                        content: Vec::new(),
+                        structured_content: None,
                     },
                     Err(message) => ToolResponse {
                         request_id: call.request_id,
@@ -148,6 +150,8 @@ pub async fn serve(
                             code: "tool_error".into(),
                             message,
                         }),
+                        content: Vec::new(),
+                        structured_content: None,
                     },
                 };
                 unacknowledged.insert(response.request_id.clone(), response.clone());

@@ -39,6 +39,11 @@ const PLUGIN: &[File] = &[
         "text/javascript; charset=utf-8",
         include_str!("../plugin/tools.js"),
     ),
+    (
+        "graph-image.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../plugin/graph-image.js"),
+    ),
 ];
 
 /// The browser SDK (`/sdk/`): any page, on any origin, imports `/sdk/toolrelay.js`.
@@ -107,6 +112,16 @@ const SDK: &[File] = &[
         "webmcp.js",
         "text/javascript; charset=utf-8",
         include_str!("../sdk/webmcp.js"),
+    ),
+    (
+        "result.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../sdk/result.js"),
+    ),
+    (
+        "progress.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../sdk/progress.js"),
     ),
 ];
 

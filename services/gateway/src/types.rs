@@ -7,9 +7,12 @@
 use std::collections::BTreeMap;
 
 use poem_openapi::{Enum, Object, Union};
-use serde_json::Value;
-use toolrelay::wire::{GroupedManifest, RequestStatus, ToolRequest, ToolResponse};
-use toolrelay_relay::front::{NewSession, RequestView, SessionStatus};
+use serde_json::{Value, json};
+use toolrelay::wire::{
+    GroupedManifest, LogFrame, ProgressFrame, ProviderFrame, ProviderResponse, RequestStatus,
+    ToolRequest, ToolResponse,
+};
+use toolrelay_relay::front::{CallProgress, NewSession, RequestView, SessionStatus};
 
 /// A call's arguments: a JSON object.
 pub type Arguments = BTreeMap<String, Value>;
@@ -353,10 +356,82 @@ pub struct CallResponse {
     /// How to get a smaller result, when truncated.
     #[oai(skip_serializing_if_is_none)]
     pub note: Option<String>,
+    /// What the tool showed besides its result, as MCP content items: `text`, `image`, `audio`,
+    /// `resource_link`, `resource`. An image's or audio's data (and an embedded resource's
+    /// `blob`) is left out of this text answer: such an item is `{type, mimeType, bytes,
+    /// omitted}` (an MCP client of the relay gets it whole).
+    #[oai(skip_serializing_if_is_none)]
+    pub content: Option<Vec<Value>>,
+    /// The tool's structured result (a JSON object), when it gave one beside its content.
+    #[oai(skip_serializing_if_is_none)]
+    pub structured_content: Option<Value>,
+}
+
+/// Why an item's data is not in a text answer.
+const OMITTED: &str = "Left out of this text answer; an MCP client of the relay gets it whole.";
+
+/// A content item as a text answer carries it: an image's or audio's data, or an embedded
+/// resource's blob, replaced by its size in bytes and a note.
+pub fn without_data(mut item: Value) -> Value {
+    fn bytes(base64: &str) -> usize {
+        let padding = base64.bytes().rev().take_while(|b| *b == b'=').count();
+        (base64.len() / 4 * 3).saturating_sub(padding)
+    }
+    let kind = item.get("type").and_then(Value::as_str).unwrap_or_default();
+    let holder = match kind {
+        "image" | "audio" => Some(&mut item),
+        "resource" => item.get_mut("resource"),
+        _ => None,
+    };
+    if let Some(Value::Object(holder)) = holder {
+        for field in ["data", "blob"] {
+            if let Some(Value::String(data)) = holder.remove(field) {
+                holder.insert("bytes".into(), Value::from(bytes(&data)));
+                holder.insert("omitted".into(), Value::String(OMITTED.into()));
+            }
+        }
+    }
+    item
+}
+
+/// Cuts the text items of `items` so that together they stay under what an LLM can take
+/// (their note says so); images and audio do not count.
+pub fn cut_texts(items: &mut Vec<Value>) {
+    let mut left = MAX_RESULT_CHARS;
+    let mut cut = false;
+    for item in items.iter_mut() {
+        if item.get("type").and_then(Value::as_str) != Some("text") {
+            continue;
+        }
+        let Some(Value::String(text)) = item.get_mut("text") else {
+            continue;
+        };
+        let length = text.chars().count();
+        if length <= left {
+            left -= length;
+            continue;
+        }
+        let at = text
+            .char_indices()
+            .nth(left)
+            .map_or(text.len(), |(at, _)| at);
+        text.truncate(at);
+        left = 0;
+        cut = true;
+    }
+    if cut {
+        items.push(json!({"type": "text", "text": format!(
+            "The text above was cut to {MAX_RESULT_CHARS} characters. Ask for less: filter, select fewer attributes or cases, or page through them."
+        )}));
+    }
 }
 
 impl From<ToolResponse> for CallResponse {
-    fn from(response: ToolResponse) -> Self {
+    fn from(mut response: ToolResponse) -> Self {
+        // A tab that gave structured content and no result: that is the result here.
+        if response.result.is_none() && response.success {
+            response.result.clone_from(&response.structured_content);
+        }
         let mut answer = Self {
             request_id: response.request_id,
             success: response.success,
@@ -367,6 +442,12 @@ impl From<ToolResponse> for CallResponse {
             }),
             truncated: None,
             note: None,
+            content: response.content.map(|items| {
+                let mut items: Vec<Value> = items.into_iter().map(without_data).collect();
+                cut_texts(&mut items);
+                items
+            }),
+            structured_content: response.structured_content,
         };
         if let Some(result) = response.result {
             let text = result.to_string();
@@ -415,11 +496,41 @@ pub struct CallState {
     /// What to do when no tab is connected.
     #[oai(skip_serializing_if_is_none)]
     pub message: Option<String>,
+    /// How far the call has come, as the tab last said (while it runs).
+    #[oai(skip_serializing_if_is_none)]
+    pub progress: Option<CallProgressView>,
+}
+
+/// How far a running call has come, as its tab last said.
+#[derive(Debug, Clone, Object)]
+pub struct CallProgressView {
+    /// Work done so far (it only grows), in the tab's unit: items, seconds, percent.
+    pub progress: f64,
+    /// The work there is, when the tab knows.
+    #[oai(skip_serializing_if_is_none)]
+    pub total: Option<f64>,
+    /// What is happening, in words.
+    #[oai(skip_serializing_if_is_none)]
+    pub message: Option<String>,
+    /// When the tab said it (RFC 3339).
+    pub at: String,
+}
+
+impl From<CallProgress> for CallProgressView {
+    fn from(progress: CallProgress) -> Self {
+        Self {
+            progress: progress.progress,
+            total: progress.total,
+            message: progress.message,
+            at: progress.at.rfc3339(),
+        }
+    }
 }
 
 impl From<RequestView> for CallState {
     fn from(view: RequestView) -> Self {
         Self {
+            progress: view.progress.clone().map(CallProgressView::from),
             message: no_tab_message(&view),
             provider_connected: view.provider_connected,
             request_id: view.request_id,
@@ -577,6 +688,10 @@ impl From<ToolRequest> for PendingCall {
 #[derive(Debug, Clone, Object)]
 #[oai(rename_all = "camelCase")]
 pub struct TabResponse {
+    /// `response` (the default: an answer), or news of the call while it runs: `progress`
+    /// (`progress`, `total`, `message`) or `log` (`level`, `data`, `logger`).
+    #[oai(rename = "type")]
+    pub kind: Option<String>,
     /// The requestId of the call.
     pub request_id: String,
     /// Whether the tool succeeded (default: true unless error is given).
@@ -585,6 +700,57 @@ pub struct TabResponse {
     pub result: Option<Value>,
     /// The failure: a string or {code?, message}.
     pub error: Option<Value>,
+    /// MCP content items beside or instead of the result: text, image (png, jpeg, webp, gif
+    /// as base64 `data` with its `mimeType`; no SVG), audio, resource_link, resource.
+    pub content: Option<Vec<Value>>,
+    /// MCP structured content: a JSON object.
+    pub structured_content: Option<Value>,
+    /// Progress: the work done so far (it only grows; a lower value is dropped).
+    pub progress: Option<f64>,
+    /// Progress: the work there is, when known.
+    pub total: Option<f64>,
+    /// Progress: what is happening, in words.
+    pub message: Option<String>,
+    /// Log: debug, info, notice, warning, error, critical, alert or emergency.
+    pub level: Option<String>,
+    /// Log: the message, any JSON.
+    pub data: Option<Value>,
+    /// Log: who logged it.
+    pub logger: Option<String>,
+}
+
+impl TabResponse {
+    /// What the tab posted: its answer, or news of the call (`Err`: what is wrong with it).
+    pub fn into_frame(self) -> Result<ProviderFrame, String> {
+        match self.kind.as_deref().unwrap_or("response") {
+            "response" => Ok(ProviderFrame::Response(Box::new(ProviderResponse {
+                request_id: self.request_id,
+                success: self.success,
+                result: self.result,
+                error: self.error,
+                content: self.content,
+                structured_content: self.structured_content,
+            }))),
+            "progress" => Ok(ProviderFrame::Progress(Box::new(ProgressFrame {
+                request_id: self.request_id,
+                progress: self
+                    .progress
+                    .ok_or("a progress frame needs `progress`, a number")?,
+                total: self.total,
+                message: self.message,
+            }))),
+            "log" => Ok(ProviderFrame::Log(Box::new(LogFrame {
+                request_id: Some(self.request_id),
+                level: serde_json::from_value(Value::String(self.level.unwrap_or_default()))
+                    .map_err(|_| "a log frame needs `level`: debug, info, notice, warning, error, critical, alert or emergency")?,
+                data: self.data.unwrap_or(Value::Null),
+                logger: self.logger,
+            }))),
+            other => Err(format!(
+                "type {other:?} is not one the relay takes here: response, progress or log"
+            )),
+        }
+    }
 }
 
 /// What happened to a tab's answer.
@@ -646,6 +812,8 @@ mod tests {
             success: true,
             result: Some(big),
             error: None,
+            content: None,
+            structured_content: None,
         });
         assert_eq!(answer.truncated, Some(true));
         let Some(Value::String(cut)) = &answer.result else {
@@ -663,6 +831,8 @@ mod tests {
             success: true,
             result: Some(json!(["\"".repeat(80_000)])),
             error: None,
+            content: None,
+            structured_content: None,
         });
         let written = poem_openapi::types::ToJSON::to_json_string(&quoted)
             .chars()
@@ -674,6 +844,8 @@ mod tests {
             success: true,
             result: Some(json!({"ok": 1})),
             error: None,
+            content: None,
+            structured_content: None,
         });
         assert_eq!(
             (small.truncated, small.result),

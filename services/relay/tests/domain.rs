@@ -108,6 +108,8 @@ fn answer(request_id: &str, result: Value) -> ProviderResponse {
         success: Some(true),
         result: Some(result),
         error: None,
+        content: None,
+        structured_content: None,
     }
 }
 
@@ -291,7 +293,13 @@ async fn an_unanswered_call_expires_with_a_clear_error() {
     assert_eq!(queued.status, RequestStatus::Queued);
     assert!(!queued.provider_connected);
     let view = relay
-        .await_response(code, &queued.request_id, Duration::from_secs(90), None)
+        .await_response(
+            code,
+            &queued.request_id,
+            Duration::from_secs(90),
+            false,
+            None,
+        )
         .await
         .unwrap();
     assert_eq!(view.status, RequestStatus::Expired);
@@ -614,10 +622,10 @@ async fn overlapping_attaches_leave_one_connection_standing() {
     use toolrelay_relay::error::StoreError;
     use toolrelay_relay::metrics::StoreOperation;
     use toolrelay_relay::store::{
-        Answerer, ApprovalChange, ApprovalState, BudgetStore, Claim, EnqueueChecks, Enqueued,
-        EventStream, Finished, Inserted, McpSessionCaps, McpSessionStore, McpSessionsFull,
-        NewRequest, ProviderInfo, RateBudget, Reachable, RequestRecord, RoutedAnswer,
-        SessionRecord, SessionStore, StoreUsage, TabState, TicketStore,
+        Answerer, ApprovalChange, ApprovalState, BudgetStore, CallNews, CallProgress, Claim,
+        EnqueueChecks, Enqueued, EventStream, Finished, Inserted, McpSessionCaps, McpSessionStore,
+        McpSessionsFull, NewRequest, ProviderInfo, RateBudget, Reachable, RequestRecord,
+        RoutedAnswer, SessionRecord, SessionStore, StoreUsage, TabState, TicketStore,
     };
     use toolrelay_relay::{SessionCode, Timestamp};
     struct Slow(Arc<Mem>);

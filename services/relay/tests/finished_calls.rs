@@ -81,6 +81,8 @@ async fn finish_calls(limits: StoreLimits) -> (usize, usize, std::sync::Arc<Memo
             success: true,
             result: Some(json!("hello world")),
             error: None,
+            content: None,
+            structured_content: None,
         };
         store
             .finish(
@@ -106,6 +108,8 @@ async fn finished_calls_cost_what_the_answer_budget_counts() {
         success: true,
         result: Some(json!("hello world")),
         error: None,
+        content: None,
+        structured_content: None,
     };
     let counted = rules::answer_cost(&answer);
     // Every answer kept: what memory holds per call, against what the budget counts.

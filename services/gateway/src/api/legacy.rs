@@ -209,6 +209,8 @@ fn legacy_answer(id: String, result: Value) -> ProviderResponse {
         success: Some(!failed),
         result: Some(result),
         error,
+        content: None,
+        structured_content: None,
     }
 }
 

@@ -256,6 +256,7 @@ impl LlmApi {
                 code: code.0.clone(),
                 request_id: id.to_owned(),
                 wait,
+                news: false,
             };
             relay.run(caller, waited).await?;
         }
@@ -414,6 +415,7 @@ impl LlmApi {
                     code,
                     call,
                     wait: Some(wait),
+                    news: false,
                 },
             )
             .await?;

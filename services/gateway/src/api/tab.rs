@@ -15,9 +15,9 @@ use poem_openapi::{ApiResponse, OpenApi};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use toolrelay::json::ReadError;
-use toolrelay::wire::ProviderResponse;
+use toolrelay::wire::ProviderFrame;
 use toolrelay_relay::front::ops::{
-    AnswerApproval, CreateSession, DescribeClaim, EndSession, GetApprovals, PollRequests,
+    AnswerApproval, CreateSession, DescribeClaim, EndSession, GetApprovals, PollRequests, PostNews,
     PostResponse, RedeemClaim, RegisterManifest,
 };
 use toolrelay_relay::front::too_deep_response;
@@ -29,7 +29,7 @@ use super::{Client, State, Tag, provider_token};
 use crate::error::ApiError;
 use crate::types::{
     ApprovalAnswer, ApprovalOutcome, Approvals, ClaimAbout, ClaimBody, CreatedSession, PolledItem,
-    Registered, ResponseAccepted, TabResponse,
+    Registered, ResponseAccepted, Status, TabResponse,
 };
 
 /// The tab-side operations.
@@ -281,11 +281,26 @@ impl TabApi {
         let token = provider_token(authorization.as_deref(), token.0);
         let outcome = match body.0 {
             Ok(body) => {
-                let response = ProviderResponse {
-                    request_id: body.request_id,
-                    success: body.success,
-                    result: body.result,
-                    error: body.error,
+                let request_id = body.request_id.clone();
+                let response = match body.into_frame() {
+                    Ok(ProviderFrame::Response(response)) => *response,
+                    Ok(news) => {
+                        let code = code.0;
+                        let running = self
+                            .state
+                            .relay
+                            .run(caller, PostNews { code, token, news })
+                            .await?;
+                        return Ok(Json(ResponseAccepted {
+                            request_id,
+                            status: Status::Delivered,
+                            accepted: running,
+                        }));
+                    }
+                    Err(reason) => {
+                        let refused = RelayError::InvalidResponse { reason };
+                        return Err(ErrorInfo::from(refused).into());
+                    }
                 };
                 self.state
                     .relay

@@ -52,6 +52,7 @@ use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
+use toolrelay::wire::LogLevel;
 use toolrelay_relay::front::Caller;
 use toolrelay_relay::front::Clock;
 use toolrelay_relay::front::ops::ListTools;
@@ -102,6 +103,19 @@ pub struct RelayMcp {
     state: State,
     scoped: bool,
     ended: SessionEnd,
+    /// The least level of the tabs' log messages the client gets (`logging/setLevel`; info
+    /// until it says). Kept by the gateway that was asked.
+    log_level: std::sync::Mutex<LogLevel>,
+}
+
+impl RelayMcp {
+    /// The least level of log message the client gets.
+    fn log_level(&self) -> LogLevel {
+        *self
+            .log_level
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// Cancelled when a session's server is dropped (rmcp drops it when the session ends): ends
@@ -148,6 +162,7 @@ pub fn endpoints(state: &State) -> (impl Endpoint + 'static, impl Endpoint + 'st
                     state: state.clone(),
                     scoped,
                     ended: SessionEnd(CancellationToken::new()),
+                    log_level: std::sync::Mutex::new(LogLevel::Info),
                 })
             },
             sessions,
@@ -335,8 +350,8 @@ impl ServerHandler for RelayMcp {
         } else {
             "Tools built into the relay, and pairing with a user's browser tab. To work in CODAP (data tables, graphs), call open_codap: it opens a CODAP paired with this conversation; then call_session_tool. Or ask the user for the pairing code shown in their plugin, call connect_session with it, then call_session_tool."
         };
-        // Logging: `logging/setLevel` is answered (the relay sends no log messages; it is
-        // deprecated from 2026-07-28 on, SEP-2577). Prompts: none, listed as such rather than
+        // Logging: a tab's log messages about a call reach its client at or above the level
+        // it set (`logging/setLevel`; deprecated from 2026-07-28 on, SEP-2577). Prompts: none, listed as such rather than
         // refused. Resources: `/mcp` has its app's page, `/mcp/s/{handle}` none.
         #[allow(deprecated)]
         let capabilities = ServerCapabilities::builder()
@@ -406,13 +421,20 @@ impl ServerHandler for RelayMcp {
         Ok(())
     }
 
-    /// Accepted at any level: the relay sends clients no log messages.
+    /// The least level of the tabs' log messages this client gets, from now on.
     #[allow(deprecated)] // logging, deprecated from 2026-07-28 on, is still in the older ones
     async fn set_level(
         &self,
-        _request: rmcp::model::SetLevelRequestParams,
+        request: rmcp::model::SetLevelRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
+        let level = serde_json::to_value(request.level)
+            .and_then(serde_json::from_value)
+            .map_err(|_| McpError::invalid_params("no such log level", None))?;
+        *self
+            .log_level
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = level;
         Ok(())
     }
 

@@ -14,11 +14,12 @@ use rmcp::service::{RequestContext, SubscriptionContext};
 use rmcp::{ErrorData as McpError, RoleServer};
 use serde_json::{Value, json};
 use tokio::time::Instant;
-use toolrelay::wire::{FunctionSpec, ToolHints};
+use toolrelay::wire::{FunctionSpec, LogFrame, ToolHints, ToolResponse};
 use toolrelay_relay::front::ops::{AwaitResponse, Call, CallTool, CancelRequest, GetManifest};
 use toolrelay_relay::front::unique_id;
-use toolrelay_relay::front::{CallInput, Caller, ErrorCode, ErrorInfo, ErrorKind, RelayApi};
+use toolrelay_relay::front::{CallInput, CallNews, Caller, ErrorCode, ErrorInfo, ErrorKind};
 use toolrelay_relay::front::{FailureCode, Scope, ToolCode};
+use toolrelay_relay::front::{RelayApi, RequestView};
 
 use super::{McpRequest, RelayMcp, caller_of, mcp_session_of, request_of};
 use crate::types::CallResponse;
@@ -241,6 +242,7 @@ impl RelayMcp {
                 ..CallInput::default()
             },
             wait: Some(PROGRESS_EVERY),
+            news: true,
         };
         let cancel = CancelRequest {
             code: code.to_owned(),
@@ -266,18 +268,31 @@ impl RelayMcp {
                 return failure(ErrorCode::Cancelled.as_str(), "The call was cancelled by the client.").into();
             }
         };
+        let mut passed = Passed::default();
         let waiting = async {
             let mut view = first?;
             let untrusted = view.untrusted;
             while view.response.is_none() {
-                progress(context, started, view.provider_connected).await;
+                self.pass_on(context, &mut passed, &view, started).await;
                 let again = AwaitResponse {
                     code: code.to_owned(),
                     request_id: request_id.clone(),
                     wait: PROGRESS_EVERY,
+                    news: true,
                 };
                 view = relay.run(caller, again).await?;
             }
+            // News that came with the answer goes before it.
+            self.pass_on(
+                context,
+                &mut passed,
+                &RequestView {
+                    response: None,
+                    ..view.clone()
+                },
+                started,
+            )
+            .await;
             Ok::<_, ErrorInfo>((view, untrusted))
         };
         let (view, untrusted) = tokio::select! {
@@ -302,28 +317,58 @@ impl RelayMcp {
             )
             .into();
         };
-        let answer = CallResponse::from(response);
-        let result = match (answer.success, answer.error) {
-            (true, _) => {
-                let mut value = answer.result.unwrap_or(Value::Null);
-                if answer.truncated == Some(true) {
-                    value = json!({"truncated": true, "note": answer.note, "result": value});
-                }
-                let mut result = success(value);
-                if untrusted {
-                    let mut meta = JsonObject::new();
-                    meta.insert(UNTRUSTED_CONTENT.to_owned(), Value::Bool(true));
-                    result.meta = Some(MetaObject(meta));
-                }
-                result
-            }
-            (false, Some(error)) => failure(&error.code, &error.message),
-            (false, None) => failure(
-                ErrorCode::ToolError.as_str(),
-                "The tool failed without a message.",
-            ),
-        };
+        let mut result = answered(response);
+        if untrusted && !result.is_error.unwrap_or(false) {
+            let mut meta = JsonObject::new();
+            meta.insert(UNTRUSTED_CONTENT.to_owned(), Value::Bool(true));
+            result.meta = Some(MetaObject(meta));
+        }
         result.into()
+    }
+
+    /// Passes a waiting call's news on to the client: its tab's progress (to a client that
+    /// gave a progress token, each value above the last one sent) and log messages (at or
+    /// above the level the client set). Until the tab reports progress, the relay reports the
+    /// seconds waited.
+    #[allow(deprecated)] // logging, deprecated from 2026-07-28 on, is still in the older ones
+    async fn pass_on(
+        &self,
+        context: &RequestContext<RoleServer>,
+        passed: &mut Passed,
+        view: &RequestView,
+        started: Instant,
+    ) {
+        let token = context.meta.get_progress_token();
+        let reported = view.news.iter().filter_map(|news| match news {
+            CallNews::Progress(progress) => Some(progress),
+            CallNews::Log(_) => None,
+        });
+        // The call's kept progress covers news between two waits.
+        let mut any = false;
+        for progress in view.progress.iter().chain(reported) {
+            any = true;
+            passed.from_tab = true;
+            let Some(token) = token.clone() else { continue };
+            if passed.sent.is_some_and(|sent| progress.progress <= sent) {
+                continue;
+            }
+            passed.sent = Some(progress.progress);
+            let mut note = ProgressNotificationParam::new(token, progress.progress);
+            note.total = progress.total;
+            note.message.clone_from(&progress.message);
+            let _ = context.peer.notify_progress(note).await;
+        }
+        let level = self.log_level();
+        for news in &view.news {
+            if let CallNews::Log(log) = news
+                && log.level >= level
+            {
+                let _ = context.peer.notify_logging_message(logged(log)).await;
+            }
+        }
+        if !any && !passed.from_tab && view.news.is_empty() && view.response.is_none() {
+            waited(context, passed, started, view.provider_connected).await;
+        }
     }
 
     /// A built-in tool, outside any session (scope: the MCP session when there is one).
@@ -373,13 +418,31 @@ async fn cancelled(relay: &RelayApi, caller: &Caller, cancel: CancelRequest) {
     }
 }
 
+/// What a call's client was told of its progress.
+#[derive(Default)]
+struct Passed {
+    /// The last progress value sent (each must be above the one before).
+    sent: Option<f64>,
+    /// Whether its tab reports progress: then the relay stops reporting the time waited.
+    from_tab: bool,
+}
+
 /// Tells the client (when it asked, with a progress token) that its call still waits, and how
 /// long it has: for the tab to answer, or for a tab to be opened.
-async fn progress(context: &RequestContext<RoleServer>, started: Instant, connected: bool) {
+async fn waited(
+    context: &RequestContext<RoleServer>,
+    passed: &mut Passed,
+    started: Instant,
+    connected: bool,
+) {
     let Some(token) = context.meta.get_progress_token() else {
         return;
     };
     let waited = started.elapsed().as_secs_f64().round();
+    if passed.sent.is_some_and(|sent| waited <= sent) {
+        return;
+    }
+    passed.sent = Some(waited);
     let message = if connected {
         format!("Waiting for the tab to answer ({waited:.0} s)")
     } else {
@@ -387,6 +450,79 @@ async fn progress(context: &RequestContext<RoleServer>, started: Instant, connec
     };
     let note = ProgressNotificationParam::new(token, waited).with_message(message);
     let _ = context.peer.notify_progress(note).await;
+}
+
+/// A tab's log message as MCP's.
+#[allow(deprecated)] // logging, deprecated from 2026-07-28 on, is still in the older ones
+fn logged(log: &LogFrame) -> rmcp::model::LoggingMessageNotificationParam {
+    let level = serde_json::from_value(Value::String(log.level.as_str().to_owned()))
+        .unwrap_or(rmcp::model::LoggingLevel::Info);
+    let mut message = rmcp::model::LoggingMessageNotificationParam::new(level, log.data.clone());
+    message.logger.clone_from(&log.logger);
+    message
+}
+
+/// A tab's answer as an MCP tool result: its content as it sent it (text cut to what an LLM
+/// can take) with its JSON result as text after it, its structured content (or its result,
+/// wrapped when not an object); a failure with its content, or its error's message.
+pub(super) fn answered(response: ToolResponse) -> CallToolResult {
+    let structured = response.structured_content.clone();
+    let content = response.content.clone();
+    let answer = CallResponse::from(ToolResponse {
+        content: None,
+        structured_content: None,
+        ..response
+    });
+    let Some(items) = content else {
+        // No content: the result as text and structured content, as always.
+        return match (answer.success, answer.error) {
+            (true, _) => {
+                let mut value = answer.result.unwrap_or(Value::Null);
+                if answer.truncated == Some(true) {
+                    value = json!({"truncated": true, "note": answer.note, "result": value});
+                }
+                let mut result = success(value);
+                if let Some(structured) = structured {
+                    result.structured_content = Some(structured);
+                }
+                result
+            }
+            (false, Some(error)) => failure(&error.code, &error.message),
+            (false, None) => failure(
+                ErrorCode::ToolError.as_str(),
+                "The tool failed without a message.",
+            ),
+        };
+    };
+    let mut items = items;
+    crate::types::cut_texts(&mut items);
+    let mut blocks: Vec<ContentBlock> = items
+        .into_iter()
+        .map(|item| {
+            serde_json::from_value(item.clone())
+                .unwrap_or_else(|_| ContentBlock::text(item.to_string()))
+        })
+        .collect();
+    let result = answer.result.filter(|result| !result.is_null());
+    if let Some(result) = &result {
+        let text = serde_json::to_string_pretty(result).unwrap_or_else(|_| result.to_string());
+        blocks.push(ContentBlock::text(text));
+    }
+    let mut called = if answer.success {
+        CallToolResult::success(blocks)
+    } else {
+        CallToolResult::error(blocks)
+    };
+    called.structured_content = match (structured, result, answer.error) {
+        (Some(structured), _, _) => Some(structured),
+        (None, Some(Value::Object(result)), _) if answer.success => Some(Value::Object(result)),
+        (None, Some(result), _) if answer.success => Some(json!({"result": result})),
+        (None, _, Some(error)) => {
+            Some(json!({"error": {"code": error.code, "message": error.message}}))
+        }
+        _ => None,
+    };
+    called
 }
 
 /// Calls `notify` each time the tools of the session behind `request`'s handle change, and

@@ -3,7 +3,7 @@
 use tonic::Status;
 use toolrelay::convert::Malformed;
 use toolrelay::proto::v1 as pb;
-use toolrelay::wire::ProviderResponse;
+use toolrelay::wire::{ProviderFrame, ProviderResponse};
 
 use crate::api::Outcome;
 use crate::error::RelayError;
@@ -100,6 +100,82 @@ impl Operation for PostResponse {
     }
 }
 
+/// A delivered call's news from its tab over HTTP (SSE, polling): see [`Relay::post_news`].
+#[derive(Debug, Clone)]
+pub struct PostNews {
+    /// The session code.
+    pub code: String,
+    /// The provider token.
+    pub token: Option<String>,
+    /// A `progress` or `log` frame.
+    pub news: ProviderFrame,
+}
+
+impl Operation for PostNews {
+    const PATH: &'static str = "/toolrelay.v1.Relay/PostNews";
+    // News is a hint: not sent twice.
+    const RETRY: Retry = Retry::IfNotSent;
+    type Message = pb::PostNewsRequest;
+    type Reply = pb::PostNewsResponse;
+    type Output = bool;
+
+    const CHECKS: Checks = Checks {
+        admit: Admit::Nothing,
+        guard: Guard::Provider,
+    };
+
+    fn guarded(&self) -> Guarded {
+        Guarded {
+            token: self.token.clone(),
+            ..Guarded::default()
+        }
+    }
+
+    async fn step(self, relay: &Relay, _: &Caller) -> Result<bool, RelayError> {
+        relay
+            .post_news(&self.code, self.token.as_deref(), self.news)
+            .await
+    }
+
+    fn into_message(self) -> (Self::Message, Credential) {
+        use pb::post_news_request::Kind;
+        let kind = match pb::ProviderMessage::from(self.news).kind {
+            Some(pb::provider_message::Kind::Progress(progress)) => Some(Kind::Progress(progress)),
+            Some(pb::provider_message::Kind::Log(log)) => Some(Kind::Log(log)),
+            _ => None,
+        };
+        let message = pb::PostNewsRequest {
+            code: self.code,
+            kind,
+        };
+        (message, Credential::token(self.token))
+    }
+
+    fn from_message(message: Self::Message, credentials: Credentials) -> Result<Self, Status> {
+        use pb::post_news_request::Kind;
+        let kind = match message.kind {
+            Some(Kind::Progress(progress)) => pb::provider_message::Kind::Progress(progress),
+            Some(Kind::Log(log)) => pb::provider_message::Kind::Log(log),
+            None => return Err(Status::invalid_argument("PostNews needs progress or a log")),
+        };
+        let news = ProviderFrame::try_from(pb::ProviderMessage { kind: Some(kind) })
+            .map_err(|malformed| Status::invalid_argument(malformed.0))?;
+        Ok(Self {
+            code: message.code,
+            token: credentials.bearer,
+            news,
+        })
+    }
+
+    fn reply(running: bool) -> Self::Reply {
+        pb::PostNewsResponse { running }
+    }
+
+    fn output(reply: Self::Reply) -> Result<bool, Malformed> {
+        Ok(reply.running)
+    }
+}
+
 /// Cancels a call (by its caller): see [`Relay::cancel`].
 #[derive(Debug, Clone)]
 pub struct CancelRequest {
@@ -164,5 +240,6 @@ impl Operation for CancelRequest {
 /// This family's operations, for the gRPC server's routes ([`crate::operation::each`]).
 pub(super) fn operations(visitor: &mut impl Visitor) {
     visitor.visit::<PostResponse>();
+    visitor.visit::<PostNews>();
     visitor.visit::<CancelRequest>();
 }

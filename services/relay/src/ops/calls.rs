@@ -109,6 +109,8 @@ pub struct Call {
     pub call: CallInput,
     /// How long to wait for the answer.
     pub wait: Option<Duration>,
+    /// Answer as soon as the call has news (its tab's progress, a log message), with them.
+    pub news: bool,
 }
 
 impl Operation for Call {
@@ -137,7 +139,7 @@ impl Operation for Call {
         let (code, named) = relay.named_session(&self.code).await?;
         let (call, charge) = admitted(relay, caller, &code, &named, self.call)?;
         relay
-            .call_charged(code.as_str(), call, self.wait, Some(charge))
+            .call_charged(code.as_str(), call, self.wait, self.news, Some(charge))
             .await
     }
 
@@ -151,6 +153,7 @@ impl Operation for Call {
             args: Some(to_struct(&call.args)),
             timeout_ms: self.wait.map_or(0, wire_millis),
             read_only: call.read_only,
+            news: self.news,
         };
         (message, Credential::None)
     }
@@ -169,6 +172,7 @@ impl Operation for Call {
             code: message.code,
             call,
             wait,
+            news: message.news,
         })
     }
 

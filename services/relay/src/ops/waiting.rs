@@ -27,6 +27,8 @@ pub struct AwaitResponse {
     pub request_id: String,
     /// How long to wait.
     pub wait: Duration,
+    /// Answer as soon as the call has news (its tab's progress, a log message), with them.
+    pub news: bool,
 }
 
 impl Operation for AwaitResponse {
@@ -53,7 +55,13 @@ impl Operation for AwaitResponse {
         let key = relay.limits().caller_key(caller);
         relay.approved(caller, &self.code).await?;
         relay
-            .await_response(&self.code, &self.request_id, self.wait, Some(&key))
+            .await_response(
+                &self.code,
+                &self.request_id,
+                self.wait,
+                self.news,
+                Some(&key),
+            )
             .await
     }
 
@@ -62,6 +70,7 @@ impl Operation for AwaitResponse {
             code: self.code,
             request_id: self.request_id,
             wait_ms: wire_millis(self.wait),
+            news: self.news,
         };
         (message, Credential::None)
     }
@@ -71,6 +80,7 @@ impl Operation for AwaitResponse {
             code: message.code,
             request_id: message.request_id,
             wait: Duration::from_millis(u64::from(message.wait_ms)),
+            news: message.news,
         })
     }
 

@@ -22,10 +22,10 @@ use tokio::sync::watch;
 use toolrelay::wire::{RequestStatus, ToolResponse};
 
 use super::{
-    Answerer, ApprovalChange, ApprovalState, BudgetStore, Claim, EnqueueChecks, Enqueued,
-    EventStream, Finished, Inserted, McpSessionCaps, McpSessionStore, McpSessionsFull, NewRequest,
-    ProviderInfo, RateBudget, Reachable, RequestRecord, RoutedAnswer, SessionRecord, SessionStore,
-    Store, StoreUsage, TabState, TicketStore,
+    Answerer, ApprovalChange, ApprovalState, BudgetStore, CallNews, CallProgress, Claim,
+    EnqueueChecks, Enqueued, EventStream, Finished, Inserted, McpSessionCaps, McpSessionStore,
+    McpSessionsFull, NewRequest, ProviderInfo, RateBudget, Reachable, RequestRecord, RoutedAnswer,
+    SessionRecord, SessionStore, Store, StoreUsage, TabState, TicketStore,
 };
 use crate::clock::{Clock, Timestamp};
 use crate::code::SessionCode;

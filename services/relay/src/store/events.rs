@@ -114,6 +114,14 @@ impl SessionChannel {
                     .events
                     .send(SessionEvent::ResponseReady { id, record: brief });
             }
+            // News of a running call is its waiters' alone.
+            SessionEvent::News { ref id, .. } => {
+                if let Some(waiting) = self.waiters().get(id) {
+                    for (_, mailbox) in waiting {
+                        mailbox.put(event.clone());
+                    }
+                }
+            }
             SessionEvent::SessionEnded | SessionEvent::Missed => {
                 for waiting in self.waiters().values() {
                     for (_, mailbox) in waiting {
@@ -163,17 +171,27 @@ impl Drop for Waiting {
     }
 }
 
-/// What a waiter has yet to read: one event, enough since every event tells it to look at the
-/// call again (an answer that came with its record is kept over any later event).
+/// News a waiter may fall behind by; past it, the oldest goes (progress is merged first).
+const NEWS_KEPT: usize = 32;
+
+/// What a waiter has yet to read: the call's news in order ([`SessionEvent::News`]), then one
+/// event, enough since every other event tells it to look at the call again (an answer that
+/// came with its record is kept over any later event).
 #[derive(Default)]
 struct Mailbox {
-    event: Mutex<Option<SessionEvent>>,
+    slot: Mutex<Slot>,
     ready: Notify,
 }
 
+#[derive(Default)]
+struct Slot {
+    news: std::collections::VecDeque<SessionEvent>,
+    event: Option<SessionEvent>,
+}
+
 impl Mailbox {
-    fn slot(&self) -> MutexGuard<'_, Option<SessionEvent>> {
-        self.event
+    fn slot(&self) -> MutexGuard<'_, Slot> {
+        self.slot
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
@@ -181,15 +199,27 @@ impl Mailbox {
     fn put(&self, event: SessionEvent) {
         {
             let mut slot = self.slot();
-            let keeps_record = matches!(
-                *slot,
-                Some(SessionEvent::ResponseReady {
-                    record: Some(_),
-                    ..
-                })
-            );
-            if !keeps_record {
-                *slot = Some(event);
+            if let SessionEvent::News { news, .. } = &event {
+                let is_progress = |event: &SessionEvent| matches!(event, SessionEvent::News { news, .. } if matches!(**news, super::CallNews::Progress(_)));
+                // Newer progress replaces progress not read yet.
+                if matches!(**news, super::CallNews::Progress(_)) {
+                    slot.news.retain(|queued| !is_progress(queued));
+                }
+                if slot.news.len() >= NEWS_KEPT {
+                    slot.news.pop_front();
+                }
+                slot.news.push_back(event);
+            } else {
+                let keeps_record = matches!(
+                    slot.event,
+                    Some(SessionEvent::ResponseReady {
+                        record: Some(_),
+                        ..
+                    })
+                );
+                if !keeps_record {
+                    slot.event = Some(event);
+                }
             }
         }
         self.ready.notify_one();
@@ -197,8 +227,14 @@ impl Mailbox {
 
     async fn next(&self) -> SessionEvent {
         loop {
-            if let Some(event) = self.slot().take() {
-                return event;
+            {
+                let mut slot = self.slot();
+                if let Some(news) = slot.news.pop_front() {
+                    return news;
+                }
+                if let Some(event) = slot.event.take() {
+                    return event;
+                }
             }
             // A `put` since the slot was empty left a permit: this returns at once.
             self.ready.notified().await;

@@ -353,6 +353,8 @@ impl RequestRecord {
                 code: "request_expired".into(),
                 message,
             }),
+            content: None,
+            structured_content: None,
         }
     }
 
@@ -602,14 +604,55 @@ pub enum SessionEvent {
     SessionEnded,
     /// Events were lost (a slow subscriber): look at the state again.
     Missed,
+    /// News of call `id` while it runs, for its waiters only.
+    News {
+        /// The call's id.
+        id: String,
+        /// The news.
+        news: Box<CallNews>,
+    },
+}
+
+/// What a running call's tab says of it before its answer: its progress, a log message.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum CallNews {
+    /// How far it has come.
+    Progress(CallProgress),
+    /// A log message about it.
+    Log(toolrelay::wire::LogFrame),
+}
+
+/// How far a call has come, as its tab last said.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct CallProgress {
+    /// Work done so far.
+    pub progress: f64,
+    /// The work there is, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total: Option<f64>,
+    /// What is happening, for people.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// When the tab said it.
+    pub at: Timestamp,
 }
 
 /// A session's events; the stream ends when the session does.
 pub type EventStream = Pin<Box<dyn Stream<Item = SessionEvent> + Send>>;
 
-/// The answer to a call routed here from another replica ([`SessionStore::accept_routed`]):
-/// the finished call, packed, or an empty string when it was announced to every replica.
-pub type RoutedAnswer = Pin<Box<dyn Stream<Item = String> + Send>>;
+/// What becomes of a call routed here from another replica ([`SessionStore::accept_routed`]):
+/// its news while it runs, then its answer.
+pub type RoutedAnswer = Pin<Box<dyn Stream<Item = Routed> + Send>>;
+
+/// One item of a [`RoutedAnswer`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Routed {
+    /// News of the call (its progress, a log message), for its waiter.
+    News(Box<CallNews>),
+    /// The finished call, packed, or an empty string when it was announced to every replica.
+    Answer(String),
+}
 
 /// Caps on the live MCP client sessions, across every gateway sharing the store
 /// (`MCP_SESSIONS_PER_IP`, `MCP_MAX_SESSIONS`).

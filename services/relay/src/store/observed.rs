@@ -11,10 +11,10 @@ use serde_json::Value;
 use toolrelay::wire::{RequestStatus, ToolResponse};
 
 use super::{
-    Answerer, ApprovalChange, ApprovalState, BudgetStore, Claim, EnqueueChecks, Enqueued,
-    EventStream, Finished, Inserted, McpSessionCaps, McpSessionStore, McpSessionsFull, NewRequest,
-    ProviderInfo, RateBudget, Reachable, RequestRecord, RoutedAnswer, SessionRecord, SessionStore,
-    Store, StoreUsage, TabState, TicketStore,
+    Answerer, ApprovalChange, ApprovalState, BudgetStore, CallNews, CallProgress, Claim,
+    EnqueueChecks, Enqueued, EventStream, Finished, Inserted, McpSessionCaps, McpSessionStore,
+    McpSessionsFull, NewRequest, ProviderInfo, RateBudget, Reachable, RequestRecord, RoutedAnswer,
+    SessionRecord, SessionStore, Store, StoreUsage, TabState, TicketStore,
 };
 use crate::clock::Timestamp;
 use crate::code::SessionCode;

@@ -62,6 +62,14 @@ pub fn answer_cost(response: &ToolResponse) -> usize {
             .error
             .as_ref()
             .map_or(0, |error| error.code.len() + error.message.len())
+        // Images and audio count as the base64 they are kept as.
+        + response
+            .content
+            .iter()
+            .flatten()
+            .chain(&response.structured_content)
+            .map(toolrelay::json::approx_size)
+            .sum::<usize>()
 }
 
 /// What an expired call costs against the answer budgets: its record and its id (its answer is
@@ -132,6 +140,8 @@ pub fn refused_response(
             code: code.as_str().to_owned(),
             message: message.to_owned(),
         }),
+        content: None,
+        structured_content: None,
     }
 }
 
@@ -372,6 +382,8 @@ mod tests {
             success: true,
             result: Some(json!("hello world")),
             error: None,
+            content: None,
+            structured_content: None,
         };
         let cost = answer_cost(&small);
         assert!(
@@ -386,6 +398,8 @@ mod tests {
                 code: "x".into(),
                 message: "y".repeat(1000),
             }),
+            content: None,
+            structured_content: None,
         };
         assert_eq!(answer_cost(&failed), FINISHED_CALL_BYTES + 2 + 1001);
         assert_eq!(share_of(800, ANSWER_SESSION_SHARE), 100);

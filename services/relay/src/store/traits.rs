@@ -15,9 +15,10 @@ use serde_json::Value;
 use toolrelay::wire::{RequestStatus, ToolResponse};
 
 use super::{
-    Answerer, ApprovalChange, ApprovalState, Claim, EnqueueChecks, Enqueued, EventStream, Finished,
-    Inserted, McpSessionCaps, McpSessionsFull, NewRequest, ProviderInfo, RateBudget, RequestRecord,
-    RoutedAnswer, SessionEvent, SessionRecord, StoreUsage, TabState,
+    Answerer, ApprovalChange, ApprovalState, CallNews, CallProgress, Claim, EnqueueChecks,
+    Enqueued, EventStream, Finished, Inserted, McpSessionCaps, McpSessionsFull, NewRequest,
+    ProviderInfo, RateBudget, RequestRecord, RoutedAnswer, SessionEvent, SessionRecord, StoreUsage,
+    TabState,
 };
 use crate::clock::Timestamp;
 use crate::code::SessionCode;
@@ -323,12 +324,23 @@ macro_rules! store_methods {
                     let id = id.to_owned();
                     Ok(Box::pin(self.listen(code).await?.filter(move |event| {
                         std::future::ready(match event {
-                            SessionEvent::ResponseReady { id: answered, .. } => *answered == id,
+                            SessionEvent::ResponseReady { id: answered, .. }
+                            | SessionEvent::News { id: answered, .. } => *answered == id,
                             SessionEvent::SessionEnded | SessionEvent::Missed => true,
                             _ => false,
                         })
                     })))
                 }
+
+                /// Tells the waiters of call `id` news of it (its progress, a log message from its
+                /// tab), wherever they wait; progress is kept with the call while it runs
+                /// ([`SessionStore::progress`]). Nothing happens for a call not delivered and
+                /// running, nor for progress not above what is kept (progress increases):
+                /// whether it was told.
+                fn tell(&self, code: &SessionCode, id: &str, news: CallNews) -> bool => Tell;
+
+                /// The progress its tab last reported of call `id`, while it runs.
+                fn progress(&self, code: &SessionCode, id: &str) -> Option<CallProgress> => Progress;
 
                 /// A call queued by another replica sharing this store and routed here because its
                 /// session's tab is connected to this one (`call`: the record as that replica's

@@ -6,7 +6,7 @@
 
 use serde_json::Value;
 use std::time::Duration;
-use toolrelay::convert::Malformed;
+use toolrelay::convert::{Malformed, non_empty};
 
 use toolrelay::json::{from_struct, from_value, to_value};
 use toolrelay::proto::v1 as pb;
@@ -18,7 +18,7 @@ use crate::code::SessionCode;
 use crate::error::{ErrorCode, RelayError};
 use crate::provider::{Downlink, Refusal, Uplink};
 use crate::relay::{CallInput, NewSession, RequestView, SessionStatus};
-use crate::store::Transport;
+use crate::store::{CallProgress, Transport};
 
 /// A count as protobuf's `u32` (saturating).
 pub(crate) fn count(n: usize) -> u32 {
@@ -270,6 +270,17 @@ impl From<RequestView> for pb::RequestState {
             response: view.response.map(Into::into),
             provider_connected: view.provider_connected,
             untrusted_content: view.untrusted,
+            progress: view.progress.map(|progress| pb::CallProgress {
+                progress: progress.progress,
+                total: progress.total,
+                message: progress.message.unwrap_or_default(),
+                at: Some(progress.at.into()),
+            }),
+            news: view
+                .news
+                .iter()
+                .filter_map(|news| serde_json::to_string(news).ok())
+                .collect(),
         }
     }
 }
@@ -280,6 +291,18 @@ impl From<pb::RequestState> for RequestView {
             provider_connected: state.provider_connected,
             untrusted: state.untrusted_content,
             status: state.status().into(),
+            progress: state.progress.map(|progress| CallProgress {
+                progress: progress.progress,
+                total: progress.total,
+                message: non_empty(progress.message),
+                at: progress.at.into(),
+            }),
+            // News a relay wrote and this one cannot read is left out: news is a hint.
+            news: state
+                .news
+                .iter()
+                .filter_map(|news| serde_json::from_str(news).ok())
+                .collect(),
             request_id: state.request_id,
             response: state.response.map(Into::into),
         }
@@ -482,6 +505,7 @@ mod tests {
 
     use super::*;
     use crate::builtin::ToolCode;
+    use crate::store::CallNews;
 
     /// `value` to `M` and back.
     fn round_trip<T, M>(value: T) -> T
@@ -585,6 +609,18 @@ mod tests {
         let answered = RequestView {
             provider_connected: true,
             untrusted: true,
+            progress: Some(CallProgress {
+                progress: 3.0,
+                total: Some(10.0),
+                message: Some("3 of 10".into()),
+                at: Timestamp(1_700_000_000_000),
+            }),
+            news: vec![CallNews::Log(toolrelay::wire::LogFrame {
+                request_id: Some("r1".into()),
+                level: toolrelay::wire::LogLevel::Info,
+                data: json!({"rows": 3}),
+                logger: None,
+            })],
             status: RequestStatus::Completed,
             request_id: "r1".into(),
             response: Some(ToolResponse {
@@ -592,6 +628,8 @@ mod tests {
                 success: true,
                 result: Some(json!({"rows": [1, 2.5, "x"], "nested": {"ok": true}})),
                 error: None,
+                content: None,
+                structured_content: None,
             }),
         };
         assert_eq!(
@@ -606,6 +644,8 @@ mod tests {
                 code: "codap_error".into(),
                 message: "CODAP said no".into(),
             }),
+            content: None,
+            structured_content: None,
         };
         assert_eq!(round_trip::<_, pb::ToolResponse>(failed.clone()), failed);
         // A provider's answer, as a remote relay's client sends it and the server reads it.
@@ -614,6 +654,8 @@ mod tests {
             success: Some(false),
             result: None,
             error: Some(json!({"code": "declined_by_user", "message": "No."})),
+            content: None,
+            structured_content: None,
         };
         assert_eq!(round_trip::<_, pb::ToolResponse>(answer.clone()), answer);
     }
@@ -699,6 +741,8 @@ mod tests {
                 success: Some(true),
                 result: Some(json!({"n": 1})),
                 error: None,
+                content: None,
+                structured_content: None,
             })),
             ProviderFrame::Ping,
         ];

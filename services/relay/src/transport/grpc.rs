@@ -35,7 +35,7 @@ use crate::limits::{CLIENT_ADDRESS_METADATA, CORRELATION_ID_METADATA, Caller};
 use crate::operation::{self, Credentials, Operation, Visitor};
 use crate::provider::{ProviderLink, Uplink};
 use crate::relay::Relay;
-use crate::store::Transport;
+use crate::store::{Routed, Transport};
 
 /// The service's name.
 pub const SERVICE: &str = "toolrelay.v1.Relay";
@@ -254,9 +254,18 @@ impl RelayService {
         }
         let pb::ForwardRequest { code, call } = request.into_inner();
         let answers = self.relay.accept_routed(&code, call).await?;
-        Ok(Response::new(Box::pin(
-            answers.map(|answer| Ok(pb::ForwardEvent { answer })),
-        )))
+        Ok(Response::new(Box::pin(answers.map(|routed| {
+            Ok(match routed {
+                Routed::Answer(answer) => pb::ForwardEvent {
+                    answer,
+                    news: String::new(),
+                },
+                Routed::News(news) => pb::ForwardEvent {
+                    answer: String::new(),
+                    news: serde_json::to_string(&news).unwrap_or_default(),
+                },
+            })
+        }))))
     }
 
     /// Attaches a provider: the `Connect` stream both ways.

@@ -2,16 +2,39 @@
 //! last: the one record of what the connection was given, with no IO in it.
 
 use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use toolrelay::wire::ProgressFrame;
 
 /// Answered calls a connection remembers (see [`Delivered::is_new`]).
 const ANSWERED_KEPT: usize = 256;
+/// The least time between two progress reports of one call that reach its caller (at most 4
+/// a second): a report sooner waits, merged with any after it (the last kept).
+pub(crate) const PROGRESS_EVERY: Duration = Duration::from_millis(250);
+
+/// Where a delivered call's progress stands: the highest value taken, when the last report
+/// went to the caller, and a report waiting for its turn.
+#[derive(Debug, Default)]
+struct Pace {
+    highest: Option<f64>,
+    sent_at: Option<Instant>,
+    waiting: Option<ProgressFrame>,
+}
+
+impl Pace {
+    fn due_at(&self) -> Option<Instant> {
+        self.waiting.as_ref()?;
+        self.sent_at.map(|sent| sent + PROGRESS_EVERY)
+    }
+}
 
 /// What a connection was given: each call delivered and not answered with what it holds
 /// (`H`: the drain held open and the call counted in the queue depth, until it is answered),
 /// and the last [`ANSWERED_KEPT`] calls it answered.
 #[derive(Debug)]
 pub(crate) struct Delivered<H> {
-    calls: HashMap<String, H>,
+    calls: HashMap<String, (H, Pace)>,
     answered: VecDeque<String>,
 }
 
@@ -49,7 +72,57 @@ impl<H> Delivered<H> {
 
     /// Records call `id` as delivered, holding `held` until it is answered.
     pub(crate) fn deliver(&mut self, id: String, held: H) {
-        self.calls.insert(id, held);
+        self.calls.insert(id, (held, Pace::default()));
+    }
+
+    /// A report of progress on call `id`: what goes to its caller now, if anything. A call not
+    /// waiting here, or a value not above the highest taken, is dropped (progress increases);
+    /// one sooner than [`PROGRESS_EVERY`] after the last sent waits ([`Delivered::due`]),
+    /// replacing any report waiting before it.
+    pub(crate) fn progress(
+        &mut self,
+        report: ProgressFrame,
+        now: Instant,
+    ) -> Option<ProgressFrame> {
+        let (_, pace) = self.calls.get_mut(&report.request_id)?;
+        if !report.progress.is_finite()
+            || pace
+                .highest
+                .is_some_and(|highest| report.progress <= highest)
+        {
+            return None;
+        }
+        pace.highest = Some(report.progress);
+        match pace.sent_at {
+            Some(sent) if now < sent + PROGRESS_EVERY => {
+                pace.waiting = Some(report);
+                None
+            }
+            _ => {
+                pace.sent_at = Some(now);
+                Some(report)
+            }
+        }
+    }
+
+    /// The reports whose turn has come by `now`.
+    pub(crate) fn due(&mut self, now: Instant) -> Vec<ProgressFrame> {
+        let mut due = Vec::new();
+        for (_, pace) in self.calls.values_mut() {
+            if pace.due_at().is_some_and(|at| at <= now) {
+                due.extend(pace.waiting.take());
+                pace.sent_at = Some(now);
+            }
+        }
+        due
+    }
+
+    /// When the next waiting report is due, if one waits.
+    pub(crate) fn next_due(&self) -> Option<Instant> {
+        self.calls
+            .values()
+            .filter_map(|(_, pace)| pace.due_at())
+            .min()
     }
 
     /// Call `id` has its answer: it holds nothing more, and is remembered as answered.

@@ -18,7 +18,10 @@
 //! driver dropped without having run is spawned, so a link taken apart or dropped still
 //! detaches cleanly.
 
+use std::pin::Pin;
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use futures::StreamExt;
 use toolrelay::wire::{ProviderFrame, ProviderResponse, RequestStatus};
@@ -313,7 +316,7 @@ impl Driver {
             tokio::select! {
                 biased;
                 frame = uplink.recv() => match frame {
-                    Some(up) => core.on_frame(up, self.expires_at(), &mut fx),
+                    Some(up) => core.on_frame(up, self.expires_at(), Instant::now(), &mut fx),
                     None => return Ending::Disconnected,
                 },
                 () = &mut drained => core.on_drain(DrainStage::Ended, &mut fx),
@@ -325,6 +328,8 @@ impl Driver {
                 // The relay's own heartbeat, from what the upkeep knows: it costs the store
                 // nothing (the upkeep keeps the session alive for every tab at once).
                 _ = heartbeat.tick() => core.on_tick(self.expires_at(), &mut fx),
+                // A progress report that waited for its turn (at most 4 a second a call).
+                () = progress_due(core.next_progress_due()) => core.on_progress_due(Instant::now(), &mut fx),
                 () = &mut end_of_life => core.on_end_of_life(&mut fx),
                 () = self.down.closed() => return Ending::Disconnected,
             }
@@ -406,6 +411,17 @@ impl Driver {
                 core.on_checked(id, cancelled, fx);
             }
             Effect::CheckAnswered(ids) => core.on_answered(self.answered(ids).await, fx),
+            // News is a hint: one the store could not take is dropped.
+            Effect::Progress(report) => {
+                if let Err(error) = self.relay.report_progress(code, *report).await {
+                    tracing::debug!(code = %code.redacted(), %error, "could not pass on a call's progress");
+                }
+            }
+            Effect::Log { calls, log } => {
+                if let Err(error) = self.relay.report_log(code, &calls, &log).await {
+                    tracing::debug!(code = %code.redacted(), %error, "could not pass on a tab's log message");
+                }
+            }
             Effect::Send(_) | Effect::End(_) | Effect::Claim { .. } | Effect::Doubt => {}
         }
     }
@@ -562,5 +578,13 @@ mod tests {
         assert!(down <= 40, "a Downlink is {down} bytes");
         let up = std::mem::size_of::<ProviderFrame>();
         assert!(up <= 16, "a ProviderFrame is {up} bytes");
+    }
+}
+
+/// Sleeps until `at`, or forever when there is nothing to wait for.
+fn progress_due(at: Option<Instant>) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+    match at {
+        Some(at) => Box::pin(tokio::time::sleep_until(at)),
+        None => Box::pin(std::future::pending()),
     }
 }

@@ -2,14 +2,18 @@
 //! end by its caller (cancellation), which is recorded as its answer.
 
 use serde_json::Value;
-use toolrelay::wire::{ProviderResponse, RequestStatus, ToolError, ToolResponse};
+use toolrelay::wire::{
+    LogFrame, ProgressFrame, ProviderFrame, ProviderResponse, RequestStatus, ToolError,
+    ToolResponse,
+};
 
 use super::calls::is_valid_request_id;
+use super::content::check_content;
 use super::{Relay, RequestView, ResponseOutcome, millis, not_found};
 use crate::code::SessionCode;
 use crate::error::{ErrorCode, RelayError};
 use crate::metrics::AnsweredBy;
-use crate::store::{Answerer, Finished, RequestRecord};
+use crate::store::{Answerer, CallNews, CallProgress, Finished, RequestRecord};
 
 impl Relay {
     /// A provider's answer to a call, over any transport. Needs the provider token.
@@ -84,6 +88,72 @@ impl Relay {
         }
     }
 
+    /// A delivered call's news from its tab over HTTP (SSE, polling), which has no connection
+    /// to pace it: a `progress` or `log` frame (a log names its call). Needs the provider
+    /// token. Whether the call runs (news of one that does not is dropped).
+    pub async fn post_news(
+        &self,
+        code: &str,
+        token: Option<&str>,
+        news: ProviderFrame,
+    ) -> Result<bool, RelayError> {
+        let (code, _) = self.authorized(code, token).await?;
+        match news {
+            ProviderFrame::Progress(report) if report.progress.is_finite() => {
+                self.report_progress(&code, *report).await
+            }
+            ProviderFrame::Log(log) => {
+                let Some(id) = log.request_id.clone() else {
+                    return Err(RelayError::InvalidResponse {
+                        reason: "a log message posted over HTTP names its call: give its requestId"
+                            .into(),
+                    });
+                };
+                self.report_log(&code, &[id], &log).await
+            }
+            _ => Err(RelayError::InvalidResponse {
+                reason: "only progress (with a finite number) and log frames are news".into(),
+            }),
+        }
+    }
+
+    /// Passes on a tab's report of how far call `report.request_id` has come (paced and
+    /// checked by its connection, [`crate::provider`]): kept with the call and told to its
+    /// waiters, wherever they are.
+    pub(crate) async fn report_progress(
+        &self,
+        code: &SessionCode,
+        report: ProgressFrame,
+    ) -> Result<bool, RelayError> {
+        let progress = CallProgress {
+            progress: report.progress,
+            total: report.total,
+            message: report.message,
+            at: self.now(),
+        };
+        let news = CallNews::Progress(progress);
+        Ok(self
+            .inner
+            .store
+            .tell(code, &report.request_id, news)
+            .await?)
+    }
+
+    /// Passes on a tab's log message to the waiters of `calls`.
+    pub(crate) async fn report_log(
+        &self,
+        code: &SessionCode,
+        calls: &[String],
+        log: &LogFrame,
+    ) -> Result<bool, RelayError> {
+        let mut running = false;
+        for id in calls {
+            let news = CallNews::Log(log.clone());
+            running |= self.inner.store.tell(code, id, news).await?;
+        }
+        Ok(running)
+    }
+
     /// A call got its end here (`by` gave it): counted, and logged with which tool, how it
     /// ended and how long it took — never its arguments or result.
     fn finished(&self, code: &SessionCode, record: &RequestRecord, by: AnsweredBy) {
@@ -130,6 +200,8 @@ impl Relay {
                 code: ErrorCode::Cancelled.as_str().to_owned(),
                 message: "The caller cancelled the call before it had an answer.".to_owned(),
             }),
+            content: None,
+            structured_content: None,
         };
         let now = self.now();
         let until = now.plus(self.inner.config.session_ttl);
@@ -201,15 +273,36 @@ pub fn contain_response(
     response: ProviderResponse,
     limits: AnswerLimits,
 ) -> (ProviderResponse, Option<RelayError>) {
-    let depth = [&response.result, &response.error]
-        .into_iter()
-        .flatten()
-        .map(toolrelay::json::depth)
-        .max()
-        .unwrap_or(0);
+    let depth = [
+        &response.result,
+        &response.error,
+        &response.structured_content,
+    ]
+    .into_iter()
+    .flatten()
+    .chain(response.content.iter().flatten())
+    .map(toolrelay::json::depth)
+    .max()
+    .unwrap_or(0);
     if depth > limits.max_depth {
         let (failed, refusal) = too_deep_response(response.request_id, limits.max_depth);
         return (failed, Some(refusal));
+    }
+    if let Err(bad) = check_content(
+        response.content.as_deref(),
+        response.structured_content.as_ref(),
+    ) {
+        let refusal = RelayError::InvalidResponse {
+            reason: bad.message(),
+        };
+        let message = format!(
+            "The tool's answer could not be passed on: {}",
+            bad.message()
+        );
+        return (
+            failed_response(response.request_id, &refusal, message),
+            Some(refusal),
+        );
     }
     let size = serde_json::to_vec(&response).map_or(usize::MAX, |bytes| bytes.len());
     if size <= limits.max_bytes {
@@ -253,6 +346,8 @@ pub(super) fn failed_response(
         success: Some(false),
         result: None,
         error: Some(serde_json::json!({"code": refusal.name(), "message": message})),
+        content: None,
+        structured_content: None,
     }
 }
 
@@ -302,8 +397,10 @@ pub(super) fn normalise_response(
     } else {
         RequestStatus::Failed
     };
+    // An answer of content alone has no result; one of nothing succeeded with `null`.
+    let has_content = response.content.is_some() || response.structured_content.is_some();
     let result = match (success, response.result) {
-        (true, None) => Some(Value::Null),
+        (true, None) if !has_content => Some(Value::Null),
         (_, result) => result,
     };
     Ok((
@@ -313,6 +410,8 @@ pub(super) fn normalise_response(
             success,
             result,
             error,
+            content: response.content,
+            structured_content: response.structured_content,
         },
     ))
 }

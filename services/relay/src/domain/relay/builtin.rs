@@ -159,6 +159,8 @@ impl Relay {
                     success: Some(true),
                     result: Some(result),
                     error: None,
+                    content: None,
+                    structured_content: None,
                 },
                 Err(failure) => ProviderResponse {
                     request_id: id,
@@ -167,6 +169,8 @@ impl Relay {
                     error: Some(
                         serde_json::json!({"code": failure.code, "message": failure.message}),
                     ),
+                    content: None,
+                    structured_content: None,
                 },
             };
             if let Err(error) = relay

@@ -496,15 +496,17 @@ impl Relay {
         call: CallInput,
         wait: Option<Duration>,
     ) -> Result<RequestView, RelayError> {
-        self.call_charged(code, call, wait, None).await
+        self.call_charged(code, call, wait, false, None).await
     }
 
-    /// [`Relay::call`], spending `charge` (the caller's budget) as the call is queued.
+    /// [`Relay::call`], spending `charge` (the caller's budget) as the call is queued; with
+    /// `news`, answering as soon as the call has news.
     pub(crate) async fn call_charged(
         &self,
         code: &str,
         call: CallInput,
         wait: Option<Duration>,
+        news: bool,
         charge: Option<RateCharge>,
     ) -> Result<RequestView, RelayError> {
         let parsed = SessionCode::parse(code)?;
@@ -534,6 +536,7 @@ impl Relay {
                 wait,
                 events,
                 Some(queued.record),
+                news,
                 None,
             )
             .await?;

@@ -17,6 +17,7 @@ pub mod approvals;
 mod builtin;
 mod calls;
 mod claims;
+mod content;
 mod manifests;
 mod polling;
 mod sessions;
@@ -43,7 +44,10 @@ use crate::limits::Limits;
 use crate::manifest::ManifestCache;
 use crate::metrics::{Metrics, StoreState};
 use crate::store::observed::Observed;
-use crate::store::{BudgetStore, EventStream, RequestRecord, SessionRecord, Store, Transport};
+use crate::store::{
+    BudgetStore, CallNews, CallProgress, EventStream, RequestRecord, SessionRecord, Store,
+    Transport,
+};
 
 /// How many times creation tries a fresh code when the random one is taken.
 const CODE_ATTEMPTS: usize = 8;
@@ -155,6 +159,10 @@ pub struct RequestView {
     /// `untrustedContentHint`): known to the view of the call as it was queued, which checked
     /// it against the session's tools; false in any later view.
     pub untrusted: bool,
+    /// How far it has come, as its tab last said (while it is delivered).
+    pub progress: Option<CallProgress>,
+    /// Its news since the wait began, oldest first (a wait that asked for news).
+    pub news: Vec<CallNews>,
 }
 
 impl RequestView {
@@ -165,6 +173,8 @@ impl RequestView {
             status: record.status,
             response: record.response,
             untrusted: false,
+            progress: None,
+            news: Vec::new(),
         }
     }
 }

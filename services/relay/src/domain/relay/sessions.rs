@@ -8,6 +8,7 @@ use crate::code::{self, SessionCode};
 use crate::error::RelayError;
 use crate::metrics::Refusal;
 use crate::store::{Inserted, RequestRecord, SessionRecord, Transport};
+use toolrelay::wire::RequestStatus;
 
 impl Relay {
     /// Creates a session.
@@ -140,7 +141,15 @@ impl Relay {
                 .is_some(),
             None => false,
         };
-        Ok(RequestView::of(record, connected))
+        let progress = if record.status == RequestStatus::Delivered {
+            self.inner.store.progress(code, &record.id).await?
+        } else {
+            None
+        };
+        Ok(RequestView {
+            progress,
+            ..RequestView::of(record, connected)
+        })
     }
 
     /// The code of the session an MCP connector handle belongs to.

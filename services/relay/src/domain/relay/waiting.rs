@@ -19,6 +19,7 @@ impl Relay {
         code: &str,
         request_id: &str,
         wait: Duration,
+        news: bool,
         reader: Option<&str>,
     ) -> Result<RequestView, RelayError> {
         let code = self.session_code(code).await?;
@@ -28,13 +29,15 @@ impl Relay {
             .store
             .listen_for_answer(&code, request_id)
             .await?;
-        self.wait_for_answer(&code, request_id, wait, events, None, reader)
+        self.wait_for_answer(&code, request_id, wait, events, None, news, reader)
             .await
     }
 
     /// Waits, on `events` (the call's answer and what ends a wait, listened to before `known`
     /// was read, if it was), up to `wait` for a call's final answer; returns its state either
-    /// way. The call must be `reader`'s (see [`Relay::request_record`]).
+    /// way, and with `news`, as soon as the call has news (with the news). The call must be
+    /// `reader`'s (see [`Relay::request_record`]).
+    #[allow(clippy::too_many_arguments)] // the wait, and what it starts from
     pub(super) async fn wait_for_answer(
         &self,
         code: &SessionCode,
@@ -42,6 +45,7 @@ impl Relay {
         wait: Duration,
         mut events: EventStream,
         mut known: Option<RequestRecord>,
+        news: bool,
         reader: Option<&str>,
     ) -> Result<RequestView, RelayError> {
         let wait_until = self.now().plus(wait);
@@ -80,6 +84,17 @@ impl Relay {
                         known = record.map(|record| *record);
                     }
                     Some(SessionEvent::SessionEnded) | None => return Err(not_found(code)),
+                    Some(SessionEvent::News { news: told, .. }) if news => {
+                        // With whatever more news is there already.
+                        let mut told = vec![*told];
+                        while let Some(Some(SessionEvent::News { news, .. })) =
+                            futures::FutureExt::now_or_never(events.next())
+                        {
+                            told.push(*news);
+                        }
+                        let view = self.view(code, record).await?;
+                        return Ok(RequestView { news: told, ..view });
+                    }
                     Some(_) => {}
                 },
                 () = tokio::time::sleep_until(wake) => {}

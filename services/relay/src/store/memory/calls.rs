@@ -13,8 +13,8 @@ use crate::code::SessionCode;
 use crate::store::events::SessionChannel;
 use crate::store::rules::{self, MAX_FINISHED_PER_SESSION};
 use crate::store::{
-    ApprovalChange, ApprovalCheck, ApprovalState, Enqueued, Release, RequestRecord, SessionEvent,
-    SessionRecord,
+    ApprovalChange, ApprovalCheck, ApprovalState, CallProgress, Enqueued, Release, RequestRecord,
+    SessionEvent, SessionRecord,
 };
 
 /// A session and everything in it.
@@ -40,6 +40,8 @@ pub(super) struct Entry {
     pub(super) listeners: Arc<SessionChannel>,
     /// Its approvals.
     pub(super) approvals: ApprovalState,
+    /// The progress running calls' tabs last reported, by call id.
+    pub(super) progress: HashMap<String, CallProgress>,
 }
 
 impl Entry {
@@ -222,6 +224,7 @@ impl Entry {
         now: Timestamp,
     ) -> Option<RequestRecord> {
         let mut record = self.requests.remove(id)?;
+        self.progress.remove(id);
         let number = self.finished.push(&record, status, &response, now, cost);
         record.status = status;
         record.response = Some(response);

@@ -232,13 +232,18 @@ impl FinishedCalls {
             Kept::Evicted => None,
             Kept::Expired => Some(self.bare_record(done).expired_response()),
             Kept::Written { success } => {
-                let (result, error) = done.answer_json();
+                let (result, rest) = done.answer_json();
+                // Written by this store from a `Value` and a `Rest`: they read back.
+                let rest: Rest = rest
+                    .and_then(|json| serde_json::from_str(json).ok())
+                    .unwrap_or_default();
                 Some(ToolResponse {
                     request_id: done.id().to_owned(),
                     success,
-                    // Written by this store from a `Value` and a `ToolError`: they read back.
                     result: result.and_then(|json| serde_json::from_str(json).ok()),
-                    error: error.and_then(|json| serde_json::from_str(json).ok()),
+                    error: rest.error,
+                    content: rest.content,
+                    structured_content: rest.structured_content,
                 })
             }
         }
@@ -319,8 +324,13 @@ impl Done {
                 write_json(&mut text, result);
                 result_len = text.len() - record.id.len();
             }
-            if let Some(error) = &response.error {
-                write_json(&mut text, error);
+            let rest = Rest {
+                error: response.error.clone(),
+                content: response.content.clone(),
+                structured_content: response.structured_content.clone(),
+            };
+            if rest != Rest::default() {
+                write_json(&mut text, &rest);
             }
             Kept::Written {
                 success: response.success,
@@ -367,13 +377,25 @@ impl Done {
         data_encoding::HEXLOWER.encode(&self.call_hash) == call_hash
     }
 
-    /// Its answer's result and error, as the JSON written.
+    /// Its answer's result, and the rest of it ([`Rest`]), as the JSON written.
     fn answer_json(&self) -> (Option<&str>, Option<&str>) {
         let answer = self.text.get(self.id_len as usize..).unwrap_or_default();
         let (result, error) = answer.split_at(answer.len().min(self.result_len as usize));
         let written = (!result.is_empty()).then_some(result);
         (written, (!error.is_empty()).then_some(error))
     }
+}
+
+/// An answer's parts besides its result, as a finished call keeps them after it.
+#[derive(Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Rest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    error: Option<toolrelay::wire::ToolError>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    content: Option<Vec<serde_json::Value>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    structured_content: Option<serde_json::Value>,
 }
 
 /// Appends `value` to `text` as JSON.

@@ -13,9 +13,9 @@ use crate::code::SessionCode;
 use crate::error::StoreError;
 use crate::store::events::SessionChannel;
 use crate::store::{
-    Answerer, ApprovalChange, ApprovalState, BUILTIN_CONNECTION, BudgetStore, Claim, EnqueueChecks,
-    Enqueued, EventStream, Finished, Inserted, NewRequest, ProviderInfo, RequestRecord,
-    SessionEvent, SessionRecord, SessionStore, StoreUsage,
+    Answerer, ApprovalChange, ApprovalState, BUILTIN_CONNECTION, BudgetStore, CallNews,
+    CallProgress, Claim, EnqueueChecks, Enqueued, EventStream, Finished, Inserted, NewRequest,
+    ProviderInfo, RequestRecord, SessionEvent, SessionRecord, SessionStore, StoreUsage,
 };
 
 #[async_trait]
@@ -69,6 +69,7 @@ impl SessionStore for MemoryStore {
                 next_seq: 1,
                 listeners: SessionChannel::new(),
                 approvals: ApprovalState::default(),
+                progress: HashMap::new(),
             },
         );
         Ok(Inserted::Inserted)
@@ -374,6 +375,44 @@ impl SessionStore for MemoryStore {
         Ok(self
             .with_live(code, |entry, _| entry.listeners.wait_for(id))
             .unwrap_or_else(|| Box::pin(futures::stream::empty())))
+    }
+
+    async fn tell(&self, code: &SessionCode, id: &str, news: CallNews) -> Result<bool, StoreError> {
+        let told = self.with_live(code, |entry, _| {
+            let running = entry
+                .requests
+                .get(id)
+                .is_some_and(|record| record.status == RequestStatus::Delivered);
+            if !running {
+                return false;
+            }
+            if let CallNews::Progress(progress) = &news {
+                if entry
+                    .progress
+                    .get(id)
+                    .is_some_and(|kept| progress.progress <= kept.progress)
+                {
+                    return false;
+                }
+                entry.progress.insert(id.to_owned(), progress.clone());
+            }
+            entry.announce(SessionEvent::News {
+                id: id.to_owned(),
+                news: Box::new(news),
+            });
+            true
+        });
+        Ok(told.unwrap_or(false))
+    }
+
+    async fn progress(
+        &self,
+        code: &SessionCode,
+        id: &str,
+    ) -> Result<Option<CallProgress>, StoreError> {
+        Ok(self
+            .with_live(code, |entry, _| entry.progress.get(id).cloned())
+            .flatten())
     }
 
     async fn usage(&self) -> Result<StoreUsage, StoreError> {

@@ -44,6 +44,8 @@ fn answer(id: &str, bytes: usize) -> ToolResponse {
         success: true,
         result: Some(Value::String("x".repeat(bytes))),
         error: None,
+        content: None,
+        structured_content: None,
     }
 }
 
@@ -230,6 +232,8 @@ async fn a_finished_call_reads_back_as_it_was_answered() {
             code: "tool_error".into(),
             message: "it broke".into(),
         }),
+        content: None,
+        structured_content: None,
     };
     let finished = store
         .finish(

@@ -15,7 +15,7 @@ use crate::code::SessionCode;
 use crate::error::StoreError;
 use crate::metrics::Route;
 use crate::store::{
-    Answerer, ApprovalCheck, EnqueueChecks, Enqueued, Finished, NewRequest, RequestRecord,
+    Answerer, ApprovalCheck, EnqueueChecks, Enqueued, Finished, NewRequest, RequestRecord, Routed,
     RoutedAnswer, SessionEvent, SessionRecord, rules,
 };
 
@@ -242,11 +242,16 @@ impl RedisStore {
                         SessionEvent::ResponseReady {
                             record: Some(record),
                             ..
-                        } => return Some((records::pack(&record), None)),
+                        } => return Some((Routed::Answer(records::pack(&record)), None)),
                         // Announced on Redis (too large to tell whole), or gone: the caller's
                         // replica hears of it there.
                         SessionEvent::ResponseReady { record: None, .. }
-                        | SessionEvent::SessionEnded => return Some((String::new(), None)),
+                        | SessionEvent::SessionEnded => {
+                            return Some((Routed::Answer(String::new()), None));
+                        }
+                        SessionEvent::News { news, .. } => {
+                            return Some((Routed::News(news), Some((waiter, _held))));
+                        }
                         _ => {}
                     }
                 }

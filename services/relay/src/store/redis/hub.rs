@@ -156,6 +156,17 @@ impl EventHub {
                     record: Some(record),
                 }),
                 Some(("Q:", packed)) => announced(packed, SessionEvent::CallHanded),
+                Some(("N:", told)) => match told
+                    .split_once(' ')
+                    .map(|(id, news)| (id, serde_json::from_str(news)))
+                {
+                    Some((id, Ok(news))) => SessionEvent::News {
+                        id: id.to_owned(),
+                        news: Box::new(news),
+                    },
+                    // News is a hint for a waiter: one unread is dropped.
+                    _ => return,
+                },
                 Some(("h:", id)) => {
                     self.read_handed(channel, id);
                     return;

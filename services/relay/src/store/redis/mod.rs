@@ -67,9 +67,9 @@ use self::scripts::{
 };
 use super::memory::StoreLimits;
 use super::{
-    Answerer, ApprovalChange, ApprovalState, Claim, EnqueueChecks, Enqueued, EventStream, Finished,
-    Inserted, NewRequest, ProviderInfo, Reachable, Release, RequestRecord, RoutedAnswer,
-    SessionRecord, SessionStore, StoreUsage, TabState,
+    Answerer, ApprovalChange, ApprovalState, CallNews, CallProgress, Claim, EnqueueChecks,
+    Enqueued, EventStream, Finished, Inserted, NewRequest, ProviderInfo, Reachable, Release,
+    RequestRecord, RoutedAnswer, SessionEvent, SessionRecord, SessionStore, StoreUsage, TabState,
 };
 use crate::clock::{Clock, Timestamp};
 use crate::code::SessionCode;
@@ -671,6 +671,59 @@ impl SessionStore for RedisStore {
         id: &str,
     ) -> Result<EventStream, StoreError> {
         Ok(self.events.wait_for(&self.base(code), id).await)
+    }
+
+    async fn tell(&self, code: &SessionCode, id: &str, news: CallNews) -> Result<bool, StoreError> {
+        let base = self.base(code);
+        let channel = format!("{base}ev");
+        // A routed call's waiter (or the stream back to it) is on this replica: told here.
+        let here = self
+            .router
+            .as_ref()
+            .is_some_and(|router| router.holds(&format!("{base}{id}")));
+        let kept = match &news {
+            CallNews::Progress(progress) => progress.progress.to_string(),
+            CallNews::Log(_) => String::new(),
+        };
+        let written = serde_json::to_string(&news)
+            .map_err(|error| StoreError(format!("news of a call cannot be written: {error}")))?;
+        let running: i64 = self
+            .scripts
+            .news
+            .key(format!("{base}s"))
+            .arg(id)
+            .arg(&written)
+            .arg(&kept)
+            .arg(if here { "" } else { channel.as_str() })
+            .invoke_async(&mut self.connection())
+            .await
+            .map_err(store_error)?;
+        if running == 1 && here {
+            self.events.announce(
+                &channel,
+                SessionEvent::News {
+                    id: id.to_owned(),
+                    news: Box::new(news),
+                },
+            );
+        }
+        Ok(running == 1)
+    }
+
+    async fn progress(
+        &self,
+        code: &SessionCode,
+        id: &str,
+    ) -> Result<Option<CallProgress>, StoreError> {
+        let kept: Option<String> = self
+            .connection()
+            .hget(format!("{}s", self.base(code)), format!("g:{id}"))
+            .await
+            .map_err(store_error)?;
+        Ok(match kept.map(|kept| serde_json::from_str(&kept)) {
+            Some(Ok(CallNews::Progress(progress))) => Some(progress),
+            _ => None,
+        })
     }
 
     async fn accept_routed(

@@ -364,18 +364,26 @@ pub(super) fn stored_answer(response: &ToolResponse) -> Result<String, StoreErro
         result: Option<&'a Value>,
         #[serde(skip_serializing_if = "Option::is_none")]
         error: Option<&'a ToolError>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        content: Option<&'a Vec<Value>>,
+        #[serde(rename = "structuredContent", skip_serializing_if = "Option::is_none")]
+        structured_content: Option<&'a Value>,
     }
     let written = match response {
         ToolResponse {
             success: true,
             result: Some(result),
             error: None,
+            content: None,
+            structured_content: None,
             ..
         } => serde_json::to_string(result).map(|result| format!("={result}")),
         _ => serde_json::to_string(&Stored {
             success: response.success,
             result: response.result.as_ref(),
             error: response.error.as_ref(),
+            content: response.content.as_ref(),
+            structured_content: response.structured_content.as_ref(),
         }),
     };
     written.map_err(|error| StoreError(format!("an answer cannot be stored: {error}")))
@@ -394,6 +402,10 @@ fn answer_of(stored: &str, id: &str) -> Result<ToolResponse, StoreError> {
         result: Option<Value>,
         #[serde(default)]
         error: Option<ToolError>,
+        #[serde(default)]
+        content: Option<Vec<Value>>,
+        #[serde(default)]
+        structured_content: Option<Value>,
     }
     if let Some(result) = stored.strip_prefix('=') {
         return Ok(ToolResponse {
@@ -401,6 +413,8 @@ fn answer_of(stored: &str, id: &str) -> Result<ToolResponse, StoreError> {
             success: true,
             result: Some(serde_json::from_str(result).map_err(|_| corrupt("answer"))?),
             error: None,
+            content: None,
+            structured_content: None,
         });
     }
     let stored: Stored = serde_json::from_str(stored).map_err(|_| corrupt("answer"))?;
@@ -409,6 +423,8 @@ fn answer_of(stored: &str, id: &str) -> Result<ToolResponse, StoreError> {
         success: stored.success,
         result: stored.result,
         error: stored.error,
+        content: stored.content,
+        structured_content: stored.structured_content,
     })
 }
 
@@ -630,6 +646,8 @@ mod tests {
                 success: true,
                 result: Some(serde_json::json!("é:3\n")),
                 error: None,
+                content: None,
+                structured_content: None,
             },
             ToolResponse {
                 request_id: "r:1".into(),
@@ -639,6 +657,8 @@ mod tests {
                     code: "bad".into(),
                     message: "no = here".into(),
                 }),
+                content: None,
+                structured_content: None,
             },
         ] {
             record.response = Some(response);
@@ -670,6 +690,8 @@ mod tests {
             success: true,
             result: Some(result.clone()),
             error: None,
+            content: None,
+            structured_content: None,
         });
         let beyond = stored(&record).len() - result.to_string().len();
         assert!(

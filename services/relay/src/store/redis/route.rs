@@ -33,7 +33,7 @@ use crate::code::SessionCode;
 use crate::config::Routing;
 use crate::locked;
 use crate::metrics::{Metrics, Route};
-use crate::store::{RequestRecord, SessionEvent};
+use crate::store::{CallNews, RequestRecord, SessionEvent};
 
 /// How long a replica a forward failed on is passed over (its calls announced on Redis).
 const PASS_OVER: Duration = Duration::from_secs(5);
@@ -178,9 +178,20 @@ impl Router {
         tokio::spawn(async move {
             let channel = format!("{base}ev");
             let id = record.id.clone();
-            let sent =
-                tokio::time::timeout_at(deadline, router.send(&url, code, records::pack(&record)))
-                    .await;
+            let told = |news: CallNews| {
+                events.announce(
+                    &channel,
+                    SessionEvent::News {
+                        id: id.clone(),
+                        news: Box::new(news),
+                    },
+                );
+            };
+            let sent = tokio::time::timeout_at(
+                deadline,
+                router.send(&url, code, records::pack(&record), told),
+            )
+            .await;
             match sent {
                 Ok(Ok(answer)) if answer.is_empty() => {}
                 Ok(Ok(answer)) => match records::unpack(&answer) {
@@ -205,8 +216,15 @@ impl Router {
         });
     }
 
-    /// The `Forward` RPC: the answer, or why there is none.
-    async fn send(&self, url: &str, code: String, call: String) -> Result<String, String> {
+    /// The `Forward` RPC: the answer, or why there is none; the call's news meanwhile to
+    /// `told`.
+    async fn send(
+        &self,
+        url: &str,
+        code: String,
+        call: String,
+        told: impl Fn(CallNews),
+    ) -> Result<String, String> {
         let mut client = self.client(url)?;
         let mut request = tonic::Request::new(pb::ForwardRequest { code, call });
         request
@@ -218,7 +236,25 @@ impl Router {
             .map_err(|status| status.message().to_owned())?
             .into_inner();
         self.counted(Route::Forwarded);
-        match answers.message().await {
+        loop {
+            match answers.message().await {
+                Ok(Some(event)) if !event.news.is_empty() => {
+                    // News unread is a hint lost: the answer still comes.
+                    if let Ok(news) = serde_json::from_str(&event.news) {
+                        told(news);
+                    }
+                }
+                answered => return Self::answered(answered, &mut answers).await,
+            }
+        }
+    }
+
+    /// The end of a `Forward` stream: its answer, or why there is none.
+    async fn answered(
+        answered: Result<Option<pb::ForwardEvent>, tonic::Status>,
+        answers: &mut tonic::Streaming<pb::ForwardEvent>,
+    ) -> Result<String, String> {
+        match answered {
             Ok(Some(event)) => {
                 // Read to the stream's end (the other replica ends it after the answer): a
                 // stream dropped before its end is reset, and a peer resetting many streams

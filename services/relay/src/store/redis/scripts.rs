@@ -186,6 +186,8 @@ pub(super) struct Scripts {
     pub touch_mcp: Script,
     pub delete_mcp: Script,
     pub place: Script,
+    /// `lua/news.lua`.
+    pub news: Script,
 }
 
 /// A script: the `#!lua` line, the rules' constants, `parts` in order; on a Cluster
@@ -258,12 +260,13 @@ impl Scripts {
             touch_mcp: script(&[MCP, include_str!("lua/touch_mcp.lua")], sharded),
             delete_mcp: script(&[MCP, include_str!("lua/delete_mcp.lua")], sharded),
             place: script(&[include_str!("lua/place.lua")], sharded),
+            news: script(&[include_str!("lua/news.lua")], sharded),
         }
     }
 
     /// Every script, to load at connect (so a replica's first calls after a Redis restart do
     /// not each meet `NOSCRIPT` first).
-    pub(super) fn all(&self) -> [&Script; 32] {
+    pub(super) fn all(&self) -> [&Script; 33] {
         [
             &self.insert.script,
             &self.session.script,
@@ -297,6 +300,7 @@ impl Scripts {
             &self.touch_mcp,
             &self.delete_mcp,
             &self.place,
+            &self.news,
         ]
     }
 }
@@ -381,6 +385,7 @@ mod tests {
         for flat in [
             include_str!("lua/flat_enqueue.lua"),
             include_str!("lua/flat_finish.lua"),
+            include_str!("lua/news.lua"),
         ] {
             assert_eq!(
                 flat.matches("PUBLISH").count(),

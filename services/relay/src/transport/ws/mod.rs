@@ -495,6 +495,8 @@ fn unreadable_answer(
             "code": refusal.name(),
             "message": format!("The tool's answer could not be used: {refusal}"),
         })),
+        content: None,
+        structured_content: None,
     };
     Some((response, refusal))
 }

@@ -11,9 +11,11 @@
 //! tables of inputs and effects.
 
 use std::collections::VecDeque;
+use std::time::Duration;
 
 use serde_json::Value;
-use toolrelay::wire::{ProviderFrame, ProviderResponse, RequestStatus};
+use tokio::time::Instant;
+use toolrelay::wire::{LogFrame, ProgressFrame, ProviderFrame, ProviderResponse, RequestStatus};
 
 use super::delivered::Delivered;
 use super::shown::{self, Shown};
@@ -28,6 +30,11 @@ use crate::store::{RequestRecord, SessionEvent};
 
 /// Heartbeats in a row a tab may leave unanswered before its connection counts as dead.
 pub(crate) const SILENT_HEARTBEATS: u32 = 2;
+/// Log messages a tab may send in a second; more are dropped.
+const LOGS_PER_SECOND: u32 = 10;
+/// The largest log message passed on, in bytes of JSON; a larger one's data is replaced by a
+/// note saying so.
+pub(crate) const LOG_BYTES: usize = 8 * 1024;
 
 const SESSION_ENDED: &str = "The session has ended. Start a new session to pair again.";
 const SESSION_EXPIRED: &str = "The session has expired. Start a new session to pair again.";
@@ -130,6 +137,15 @@ pub(crate) enum Effect {
     CheckAnswered(Vec<String>),
     /// Calls are out, or events were lost: the upkeep should look at the session.
     Doubt,
+    /// Tell a call's caller how far it has come.
+    Progress(Box<ProgressFrame>),
+    /// Tell the callers of these calls a log message.
+    Log {
+        /// The calls it is about.
+        calls: Vec<String>,
+        /// The message.
+        log: Box<LogFrame>,
+    },
 }
 
 /// Effects waiting to be performed, in order.
@@ -152,6 +168,8 @@ pub(crate) struct TabConnection<H> {
     shown: Option<Shown>,
     /// `None` until the transport first says it heard from the tab.
     liveness: Option<Liveness>,
+    /// The second of log messages counted, and how many.
+    logs: (Option<Instant>, u32),
     moving: bool,
     ended: bool,
 }
@@ -165,6 +183,7 @@ impl<H> TabConnection<H> {
             hold: Box::new(hold),
             shown: None,
             liveness: None,
+            logs: (None, 0),
             moving: false,
             ended: false,
         }
@@ -194,8 +213,14 @@ impl<H> TabConnection<H> {
         fx.push_back(Effect::ShowApprovals);
     }
 
-    /// What the tab (or its transport) sent.
-    pub(crate) fn on_frame(&mut self, up: Uplink, expires_at: Timestamp, fx: &mut Effects) {
+    /// What the tab (or its transport) sent, at `now`.
+    pub(crate) fn on_frame(
+        &mut self,
+        up: Uplink,
+        expires_at: Timestamp,
+        now: Instant,
+        fx: &mut Effects,
+    ) {
         if self.ended {
             return;
         }
@@ -225,12 +250,70 @@ impl<H> TabConnection<H> {
                 caller_id: caller.caller_id,
             },
             ProviderFrame::Response(response) => Effect::Record(response),
+            // Never refused: a report out of turn, out of order or about a call the tab does
+            // not hold is dropped.
+            ProviderFrame::Progress(report) => match self.delivered.progress(*report, now) {
+                Some(report) => Effect::Progress(Box::new(report)),
+                None => return,
+            },
+            ProviderFrame::Log(log) => match self.logged(*log, now) {
+                Some(effect) => effect,
+                None => return,
+            },
             // Answered from what the upkeep knows: a tab's pings cost the store nothing.
             ProviderFrame::Ping => Effect::Send(Downlink::Heartbeat {
                 expires_at,
                 answers_ping: true,
             }),
         });
+    }
+
+    /// Progress reports whose turn has come by `now` go to their callers.
+    pub(crate) fn on_progress_due(&mut self, now: Instant, fx: &mut Effects) {
+        if self.ended {
+            return;
+        }
+        for report in self.delivered.due(now) {
+            fx.push_back(Effect::Progress(Box::new(report)));
+        }
+    }
+
+    /// When a progress report waits for its turn: then [`TabConnection::on_progress_due`].
+    pub(crate) fn next_progress_due(&self) -> Option<Instant> {
+        self.delivered.next_due()
+    }
+
+    /// A log message, for the callers of the calls it is about (the one it names, or every
+    /// call the tab was given): none past [`LOGS_PER_SECOND`], nor about a call it does not
+    /// hold; data over [`LOG_BYTES`] is replaced by a note.
+    fn logged(&mut self, mut log: LogFrame, now: Instant) -> Option<Effect> {
+        let calls = match &log.request_id {
+            Some(id) if self.delivered.holds(id) => vec![id.clone()],
+            Some(_) => return None,
+            None => self.delivered.waiting(),
+        };
+        if calls.is_empty() {
+            return None;
+        }
+        let (second, count) = &mut self.logs;
+        if second.is_none_or(|start| now >= start + Duration::from_secs(1)) {
+            *second = Some(now);
+            *count = 0;
+        }
+        *count += 1;
+        if *count > LOGS_PER_SECOND {
+            return None;
+        }
+        let size = serde_json::to_vec(&log.data).map_or(usize::MAX, |bytes| bytes.len());
+        if size > LOG_BYTES {
+            log.data = Value::String(format!(
+                "(a log message of {size} bytes was left out: the relay passes on {LOG_BYTES} at most)"
+            ));
+        }
+        Some(Effect::Log {
+            calls,
+            log: Box::new(log),
+        })
     }
 
     /// The relay's heartbeat is due: a tab that answered none of the last
@@ -315,7 +398,8 @@ impl<H> TabConnection<H> {
                     }
                 }
             }
-            Some(SessionEvent::ManifestChanged) => {}
+            // For the call's waiters.
+            Some(SessionEvent::ManifestChanged | SessionEvent::News { .. }) => {}
             Some(SessionEvent::ApprovalsChanged) => fx.push_back(Effect::ShowApprovals),
         }
     }

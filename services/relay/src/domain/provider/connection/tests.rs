@@ -23,6 +23,12 @@ enum In {
     Start,
     Heard,
     Frame(ProviderFrame),
+    /// A frame, this many milliseconds after the table began.
+    FrameAt(ProviderFrame, u64),
+    /// Progress reports due this many milliseconds after the table began.
+    DueAt(u64),
+    /// No progress report waits.
+    NoneDue,
     Tick,
     Drain(DrainStage),
     EndOfLife,
@@ -62,6 +68,8 @@ fn answer(id: &str) -> ProviderFrame {
         success: Some(true),
         result: Some(json!("done")),
         error: None,
+        content: None,
+        structured_content: None,
     }))
 }
 
@@ -143,7 +151,111 @@ fn said(effect: &Effect) -> String {
             format!("check answered {}", ids.join(","))
         }
         Effect::Doubt => "doubt".into(),
+        Effect::Progress(report) => format!("progress {} {}", report.request_id, report.progress),
+        Effect::Log { calls, log } => {
+            let mut calls = calls.clone();
+            calls.sort();
+            format!("log {} to {}", log.level.as_str(), calls.join(","))
+        }
     }
+}
+
+fn progress(id: &str, progress: f64) -> ProviderFrame {
+    ProviderFrame::Progress(Box::new(ProgressFrame {
+        request_id: id.into(),
+        progress,
+        total: Some(100.0),
+        message: None,
+    }))
+}
+
+fn log(id: Option<&str>, data: serde_json::Value) -> ProviderFrame {
+    ProviderFrame::Log(Box::new(LogFrame {
+        request_id: id.map(str::to_owned),
+        level: toolrelay::wire::LogLevel::Info,
+        data,
+        logger: None,
+    }))
+}
+
+/// Progress goes to the caller at most every 250 ms, the reports between merged (the last
+/// kept); a value not above the last is dropped, as is a report about a call the tab does not
+/// hold, and nothing waits once the call is answered. Log messages go to the callers of the
+/// call they name, or of every call the tab holds; at most 10 a second.
+#[test]
+fn progress_is_paced_and_increases_and_logs_reach_the_calls_they_are_about() {
+    use In::*;
+    let mut rows: Vec<(In, &[&str], usize)> = vec![
+        (Claimed(&["a", "b"]), &["doubt", "call a", "call b"], 2),
+        (FrameAt(progress("a", 10.0), 0), &["progress a 10"], 2),
+        // Too soon: waits, then is replaced by a higher one.
+        (FrameAt(progress("a", 20.0), 50), &[], 2),
+        (FrameAt(progress("a", 30.0), 100), &[], 2),
+        // Lower than the highest taken: dropped.
+        (FrameAt(progress("a", 25.0), 120), &[], 2),
+        (DueAt(250), &["progress a 30"], 2),
+        (FrameAt(progress("a", 30.0), 600), &[], 2),
+        (FrameAt(progress("a", 40.0), 600), &["progress a 40"], 2),
+        // Another call has its own pace; an unknown call is nobody's.
+        (FrameAt(progress("b", 1.0), 610), &["progress b 1"], 2),
+        (FrameAt(progress("zz", 1.0), 610), &[], 2),
+        (
+            FrameAt(log(Some("a"), json!("reading")), 700),
+            &["log info to a"],
+            2,
+        ),
+        (
+            FrameAt(log(None, json!("both")), 700),
+            &["log info to a,b"],
+            2,
+        ),
+        (FrameAt(log(Some("zz"), json!("nobody")), 700), &[], 2),
+    ];
+    // Eight more in the same second make ten; the eleventh is dropped.
+    for _ in 0..8 {
+        rows.push((
+            FrameAt(log(Some("b"), json!("x")), 900),
+            &["log info to b"],
+            2,
+        ));
+    }
+    rows.extend([
+        (FrameAt(log(Some("b"), json!("x")), 900), &[] as &[&str], 2),
+        (
+            FrameAt(log(Some("b"), json!("x")), 1_800),
+            &["log info to b"],
+            2,
+        ),
+        // Answered with a report waiting: it is dropped with the call.
+        (FrameAt(progress("b", 2.0), 1_810), &["progress b 2"], 2),
+        (FrameAt(progress("b", 3.0), 1_820), &[], 2),
+        (Recorded("b", Ok(true)), &["ack b"], 1),
+        (NoneDue, &[], 1),
+    ]);
+    table(rows);
+}
+
+/// A log message too large to pass on has its data replaced by a note saying so.
+#[test]
+fn a_large_log_message_is_replaced_by_a_note() {
+    let mut tab = TabConnection::new("c1".into(), || ());
+    let mut fx = Effects::new();
+    tab.on_claimed(vec![call("a")], &mut fx);
+    fx.clear();
+    let data = json!("x".repeat(LOG_BYTES));
+    let now = Instant::now();
+    tab.on_frame(
+        Uplink::Frame(log(Some("a"), data)),
+        Timestamp(0),
+        now,
+        &mut fx,
+    );
+    let Some(Effect::Log { log, .. }) = fx.pop_front() else {
+        panic!("a log effect");
+    };
+    let note = log.data.as_str().unwrap_or_default();
+    assert!(note.contains("was left out"), "{note}");
+    assert!(tab.next_progress_due().is_none());
 }
 
 /// Runs a table: each input, the effects it must give (in order), and the holds alive
@@ -156,12 +268,23 @@ fn table(rows: Vec<(In, &[&str], usize)>) {
         Held(counter.clone())
     });
     let at = Timestamp(1_000);
+    let began = Instant::now();
+    let after = |ms: u64| began + std::time::Duration::from_millis(ms);
     for (n, (input, expected, held)) in rows.into_iter().enumerate() {
         let mut fx = Effects::new();
         match input {
             In::Start => tab.start(SessionCode::generate(), at, &mut fx),
-            In::Heard => tab.on_frame(Uplink::Heard, at, &mut fx),
-            In::Frame(frame) => tab.on_frame(Uplink::Frame(frame), at, &mut fx),
+            In::Heard => tab.on_frame(Uplink::Heard, at, Instant::now(), &mut fx),
+            In::Frame(frame) => tab.on_frame(Uplink::Frame(frame), at, Instant::now(), &mut fx),
+            In::FrameAt(frame, ms) => tab.on_frame(Uplink::Frame(frame), at, after(ms), &mut fx),
+            In::DueAt(ms) => {
+                assert!(
+                    tab.next_progress_due().is_some_and(|due| due <= after(ms)),
+                    "row {n}: nothing due by {ms} ms"
+                );
+                tab.on_progress_due(after(ms), &mut fx);
+            }
+            In::NoneDue => assert!(tab.next_progress_due().is_none(), "row {n}: a report waits"),
             In::Tick => tab.on_tick(at, &mut fx),
             In::Drain(stage) => tab.on_drain(stage, &mut fx),
             In::EndOfLife => tab.on_end_of_life(&mut fx),

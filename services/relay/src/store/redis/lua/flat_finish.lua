@@ -18,9 +18,9 @@ local id, status, response, cost, until_ms, answerer, connection, share, quiet =
   tonumber(ARGV[10]), ARGV[11]
 local s, f = KEYS[1] .. 's', KEYS[1] .. 'f'
 local v = redis.call('HMGET', s, 'expires_at', 'max_expires_at', 'keys_until', 'finished',
-  'answer_bytes', 'oldest_at', 'queue', 'pending', 'p_conn', 'r:' .. id, 'l:' .. id)
+  'answer_bytes', 'oldest_at', 'queue', 'pending', 'p_conn', 'r:' .. id, 'l:' .. id, 'g:' .. id)
 local EXPIRES_AT, MAX_EXPIRES_AT, KEYS_UNTIL, FINISHED, ANSWER_BYTES, OLDEST_AT, QUEUE,
-  PENDING, P_CONN, RECORD, LISTENED = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11
+  PENDING, P_CONN, RECORD, LISTENED, PROGRESS = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12
 local SLOW = { 0, 0, { 'slow' } }
 
 local function number(i)
@@ -111,6 +111,8 @@ redis.call('HSET', s, unpack(writes))
 -- Announced (and answered) with its correlation id, which the finishing replica logs.
 local announced = id .. ' ' .. head .. correlation_id .. tail
 if v[LISTENED] then redis.call('HDEL', s, 'l:' .. id) end
+-- Its progress, kept while it ran (news.lua).
+if v[PROGRESS] then redis.call('HDEL', s, 'g:' .. id) end
 if quiet == '1' and not v[LISTENED] then
   return { 0, slid_to, { 'finished', announced, 0 } }
 end

@@ -413,6 +413,8 @@ local function finish_record(session, record, status, response, cost)
   local correlation_id = record.correlation_id or ''
   record.correlation_id = ''
   local packed = write_call(session, record)
+  -- Its progress, kept while it ran (news.lua).
+  redis.call('HDEL', session.s, 'g:' .. record.id)
   dequeue_id(session, record.id)
   local finished = redis.call('RPUSH', session.f, num(now) .. ':' .. cost .. ':' .. record.id)
   if finished == 1 then
