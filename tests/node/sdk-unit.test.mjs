@@ -1239,6 +1239,21 @@ describe('ProgressGate', () => {
     assert.ok(sent.every(([, value], i) => i === 0 || value > sent[i - 1][1]), 'in increasing order');
   });
 
+  test("its own timers call the browser's as functions (called as a method they throw: Illegal invocation)", (t) => {
+    const { setTimeout: realSet, clearTimeout: realClear } = globalThis;
+    const strict = (real) => function (...args) {
+      if (this !== undefined && this !== globalThis) throw new TypeError('Illegal invocation');
+      return real(...args);
+    };
+    stubGlobals(t, { setTimeout: strict(realSet), clearTimeout: strict(realClear) });
+    const sent = [];
+    const progress = new ProgressGate((frame) => sent.push(frame.progress));
+    progress.offer({ progress: 1 });
+    assert.equal(progress.offer({ progress: 2 }), true, 'merged: waits on a timer');
+    progress.close();
+    assert.deepEqual(sent, [1]);
+  });
+
   test('close() drops what waits and sends nothing more', () => {
     const { clock, sent, progress, offer } = gate();
     offer(1);

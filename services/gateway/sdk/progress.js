@@ -40,7 +40,13 @@ export function logFrame(level, data, logger, requestId) {
  * timers are given so tests can drive them.
  */
 export class ProgressGate {
-  constructor(send, { now = () => performance.now(), setTimer = setTimeout, clearTimer = clearTimeout, interval = PROGRESS_INTERVAL_MS } = {}) {
+  constructor(send, {
+    now = () => performance.now(),
+    // Wrapped: a browser's setTimeout called as a method of anything but the window throws.
+    setTimer = (run, ms) => setTimeout(run, ms),
+    clearTimer = (timer) => clearTimeout(timer),
+    interval = PROGRESS_INTERVAL_MS,
+  } = {}) {
     this.sendFrame = send;
     this.now = now;
     this.setTimer = setTimer;
