@@ -1333,6 +1333,25 @@ describe('Connection.run', () => {
     assert.deepEqual(frames, []);
   });
 
+  test("a call the relay sends runs with the transport's notify: its progress goes over the socket before its answer", async (t) => {
+    fakeTimers(t);
+    const WebSocket = fakeWebSocket();
+    stubGlobals(t, { WebSocket });
+    const relay = connection(t, [
+      { name: 'slow', inputSchema: { type: 'object' }, execute: async (args, { progress }) => (progress(1, 2), ToolResult.text('done')) },
+    ]);
+    relay.startTransport({ code: 'ABCD1234', token: 't0k' });
+    const [socket] = WebSocket.made;
+    socket.open();
+    socket.receive({ type: 'tool-request', requestId: 'w1', toolId: null, functionName: 'slow', args: {} });
+    await settle();
+    assert.deepEqual(socket.sent, [
+      { type: 'progress', requestId: 'w1', progress: 1, total: 2 },
+      { type: 'response', requestId: 'w1', success: true, content: [{ type: 'text', text: 'done' }] },
+    ]);
+    relay.stopTransport();
+  });
+
   test('a bad content item or a bad progress fails the call with a reason', async (t) => {
     const relay = connection(t, [
       { name: 'svg', inputSchema: { type: 'object' }, execute: () => ToolResult.image('PHN2Zz4=', 'image/svg+xml') },

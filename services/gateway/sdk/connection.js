@@ -455,7 +455,7 @@ export class Connection extends EventTarget {
   }
 
   startTransport(session) {
-    const transport = new Transport(this.base, session, () => this.dispatcher.manifest(), (call, signal) => this.run(call, signal), {
+    const transport = new Transport(this.base, session, () => this.dispatcher.manifest(), (call, signal, notify) => this.run(call, signal, notify), {
       approves: () => this.approvalMode === 'ask',
     });
     this.transport = transport;
