@@ -464,7 +464,10 @@ async function runWebMcp(block, expected) {
       const runs = await page.evaluate(() => window.counter.runs.slice().sort());
       assert.deepEqual(runs, Array.from({ length: CALLS }, (_, n) => `call-${n}`).sort(), 'every call ran exactly once');
       assert.equal(await page.textContent('#value'), String(CALLS), 'and the page shows it');
-      assert.deepEqual(await llm.ok('read_counter'), { content: [{ type: 'text', text: JSON.stringify({ value: CALLS }) }] });
+      // An MCP-shaped result without structured content is content, for REST too.
+      const read = await llm.call('read_counter');
+      assert.equal(read.success, true, JSON.stringify(read));
+      assert.deepEqual(read.content, [{ type: 'text', text: JSON.stringify({ value: CALLS }) }]);
       const refused = await llm.call('refuse');
       assert.equal(refused.success, false);
       assert.match(refused.error.message, /The counter refuses\./);
@@ -513,7 +516,9 @@ test('a WebMCP page on another origin pairs over WebSocket and answers HTTP, MCP
         assert.equal(tools.find((tool) => tool.name === 'increment').title, 'Increment');
         const viaGrpc = await grpcCall(relay, code, 'increment', { n: 100 });
         assert.equal(viaGrpc.response.success, true, JSON.stringify(viaGrpc));
-        assert.deepEqual(viaGrpc.response.result, { value: 110 });
+        // gRPC carries the MCP-shaped result whole: its content and its structured content.
+        assert.deepEqual(viaGrpc.response.structuredContent, { value: 110 }, JSON.stringify(viaGrpc));
+        assert.deepEqual(viaGrpc.response.content, [{ type: 'text', text: '110' }]);
         const refused = await mcp.client.callTool('refuse', {});
         assert.equal(refused.isError, true);
         assert.match(mcpText(refused), /The counter refuses\./);
