@@ -119,3 +119,49 @@ test('every built-in tool answers good input with results its outputSchema accep
     await client.close();
   }
 });
+
+// A market split problem (Cornuéjols and Dawande): 6 equalities over 50 binaries with random
+// coefficients, each right-hand side half its row's sum — hard for branch and bound, so a
+// solve given 20 s runs its 20 s.
+const MARKET_SPLIT = `
+import random
+import pulp
+random.seed(7)
+m, n = 6, 50
+prob = pulp.LpProblem("market_split", pulp.LpMinimize)
+x = [pulp.LpVariable(f"x{j}", cat="Binary") for j in range(n)]
+s = [pulp.LpVariable(f"s{i}", lowBound=0) for i in range(m)]
+t = [pulp.LpVariable(f"t{i}", lowBound=0) for i in range(m)]
+prob += pulp.lpSum(s) + pulp.lpSum(t)
+for i in range(m):
+    a = [random.randint(0, 99) for _ in range(n)]
+    prob += pulp.lpSum(a[j] * x[j] for j in range(n)) + s[i] - t[i] == sum(a) // 2
+`;
+
+test('a 20 s MIP solve reaches a client whose 10 s timeout is kept alive by progress', async () => {
+  const client = await connected();
+  try {
+    const problem = succeeded(await call(client, 'generate_mip_problem', { problemDefinitionCode: MARKET_SPLIT }), 'generate');
+    assert.deepEqual(problem.summary, { variables: 62, constraints: 6, integers: 50 });
+    const heard = [];
+    const started = Date.now();
+    const result = await client.callTool(
+      { name: 'solve_mip_problem', arguments: { problemId: problem.problemId, timeLimitSeconds: 20 } },
+      undefined,
+      { timeout: 10_000, resetTimeoutOnProgress: true, onprogress: (progress) => heard.push({ ...progress, at: Date.now() }) },
+    );
+    const took = Date.now() - started;
+    const solved = succeeded(result, 'solve_mip_problem');
+    assert.ok(took > 10_000, `the solve outlived the client's 10 s timeout (${took} ms): ${JSON.stringify(solved)}`);
+    assert.ok(['timeout', 'optimal', 'feasible'].includes(solved.status), JSON.stringify(solved));
+    assert.ok(heard.length >= 3, JSON.stringify(heard));
+    const times = [started, ...heard.map((progress) => progress.at), started + took];
+    const gaps = times.slice(1).map((at, i) => at - times[i]);
+    assert.ok(gaps.every((gap) => gap <= 5_000), `progress at least every 5 s: ${gaps}`);
+    const values = heard.map((progress) => progress.progress);
+    assert.ok(values.every((value, i) => i === 0 || value > values[i - 1]), `increasing: ${values}`);
+    assert.match(heard[0].message, /solve_mip_problem is running \(\d+ s\)/);
+  } finally {
+    await client.close();
+  }
+});

@@ -65,7 +65,7 @@ pub enum Answers {
 pub enum CallOutcome {
     /// The tool answered (success or failure).
     #[oai(status = 200)]
-    Answered(Json<CallResponse>),
+    Answered(Json<Box<CallResponse>>),
     /// Still running: get the answer later with getCall and this requestId.
     #[oai(status = 202)]
     Pending(Json<Queued>),
@@ -420,7 +420,7 @@ impl LlmApi {
             )
             .await?;
         Ok(match view.response {
-            Some(response) => CallOutcome::Answered(Json(response.into())),
+            Some(response) => CallOutcome::Answered(Json(Box::new(response.into()))),
             None => CallOutcome::Pending(Json(Queued::from(view))),
         })
     }

@@ -14,7 +14,7 @@ use rmcp::service::{RequestContext, SubscriptionContext};
 use rmcp::{ErrorData as McpError, RoleServer};
 use serde_json::{Value, json};
 use tokio::time::Instant;
-use toolrelay::wire::{FunctionSpec, LogFrame, ToolHints, ToolResponse};
+use toolrelay::wire::{FunctionSpec, LogFrame, LogLevel, ToolHints, ToolResponse};
 use toolrelay_relay::front::ops::{AwaitResponse, Call, CallTool, CancelRequest, GetManifest};
 use toolrelay_relay::front::unique_id;
 use toolrelay_relay::front::{CallInput, CallNews, Caller, ErrorCode, ErrorInfo, ErrorKind};
@@ -358,10 +358,21 @@ impl RelayMcp {
             note.message.clone_from(&progress.message);
             let _ = context.peer.notify_progress(note).await;
         }
-        let level = self.log_level();
+        // 2026-07-28 asks per request (`_meta`), and a request that names no level gets no
+        // log messages; the older revisions set it for the session.
+        let asked: Option<LogLevel> = context
+            .meta
+            .log_level()
+            .and_then(|level| serde_json::to_value(level).ok())
+            .and_then(|level| serde_json::from_value(level).ok());
+        let level = match (asked, context.meta.protocol_version()) {
+            (Some(level), _) => Some(level),
+            (None, Some(_)) => None,
+            (None, None) => Some(self.log_level()),
+        };
         for news in &view.news {
             if let CallNews::Log(log) = news
-                && log.level >= level
+                && level.is_some_and(|level| log.level >= level)
             {
                 let _ = context.peer.notify_logging_message(logged(log)).await;
             }
@@ -389,10 +400,19 @@ impl RelayMcp {
             scope,
         };
         // A cancelled call's run is dropped: a sandboxed process is killed, its slot freed.
-        let outcome = tokio::select! {
-            outcome = self.state.relay.run(&caller, call) => outcome,
-            () = context.ct.cancelled() => {
-                return failure(ErrorCode::Cancelled.as_str(), "The call was cancelled by the client.").into();
+        // A long run (a MIP solve may take minutes) tells the client the seconds it has run,
+        // so that a host keeping a call alive on progress waits for it.
+        let running = self.state.relay.run(&caller, call);
+        let mut running = std::pin::pin!(running);
+        let started = Instant::now();
+        let mut every = tokio::time::interval_at(started + PROGRESS_EVERY, PROGRESS_EVERY);
+        let outcome = loop {
+            tokio::select! {
+                outcome = &mut running => break outcome,
+                _ = every.tick() => ran(context, name, started).await,
+                () = context.ct.cancelled() => {
+                    return failure(ErrorCode::Cancelled.as_str(), "The call was cancelled by the client.").into();
+                }
             }
         };
         let result = match outcome {
@@ -449,6 +469,17 @@ async fn waited(
         format!("{} ({waited:.0} s)", crate::types::NO_TAB)
     };
     let note = ProgressNotificationParam::new(token, waited).with_message(message);
+    let _ = context.peer.notify_progress(note).await;
+}
+
+/// Tells the client (when it asked, with a progress token) how long a built-in tool has run.
+async fn ran(context: &RequestContext<RoleServer>, name: &str, started: Instant) {
+    let Some(token) = context.meta.get_progress_token() else {
+        return;
+    };
+    let seconds = started.elapsed().as_secs_f64().round();
+    let message = format!("{name} is running ({seconds:.0} s)");
+    let note = ProgressNotificationParam::new(token, seconds).with_message(message);
     let _ = context.peer.notify_progress(note).await;
 }
 

@@ -530,6 +530,14 @@ impl Driver {
     }
 }
 
+/// Sleeps until `at`, or forever when there is nothing to wait for.
+fn progress_due(at: Option<Instant>) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+    match at {
+        Some(at) => Box::pin(tokio::time::sleep_until(at)),
+        None => Box::pin(std::future::pending()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -578,13 +586,5 @@ mod tests {
         assert!(down <= 40, "a Downlink is {down} bytes");
         let up = std::mem::size_of::<ProviderFrame>();
         assert!(up <= 16, "a ProviderFrame is {up} bytes");
-    }
-}
-
-/// Sleeps until `at`, or forever when there is nothing to wait for.
-fn progress_due(at: Option<Instant>) -> Pin<Box<dyn Future<Output = ()> + Send>> {
-    match at {
-        Some(at) => Box::pin(tokio::time::sleep_until(at)),
-        None => Box::pin(std::future::pending()),
     }
 }

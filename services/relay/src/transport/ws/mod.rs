@@ -446,7 +446,7 @@ fn read_frame(
         Ok(frame) => (Some(frame), None),
         Err(error) => {
             let message = format!(
-                "Frames are JSON objects whose type is register, response or ping ({error})."
+                "Frames are JSON objects whose type is register, response, progress, log, approval, disconnect-caller or ping ({error})."
             );
             match unreadable_answer(body, &error, limits) {
                 Some((response, refusal)) => (
