@@ -199,3 +199,114 @@ async fn mcp_works_behind_a_round_robin_balancer() {
     mcp.cancel().await.unwrap();
     drop(tab);
 }
+
+/// Hears a call's progress and log messages.
+#[derive(Clone, Default)]
+struct Hearing {
+    progress: Arc<std::sync::Mutex<Vec<f64>>>,
+    logs: Arc<std::sync::Mutex<Vec<Value>>>,
+}
+
+impl rmcp::ClientHandler for Hearing {
+    async fn on_progress(
+        &self,
+        params: rmcp::model::ProgressNotificationParam,
+        _context: rmcp::service::NotificationContext<rmcp::RoleClient>,
+    ) {
+        self.progress.lock().unwrap().push(params.progress);
+    }
+
+    #[allow(deprecated)] // MCP logging, deprecated from 2026-07-28 on
+    async fn on_logging_message(
+        &self,
+        params: rmcp::model::LoggingMessageNotificationParam,
+        _context: rmcp::service::NotificationContext<rmcp::RoleClient>,
+    ) {
+        self.logs.lock().unwrap().push(params.data);
+    }
+}
+
+/// Waits, with a deadline, until `done` holds.
+async fn until(what: &'static str, done: impl Fn() -> bool) {
+    let every =
+        toolrelay_tests::Deadline::within(PATIENCE).every(std::time::Duration::from_millis(20));
+    wait_until(every, async || if done() { Ok(()) } else { Err(what) }).await;
+}
+
+/// A tab on one replica, its callers on another: the tab's progress and log messages cross
+/// over (on the routed call's `Forward` stream, or the session's Redis channel with
+/// `TOOLRELAY_TEST_ROUTE=pubsub`) to the MCP client, in order; a REST caller reads the last
+/// progress in the call's status through either gateway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tabs_progress_crosses_replicas_to_its_caller() {
+    let cluster = Cluster::start(2, 2, &[]).await;
+    let (code, token) = cluster.create_session(0).await;
+    let mut tab = toolrelay_tests::WsTab::attach_url(&cluster.tab_url(1, &code, &token)).await;
+    tab.register(demo_tools()).await;
+    cluster.until_tab_registered(0, &code).await;
+    let plain = mcp_client(format!("{}/mcp", cluster.gateways[0])).await;
+    let paired = mcp_call(&plain, "connect_session", json!({"code": code})).await;
+    let handle = paired["handle"].as_str().unwrap().to_owned();
+    let url = format!("{}/mcp/s/{handle}", cluster.gateways[0]);
+    let client = toolrelay_tests::mcp::connect_with(Hearing::default(), &url).await;
+    let hearing = client.service().clone();
+
+    let calling = toolrelay_tests::mcp::call(&client, "echo", json!({"text": "far"}));
+    let working = async {
+        let request = tab.next_request().await;
+        let id = request["requestId"].as_str().unwrap().to_owned();
+        for value in [1.0, 2.0] {
+            tab.send(json!({"type": "progress", "requestId": id, "progress": value, "total": 2}))
+                .await;
+            until("the progress never crossed over", || {
+                hearing.progress.lock().unwrap().contains(&value)
+            })
+            .await;
+        }
+        tab.send(json!({"type": "log", "level": "warning", "data": "far away", "requestId": id}))
+            .await;
+        until("the log never crossed over", || {
+            !hearing.logs.lock().unwrap().is_empty()
+        })
+        .await;
+        tab.answer(&id, json!("near")).await;
+    };
+    let (result, ()) = tokio::join!(calling, working);
+    assert_eq!(
+        result.structured_content,
+        Some(json!({"result": "near"})),
+        "{result:?}"
+    );
+    assert_eq!(*hearing.progress.lock().unwrap(), [1.0, 2.0]);
+    assert_eq!(*hearing.logs.lock().unwrap(), [json!("far away")]);
+
+    let queued = cluster
+        .post(
+            1,
+            &format!("/api/sessions/{code}/request"),
+            json!({"functionName": "echo", "args": {"text": "rest"}}),
+        )
+        .await;
+    let id = queued.body["requestId"].as_str().unwrap().to_owned();
+    let request = tab.next_request().await;
+    assert_eq!(request["requestId"], id.as_str());
+    tab.send(json!({"type": "progress", "requestId": id, "progress": 7, "message": "seven"}))
+        .await;
+    for gateway in [0, 1] {
+        let path = format!("/api/sessions/{code}/requests/{id}");
+        let every =
+            toolrelay_tests::Deadline::within(PATIENCE).every(std::time::Duration::from_millis(20));
+        wait_until(every, async || {
+            let status = cluster.get(gateway, &path).await;
+            if status.body["progress"]["progress"] == 7.0 {
+                Ok(())
+            } else {
+                Err(format!("{status:?}"))
+            }
+        })
+        .await;
+    }
+    tab.answer(&id, json!("done")).await;
+    client.cancel().await.unwrap();
+    plain.cancel().await.unwrap();
+}
