@@ -99,10 +99,10 @@ async fn answer_next(tab: &mut WsTab, mut frame: Value) -> Vec<Value> {
     }
 }
 
-/// The error messages among what the tab was told.
+/// The error messages among what the tab was told (an `error` frame, or an `ack` refusing).
 fn errors(told: &[Value]) -> Vec<String> {
     told.iter()
-        .filter(|frame| frame["type"] == "error")
+        .filter(|frame| frame["type"] == "error" || frame.get("error").is_some())
         .map(|frame| frame["message"].as_str().unwrap_or_default().to_owned())
         .collect()
 }
@@ -177,6 +177,19 @@ async fn an_image_reaches_an_mcp_client_whole_and_a_rest_caller_without_its_data
         said.contains("content[1] was refused: SVG images are not accepted"),
         "{said}"
     );
+
+    // An image past the tab's 1 MB answer limit: refused whole, the caller told to ask for less.
+    let mut big = b"\x89PNG\r\n\x1a\n".to_vec();
+    big.resize(790_000, 0);
+    let calling = call(&client, "echo", json!({"text": "big"}));
+    let answering = answer_next(
+        &mut tab,
+        json!({"content": [{"type": "image", "data": BASE64.encode(&big), "mimeType": "image/png"}]}),
+    );
+    let (refused, told) = tokio::join!(calling, answering);
+    assert!(errors(&told).iter().any(|message| message.contains("over the limit")), "{told:?}");
+    assert_eq!(refused.is_error, Some(true), "{refused:?}");
+    assert!(texts(&refused).contains("a smaller image"), "{refused:?}");
 
     // An unknown kind of item, and bad base64.
     for (item, words) in [

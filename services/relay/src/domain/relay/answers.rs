@@ -288,24 +288,24 @@ pub fn contain_response(
         let (failed, refusal) = too_deep_response(response.request_id, limits.max_depth);
         return (failed, Some(refusal));
     }
-    if let Err(bad) = check_content(
-        response.content.as_deref(),
-        response.structured_content.as_ref(),
-    ) {
-        let refusal = RelayError::InvalidResponse {
-            reason: bad.message(),
-        };
-        let message = format!(
-            "The tool's answer could not be passed on: {}",
-            bad.message()
-        );
-        return (
-            failed_response(response.request_id, &refusal, message),
-            Some(refusal),
-        );
-    }
     let size = serde_json::to_vec(&response).map_or(usize::MAX, |bytes| bytes.len());
     if size <= limits.max_bytes {
+        if let Err(bad) = check_content(
+            response.content.as_deref(),
+            response.structured_content.as_ref(),
+        ) {
+            let refusal = RelayError::InvalidResponse {
+                reason: bad.message(),
+            };
+            let message = format!(
+                "The tool's answer could not be passed on: {}",
+                bad.message()
+            );
+            return (
+                failed_response(response.request_id, &refusal, message),
+                Some(refusal),
+            );
+        }
         return (response, None);
     }
     let refusal = RelayError::ResponseTooLarge {
@@ -313,7 +313,7 @@ pub fn contain_response(
         limit: limits.max_bytes,
     };
     let message = format!(
-        "The tool's answer was over {} bytes and could not be kept. Ask for less data (fewer items, fewer attributes) and call again.",
+        "The tool's answer was over {} bytes and could not be kept. Ask for less data (fewer items, fewer attributes, a smaller image) and call again.",
         limits.max_bytes
     );
     (
