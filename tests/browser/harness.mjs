@@ -508,7 +508,7 @@ export function grpcCall(relay, code, functionName, args, requestId = '') {
 
 /**
  * Calls a tool on a session-scoped MCP endpoint with the official MCP Python SDK (an
- * independent client); returns {tools, isError, structured, text}.
+ * independent client); returns {tools, isError, structured, text, content}.
  */
 export function officialMcpCall(url, name, args) {
   return python('mcp_call.py', [url, name, JSON.stringify(args)]);

@@ -3,7 +3,8 @@
 Usage: mcp_call.py URL TOOL ARGS_JSON
 
 URL is a session's connector URL (`…/mcp/s/{handle}`). Initialises, lists the tools, calls
-TOOL with ARGS_JSON and prints one JSON object: {tools, isError, structured, text}.
+TOOL with ARGS_JSON and prints one JSON object: {tools, isError, structured, text, content}
+(`content`: the result's items as the SDK parsed them, images with their base64 `data`).
 """
 
 import asyncio
@@ -26,6 +27,10 @@ async def main(url: str, tool: str, arguments: dict) -> dict:
                 "isError": bool(result.is_error),
                 "structured": result.structured_content,
                 "text": text,
+                "content": [
+                    part.model_dump(mode="json", by_alias=True, exclude_none=True)
+                    for part in result.content
+                ],
             }
 
 

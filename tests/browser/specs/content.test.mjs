@@ -1,5 +1,6 @@
 // What the assistant gets back from the CODAP plugin besides JSON (issue 43), through the real
-// relay and the TypeScript MCP SDK's client on the session's connector URL: a graph as an image
+// relay and the TypeScript MCP SDK's client (and, for the image, the Python SDK's) on the
+// session's connector URL: a graph as an image
 // it can look at — a PNG whose header says the size the CODAP stand-in reports for the graph
 // (±1 px), at most 1,024 px wide for a wider graph, aspect kept — with a sentence on what the
 // graph shows; the same item with its data left out for a REST caller; and the progress of a
@@ -10,7 +11,7 @@ import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
-import { Llm, codapSnapshot, eventually, openInCodap, startStack, stopStack, until } from '../harness.mjs';
+import { Llm, codapSnapshot, eventually, officialMcpCall, openInCodap, startStack, stopStack, until } from '../harness.mjs';
 
 let relay;
 let host;
@@ -53,7 +54,7 @@ function structured(result) {
 
 const CLASS = Array.from({ length: 31 }, (_, i) => ({ name: `kid ${i}`, age: 6 + (i % 12), height: 110 + ((i * 7) % 70) }));
 
-async function pictures(page, client, llm) {
+async function pictures(page, client, llm, connectorUrl) {
   await ok(client, 'createDataContext', {
     name: 'Class',
     collections: [{ name: 'Kids', attributes: [{ name: 'name' }, { name: 'age', type: 'numeric' }, { name: 'height', type: 'numeric' }] }],
@@ -73,6 +74,15 @@ async function pictures(page, client, llm) {
   near(size.height, height, 'height');
   const words = shown.content.find((item) => item.type === 'text')?.text;
   assert.equal(words, 'Scatter plot of height against age, 31 cases (PNG 640×480)');
+  // The official Python SDK, an independent client, gets the same image.
+  const python = await officialMcpCall(connectorUrl, 'getGraphImage', { graph: graph.id });
+  assert.equal(python.isError, false, JSON.stringify(python).slice(0, 500));
+  const pythonImage = python.content.find((item) => item.type === 'image');
+  assert.equal(pythonImage?.mimeType, 'image/png', JSON.stringify(python.content.map((item) => item.type)));
+  const pythonSize = pngSize(pythonImage.data);
+  near(pythonSize.width, width, 'width (Python SDK)');
+  near(pythonSize.height, height, 'height (Python SDK)');
+  assert.ok(python.content.some((item) => item.type === 'text' && item.text === words));
 
   // A graph wider than 1,024 px comes drawn smaller, its aspect kept.
   const wide = structured(await ok(client, 'codapRequest', {
@@ -164,11 +174,12 @@ async function run(block, expected) {
     if (block.includes('sse')) await context.route(/\/api\/sessions\/[^/]+\/stream/, (route) => route.abort());
     const { page, plugin, code } = await openInCodap(context, host, relay);
     await until(plugin, (kind) => window.toolrelay.transport === kind && window.toolrelay.ready, expected);
-    const client = await mcpClient(await plugin.evaluate(() => window.toolrelay.session.connectorUrl));
+    const connectorUrl = await plugin.evaluate(() => window.toolrelay.session.connectorUrl);
+    const client = await mcpClient(connectorUrl);
     try {
       await eventually(async () => (await client.listTools()).tools.some((tool) => tool.name === 'getGraphImage'), 'the plugin tools over MCP');
       const llm = new Llm(relay.base, code);
-      await pictures(page, client, llm);
+      await pictures(page, client, llm, connectorUrl);
       await progress(page, client);
       await restProgress(page, llm);
     } finally {
