@@ -187,7 +187,12 @@ async fn an_image_reaches_an_mcp_client_whole_and_a_rest_caller_without_its_data
         json!({"content": [{"type": "image", "data": BASE64.encode(&big), "mimeType": "image/png"}]}),
     );
     let (refused, told) = tokio::join!(calling, answering);
-    assert!(errors(&told).iter().any(|message| message.contains("over the limit")), "{told:?}");
+    assert!(
+        errors(&told)
+            .iter()
+            .any(|message| message.contains("over the limit")),
+        "{told:?}"
+    );
     assert_eq!(refused.is_error, Some(true), "{refused:?}");
     assert!(texts(&refused).contains("a smaller image"), "{refused:?}");
 
