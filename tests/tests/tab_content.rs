@@ -332,3 +332,81 @@ async fn a_tabs_progress_and_logs_reach_the_caller_in_order() {
     client.cancel().await.unwrap();
     system.stop().await;
 }
+
+/// A 2026-07-28 `tools/call` to `url` (no session), with `meta` added to its `_meta`; the
+/// response body as sent (an event stream: the notifications, then the answer).
+async fn sessionless_call(url: &str, meta: Value) -> String {
+    let mut params = json!({"name": "echo", "arguments": {"text": "news"}});
+    let mut all = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "toolrelay-test", "version": "1.0.0"},
+    });
+    all.as_object_mut()
+        .unwrap()
+        .extend(meta.as_object().unwrap().clone());
+    params["_meta"] = all;
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params});
+    let response = reqwest::Client::new()
+        .post(url)
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", "echo")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    response.text().await.unwrap()
+}
+
+/// Only a client that asked hears a call's news: with a `progressToken` its progress, with a
+/// log level (2026-07-28 names it per request) the log messages at or above it; a request that
+/// asks for neither hears neither.
+#[tokio::test]
+async fn a_client_hears_progress_and_logs_only_when_it_asks() {
+    let system = System::start().await;
+    let (code, _token, mut tab) = paired(&system).await;
+    let mcp = connect_with(ClientConfig::default(), &system.url("/mcp")).await;
+    let paired = call(&mcp, "connect_session", json!({"code": code})).await;
+    let handle = paired.structured_content.unwrap()["handle"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let url = system.url(&format!("/mcp/s/{handle}"));
+    let asks = [
+        (
+            json!({"progressToken": "p1", "io.modelcontextprotocol/logLevel": "info"}),
+            true,
+        ),
+        (json!({}), false),
+    ];
+    for (meta, asked) in asks {
+        let calling = sessionless_call(&url, meta);
+        let working = async {
+            let request = tab.next_request().await;
+            let id = request["requestId"].as_str().unwrap().to_owned();
+            tab.send(json!({"type": "progress", "requestId": id, "progress": 1, "total": 2}))
+                .await;
+            tab.send(json!({"type": "log", "level": "notice", "data": "halfway", "requestId": id}))
+                .await;
+            tab.answer_stored(&id, json!("done")).await;
+        };
+        let (body, ()) = tokio::join!(calling, working);
+        assert_eq!(body.contains("notifications/progress"), asked, "{body}");
+        assert_eq!(body.contains("notifications/message"), asked, "{body}");
+        if asked {
+            let progress = body.find("notifications/progress").unwrap();
+            let answer = body.find("\"result\"").unwrap();
+            assert!(
+                progress < answer,
+                "the news comes before the answer: {body}"
+            );
+            assert!(body.contains("\"progressToken\":\"p1\""), "{body}");
+            assert!(body.contains("halfway"), "{body}");
+        }
+    }
+    mcp.cancel().await.unwrap();
+    system.stop().await;
+}

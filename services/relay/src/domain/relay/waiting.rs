@@ -10,6 +10,10 @@ use crate::code::SessionCode;
 use crate::error::RelayError;
 use crate::store::{BUILTIN_LEASE, EventStream, RequestRecord, SessionEvent};
 
+/// How long a wait that asked for news waits for more after the last (the answer, or more
+/// news) before it answers with what it has.
+const NEWS_QUIET: Duration = Duration::from_millis(100);
+
 impl Relay {
     /// Waits up to `wait` for a call's final answer; returns its state either way. A call is
     /// its caller's: to any other `reader` (a caller's key; `None`: the relay) it is not
@@ -53,6 +57,10 @@ impl Relay {
         // ends; then it is told to ask again.
         let _hold = self.inner.drain.hold();
         let mut drained = std::pin::pin!(self.inner.drain.ended());
+        // The call's news so far, and when it is told if nothing follows it (news that comes
+        // just before the answer — a tab's last log message — goes with the answer).
+        let mut told = Vec::new();
+        let mut quiet: Option<tokio::time::Instant> = None;
         loop {
             let record = match known.take() {
                 Some(record) => record,
@@ -60,7 +68,8 @@ impl Relay {
             };
             let now = self.now();
             if record.status.is_terminal() || now >= wait_until {
-                return self.view(code, record).await;
+                let view = self.view(code, record).await?;
+                return Ok(RequestView { news: told, ..view });
             }
             if record.is_orphaned_builtin(now) {
                 self.run_builtin(code.clone(), &record);
@@ -77,32 +86,41 @@ impl Relay {
                 .inner
                 .clock
                 .instant(wait_until.min(record.deadline).min(lease));
-            // Any event is this call's (its answer; lost events: look again), or the end.
-            tokio::select! {
-                event = events.next() => match event {
-                    Some(SessionEvent::ResponseReady { id, record }) if id == request_id => {
-                        known = record.map(|record| *record);
+            // Any event is this call's (its answer, its news; lost events: look again), or the
+            // end. News alone does not read the call again.
+            loop {
+                let settled = async {
+                    match quiet {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
                     }
-                    Some(SessionEvent::SessionEnded) | None => return Err(not_found(code)),
-                    Some(SessionEvent::News { news: told, .. }) if news => {
-                        // With whatever more news is there already.
-                        let mut told = vec![*told];
-                        while let Some(Some(SessionEvent::News { news, .. })) =
-                            futures::FutureExt::now_or_never(events.next())
-                        {
-                            told.push(*news);
+                };
+                tokio::select! {
+                    event = events.next() => match event {
+                        Some(SessionEvent::ResponseReady { id, record }) if id == request_id => {
+                            known = record.map(|record| *record);
+                            break;
                         }
+                        Some(SessionEvent::SessionEnded) | None => return Err(not_found(code)),
+                        Some(SessionEvent::News { news: item, .. }) => {
+                            if news {
+                                told.push(*item);
+                                quiet = Some(tokio::time::Instant::now() + NEWS_QUIET);
+                            }
+                        }
+                        Some(_) => break,
+                    },
+                    () = settled => {
                         let view = self.view(code, record).await?;
                         return Ok(RequestView { news: told, ..view });
                     }
-                    Some(_) => {}
-                },
-                () = tokio::time::sleep_until(wake) => {}
-                () = &mut drained => {
-                    return Err(RelayError::Drained {
-                        code: code.display(),
-                        request_id: request_id.to_owned(),
-                    });
+                    () = tokio::time::sleep_until(wake) => break,
+                    () = &mut drained => {
+                        return Err(RelayError::Drained {
+                            code: code.display(),
+                            request_id: request_id.to_owned(),
+                        });
+                    }
                 }
             }
         }
