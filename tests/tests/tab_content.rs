@@ -410,3 +410,45 @@ async fn a_client_hears_progress_and_logs_only_when_it_asks() {
     mcp.cancel().await.unwrap();
     system.stop().await;
 }
+
+/// A tab whose first report comes after the relay reported the seconds waited: its values
+/// count on from those seconds, so the client still hears them (one token counts up once).
+#[tokio::test]
+async fn a_tabs_late_progress_counts_on_from_the_seconds_the_relay_reported() {
+    let system = System::start().await;
+    let (code, _token, mut tab) = paired(&system).await;
+    let client = scoped(&system, &code).await;
+    let hearing = client.service().clone();
+    let calling = call(&client, "echo", json!({"text": "slow"}));
+    let working = async {
+        let request = tab.next_request().await;
+        let id = request["requestId"].as_str().unwrap().to_owned();
+        until("the relay's own progress", || {
+            !hearing.progress.lock().unwrap().is_empty()
+        })
+        .await;
+        let waited = hearing.progress.lock().unwrap()[0].progress;
+        tab.send(json!({"type": "progress", "requestId": id, "progress": 0.5, "total": 1, "message": "half"}))
+            .await;
+        until("the tab's progress", || {
+            hearing.progress.lock().unwrap().len() >= 2
+        })
+        .await;
+        tab.answer(&id, json!("done")).await;
+        waited
+    };
+    let (result, waited) = tokio::join!(calling, working);
+    assert_eq!(result.is_error, Some(false), "{result:?}");
+    let heard = hearing.progress.lock().unwrap().clone();
+    let tabs = heard
+        .iter()
+        .find(|p| p.message.as_deref() == Some("half"))
+        .unwrap();
+    assert_eq!(
+        (tabs.progress, tabs.total),
+        (waited + 0.5, Some(waited + 1.0)),
+        "{heard:?}"
+    );
+    client.cancel().await.unwrap();
+    system.stop().await;
+}

@@ -430,7 +430,7 @@ impl From<ToolResponse> for CallResponse {
     fn from(mut response: ToolResponse) -> Self {
         // A tab that gave structured content and no result: that is the result here.
         if response.result.is_none() && response.success {
-            response.result.clone_from(&response.structured_content);
+            response.result = response.structured_content.take();
         }
         let mut answer = Self {
             request_id: response.request_id,

@@ -343,18 +343,20 @@ impl RelayMcp {
             CallNews::Progress(progress) => Some(progress),
             CallNews::Log(_) => None,
         });
-        // The call's kept progress covers news between two waits.
+        // The call's kept progress covers news between two waits. The tab's values count on
+        // from the seconds the relay reported before its first (one token counts up once).
         let mut any = false;
         for progress in view.progress.iter().chain(reported) {
             any = true;
-            passed.from_tab = true;
+            let offset = *passed.offset.get_or_insert(passed.sent.unwrap_or(0.0));
             let Some(token) = token.clone() else { continue };
-            if passed.sent.is_some_and(|sent| progress.progress <= sent) {
+            let value = offset + progress.progress;
+            if passed.sent.is_some_and(|sent| value <= sent) {
                 continue;
             }
-            passed.sent = Some(progress.progress);
-            let mut note = ProgressNotificationParam::new(token, progress.progress);
-            note.total = progress.total;
+            passed.sent = Some(value);
+            let mut note = ProgressNotificationParam::new(token, value);
+            note.total = progress.total.map(|total| offset + total);
             note.message.clone_from(&progress.message);
             let _ = context.peer.notify_progress(note).await;
         }
@@ -377,7 +379,7 @@ impl RelayMcp {
                 let _ = context.peer.notify_logging_message(logged(log)).await;
             }
         }
-        if !any && !passed.from_tab && view.news.is_empty() && view.response.is_none() {
+        if !any && passed.offset.is_none() && view.news.is_empty() && view.response.is_none() {
             waited(context, passed, started, view.provider_connected).await;
         }
     }
@@ -406,10 +408,12 @@ impl RelayMcp {
         let mut running = std::pin::pin!(running);
         let started = Instant::now();
         let mut every = tokio::time::interval_at(started + PROGRESS_EVERY, PROGRESS_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let mut sent = 0.0;
         let outcome = loop {
             tokio::select! {
                 outcome = &mut running => break outcome,
-                _ = every.tick() => ran(context, name, started).await,
+                _ = every.tick() => ran(context, name, started, &mut sent).await,
                 () = context.ct.cancelled() => {
                     return failure(ErrorCode::Cancelled.as_str(), "The call was cancelled by the client.").into();
                 }
@@ -443,8 +447,9 @@ async fn cancelled(relay: &RelayApi, caller: &Caller, cancel: CancelRequest) {
 struct Passed {
     /// The last progress value sent (each must be above the one before).
     sent: Option<f64>,
-    /// Whether its tab reports progress: then the relay stops reporting the time waited.
-    from_tab: bool,
+    /// Once the tab reports progress (and the relay stops reporting the time waited), what
+    /// its values are counted on from: the seconds reported before.
+    offset: Option<f64>,
 }
 
 /// Tells the client (when it asked, with a progress token) that its call still waits, and how
@@ -473,11 +478,15 @@ async fn waited(
 }
 
 /// Tells the client (when it asked, with a progress token) how long a built-in tool has run.
-async fn ran(context: &RequestContext<RoleServer>, name: &str, started: Instant) {
+async fn ran(context: &RequestContext<RoleServer>, name: &str, started: Instant, sent: &mut f64) {
     let Some(token) = context.meta.get_progress_token() else {
         return;
     };
     let seconds = started.elapsed().as_secs_f64().round();
+    if seconds <= *sent {
+        return;
+    }
+    *sent = seconds;
     let message = format!("{name} is running ({seconds:.0} s)");
     let note = ProgressNotificationParam::new(token, seconds).with_message(message);
     let _ = context.peer.notify_progress(note).await;
@@ -508,7 +517,11 @@ pub(super) fn answered(response: ToolResponse) -> CallToolResult {
         // No content: the result as text and structured content, as always.
         return match (answer.success, answer.error) {
             (true, _) => {
-                let mut value = answer.result.unwrap_or(Value::Null);
+                // Structured content alone is its own text, for clients that read no other.
+                let mut value = answer
+                    .result
+                    .or_else(|| structured.clone())
+                    .unwrap_or(Value::Null);
                 if answer.truncated == Some(true) {
                     value = json!({"truncated": true, "note": answer.note, "result": value});
                 }

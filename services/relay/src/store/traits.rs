@@ -344,16 +344,18 @@ macro_rules! store_methods {
 
                 /// A call queued by another replica sharing this store and routed here because its
                 /// session's tab is connected to this one (`call`: the record as that replica's
-                /// store packed it): handed to the tab here. The stream yields once — the finished
-                /// call, packed, or an empty string when it was announced to every replica instead
-                /// (listen there) — and ends; dropped, the call's answer is announced to every
-                /// replica.
+                /// store packed it): handed to the tab here. The stream yields the call's news
+                /// while it runs when the caller's replica reads it (`news`), then once the
+                /// finished call, packed, or an empty string when it was announced to every
+                /// replica instead (listen there), and ends; dropped, the call's answer is
+                /// announced to every replica.
                 fn accept_routed(
                     &self,
                     code: &SessionCode,
                     call: String,
+                    news: bool,
                 ) -> RoutedAnswer => AcceptRouted {
-                    let _ = (code, call);
+                    let _ = (code, call, news);
                     Err(StoreError(
                         "calls are routed only between replicas sharing Redis (REPLICA_URL)".into(),
                     ))

@@ -252,8 +252,8 @@ impl RelayService {
                 "Forward is for replicas of this relay, proving themselves with GATEWAY_SECRET",
             ));
         }
-        let pb::ForwardRequest { code, call } = request.into_inner();
-        let answers = self.relay.accept_routed(&code, call).await?;
+        let pb::ForwardRequest { code, call, news } = request.into_inner();
+        let answers = self.relay.accept_routed(&code, call, news).await?;
         Ok(Response::new(Box::pin(answers.map(|routed| {
             Ok(match routed {
                 Routed::Answer(answer) => pb::ForwardEvent {

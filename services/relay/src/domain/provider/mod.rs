@@ -46,6 +46,7 @@ mod shown;
 
 pub use connection::Uplink;
 use connection::{DrainStage, Effect, Effects, Ending, Served, TabConnection};
+pub(crate) use connection::{bounded_log, bounded_progress};
 pub(crate) use delivered::Delivered;
 use retry::{Delivery, Retry};
 

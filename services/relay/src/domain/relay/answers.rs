@@ -13,6 +13,7 @@ use super::{Relay, RequestView, ResponseOutcome, millis, not_found};
 use crate::code::SessionCode;
 use crate::error::{ErrorCode, RelayError};
 use crate::metrics::AnsweredBy;
+use crate::provider::{bounded_log, bounded_progress};
 use crate::store::{Answerer, CallNews, CallProgress, Finished, RequestRecord};
 
 impl Relay {
@@ -100,7 +101,7 @@ impl Relay {
         let (code, _) = self.authorized(code, token).await?;
         match news {
             ProviderFrame::Progress(report) if report.progress.is_finite() => {
-                self.report_progress(&code, *report).await
+                self.report_progress(&code, bounded_progress(*report)).await
             }
             ProviderFrame::Log(log) => {
                 let Some(id) = log.request_id.clone() else {
@@ -109,7 +110,7 @@ impl Relay {
                             .into(),
                     });
                 };
-                self.report_log(&code, &[id], &log).await
+                self.report_log(&code, &[id], &bounded_log(*log)).await
             }
             _ => Err(RelayError::InvalidResponse {
                 reason: "only progress (with a finite number) and log frames are news".into(),

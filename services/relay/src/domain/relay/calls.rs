@@ -88,10 +88,11 @@ impl Relay {
         &self,
         code: &str,
         call: String,
+        news: bool,
     ) -> Result<RoutedAnswer, RelayError> {
         self.accepting()?;
         let code = SessionCode::parse(code)?;
-        Ok(self.inner.store.accept_routed(&code, call).await?)
+        Ok(self.inner.store.accept_routed(&code, call, news).await?)
     }
 
     /// [`Relay::submit`]'s work: the call's record, and whether a tab is there to run it.

@@ -105,13 +105,13 @@ fn check_item(item: &Value) -> Result<usize, String> {
                 );
             };
             string_field(resource, "uri")?;
-            if resource.get("text").is_some() {
-                return string_field(resource, "text").map(|_| 0);
-            }
             if let Some(mime) = resource.get("mimeType").and_then(Value::as_str)
                 && is_svg(mime)
             {
                 return Err(image_type_refused(mime));
+            }
+            if resource.get("text").is_some() {
+                return string_field(resource, "text").map(|_| 0);
             }
             decoded(resource, "blob").map(|blob| blob.len())
         }
@@ -219,10 +219,16 @@ mod tests {
         assert!(message.contains("image/png, image/jpeg"), "{message}");
         let message = refused(&[json!({"text": "no type"})]);
         assert!(message.contains("needs a \"type\""), "{message}");
-        let message = refused(&[
-            json!({"type": "resource", "resource": {"uri": "x", "mimeType": "image/svg+xml", "blob": "AAAA"}}),
-        ]);
-        assert!(message.contains("SVG"), "{message}");
+        for svg in [
+            json!({"blob": "AAAA"}),
+            json!({"text": "<svg onload='x()'/>"}),
+        ] {
+            let mut resource = json!({"uri": "x", "mimeType": "image/svg+xml"});
+            let extra = svg.as_object().unwrap().clone();
+            resource.as_object_mut().unwrap().extend(extra);
+            let message = refused(&[json!({"type": "resource", "resource": resource})]);
+            assert!(message.contains("SVG"), "{message}");
+        }
         let wrong = check_content(None, Some(&json!([1, 2]))).unwrap_err();
         assert!(
             wrong

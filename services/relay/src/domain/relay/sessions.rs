@@ -141,8 +141,14 @@ impl Relay {
                 .is_some(),
             None => false,
         };
+        // A hint: a store that cannot say leaves it out rather than fail the view.
         let progress = if record.status == RequestStatus::Delivered {
-            self.inner.store.progress(code, &record.id).await?
+            self.inner
+                .store
+                .progress(code, &record.id)
+                .await
+                .ok()
+                .flatten()
         } else {
             None
         };

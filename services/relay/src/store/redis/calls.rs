@@ -221,6 +221,7 @@ impl RedisStore {
         &self,
         code: &SessionCode,
         call: String,
+        news: bool,
     ) -> Result<RoutedAnswer, StoreError> {
         let Some(router) = &self.router else {
             return Err(StoreError(
@@ -235,7 +236,7 @@ impl RedisStore {
         router.counted(Route::Accepted);
         Ok(Box::pin(futures::stream::unfold(
             Some((waiter, held)),
-            |state| async move {
+            move |state| async move {
                 let (mut waiter, _held) = state?;
                 loop {
                     match waiter.next().await? {
@@ -249,8 +250,9 @@ impl RedisStore {
                         | SessionEvent::SessionEnded => {
                             return Some((Routed::Answer(String::new()), None));
                         }
-                        SessionEvent::News { news, .. } => {
-                            return Some((Routed::News(news), Some((waiter, _held))));
+                        // A replica older than news would take it for the answer.
+                        SessionEvent::News { news: told, .. } if news => {
+                            return Some((Routed::News(told), Some((waiter, _held))));
                         }
                         _ => {}
                     }

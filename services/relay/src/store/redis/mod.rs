@@ -730,8 +730,9 @@ impl SessionStore for RedisStore {
         &self,
         code: &SessionCode,
         call: String,
+        news: bool,
     ) -> Result<RoutedAnswer, StoreError> {
-        self.accept_call(code, call).await
+        self.accept_call(code, call, news).await
     }
 
     async fn usage(&self) -> Result<StoreUsage, StoreError> {

@@ -226,7 +226,11 @@ impl Router {
         told: impl Fn(CallNews),
     ) -> Result<String, String> {
         let mut client = self.client(url)?;
-        let mut request = tonic::Request::new(pb::ForwardRequest { code, call });
+        let mut request = tonic::Request::new(pb::ForwardRequest {
+            code,
+            call,
+            news: true,
+        });
         request
             .metadata_mut()
             .insert(GATEWAY_PROOF_METADATA, self.proof.clone());

@@ -35,6 +35,8 @@ const LOGS_PER_SECOND: u32 = 10;
 /// The largest log message passed on, in bytes of JSON; a larger one's data is replaced by a
 /// note saying so.
 pub(crate) const LOG_BYTES: usize = 8 * 1024;
+/// The longest progress message passed on, in bytes; a longer one is cut.
+pub(crate) const PROGRESS_MESSAGE_BYTES: usize = 1024;
 
 const SESSION_ENDED: &str = "The session has ended. Start a new session to pair again.";
 const SESSION_EXPIRED: &str = "The session has expired. Start a new session to pair again.";
@@ -252,10 +254,12 @@ impl<H> TabConnection<H> {
             ProviderFrame::Response(response) => Effect::Record(response),
             // Never refused: a report out of turn, out of order or about a call the tab does
             // not hold is dropped.
-            ProviderFrame::Progress(report) => match self.delivered.progress(*report, now) {
-                Some(report) => Effect::Progress(Box::new(report)),
-                None => return,
-            },
+            ProviderFrame::Progress(report) => {
+                match self.delivered.progress(bounded_progress(*report), now) {
+                    Some(report) => Effect::Progress(Box::new(report)),
+                    None => return,
+                }
+            }
             ProviderFrame::Log(log) => match self.logged(*log, now) {
                 Some(effect) => effect,
                 None => return,
@@ -286,7 +290,7 @@ impl<H> TabConnection<H> {
     /// A log message, for the callers of the calls it is about (the one it names, or every
     /// call the tab was given): none past [`LOGS_PER_SECOND`], nor about a call it does not
     /// hold; data over [`LOG_BYTES`] is replaced by a note.
-    fn logged(&mut self, mut log: LogFrame, now: Instant) -> Option<Effect> {
+    fn logged(&mut self, log: LogFrame, now: Instant) -> Option<Effect> {
         let calls = match &log.request_id {
             Some(id) if self.delivered.holds(id) => vec![id.clone()],
             Some(_) => return None,
@@ -304,15 +308,9 @@ impl<H> TabConnection<H> {
         if *count > LOGS_PER_SECOND {
             return None;
         }
-        let size = serde_json::to_vec(&log.data).map_or(usize::MAX, |bytes| bytes.len());
-        if size > LOG_BYTES {
-            log.data = Value::String(format!(
-                "(a log message of {size} bytes was left out: the relay passes on {LOG_BYTES} at most)"
-            ));
-        }
         Some(Effect::Log {
             calls,
-            log: Box::new(log),
+            log: Box::new(bounded_log(log)),
         })
     }
 
@@ -603,6 +601,33 @@ impl<H> TabConnection<H> {
         self.delivered = Delivered::default();
         fx.push_back(Effect::End(ending));
     }
+}
+
+/// A log message as the relay passes it on: data over [`LOG_BYTES`] of JSON replaced by a
+/// note saying so.
+pub(crate) fn bounded_log(mut log: LogFrame) -> LogFrame {
+    let size = serde_json::to_vec(&log.data).map_or(usize::MAX, |bytes| bytes.len());
+    if size > LOG_BYTES {
+        log.data = Value::String(format!(
+            "(a log message of {size} bytes was left out: the relay passes on {LOG_BYTES} at most)"
+        ));
+    }
+    log
+}
+
+/// A progress report as the relay passes it on: its message cut to [`PROGRESS_MESSAGE_BYTES`].
+pub(crate) fn bounded_progress(mut report: ProgressFrame) -> ProgressFrame {
+    if let Some(message) = &mut report.message
+        && message.len() > PROGRESS_MESSAGE_BYTES
+    {
+        let mut cut = PROGRESS_MESSAGE_BYTES;
+        while !message.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        message.truncate(cut);
+        message.push('…');
+    }
+    report
 }
 
 #[cfg(test)]

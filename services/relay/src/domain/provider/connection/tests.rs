@@ -255,6 +255,19 @@ fn a_large_log_message_is_replaced_by_a_note() {
     };
     let note = log.data.as_str().unwrap_or_default();
     assert!(note.contains("was left out"), "{note}");
+    // A progress message is cut (at a character's edge) to what is passed on.
+    let long = ProgressFrame {
+        request_id: "a".into(),
+        progress: 1.0,
+        total: None,
+        message: Some("é".repeat(PROGRESS_MESSAGE_BYTES)),
+    };
+    let cut = bounded_progress(long).message.unwrap_or_default();
+    assert!(
+        cut.len() <= PROGRESS_MESSAGE_BYTES + '…'.len_utf8() && cut.ends_with('…'),
+        "{}",
+        cut.len()
+    );
     assert!(tab.next_progress_due().is_none());
 }
 
