@@ -24,12 +24,20 @@ const EVENT_BUFFER: usize = 8;
 /// Callers waiting for an answer, by call id: each with its token and mailbox.
 type Waiters = HashMap<String, Vec<(u64, Arc<Mailbox>)>>;
 
+/// How long news of a call nobody waits for is kept for its next waiter (a caller between two
+/// waits, as the MCP server waits in rounds).
+const NEWS_HELD: std::time::Duration = std::time::Duration::from_secs(2);
+/// News kept for no waiter, of all the session's calls together, at most.
+const NEWS_HELD_MAX: usize = 64;
+
 /// One session's listeners.
 pub(crate) struct SessionChannel {
     events: broadcast::Sender<SessionEvent>,
     /// Callers waiting for an answer.
     waiters: Mutex<Waiters>,
     next_waiter: AtomicU64,
+    /// News of calls nobody waited for at the moment, oldest first, for their next waiter.
+    unclaimed: Mutex<std::collections::VecDeque<(std::time::Instant, SessionEvent)>>,
 }
 
 impl SessionChannel {
@@ -39,12 +47,22 @@ impl SessionChannel {
             events,
             waiters: Mutex::new(HashMap::new()),
             next_waiter: AtomicU64::new(0),
+            unclaimed: Mutex::new(std::collections::VecDeque::new()),
         })
     }
 
     fn waiters(&self) -> MutexGuard<'_, Waiters> {
         // Held for one map operation, never across an `.await`.
         self.waiters
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn unclaimed(
+        &self,
+    ) -> MutexGuard<'_, std::collections::VecDeque<(std::time::Instant, SessionEvent)>> {
+        // Held for one short operation, never across an `.await`.
+        self.unclaimed
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
@@ -62,10 +80,23 @@ impl SessionChannel {
     pub(crate) fn wait_for(self: &Arc<Self>, id: &str) -> EventStream {
         let mailbox = Arc::new(Mailbox::default());
         let token = self.next_waiter.fetch_add(1, Ordering::Relaxed);
-        self.waiters()
-            .entry(id.to_owned())
-            .or_default()
-            .push((token, mailbox.clone()));
+        {
+            let mut waiters = self.waiters();
+            waiters
+                .entry(id.to_owned())
+                .or_default()
+                .push((token, mailbox.clone()));
+            // News that came while nobody waited (under the waiters' lock, as it is kept).
+            let mut unclaimed = self.unclaimed();
+            let fresh = std::time::Instant::now().checked_sub(NEWS_HELD);
+            unclaimed.retain(|(at, event)| {
+                let mine = matches!(event, SessionEvent::News { id: told, .. } if told == id);
+                if mine && fresh.is_none_or(|fresh| *at >= fresh) {
+                    mailbox.put(event.clone());
+                }
+                !mine
+            });
+        }
         let waiting = Waiting {
             channel: self.clone(),
             id: id.to_owned(),
@@ -114,11 +145,27 @@ impl SessionChannel {
                     .events
                     .send(SessionEvent::ResponseReady { id, record: brief });
             }
-            // News of a running call is its waiters' alone.
+            // News of a running call is its waiters' alone; kept a moment for the next one when
+            // none waits.
             SessionEvent::News { ref id, .. } => {
-                if let Some(waiting) = self.waiters().get(id) {
-                    for (_, mailbox) in waiting {
-                        mailbox.put(event.clone());
+                let waiters = self.waiters();
+                match waiters.get(id) {
+                    Some(waiting) => {
+                        for (_, mailbox) in waiting {
+                            mailbox.put(event.clone());
+                        }
+                    }
+                    None => {
+                        let now = std::time::Instant::now();
+                        let mut unclaimed = self.unclaimed();
+                        while unclaimed.len() >= NEWS_HELD_MAX
+                            || unclaimed
+                                .front()
+                                .is_some_and(|(at, _)| now.duration_since(*at) > NEWS_HELD)
+                        {
+                            unclaimed.pop_front();
+                        }
+                        unclaimed.push_back((now, event));
                     }
                 }
             }
@@ -265,6 +312,43 @@ mod tests {
     /// Polls a stream once without waiting: what is there now, if anything.
     fn ready(stream: &mut EventStream) -> Option<SessionEvent> {
         futures::FutureExt::now_or_never(stream.next()).flatten()
+    }
+
+    fn news(id: &str, progress: f64) -> SessionEvent {
+        SessionEvent::News {
+            id: id.to_owned(),
+            news: Box::new(crate::store::CallNews::Progress(
+                crate::store::CallProgress {
+                    progress,
+                    total: None,
+                    message: None,
+                    at: crate::clock::Timestamp(0),
+                },
+            )),
+        }
+    }
+
+    /// News that comes while nobody waits for its call (a caller between two waits) goes to
+    /// the call's next waiter, once, in order; not to another call's.
+    #[tokio::test]
+    async fn news_between_two_waits_reaches_the_next_waiter() {
+        let channel = SessionChannel::new();
+        channel.announce(news("a", 1.0));
+        channel.announce(news("b", 5.0));
+        let mut other = channel.wait_for("c");
+        let mut next = channel.wait_for("a");
+        assert_eq!(ready(&mut next), Some(news("a", 1.0)));
+        assert_eq!(ready(&mut next), None);
+        assert_eq!(ready(&mut other), None);
+        drop(next);
+        let mut again = channel.wait_for("a");
+        assert_eq!(ready(&mut again), None, "told once");
+        channel.announce(news("a", 2.0));
+        assert_eq!(
+            ready(&mut again),
+            Some(news("a", 2.0)),
+            "a waiter hears it at once"
+        );
     }
 
     #[tokio::test]
