@@ -452,3 +452,65 @@ async fn a_tabs_late_progress_counts_on_from_the_seconds_the_relay_reported() {
     client.cancel().await.unwrap();
     system.stop().await;
 }
+
+/// A backend provider over gRPC reports progress and a log message on its `Connect` stream,
+/// and answers with content: the MCP client hears and gets them as from a tab.
+#[tokio::test]
+async fn a_grpc_providers_progress_logs_and_content_reach_an_mcp_client() {
+    use toolrelay::proto::v1::{self as pb, provider_message::Kind};
+    let system = System::start().await;
+    let (code, token) = system.create_session().await;
+    let mut provider = toolrelay_tests::GrpcProvider::attach(
+        system.grpc,
+        &code,
+        &token,
+        &toolrelay_tests::demo_tools(),
+    )
+    .await;
+    let client = scoped(&system, &code).await;
+    let hearing = client.service().clone();
+    let calling = call(&client, "echo", json!({"text": "backend"}));
+    let working = async {
+        let request = provider.next_request().await;
+        let id = request.request_id.clone();
+        provider
+            .send(Kind::Progress(pb::Progress {
+                request_id: id.clone(),
+                progress: 3.0,
+                total: Some(4.0),
+                message: "three of four".into(),
+            }))
+            .await;
+        provider
+            .send(Kind::Log(pb::Log {
+                request_id: id.clone(),
+                level: "error".into(),
+                data: Some(toolrelay::json::to_value(&json!({"disk": "full"}))),
+                logger: "backend".into(),
+            }))
+            .await;
+        until("the provider's progress", || {
+            !hearing.progress.lock().unwrap().is_empty()
+        })
+        .await;
+        let text = toolrelay::json::to_value(&json!({"type": "text", "text": "from the backend"}));
+        provider
+            .send(Kind::Response(pb::ToolResponse {
+                request_id: id,
+                success: true,
+                content: vec![text],
+                ..Default::default()
+            }))
+            .await;
+    };
+    let (result, ()) = tokio::join!(calling, working);
+    assert_eq!(texts(&result), "from the backend", "{result:?}");
+    let progress = hearing.progress.lock().unwrap()[0].clone();
+    assert_eq!((progress.progress, progress.total), (3.0, Some(4.0)));
+    assert_eq!(progress.message.as_deref(), Some("three of four"));
+    let logs = hearing.logs.lock().unwrap().clone();
+    assert_eq!(logs.len(), 1, "{logs:?}");
+    assert_eq!(logs[0].data, json!({"disk": "full"}));
+    client.cancel().await.unwrap();
+    system.stop().await;
+}
