@@ -354,6 +354,27 @@ impl RedisServer {
             .unwrap()
     }
 
+    /// What its data holds in memory now: `used_memory` less the clients' buffers
+    /// (`mem_clients_normal`, `mem_clients_slaves`). A connection's buffers are not any key's
+    /// and come and go with the connection (the one this reading opens, one just closed that
+    /// Redis has not yet freed), which on a loaded machine moved a slope over 400 calls by
+    /// ~50 bytes a call.
+    pub async fn data_memory(&self) -> u64 {
+        let mut connection = self.connection().await.unwrap();
+        let info: String = redis::cmd("INFO")
+            .arg("memory")
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        let field = |name: &str| -> u64 {
+            info.lines()
+                .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+                .and_then(|bytes| bytes.trim().parse().ok())
+                .unwrap_or_else(|| panic!("INFO memory has no {name}"))
+        };
+        field("used_memory") - field("mem_clients_normal") - field("mem_clients_slaves")
+    }
+
     /// `CONFIG SET name value`.
     pub async fn config_set(&self, name: &str, value: &str) {
         let mut connection = self.connection().await.unwrap();

@@ -16,7 +16,7 @@ use toolrelay_tests::store_fixture::{
 
 /// What a finished call really keeps in Redis is what the answer budget counts for it
 /// (`rules::answer_cost`), and 30,000 finished calls over 30 sessions stay within a small
-/// budget: records and answers together, `used_memory` measured.
+/// budget: records and answers together, `used_memory` less the clients' buffers measured.
 #[tokio::test]
 async fn finished_calls_in_redis_cost_what_the_budget_counts() {
     use toolrelay_relay::store::rules;
@@ -38,7 +38,7 @@ async fn finished_calls_in_redis_cost_what_the_budget_counts() {
         record.mcp_handle = format!("handle-{}", code.as_str());
         assert!(fixture.store.insert_session(record).await.unwrap());
     }
-    let before = server.used_memory().await;
+    let before = server.data_memory().await;
     // One session first, below its share: what one finished call with an 11-byte answer
     // keeps, against what it is counted at.
     let first = &codes[0];
@@ -79,9 +79,9 @@ async fn finished_calls_in_redis_cost_what_the_budget_counts() {
     // (Measured as a slope, past the first 100: Redis's fixed costs of the first few keys,
     // its dictionaries' and buffers' first growth, are no call's.)
     finish_all(first.clone(), 0, 100).await;
-    let at_100 = server.used_memory().await;
+    let at_100 = server.data_memory().await;
     finish_all(first.clone(), 100, 500).await;
-    let per_call = (server.used_memory().await - at_100) / 400;
+    let per_call = (server.data_memory().await - at_100) / 400;
     assert!(
         per_call as usize <= counted,
         "a finished call keeps {per_call} bytes in Redis but is counted at {counted}"
@@ -104,7 +104,7 @@ async fn finished_calls_in_redis_cost_what_the_budget_counts() {
     }
     let kept = fixture.store.usage().await.unwrap().answer_bytes;
     assert!(kept <= budget, "the budget's count is {kept}");
-    let grown = server.used_memory().await.saturating_sub(before) as usize;
+    let grown = server.data_memory().await.saturating_sub(before) as usize;
     println!("30,000 finished calls keep {grown} bytes of Redis with a budget of {budget}");
     // Half the budget again for Redis's own growth with the keys (its dictionaries, during a
     // rehash twice over; the sessions' lists and buffers), which no budget of ours counts.

@@ -35,7 +35,7 @@ pub const ANNOUNCED_ANSWER_BYTES: usize = 64 * 1024;
 /// key, a connection's id), 289 bytes beyond its answer, its id included (`MEMORY USAGE`:
 /// a field of its session's hash, its entry in the finished list, Redis's own bookkeeping;
 /// `tests/store_redis_scripts.rs`), and up to ~365 bytes measured as the growth of Redis's
-/// `used_memory` over 400 calls (which also catches its buffers and tables growing in steps):
+/// `used_memory` less its clients' buffers over 400 calls (which also catches its tables growing in steps):
 /// this and the id cover both, so the budget bounds what they keep.
 pub const FINISHED_CALL_BYTES: usize = 360;
 
