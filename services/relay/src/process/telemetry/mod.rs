@@ -7,29 +7,26 @@
 //!
 //! Lines are written to stdout by a thread of their own, not by the async worker that logged
 //! them: a write per finished call on the workers was a tenth of the relay's CPU under load
-//! (BENCHMARKS.md). The thread writes what is queued in one go, then flushes (so a busy relay
-//! makes one write for many lines, and a quiet one writes each line at once). Nothing is
-//! dropped: when the writer falls behind, loggers wait for it.
+//! (BENCHMARKS.md). Loggers add their lines to a buffer that the thread writes in one go, at
+//! most 50 ms after its first line ([`batched`]): no line wakes a thread of its own. Nothing
+//! is dropped: when the writer falls behind, loggers wait for it.
+
+mod batched;
 
 use std::io::IsTerminal;
 
-use tracing_appender::non_blocking::{NonBlockingBuilder, WorkerGuard};
 use tracing_subscriber::EnvFilter;
+
+pub use batched::LogGuard;
 
 use crate::config::LogFormat;
 
 /// Installs the global subscriber. Call once, at start, and keep what it returns until the
 /// end of `main`: dropping it writes out the lines still queued.
 #[must_use = "dropping the guard at once stops the log writer"]
-pub fn init(format: LogFormat) -> WorkerGuard {
+pub fn init(format: LogFormat) -> LogGuard {
     let filter = EnvFilter::new(directives(std::env::var("RUST_LOG").ok().as_deref()));
-    let (writer, guard) = NonBlockingBuilder::default()
-        .lossy(false)
-        .thread_name("toolrelay-log")
-        .finish(std::io::BufWriter::with_capacity(
-            64 * 1024,
-            std::io::stdout(),
-        ));
+    let (writer, guard) = batched::batched("toolrelay-log", std::io::stdout());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(writer)
@@ -58,22 +55,39 @@ fn directives(rust_log: Option<&str>) -> String {
 /// A request path fit for the logs: the secret handle of a connector URL (`/mcp/s/{handle}`)
 /// is replaced with `…`, and a pairing code (`/api/sessions/{code}`) is cut to its prefix
 /// (`ABCD…`).
-pub fn redacted_path(path: &str) -> std::borrow::Cow<'_, str> {
-    let (prefix, rest) = if let Some(rest) = path.strip_prefix("/mcp/s/") {
-        ("/mcp/s/", rest)
-    } else if let Some(rest) = path.strip_prefix("/api/sessions/") {
-        ("/api/sessions/", rest)
-    } else {
-        return path.into();
-    };
-    let end = rest.find('/').unwrap_or(rest.len());
-    let (secret, tail) = rest.split_at(end);
-    let kept = if prefix == "/mcp/s/" {
-        "…".to_owned()
-    } else {
-        crate::code::redacted(secret)
-    };
-    format!("{prefix}{kept}{tail}").into()
+pub fn redacted_path(path: &str) -> RedactedPath<'_> {
+    RedactedPath(path)
+}
+
+/// A request path as a log shows it ([`redacted_path`]): written out where it is logged,
+/// with no string built for a request whose line is never written.
+#[derive(Debug, Clone, Copy)]
+pub struct RedactedPath<'a>(&'a str);
+
+impl std::fmt::Display for RedactedPath<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let path = self.0;
+        let (prefix, rest) = if let Some(rest) = path.strip_prefix("/mcp/s/") {
+            ("/mcp/s/", rest)
+        } else if let Some(rest) = path.strip_prefix("/api/sessions/") {
+            ("/api/sessions/", rest)
+        } else {
+            return f.write_str(path);
+        };
+        let end = rest.find('/').unwrap_or(rest.len());
+        let (secret, tail) = rest.split_at(end);
+        f.write_str(prefix)?;
+        if prefix == "/mcp/s/" {
+            f.write_str("…")?;
+        } else {
+            // As `code::redacted`: the first four letters or digits.
+            for c in secret.chars().filter(char::is_ascii_alphanumeric).take(4) {
+                std::fmt::Write::write_char(f, c)?;
+            }
+            f.write_str("…")?;
+        }
+        f.write_str(tail)
+    }
 }
 
 #[cfg(test)]
@@ -89,17 +103,17 @@ mod tests {
 
     #[test]
     fn connector_handles_and_codes_are_cut_from_paths() {
-        assert_eq!(redacted_path("/mcp/s/0123abcd"), "/mcp/s/…");
-        assert_eq!(redacted_path("/mcp/s/0123abcd/x"), "/mcp/s/…/x");
+        assert_eq!(redacted_path("/mcp/s/0123abcd").to_string(), "/mcp/s/…");
+        assert_eq!(redacted_path("/mcp/s/0123abcd/x").to_string(), "/mcp/s/…/x");
         assert_eq!(
-            redacted_path("/api/sessions/ABCD2345/ws"),
+            redacted_path("/api/sessions/ABCD2345/ws").to_string(),
             "/api/sessions/ABCD…/ws"
         );
         assert_eq!(
-            redacted_path("/api/sessions/abcd-2345"),
+            redacted_path("/api/sessions/abcd-2345").to_string(),
             "/api/sessions/abcd…"
         );
-        assert_eq!(redacted_path("/api/sessions"), "/api/sessions");
-        assert_eq!(redacted_path("/healthz"), "/healthz");
+        assert_eq!(redacted_path("/api/sessions").to_string(), "/api/sessions");
+        assert_eq!(redacted_path("/healthz").to_string(), "/healthz");
     }
 }
