@@ -40,7 +40,9 @@ impl RelayApi {
     pub async fn run<O: Operation>(&self, caller: &Caller, operation: O) -> Outcome<O::Output> {
         match self {
             Self::Local(relay) => Ok(crate::operation::run(operation, relay, caller).await?),
-            Self::Remote(remote) => operation.send(remote, caller).await,
+            // Boxed: a gRPC call's future is several KB, which the caller's future would
+            // otherwise hold (and copy) in one process too ([`crate::operation::run`]).
+            Self::Remote(remote) => Box::pin(operation.send(remote, caller)).await,
         }
     }
 

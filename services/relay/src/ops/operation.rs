@@ -189,7 +189,12 @@ pub async fn run<O: Operation>(
         Admit::RequestWithoutToken if guarded.token.is_none() => limits.admit(caller)?,
         Admit::RequestWithoutToken => {}
     }
-    let step = unit.step(relay, caller);
+    // Boxed: a step's future is large (a call's is ~30 KB, its wait's state beside its
+    // queueing's), and every future that holds it by value is at least as large and copied
+    // whole as it is built and moved — into the guard's future, into the HTTP handler's,
+    // into the box the web framework puts a request's future in. One allocation instead
+    // (BENCHMARKS.md, issue 44).
+    let step = Box::pin(unit.step(relay, caller));
     match (guard, guarded.token) {
         (Guard::Nothing, _) => step.await,
         (Guard::Provider, token) => relay.guarded_provider(caller, token.as_deref(), step).await,
