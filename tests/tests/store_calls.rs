@@ -159,11 +159,11 @@ toolrelay_tests::conformance! {
         // a cancelled call without reading it); a waiter for another call does not.
         assert_eq!(
             next_event(&mut waiting_r2).await,
-            SessionEvent::ResponseReady { id: "r2".into(), record: Some(Box::new(record.clone())) }
+            SessionEvent::ResponseReady { id: "r2".into(), record: Some(std::sync::Arc::new(record.clone())) }
         );
         assert_eq!(
             next_event(&mut events).await,
-            SessionEvent::ResponseReady { id: "r2".into(), record: Some(Box::new(record.without_answer())) }
+            SessionEvent::ResponseReady { id: "r2".into(), record: Some(std::sync::Arc::new(record.without_answer())) }
         );
         assert_eq!(
             futures::FutureExt::now_or_never(waiting_r1.next()),
@@ -511,7 +511,7 @@ toolrelay_tests::conformance! {
             assert_eq!(record.lease_until, Some(record.deadline));
             assert_eq!((record.deliveries, record.args.clone()), (1, json!({"x": 1})));
             // Announced whole: its connection forwards it without a claim.
-            assert_eq!(next_event(&mut events).await, SessionEvent::CallHanded(Box::new(record.clone())));
+            assert_eq!(next_event(&mut events).await, SessionEvent::CallHanded(std::sync::Arc::new(record.clone())));
             assert_eq!(fixture.store.request(&code, "r1").await.unwrap(), Some(record.clone()));
             assert!(fixture.store.claim(&code, &claim(connection, now, HOUR)).await.unwrap().is_empty());
             // Its connection answers it; a connection that takes over claims it as before.

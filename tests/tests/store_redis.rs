@@ -84,14 +84,14 @@ async fn replicas_share_sessions_calls_and_events_through_redis() {
         next_event(&mut waiting_on_a).await,
         SessionEvent::ResponseReady {
             id: "r1".into(),
-            record: Some(Box::new(record.clone()))
+            record: Some(std::sync::Arc::new(record.clone()))
         }
     );
     assert_eq!(
         next_event(&mut heard_on_a).await,
         SessionEvent::ResponseReady {
             id: "r1".into(),
-            record: Some(Box::new(record.without_answer()))
+            record: Some(std::sync::Arc::new(record.without_answer()))
         }
     );
     assert_eq!(record.response.unwrap().result, Some(json!(2)));

@@ -207,7 +207,8 @@ pub async fn normalise_errors<E: Endpoint>(next: E, request: Request) -> poem::R
             !id.is_empty() && id.len() <= MAX_REQUEST_ID && id.bytes().all(|b| b.is_ascii_graphic())
         })
         .map_or_else(toolrelay_relay::front::unique_id, str::to_owned);
-    let path = request.uri().path().to_owned();
+    // A clone of the URI shares its bytes: no copy of the path for a request that succeeds.
+    let uri = request.uri().clone();
     let span = tracing::info_span!(
         "request",
         correlation_id = %id,
@@ -220,7 +221,7 @@ pub async fn normalise_errors<E: Endpoint>(next: E, request: Request) -> poem::R
             let response = match next.call(request).await {
                 Ok(response) => response.into_response(),
                 Err(error) if error.is_from_response() => error.into_response(),
-                Err(error) if is_tool_route(&path) => tool_response_for(&path, &error),
+                Err(error) if is_tool_route(uri.path()) => tool_response_for(uri.path(), &error),
                 Err(error) => response_for(&error),
             };
             // The access log, in the request's span (correlation id, method, path without

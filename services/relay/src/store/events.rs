@@ -121,7 +121,7 @@ impl SessionChannel {
                 let brief = record
                     .as_deref()
                     .filter(|_| self.events.receiver_count() > 0)
-                    .map(|record| Box::new(record.without_answer()));
+                    .map(|record| Arc::new(record.without_answer()));
                 // Mailboxes are filled under the map's lock (each put is one short lock of its
                 // own, never the other way round): no copy of the list per answer.
                 if let Some(((_, last), others)) = self
@@ -416,7 +416,7 @@ mod tests {
         );
         channel.announce(SessionEvent::ResponseReady {
             id: "a".into(),
-            record: Some(Box::new(record.clone())),
+            record: Some(Arc::new(record.clone())),
         });
         channel.announce(SessionEvent::Missed);
         for waiter in [&mut first, &mut second] {

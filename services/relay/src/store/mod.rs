@@ -28,6 +28,7 @@ pub use traits::{
 };
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::Stream;
@@ -582,7 +583,7 @@ pub enum SessionEvent {
     RequestQueued,
     /// A call was queued and handed to the connection it names in `delivered_to`
     /// ([`rules::hand_over`]): that connection forwards it as it is, without a claim.
-    CallHanded(Box<RequestRecord>),
+    CallHanded(Arc<RequestRecord>),
     /// A call has its final answer.
     ResponseReady {
         /// The call's id.
@@ -591,7 +592,7 @@ pub enum SessionEvent {
         /// answers up to [`rules::ANNOUNCED_ANSWER_BYTES`]), so that a waiter
         /// need not read it; on a session's stream, without its answer
         /// ([`RequestRecord::without_answer`]).
-        record: Option<Box<RequestRecord>>,
+        record: Option<Arc<RequestRecord>>,
     },
     /// The connection with this id is now the provider.
     ProviderChanged(String),

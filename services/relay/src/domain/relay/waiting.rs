@@ -1,5 +1,6 @@
 //! Waiting: a caller waiting for a call's answer, and reading answers and calls.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -98,7 +99,7 @@ impl Relay {
                 tokio::select! {
                     event = events.next() => match event {
                         Some(SessionEvent::ResponseReady { id, record }) if id == request_id => {
-                            known = record.map(|record| *record);
+                            known = record.map(Arc::unwrap_or_clone);
                             break;
                         }
                         Some(SessionEvent::SessionEnded) | None => return Err(not_found(code)),

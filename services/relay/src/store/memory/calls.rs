@@ -107,7 +107,7 @@ impl Entry {
         self.slide(code, index, record.created_at, until);
         if held.is_none() {
             self.announce(if handed {
-                SessionEvent::CallHanded(Box::new(record.clone()))
+                SessionEvent::CallHanded(Arc::new(record.clone()))
             } else {
                 SessionEvent::RequestQueued
             });
@@ -250,7 +250,7 @@ impl Entry {
         let announced = self
             .listeners
             .waiting_for(id)
-            .then(|| Box::new(record.clone()));
+            .then(|| Arc::new(record.clone()));
         self.announce(SessionEvent::ResponseReady {
             id: id.to_string(),
             record: announced,

@@ -28,9 +28,9 @@ use crate::store::{EventStream, RequestRecord, SessionEvent};
 
 /// A call announced whole (its packed record, see `records.rs`); `Missed` (look again) if it
 /// cannot be read.
-fn announced(packed: &str, event: impl FnOnce(Box<RequestRecord>) -> SessionEvent) -> SessionEvent {
+fn announced(packed: &str, event: impl FnOnce(Arc<RequestRecord>) -> SessionEvent) -> SessionEvent {
     match records::unpack(packed) {
-        Ok(record) => event(Box::new(record)),
+        Ok(record) => event(Arc::new(record)),
         Err(_) => SessionEvent::Missed,
     }
 }
@@ -199,7 +199,7 @@ impl EventHub {
             let stored: Result<Option<String>, _> = redis.hget(&key, &field).await;
             let record = stored.map(|stored| stored.map(|stored| records::read(&id, &stored)));
             let event = match record {
-                Ok(Some(Ok(record))) => SessionEvent::CallHanded(Box::new(record)),
+                Ok(Some(Ok(record))) => SessionEvent::CallHanded(Arc::new(record)),
                 _ => SessionEvent::Missed,
             };
             hub.announce(&channel, event);

@@ -199,7 +199,7 @@ impl Router {
                         &channel,
                         SessionEvent::ResponseReady {
                             id,
-                            record: Some(Box::new(record)),
+                            record: Some(Arc::new(record)),
                         },
                     ),
                     Err(_) => events.announce(&channel, SessionEvent::Missed),
@@ -317,7 +317,7 @@ impl RedisStore {
     pub(super) fn handed_here(&self, base: &str, record: RequestRecord) {
         self.events.announce(
             &format!("{base}ev"),
-            SessionEvent::CallHanded(Box::new(record)),
+            SessionEvent::CallHanded(Arc::new(record)),
         );
     }
 
@@ -328,7 +328,7 @@ impl RedisStore {
             &format!("{}ev", self.base(code)),
             SessionEvent::ResponseReady {
                 id: record.id.clone(),
-                record: Some(Box::new(record.clone())),
+                record: Some(Arc::new(record.clone())),
             },
         );
     }

@@ -10,6 +10,7 @@
 //! connection. The driver ([`super::Driver`]) performs them; the tab protocol is tested here as
 //! tables of inputs and effects.
 
+use std::borrow::Borrow;
 use std::collections::VecDeque;
 use std::time::Duration;
 
@@ -371,7 +372,8 @@ impl<H> TabConnection<H> {
             Some(SessionEvent::CallHanded(record)) => {
                 let mine = record.delivered_to.as_deref() == Some(self.connection_id.as_str());
                 if mine && self.delivered.is_new(&record.id) {
-                    self.on_claimed(vec![*record], fx);
+                    // Read where the event holds it: no copy of the call.
+                    self.on_claimed([record], fx);
                 }
             }
             // A lost event may have been the one that replaced this connection, or one that
@@ -426,12 +428,17 @@ impl<H> TabConnection<H> {
     /// each holding the drain open until answered. A relay handing its tabs over sends none:
     /// they stay delivered to this connection in the store, and the tab's next connection
     /// (on another relay) claims them.
-    pub(crate) fn on_claimed(&mut self, calls: Vec<RequestRecord>, fx: &mut Effects) {
+    pub(crate) fn on_claimed<R: Borrow<RequestRecord>>(
+        &mut self,
+        calls: impl IntoIterator<Item = R>,
+        fx: &mut Effects,
+    ) {
         if self.ended || self.moving {
             return;
         }
         let mut any = false;
         for record in calls {
+            let record = record.borrow();
             if self.delivered.holds(&record.id) {
                 continue;
             }

@@ -78,7 +78,7 @@ fn answered(id: &str, status: RequestStatus) -> Option<SessionEvent> {
     record.status = status;
     Some(SessionEvent::ResponseReady {
         id: id.into(),
-        record: Some(Box::new(record)),
+        record: Some(Arc::new(record)),
     })
 }
 
@@ -374,12 +374,12 @@ fn a_call_is_delivered_once_and_held_until_its_answer_is_stored() {
         (Event(answered("e", RequestStatus::Cancelled)), &[], 0),
         // Handed over by an event: sent unless it is already known (answered lately).
         (
-            Event(Some(SessionEvent::CallHanded(Box::new(call("f"))))),
+            Event(Some(SessionEvent::CallHanded(Arc::new(call("f"))))),
             &["doubt", "call f"],
             1,
         ),
         (
-            Event(Some(SessionEvent::CallHanded(Box::new(call("d"))))),
+            Event(Some(SessionEvent::CallHanded(Arc::new(call("d"))))),
             &[],
             1,
         ),
@@ -512,7 +512,7 @@ fn a_draining_relay_lets_its_tab_answer_then_tells_it_to_move() {
         (Drain(DrainStage::HandingOver), &[], 2),
         (Claimed(&["c"]), &[], 2),
         (
-            Event(Some(SessionEvent::CallHanded(Box::new(call("d"))))),
+            Event(Some(SessionEvent::CallHanded(Arc::new(call("d"))))),
             &[],
             2,
         ),

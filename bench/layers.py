@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Splits a profile of the relay's call loop by layer (BENCHMARKS.md, issue 44).
+
+    bench/layers.py perf.txt                                   # CPU samples, by layer
+    bench/layers.py --per CALLS [--minus SMALL.folded] LARGE.folded
+
+The input is `perf script -F comm,pid,tid,ip,sym` output (CPU samples) or folded stacks,
+`root;…;leaf COUNT` per line (heaptrack_print -F with --flamegraph-cost-type allocations:
+allocations). A sample or an allocation belongs to the layer of the frame nearest its leaf that
+names one (LAYERS, in that order within a frame); none: "other". --minus subtracts another
+profile's counts layer by layer (a shorter run of the same kind: start-up cancels out) and
+--per divides by the calls that make the difference.
+"""
+
+import argparse
+import collections
+import re
+
+# (layer, regular expression on a frame). The first layer whose expression a frame matches,
+# walking from the leaf, takes the sample.
+LAYERS = [
+    ("metrics and logging", r"tracing_core::|tracing::|tracing_subscriber|tracing_appender|"
+     r"::process::metrics|prometheus_client|::telemetry"),
+    ("the store", r"toolrelay_relay::store::"),
+    ("the tab's socket (frames in and out)", r"tungstenite|toolrelay_relay::transport::ws|"
+     r"toolrelay_gateway::websocket|provider_socket"),
+    ("the hand-over to the tab (the tab's connection core, its channels)",
+     r"toolrelay_relay::domain::provider|toolrelay_relay::domain::downlink|"
+     r"toolrelay_relay::domain::channel|tokio::sync::mpsc|tokio::sync::oneshot|tokio::sync::notify"),
+    ("the answer path (the caller's wait, the answer's checks)",
+     r"toolrelay_relay::domain::relay::(answers|waiting|content)|toolrelay_relay::store::events"),
+    ("the relay's admission and budgets (calls, access, limits)",
+     r"toolrelay_relay::domain::|toolrelay_relay::ops|toolrelay_relay::front"),
+    ("the gateway's checks (middleware, caller keys, limits)",
+     r"toolrelay_gateway::middleware|toolrelay_gateway::limits"),
+    ("the gateway's handler (REST / MCP types)", r"toolrelay_gateway::|rmcp::"),
+    ("HTTP parsing and middleware (hyper, poem)", r"hyper::|poem::|h2::|http::"),
+    ("JSON (serde) outside the layers above", r"serde_json|serde::"),
+    ("the runtime (scheduling, wake-ups, timers)", r"tokio::runtime|tokio::time|tokio::task"),
+    ("the kernel (syscalls, loopback TCP)", r"\[k\]|^entry_SYSCALL|^__x64_sys|^do_syscall|"
+     r"_raw_spin|finish_task_switch|^tcp_|^__tcp|^ip_|^__dev_queue|^sock_|^__libc_(send|recv)|"
+     r"^(send|recv)(to|from|msg)?$|^epoll|^__GI___libc_(write|read)"),
+]
+COMPILED = [(name, re.compile(expr)) for name, expr in LAYERS]
+
+
+def layer_of(frames_leaf_first):
+    for frame in frames_leaf_first:
+        for name, expr in COMPILED:
+            if expr.search(frame):
+                return name
+    return "other"
+
+
+def perf_samples(path):
+    head, frames = None, []
+    with open(path, errors="replace") as text:
+        for line in text:
+            line = line.rstrip("\n")
+            if not line.strip():
+                if head:
+                    yield frames, 1
+                head, frames = None, []
+            elif not line[0].isspace():
+                head = line.split()
+            else:
+                parts = line.strip().split(None, 1)
+                frames.append(parts[1] if len(parts) > 1 else "?")
+    if head:
+        yield frames, 1
+
+
+def folded_samples(path):
+    with open(path, errors="replace") as text:
+        for line in text:
+            stack, _, count = line.rstrip("\n").rpartition(" ")
+            if stack and count.isdigit():
+                yield list(reversed(stack.split(";"))), int(count)
+
+
+def profile(path):
+    with open(path, errors="replace") as text:
+        first = text.readline()
+    folded = bool(re.search(r";.* \d+$", first.rstrip("\n"))) or path.endswith(".folded")
+    counts = collections.Counter()
+    for frames, count in (folded_samples if folded else perf_samples)(path):
+        counts[layer_of(frames)] += count
+    return counts
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("profile")
+    parser.add_argument("--minus")
+    parser.add_argument("--per", type=int)
+    args = parser.parse_args()
+    counts = profile(args.profile)
+    if args.minus:
+        counts.subtract(profile(args.minus))
+    total = sum(counts.values())
+    order = [name for name, _ in LAYERS] + ["other"]
+    print("| layer | share | " + ("per call |" if args.per else "count |"))
+    print("|---|---|---|")
+    for name in order:
+        count = counts.get(name, 0)
+        if not count:
+            continue
+        value = f"{count / args.per:.1f}" if args.per else f"{count}"
+        print(f"| {name} | {100 * count / max(total, 1):.1f} % | {value} |")
+    value = f"{total / args.per:.1f}" if args.per else f"{total}"
+    print(f"| **all** | 100 % | **{value}** |")
+
+
+if __name__ == "__main__":
+    main()
