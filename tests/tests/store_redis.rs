@@ -401,7 +401,7 @@ async fn a_routed_call_is_handed_over_in_the_process_and_kept_in_redis() {
     })
     .await
     .expect("told with the call");
-    assert_eq!(told.response.unwrap().result, Some(json!("r1")));
+    assert_eq!(told.response.as_ref().unwrap().result, Some(json!("r1")));
     assert_eq!(
         server.calls_of("publish").await - published,
         0,

@@ -303,7 +303,7 @@ fn table(rows: Vec<(In, &[&str], usize)>) {
             In::EndOfLife => tab.on_end_of_life(&mut fx),
             In::Event(event) => tab.on_event(event, &mut fx),
             In::Upkeep(notice) => tab.on_notice(notice, &mut fx),
-            In::Claimed(ids) => tab.on_claimed(ids.iter().map(|id| call(id)).collect(), &mut fx),
+            In::Claimed(ids) => tab.on_claimed(ids.iter().map(|id| call(id)), &mut fx),
             In::Recorded(id, accepted) => {
                 let outcome = accepted.map(|accepted| ResponseOutcome {
                     request_id: id.into(),
