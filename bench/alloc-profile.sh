@@ -3,7 +3,8 @@
 # under heaptrack twice — WebSocket tabs, HTTP callers in a closed loop, SMALL calls and then
 # SMALL + CALLS — and prints the difference over CALLS: heap allocations per call, in all and
 # by layer (bench/layers.py). Start-up, the tabs attaching and the warm-up are in both runs and
-# cancel out.
+# cancel out. Then the floor (bench/src/bin/toolrelay-floor.rs, glibc's malloc) the same way,
+# for the figure beside it.
 #
 #   bench/alloc-profile.sh [CALLS] [CALLERS] [CALLER]   (default: 20000 50 http; CALLER: http, mcp, grpc)
 #
@@ -25,49 +26,68 @@ trap 'pkill -KILL -f "^$work/toolrelay" 2>/dev/null; kill $(jobs -p) 2>/dev/null
 cargo build --release -p toolrelay-bench --bin toolrelay-bench
 cargo build --release -p toolrelay-server --bin toolrelay --features system-allocator
 cp "$target/release/toolrelay" "$work/toolrelay"
+cp "$target/release/toolrelay-floor" "$work/toolrelay-floor"
 # Leave the ordinary (jemalloc) build in place for the bench.
 cargo build --release -p toolrelay-server --bin toolrelay
 
-# One run: toolrelay under heaptrack, the tabs, `$1` calls; leaves the folded stacks in $work/$2.
+# One run: `$1` (toolrelay or toolrelay-floor) under heaptrack, the tabs, `$2` calls; leaves
+# the folded stacks in $work/$3.folded and the count of allocations in $work/$3.count.
 run() {
-  local count=$1 name=$2
+  local binary=$1 count=$2 name=$3
   rm -f "$work"/heap.* "$work/log" "$work/tabs" "$work/callers" "$work/hold"
   # The bench's own limits (bench/src/system.rs): no rate limit gets in the way.
   RATE_LIMIT_REQUEST_PER_CODE=100000000 RATE_LIMIT_SESSION_PER_IP=100000000 \
     MAX_CONNECTIONS_PER_IP=1000000 LISTEN_ADDR=127.0.0.1:0 GRPC_LISTEN_ADDR=127.0.0.1:0 LOG_FORMAT=json \
-    RUST_LOG=warn,toolrelay=info heaptrack -o "$work/heap" "$work/toolrelay" >"$work/log" 2>&1 &
+    RUST_LOG=warn,toolrelay=info heaptrack -o "$work/heap" "$work/$binary" >"$work/log" 2>&1 &
   local relay=$!
-  for _ in $(seq 200); do grep -q '"toolrelay listening"' "$work/log" 2>/dev/null && break; sleep 0.1; done
+  for _ in $(seq 200); do grep -q "\"$binary listening\"" "$work/log" 2>/dev/null && break; sleep 0.1; done
   local line
-  line=$(grep '"toolrelay listening"' "$work/log") || { cat "$work/log" >&2; exit 1; }
-  field() { python3 -c 'import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])' "$line" "$1"; }
-  local base grpc
+  line=$(grep "\"$binary listening\"" "$work/log") || { cat "$work/log" >&2; exit 1; }
+  field() { python3 -c 'import json,sys; print(json.loads(sys.argv[1]).get(sys.argv[2], ""))' "$line" "$1"; }
+  local base grpc=()
   base="http://$(field listen)"
-  grpc="http://$(field grpc)"
+  [ -n "$(field grpc)" ] && grpc=(--grpc "http://$(field grpc)")
   mkfifo "$work/hold"
-  "$target/release/toolrelay-bench" tabs --base "$base" --grpc "$grpc" --transport ws \
+  "$target/release/toolrelay-bench" tabs --base "$base" "${grpc[@]}" --transport ws \
     --sessions 50 <"$work/hold" >"$work/tabs" &
   exec 3>"$work/hold"
   for _ in $(seq 600); do grep -q '"ready"' "$work/tabs" 2>/dev/null && break; sleep 0.1; done
   grep -q '"ready"' "$work/tabs" || { echo "the tabs did not attach" >&2; exit 1; }
   local sessions
   sessions=$(python3 -c 'import json,sys; print(",".join(json.loads(open(sys.argv[1]).readline())["sessions"]))' "$work/tabs")
-  echo "go $count" | "$target/release/toolrelay-bench" callers --base "$base" --grpc "$grpc" \
+  echo "go $count" | "$target/release/toolrelay-bench" callers --base "$base" "${grpc[@]}" \
     --caller "$caller" --sessions "$sessions" --callers "$callers" --warmup 500 >"$work/callers"
   grep -q '"calls"' "$work/callers" || { cat "$work/callers" >&2; echo "the callers did not finish" >&2; exit 1; }
   exec 3>&-
   # A graceful stop: heaptrack writes its data as the process ends.
-  pkill -TERM -f "^$work/toolrelay" || true
+  pkill -TERM -f "^$work/$binary\$" || true
   wait "$relay" || true
   wait 2>/dev/null || true
   local data
   data=$(ls "$work"/heap.*)
   heaptrack_print --file "$data" --print-peaks 0 --print-allocators 0 --print-temporary 0 \
     --print-leaks 0 --flamegraph-cost-type allocations -F "$work/$name.folded" >"$work/$name.summary"
-  grep -E '^calls to allocation functions' "$work/$name.summary" >&2
+  sed -n 's/^calls to allocation functions: \([0-9]*\).*/\1/p' "$work/$name.summary" >"$work/$name.count"
 }
 
-run "$small" small
-run "$((small + calls))" large
+per_call() {
+  python3 -c 'import sys; print(f"{(int(sys.argv[1]) - int(sys.argv[2])) / int(sys.argv[3]):.1f}")' \
+    "$(cat "$work/$1-large.count")" "$(cat "$work/$1-small.count")" "$calls"
+}
+
+run toolrelay "$small" toolrelay-small
+run toolrelay "$((small + calls))" toolrelay-large
+if [ "$caller" = http ]; then
+  run toolrelay-floor "$small" floor-small
+  run toolrelay-floor "$((small + calls))" floor-large
+fi
 if [ -n "${FOLDED:-}" ]; then mkdir -p "$FOLDED" && cp "$work"/*.folded "$FOLDED"/; fi
-python3 bench/layers.py --per "$calls" --minus "$work/small.folded" "$work/large.folded"
+echo "Heap allocations per call, $callers $caller callers on 50 WebSocket tabs ($calls calls):"
+echo
+python3 bench/layers.py --per "$calls" --minus "$work/toolrelay-small.folded" "$work/toolrelay-large.folded"
+echo
+if [ "$caller" = http ]; then
+  echo "toolrelay: $(per_call toolrelay) allocations per call; the floor: $(per_call floor)"
+else
+  echo "toolrelay: $(per_call toolrelay) allocations per call (the floor has HTTP callers only)"
+fi

@@ -43,9 +43,22 @@ LAYERS = [
 ]
 COMPILED = [(name, re.compile(expr)) for name, expr in LAYERS]
 
+# Rust's legacy symbol escapes, as heaptrack prints some frames (`_$LT$a..b$GT$`).
+ESCAPES = [("$LT$", "<"), ("$GT$", ">"), ("$u20$", " "), ("$C$", ","), ("$RF$", "&"),
+           ("$BP$", "*"), ("$u7b$", "{"), ("$u7d$", "}"), ("$u5b$", "["), ("$u5d$", "]"),
+           ("..", "::")]
+
+
+def demangle(frame):
+    if "$" not in frame and ".." not in frame:
+        return frame
+    for escape, text in ESCAPES:
+        frame = frame.replace(escape, text)
+    return frame[1:] if frame.startswith("_<") else frame
+
 
 def layer_of(frames_leaf_first):
-    for frame in frames_leaf_first:
+    for frame in map(demangle, frames_leaf_first):
         for name, expr in COMPILED:
             if expr.search(frame):
                 return name
