@@ -14,6 +14,8 @@ profile's counts layer by layer (a shorter run of the same kind: start-up cancel
 
 import argparse
 import collections
+import importlib.util
+import pathlib
 import re
 
 # (layer, regular expression on a frame). The first layer whose expression a frame matches,
@@ -66,20 +68,12 @@ def layer_of(frames_leaf_first):
 
 
 def perf_samples(path):
-    head, frames = None, []
-    with open(path, errors="replace") as text:
-        for line in text:
-            line = line.rstrip("\n")
-            if not line.strip():
-                if head:
-                    yield frames, 1
-                head, frames = None, []
-            elif not line[0].isspace():
-                head = line.split()
-            else:
-                parts = line.strip().split(None, 1)
-                frames.append(parts[1] if len(parts) > 1 else "?")
-    if head:
+    """(frames leaf first, 1) of each sample of `perf script` output (bench/perf-tasks.py)."""
+    spec = importlib.util.spec_from_file_location(
+        "perf_tasks", pathlib.Path(__file__).with_name("perf-tasks.py"))
+    perf_tasks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(perf_tasks)
+    for _thread, _pid, frames in perf_tasks.samples(path):
         yield frames, 1
 
 

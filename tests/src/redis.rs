@@ -342,16 +342,7 @@ impl RedisServer {
 
     /// What it holds in memory now (`INFO memory`'s `used_memory`, bytes).
     pub async fn used_memory(&self) -> u64 {
-        let mut connection = self.connection().await.unwrap();
-        let info: String = redis::cmd("INFO")
-            .arg("memory")
-            .query_async(&mut connection)
-            .await
-            .unwrap();
-        info.lines()
-            .find_map(|line| line.strip_prefix("used_memory:"))
-            .and_then(|bytes| bytes.trim().parse().ok())
-            .unwrap()
+        self.memory_fields(&["used_memory"]).await[0]
     }
 
     /// What its data holds in memory now: `used_memory` less the clients' buffers
@@ -360,19 +351,32 @@ impl RedisServer {
     /// Redis has not yet freed), which on a loaded machine moved a slope over 400 calls by
     /// ~50 bytes a call.
     pub async fn data_memory(&self) -> u64 {
+        let [used, normal, replicas] = self
+            .memory_fields(&["used_memory", "mem_clients_normal", "mem_clients_slaves"])
+            .await[..]
+        else {
+            unreachable!("three fields asked, three read")
+        };
+        used - normal - replicas
+    }
+
+    /// The `INFO memory` fields `names`, in that order (bytes).
+    async fn memory_fields(&self, names: &[&str]) -> Vec<u64> {
         let mut connection = self.connection().await.unwrap();
         let info: String = redis::cmd("INFO")
             .arg("memory")
             .query_async(&mut connection)
             .await
             .unwrap();
-        let field = |name: &str| -> u64 {
-            info.lines()
-                .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
-                .and_then(|bytes| bytes.trim().parse().ok())
-                .unwrap_or_else(|| panic!("INFO memory has no {name}"))
-        };
-        field("used_memory") - field("mem_clients_normal") - field("mem_clients_slaves")
+        names
+            .iter()
+            .map(|name| {
+                info.lines()
+                    .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+                    .and_then(|bytes| bytes.trim().parse().ok())
+                    .unwrap_or_else(|| panic!("INFO memory has no {name}"))
+            })
+            .collect()
     }
 
     /// `CONFIG SET name value`.
