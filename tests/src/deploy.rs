@@ -181,6 +181,21 @@ impl Container {
         )
     }
 
+    /// Its logs once they hold `line` (waiting up to [`START_PATIENCE`]): the relay writes
+    /// its log lines in batches, up to 50 ms after the event.
+    pub async fn logs_with(&self, line: &str) -> String {
+        let every = Deadline::within(START_PATIENCE).every(Duration::from_millis(100));
+        wait_until(every, async || {
+            let logs = self.logs().await;
+            if logs.contains(line) {
+                Ok(logs)
+            } else {
+                Err(format!("no log line \"{line}\": {logs}"))
+            }
+        })
+        .await
+    }
+
     /// `podman stop` (the image's STOPSIGNAL, then SIGKILL after 15 s): how long the
     /// container took to exit, and its exit code.
     pub async fn stop(&self) -> (Duration, i64) {

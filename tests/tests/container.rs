@@ -85,7 +85,8 @@ async fn with_the_documented_flags_the_mip_tools_work_in_the_container() {
     let flags = sandbox_flags(seccomp.to_str().unwrap());
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let container = Container::start(&flags, &[]).await;
-    let logs = container.logs().await;
+    // The sandbox is checked before the relay listens.
+    let logs = container.logs_with("toolrelay listening").await;
     assert!(!logs.contains("sandbox is unavailable"), "{logs}");
     a_call_goes_through(&container.base, &ws_base(&container), None).await;
 
@@ -128,7 +129,7 @@ async fn with_the_documented_flags_the_mip_tools_work_in_the_container() {
 #[ignore = "needs the image: scripts/test.sh builds it (scripts/image.sh) and runs these"]
 async fn without_the_flags_the_mip_tools_say_sandbox_unavailable_and_the_rest_works() {
     let container = Container::start(&[], &[]).await;
-    let logs = container.logs().await;
+    let logs = container.logs_with("the MIP sandbox is unavailable").await;
     assert!(
         logs.contains("the MIP sandbox is unavailable") && logs.contains("proc"),
         "{logs}"
