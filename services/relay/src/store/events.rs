@@ -21,6 +21,12 @@ use super::{EventStream, SessionEvent};
 /// call.) Every session with a tab keeps the buffer: 8 slots are ~0.6 KB.
 const EVENT_BUFFER: usize = 8;
 
+/// The largest answer (as the budget counts it, [`super::rules::answer_cost`]) a session's
+/// stream is sent with its finished call, the record its waiters get (shared, not copied);
+/// past it the stream gets the call without its answer, so that what a slow stream has not
+/// read yet ([`EVENT_BUFFER`] events) holds little.
+pub(crate) const STREAMED_ANSWER_BYTES: usize = 4 * 1024;
+
 /// Callers waiting for an answer, by call id: each with its token and mailbox.
 type Waiters = HashMap<String, Vec<(u64, Arc<Mailbox>)>>;
 
@@ -110,8 +116,9 @@ impl SessionChannel {
     }
 
     /// Tells the listeners who want to know: the session's streams hear of everything (of an
-    /// answer, the finished call without its answer — how it ended, so that the tab's
-    /// connection knows a cancelled call without reading it — when the store sent it along);
+    /// answer, the finished call — how it ended, so that the tab's connection knows a
+    /// cancelled call without reading it — when the store sent it along, without its answer
+    /// past [`STREAMED_ANSWER_BYTES`]);
     /// an answer's waiters of it, with the finished call; every waiter of the session's end
     /// and of lost events.
     pub(crate) fn announce(&self, event: SessionEvent) {
@@ -119,9 +126,16 @@ impl SessionChannel {
             SessionEvent::ResponseReady { id, record } => {
                 // Taken before the waiters take the record; none when nobody listens.
                 let brief = record
-                    .as_deref()
+                    .as_ref()
                     .filter(|_| self.events.receiver_count() > 0)
-                    .map(|record| Arc::new(record.without_answer()));
+                    .map(|record| match &record.response {
+                        Some(answer)
+                            if super::rules::answer_cost(answer) > STREAMED_ANSWER_BYTES =>
+                        {
+                            Arc::new(record.without_answer())
+                        }
+                        _ => Arc::clone(record),
+                    });
                 // Mailboxes are filled under the map's lock (each put is one short lock of its
                 // own, never the other way round): no copy of the list per answer.
                 if let Some(((_, last), others)) = self

@@ -402,10 +402,11 @@ pub enum TabState {
 /// What [`SessionStore::enqueue`] did.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Enqueued {
-    /// The call is queued.
-    Queued(RequestRecord),
+    /// The call is queued. (A store shares the record with what it keeps and announces:
+    /// a call is not copied per owner.)
+    Queued(Arc<RequestRecord>),
     /// A call with this id and the same body exists; nothing changed.
-    Existing(RequestRecord),
+    Existing(Arc<RequestRecord>),
     /// A call with this id and another body exists; nothing changed.
     Conflict,
     /// The session holds `max_pending` unanswered calls; nothing changed.
@@ -563,10 +564,10 @@ impl Answerer<'_> {
 /// What [`SessionStore::finish`] did.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Finished {
-    /// The call now has this final answer.
-    Finished(RequestRecord),
+    /// The call now has this final answer (the record its waiters are handed too).
+    Finished(Arc<RequestRecord>),
     /// The call had its final answer already; nothing changed.
-    AlreadyFinished(RequestRecord),
+    AlreadyFinished(Arc<RequestRecord>),
     /// The session has no such call.
     NoRequest,
     /// The answerer may not answer this call ([`Answerer::may_answer`]): it is built-in, or
@@ -590,7 +591,7 @@ pub enum SessionEvent {
         id: String,
         /// The finished call, when the store could send it along (the Redis store does for
         /// answers up to [`rules::ANNOUNCED_ANSWER_BYTES`]), so that a waiter
-        /// need not read it; on a session's stream, without its answer
+        /// need not read it; on a session's stream, without its answer when that is over 4 KB
         /// ([`RequestRecord::without_answer`]).
         record: Option<Arc<RequestRecord>>,
     },

@@ -191,7 +191,7 @@ impl Relay {
         let code = self.session_code(code).await?;
         let record = self.request_record(&code, request_id, caller).await?;
         if record.status.is_terminal() {
-            return self.view(&code, record).await;
+            return self.view(&code, record.into()).await;
         }
         let response = ToolResponse {
             request_id: request_id.to_owned(),

@@ -1,5 +1,6 @@
 //! Calls: queueing a caller's call (its checks, its idempotency) and calling and waiting.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -16,10 +17,12 @@ use crate::store::{
     SessionRecord,
 };
 
-/// A call queued (or found queued before): its record, whether a tab can run it now, and
-/// whether its function says its results may hold untrusted content.
+/// A call queued (or found queued before): its record (shared with the store), the status
+/// its caller is told, whether a tab can run it now, and whether its function says its
+/// results may hold untrusted content.
 pub(super) struct Queued {
-    pub(super) record: RequestRecord,
+    pub(super) record: Arc<RequestRecord>,
+    pub(super) status: RequestStatus,
     pub(super) connected: bool,
     pub(super) untrusted: bool,
 }
@@ -27,6 +30,7 @@ pub(super) struct Queued {
 impl Queued {
     fn view(self) -> RequestView {
         RequestView {
+            status: self.status,
             untrusted: self.untrusted,
             ..RequestView::of(self.record, self.connected)
         }
@@ -278,7 +282,8 @@ impl Relay {
             // Its function is no longer there to say what its results hold.
             let untrusted = false;
             return Ok(Queued {
-                record,
+                status: record.status,
+                record: Arc::new(record),
                 connected,
                 untrusted,
             });
@@ -295,34 +300,37 @@ impl Relay {
         enqueued: Enqueued,
         connected: bool,
     ) -> Result<Option<Queued>, RelayError> {
-        let record = match enqueued {
+        let (record, status) = match enqueued {
             Enqueued::Queued(record) if record.status == RequestStatus::AwaitingApproval => {
                 let applicant = call.applicant.as_ref();
                 self.held(code, &record, connected, applicant).await?;
-                record
+                let status = record.status;
+                (record, status)
             }
-            Enqueued::Queued(mut record) => {
+            Enqueued::Queued(record) => {
                 tracing::debug!(code = %code.redacted(), request_id = %record.id, function = %record.function_name, "call queued");
                 // Handed to the session's tab in the same step, it is still reported as
                 // queued (SPEC §5): the tab has not seen it yet.
-                if !record.builtin && record.status == RequestStatus::Delivered {
-                    record.status = RequestStatus::Queued;
-                }
+                let status = match record.status {
+                    RequestStatus::Delivered if !record.builtin => RequestStatus::Queued,
+                    status => status,
+                };
                 if record.builtin {
                     self.run_builtin(code.clone(), &record);
                 }
-                record
+                (record, status)
             }
             Enqueued::Existing(record) if record.evicted => {
                 return Err(RelayError::ResponseEvicted {
-                    request_id: record.id,
+                    request_id: record.id.clone(),
                 });
             }
             Enqueued::Existing(record) => {
                 if record.is_orphaned_builtin(call.now) {
                     self.run_builtin(code.clone(), &record);
                 }
-                record
+                let status = record.status;
+                (record, status)
             }
             Enqueued::StaleManifest => return Ok(None),
             Enqueued::RateLimited(wait) => return Err(self.inner.limits.calls_limited(wait)),
@@ -347,6 +355,7 @@ impl Relay {
         let untrusted = call.untrusted;
         Ok(Some(Queued {
             record,
+            status,
             connected,
             untrusted,
         }))
@@ -523,11 +532,12 @@ impl Relay {
         let queued = self.queue(code, call, charge, Some(request_id)).await?;
         // With no tab to run it, the call stays queued, and the caller learns so at once
         // rather than after a wait that cannot end well.
+        // With no wait, the caller learns where the call stands as it was queued.
+        let wait = wait.unwrap_or(self.inner.config.default_call_wait);
         let record = &queued.record;
-        if record.status.is_terminal() || !(queued.connected || record.builtin) {
+        if record.status.is_terminal() || !(queued.connected || record.builtin) || wait.is_zero() {
             return Ok(queued.view());
         }
-        let wait = wait.unwrap_or(self.inner.config.default_call_wait);
         let (request_id, untrusted) = (record.id.clone(), queued.untrusted);
         // The caller waits for its own call.
         let view = self

@@ -166,12 +166,21 @@ pub struct RequestView {
 }
 
 impl RequestView {
-    fn of(record: RequestRecord, provider_connected: bool) -> Self {
+    /// The view of `record`: its id and answer taken from it when nothing else holds it,
+    /// copied when something does (the store, while the call is unfinished).
+    fn of(record: Arc<RequestRecord>, provider_connected: bool) -> Self {
+        let provider_connected =
+            provider_connected || record.builtin || record.status.is_terminal();
+        let status = record.status;
+        let (request_id, response) = match Arc::try_unwrap(record) {
+            Ok(record) => (record.id, record.response),
+            Err(shared) => (shared.id.clone(), shared.response.clone()),
+        };
         Self {
-            provider_connected: provider_connected || record.builtin || record.status.is_terminal(),
-            request_id: record.id,
-            status: record.status,
-            response: record.response,
+            provider_connected,
+            request_id,
+            status,
+            response,
             untrusted: false,
             progress: None,
             news: Vec::new(),

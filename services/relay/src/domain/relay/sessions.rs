@@ -1,5 +1,7 @@
 //! Sessions: creating one, where one stands, its connector handle, ending it.
 
+use std::sync::Arc;
+
 use super::{
     CODE_ATTEMPTS, NewSession, POLLING_PRESENCE, Relay, RequestView, SessionStatus, not_found,
 };
@@ -124,11 +126,11 @@ impl Relay {
     pub(super) async fn view(
         &self,
         code: &SessionCode,
-        record: RequestRecord,
+        record: Arc<RequestRecord>,
     ) -> Result<RequestView, RelayError> {
         if record.evicted {
             return Err(RelayError::ResponseEvicted {
-                request_id: record.id,
+                request_id: record.id.clone(),
             });
         }
         if record.builtin || record.status.is_terminal() {

@@ -49,7 +49,7 @@ impl Relay {
         request_id: &str,
         wait: Duration,
         mut events: EventStream,
-        mut known: Option<RequestRecord>,
+        mut known: Option<Arc<RequestRecord>>,
         news: bool,
         reader: Option<&str>,
     ) -> Result<RequestView, RelayError> {
@@ -65,7 +65,7 @@ impl Relay {
         loop {
             let record = match known.take() {
                 Some(record) => record,
-                None => self.request_record(code, request_id, reader).await?,
+                None => self.request_record(code, request_id, reader).await?.into(),
             };
             let now = self.now();
             if record.status.is_terminal() || now >= wait_until {
@@ -87,6 +87,9 @@ impl Relay {
                 .inner
                 .clock
                 .instant(wait_until.min(record.deadline).min(lease));
+            // Not held while waiting: the store shares the record of an unfinished call, and
+            // finishes one nobody else holds in place rather than copying it.
+            drop(record);
             // Any event is this call's (its answer, its news; lost events: look again), or the
             // end. News alone does not read the call again.
             loop {
@@ -99,7 +102,7 @@ impl Relay {
                 tokio::select! {
                     event = events.next() => match event {
                         Some(SessionEvent::ResponseReady { id, record }) if id == request_id => {
-                            known = record.map(Arc::unwrap_or_clone);
+                            known = record;
                             break;
                         }
                         Some(SessionEvent::SessionEnded) | None => return Err(not_found(code)),
@@ -112,7 +115,8 @@ impl Relay {
                         Some(_) => break,
                     },
                     () = settled => {
-                        let view = self.view(code, record).await?;
+                        let record = self.request_record(code, request_id, reader).await?;
+                        let view = self.view(code, record.into()).await?;
                         return Ok(RequestView { news: told, ..view });
                     }
                     () = tokio::time::sleep_until(wake) => break,
@@ -172,7 +176,7 @@ impl Relay {
         if record.is_orphaned_builtin(self.now()) {
             self.run_builtin(code.clone(), &record);
         }
-        self.view(&code, record).await
+        self.view(&code, record.into()).await
     }
 
     /// The call `request_id`, if `reader` (a caller's key; `None`: the relay) made it: a call

@@ -25,8 +25,9 @@ pub(super) struct Entry {
     /// The manifest's JSON, once one is registered: the copy every session registering the
     /// same manifest shares ([`super::Manifests`]).
     pub(super) manifest: Option<Arc<str>>,
-    /// Unfinished calls by id.
-    pub(super) requests: HashMap<String, RequestRecord>,
+    /// Unfinished calls by id: each record shared with the caller that queued it and the
+    /// event that handed it to its tab (a change copies it only while they hold it).
+    pub(super) requests: HashMap<String, Arc<RequestRecord>>,
     /// Finished calls, kept small, oldest first.
     pub(super) finished: FinishedCalls,
     /// Unfinished calls by queue position, so claims need not scan finished ones.
@@ -60,14 +61,14 @@ impl Entry {
     ) -> Enqueued {
         if let Some(existing) = self.requests.get(&record.id) {
             return if existing.call_hash == record.call_hash {
-                Enqueued::Existing(existing.clone())
+                Enqueued::Existing(Arc::clone(existing))
             } else {
                 Enqueued::Conflict
             };
         }
         if let Some(done) = self.finished.get(&record.id) {
             return if done.is_call(&record.call_hash) {
-                Enqueued::Existing(self.finished.record(done))
+                Enqueued::Existing(Arc::new(self.finished.record(done)))
             } else {
                 Enqueued::Conflict
             };
@@ -103,11 +104,12 @@ impl Entry {
         self.pending.insert(seq, record.id.clone());
         self.deadlines.insert((record.deadline, seq));
         index.deadlines.insert((record.deadline, code.clone(), seq));
-        self.requests.insert(record.id.clone(), record.clone());
+        let record = Arc::new(record);
+        self.requests.insert(record.id.clone(), Arc::clone(&record));
         self.slide(code, index, record.created_at, until);
         if held.is_none() {
             self.announce(if handed {
-                SessionEvent::CallHanded(Arc::new(record.clone()))
+                SessionEvent::CallHanded(Arc::clone(&record))
             } else {
                 SessionEvent::RequestQueued
             });
@@ -159,7 +161,7 @@ impl Entry {
                 }
                 match release {
                     Release::Queue => {
-                        record.status = RequestStatus::Queued;
+                        Arc::make_mut(record).status = RequestStatus::Queued;
                         queued = true;
                     }
                     Release::Fail {
@@ -203,7 +205,7 @@ impl Entry {
     /// The call `id`, unfinished or finished.
     pub(super) fn record(&self, id: &str) -> Option<RequestRecord> {
         match self.requests.get(id) {
-            Some(record) => Some(record.clone()),
+            Some(record) => Some(RequestRecord::clone(record)),
             None => self.finished.get(id).map(|done| self.finished.record(done)),
         }
     }
@@ -211,7 +213,7 @@ impl Entry {
     /// Gives a pending call its final answer and files it under the finished ones, kept small
     /// ([`Done`]), at `cost` against the budgets ([`rules::answer_cost`], or
     /// [`rules::expired_cost`] for a call that expired); the caller then enforces the budget.
-    /// Returns its whole record.
+    /// Returns its whole record, the one its waiters are handed.
     #[allow(clippy::too_many_arguments)] // each is one part of the one step
     pub(super) fn finish(
         &mut self,
@@ -222,8 +224,11 @@ impl Entry {
         response: ToolResponse,
         cost: usize,
         now: Timestamp,
-    ) -> Option<RequestRecord> {
-        let mut record = self.requests.remove(id)?;
+    ) -> Option<Arc<RequestRecord>> {
+        // Its caller may still hold the record it queued: then the finished one is a copy
+        // without the arguments, which go anyway.
+        let mut record = Arc::try_unwrap(self.requests.remove(id)?)
+            .unwrap_or_else(|shared| shared.without_answer());
         self.progress.remove(id);
         let number = self.finished.push(&record, status, &response, now, cost);
         record.status = status;
@@ -247,10 +252,8 @@ impl Entry {
             self.forget(index, oldest);
         }
         // The waiting caller gets the finished call with its wake-up, and need not read it.
-        let announced = self
-            .listeners
-            .waiting_for(id)
-            .then(|| Arc::new(record.clone()));
+        let record = Arc::new(record);
+        let announced = self.listeners.waiting_for(id).then(|| Arc::clone(&record));
         self.announce(SessionEvent::ResponseReady {
             id: id.to_string(),
             record: announced,

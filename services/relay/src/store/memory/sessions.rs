@@ -261,7 +261,7 @@ impl SessionStore for MemoryStore {
         until: Timestamp,
     ) -> Result<Option<RequestRecord>, StoreError> {
         let leased = self.with_live(code, |entry, _| {
-            let request = entry.requests.get_mut(id)?;
+            let request = Arc::make_mut(entry.requests.get_mut(id)?);
             if !request.builtin || request.deadline <= now {
                 return None;
             }
@@ -313,6 +313,7 @@ impl SessionStore for MemoryStore {
                     continue;
                 };
                 if request.is_claimable(claim) {
+                    let request = Arc::make_mut(request);
                     request.status = RequestStatus::Delivered;
                     request.delivered_to = Some(claim.connection_id.clone());
                     request.lease_until = Some(claim.lease_until);
@@ -343,7 +344,7 @@ impl SessionStore for MemoryStore {
                 if !answerer.may_answer(&record, provider) {
                     return Finished::NotDelivered;
                 }
-                return Finished::AlreadyFinished(record);
+                return Finished::AlreadyFinished(Arc::new(record));
             }
             let Some(request) = entry.requests.get(id) else {
                 return Finished::NoRequest;

@@ -258,7 +258,7 @@ async fn a_finished_call_reads_back_as_it_was_answered() {
     );
     assert_eq!(
         (kept.status, kept.call_hash),
-        (whole.status, whole.call_hash)
+        (whole.status, whole.call_hash.clone())
     );
     assert_eq!(
         store.responses(&code, None).await.unwrap().unwrap(),

@@ -2,6 +2,7 @@
 //! library's when it says `slow`), handing a routed call on, and finishing it (told here when
 //! its waiter is here); and a call routed here by another replica (`Forward`).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -81,7 +82,7 @@ impl RedisStore {
         if let Some(queued) = records::flat_queued(&queued, code, &flat)? {
             let (record, session, routed) = queued;
             self.hand_routed(code, &record, &routed);
-            return Ok((Enqueued::Queued(record), Some(session)));
+            return Ok((Enqueued::Queued(Arc::new(record)), Some(session)));
         }
         let answer = if is_slow(&flat) {
             let packed = records::stored(&queued);
@@ -111,7 +112,7 @@ impl RedisStore {
                 Some(records::session(&values)?)
             }
         };
-        let call = || record.clone().ok_or_else(|| missing("call"));
+        let call = || record.map(Arc::new).ok_or_else(|| missing("call"));
         let enqueued = match outcome.as_str() {
             "queued" => Enqueued::Queued(call()?),
             "existing" => Enqueued::Existing(call()?),
@@ -185,7 +186,7 @@ impl RedisStore {
         };
         let (outcome, items) = outcome(answer)?;
         let record = || -> Result<RequestRecord, StoreError> {
-            call_in(items.clone().into_iter().next())?.ok_or_else(|| missing("call"))
+            call_in(items.first().cloned())?.ok_or_else(|| missing("call"))
         };
         Ok(match outcome.as_str() {
             "finished" => {
@@ -196,7 +197,7 @@ impl RedisStore {
                     router.release(&key);
                     self.told_here(code, &record);
                 }
-                Finished::Finished(record)
+                Finished::Finished(Arc::new(record))
             }
             "already" => {
                 let record = record()?;
@@ -207,7 +208,7 @@ impl RedisStore {
                     router.release(&key);
                     self.told_here(code, &record);
                 }
-                Finished::AlreadyFinished(record)
+                Finished::AlreadyFinished(Arc::new(record))
             }
             "norequest" => Finished::NoRequest,
             "notdelivered" => Finished::NotDelivered,
