@@ -61,59 +61,94 @@ pub fn from_value(value: &PbValue) -> Value {
 }
 
 /// How deeply `value` nests objects and arrays: 0 for a scalar, 1 for `{}` or `[1, 2]`, 2 for
-/// `{"a": [1]}`. Iterative, so any value can be measured.
+/// `{"a": [1]}`. Iterative, so any value can be measured; allocates only for a container
+/// within a container.
 pub fn depth(value: &Value) -> usize {
     let mut deepest = 0;
-    let mut stack = vec![(value, 1)];
-    while let Some((value, level)) = stack.pop() {
-        let children: Box<dyn Iterator<Item = &Value>> = match value {
-            Value::Array(items) => Box::new(items.iter()),
-            Value::Object(map) => Box::new(map.values()),
-            _ => continue,
-        };
+    walk_containers(value, 1, |_, level| {
         deepest = deepest.max(level);
-        stack.extend(children.map(|child| (child, level + 1)));
-    }
+        level + 1
+    });
     deepest
 }
 
 /// How many JSON values `value` holds, itself included: what checking it against a schema
 /// walks through.
 pub fn values(value: &Value) -> usize {
-    let mut count = 0;
-    let mut stack = vec![value];
-    while let Some(value) = stack.pop() {
-        count += 1;
-        match value {
-            Value::Array(items) => stack.extend(items),
-            Value::Object(map) => stack.extend(map.values()),
-            _ => {}
-        }
-    }
+    let mut count = 1;
+    walk_containers(value, (), |container, ()| {
+        count += children(container).count();
+    });
     count
 }
 
 /// About how many bytes `value` takes as JSON (escapes aside): what a store counts it as.
 /// Iterative, and cheaper than serialising it.
 pub fn approx_size(value: &Value) -> usize {
-    let mut size = 0;
-    let mut stack = vec![value];
-    while let Some(value) = stack.pop() {
-        size += match value {
-            Value::Null | Value::Bool(_) => 5,
-            Value::Number(_) => 8,
-            Value::String(text) => text.len() + 2,
-            Value::Array(items) => {
-                stack.extend(items);
-                2 + items.len()
-            }
-            Value::Object(map) => {
-                stack.extend(map.values());
-                2 + map.keys().map(|key| key.len() + 4).sum::<usize>()
-            }
+    let scalar = |value: &Value| match value {
+        Value::Null | Value::Bool(_) => 5,
+        Value::Number(_) => 8,
+        Value::String(text) => text.len() + 2,
+        Value::Array(_) | Value::Object(_) => 0,
+    };
+    let mut size = scalar(value);
+    walk_containers(value, (), |container, ()| {
+        size += match container {
+            Value::Object(map) => 2 + map.keys().map(|key| key.len() + 4).sum::<usize>(),
+            Value::Array(items) => 2 + items.len(),
+            _ => 0,
         };
-    }
+        size += children(container).map(scalar).sum::<usize>();
+    });
     size
+}
+
+/// How many bytes `value` takes as compact JSON (`usize::MAX` if it cannot be written as
+/// JSON), counted as it is written out, without keeping the text.
+pub fn encoded_len<T: serde::Serialize + ?Sized>(value: &T) -> usize {
+    struct Counter(usize);
+    impl std::io::Write for Counter {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut counter = Counter(0);
+    match serde_json::to_writer(&mut counter, value) {
+        Ok(()) => counter.0,
+        Err(_) => usize::MAX,
+    }
+}
+
+/// Calls `visit` on every array and object within `value` (itself included), with what
+/// `visit` gave its parent (`first` for `value`); scalars are the visitor's to read among a
+/// container's [`children`]. Iterative: the stack holds the containers still to visit, and
+/// allocates only when a container holds one.
+fn walk_containers<T: Copy>(value: &Value, first: T, mut visit: impl FnMut(&Value, T) -> T) {
+    let is_container = |value: &&Value| matches!(value, Value::Array(_) | Value::Object(_));
+    let mut stack = Vec::new();
+    let mut next = Some((value, first)).filter(|(value, _)| is_container(value));
+    while let Some((container, given)) = next.take().or_else(|| stack.pop()) {
+        let passed = visit(container, given);
+        stack.extend(
+            children(container)
+                .filter(is_container)
+                .map(|child| (child, passed)),
+        );
+    }
+}
+
+/// The values directly within an array or object (none for a scalar).
+fn children(value: &Value) -> impl Iterator<Item = &Value> {
+    let (items, fields) = match value {
+        Value::Array(items) => (items.as_slice(), None),
+        Value::Object(map) => (&[][..], Some(map.values())),
+        _ => (&[][..], None),
+    };
+    items.iter().chain(fields.into_iter().flatten())
 }
 
 fn object_to_struct(map: &Map<String, Value>) -> Struct {
@@ -260,6 +295,31 @@ mod tests {
             deep = json!([deep]);
         }
         assert_eq!(depth(&deep), 1000);
+    }
+
+    #[test]
+    fn values_and_sizes_count_every_value_once() {
+        let value = json!({"name": "Ada", "tags": ["a", "b", []], "n": {"m": null}});
+        // The object, its three fields, the array's three items, the inner object's one.
+        assert_eq!(values(&value), 8);
+        assert_eq!(values(&json!(3)), 1);
+        assert_eq!(values(&json!([])), 1);
+        // The object 2 + 3 × 4 + 9 for its keys; "Ada" 5; the array 2 + 3, "a" and "b" 3
+        // each, [] 2; the inner object 2 + 5, null 5.
+        assert_eq!(approx_size(&value), 23 + 5 + 5 + 6 + 2 + 7 + 5);
+        assert_eq!(approx_size(&json!("abc")), 5);
+        assert_eq!(approx_size(&json!(null)), 5);
+    }
+
+    #[test]
+    fn the_encoded_length_is_the_texts() {
+        for value in [
+            json!(null),
+            json!({"name": "Ada", "tags": ["a", "b"], "quote": "\"é\"\n"}),
+            json!("x".repeat(10_000)),
+        ] {
+            assert_eq!(encoded_len(&value), value.to_string().len());
+        }
     }
 
     #[test]

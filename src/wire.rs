@@ -346,6 +346,27 @@ pub enum ProviderFrame {
     Ping,
 }
 
+impl ProviderFrame {
+    /// A frame from its JSON text. An answer (the frame a tab sends most) is read straight
+    /// into its type; serde reads a frame tagged by a field of its own into a buffer first,
+    /// every key and value copied. Any other frame, or an answer that does not read so, is
+    /// read the tagged way, whose error is the one given.
+    pub fn from_json(text: &str) -> Result<Self, crate::json::ReadError> {
+        #[derive(Deserialize)]
+        struct Kind<'a> {
+            #[serde(rename = "type", borrow)]
+            kind: std::borrow::Cow<'a, str>,
+        }
+        if let Ok(Kind { kind }) = serde_json::from_str::<Kind>(text)
+            && kind == "response"
+            && let Ok(response) = crate::json::from_str::<ProviderResponse>(text)
+        {
+            return Ok(Self::Response(Box::new(response)));
+        }
+        crate::json::from_str(text)
+    }
+}
+
 /// How far a delivered call has come: `progress` of `total` (when known), with a message for
 /// people. Progress increases; a value not above the last one is dropped.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -544,6 +565,34 @@ pub enum RelayFrame {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn frames_read_as_the_tagged_enum_reads_them() {
+        let tagged =
+            |text: &str| serde_json::from_str::<ProviderFrame>(text).map_err(|e| e.to_string());
+        for text in [
+            r#"{"type":"response","requestId":"r1","success":true,"result":{"n":1,"big":18446744073709551615,"x":0.1}}"#,
+            r#"{"requestId":"r2","type":"response","success":false,"error":{"code":"E","message":"m"},"extra":[1]}"#,
+            r#"{"type":"response","requestId":"r3","result":null,"content":[{"type":"text","text":"é"}],"structuredContent":{"a":[]}}"#,
+            r#"{"type":"ping"}"#,
+            r#"{"type":"progress","requestId":"r4","progress":1,"total":2}"#,
+            r#"{"type":"register","tools":[{"name":"f"}],"approves":true}"#,
+        ] {
+            let read = ProviderFrame::from_json(text).map_err(|e| e.to_string());
+            assert_eq!(read.as_ref().ok(), tagged(text).as_ref().ok(), "{text}");
+            assert!(read.is_ok(), "{text}: {read:?}");
+        }
+        // An answer that does not read as one fails as the tagged enum says.
+        for text in [
+            r#"{"type":"response","success":true}"#,
+            r#"{"type":"response","requestId":7}"#,
+            r#"{"type":"nonsense"}"#,
+            r#"[1]"#,
+        ] {
+            let error = ProviderFrame::from_json(text).unwrap_err().to_string();
+            assert_eq!(error, tagged(text).unwrap_err(), "{text}");
+        }
+    }
 
     #[test]
     fn untitled_functions_get_a_title_from_their_name() {

@@ -450,6 +450,12 @@ impl From<ToolResponse> for CallResponse {
             structured_content: response.structured_content,
         };
         if let Some(result) = response.result {
+            // Its JSON has no more characters than bytes: within the limit in bytes, it is
+            // not written out to count them.
+            if toolrelay::json::encoded_len(&result) <= MAX_RESULT_CHARS {
+                answer.result = Some(result);
+                return answer;
+            }
             let text = result.to_string();
             let length = text.chars().count();
             if length > MAX_RESULT_CHARS {

@@ -206,7 +206,7 @@ fn admitted(
     let limits = relay.limits();
     limits.admit(caller)?;
     let key = limits.caller_key(caller);
-    let charge = limits.call_charge_of(&key, code.as_str());
+    let charge = limits.call_charge_in(&key, code);
     if call.correlation_id.is_none() {
         call.correlation_id.clone_from(&caller.correlation_id);
     }

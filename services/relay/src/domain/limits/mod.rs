@@ -371,8 +371,18 @@ impl Limits {
 
     /// [`Limits::call_charge`] for the caller whose key ([`Limits::caller_key`]) is `caller`.
     pub fn call_charge_of(&self, caller: &str, code: &str) -> RateCharge {
-        let code = SessionCode::parse(code)
-            .map_or_else(|_| code.to_owned(), |code| code.as_str().to_owned());
+        match SessionCode::parse(code) {
+            Ok(code) => self.call_charge_in(caller, &code),
+            Err(_) => self.charge_under(caller, code),
+        }
+    }
+
+    /// [`Limits::call_charge_of`] for a code already read.
+    pub fn call_charge_in(&self, caller: &str, code: &SessionCode) -> RateCharge {
+        self.charge_under(caller, code.as_str())
+    }
+
+    fn charge_under(&self, caller: &str, code: &str) -> RateCharge {
         RateCharge {
             key: format!("calls:{caller}:{{{code}}}"),
             budget: RateBudget::per_minute(self.budgets.calls_per_code),
@@ -415,7 +425,8 @@ impl Limits {
         let blocked = locked(&self.blocked);
         let until = |key: &str| blocked.get(key).copied().filter(|until| *until > now);
         let mut refused = caller.identity.as_ref().and_then(|id| until(id.as_str()));
-        if reference == Reference::Code {
+        // (The address's keys are written out only when some key is blocked at all.)
+        if reference == Reference::Code && !blocked.is_empty() {
             for key in self.address_keys(caller) {
                 refused = refused.max(until(&key));
             }

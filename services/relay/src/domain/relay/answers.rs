@@ -289,7 +289,7 @@ pub fn contain_response(
         let (failed, refusal) = too_deep_response(response.request_id, limits.max_depth);
         return (failed, Some(refusal));
     }
-    let size = serde_json::to_vec(&response).map_or(usize::MAX, |bytes| bytes.len());
+    let size = toolrelay::json::encoded_len(&response);
     if size <= limits.max_bytes {
         if let Err(bad) = check_content(
             response.content.as_deref(),

@@ -80,7 +80,8 @@ impl Relay {
         call: CallInput,
         charge: Option<RateCharge>,
     ) -> Result<RequestView, RelayError> {
-        Ok(self.queue(code, call, charge, None).await?.view())
+        let code = SessionCode::parse(code)?;
+        Ok(self.queue(&code, call, charge, None).await?.view())
     }
 
     /// A call another replica queued and routed here because its session's tab is connected
@@ -105,7 +106,7 @@ impl Relay {
     /// request id gets `fresh_id` (a random one when `None`).
     pub(super) async fn queue(
         &self,
-        code: &str,
+        code: &SessionCode,
         call: CallInput,
         charge: Option<RateCharge>,
         fresh_id: Option<String>,
@@ -128,15 +129,14 @@ impl Relay {
     /// the first call (or one after the manifest changed) reads the session first.
     pub(super) async fn try_queue(
         &self,
-        code: &str,
+        code: &SessionCode,
         call: CallInput,
         charge: &mut Option<RateCharge>,
         fresh_id: Option<String>,
     ) -> Result<Queued, RelayError> {
         self.accepting()?;
-        let code = SessionCode::parse(code)?;
         let mut call = self.queueing(call, fresh_id)?;
-        let mut known = self.inner.manifests.latest(&code);
+        let mut known = self.inner.manifests.latest(code);
         // A manifest changed between the check and the queueing is rare; twice in a row rarer.
         for _ in 0..3 {
             let cached = known.is_some();
@@ -145,20 +145,20 @@ impl Relay {
                 None => {
                     let (_, session) = self.live_session(code.as_str()).await?;
                     let revision = session.manifest_revision;
-                    (revision, self.manifest_of(&code, revision).await?)
+                    (revision, self.manifest_of(code, revision).await?)
                 }
             };
             let (asked, read_only) = (call.asked_tool.as_deref(), call.read_only);
             let checked = match self
-                .check_call(&code, &manifest, asked, &call.request, read_only)
+                .check_call(code, &manifest, asked, &call.request, read_only)
                 .await
             {
                 Ok(checked) => checked,
                 // Refused by the manifest this replica compiled earlier: the tab may have
                 // registered new tools since (through another replica), so the refusal
                 // stands only against the session's manifest as it is now.
-                Err(_) if cached && self.manifest_moved(&code, revision).await? => continue,
-                Err(error) => return self.refused(&code, &call, error).await,
+                Err(_) if cached && self.manifest_moved(code, revision).await? => continue,
+                Err(error) => return self.refused(code, &call, error).await,
             };
             // The provider dispatches on (tool, function): name the tool even when the caller
             // did not, so a call with and without `toolId` is the same call.
@@ -166,18 +166,18 @@ impl Relay {
             call.request.builtin = checked.builtin;
             call.untrusted = checked.untrusted;
             if checked.builtin {
-                self.check_builtin_ready(&code, &call.request, call.given_id)
+                self.check_builtin_ready(code, &call.request, call.given_id)
                     .await?;
             }
             let (enqueued, session, connected) =
-                self.enqueue(&code, &call, revision, charge.take()).await?;
-            if let Some(queued) = self.enqueued(&code, &call, enqueued, connected).await? {
+                self.enqueue(code, &call, revision, charge.take()).await?;
+            if let Some(queued) = self.enqueued(code, &call, enqueued, connected).await? {
                 return Ok(queued);
             }
             // The manifest moved on since this replica compiled it.
             if let Some(session) = session {
                 let revision = session.manifest_revision;
-                known = Some((revision, self.manifest_of(&code, revision).await?));
+                known = Some((revision, self.manifest_of(code, revision).await?));
             }
         }
         Err(RelayError::StoreUnavailable(crate::error::StoreError(
@@ -529,7 +529,7 @@ impl Relay {
             .store
             .listen_for_answer(&parsed, &request_id)
             .await?;
-        let queued = self.queue(code, call, charge, Some(request_id)).await?;
+        let queued = self.queue(&parsed, call, charge, Some(request_id)).await?;
         // With no tab to run it, the call stays queued, and the caller learns so at once
         // rather than after a wait that cannot end well.
         // With no wait, the caller learns where the call stands as it was queued.

@@ -437,7 +437,7 @@ fn read_frame(
     body: &str,
     limits: AnswerLimits,
 ) -> (Option<ProviderFrame>, Option<(ErrorCode, String)>) {
-    match toolrelay::json::from_str::<ProviderFrame>(body) {
+    match ProviderFrame::from_json(body) {
         Ok(ProviderFrame::Response(response)) => {
             let (response, refused) = contain_response(*response, limits);
             let refusal = refused.map(|error| (error.code(), error.to_string()));

@@ -613,7 +613,7 @@ impl<H> TabConnection<H> {
 /// A log message as the relay passes it on: data over [`LOG_BYTES`] of JSON replaced by a
 /// note saying so.
 pub(crate) fn bounded_log(mut log: LogFrame) -> LogFrame {
-    let size = serde_json::to_vec(&log.data).map_or(usize::MAX, |bytes| bytes.len());
+    let size = toolrelay::json::encoded_len(&log.data);
     if size > LOG_BYTES {
         log.data = Value::String(format!(
             "(a log message of {size} bytes was left out: the relay passes on {LOG_BYTES} at most)"
