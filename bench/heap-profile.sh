@@ -17,7 +17,7 @@ target=${CARGO_TARGET_DIR:-target}
 command -v heaptrack >/dev/null || { echo "heaptrack is missing: apt-get install heaptrack" >&2; exit 1; }
 
 work=$(mktemp -d)
-trap 'pkill -KILL -f "^$work/toolrelay" 2>/dev/null; kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+trap 'pkill -KILL -f "^$work/toolrelay" 2>/dev/null || true; kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 cargo build --release -p toolrelay-bench --bin toolrelay-bench
 cargo build --release -p toolrelay-server --bin toolrelay --features system-allocator
 cp "$target/release/toolrelay" "$work/toolrelay"
