@@ -531,8 +531,8 @@ impl Relay {
             .await?;
         let queued = self.queue(&parsed, call, charge, Some(request_id)).await?;
         // With no tab to run it, the call stays queued, and the caller learns so at once
-        // rather than after a wait that cannot end well.
-        // With no wait, the caller learns where the call stands as it was queued.
+        // rather than after a wait that cannot end well; with no wait, it learns where the
+        // call stands as it was queued.
         let wait = wait.unwrap_or(self.inner.config.default_call_wait);
         let record = &queued.record;
         if record.status.is_terminal() || !(queued.connected || record.builtin) || wait.is_zero() {
