@@ -18,17 +18,8 @@ callers=${2:-50}
 caller=${3:-http}
 small=2000
 cd "$(dirname "$0")/.."
-target=${CARGO_TARGET_DIR:-target}
-command -v heaptrack >/dev/null || { echo "heaptrack is missing: apt-get install heaptrack" >&2; exit 1; }
-
-work=$(mktemp -d)
-trap 'pkill -KILL -f "^$work/toolrelay" 2>/dev/null || true; kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
-cargo build --release -p toolrelay-bench --bin toolrelay-bench
-cargo build --release -p toolrelay-server --bin toolrelay --features system-allocator
-cp "$target/release/toolrelay" "$work/toolrelay"
-cp "$target/release/toolrelay-floor" "$work/toolrelay-floor"
-# Leave the ordinary (jemalloc) build in place for the bench.
-cargo build --release -p toolrelay-server --bin toolrelay
+# shellcheck source=bench/heaptrack-build.sh
+. bench/heaptrack-build.sh
 
 # One run: `$1` (toolrelay or toolrelay-floor) under heaptrack, the tabs, `$2` calls; leaves
 # the folded stacks in $work/$3.folded and the count of allocations in $work/$3.count.

@@ -13,16 +13,8 @@ set -euo pipefail
 transport=${1:-ws}
 tabs=${2:-2000}
 cd "$(dirname "$0")/.."
-target=${CARGO_TARGET_DIR:-target}
-command -v heaptrack >/dev/null || { echo "heaptrack is missing: apt-get install heaptrack" >&2; exit 1; }
-
-work=$(mktemp -d)
-trap 'pkill -KILL -f "^$work/toolrelay" 2>/dev/null || true; kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
-cargo build --release -p toolrelay-bench --bin toolrelay-bench
-cargo build --release -p toolrelay-server --bin toolrelay --features system-allocator
-cp "$target/release/toolrelay" "$work/toolrelay"
-# Leave the ordinary (jemalloc) build in place for the bench.
-cargo build --release -p toolrelay-server --bin toolrelay
+# shellcheck source=bench/heaptrack-build.sh
+. bench/heaptrack-build.sh
 
 # The bench's own limits (bench/src/system.rs): no rate limit gets in the way.
 RATE_LIMIT_REQUEST_PER_CODE=100000000 RATE_LIMIT_SESSION_PER_IP=100000000 \
