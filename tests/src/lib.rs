@@ -449,17 +449,19 @@ impl WsTab {
 
     /// Connects to `url` without reading anything.
     pub async fn connect(url: &str) -> Self {
-        let (socket, _) = tokio_tungstenite::connect_async(url).await.unwrap();
-        Self {
-            socket,
-            welcome: Value::Null,
-        }
+        Self::open(url).await.unwrap()
     }
 
     /// Connects to `url` without reading anything; `None` when nothing listens there.
     pub async fn try_connect(url: &str) -> Option<Self> {
-        let (socket, _) = tokio_tungstenite::connect_async(url).await.ok()?;
-        Some(Self {
+        Self::open(url).await.ok()
+    }
+
+    /// Like a browser's, the socket sends each frame at once (`TCP_NODELAY`): two frames in a
+    /// row are not held back for the relay's TCP acknowledgement of the first.
+    async fn open(url: &str) -> Result<Self, tokio_tungstenite::tungstenite::Error> {
+        let (socket, _) = tokio_tungstenite::connect_async_with_config(url, None, true).await?;
+        Ok(Self {
             socket,
             welcome: Value::Null,
         })

@@ -109,7 +109,9 @@ async fn run_tab(urls: Vec<String>, ledger: Arc<Mutex<Ledger>>, holding: Arc<Ato
     let mut answers: HashMap<String, Value> = HashMap::new();
     for attempt in 0.. {
         let url = &urls[(attempt as usize).min(urls.len() - 1)];
-        let Ok((mut socket, _)) = tokio_tungstenite::connect_async(url.as_str()).await else {
+        let Ok((mut socket, _)) =
+            tokio_tungstenite::connect_async_with_config(url.as_str(), None, true).await
+        else {
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };

@@ -303,6 +303,14 @@ async fn connect_session_waits_for_allow_and_gives_a_handle_that_disconnect_revo
     // …until the person disconnects the caller.
     tab.send(json!({"type": "disconnect-caller", "callerId": asked["callerId"]}))
         .await;
+    // The tab hears the caller is gone once the relay has made it so (a call before that
+    // would still be the caller's).
+    loop {
+        let frame = next_of(&mut tab, "callers").await;
+        if frame["allowed"].as_array().is_some_and(Vec::is_empty) {
+            break;
+        }
+    }
     let revoked = wait_until(PATIENCE, async || {
         let arguments = json!({"session": handle, "name": "echo", "arguments": {"text": "hi"}});
         let result = call(client.peer(), "call_session_tool", arguments).await;

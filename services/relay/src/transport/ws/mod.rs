@@ -51,6 +51,8 @@ const FRAME_OVERHEAD: usize = 64 * 1024;
 const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 /// Read and write buffer of a provider socket.
 const SOCKET_BUFFER: usize = 4 * 1024;
+/// How long the `ack` of a stored answer may wait for the next frame to the tab ([`HeldAcks`]).
+const ACK_DELAY: Duration = Duration::from_millis(5);
 
 /// The session code and token of a WebSocket URL `/api/sessions/{code}/ws?token=…`, or `None`
 /// when the path is not that.
@@ -287,40 +289,85 @@ enum Out {
     Ping,
     /// A frame of the tab protocol.
     Frame(RelayFrame),
+    /// A frame that may wait for the next one, up to [`ACK_DELAY`]: the `ack` of an answer
+    /// stored (see [`HeldAcks`]).
+    Later(RelayFrame),
     /// The close, last.
     Close(CloseCode, &'static str),
 }
 
-/// What to write for `message`: its frame (after a ping, for the relay's own heartbeat), and
-/// the close after a final one. A link that ends with no final message ends because the
-/// process drains (the tab reconnects) or because the relay dropped a tab that answered no
-/// ping.
-fn outgoing(message: Option<Downlink>, drained: bool) -> Vec<Out> {
+/// What to write for `message`, in order: its frame (after a ping, for the relay's own
+/// heartbeat), and the close after a final one. A link that ends with no final message ends
+/// because the process drains (the tab reconnects) or because the relay dropped a tab that
+/// answered no ping.
+fn outgoing(message: Option<Downlink>, drained: bool) -> [Option<Out>; 3] {
     let Some(message) = message else {
-        return vec![if drained {
+        let close = if drained {
             Out::Close(CloseCode::Restart, "relay restarting")
         } else {
             Out::Close(CloseCode::Away, "no answer to pings")
-        }];
+        };
+        return [Some(close), None, None];
     };
-    let mut out = Vec::with_capacity(2);
-    if let Downlink::Heartbeat {
-        answers_ping: false,
-        ..
-    } = message
-    {
-        out.push(Out::Ping);
-    }
+    let ping = matches!(
+        message,
+        Downlink::Heartbeat {
+            answers_ping: false,
+            ..
+        }
+    )
+    .then_some(Out::Ping);
     let ending = message.is_final().then_some(match message {
-        Downlink::Restarting => (CloseCode::Restart, "relay restarting"),
-        Downlink::Replaced => (CloseCode::Normal, "replaced"),
-        _ => (CloseCode::Normal, "session ended"),
+        Downlink::Restarting => Out::Close(CloseCode::Restart, "relay restarting"),
+        Downlink::Replaced => Out::Close(CloseCode::Normal, "replaced"),
+        _ => Out::Close(CloseCode::Normal, "session ended"),
     });
-    out.push(Out::Frame(message.into_frame()));
-    if let Some((code, reason)) = ending {
-        out.push(Out::Close(code, reason));
+    // An answer refused tells the tab why at once; one stored only lets it forget the answer.
+    let stored = matches!(message, Downlink::Ack { refusal: None, .. });
+    let frame = message.into_frame();
+    let frame = if stored {
+        Out::Later(frame)
+    } else {
+        Out::Frame(frame)
+    };
+    [ping, Some(frame), ending]
+}
+
+/// The `ack`s written to the socket's buffer and not sent yet. Each would otherwise be a write
+/// of its own — a system call, and the tab's wake-up, for every answer — while a tab that is
+/// kept busy is sent its next call within moments: an `ack` goes out with the next frame the
+/// tab is sent, or by itself [`ACK_DELAY`] after the last. Nothing is weakened: the tab keeps
+/// an answer until its `ack` and sends it again only after an `error` or a reconnect, when the
+/// relay acknowledges it again as the answer it has.
+#[derive(Default)]
+struct HeldAcks {
+    /// When to send them, while any may be held: set again for each one, and gone (with its
+    /// allocation) once it has fired, so an idle tab keeps none.
+    timer: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl HeldAcks {
+    /// One more `ack` was written: the held ones go out [`ACK_DELAY`] from now.
+    fn hold(&mut self) {
+        let deadline = tokio::time::Instant::now() + ACK_DELAY;
+        match &mut self.timer {
+            Some(timer) => timer.as_mut().reset(deadline),
+            None => self.timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
+        }
     }
-    out
+
+    fn is_set(&self) -> bool {
+        self.timer.is_some()
+    }
+
+    /// Completes when the held `ack`s are due (never while none is held).
+    async fn due(&mut self) {
+        match &mut self.timer {
+            Some(timer) => timer.as_mut().await,
+            None => std::future::pending().await,
+        }
+        self.timer = None;
+    }
 }
 
 /// What came in from the socket, for the link.
@@ -372,6 +419,7 @@ async fn relay_frames<S: Socket>(mut socket: S, settings: &SocketSettings, mut l
     // and not yet taken by the link; while some waits, the loop stops reading but keeps
     // writing, so a full uplink can never block the downlink.
     let mut pending = Some(Uplink::Heard);
+    let mut held = HeldAcks::default();
     let mut drained = std::pin::pin!(settings.drain.ended());
     loop {
         tokio::select! {
@@ -382,18 +430,16 @@ async fn relay_frames<S: Socket>(mut socket: S, settings: &SocketSettings, mut l
             // why, and reconnects elsewhere.
             () = &mut drained => return Box::pin(restart(&mut socket)).await,
             message = link.downlink.recv() => {
-                for out in outgoing(message, settings.drain.has_ended()) {
-                    let sent = match out {
-                        Out::Ping => Box::pin(send(&mut socket, Message::Ping(Default::default()))).await,
-                        Out::Frame(frame) => Box::pin(send(&mut socket, text(&frame))).await,
-                        Out::Close(code, reason) => {
-                            Box::pin(close(&mut socket, code, reason)).await;
-                            false
-                        }
-                    };
-                    if !sent {
-                        return;
-                    }
+                let drained = settings.drain.has_ended();
+                if !Box::pin(write_down(&mut socket, message, drained, &mut held)).await {
+                    return;
+                }
+            }
+            () = held.due(), if held.is_set() => {
+                // Nothing else went to the tab since: the acks go by themselves (or, if
+                // something did, there is nothing left to write).
+                if !Box::pin(flush(&mut socket)).await {
+                    return;
                 }
             }
             permit = link.uplink.reserve(), if pending.is_some() => {
@@ -421,6 +467,34 @@ async fn relay_frames<S: Socket>(mut socket: S, settings: &SocketSettings, mut l
             },
         }
     }
+}
+
+/// Writes what came down the link ([`outgoing`]); false when the socket is done with (closed,
+/// or gone). A frame sent takes the held acks with it: they are ahead of it in the buffer.
+async fn write_down<S: Socket>(
+    socket: &mut S,
+    message: Option<Downlink>,
+    drained: bool,
+    held: &mut HeldAcks,
+) -> bool {
+    for out in outgoing(message, drained).into_iter().flatten() {
+        let sent = match out {
+            Out::Ping => send(socket, Message::Ping(Default::default())).await,
+            Out::Frame(frame) => send(socket, text(&frame)).await,
+            Out::Later(frame) => {
+                held.hold();
+                feed(socket, text(&frame)).await
+            }
+            Out::Close(code, reason) => {
+                close(socket, code, reason).await;
+                false
+            }
+        };
+        if !sent {
+            return false;
+        }
+    }
+    true
 }
 
 /// Tells the tab the relay restarts, and closes with 1012: it reconnects elsewhere.
@@ -505,6 +579,23 @@ fn unreadable_answer(
 async fn send<S: Socket>(socket: &mut S, message: Message) -> bool {
     matches!(
         tokio::time::timeout(SEND_TIMEOUT, socket.send(message)).await,
+        Ok(Ok(()))
+    )
+}
+
+/// Writes one message to the socket's buffer, to go with the next [`send`] or [`flush`]
+/// (at once only when the buffer is full); false as [`send`].
+async fn feed<S: Socket>(socket: &mut S, message: Message) -> bool {
+    matches!(
+        tokio::time::timeout(SEND_TIMEOUT, socket.feed(message)).await,
+        Ok(Ok(()))
+    )
+}
+
+/// Sends what the socket's buffer holds; false as [`send`].
+async fn flush<S: Socket>(socket: &mut S) -> bool {
+    matches!(
+        tokio::time::timeout(SEND_TIMEOUT, socket.flush()).await,
         Ok(Ok(()))
     )
 }

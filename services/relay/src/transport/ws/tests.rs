@@ -33,10 +33,24 @@ async fn an_idle_tabs_task_stays_small() {
     assert!(size <= 3000, "an idle tab's future is {size} bytes");
 }
 
-/// A socket made of two channels: what a test sends in, what the adapter wrote out.
+/// A socket made of two channels: what a test sends in, what the adapter wrote out. Like a
+/// real socket's, its writer buffers: what is fed goes out, as one write, when it is flushed.
 struct ChannelSocket {
     incoming: futures::channel::mpsc::UnboundedReceiver<Result<Message, WsError>>,
-    outgoing: futures::channel::mpsc::UnboundedSender<Message>,
+    outgoing: futures::channel::mpsc::UnboundedSender<Vec<Message>>,
+    buffer: Vec<Message>,
+}
+
+impl ChannelSocket {
+    fn write_out(&mut self) -> std::task::Poll<Result<(), WsError>> {
+        if !self.buffer.is_empty() {
+            let write = std::mem::take(&mut self.buffer);
+            if self.outgoing.unbounded_send(write).is_err() {
+                return std::task::Poll::Ready(Err(WsError::ConnectionClosed));
+            }
+        }
+        std::task::Poll::Ready(Ok(()))
+    }
 }
 
 impl futures::Stream for ChannelSocket {
@@ -60,31 +74,32 @@ impl futures::Sink<Message> for ChannelSocket {
         std::task::Poll::Ready(Ok(()))
     }
 
-    fn start_send(self: std::pin::Pin<&mut Self>, message: Message) -> Result<(), WsError> {
-        self.outgoing
-            .unbounded_send(message)
-            .map_err(|_| WsError::ConnectionClosed)
+    fn start_send(mut self: std::pin::Pin<&mut Self>, message: Message) -> Result<(), WsError> {
+        self.buffer.push(message);
+        Ok(())
     }
 
     fn poll_flush(
-        self: std::pin::Pin<&mut Self>,
+        mut self: std::pin::Pin<&mut Self>,
         _: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Result<(), WsError>> {
-        std::task::Poll::Ready(Ok(()))
+        self.write_out()
     }
 
     fn poll_close(
-        self: std::pin::Pin<&mut Self>,
+        mut self: std::pin::Pin<&mut Self>,
         _: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Result<(), WsError>> {
-        std::task::Poll::Ready(Ok(()))
+        self.write_out()
     }
 }
 
 /// The adapter over channels, with a link whose other end the test holds.
 struct Adapter {
     tab_in: futures::channel::mpsc::UnboundedSender<Result<Message, WsError>>,
-    tab_out: futures::channel::mpsc::UnboundedReceiver<Message>,
+    tab_out: futures::channel::mpsc::UnboundedReceiver<Vec<Message>>,
+    /// What the last write held that the test has not read yet.
+    unread: std::collections::VecDeque<Message>,
     down: crate::channel::Sender<Downlink>,
     up: crate::channel::Receiver<Uplink>,
     drain: Drain,
@@ -110,11 +125,16 @@ impl Adapter {
             uplink,
             driver: None,
         };
-        let socket = ChannelSocket { incoming, outgoing };
+        let socket = ChannelSocket {
+            incoming,
+            outgoing,
+            buffer: Vec::new(),
+        };
         let serving = tokio::spawn(async move { relay_frames(socket, &settings, link).await });
         Self {
             tab_in,
             tab_out,
+            unread: Default::default(),
             down,
             up,
             drain,
@@ -126,7 +146,17 @@ impl Adapter {
         self.tab_in.unbounded_send(Ok(message)).unwrap();
     }
 
+    /// The next message written, from the last write or the next.
     async fn written(&mut self) -> Message {
+        if self.unread.is_empty() {
+            self.unread = self.next_write().await.into();
+        }
+        self.unread.pop_front().expect("a write holds a message")
+    }
+
+    /// The next write to the socket, whole (nothing of the last may be unread).
+    async fn next_write(&mut self) -> Vec<Message> {
+        assert!(self.unread.is_empty(), "unread: {:?}", self.unread);
         tokio::time::timeout(Duration::from_secs(30), self.tab_out.next())
             .await
             .expect("the adapter wrote nothing")
@@ -220,6 +250,75 @@ async fn the_adapter_passes_the_tabs_frames_up_and_the_relays_down() {
     assert_eq!(adapter.written_frame().await["requestId"], "r1");
     // A final message, then the close it calls for.
     adapter.down.send(Downlink::Replaced).await.unwrap();
+    assert_eq!(adapter.written_frame().await["error"], "replaced");
+    assert_eq!(adapter.closed_with().await, 1000);
+    adapter.ends().await;
+}
+
+/// A stored answer's `ack` waits for the next frame to the tab and goes in its write; with
+/// nothing after it, it goes by itself `ACK_DELAY` later. An answer refused is told at once.
+#[tokio::test(start_paused = true)]
+async fn an_ack_goes_with_the_next_frame_or_a_moment_later() {
+    fn frames(write: &[Message]) -> Vec<serde_json::Value> {
+        write
+            .iter()
+            .map(|message| match message {
+                Message::Text(text) => serde_json::from_str(text).unwrap(),
+                other => panic!("expected a text frame, got {other:?}"),
+            })
+            .collect()
+    }
+    let ack = |id: &str, refusal: Option<Box<crate::provider::Refusal>>| Downlink::Ack {
+        request_id: id.into(),
+        refusal,
+    };
+    let mut adapter = Adapter::start(8);
+    assert_eq!(adapter.sent_up().await, Uplink::Heard);
+
+    // Two answers stored, then a frame for the tab: one write, in order.
+    adapter.down.send(ack("r1", None)).await.unwrap();
+    adapter.down.send(ack("r2", None)).await.unwrap();
+    let expires_at = crate::clock::Timestamp(1_700_000_000_000);
+    let heartbeat = Downlink::Heartbeat {
+        expires_at,
+        answers_ping: true,
+    };
+    adapter.down.send(heartbeat).await.unwrap();
+    let write = frames(&adapter.next_write().await);
+    let kinds: Vec<_> = write.iter().map(|frame| frame["type"].clone()).collect();
+    assert_eq!(kinds, ["ack", "ack", "heartbeat"], "{write:?}");
+    assert_eq!(
+        (&write[0]["requestId"], &write[1]["requestId"]),
+        (&"r1".into(), &"r2".into())
+    );
+
+    // Nothing after it: it goes alone, a moment later.
+    let start = tokio::time::Instant::now();
+    adapter.down.send(ack("r3", None)).await.unwrap();
+    let write = frames(&adapter.next_write().await);
+    assert_eq!(write.len(), 1, "{write:?}");
+    assert_eq!(write[0]["requestId"], "r3");
+    assert!(start.elapsed() >= ACK_DELAY, "{:?}", start.elapsed());
+
+    // Refused: the tab hears why at once.
+    let start = tokio::time::Instant::now();
+    let refusal = Box::new(crate::provider::Refusal {
+        error: ErrorCode::InvalidResponse,
+        message: "no".into(),
+    });
+    adapter.down.send(ack("r4", Some(refusal))).await.unwrap();
+    let write = frames(&adapter.next_write().await);
+    assert_eq!(write.len(), 1, "{write:?}");
+    assert_eq!(
+        (&write[0]["requestId"], &write[0]["error"]),
+        (&"r4".into(), &"invalid_response".into())
+    );
+    assert_eq!(start.elapsed(), Duration::ZERO);
+
+    // A held ack goes before the close of a connection that ends.
+    adapter.down.send(ack("r5", None)).await.unwrap();
+    adapter.down.send(Downlink::Replaced).await.unwrap();
+    assert_eq!(adapter.written_frame().await["requestId"], "r5");
     assert_eq!(adapter.written_frame().await["error"], "replaced");
     assert_eq!(adapter.closed_with().await, 1000);
     adapter.ends().await;
