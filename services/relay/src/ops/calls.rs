@@ -15,7 +15,7 @@ use crate::operation::{
     Admit, Checks, Credential, Credentials, Guard, Guarded, Operation, Visitor,
 };
 use crate::pool::Retry;
-use crate::relay::approvals::{Applicant, Named};
+use crate::relay::approvals::{Asker, Named};
 use crate::relay::{CallInput, Relay, RequestView};
 use crate::remote::RemoteRelay;
 use crate::store::RateCharge;
@@ -211,7 +211,7 @@ fn admitted(
         call.correlation_id.clone_from(&caller.correlation_id);
     }
     call.approval = Relay::approval_check(named, &key);
-    call.applicant = Some(Applicant::of(caller, &key));
+    call.asker = Some(Asker::of(caller));
     call.caller = Some(key);
     Ok((call, charge))
 }

@@ -177,7 +177,7 @@ impl CallInput {
             // Who makes the call is the relay's to say, from the request's caller.
             caller: None,
             approval: crate::store::ApprovalCheck::Exempt,
-            applicant: None,
+            asker: None,
         }
     }
 }

@@ -9,6 +9,7 @@
 //! part of its one enqueue round trip ([`crate::store::ApprovalCheck`]); everything here runs
 //! only for a caller not allowed yet, and for the tab's answers.
 
+use std::net::IpAddr;
 use std::time::Duration;
 
 use data_encoding::HEXLOWER;
@@ -69,20 +70,7 @@ pub struct Applicant {
 impl Applicant {
     /// The caller `caller`, whose budgets count under `key` ([`crate::limits::Limits::caller_key`]).
     pub fn of(caller: &Caller, key: &str) -> Self {
-        let (label, via) = match caller.identity.as_ref().map(|id| id.as_str()) {
-            Some(id) if id.starts_with("mcp:") => ("An MCP client", "MCP"),
-            Some(id) if id.starts_with("handle:") => ("An MCP client", "MCP"),
-            Some(id) if id.starts_with("user:") => ("ChatGPT", "GPT Actions"),
-            Some(id) if id.starts_with("key:") => ("A client with an API key", "the HTTP API"),
-            _ => ("A program", "the HTTP API"),
-        };
-        Self {
-            id: approval_id(key),
-            label: caller.label.clone().unwrap_or_else(|| label.to_owned()),
-            via: via.to_owned(),
-            address: caller.address.to_string(),
-            shared_address: caller.identity.is_none(),
-        }
+        Asker::of(caller).applicant(approval_id(key))
     }
 
     fn card(&self, at: Timestamp) -> CallerCard {
@@ -93,6 +81,50 @@ impl Applicant {
             address: self.address.clone(),
             shared_address: self.shared_address,
             at: at.rfc3339(),
+        }
+    }
+}
+
+/// A caller as the person would be shown it, kept with its call until the call turns out to
+/// need the person ([`Asker::applicant`]): most calls come from callers already allowed, and
+/// nothing is written out for them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Asker {
+    /// What it says it is, if it says.
+    label: Option<String>,
+    /// What it is called and how it came, by the kind of its identity.
+    kind: (&'static str, &'static str),
+    address: IpAddr,
+    shared_address: bool,
+}
+
+impl Asker {
+    /// The caller `caller`.
+    pub fn of(caller: &Caller) -> Self {
+        let kind = match caller.identity.as_ref().map(|id| id.as_str()) {
+            Some(id) if id.starts_with("mcp:") => ("An MCP client", "MCP"),
+            Some(id) if id.starts_with("handle:") => ("An MCP client", "MCP"),
+            Some(id) if id.starts_with("user:") => ("ChatGPT", "GPT Actions"),
+            Some(id) if id.starts_with("key:") => ("A client with an API key", "the HTTP API"),
+            _ => ("A program", "the HTTP API"),
+        };
+        Self {
+            label: caller.label.clone(),
+            kind,
+            address: caller.address,
+            shared_address: caller.identity.is_none(),
+        }
+    }
+
+    /// The applicant it is, under its approval id `id` ([`approval_id`]).
+    pub fn applicant(&self, id: String) -> Applicant {
+        let (label, via) = self.kind;
+        Applicant {
+            id,
+            label: self.label.clone().unwrap_or_else(|| label.to_owned()),
+            via: via.to_owned(),
+            address: self.address.to_string(),
+            shared_address: self.shared_address,
         }
     }
 }

@@ -58,12 +58,22 @@ struct Queueing {
     /// The checked function says its results may hold untrusted content.
     untrusted: bool,
     approval: ApprovalCheck,
-    applicant: Option<super::approvals::Applicant>,
+    asker: Option<super::approvals::Asker>,
     now: Timestamp,
     /// The session's queue's bound.
     limit: usize,
     /// Until when a call keeps the session alive.
     until: Timestamp,
+}
+
+impl Queueing {
+    /// Its caller as the person is asked about it, if the person must allow it.
+    fn applicant(&self) -> Option<super::approvals::Applicant> {
+        match (&self.approval, &self.asker) {
+            (ApprovalCheck::Ask(id), Some(asker)) => Some(asker.applicant(id.clone())),
+            _ => None,
+        }
+    }
 }
 
 impl Relay {
@@ -255,7 +265,7 @@ impl Relay {
             read_only: call.read_only,
             untrusted: false,
             approval: call.approval,
-            applicant: call.applicant,
+            asker: call.asker,
             now,
             limit: config.max_pending_per_session,
             until: now.plus(config.session_ttl),
@@ -272,8 +282,8 @@ impl Relay {
         call: &Queueing,
         error: RelayError,
     ) -> Result<Queued, RelayError> {
-        if let (ApprovalCheck::Ask(_), Some(applicant)) = (&call.approval, &call.applicant) {
-            self.vetted(code, applicant).await?;
+        if let Some(applicant) = call.applicant() {
+            self.vetted(code, &applicant).await?;
         }
         if call.given_id
             && let Some((record, connected)) =
@@ -302,8 +312,8 @@ impl Relay {
     ) -> Result<Option<Queued>, RelayError> {
         let (record, status) = match enqueued {
             Enqueued::Queued(record) if record.status == RequestStatus::AwaitingApproval => {
-                let applicant = call.applicant.as_ref();
-                self.held(code, &record, connected, applicant).await?;
+                self.held(code, &record, connected, call.applicant())
+                    .await?;
                 let status = record.status;
                 (record, status)
             }
@@ -369,7 +379,7 @@ impl Relay {
         code: &SessionCode,
         record: &RequestRecord,
         connected: bool,
-        applicant: Option<&super::approvals::Applicant>,
+        applicant: Option<super::approvals::Applicant>,
     ) -> Result<(), RelayError> {
         let Some(applicant) = applicant else {
             return Ok(());
@@ -394,7 +404,7 @@ impl Relay {
             });
         }
         tracing::info!(code = %code.redacted(), request_id = %record.id, "call held for the person's approval");
-        self.ask(code, applicant, record.deadline).await
+        self.ask(code, &applicant, record.deadline).await
     }
 
     /// The call already recorded under `request`'s id, if it is the same call (the tool it

@@ -140,7 +140,7 @@ pub struct CallInput {
     /// in (from how the caller named the session).
     pub approval: crate::store::ApprovalCheck,
     /// Its caller, as the person would be asked about it (set with `approval`).
-    pub applicant: Option<approvals::Applicant>,
+    pub asker: Option<approvals::Asker>,
 }
 
 /// Where a call stands, with its response once it has one.
