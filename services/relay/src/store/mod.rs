@@ -59,6 +59,23 @@ pub struct SessionRecord {
     pub mcp_handle: String,
 }
 
+impl SessionRecord {
+    /// The session as a caller of [`SessionStore::enqueue_checked`] reads it after a queued
+    /// call: without the token hash, creation time and handle, so nothing is copied for them.
+    pub(crate) fn as_enqueued(&self) -> Self {
+        Self {
+            code: self.code.clone(),
+            token_hash: String::new(),
+            created_at: Timestamp(0),
+            expires_at: self.expires_at,
+            max_expires_at: self.max_expires_at,
+            provider: self.provider.clone(),
+            manifest_revision: self.manifest_revision,
+            mcp_handle: String::new(),
+        }
+    }
+}
+
 /// How a provider is attached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Transport {

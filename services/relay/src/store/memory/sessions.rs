@@ -213,7 +213,7 @@ impl SessionStore for MemoryStore {
             } else {
                 entry.enqueue(code, index, record, max_pending, until, &checks.approval)
             };
-            (enqueued, Some(entry.session.clone()))
+            (enqueued, Some(entry.session.as_enqueued()))
         });
         Ok(outcome.unwrap_or((Enqueued::NoSession, None)))
     }
