@@ -248,7 +248,8 @@ pub fn serve_link<'a, S: Socket + 'a>(
     match link {
         Ok(mut link) => {
             let driver = OptionFuture::from(link.driver.take().map(LinkDriver::run));
-            Either::Left(join(driver, relay_frames(socket, settings, link)).map(|_| ()))
+            let both = join(driver, relay_frames(socket, settings, link)).map(|_| ());
+            Either::Left(rewoken::Rewoken::new(both))
         }
         Err(error) => Either::Right(refuse(socket, error)),
     }
@@ -628,5 +629,6 @@ fn text(frame: &RelayFrame) -> Message {
     Message::text(serde_json::to_string(frame).unwrap_or_else(|_| "{}".to_owned()))
 }
 
+mod rewoken;
 #[cfg(test)]
 mod tests;
