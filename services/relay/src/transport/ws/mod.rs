@@ -578,27 +578,23 @@ fn unreadable_answer(
 
 /// Sends one message; false when the peer is gone or stopped reading for [`SEND_TIMEOUT`].
 async fn send<S: Socket>(socket: &mut S, message: Message) -> bool {
-    matches!(
-        tokio::time::timeout(SEND_TIMEOUT, socket.send(message)).await,
-        Ok(Ok(()))
-    )
+    in_time(socket.send(message)).await
 }
 
 /// Writes one message to the socket's buffer, to go with the next [`send`] or [`flush`]
 /// (at once only when the buffer is full); false as [`send`].
 async fn feed<S: Socket>(socket: &mut S, message: Message) -> bool {
-    matches!(
-        tokio::time::timeout(SEND_TIMEOUT, socket.feed(message)).await,
-        Ok(Ok(()))
-    )
+    in_time(socket.feed(message)).await
 }
 
 /// Sends what the socket's buffer holds; false as [`send`].
 async fn flush<S: Socket>(socket: &mut S) -> bool {
-    matches!(
-        tokio::time::timeout(SEND_TIMEOUT, socket.flush()).await,
-        Ok(Ok(()))
-    )
+    in_time(socket.flush()).await
+}
+
+/// Whether a write to the socket succeeded within [`SEND_TIMEOUT`].
+async fn in_time(write: impl Future<Output = Result<(), WsError>>) -> bool {
+    matches!(tokio::time::timeout(SEND_TIMEOUT, write).await, Ok(Ok(())))
 }
 
 async fn close<S: Socket>(socket: &mut S, code: CloseCode, reason: &'static str) {
