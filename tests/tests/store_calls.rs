@@ -42,7 +42,7 @@ toolrelay_tests::conformance! {
         ));
         assert_eq!(
             fixture.store.enqueue(&code, call("r1", now, json!({"text": "other"})), 2, now).await.unwrap(),
-            Enqueued::Conflict
+            Enqueued::Conflict("r1".into())
         );
         // Key order does not make another call.
         let reordered: Value = serde_json::from_str(r#"{"f":0.1,"n":12345678901234567890,"text":"hi"}"#).unwrap();
@@ -414,10 +414,11 @@ toolrelay_tests::conformance! {
         // Checked against revision 0, the manifest moved on: nothing queued, the session told.
         let (stale, session) = fixture
             .store
-            .enqueue_checked(&code, &call("r1", now, json!({})), 10, until, checks(0))
+            .enqueue_checked(&code, call("r1", now, json!({})), 10, until, checks(0))
             .await
             .unwrap();
-        assert_eq!(stale, Enqueued::StaleManifest);
+        // The call is given back whole, to be checked again.
+        assert_eq!(stale, Enqueued::StaleManifest(Box::new(call("r1", now, json!({})))));
         let session = session.expect("the session");
         assert_eq!(session.manifest_revision, 1);
         assert_eq!(session.provider.as_ref().unwrap().connection_id, "tab-1");
@@ -425,7 +426,7 @@ toolrelay_tests::conformance! {
         // At the current revision it is queued, with the session as it is after (slid).
         let (queued, session) = fixture
             .store
-            .enqueue_checked(&code, &call("r1", now, json!({})), 10, until, checks(1))
+            .enqueue_checked(&code, call("r1", now, json!({})), 10, until, checks(1))
             .await
             .unwrap();
         assert!(matches!(queued, Enqueued::Queued(ref record) if record.id == "r1"), "{queued:?}");
@@ -433,7 +434,7 @@ toolrelay_tests::conformance! {
         // Two units a minute, both spent (the stale attempt cost one too): the third waits.
         let (limited, session) = fixture
             .store
-            .enqueue_checked(&code, &call("r2", now, json!({})), 10, until, checks(1))
+            .enqueue_checked(&code, call("r2", now, json!({})), 10, until, checks(1))
             .await
             .unwrap();
         let Enqueued::RateLimited(wait) = limited else { panic!("not limited: {limited:?}") };
@@ -445,7 +446,7 @@ toolrelay_tests::conformance! {
         // An unknown session: nothing queued, no session.
         let (none, session) = fixture
             .store
-            .enqueue_checked(&code_of("ZZZZ2345"), &call("r3", now, json!({})), 10, until, EnqueueChecks::default())
+            .enqueue_checked(&code_of("ZZZZ2345"), call("r3", now, json!({})), 10, until, EnqueueChecks::default())
             .await
             .unwrap();
         assert_eq!((none, session), (Enqueued::NoSession, None));

@@ -417,7 +417,7 @@ toolrelay_tests::conformance! {
         assert_eq!(touched.expires_at, created);
         let (queued, session) = fixture
             .store
-            .enqueue_checked(&code, &call("r1", now, json!({})), 10, until, EnqueueChecks::default())
+            .enqueue_checked(&code, call("r1", now, json!({})), 10, until, EnqueueChecks::default())
             .await
             .unwrap();
         assert!(matches!(queued, Enqueued::Queued(_)), "{queued:?}");

@@ -355,7 +355,7 @@ async fn a_routed_call_is_handed_over_in_the_process_and_kept_in_redis() {
     };
     let enqueue = async |id: &str, checks: EnqueueChecks| {
         let (enqueued, _) = store
-            .enqueue_checked(&code, &call(id, now, json!({})), 10, until, checks)
+            .enqueue_checked(&code, call(id, now, json!({})), 10, until, checks)
             .await
             .unwrap();
         enqueued

@@ -134,7 +134,7 @@ async fn the_flat_enqueue_takes_the_common_path_and_leaves_the_rest_to_the_libra
         let before = server.scripts_run().await;
         let (enqueued, _) = fixture
             .store
-            .enqueue_checked(&code, &request, max_pending, until, checks)
+            .enqueue_checked(&code, request, max_pending, until, checks)
             .await
             .unwrap();
         (enqueued, server.scripts_run().await - before)
@@ -151,7 +151,7 @@ async fn the_flat_enqueue_takes_the_common_path_and_leaves_the_rest_to_the_libra
     assert!(matches!(existing, Enqueued::Existing(_)), "{existing:?}");
     assert_eq!(scripts, 2, "an id taken: the library decides");
     let (conflict, scripts) = enqueue(call("r1", now, json!({"other": 1})), 10, plain()).await;
-    assert_eq!((conflict, scripts), (Enqueued::Conflict, 2));
+    assert_eq!((conflict, scripts), (Enqueued::Conflict("r1".into()), 2));
     let (full, scripts) = enqueue(call("r2", now, json!({})), 1, plain()).await;
     assert_eq!((full, scripts), (Enqueued::Full, 2));
     let moved = EnqueueChecks {
@@ -159,7 +159,8 @@ async fn the_flat_enqueue_takes_the_common_path_and_leaves_the_rest_to_the_libra
         ..EnqueueChecks::default()
     };
     let (stale, scripts) = enqueue(call("r3", now, json!({})), 10, moved).await;
-    assert_eq!((stale, scripts), (Enqueued::StaleManifest, 2));
+    let given_back = Enqueued::StaleManifest(Box::new(call("r3", now, json!({}))));
+    assert_eq!((stale, scripts), (given_back, 2));
     let (second, scripts) = enqueue(call("r4", now, json!({})), 10, plain()).await;
     assert!(
         matches!(second, Enqueued::Queued(ref record) if record.seq == 2),
@@ -177,7 +178,7 @@ async fn the_flat_enqueue_takes_the_common_path_and_leaves_the_rest_to_the_libra
         .store
         .enqueue_checked(
             &code_of("ZZZZ2345"),
-            &call("r6", later, json!({})),
+            call("r6", later, json!({})),
             10,
             until,
             plain(),

@@ -336,6 +336,22 @@ impl RequestRecord {
         }
     }
 
+    /// The call [`RequestRecord::queued`] made this record of, given back whole when a store
+    /// did not queue it (see [`Enqueued::StaleManifest`]).
+    pub fn into_request(self) -> NewRequest {
+        NewRequest {
+            id: self.id,
+            tool_id: self.tool_id,
+            function_name: self.function_name,
+            args: self.args,
+            created_at: self.created_at,
+            deadline: self.deadline,
+            builtin: self.builtin,
+            correlation_id: self.correlation_id,
+            caller: self.caller,
+        }
+    }
+
     /// Whether this is a built-in call nobody runs ([`rules::is_orphaned_builtin`]).
     pub fn is_orphaned_builtin(&self, now: Timestamp) -> bool {
         rules::is_orphaned_builtin(self, now)
@@ -424,15 +440,16 @@ pub enum Enqueued {
     Queued(Arc<RequestRecord>),
     /// A call with this id and the same body exists; nothing changed.
     Existing(Arc<RequestRecord>),
-    /// A call with this id and another body exists; nothing changed.
-    Conflict,
+    /// A call with this id (given back) and another body exists; nothing changed.
+    Conflict(String),
     /// The session holds `max_pending` unanswered calls; nothing changed.
     Full,
     /// The session does not exist (or expired).
     NoSession,
     /// The session's manifest is no longer at the revision the call was checked against
-    /// ([`EnqueueChecks::manifest_revision`]); nothing changed.
-    StaleManifest,
+    /// ([`EnqueueChecks::manifest_revision`]); nothing changed. The call is given back, to be
+    /// checked again against the manifest as it is now.
+    StaleManifest(Box<NewRequest>),
     /// The caller's budget ([`EnqueueChecks::charge`]) is spent: try again after this long;
     /// nothing changed.
     RateLimited(Duration),

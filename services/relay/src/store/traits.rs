@@ -206,7 +206,7 @@ macro_rules! store_methods {
                 ) -> Enqueued => Enqueue {
                     let checks = EnqueueChecks::default();
                     let (enqueued, _) = self
-                        .enqueue_checked(code, &request, max_pending, until, checks)
+                        .enqueue_checked(code, request, max_pending, until, checks)
                         .await?;
                     Ok(enqueued)
                 }
@@ -220,7 +220,7 @@ macro_rules! store_methods {
                 fn enqueue_checked(
                     &self,
                     code: &SessionCode,
-                    request: &NewRequest,
+                    request: NewRequest,
                     max_pending: usize,
                     until: Timestamp,
                     checks: EnqueueChecks,

@@ -17,6 +17,13 @@ use crate::store::{
     SessionRecord,
 };
 
+/// The error of a call whose session's manifest kept changing while it was queued.
+fn manifest_kept_changing() -> RelayError {
+    RelayError::StoreUnavailable(crate::error::StoreError(
+        "the session's manifest kept changing while a call was queued".into(),
+    ))
+}
+
 /// A call queued (or found queued before): its record (shared with the store), the status
 /// its caller is told, whether a tab can run it now, and whether its function says its
 /// results may hold untrusted content.
@@ -45,9 +52,9 @@ pub(super) struct Checked {
     untrusted: bool,
 }
 
-/// A call on its way to the queue, and what its checks need.
+/// What a call on its way to the queue (a [`NewRequest`], apart: the store takes it) needs
+/// for its checks.
 struct Queueing {
-    request: NewRequest,
     /// The tool the caller named, if any.
     asked_tool: Option<String>,
     /// The caller gave the request id (a repeat of it is the same call).
@@ -145,7 +152,7 @@ impl Relay {
         fresh_id: Option<String>,
     ) -> Result<Queued, RelayError> {
         self.accepting()?;
-        let mut call = self.queueing(call, fresh_id)?;
+        let (mut call, mut request) = self.queueing(call, fresh_id)?;
         let mut known = self.inner.manifests.latest(code);
         // A manifest changed between the check and the queueing is rare; twice in a row rarer.
         for _ in 0..3 {
@@ -160,7 +167,7 @@ impl Relay {
             };
             let (asked, read_only) = (call.asked_tool.as_deref(), call.read_only);
             let checked = match self
-                .check_call(code, &manifest, asked, &call.request, read_only)
+                .check_call(code, &manifest, asked, &request, read_only)
                 .await
             {
                 Ok(checked) => checked,
@@ -168,31 +175,32 @@ impl Relay {
                 // registered new tools since (through another replica), so the refusal
                 // stands only against the session's manifest as it is now.
                 Err(_) if cached && self.manifest_moved(code, revision).await? => continue,
-                Err(error) => return self.refused(code, &call, error).await,
+                Err(error) => return self.refused(code, &call, &request, error).await,
             };
             // The provider dispatches on (tool, function): name the tool even when the caller
             // did not, so a call with and without `toolId` is the same call.
-            call.request.tool_id = Some(checked.group);
-            call.request.builtin = checked.builtin;
+            request.tool_id = Some(checked.group);
+            request.builtin = checked.builtin;
             call.untrusted = checked.untrusted;
             if checked.builtin {
-                self.check_builtin_ready(code, &call.request, call.given_id)
+                self.check_builtin_ready(code, &request, call.given_id)
                     .await?;
             }
-            let (enqueued, session, connected) =
-                self.enqueue(code, &call, revision, charge.take()).await?;
-            if let Some(queued) = self.enqueued(code, &call, enqueued, connected).await? {
-                return Ok(queued);
-            }
-            // The manifest moved on since this replica compiled it.
+            let (enqueued, session, connected) = self
+                .enqueue(code, &call, request, revision, charge.take())
+                .await?;
+            request = match enqueued {
+                // The manifest moved on since this replica compiled it: the store gave the
+                // call back, to be checked against the manifest as it is now.
+                Enqueued::StaleManifest(request) => *request,
+                enqueued => return self.enqueued(code, &call, enqueued, connected).await,
+            };
             if let Some(session) = session {
                 let revision = session.manifest_revision;
                 known = Some((revision, self.manifest_of(code, revision).await?));
             }
         }
-        Err(RelayError::StoreUnavailable(crate::error::StoreError(
-            "the session's manifest kept changing while a call was queued".into(),
-        )))
+        Err(manifest_kept_changing())
     }
 
     /// Queues the call checked against manifest `revision`, spending `charge`: what the store
@@ -201,6 +209,7 @@ impl Relay {
         &self,
         code: &SessionCode,
         call: &Queueing,
+        request: NewRequest,
         revision: u64,
         charge: Option<RateCharge>,
     ) -> Result<(Enqueued, Option<SessionRecord>, bool), RelayError> {
@@ -213,7 +222,7 @@ impl Relay {
         let (enqueued, session) = self
             .inner
             .store
-            .enqueue_checked(code, &call.request, call.limit, call.until, checks)
+            .enqueue_checked(code, request, call.limit, call.until, checks)
             .await?;
         let connected = match &session {
             Some(session) => self.connected_transport(session, call.now).await.is_some(),
@@ -223,8 +232,13 @@ impl Relay {
     }
 
     /// The call to queue, from what the caller gave: its arguments within the nesting limit,
-    /// its request id (given, `fresh_id`, or a random one), its deadline.
-    fn queueing(&self, call: CallInput, fresh_id: Option<String>) -> Result<Queueing, RelayError> {
+    /// its request id (given, `fresh_id`, or a random one), its deadline; and what its checks
+    /// need.
+    fn queueing(
+        &self,
+        call: CallInput,
+        fresh_id: Option<String>,
+    ) -> Result<(Queueing, NewRequest), RelayError> {
         let config = &self.inner.config;
         let limit = config.max_json_depth;
         if toolrelay::json::depth(&call.args) > limit {
@@ -247,19 +261,19 @@ impl Relay {
             args => args,
         };
         let now = self.now();
-        Ok(Queueing {
-            asked_tool: call.tool_id.clone(),
-            request: NewRequest {
-                id: request_id,
-                tool_id: call.tool_id,
-                function_name: call.function_name,
-                args,
-                created_at: now,
-                deadline: now.plus(config.request_timeout),
-                builtin: false,
-                correlation_id: call.correlation_id,
-                caller: call.caller,
-            },
+        let request = NewRequest {
+            id: request_id,
+            tool_id: call.tool_id,
+            function_name: call.function_name,
+            args,
+            created_at: now,
+            deadline: now.plus(config.request_timeout),
+            builtin: false,
+            correlation_id: call.correlation_id,
+            caller: call.caller,
+        };
+        let queueing = Queueing {
+            asked_tool: request.tool_id.clone(),
             given_id,
             waited_for,
             read_only: call.read_only,
@@ -269,7 +283,8 @@ impl Relay {
             now,
             limit: config.max_pending_per_session,
             until: now.plus(config.session_ttl),
-        })
+        };
+        Ok((queueing, request))
     }
 
     /// A call its session's tools refuse: a caller the person has not allowed is asked about
@@ -280,14 +295,14 @@ impl Relay {
         &self,
         code: &SessionCode,
         call: &Queueing,
+        request: &NewRequest,
         error: RelayError,
     ) -> Result<Queued, RelayError> {
         if let Some(applicant) = call.applicant() {
             self.vetted(code, &applicant).await?;
         }
         if call.given_id
-            && let Some((record, connected)) =
-                self.earlier_call(code, &call.request, call.now).await?
+            && let Some((record, connected)) = self.earlier_call(code, request, call.now).await?
         {
             // Its function is no longer there to say what its results hold.
             let untrusted = false;
@@ -301,15 +316,15 @@ impl Relay {
         Err(error)
     }
 
-    /// What the queueing came to: the call (queued, held for approval, or asked before), an
-    /// error, or `None` when the manifest had moved on and the call is to be checked again.
+    /// What the queueing came to: the call (queued, held for approval, or asked before), or
+    /// an error.
     async fn enqueued(
         &self,
         code: &SessionCode,
         call: &Queueing,
         enqueued: Enqueued,
         connected: bool,
-    ) -> Result<Option<Queued>, RelayError> {
+    ) -> Result<Queued, RelayError> {
         let (record, status) = match enqueued {
             Enqueued::Queued(record) if record.status == RequestStatus::AwaitingApproval => {
                 self.held(code, &record, connected, call.applicant())
@@ -342,10 +357,9 @@ impl Relay {
                 let status = record.status;
                 (record, status)
             }
-            Enqueued::StaleManifest => return Ok(None),
+            Enqueued::StaleManifest(_) => return Err(manifest_kept_changing()),
             Enqueued::RateLimited(wait) => return Err(self.inner.limits.calls_limited(wait)),
-            Enqueued::Conflict => {
-                let request_id = call.request.id.clone();
+            Enqueued::Conflict(request_id) => {
                 return Err(RelayError::RequestIdConflict { request_id });
             }
             Enqueued::Full => {
@@ -363,12 +377,12 @@ impl Relay {
             Enqueued::Disconnected => return Err(RelayError::CallerDisconnected),
         };
         let untrusted = call.untrusted;
-        Ok(Some(Queued {
+        Ok(Queued {
             record,
             status,
             connected,
             untrusted,
-        }))
+        })
     }
 
     /// A call held for the person's approval of its caller: the person is asked (or the

@@ -63,14 +63,14 @@ impl Entry {
             return if existing.call_hash == record.call_hash {
                 Enqueued::Existing(Arc::clone(existing))
             } else {
-                Enqueued::Conflict
+                Enqueued::Conflict(record.id)
             };
         }
         if let Some(done) = self.finished.get(&record.id) {
             return if done.is_call(&record.call_hash) {
                 Enqueued::Existing(Arc::new(self.finished.record(done)))
             } else {
-                Enqueued::Conflict
+                Enqueued::Conflict(record.id)
             };
         }
         let held = match rules::approval_needed(&self.approvals, approval) {

@@ -189,7 +189,7 @@ impl SessionStore for MemoryStore {
     async fn enqueue_checked(
         &self,
         code: &SessionCode,
-        request: &NewRequest,
+        request: NewRequest,
         max_pending: usize,
         until: Timestamp,
         checks: EnqueueChecks,
@@ -201,15 +201,15 @@ impl SessionStore for MemoryStore {
         {
             return Ok((Enqueued::RateLimited(wait), None));
         }
-        // The record (its arguments copied, the call hashed) is made before the lock that
-        // every session shares is taken.
-        let record = RequestRecord::queued(request.clone(), 0);
+        // The record (the call hashed) is made before the lock that every session shares is
+        // taken.
+        let record = RequestRecord::queued(request, 0);
         let outcome = self.with_live(code, |entry, index| {
             let stale = checks
                 .manifest_revision
                 .is_some_and(|revision| revision != entry.session.manifest_revision);
             let enqueued = if stale {
-                Enqueued::StaleManifest
+                Enqueued::StaleManifest(Box::new(record.into_request()))
             } else {
                 entry.enqueue(code, index, record, max_pending, until, &checks.approval)
             };

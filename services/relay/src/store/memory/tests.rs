@@ -159,7 +159,7 @@ async fn answers_stay_within_their_budget_and_evicted_calls_are_still_known() {
             .enqueue(&code, call("r0", now, "other"), 100, now)
             .await
             .unwrap(),
-        Enqueued::Conflict
+        Enqueued::Conflict("r0".into())
     );
     let newest = store.request(&code, "r49").await.unwrap().unwrap();
     assert!(!newest.evicted && newest.response.is_some());

@@ -25,7 +25,7 @@ impl RedisStore {
     pub(super) async fn enqueue_call(
         &self,
         code: &SessionCode,
-        request: &NewRequest,
+        request: NewRequest,
         max_pending: usize,
         until: Timestamp,
         checks: EnqueueChecks,
@@ -49,7 +49,7 @@ impl RedisStore {
         let max_pending = max_pending.to_string();
         let until_ms = until.0.to_string();
         // The common path first, flat; anything else the library's script decides.
-        let queued = RequestRecord::queued(request.clone(), 0);
+        let queued = RequestRecord::queued(request, 0);
         let [state, rest] = records::pieces(&queued);
         let (me, avoid) = match &self.router {
             Some(router) if checks.route => (router.me.as_str(), router.avoided()),
@@ -61,10 +61,10 @@ impl RedisStore {
                 code,
                 &rate_key,
                 FlatEnqueue {
-                    id: &request.id,
+                    id: &queued.id,
                     state: &state,
                     rest: &rest,
-                    builtin: if request.builtin { "1" } else { "0" },
+                    builtin: if queued.builtin { "1" } else { "0" },
                     lease: &records::handed_lease(&queued),
                     max_pending: &max_pending,
                     until_ms: &until_ms,
@@ -79,15 +79,17 @@ impl RedisStore {
                 },
             )
             .await?;
-        if let Some(queued) = records::flat_queued(&queued, code, &flat)? {
-            let (record, session, routed) = queued;
-            self.hand_routed(code, &record, &routed);
-            return Ok((Enqueued::Queued(Arc::new(record)), Some(session)));
-        }
+        let queued = match records::flat_queued(queued, code, &flat)? {
+            Ok((record, session, routed)) => {
+                self.hand_routed(code, &record, &routed);
+                return Ok((Enqueued::Queued(Arc::new(record)), Some(session)));
+            }
+            Err(queued) => queued,
+        };
         let answer = if is_slow(&flat) {
             let packed = records::stored(&queued);
             let arguments = Enqueue {
-                id: &request.id,
+                id: &queued.id,
                 packed: &packed,
                 max_pending: &max_pending,
                 until_ms: &until_ms,
@@ -116,9 +118,9 @@ impl RedisStore {
         let enqueued = match outcome.as_str() {
             "queued" => Enqueued::Queued(call()?),
             "existing" => Enqueued::Existing(call()?),
-            "conflict" => Enqueued::Conflict,
+            "conflict" => Enqueued::Conflict(queued.id),
             "full" => Enqueued::Full,
-            "stale" => Enqueued::StaleManifest,
+            "stale" => Enqueued::StaleManifest(Box::new(queued.into_request())),
             "nosession" => Enqueued::NoSession,
             "refused" => Enqueued::ApprovalRefused,
             "disconnected" => Enqueued::Disconnected,

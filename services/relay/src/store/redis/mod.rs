@@ -465,7 +465,7 @@ impl SessionStore for RedisStore {
     async fn enqueue_checked(
         &self,
         code: &SessionCode,
-        request: &NewRequest,
+        request: NewRequest,
         max_pending: usize,
         until: Timestamp,
         checks: EnqueueChecks,

@@ -520,18 +520,19 @@ pub(super) fn is_slow(answer: &redis::Value) -> bool {
 /// (connection, transport, connected at, last seen), where it is routed, the session's expiry,
 /// its maximum and its manifest's revision }`): `queued` as made here with what only the
 /// session knew, the session as far as the answer tells it (not its token hash, creation or
-/// handle), and where the call is routed ('' for nowhere). `None` for any other answer.
+/// handle), and where the call is routed ('' for nowhere). Any other answer gives `queued`
+/// back.
 pub(super) fn flat_queued(
-    queued: &RequestRecord,
+    queued: RequestRecord,
     code: &SessionCode,
     answer: &redis::Value,
-) -> Result<Option<(RequestRecord, SessionRecord, String)>, StoreError> {
+) -> Result<Result<(RequestRecord, SessionRecord, String), RequestRecord>, StoreError> {
     let redis::Value::Array(items) = answer else {
-        return Ok(None);
+        return Ok(Err(queued));
     };
     if !matches!(items.first(), Some(redis::Value::BulkString(tag)) if tag.as_slice() == b"queued")
     {
-        return Ok(None);
+        return Ok(Err(queued));
     }
     let values: Vec<String> = redis::from_redis_value(answer.clone()).map_err(unreadable)?;
     let [
@@ -547,7 +548,7 @@ pub(super) fn flat_queued(
         max_expires_at,
         revision,
     ] = <[String; 11]>::try_from(values).map_err(|_| missing("queued call's state"))?;
-    let mut record = queued.clone();
+    let mut record = queued;
     record.seq = seq.parse().map_err(|_| corrupt("queue position"))?;
     if !handed.is_empty() {
         // As the script packed it (and the library's enqueue.lua does): delivered, leased
@@ -574,7 +575,7 @@ pub(super) fn flat_queued(
         manifest_revision: revision.parse().unwrap_or(0),
         mcp_handle: String::new(),
     };
-    Ok(Some((record, session, routed)))
+    Ok(Ok((record, session, routed)))
 }
 
 /// The packed call in `value`, read; `None` for nil or false.
