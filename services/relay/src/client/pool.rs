@@ -32,6 +32,8 @@ pub const RESOLVE_EVERY: Duration = Duration::from_secs(5);
 pub const PASS_OVER: Duration = Duration::from_secs(2);
 /// Most replicas one call is tried on.
 const MAX_ATTEMPTS: usize = 3;
+/// How long a pool of one replica waits before it tries a call again on it.
+const RETRY_PAUSE: Duration = Duration::from_millis(100);
 
 /// Whether a call may be tried again on another replica after its replica did not answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -159,7 +161,10 @@ impl RelayPool {
 
     /// Runs `attempt` on a replica's channel, and on the next replica when this one did not
     /// answer and `retry` allows it (at most `MAX_ATTEMPTS` replicas), or when it is draining
-    /// and `retry` is [`Retry::Safe`] (every replica once at most).
+    /// and `retry` is [`Retry::Safe`] (every replica once at most). A pool of one replica
+    /// tries it once more, after [`RETRY_PAUSE`], when it did not answer and `retry` allows
+    /// it: a connection that could not be made (the channel reports a failed connection to
+    /// one call, and the next connects again) does not fail the call.
     pub async fn run<T, F, Fut>(&self, retry: Retry, mut attempt: F) -> Result<T, Status>
     where
         F: FnMut(Channel) -> Fut,
@@ -171,18 +176,24 @@ impl RelayPool {
             match attempt(replica.channel.clone()).await {
                 Err(status) if !answered(&status) => {
                     replica.pass_over();
-                    let again = tried.len() + 1 < MAX_ATTEMPTS
-                        && (retry == Retry::Safe || not_sent(&status))
-                        && self.inner.has_untried(&tried, &replica);
+                    let retriable = tried.len() + 1 < MAX_ATTEMPTS
+                        && (retry == Retry::Safe || not_sent(&status));
+                    let elsewhere = self.inner.has_untried(&tried, &replica);
+                    let once_more = !elsewhere && tried.is_empty() && self.inner.is_single();
+                    let again = retriable && (elsewhere || once_more);
                     tracing::warn!(
                         replica = %replica.url,
                         code = ?status.code(),
                         detail = status.message(),
-                        trying_another = again,
+                        cause = ?std::error::Error::source(&status),
+                        trying_again = again,
                         "a relay replica did not answer"
                     );
                     if !again {
                         return Err(status);
+                    }
+                    if once_more {
+                        tokio::time::sleep(RETRY_PAUSE).await;
                     }
                     tried.push(replica);
                 }
@@ -235,6 +246,17 @@ impl Inner {
             .or_else(|| in_turn().next())
             .cloned()
             .expect("a pool has a replica per target at least")
+    }
+
+    /// Whether the pool has one replica only.
+    fn is_single(&self) -> bool {
+        self.replicas
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .map(Vec::len)
+            .sum::<usize>()
+            == 1
     }
 
     fn has_untried(&self, tried: &[Arc<Replica>], current: &Arc<Replica>) -> bool {
@@ -434,5 +456,61 @@ mod tests {
         assert_eq!(status.code(), Code::Unavailable, "{status:?}");
         assert!(not_sent(&status), "{status:?}");
         assert_eq!(seen.len(), 2, "tried on both replicas");
+    }
+
+    /// A health check on `channel`.
+    async fn check(channel: Channel) -> Result<(), Status> {
+        let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+        health
+            .check(tonic_health::pb::HealthCheckRequest::default())
+            .await
+            .map(|_| ())
+    }
+
+    #[tokio::test]
+    async fn a_pool_of_one_tries_its_replica_once_more_when_a_connection_failed() {
+        // The replica closes its first connection unanswered, and serves the next.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let incoming = futures::stream::unfold((listener, true), |(listener, first)| async move {
+            if first {
+                drop(listener.accept().await);
+            }
+            let accepted = listener.accept().await.map(|(stream, _)| stream);
+            Some((accepted, (listener, false)))
+        });
+        let (_reporter, health) = tonic_health::server::health_reporter();
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(health)
+                .serve_with_incoming(incoming),
+        );
+        let pool = RelayPool::new(&format!("http://127.0.0.1:{port}")).unwrap();
+        let mut seen = 0;
+        let outcome = pool
+            .run(Retry::Safe, |channel| {
+                seen += 1;
+                check(channel)
+            })
+            .await;
+        server.abort();
+        assert!(outcome.is_ok(), "{outcome:?}");
+        assert_eq!(seen, 2, "the failed connection, then the call answered");
+
+        // Nothing listens: the call is tried twice (it was not sent), then fails.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let closed_port = closed.local_addr().unwrap().port();
+        drop(closed);
+        let pool = RelayPool::new(&format!("http://127.0.0.1:{closed_port}")).unwrap();
+        let mut seen = 0;
+        let outcome = pool
+            .run(Retry::IfNotSent, |channel| {
+                seen += 1;
+                check(channel)
+            })
+            .await;
+        let status = outcome.unwrap_err();
+        assert!(not_sent(&status), "{status:?}");
+        assert_eq!(seen, 2, "tried once more, and no more");
     }
 }

@@ -175,7 +175,11 @@ impl RemoteRelay {
                 async move {
                     let mut client = tonic::client::Grpc::new(channel);
                     client.ready().await.map_err(|error| {
-                        Status::unavailable(format!("the relay is not ready: {error}"))
+                        // The cause kept: whether the call was sent depends on it.
+                        let mut status =
+                            Status::unavailable(format!("the relay is not ready: {error}"));
+                        status.set_source(Arc::new(error));
+                        status
                     })?;
                     let path = PathAndQuery::from_static(O::PATH);
                     client.unary(request, path, ProstCodec::default()).await
