@@ -8,7 +8,7 @@ command -v heaptrack >/dev/null || { echo "heaptrack is missing: apt-get install
 
 work=$(mktemp -d)
 trap 'pkill -KILL -f "^$work/toolrelay" 2>/dev/null || true; kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
-cargo build --release -p toolrelay-bench --bin toolrelay-bench
+cargo build --release -p toolrelay-bench --bin toolrelay-bench --bin toolrelay-floor
 cargo build --release -p toolrelay-server --bin toolrelay --features system-allocator
 cp "$target/release/toolrelay" "$work/toolrelay"
 cp "$target/release/toolrelay-floor" "$work/toolrelay-floor"
