@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 
 use poem_openapi::{Enum, Object, Union};
+use serde::Serialize;
 use serde_json::{Value, json};
 use toolrelay::wire::{
     GroupedManifest, LogFrame, ProgressFrame, ProviderFrame, ProviderResponse, RequestStatus,
@@ -24,8 +25,9 @@ pub const MAX_LLM_CHARS: usize = 100_000;
 const MAX_RESULT_CHARS: usize = MAX_LLM_CHARS - 2_000;
 
 /// Where a call stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Enum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Enum, Serialize)]
 #[oai(rename_all = "lowercase")]
+#[serde(rename_all = "lowercase")]
 pub enum Status {
     /// Waiting for the tab.
     Queued,
@@ -41,6 +43,7 @@ pub enum Status {
     Cancelled,
     /// Held until the person allows its caller in the tab.
     #[oai(rename = "awaiting_approval")]
+    #[serde(rename = "awaiting_approval")]
     AwaitingApproval,
 }
 
@@ -294,9 +297,12 @@ pub struct MakeCall {
     pub timeout_ms: Option<u64>,
 }
 
-/// A queued call.
-#[derive(Debug, Clone, Object)]
+/// A queued call. (Its serde form is its poem-openapi form: it is [`Written`].)
+///
+/// [`Written`]: crate::api::written::Written
+#[derive(Debug, Clone, Object, Serialize)]
 #[oai(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 pub struct Queued {
     /// The call's id.
     pub request_id: String,
@@ -306,6 +312,7 @@ pub struct Queued {
     pub provider_connected: bool,
     /// What to do when no tab is connected.
     #[oai(skip_serializing_if_is_none)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
 }
 
@@ -328,7 +335,7 @@ impl From<RequestView> for Queued {
 }
 
 /// Why a call failed.
-#[derive(Debug, Clone, Object)]
+#[derive(Debug, Clone, Object, Serialize)]
 pub struct CallError {
     /// Stable name, e.g. tool_error or request_expired.
     pub code: String,
@@ -336,9 +343,12 @@ pub struct CallError {
     pub message: String,
 }
 
-/// The answer to a call.
-#[derive(Debug, Clone, Object)]
+/// The answer to a call. (Its serde form is its poem-openapi form: it is [`Written`].)
+///
+/// [`Written`]: crate::api::written::Written
+#[derive(Debug, Clone, Object, Serialize)]
 #[oai(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 pub struct CallResponse {
     /// The call's id.
     pub request_id: String,
@@ -346,24 +356,30 @@ pub struct CallResponse {
     pub success: bool,
     /// The tool's result.
     #[oai(skip_serializing_if_is_none)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub result: Option<Value>,
     /// The failure.
     #[oai(skip_serializing_if_is_none)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<CallError>,
     /// True when the result was cut to fit; then result is the start of its JSON text.
     #[oai(skip_serializing_if_is_none)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub truncated: Option<bool>,
     /// How to get a smaller result, when truncated.
     #[oai(skip_serializing_if_is_none)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
     /// What the tool showed besides its result, as MCP content items: `text`, `image`, `audio`,
     /// `resource_link`, `resource`. An image's or audio's data (and an embedded resource's
     /// `blob`) is left out of this text answer: such an item is `{type, mimeType, bytes,
     /// omitted}` (an MCP client of the relay gets it whole).
     #[oai(skip_serializing_if_is_none)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<Vec<Value>>,
     /// The tool's structured result (a JSON object), when it gave one beside its content.
     #[oai(skip_serializing_if_is_none)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub structured_content: Option<Value>,
 }
 
@@ -808,7 +824,69 @@ pub struct Discovery {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use poem_openapi::types::ToJSON;
     use serde_json::json;
+
+    /// An answer's serde form (how [`crate::api::written::Written`] writes it) against the
+    /// form its OpenAPI schema describes (how poem-openapi's `Json` writes it).
+    fn same_written<T: ToJSON + Serialize>(value: &T) {
+        assert_eq!(
+            serde_json::to_value(value).unwrap(),
+            value.to_json().unwrap()
+        );
+    }
+
+    #[test]
+    fn answers_are_written_as_their_schema_says() {
+        let whole = CallResponse {
+            request_id: "r:1".into(),
+            success: false,
+            result: Some(json!({"rows": [1, 2.5, "three", null], "nested": {"a": true}})),
+            error: Some(CallError {
+                code: "tool_error".into(),
+                message: "it broke".into(),
+            }),
+            truncated: Some(true),
+            note: Some("ask for less".into()),
+            content: Some(vec![json!({"type": "text", "text": "hello"})]),
+            structured_content: Some(json!({"total": 3})),
+        };
+        same_written(&whole);
+        same_written(&Box::new(whole));
+        let bare = CallResponse {
+            request_id: "r:2".into(),
+            success: true,
+            result: None,
+            error: None,
+            truncated: None,
+            note: None,
+            content: None,
+            structured_content: None,
+        };
+        same_written(&bare);
+        assert_eq!(
+            serde_json::to_string(&bare).unwrap(),
+            r#"{"requestId":"r:2","success":true}"#
+        );
+        for status in [
+            Status::Queued,
+            Status::Delivered,
+            Status::Completed,
+            Status::Failed,
+            Status::Expired,
+            Status::Cancelled,
+            Status::AwaitingApproval,
+        ] {
+            for message in [None, Some("open the plugin".to_owned())] {
+                same_written(&Queued {
+                    request_id: "r:3".into(),
+                    status,
+                    provider_connected: message.is_none(),
+                    message,
+                });
+            }
+        }
+    }
 
     #[test]
     fn large_results_reach_the_llm_cut_with_a_note() {

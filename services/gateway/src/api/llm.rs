@@ -15,6 +15,7 @@ use toolrelay_relay::front::ops::{
 };
 use toolrelay_relay::front::{CallInput, ErrorCode};
 
+use super::written::Written;
 use super::{Authorization, Client, State, Tag, provider_token};
 use crate::error::ApiError;
 use crate::types::{
@@ -45,7 +46,7 @@ pub struct LlmApi {
 pub enum QueuedCall {
     /// The call is queued; read its answer with getResponses or getCall.
     #[oai(status = 202)]
-    Accepted(Json<Queued>),
+    Accepted(Written<Queued>),
 }
 
 /// Finished answers.
@@ -65,10 +66,10 @@ pub enum Answers {
 pub enum CallOutcome {
     /// The tool answered (success or failure).
     #[oai(status = 200)]
-    Answered(Json<Box<CallResponse>>),
+    Answered(Written<Box<CallResponse>>),
     /// Still running: get the answer later with getCall and this requestId.
     #[oai(status = 202)]
-    Pending(Json<Queued>),
+    Pending(Written<Queued>),
 }
 
 #[OpenApi(tag = "Tag::Llm")]
@@ -217,7 +218,7 @@ impl LlmApi {
             .relay
             .run(caller, Submit { code: code.0, call })
             .await?;
-        Ok(QueuedCall::Accepted(Json(Queued::from(view))))
+        Ok(QueuedCall::Accepted(Written(Queued::from(view))))
     }
 
     /// Read the answers of queued calls
@@ -420,8 +421,8 @@ impl LlmApi {
             )
             .await?;
         Ok(match view.response {
-            Some(response) => CallOutcome::Answered(Json(Box::new(response.into()))),
-            None => CallOutcome::Pending(Json(Queued::from(view))),
+            Some(response) => CallOutcome::Answered(Written(Box::new(response.into()))),
+            None => CallOutcome::Pending(Written(Queued::from(view))),
         })
     }
 }

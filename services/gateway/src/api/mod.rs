@@ -11,6 +11,7 @@ pub mod legacy;
 pub mod llm;
 pub mod tab;
 pub mod tools;
+pub mod written;
 
 use std::sync::Arc;
 
