@@ -8,15 +8,70 @@ use std::collections::BTreeMap;
 
 use poem_openapi::{Enum, Object, Union};
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 use toolrelay::wire::{
     GroupedManifest, LogFrame, ProgressFrame, ProviderFrame, ProviderResponse, RequestStatus,
     ToolRequest, ToolResponse,
 };
 use toolrelay_relay::front::{CallProgress, NewSession, RequestView, SessionStatus};
 
-/// A call's arguments: a JSON object.
-pub type Arguments = BTreeMap<String, Value>;
+/// A call's arguments: a JSON object, kept as it was read (described in the OpenAPI document
+/// as a map of any values, as a `BTreeMap<String, Value>` is; unlike one, read without copying
+/// its keys, and handed to the relay as it is).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Arguments(pub Map<String, Value>);
+
+/// How poem-openapi describes and reads [`Arguments`]: as its map.
+type ArgumentsSchema = BTreeMap<String, Value>;
+
+impl poem_openapi::types::Type for Arguments {
+    const IS_REQUIRED: bool = true;
+
+    type RawValueType = Self;
+
+    type RawElementValueType = Value;
+
+    fn name() -> std::borrow::Cow<'static, str> {
+        ArgumentsSchema::name()
+    }
+
+    fn schema_ref() -> poem_openapi::registry::MetaSchemaRef {
+        ArgumentsSchema::schema_ref()
+    }
+
+    fn register(registry: &mut poem_openapi::registry::Registry) {
+        ArgumentsSchema::register(registry);
+    }
+
+    fn as_raw_value(&self) -> Option<&Self::RawValueType> {
+        Some(self)
+    }
+
+    fn raw_element_iter<'a>(
+        &'a self,
+    ) -> Box<dyn Iterator<Item = &'a Self::RawElementValueType> + 'a> {
+        Box::new(self.0.values())
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl poem_openapi::types::ParseFromJSON for Arguments {
+    fn parse_from_json(value: Option<Value>) -> poem_openapi::types::ParseResult<Self> {
+        match value.unwrap_or_default() {
+            Value::Object(map) => Ok(Self(map)),
+            other => Err(poem_openapi::types::ParseError::expected_type(other)),
+        }
+    }
+}
+
+impl poem_openapi::types::ToJSON for Arguments {
+    fn to_json(&self) -> Option<Value> {
+        Some(Value::Object(self.0.clone()))
+    }
+}
 
 /// Longest payload, in characters of JSON, an LLM receives.
 pub const MAX_LLM_CHARS: usize = 100_000;
@@ -833,6 +888,28 @@ mod tests {
         assert_eq!(
             serde_json::to_value(value).unwrap(),
             value.to_json().unwrap()
+        );
+    }
+
+    #[test]
+    fn arguments_are_read_as_an_object_in_their_order_and_described_as_a_map() {
+        use poem_openapi::types::{ParseFromJSON, Type};
+        let read = Arguments::parse_from_json(Some(json!({"z": 1, "a": {"b": [2]}}))).unwrap();
+        let keys: Vec<&str> = read.0.keys().map(String::as_str).collect();
+        assert_eq!(keys, ["z", "a"]);
+        assert_eq!(Value::Object(read.0), json!({"z": 1, "a": {"b": [2]}}));
+        for not_an_object in [json!("text"), json!([1]), json!(3)] {
+            let error = Arguments::parse_from_json(Some(not_an_object)).unwrap_err();
+            assert!(error.into_message().contains("map_any"));
+        }
+        assert_eq!(
+            Option::<Arguments>::parse_from_json(Some(Value::Null)).unwrap(),
+            None
+        );
+        assert_eq!(Arguments::name(), ArgumentsSchema::name());
+        assert_eq!(
+            serde_json::to_value(Arguments::schema_ref()).unwrap(),
+            serde_json::to_value(ArgumentsSchema::schema_ref()).unwrap()
         );
     }
 

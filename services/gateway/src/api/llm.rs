@@ -441,9 +441,7 @@ pub fn call_input(
         request_id: request_id.filter(|id| !id.is_empty()),
         tool_id: tool_id.filter(|id| !id.is_empty()),
         function_name,
-        args: args.map_or(Value::Null, |args| {
-            Value::Object(args.into_iter().collect())
-        }),
+        args: args.map_or(Value::Null, |args| Value::Object(args.0)),
         ..CallInput::default()
     }
 }
