@@ -159,10 +159,18 @@ impl Downlink {
         }
     }
 
-    /// The JSON frame of the browser protocol (a call's arguments moved, not copied).
+    /// The JSON frame of the browser protocol (a call and an answer's id moved, not copied).
     pub fn into_frame(self) -> RelayFrame {
         match self {
             Self::ToolRequest { request, .. } => RelayFrame::ToolRequest(*request),
+            Self::Ack {
+                request_id,
+                refusal: None,
+            } => RelayFrame::Ack {
+                request_id,
+                error: None,
+                message: None,
+            },
             other => other.to_frame(),
         }
     }
@@ -221,6 +229,35 @@ impl Downlink {
             Self::Expired { message } => RelayFrame::Expired {
                 message: message.clone(),
             },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_frame_moved_out_is_the_frame_copied_out() {
+        let call = Downlink::ToolRequest {
+            request: Box::new(ToolRequest {
+                request_id: "r:1".into(),
+                tool_id: Some("codap".into()),
+                function_name: "create_table".into(),
+                args: serde_json::json!({"name": "heights", "rows": [1, 2]}),
+            }),
+            seq: 7,
+        };
+        let stored = Downlink::Ack {
+            request_id: "r:1".into(),
+            refusal: None,
+        };
+        let refused = Downlink::Ack {
+            request_id: "r:2".into(),
+            refusal: Some(Refusal::of(&RelayError::ShuttingDown)),
+        };
+        for message in [call, stored, refused, Downlink::Replaced] {
+            assert_eq!(message.clone().into_frame(), message.to_frame());
         }
     }
 }

@@ -54,9 +54,7 @@ impl Operation for Submit {
     async fn step(self, relay: &Relay, caller: &Caller) -> Result<RequestView, RelayError> {
         let (code, named) = relay.named_session(&self.code).await?;
         let (call, charge) = admitted(relay, caller, &code, &named, self.call)?;
-        relay
-            .submit_charged(code.as_str(), call, Some(charge))
-            .await
+        relay.submit_charged(&code, call, Some(charge)).await
     }
 
     fn into_message(self) -> (Self::Message, Credential) {
@@ -139,7 +137,7 @@ impl Operation for Call {
         let (code, named) = relay.named_session(&self.code).await?;
         let (call, charge) = admitted(relay, caller, &code, &named, self.call)?;
         relay
-            .call_charged(code.as_str(), call, self.wait, self.news, Some(charge))
+            .call_charged(&code, call, self.wait, self.news, Some(charge))
             .await
     }
 

@@ -76,6 +76,10 @@ impl Function {
 /// The first few ways `instance` breaks a schema, each with where it is, or `None` when it
 /// does not.
 pub fn describe_violations(validator: &jsonschema::Validator, instance: &Value) -> Option<String> {
+    // The common case first, and quickly: `is_valid` stops at nothing and builds nothing.
+    if validator.is_valid(instance) {
+        return None;
+    }
     let problems: Vec<String> = validator
         .iter_errors(instance)
         .take(MAX_REPORTED_PROBLEMS)

@@ -87,18 +87,18 @@ impl Relay {
     /// Queues a call after checking it against the manifest; returns at once. Repeating a
     /// request id with the same call returns that call's state and runs nothing.
     pub async fn submit(&self, code: &str, call: CallInput) -> Result<RequestView, RelayError> {
-        self.submit_charged(code, call, None).await
+        let code = SessionCode::parse(code)?;
+        self.submit_charged(&code, call, None).await
     }
 
     /// [`Relay::submit`], spending `charge` (the caller's budget) as the call is queued.
     pub(crate) async fn submit_charged(
         &self,
-        code: &str,
+        code: &SessionCode,
         call: CallInput,
         charge: Option<RateCharge>,
     ) -> Result<RequestView, RelayError> {
-        let code = SessionCode::parse(code)?;
-        Ok(self.queue(&code, call, charge, None).await?.view())
+        Ok(self.queue(code, call, charge, None).await?.view())
     }
 
     /// A call another replica queued and routed here because its session's tab is connected
@@ -530,20 +530,20 @@ impl Relay {
         call: CallInput,
         wait: Option<Duration>,
     ) -> Result<RequestView, RelayError> {
-        self.call_charged(code, call, wait, false, None).await
+        let code = SessionCode::parse(code)?;
+        self.call_charged(&code, call, wait, false, None).await
     }
 
     /// [`Relay::call`], spending `charge` (the caller's budget) as the call is queued; with
     /// `news`, answering as soon as the call has news.
     pub(crate) async fn call_charged(
         &self,
-        code: &str,
+        code: &SessionCode,
         call: CallInput,
         wait: Option<Duration>,
         news: bool,
         charge: Option<RateCharge>,
     ) -> Result<RequestView, RelayError> {
-        let parsed = SessionCode::parse(code)?;
         // Listening for the answer before the call is queued, so it cannot slip past: the
         // wait starts from the record the queueing returned, without reading it again.
         // Whether the session exists, the queueing says.
@@ -551,9 +551,9 @@ impl Relay {
         let events = self
             .inner
             .store
-            .listen_for_answer(&parsed, &request_id)
+            .listen_for_answer(code, &request_id)
             .await?;
-        let queued = self.queue(&parsed, call, charge, Some(request_id)).await?;
+        let queued = self.queue(code, call, charge, Some(request_id)).await?;
         // With no tab to run it, the call stays queued, and the caller learns so at once
         // rather than after a wait that cannot end well; with no wait, it learns where the
         // call stands as it was queued.
@@ -566,7 +566,7 @@ impl Relay {
         // The caller waits for its own call.
         let view = self
             .wait_for_answer(
-                &parsed,
+                code,
                 &request_id,
                 wait,
                 events,
