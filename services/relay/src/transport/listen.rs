@@ -270,7 +270,9 @@ pub async fn serve<M, S, B>(
             cut_off: cut_off.clone(),
             _open: open.clone(),
         };
-        tokio::spawn(task.serve(stream, slot, service));
+        tokio::spawn(super::rewoken::Rewoken::new(
+            task.serve(stream, slot, service),
+        ));
     }
     drop(listener);
     drop(open);

@@ -7,4 +7,5 @@ pub(crate) mod convert;
 pub mod grpc;
 pub mod listen;
 pub mod probes;
+pub(crate) mod rewoken;
 pub mod ws;

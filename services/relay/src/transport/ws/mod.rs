@@ -249,7 +249,7 @@ pub fn serve_link<'a, S: Socket + 'a>(
         Ok(mut link) => {
             let driver = OptionFuture::from(link.driver.take().map(LinkDriver::run));
             let both = join(driver, relay_frames(socket, settings, link)).map(|_| ());
-            Either::Left(rewoken::Rewoken::new(both))
+            Either::Left(crate::transport::rewoken::Rewoken::new(both))
         }
         Err(error) => Either::Right(refuse(socket, error)),
     }
@@ -625,6 +625,5 @@ fn text(frame: &RelayFrame) -> Message {
     Message::text(serde_json::to_string(frame).unwrap_or_else(|_| "{}".to_owned()))
 }
 
-mod rewoken;
 #[cfg(test)]
 mod tests;

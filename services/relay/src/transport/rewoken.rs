@@ -1,8 +1,9 @@
 //! A task's parts that wake each other, polled again rather than woken.
 //!
-//! A tab's task runs the link's driver beside the socket's loop ([`super::serve_link`]): the
+//! A tab's task runs the link's driver beside the socket's loop ([`super::ws::serve_link`]): the
 //! driver hands the loop a call, the loop hands the driver an answer, the driver hands back its
-//! `ack` — three times a call one part wakes the other while the task is being polled. tokio
+//! `ack` — three times a call one part wakes the other while the task is being polled. An HTTP
+//! connection's task does the same (hyper's connection and the request's handler). tokio
 //! takes a task woken during its own poll as one that yields: it queues it behind the others
 //! and wakes another worker to share the work, which on a quiet relay means a write to the
 //! runtime's eventfd and a worker woken for nothing (`strace`: ~3 a call, BENCHMARKS.md).
@@ -23,7 +24,7 @@ const REPOLLS: usize = 16;
 
 pin_project_lite::pin_project! {
     /// `future`, polled again at once when it wakes itself while being polled.
-    pub(super) struct Rewoken<F> {
+    pub(crate) struct Rewoken<F> {
         #[pin]
         future: F,
         // Made at the first poll, and kept for the task's life.
@@ -32,7 +33,7 @@ pin_project_lite::pin_project! {
 }
 
 impl<F: Future> Rewoken<F> {
-    pub(super) fn new(future: F) -> Self {
+    pub(crate) fn new(future: F) -> Self {
         Self { future, wake: None }
     }
 }
