@@ -352,9 +352,9 @@ pub struct MakeCall {
     pub timeout_ms: Option<u64>,
 }
 
-/// A queued call. (Its serde form is its poem-openapi form: it is [`Written`].)
-///
-/// [`Written`]: crate::api::written::Written
+// Written with serde (`crate::api::written::Written`): its serde form is its poem-openapi
+// form (the tests compare them). Its doc comment is its description in the OpenAPI document.
+/// A queued call.
 #[derive(Debug, Clone, Object, Serialize)]
 #[oai(rename_all = "camelCase")]
 #[serde(rename_all = "camelCase")]
@@ -398,9 +398,9 @@ pub struct CallError {
     pub message: String,
 }
 
-/// The answer to a call. (Its serde form is its poem-openapi form: it is [`Written`].)
-///
-/// [`Written`]: crate::api::written::Written
+// Written with serde (`crate::api::written::Written`): its serde form is its poem-openapi
+// form (the tests compare them). Its doc comment is its description in the OpenAPI document.
+/// The answer to a call.
 #[derive(Debug, Clone, Object, Serialize)]
 #[oai(rename_all = "camelCase")]
 #[serde(rename_all = "camelCase")]
