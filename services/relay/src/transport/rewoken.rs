@@ -13,7 +13,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 
 use futures::task::AtomicWaker;
@@ -38,13 +38,20 @@ impl<F: Future> Rewoken<F> {
     }
 }
 
+/// The future is not being polled: a wake is the task's.
+const IDLE: u8 = 0;
+/// The future is being polled.
+const POLLING: u8 = 1;
+/// The future was woken while being polled: it is polled again.
+const WOKEN: u8 = 2;
+
 /// The waker [`Rewoken`] polls its future with.
 #[derive(Default)]
 struct LocalWake {
-    /// The future is being polled.
-    polling: AtomicBool,
-    /// It was woken while being polled.
-    woken: AtomicBool,
+    /// [`IDLE`], [`POLLING`] or [`WOKEN`]: one word, so that a wake racing the end of a poll
+    /// is either seen by the poll (which polls again) or finds the future idle (and wakes the
+    /// task) — never lost between the two.
+    state: AtomicU8,
     /// The task's own waker, for a wake from anywhere else.
     task: AtomicWaker,
 }
@@ -55,10 +62,12 @@ impl Wake for LocalWake {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        if self.polling.load(Ordering::SeqCst) {
-            self.woken.store(true, Ordering::SeqCst);
-        } else {
-            self.task.wake();
+        match self
+            .state
+            .compare_exchange(POLLING, WOKEN, Ordering::SeqCst, Ordering::SeqCst)
+        {
+            Ok(_) | Err(WOKEN) => {}
+            Err(_) => self.task.wake(),
         }
     }
 }
@@ -73,15 +82,15 @@ impl<F: Future> Future for Rewoken<F> {
         let waker = Waker::from(Arc::clone(&wake));
         let mut own = Context::from_waker(&waker);
         for _ in 0..REPOLLS {
-            wake.polling.store(true, Ordering::SeqCst);
+            wake.state.store(POLLING, Ordering::SeqCst);
             let polled = this.future.as_mut().poll(&mut own);
-            wake.polling.store(false, Ordering::SeqCst);
+            let woken = wake.state.swap(IDLE, Ordering::SeqCst) == WOKEN;
             if polled.is_ready() {
                 return polled;
             }
             // Woken while polled: poll again, unless the task has spent its budget (a resource
             // out of budget wakes the task to be polled later, not now).
-            if !wake.woken.swap(false, Ordering::SeqCst) {
+            if !woken {
                 return Poll::Pending;
             }
             if !tokio::task::coop::has_budget_remaining() {
@@ -186,5 +195,44 @@ mod tests {
         // Polled as often as allowed, then the task is woken to be polled later.
         assert_eq!(rewoken.as_mut().project().future.polls, REPOLLS);
         assert_eq!(task.0.load(Ordering::SeqCst), 1);
+    }
+
+    /// Hands its waker to a thread that wakes it at once, racing the end of the poll; ready
+    /// when polled again.
+    struct WokenFromElsewhere {
+        polls: usize,
+    }
+
+    impl Future for WokenFromElsewhere {
+        type Output = ();
+
+        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+            self.polls += 1;
+            if self.polls > 1 {
+                return Poll::Ready(());
+            }
+            let waker = cx.waker().clone();
+            std::thread::spawn(move || waker.wake());
+            Poll::Pending
+        }
+    }
+
+    #[test]
+    fn a_wake_from_another_thread_racing_the_end_of_a_poll_is_never_lost() {
+        for _ in 0..2_000 {
+            let task = Arc::new(Counted::default());
+            let mut rewoken = std::pin::pin!(Rewoken::new(WokenFromElsewhere { polls: 0 }));
+            if poll_once(rewoken.as_mut(), &task).is_ready() {
+                // The wake came while it was polled: it was polled again at once.
+                continue;
+            }
+            // Otherwise the task itself must be woken.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while task.0.load(Ordering::SeqCst) == 0 {
+                assert!(std::time::Instant::now() < deadline, "a wake was lost");
+                std::thread::yield_now();
+            }
+            assert!(poll_once(rewoken.as_mut(), &task).is_ready());
+        }
     }
 }
