@@ -556,7 +556,14 @@ pub fn binary(name: &str) -> PathBuf {
 pub async fn until_ready(url: &str) {
     let http = client();
     crate::wait_until(crate::PATIENCE, async || {
-        let ready = send(http.get(url)).await;
+        // A connection refused is not ready yet either: the deadline decides, and its error
+        // says which it was.
+        let sent = http
+            .get(url)
+            .send()
+            .await
+            .map_err(|error| format!("{url}: {error:?}"))?;
+        let ready = answer(sent).await;
         if ready.status == StatusCode::OK {
             Ok(())
         } else {
