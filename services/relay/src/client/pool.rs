@@ -179,7 +179,7 @@ impl RelayPool {
                     let retriable = tried.len() + 1 < MAX_ATTEMPTS
                         && (retry == Retry::Safe || not_sent(&status));
                     let elsewhere = self.inner.has_untried(&tried, &replica);
-                    let once_more = !elsewhere && tried.is_empty() && self.inner.is_single();
+                    let once_more = tried.is_empty() && self.inner.is_single();
                     let again = retriable && (elsewhere || once_more);
                     tracing::warn!(
                         replica = %replica.url,
@@ -432,17 +432,30 @@ mod tests {
     #[tokio::test]
     async fn a_call_moves_on_from_a_replica_that_refuses_it() {
         // Nothing listens on the first port: the call is not sent there, and moves on.
-        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let closed_port = closed.local_addr().unwrap().port();
-        drop(closed);
+        let closed_port = closed_port();
         let pool = RelayPool::new(&format!(
             "http://127.0.0.1:{closed_port},http://127.0.0.1:{closed_port}"
         ))
         .unwrap();
-        let mut seen = Vec::new();
-        let outcome: Result<(), Status> = pool
-            .run(Retry::IfNotSent, |channel| {
-                seen.push(());
+        let (outcome, seen) = checked(&pool, Retry::IfNotSent).await;
+        let status = outcome.unwrap_err();
+        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+        assert!(not_sent(&status), "{status:?}");
+        assert_eq!(seen, 2, "tried on both replicas");
+    }
+
+    /// A port nothing listens on.
+    fn closed_port() -> u16 {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        closed.local_addr().unwrap().port()
+    }
+
+    /// A health check run through `pool`, and how many replicas it was tried on.
+    async fn checked(pool: &RelayPool, retry: Retry) -> (Result<(), Status>, usize) {
+        let mut seen = 0;
+        let outcome = pool
+            .run(retry, |channel| {
+                seen += 1;
                 async move {
                     let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
                     health
@@ -452,19 +465,7 @@ mod tests {
                 }
             })
             .await;
-        let status = outcome.unwrap_err();
-        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
-        assert!(not_sent(&status), "{status:?}");
-        assert_eq!(seen.len(), 2, "tried on both replicas");
-    }
-
-    /// A health check on `channel`.
-    async fn check(channel: Channel) -> Result<(), Status> {
-        let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
-        health
-            .check(tonic_health::pb::HealthCheckRequest::default())
-            .await
-            .map(|_| ())
+        (outcome, seen)
     }
 
     #[tokio::test]
@@ -486,29 +487,14 @@ mod tests {
                 .serve_with_incoming(incoming),
         );
         let pool = RelayPool::new(&format!("http://127.0.0.1:{port}")).unwrap();
-        let mut seen = 0;
-        let outcome = pool
-            .run(Retry::Safe, |channel| {
-                seen += 1;
-                check(channel)
-            })
-            .await;
+        let (outcome, seen) = checked(&pool, Retry::Safe).await;
         server.abort();
         assert!(outcome.is_ok(), "{outcome:?}");
         assert_eq!(seen, 2, "the failed connection, then the call answered");
 
         // Nothing listens: the call is tried twice (it was not sent), then fails.
-        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let closed_port = closed.local_addr().unwrap().port();
-        drop(closed);
-        let pool = RelayPool::new(&format!("http://127.0.0.1:{closed_port}")).unwrap();
-        let mut seen = 0;
-        let outcome = pool
-            .run(Retry::IfNotSent, |channel| {
-                seen += 1;
-                check(channel)
-            })
-            .await;
+        let pool = RelayPool::new(&format!("http://127.0.0.1:{}", closed_port())).unwrap();
+        let (outcome, seen) = checked(&pool, Retry::IfNotSent).await;
         let status = outcome.unwrap_err();
         assert!(not_sent(&status), "{status:?}");
         assert_eq!(seen, 2, "tried once more, and no more");

@@ -159,18 +159,23 @@ impl Downlink {
         }
     }
 
-    /// The JSON frame of the browser protocol (a call and an answer's id moved, not copied).
+    /// The JSON frame of the browser protocol (a call and an answer's `ack` moved, not copied).
     pub fn into_frame(self) -> RelayFrame {
         match self {
             Self::ToolRequest { request, .. } => RelayFrame::ToolRequest(*request),
             Self::Ack {
                 request_id,
-                refusal: None,
-            } => RelayFrame::Ack {
-                request_id,
-                error: None,
-                message: None,
-            },
+                refusal,
+            } => {
+                let (error, message) = refusal
+                    .map(|refusal| (refusal.error, refusal.message))
+                    .unzip();
+                RelayFrame::Ack {
+                    request_id,
+                    error,
+                    message,
+                }
+            }
             other => other.to_frame(),
         }
     }
