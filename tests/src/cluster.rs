@@ -15,7 +15,7 @@ use toolrelay_relay::config::{
 };
 
 use crate::redis::RedisServer;
-use crate::system::{Answer, Logs, send, spawn_logged, until_ready};
+use crate::system::{Answer, Logs, send, spawn_logged, until_serving};
 
 /// One replica's process.
 struct Replica {
@@ -178,11 +178,13 @@ impl Cluster {
             gateway_bases.push(format!("http://{}", line["listen"].as_str().unwrap()));
             gateway_processes.push(Replica { child: Some(child) });
         }
-        for relay in &relay_websockets {
-            until_ready(&format!("http://{relay}/readyz")).await;
+        for (relay, process) in relay_websockets.iter().zip(&mut relay_processes) {
+            let process = process.child.as_mut().expect("started above");
+            until_serving(&format!("http://{relay}/readyz"), process).await;
         }
-        for gateway in &gateway_bases {
-            until_ready(&format!("{gateway}/readyz")).await;
+        for (gateway, process) in gateway_bases.iter().zip(&mut gateway_processes) {
+            let process = process.child.as_mut().expect("started above");
+            until_serving(&format!("{gateway}/readyz"), process).await;
         }
         Self {
             redis,

@@ -235,9 +235,10 @@ impl System {
         )
         .await;
         let base = format!("http://{}", gateway_line["listen"].as_str().unwrap());
+        let (mut relay, mut gateway) = (relay, gateway);
         if redis.is_some() {
-            until_ready(&format!("http://{relay_ws}/readyz")).await;
-            until_ready(&format!("{base}/readyz")).await;
+            until_serving(&format!("http://{relay_ws}/readyz"), &mut relay).await;
+            until_serving(&format!("{base}/readyz"), &mut gateway).await;
         }
         Self {
             base,
@@ -269,7 +270,7 @@ impl System {
             all.push((ENV_REDIS_URL, url));
         }
         let logs = Logs::default();
-        let (child, line) = spawn_logged(
+        let (mut child, line) = spawn_logged(
             "toolrelay-relay",
             &all,
             "toolrelay-relay listening",
@@ -278,7 +279,7 @@ impl System {
         .await;
         let websocket: std::net::SocketAddr = line["websocket"].as_str().unwrap().parse().unwrap();
         if redis.is_some() {
-            until_ready(&format!("http://{websocket}/readyz")).await;
+            until_serving(&format!("http://{websocket}/readyz"), &mut child).await;
         }
         Self {
             base: format!("http://{websocket}"),
@@ -309,11 +310,11 @@ impl System {
             all.push((ENV_REDIS_URL, url));
         }
         let logs = Logs::default();
-        let (child, line) =
+        let (mut child, line) =
             spawn_logged("toolrelay", &all, "toolrelay listening", logs.clone()).await;
         let base = format!("http://{}", line["listen"].as_str().unwrap());
         if redis.is_some() {
-            until_ready(&format!("{base}/readyz")).await;
+            until_serving(&format!("{base}/readyz"), &mut child).await;
         }
         Self {
             base,
@@ -571,6 +572,18 @@ pub async fn until_ready(url: &str) {
         }
     })
     .await;
+}
+
+/// [`until_ready`] for `process`, which serves `url`: if the process exits meanwhile the test
+/// fails at once, saying how it ended (a signal, an exit code), not at the deadline with only
+/// a refused connection to show.
+pub(crate) async fn until_serving(url: &str, process: &mut Child) {
+    tokio::select! {
+        () = until_ready(url) => {}
+        ended = process.wait() => panic!(
+            "the process serving {url} ended before it was ready: {ended:?} (its log lines and stderr are above)"
+        ),
+    }
 }
 
 /// Starts a binary with JSON logs and waits for its log line containing `ready`.
