@@ -3,14 +3,14 @@
 //!
 //! Handlers return [`ApiError`]; requests poem refuses before a handler runs (malformed JSON,
 //! a missing parameter, a body over the limit, an unknown route) are turned into the same
-//! body by [`normalise_errors`]. The correlation id comes from the request's `x-request-id`
+//! body by [`Correlated`]. The correlation id comes from the request's `x-request-id`
 //! (or is generated), is echoed in the response's `x-request-id`, and is on every log line of
 //! the request.
 
 use std::time::Duration;
 
 use poem::http::{StatusCode, header};
-use poem::{Endpoint, IntoResponse, Request, Response};
+use poem::{IntoResponse, Request, Response};
 use poem_openapi::error::ParseRequestPayloadError;
 use poem_openapi::payload::Json;
 use poem_openapi::registry::{MetaResponses, Registry};
@@ -195,61 +195,89 @@ fn status_of(kind: ErrorKind) -> StatusCode {
     }
 }
 
-/// Middleware: gives the request a correlation id (its `x-request-id`, or a new one), runs it
-/// in a span carrying that id, echoes it in the response, and turns errors poem raised
-/// itself into the API's error body.
-pub async fn normalise_errors<E: Endpoint>(next: E, request: Request) -> poem::Result<Response> {
-    let id = request
-        .headers()
-        .get(REQUEST_ID_HEADER)
-        .and_then(|value| value.to_str().ok())
-        .filter(|id| {
-            !id.is_empty() && id.len() <= MAX_REQUEST_ID && id.bytes().all(|b| b.is_ascii_graphic())
-        })
-        .map_or_else(toolrelay_relay::front::unique_id, str::to_owned);
-    // A clone of the URI shares its bytes: no copy of the path for a request that succeeds.
-    let uri = request.uri().clone();
-    let span = tracing::info_span!(
-        "request",
-        correlation_id = %id,
-        method = %request.method(),
-        path = %toolrelay_relay::front::redacted_path(request.uri().path()),
-    );
-    let started = std::time::Instant::now();
-    let handled = CORRELATION_ID
-        .scope(id.clone(), async {
-            let response = match next.call(request).await {
-                Ok(response) => response.into_response(),
-                Err(error) if error.is_from_response() => error.into_response(),
-                Err(error) if is_tool_route(uri.path()) => tool_response_for(uri.path(), &error),
-                Err(error) => response_for(&error),
-            };
-            // The access log, in the request's span (correlation id, method, path without
-            // secrets): refusals at info, the rest at debug. Never bodies or tokens.
-            let status = response.status().as_u16();
-            let duration_ms = toolrelay_relay::front::millis(started.elapsed());
-            if status >= 400 {
-                tracing::info!(status, duration_ms, "request refused");
-            } else {
-                tracing::debug!(status, duration_ms, "request served");
-            }
-            response
-        })
-        .instrument(span)
-        .await;
-    let mut response = handled;
-    if let Ok(value) = id.parse() {
-        response.headers_mut().insert(REQUEST_ID_HEADER, value);
-    }
-    if response.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        // The body was refused before it was read to its end: what is left of it on the
-        // connection would be taken for the next request, so the connection must close.
-        response.headers_mut().insert(
-            header::CONNECTION,
-            header::HeaderValue::from_static("close"),
+/// A request's correlation id (its `x-request-id`, or a new one) and its span: the request is
+/// answered in that span ([`Correlated::answer`]), the id is echoed in the response, and errors
+/// poem raised itself become the API's error body.
+pub struct Correlated {
+    id: String,
+    /// A clone of the URI shares its bytes: no copy of the path for a request that succeeds.
+    uri: poem::http::Uri,
+    span: tracing::Span,
+}
+
+impl Correlated {
+    /// The correlation id and span of `request`.
+    pub fn of(request: &Request) -> Self {
+        let id = request
+            .headers()
+            .get(REQUEST_ID_HEADER)
+            .and_then(|value| value.to_str().ok())
+            .filter(|id| {
+                !id.is_empty()
+                    && id.len() <= MAX_REQUEST_ID
+                    && id.bytes().all(|b| b.is_ascii_graphic())
+            })
+            .map_or_else(toolrelay_relay::front::unique_id, str::to_owned);
+        let span = tracing::info_span!(
+            "request",
+            correlation_id = %id,
+            method = %request.method(),
+            path = %toolrelay_relay::front::redacted_path(request.uri().path()),
         );
+        Self {
+            id,
+            uri: request.uri().clone(),
+            span,
+        }
     }
-    Ok(response)
+
+    /// Runs the request's handling (the future `answering` makes) in the request's span and
+    /// with its correlation id, and gives its answer the id and, for an error poem raised, the
+    /// API's error body. (The future is made inside, where it is awaited: taken made, it was
+    /// held three times over in this one's.)
+    pub async fn answer<F>(self, answering: impl FnOnce() -> F) -> Response
+    where
+        F: Future<Output = poem::Result<Response>>,
+    {
+        let Self { id, uri, span } = self;
+        let started = std::time::Instant::now();
+        let handled = CORRELATION_ID
+            .scope(id.clone(), async {
+                let response = match answering().await {
+                    Ok(response) => response,
+                    Err(error) if error.is_from_response() => error.into_response(),
+                    Err(error) if is_tool_route(uri.path()) => {
+                        tool_response_for(uri.path(), &error)
+                    }
+                    Err(error) => response_for(&error),
+                };
+                // The access log, in the request's span (correlation id, method, path without
+                // secrets): refusals at info, the rest at debug. Never bodies or tokens.
+                let status = response.status().as_u16();
+                let duration_ms = toolrelay_relay::front::millis(started.elapsed());
+                if status >= 400 {
+                    tracing::info!(status, duration_ms, "request refused");
+                } else {
+                    tracing::debug!(status, duration_ms, "request served");
+                }
+                response
+            })
+            .instrument(span)
+            .await;
+        let mut response = handled;
+        if let Ok(value) = id.parse() {
+            response.headers_mut().insert(REQUEST_ID_HEADER, value);
+        }
+        if response.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            // The body was refused before it was read to its end: what is left of it on the
+            // connection would be taken for the next request, so the connection must close.
+            response.headers_mut().insert(
+                header::CONNECTION,
+                header::HeaderValue::from_static("close"),
+            );
+        }
+        response
+    }
 }
 
 /// The built-in tool routes, which keep the original tool API's error shape.

@@ -5,10 +5,8 @@
 //! stay open. Keys are kept only as SHA-256 hashes and never logged ([`ApiKeys`]; the relay
 //! checks the same keys on its gRPC port).
 
-use std::sync::Arc;
-
 use poem::http::{Method, StatusCode, header};
-use poem::{Endpoint, IntoResponse, Request, Response};
+use poem::{Request, Response};
 pub use toolrelay_relay::front::ApiKeys;
 use toolrelay_relay::front::ErrorCode;
 use toolrelay_relay::front::FailureCode;
@@ -62,14 +60,10 @@ pub fn is_session_status(method: &Method, path: &str) -> bool {
             .is_some_and(|code| !code.is_empty() && !code.contains('/'))
 }
 
-/// Middleware: with keys configured, an LLM-side request without a valid
-/// `Authorization: Bearer <key>` is answered 401 (in the tool API's shape on its routes).
-pub async fn require_api_key<E: Endpoint>(
-    keys: Option<Arc<ApiKeys>>,
-    next: E,
-    request: Request,
-) -> poem::Result<Response> {
-    let refusal = match &keys {
+/// With keys configured, an LLM-side request without a valid `Authorization: Bearer <key>` is
+/// answered 401 (in the tool API's shape on its routes): the refusal, if it is refused.
+pub fn require_api_key(keys: Option<&ApiKeys>, request: &Request) -> Option<Response> {
+    let refusal = match keys {
         Some(keys) if is_llm_route(request.method(), request.uri().path()) => {
             let status_route = is_session_status(request.method(), request.uri().path());
             let key = request
@@ -96,9 +90,7 @@ pub async fn require_api_key<E: Endpoint>(
         }
         _ => None,
     };
-    let Some((name, message)) = refusal else {
-        return next.call(request).await.map(IntoResponse::into_response);
-    };
+    let (name, message) = refusal?;
     let path = request.uri().path();
     let mut response = if path == "/api/tools" || path.starts_with("/api/tools/") {
         let code = FailureCode::Refused(name);
@@ -117,7 +109,7 @@ pub async fn require_api_key<E: Endpoint>(
         header::WWW_AUTHENTICATE,
         header::HeaderValue::from_static("Bearer"),
     );
-    Ok(response)
+    Some(response)
 }
 
 #[cfg(test)]

@@ -12,10 +12,8 @@
 //!
 //! Both refusals are counted in `toolrelay_refused_total{reason}`.
 
-use std::sync::Arc;
-
 use poem::http::{Method, StatusCode, header};
-use poem::{Endpoint, IntoResponse, Request, Response};
+use poem::{Request, Response};
 use toolrelay_relay::front::Refusal;
 use toolrelay_relay::front::{ErrorCode, Metrics};
 
@@ -37,24 +35,21 @@ pub struct Checks {
 
 impl Checks {
     /// The checks of the gateway `state`.
-    pub fn of(state: &State) -> Arc<Self> {
+    pub fn of(state: &State) -> Self {
         let config = &state.config;
-        Arc::new(Self {
+        Self {
             hosts: config.check_host.then(|| config.host_names()),
             public_base_url: config.public_base_url.clone(),
             cors_origins: config.cors_origins.clone(),
             metrics: state.metrics.clone(),
-        })
+        }
     }
 }
 
-/// Middleware: when the gateway listens on loopback, a request whose `Host` is not one of its
-/// names is answered 421. MCP's endpoints check it themselves (rmcp, the same names).
-pub async fn check_host<E: Endpoint>(
-    checks: Arc<Checks>,
-    next: E,
-    request: Request,
-) -> poem::Result<Response> {
+/// When the gateway listens on loopback, a request whose `Host` is not one of its names is
+/// answered 421: the refusal, if it is refused. MCP's endpoints check it themselves (rmcp, the
+/// same names).
+pub fn check_host(checks: &Checks, request: &Request) -> Option<Response> {
     let path = request.uri().path();
     let is_mcp = path == "/mcp" || path.starts_with("/mcp/");
     if let Some(hosts) = checks.hosts.as_ref().filter(|_| !is_mcp) {
@@ -70,7 +65,7 @@ pub async fn check_host<E: Endpoint>(
             let host = bare_host(&named).to_ascii_lowercase();
             if !hosts.contains(&host) {
                 checks.metrics.refused(Refusal::Host);
-                return Ok(error_response(
+                return Some(error_response(
                     StatusCode::MISDIRECTED_REQUEST,
                     ErrorCode::HostNotAllowed,
                     format!(
@@ -81,7 +76,7 @@ pub async fn check_host<E: Endpoint>(
             }
         }
     }
-    next.call(request).await.map(IntoResponse::into_response)
+    None
 }
 
 /// Whether a path takes a session code or a connector handle: the session routes, the
@@ -93,8 +88,9 @@ fn looks_up_code(path: &str) -> bool {
         || matches!(path, "/request" | "/response" | "/stream" | "/metadata")
 }
 
-/// Middleware: the Fetch Metadata resource-isolation policy on the routes that look up a code.
-/// Refused with 403, before any look-up and without counting against the guard:
+/// The Fetch Metadata resource-isolation policy on the routes that look up a code: the
+/// refusal, if it is refused. Refused with 403, before any look-up and without counting
+/// against the guard:
 ///
 /// * a cross-site request a browser did not make as `cors` or `websocket` (`Sec-Fetch-Site:
 ///   cross-site` with `Sec-Fetch-Mode: no-cors` or `navigate`), unless it carries an
@@ -103,13 +99,9 @@ fn looks_up_code(path: &str) -> bool {
 /// * a request from an `Origin` the route's CORS list does not name, unless it carries the
 ///   provider token (a tab on any origin attaches with it; without it, only the LLM side's
 ///   origins may look codes up).
-pub async fn fetch_metadata<E: Endpoint>(
-    checks: Arc<Checks>,
-    next: E,
-    request: Request,
-) -> poem::Result<Response> {
+pub fn fetch_metadata(checks: &Checks, request: &Request) -> Option<Response> {
     if request.method() == Method::OPTIONS || !looks_up_code(request.uri().path()) {
-        return next.call(request).await.map(IntoResponse::into_response);
+        return None;
     }
     let headers = request.headers();
     let text = |name: &str| headers.get(name).and_then(|value| value.to_str().ok());
@@ -130,17 +122,17 @@ pub async fn fetch_metadata<E: Endpoint>(
                 .cors_origins
                 .iter()
                 .any(|allowed| allowed.eq_ignore_ascii_case(origin))
-                && !names_host(origin, &request)
+                && !names_host(origin, request)
         });
     if (cross_site_subresource && !authorized) || (foreign_origin && !token) {
         checks.metrics.refused(Refusal::FetchMetadata);
-        return Ok(error_response(
+        return Some(error_response(
             StatusCode::FORBIDDEN,
             ErrorCode::CrossSiteRequest,
             "A browser sent this request for a page on another site, without the session's provider token: it is refused before any session is looked up. Call the relay from your own server, from an allowed origin (CORS_ORIGIN), or from the tab that holds the provider token.".to_owned(),
         ));
     }
-    next.call(request).await.map(IntoResponse::into_response)
+    None
 }
 
 /// Whether a query string carries a non-empty `token`.

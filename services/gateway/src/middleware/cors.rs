@@ -5,7 +5,7 @@
 
 use poem::http::{Method, StatusCode, header};
 use poem::middleware::Cors;
-use poem::{Endpoint, IntoResponse, Request, Response};
+use poem::{Request, Response};
 
 use crate::error::{REQUEST_ID_HEADER, is_tool_route};
 
@@ -102,16 +102,23 @@ fn is_provider_route(method: &str, path: &str) -> bool {
 #[derive(Debug, Clone)]
 pub struct SentOrigin(pub header::HeaderValue);
 
-/// Middleware: CORS `*` without credentials on the open routes — the public tool API, the
-/// documents, the SDK's files, and (unless `CORS_ORIGIN` narrowed them) the provider routes —
-/// answering their preflight itself; other routes are left to the allow-list, except
-/// same-origin requests, which need none.
-pub async fn open_cors<E: Endpoint>(
-    open_providers: bool,
-    next: E,
-    mut request: Request,
-) -> poem::Result<Response> {
-    use poem::http::{HeaderValue, Method};
+/// CORS `*` without credentials on the open routes — the public tool API, the documents, the
+/// SDK's files, and (unless `CORS_ORIGIN` narrowed them) the provider routes — whose preflight
+/// is answered here; other routes are left to the allow-list, except same-origin requests,
+/// which need none. What [`open_cors`] decided for a request.
+pub enum OpenCors {
+    /// A preflight on an open route, answered here.
+    Preflight(Response),
+    /// An open route: its answer gets CORS `*` ([`OpenCors::answered`]).
+    Open,
+    /// Another route: the allow-list decides.
+    Listed,
+}
+
+/// Looks at `request` before anything else does (see [`OpenCors`]): on an open route its
+/// `Origin` is taken off (kept as [`SentOrigin`]), and so is a same-origin request's.
+pub fn open_cors(open_providers: bool, request: &mut Request) -> OpenCors {
+    use poem::http::Method;
     let preflight = request.method() == Method::OPTIONS
         && request
             .headers()
@@ -123,46 +130,59 @@ pub async fn open_cors<E: Endpoint>(
             .get(header::ACCESS_CONTROL_REQUEST_METHOD)
             .and_then(|value| value.to_str().ok())
             .unwrap_or_default()
-            .to_owned()
     } else {
-        request.method().as_str().to_owned()
+        request.method().as_str()
     };
     let path = request.uri().path();
-    let open = is_open_route(path) || (open_providers && is_provider_route(&method, path));
+    let open = is_open_route(path) || (open_providers && is_provider_route(method, path));
     if !open {
         // A same-origin request (the plugin calling the relay that serves it) needs no CORS,
         // whatever name the relay is reached by.
-        if is_same_origin(&request) {
+        if is_same_origin(request) {
             request.headers_mut().remove(header::ORIGIN);
         }
-        return next.call(request).await.map(IntoResponse::into_response);
+        return OpenCors::Listed;
     }
     if preflight {
-        return Ok(Response::builder()
-            .status(StatusCode::NO_CONTENT)
-            .header(header::ACCESS_CONTROL_ALLOW_ORIGIN, "*")
-            .header(
-                header::ACCESS_CONTROL_ALLOW_METHODS,
-                listed(METHODS.map(|method| method.to_string())),
-            )
-            .header(header::ACCESS_CONTROL_ALLOW_HEADERS, listed(HEADERS))
-            .header(header::ACCESS_CONTROL_MAX_AGE, "86400")
-            .finish());
+        return OpenCors::Preflight(
+            Response::builder()
+                .status(StatusCode::NO_CONTENT)
+                .header(header::ACCESS_CONTROL_ALLOW_ORIGIN, "*")
+                .header(
+                    header::ACCESS_CONTROL_ALLOW_METHODS,
+                    listed(METHODS.map(|method| method.to_string())),
+                )
+                .header(header::ACCESS_CONTROL_ALLOW_HEADERS, listed(HEADERS))
+                .header(header::ACCESS_CONTROL_MAX_AGE, "86400")
+                .finish(),
+        );
     }
     // The allow-list does not apply here: the origin is not checked by CORS. The Fetch
     // Metadata policy still reads it ([`crate::middleware::checks::fetch_metadata`]).
     if let Some(origin) = request.headers_mut().remove(header::ORIGIN) {
         request.extensions_mut().insert(SentOrigin(origin));
     }
-    let mut response = next.call(request).await?.into_response();
-    let headers = response.headers_mut();
-    headers.insert(
-        header::ACCESS_CONTROL_ALLOW_ORIGIN,
-        HeaderValue::from_static("*"),
-    );
-    headers.insert(
-        header::ACCESS_CONTROL_EXPOSE_HEADERS,
-        HeaderValue::from_static(EXPOSED),
-    );
-    Ok(response)
+    OpenCors::Open
+}
+
+impl OpenCors {
+    /// The answer to a request not answered by [`open_cors`] itself, with CORS `*` on an open
+    /// route.
+    pub fn answered(self, answered: poem::Result<Response>) -> poem::Result<Response> {
+        use poem::http::HeaderValue;
+        let Self::Open = self else {
+            return answered;
+        };
+        let mut response = answered?;
+        let headers = response.headers_mut();
+        headers.insert(
+            header::ACCESS_CONTROL_ALLOW_ORIGIN,
+            HeaderValue::from_static("*"),
+        );
+        headers.insert(
+            header::ACCESS_CONTROL_EXPOSE_HEADERS,
+            HeaderValue::from_static(EXPOSED),
+        );
+        Ok(response)
+    }
 }

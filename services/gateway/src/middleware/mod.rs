@@ -5,7 +5,7 @@
 //! * [`cors`] — CORS: the allow-list, and the routes open to any origin;
 //! * [`checks`] — the `Host` check and the Fetch Metadata policy, before any look-up;
 //! * [`auth`] — API keys on the LLM side;
-//! * the body limit (here), and error bodies ([`crate::error::normalise_errors`]).
+//! * the body limit (here), and error bodies ([`crate::error::Correlated`]).
 
 pub mod auth;
 pub mod checks;
@@ -19,19 +19,27 @@ use poem::{Endpoint, EndpointExt, IntoResponse, Request, Response};
 
 use crate::api::State;
 use crate::config::{MAX_CALL_BODY, MAX_PROVIDER_BODY};
-use crate::error::{normalise_errors, note_too_deep};
+use crate::error::{Correlated, note_too_deep};
+use auth::ApiKeys;
 use checks::{Checks, check_host, fetch_metadata};
 use observe::HttpMetrics;
 
-/// `routes` (the handlers, with the gateway's state attached) inside the middleware, outermost
-/// last in this list, so a request meets them from the bottom up:
-/// 1. the metrics and the request's span see every request, refused or not;
-/// 2. routes open to any origin (the tab's, with `OPEN_PROVIDER_ROUTES`) answer CORS there;
-/// 3. every refusal below gets the JSON error body;
-/// 4. the `Host` check, then the Fetch Metadata policy, refuse before any look-up;
-/// 5. CORS for the allow-listed origins;
-/// 6. API keys on the LLM side;
+/// `routes` (the handlers, with the gateway's state attached) inside the middleware, which a
+/// request meets in this order:
+/// 1. the metrics see every request, refused or not ([`observe`]);
+/// 2. routes open to any origin (the tab's, with `OPEN_PROVIDER_ROUTES`) answer CORS there
+///    ([`cors::open_cors`]);
+/// 3. the request's correlation id and span; every refusal below gets the JSON error body
+///    ([`Correlated`]);
+/// 4. the `Host` check, then the Fetch Metadata policy, refuse before any look-up
+///    ([`checks`]);
+/// 5. CORS for the allow-listed origins (poem's [`poem::middleware::Cors`]);
+/// 6. API keys on the LLM side ([`auth`]);
 /// 7. the body limit, before any handler buffers a body.
+///
+/// Each is a step of one endpoint ([`Front`], and [`Guarded`] inside the allow-list's CORS),
+/// not an endpoint of its own: a request's future held every layer's future and its copy of
+/// the request (20 KB), and was copied whole as it was built and boxed.
 pub fn layers<E>(
     routes: E,
     state: &State,
@@ -40,23 +48,83 @@ pub fn layers<E>(
 where
     E: Endpoint + 'static,
 {
-    let cors = cors::allow_list(&state.config.cors_origins);
-    let keys = state.config.api_keys.clone();
-    let open_providers = state.config.open_provider_routes;
-    let (site, host) = (Checks::of(state), Checks::of(state));
-    routes
-        .around(limit_body)
-        .around(move |next, request| auth::require_api_key(keys.clone(), next, request))
-        .with(cors)
-        .around(move |next, request| fetch_metadata(Arc::clone(&site), next, request))
-        .around(move |next, request| check_host(Arc::clone(&host), next, request))
-        .around(normalise_errors)
-        .around(move |next, request| cors::open_cors(open_providers, next, request))
-        .around(move |next, request| observe::observe(Arc::clone(&http), next, request))
-        .map_to_response()
-        // Boxed: the middleware stack's type is deep enough to overflow the compiler's query
-        // depth where the connection service wraps it in async blocks.
-        .boxed()
+    around(routes, state, http).boxed()
+}
+
+/// [`layers`], not boxed: the size of its future is the size of what is boxed (and copied)
+/// for each request.
+pub fn around<E: Endpoint>(
+    routes: E,
+    state: &State,
+    http: Arc<HttpMetrics>,
+) -> impl Endpoint<Output = Response> + use<E> {
+    let guarded = Guarded {
+        routes,
+        keys: state.config.api_keys.clone(),
+    };
+    Front {
+        inner: guarded.with(cors::allow_list(&state.config.cors_origins)),
+        http,
+        checks: Checks::of(state),
+        open_providers: state.config.open_provider_routes,
+    }
+}
+
+/// Steps 1 to 5 of [`layers`].
+struct Front<E> {
+    /// The allow-list's CORS around [`Guarded`].
+    inner: E,
+    http: Arc<HttpMetrics>,
+    checks: Checks,
+    open_providers: bool,
+}
+
+impl<E: Endpoint> Endpoint for Front<E> {
+    type Output = Response;
+
+    async fn call(&self, mut request: Request) -> poem::Result<Response> {
+        let observation = observe::Observation::start(&self.http, &request);
+        let answered = match cors::open_cors(self.open_providers, &mut request) {
+            cors::OpenCors::Preflight(response) => Ok(response),
+            open => {
+                let correlated = Correlated::of(&request);
+                open.answered(Ok(correlated.answer(|| self.checked(request)).await))
+            }
+        };
+        Ok(observation.end(answered))
+    }
+}
+
+impl<E: Endpoint> Front<E> {
+    /// Steps 4 and 5.
+    async fn checked(&self, request: Request) -> poem::Result<Response> {
+        if let Some(refusal) =
+            check_host(&self.checks, &request).or_else(|| fetch_metadata(&self.checks, &request))
+        {
+            return Ok(refusal);
+        }
+        self.inner
+            .call(request)
+            .await
+            .map(IntoResponse::into_response)
+    }
+}
+
+/// Steps 6 and 7 of [`layers`].
+struct Guarded<E> {
+    routes: E,
+    keys: Option<Arc<ApiKeys>>,
+}
+
+impl<E: Endpoint> Endpoint for Guarded<E> {
+    type Output = Response;
+
+    async fn call(&self, request: Request) -> poem::Result<Response> {
+        if let Some(refusal) = auth::require_api_key(self.keys.as_deref(), &request) {
+            return Ok(refusal);
+        }
+        limit_body(&self.routes, request).await
+    }
 }
 
 /// Bodies the tab sends (answers, manifests) may be larger than an LLM's calls.
@@ -72,7 +140,7 @@ fn body_limit(method: &Method, path: &str) -> usize {
 
 /// Middleware: refuses a request body over its limit with 413, whether or not it declares
 /// its length, before any handler buffers it.
-async fn limit_body<E: Endpoint>(next: E, mut request: Request) -> poem::Result<Response> {
+async fn limit_body<E: Endpoint>(next: &E, mut request: Request) -> poem::Result<Response> {
     if matches!(
         *request.method(),
         Method::POST | Method::PUT | Method::PATCH

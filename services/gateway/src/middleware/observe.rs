@@ -10,10 +10,10 @@
 //! counted under its route all the same; a path matching no route is `other`.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Instant;
 
-use poem::{Endpoint, IntoResponse, Request, Response};
+use poem::http::Method;
+use poem::{Request, Response};
 use toolrelay_relay::front::FailureCode;
 use toolrelay_relay::front::RouteLabel;
 use toolrelay_relay::front::{ErrorCode, Metrics};
@@ -99,28 +99,45 @@ pub struct HttpMetrics {
     pub routes: Routes,
 }
 
-/// Middleware: counts and times the request (see the module's documentation).
-pub async fn observe<E: Endpoint>(
-    http: Arc<HttpMetrics>,
-    next: E,
-    request: Request,
-) -> poem::Result<Response> {
-    let started = Instant::now();
-    let route = http.routes.label(request.uri().path()).clone();
-    let method = request.method().clone();
-    // An error is answered as poem would answer it, so that it is counted too.
-    let response = match next.call(request).await {
-        Ok(response) => response.into_response(),
-        Err(error) => error.into_response(),
-    };
-    let status = response.status();
-    http.metrics
-        .http_request(&route, method.as_str(), status.as_u16(), started.elapsed());
-    if status.is_client_error() || status.is_server_error() {
-        let error = error_name(&response);
-        http.metrics.http_error(&route, error);
+/// A request being counted and timed (see the module's documentation): taken as it comes in,
+/// counted with its answer.
+pub struct Observation<'a> {
+    http: &'a HttpMetrics,
+    started: Instant,
+    route: &'a RouteLabel,
+    method: Method,
+}
+
+impl<'a> Observation<'a> {
+    /// Starts timing `request`.
+    pub fn start(http: &'a HttpMetrics, request: &Request) -> Self {
+        Self {
+            http,
+            started: Instant::now(),
+            route: http.routes.label(request.uri().path()),
+            method: request.method().clone(),
+        }
     }
-    Ok(response)
+
+    /// Counts the request with its answer; an error is answered as poem would answer it, so
+    /// that it is counted too.
+    pub fn end(self, answered: poem::Result<Response>) -> Response {
+        let response = answered.unwrap_or_else(|error| error.into_response());
+        let status = response.status();
+        let Self {
+            http,
+            started,
+            route,
+            method,
+        } = self;
+        http.metrics
+            .http_request(route, method.as_str(), status.as_u16(), started.elapsed());
+        if status.is_client_error() || status.is_server_error() {
+            let error = error_name(&response);
+            http.metrics.http_error(route, error);
+        }
+        response
+    }
 }
 
 /// The `error` label of an error answer, from the code it carries in its extensions: an
