@@ -12,6 +12,7 @@
 //! is dropped: when the writer falls behind, loggers wait for it.
 
 mod batched;
+mod span_fields;
 
 use std::io::IsTerminal;
 
@@ -33,7 +34,11 @@ pub fn init(format: LogFormat) -> LogGuard {
         .with_ansi(std::io::stdout().is_terminal());
     let installed = match format {
         LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .fmt_fields(span_fields::JsonSpanFields)
+            .try_init(),
     };
     if let Err(error) = installed {
         eprintln!("logging was already set up: {error}");

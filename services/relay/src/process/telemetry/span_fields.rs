@@ -1,0 +1,257 @@
+//! A span's fields as the JSON log lines carry them, written straight as a JSON object.
+//!
+//! tracing-subscriber's JSON formatter keeps each span's fields as JSON text, made when the span
+//! begins: its `JsonFields` first collects them in a map of `serde_json::Value`s, each value a
+//! `String` formatted apart, then writes the map out. Every request begins a span (its
+//! correlation id, method and path), which is seldom printed: that was ~8 allocations a
+//! request. [`JsonSpanFields`] writes the same object without them; a line that prints the span
+//! reads it back as JSON, as before.
+
+use std::fmt::{self, Write};
+
+use serde_json::{Map, Value};
+use tracing::field::{Field, Visit};
+use tracing_subscriber::field::RecordFields;
+use tracing_subscriber::fmt::FormatFields;
+use tracing_subscriber::fmt::FormattedFields;
+use tracing_subscriber::fmt::format::Writer;
+
+/// A span's fields as one JSON object, each value as `JsonFields` gives it: text and
+/// `Debug`/`Display` values as strings, numbers and booleans as they are (a float that is not
+/// finite as `null`); fields named `log.*` left out, a raw identifier's `r#` dropped.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct JsonSpanFields;
+
+impl<'writer> FormatFields<'writer> for JsonSpanFields {
+    fn format_fields<R: RecordFields>(
+        &self,
+        mut writer: Writer<'writer>,
+        fields: R,
+    ) -> fmt::Result {
+        let mut object = Object {
+            writer: &mut writer,
+            empty: true,
+            result: Ok(()),
+        };
+        fields.record(&mut object);
+        let Object { empty, result, .. } = object;
+        result?;
+        writer.write_str(if empty { "{}" } else { "}" })
+    }
+
+    fn add_fields(
+        &self,
+        current: &'writer mut FormattedFields<Self>,
+        fields: &tracing::span::Record<'_>,
+    ) -> fmt::Result {
+        if current.fields.is_empty() || current.fields == "{}" {
+            current.fields.clear();
+            return self.format_fields(current.as_writer(), fields);
+        }
+        // Fields recorded after the span began (seldom): the object is read, added to and
+        // written again, so that a field recorded twice is there once.
+        let mut added = String::new();
+        self.format_fields(Writer::new(&mut added), fields)?;
+        let mut merged: Map<String, Value> =
+            serde_json::from_str(&current.fields).map_err(|_| fmt::Error)?;
+        let added: Map<String, Value> = serde_json::from_str(&added).map_err(|_| fmt::Error)?;
+        merged.extend(added);
+        current.fields = Value::Object(merged).to_string();
+        Ok(())
+    }
+}
+
+/// Writes fields as the members of one JSON object, opening it at the first.
+struct Object<'a, 'writer> {
+    writer: &'a mut Writer<'writer>,
+    empty: bool,
+    result: fmt::Result,
+}
+
+impl Object<'_, '_> {
+    /// Writes the member's name (and what comes before it); false for a field left out.
+    fn name(&mut self, field: &Field) -> bool {
+        let name = field.name();
+        if self.result.is_err() || name.starts_with("log.") {
+            return false;
+        }
+        let name = name.strip_prefix("r#").unwrap_or(name);
+        let opening = if self.empty { "{" } else { "," };
+        self.empty = false;
+        self.result = self
+            .writer
+            .write_str(opening)
+            .and_then(|()| quoted(self.writer, format_args!("{name}")))
+            .and_then(|()| self.writer.write_char(':'));
+        self.result.is_ok()
+    }
+
+    fn value(&mut self, value: fmt::Arguments<'_>) {
+        if self.result.is_ok() {
+            self.result = self.writer.write_fmt(value);
+        }
+    }
+}
+
+impl Visit for Object<'_, '_> {
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        if self.name(field) {
+            self.result = quoted(self.writer, format_args!("{value:?}"));
+        }
+    }
+
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if self.name(field) {
+            self.result = quoted(self.writer, format_args!("{value}"));
+        }
+    }
+
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        if self.name(field) {
+            self.value(format_args!("{value}"));
+        }
+    }
+
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        if self.name(field) {
+            self.value(format_args!("{value}"));
+        }
+    }
+
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        if self.name(field) {
+            self.value(format_args!("{value}"));
+        }
+    }
+
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        if self.name(field) {
+            // As serde_json writes an f64 `Value` (a float that is not finite is `null`).
+            match serde_json::Number::from_f64(value) {
+                Some(number) => self.value(format_args!("{number}")),
+                None => self.value(format_args!("null")),
+            }
+        }
+    }
+}
+
+/// Writes `text` as a JSON string, escaped as it is formatted.
+fn quoted(writer: &mut Writer<'_>, text: fmt::Arguments<'_>) -> fmt::Result {
+    writer.write_char('"')?;
+    Escaping(writer).write_fmt(text)?;
+    writer.write_char('"')
+}
+
+/// Escapes what is written through it for a JSON string.
+struct Escaping<'a, 'writer>(&'a mut Writer<'writer>);
+
+impl Write for Escaping<'_, '_> {
+    fn write_str(&mut self, text: &str) -> fmt::Result {
+        let mut plain = 0;
+        for (at, c) in text.char_indices() {
+            let escape = match c {
+                '"' => "\\\"",
+                '\\' => "\\\\",
+                '\n' => "\\n",
+                '\r' => "\\r",
+                '\t' => "\\t",
+                c if c < ' ' => "",
+                _ => continue,
+            };
+            self.0.write_str(&text[plain..at])?;
+            if escape.is_empty() {
+                write!(self.0, "\\u{:04x}", u32::from(c))?;
+            } else {
+                self.0.write_str(escape)?;
+            }
+            plain = at + c.len_utf8();
+        }
+        self.0.write_str(&text[plain..])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use tracing_subscriber::fmt::MakeWriter;
+
+    use super::*;
+
+    /// Where a test's subscriber writes its lines.
+    #[derive(Clone, Default)]
+    struct Lines(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Lines {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl<'a> MakeWriter<'a> for Lines {
+        type Writer = Self;
+        fn make_writer(&'a self) -> Self {
+            self.clone()
+        }
+    }
+
+    /// The spans of the line an event inside nested spans logs (with fields recorded after a
+    /// span began), as JSON.
+    fn logged(subscriber: impl tracing::Subscriber + Send + Sync, lines: &Lines) -> Value {
+        tracing::subscriber::with_default(subscriber, || {
+            let text = "quote \" backslash \\ newline \n tab \t bell \u{7} é ∑ 🦀";
+            let outer = tracing::info_span!(
+                "request",
+                correlation_id = %"corr-1",
+                method = %"POST",
+                path = text,
+                debug = ?Some("x\"y"),
+                r#type = "raw",
+                count = 42_u64,
+                below = -7_i64,
+                yes = true,
+                ratio = 0.5_f64,
+                nan = f64::NAN,
+                later = tracing::field::Empty,
+            );
+            let _outer = outer.enter();
+            outer.record("later", "recorded");
+            outer.record("count", 43_u64);
+            let inner = tracing::info_span!("inner");
+            let _inner = inner.enter();
+            tracing::info!(status = 200, "line");
+        });
+        let bytes = lines.0.lock().unwrap().clone();
+        let line: Value = serde_json::from_slice(&bytes).unwrap();
+        serde_json::json!({"span": line["span"], "spans": line["spans"]})
+    }
+
+    #[test]
+    fn span_fields_are_logged_as_tracing_subscribers_json_logs_them() {
+        let (ours, theirs) = (Lines::default(), Lines::default());
+        let with_ours = tracing_subscriber::fmt()
+            .json()
+            .flatten_event(true)
+            .fmt_fields(JsonSpanFields)
+            .with_writer(ours.clone())
+            .finish();
+        let with_theirs = tracing_subscriber::fmt()
+            .json()
+            .flatten_event(true)
+            .with_writer(theirs.clone())
+            .finish();
+        let (ours, theirs) = (logged(with_ours, &ours), logged(with_theirs, &theirs));
+        assert_eq!(ours, theirs);
+        let request = &ours["spans"][0];
+        assert_eq!(request["correlation_id"], "corr-1");
+        assert_eq!(request["count"], 43);
+        assert_eq!(request["later"], "recorded");
+        assert_eq!(request["type"], "raw");
+        assert!(request["nan"].is_null());
+        assert_eq!(ours["span"]["name"], "inner");
+    }
+}
