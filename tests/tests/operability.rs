@@ -160,7 +160,10 @@ async fn calls_and_refusals_are_logged_with_their_correlation_id_across_processe
     assert_eq!(refusal["status"], 404, "{refusal}");
     // The request's span, as a JSON object of its own.
     assert_eq!(refusal["span"]["name"], "request", "{refusal}");
-    assert_eq!(refusal["span"]["correlation_id"], "corr-miss-0002", "{refusal}");
+    assert_eq!(
+        refusal["span"]["correlation_id"], "corr-miss-0002",
+        "{refusal}"
+    );
     assert_eq!(refusal["span"]["method"], "GET", "{refusal}");
     system.terminate().await;
     system.exited().await;
