@@ -119,10 +119,8 @@ impl<'a> Observation<'a> {
         }
     }
 
-    /// Counts the request with its answer; an error is answered as poem would answer it, so
-    /// that it is counted too.
-    pub fn end(self, answered: poem::Result<Response>) -> Response {
-        let response = answered.unwrap_or_else(|error| error.into_response());
+    /// Counts the request with its answer.
+    pub fn end(self, response: Response) -> Response {
         let status = response.status();
         let Self {
             http,
