@@ -60,6 +60,33 @@ pub fn from_value(value: &PbValue) -> Value {
     }
 }
 
+/// `value` as JSON text in a `String` of its own length: written into a buffer each thread
+/// keeps, then copied out, so the text is one allocation. (`serde_json::to_string` grows its
+/// text as it writes, and a text with room to spare costs an allocation more again where it
+/// becomes a message or a response body, which share it only when it has none.)
+pub fn to_string_sized<T: serde::Serialize + ?Sized>(value: &T) -> serde_json::Result<String> {
+    /// Past this, a thread's buffer is let go rather than kept for the next text.
+    const KEPT: usize = 64 * 1024;
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    SCRATCH.with(|scratch| {
+        // A `Serialize` that writes JSON of its own while it is written gets a buffer apart.
+        let Ok(mut scratch) = scratch.try_borrow_mut() else {
+            return serde_json::to_string(value);
+        };
+        scratch.clear();
+        let written = serde_json::to_writer(&mut *scratch, value).map(|()| {
+            // serde_json writes UTF-8 only.
+            String::from_utf8_lossy(&scratch).into_owned()
+        });
+        if scratch.capacity() > KEPT {
+            *scratch = Vec::new();
+        }
+        written
+    })
+}
+
 /// How deeply `value` nests objects and arrays: 0 for a scalar, 1 for `{}` or `[1, 2]`, 2 for
 /// `{"a": [1]}`. Iterative, so any value can be measured; allocates only for a container
 /// within a container.
@@ -257,6 +284,35 @@ fn nesting(text: &[u8]) -> usize {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn sized_text_is_serde_jsons_own_at_its_length() {
+        /// Writes, while it is written, a text of its own through the same buffer.
+        struct Nested(Value);
+        impl serde::Serialize for Nested {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                let inner = to_string_sized(&self.0).map_err(serde::ser::Error::custom)?;
+                serializer.serialize_str(&inner)
+            }
+        }
+        let big = "x".repeat(100 * 1024);
+        for value in [
+            json!({"type": "tool_request", "request_id": "r1", "args": {"é": "\"quoted\"\n"}}),
+            json!([1, 2.5, null, true, {}]),
+            json!({ "big": big }),
+            json!("after a big one"),
+        ] {
+            let sized = to_string_sized(&value).unwrap();
+            assert_eq!(sized, serde_json::to_string(&value).unwrap());
+            assert_eq!(sized.capacity(), sized.len(), "no room to spare");
+        }
+        let nested = to_string_sized(&Nested(json!({"a": [1]}))).unwrap();
+        assert_eq!(nested, r#""{\"a\":[1]}""#);
+        // A map whose keys are not strings cannot be written: the error, as serde_json's.
+        let refused = std::collections::HashMap::from([((1, 2), 3)]);
+        assert!(to_string_sized(&refused).is_err());
+        assert_eq!(to_string_sized(&1).unwrap(), "1");
+    }
 
     #[test]
     fn objects_round_trip_through_struct() {

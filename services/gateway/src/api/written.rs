@@ -32,7 +32,8 @@ impl<T: Type> Payload for Written<T> {
 
 impl<T: Type + Serialize + Send> IntoResponse for Written<T> {
     fn into_response(self) -> Response {
-        match serde_json::to_vec(&self.0) {
+        // Sized, so the body shares the text rather than allocating again for it.
+        match toolrelay::json::to_string_sized(&self.0) {
             Ok(body) => Response::builder()
                 .content_type(Self::CONTENT_TYPE)
                 .body(body),

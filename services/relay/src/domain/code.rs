@@ -14,13 +14,21 @@ use crate::error::RelayError;
 /// People see it as `ABCD-EFGH`; [`SessionCode::parse`] accepts what a person types — any
 /// case, hyphens and spaces anywhere, and the digits Base32 leaves out read as the letters they
 /// look like (`0`→`O`, `1`→`I`, `8`→`B`) — and normalises to the 8 characters.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SessionCode(String);
+///
+/// Its characters are kept in place, not in a `String` of their own: a code is copied into
+/// several of the store's indexes on every call, and a copy allocates nothing.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SessionCode([u8; CODE_LEN]);
+
+/// The characters of a code.
+const CODE_LEN: usize = 8;
 
 impl SessionCode {
     /// A fresh random code.
     pub fn generate() -> Self {
-        Self(BASE32_NOPAD.encode(&random_bytes::<5>()))
+        let mut code = [0; CODE_LEN];
+        BASE32_NOPAD.encode_mut(&random_bytes::<5>(), &mut code);
+        Self(code)
     }
 
     /// Normalises what a person or an LLM typed: drops hyphens and white space, upper-cases,
@@ -29,22 +37,25 @@ impl SessionCode {
         if input.len() > 64 {
             return Err(RelayError::InvalidCode);
         }
-        let upper: String = input
-            .chars()
-            .filter(|c| *c != '-' && !c.is_whitespace())
-            .map(|c| match c.to_ascii_uppercase() {
+        let mut code = [0; CODE_LEN];
+        let mut len = 0;
+        for c in input.chars().filter(|c| *c != '-' && !c.is_whitespace()) {
+            let c = match c.to_ascii_uppercase() {
                 '0' => 'O',
                 '1' => 'I',
                 '8' => 'B',
                 other => other,
-            })
-            .collect();
-        let valid = upper.len() == 8
-            && upper
-                .bytes()
-                .all(|b| b.is_ascii_uppercase() || (b'2'..=b'7').contains(&b));
-        if valid {
-            Ok(Self(upper))
+            };
+            let valid = c.is_ascii_uppercase() || ('2'..='7').contains(&c);
+            if !valid || len == CODE_LEN {
+                return Err(RelayError::InvalidCode);
+            }
+            // An ASCII letter or digit: one byte.
+            code[len] = c as u8;
+            len += 1;
+        }
+        if len == CODE_LEN {
+            Ok(Self(code))
         } else {
             Err(RelayError::InvalidCode)
         }
@@ -52,18 +63,20 @@ impl SessionCode {
 
     /// The 8 normalised characters.
     pub fn as_str(&self) -> &str {
-        &self.0
+        // Made only of ASCII letters and digits ([`Self::parse`], [`Self::generate`]).
+        std::str::from_utf8(&self.0).unwrap_or_default()
     }
 
     /// The form written in logs: the first four characters, `ABCD…`. A code is a live secret
     /// for its session's life; its prefix tells log lines apart without giving it away.
     pub fn redacted(&self) -> String {
-        redacted(&self.0)
+        redacted(self.as_str())
     }
 
     /// The form shown to people: `ABCD-EFGH`.
     pub fn display(&self) -> String {
-        format!("{}-{}", &self.0[..4], &self.0[4..])
+        let code = self.as_str();
+        format!("{}-{}", &code[..4], &code[4..])
     }
 }
 
@@ -80,7 +93,13 @@ pub fn redacted(code: &str) -> String {
 
 impl fmt::Display for SessionCode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Debug for SessionCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("SessionCode").field(&self.as_str()).finish()
     }
 }
 
@@ -158,7 +177,7 @@ mod tests {
 
     #[test]
     fn parsing_accepts_what_people_type() {
-        let expected = SessionCode("ABCD2345".into());
+        let expected = SessionCode(*b"ABCD2345");
         for input in [
             "ABCD2345",
             "abcd2345",

@@ -27,8 +27,9 @@ const EVENT_BUFFER: usize = 8;
 /// read yet ([`EVENT_BUFFER`] events) holds little.
 pub(crate) const STREAMED_ANSWER_BYTES: usize = 4 * 1024;
 
-/// Callers waiting for an answer, by call id: each with its token and mailbox.
-type Waiters = HashMap<String, Vec<(u64, Arc<Mailbox>)>>;
+/// Callers waiting for an answer, by call id (shared with each waiter's registration): each
+/// with its token and mailbox.
+type Waiters = HashMap<Arc<str>, Vec<(u64, Arc<Mailbox>)>>;
 
 /// How long news of a call nobody waits for is kept for its next waiter (a caller between two
 /// waits, as the MCP server waits in rounds).
@@ -86,17 +87,18 @@ impl SessionChannel {
     pub(crate) fn wait_for(self: &Arc<Self>, id: &str) -> EventStream {
         let mailbox = Arc::new(Mailbox::default());
         let token = self.next_waiter.fetch_add(1, Ordering::Relaxed);
+        let id: Arc<str> = Arc::from(id);
         {
             let mut waiters = self.waiters();
             waiters
-                .entry(id.to_owned())
+                .entry(Arc::clone(&id))
                 .or_default()
                 .push((token, mailbox.clone()));
             // News that came while nobody waited (under the waiters' lock, as it is kept).
             let mut unclaimed = self.unclaimed();
             let fresh = std::time::Instant::now().checked_sub(NEWS_HELD);
             unclaimed.retain(|(at, event)| {
-                let mine = matches!(event, SessionEvent::News { id: told, .. } if told == id);
+                let mine = matches!(event, SessionEvent::News { id: told, .. } if **told == *id);
                 if mine && fresh.is_none_or(|fresh| *at >= fresh) {
                     mailbox.put(event.clone());
                 }
@@ -105,7 +107,7 @@ impl SessionChannel {
         }
         let waiting = Waiting {
             channel: self.clone(),
-            id: id.to_owned(),
+            id,
             token,
             mailbox,
         };
@@ -140,7 +142,7 @@ impl SessionChannel {
                 // own, never the other way round): no copy of the list per answer.
                 if let Some(((_, last), others)) = self
                     .waiters()
-                    .get(&id)
+                    .get(id.as_str())
                     .and_then(|waiting| waiting.split_last())
                 {
                     for (_, mailbox) in others {
@@ -163,7 +165,7 @@ impl SessionChannel {
             // none waits.
             SessionEvent::News { ref id, .. } => {
                 let waiters = self.waiters();
-                match waiters.get(id) {
+                match waiters.get(id.as_str()) {
                     Some(waiting) => {
                         for (_, mailbox) in waiting {
                             mailbox.put(event.clone());
@@ -221,7 +223,7 @@ impl SessionChannel {
 /// A waiter's registration; withdrawn when its stream is dropped.
 struct Waiting {
     channel: Arc<SessionChannel>,
-    id: String,
+    id: Arc<str>,
     token: u64,
     mailbox: Arc<Mailbox>,
 }

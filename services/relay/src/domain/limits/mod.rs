@@ -91,15 +91,25 @@ impl Default for RateLimits {
 fn caller_key(caller: &Caller, ipv6_prefix: u8) -> String {
     match &caller.identity {
         Some(identity) => identity.as_str().to_owned(),
-        None => client_key(caller.address, ipv6_prefix).to_string(),
+        None => address_key(caller.address, ipv6_prefix),
     }
+}
+
+/// [`client_key`] as text, made in one allocation (an address is written a part at a time).
+fn address_key(address: IpAddr, ipv6_prefix: u8) -> String {
+    use std::fmt::Write;
+    // An IPv6 address written in full is the longest, 39 characters.
+    let mut key = String::with_capacity(39);
+    // Writing to a `String` cannot fail.
+    let _ = write!(key, "{}", client_key(address, ipv6_prefix));
+    key
 }
 
 /// The keys a per-address ceiling counts an address under (unknown codes, sessions created):
 /// its [`client_key`], and for IPv6 also its /48 (a site is often handed a /48, so a /48 holds
 /// many /64s of one owner).
 fn state_keys(address: IpAddr, ipv6_prefix: u8) -> Vec<String> {
-    let mut keys = vec![client_key(address, ipv6_prefix).to_string()];
+    let mut keys = vec![address_key(address, ipv6_prefix)];
     if let IpAddr::V6(_) = address.to_canonical()
         && ipv6_prefix > SITE_IPV6_PREFIX
     {

@@ -17,6 +17,8 @@ mod span_fields;
 use std::io::IsTerminal;
 
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::time::FormatTime;
 
 pub use batched::LogGuard;
 
@@ -31,6 +33,7 @@ pub fn init(format: LogFormat) -> LogGuard {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(writer)
+        .with_timer(LineTime)
         .with_ansi(std::io::stdout().is_terminal());
     let installed = match format {
         LogFormat::Text => builder.try_init(),
@@ -44,6 +47,19 @@ pub fn init(format: LogFormat) -> LogGuard {
         eprintln!("logging was already set up: {error}");
     }
     guard
+}
+
+/// When a line was logged, as tracing-subscriber's own `SystemTime` writes it (RFC 3339, UTC,
+/// to the microsecond), but in one piece: its own writes a field at a time, and the text a JSON
+/// line keeps it in grew three times for each line.
+#[derive(Debug, Clone, Copy, Default)]
+struct LineTime;
+
+impl FormatTime for LineTime {
+    fn format_time(&self, writer: &mut Writer<'_>) -> std::fmt::Result {
+        let now = humantime::format_rfc3339_micros(std::time::SystemTime::now());
+        write!(writer, "{now}")
+    }
 }
 
 /// The filter directives for a `RUST_LOG` value: `info` by default, and rmcp at `warn` unless
@@ -98,6 +114,49 @@ impl std::fmt::Display for RedactedPath<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Counts the pieces a timestamp is written in, and keeps the text.
+    #[derive(Default)]
+    struct Pieces(usize, String);
+
+    impl std::fmt::Write for Pieces {
+        fn write_str(&mut self, text: &str) -> std::fmt::Result {
+            self.0 += 1;
+            self.1.push_str(text);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_line_is_timed_as_tracing_subscriber_times_it_in_one_piece() {
+        let (mut ours, mut theirs) = (Pieces::default(), Pieces::default());
+        LineTime.format_time(&mut Writer::new(&mut ours)).unwrap();
+        tracing_subscriber::fmt::time::SystemTime
+            .format_time(&mut Writer::new(&mut theirs))
+            .unwrap();
+        assert_eq!(ours.0, 1, "written in one piece: {:?}", ours.1);
+        assert!(theirs.0 > 1, "tracing's own is written in pieces");
+        // The same form: RFC 3339 in UTC, to the microsecond ("2026-11-30T15:01:02.123456Z").
+        assert_eq!(
+            ours.1.len(),
+            theirs.1.len(),
+            "{} against {}",
+            ours.1,
+            theirs.1
+        );
+        assert_eq!(ours.1.as_bytes()[19], b'.');
+        assert!(ours.1.ends_with('Z'));
+        let ours = humantime::parse_rfc3339(&ours.1).unwrap();
+        let theirs = humantime::parse_rfc3339(&theirs.1).unwrap();
+        let apart = theirs
+            .duration_since(ours)
+            .or_else(|_| ours.duration_since(theirs))
+            .unwrap();
+        assert!(
+            apart < std::time::Duration::from_secs(60),
+            "{apart:?} apart"
+        );
+    }
 
     #[test]
     fn rmcp_is_quiet_unless_asked_for() {

@@ -7,6 +7,7 @@
 //! request. [`JsonSpanFields`] writes the same object without them; a line that prints the span
 //! reads it back as JSON, as before.
 
+use std::cell::RefCell;
 use std::fmt::{self, Write};
 
 use serde_json::{Map, Value};
@@ -22,21 +23,34 @@ use tracing_subscriber::fmt::format::Writer;
 #[derive(Debug, Default, Clone, Copy)]
 pub struct JsonSpanFields;
 
+thread_local! {
+    /// Where a thread writes a span's object before it is copied out whole: the span's own
+    /// text is then one allocation of the right size, not one for each time it grew.
+    static SCRATCH: RefCell<String> = const { RefCell::new(String::new()) };
+}
+
+/// Past this, a thread's scratch text is let go rather than kept for the next span.
+const SCRATCH_KEPT: usize = 4 * 1024;
+
 impl<'writer> FormatFields<'writer> for JsonSpanFields {
     fn format_fields<R: RecordFields>(
         &self,
         mut writer: Writer<'writer>,
         fields: R,
     ) -> fmt::Result {
-        let mut object = Object {
-            writer: &mut writer,
-            empty: true,
-            result: Ok(()),
-        };
-        fields.record(&mut object);
-        let Object { empty, result, .. } = object;
-        result?;
-        writer.write_str(if empty { "{}" } else { "}" })
+        SCRATCH.with(|scratch| {
+            // A value whose `Debug` begins a span of its own writes straight to its writer.
+            let Ok(mut scratch) = scratch.try_borrow_mut() else {
+                return write_object(&mut writer, fields);
+            };
+            scratch.clear();
+            let written = write_object(&mut Writer::new(&mut *scratch), fields)
+                .and_then(|()| writer.write_str(&scratch));
+            if scratch.capacity() > SCRATCH_KEPT {
+                *scratch = String::new();
+            }
+            written
+        })
     }
 
     fn add_fields(
@@ -59,6 +73,23 @@ impl<'writer> FormatFields<'writer> for JsonSpanFields {
         current.fields = Value::Object(merged).to_string();
         Ok(())
     }
+}
+
+/// Writes `fields` as one JSON object.
+fn write_object(writer: &mut Writer<'_>, fields: impl RecordFields) -> fmt::Result {
+    let mut object = Object {
+        writer,
+        empty: true,
+        result: Ok(()),
+    };
+    fields.record(&mut object);
+    let Object {
+        writer,
+        empty,
+        result,
+    } = object;
+    result?;
+    writer.write_str(if empty { "{}" } else { "}" })
 }
 
 /// Writes fields as the members of one JSON object, opening it at the first.

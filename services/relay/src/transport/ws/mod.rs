@@ -620,9 +620,10 @@ fn close_frame(code: CloseCode, reason: &'static str) -> CloseFrame {
     }
 }
 
+/// A frame as a text message, its text one allocation ([`toolrelay::json::to_string_sized`]).
 fn text(frame: &RelayFrame) -> Message {
     // Serialising these plain structs cannot fail; an empty object is the harmless fallback.
-    Message::text(serde_json::to_string(frame).unwrap_or_else(|_| "{}".to_owned()))
+    Message::text(toolrelay::json::to_string_sized(frame).unwrap_or_else(|_| "{}".to_owned()))
 }
 
 #[cfg(test)]
