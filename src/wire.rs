@@ -68,6 +68,46 @@ pub struct ToolRequest {
     pub args: Value,
 }
 
+impl ToolRequest {
+    /// Its `tool-request` frame, borrowing it.
+    pub fn frame(&self) -> ToolRequestFrame<'_> {
+        ToolRequestFrame {
+            request_id: &self.request_id,
+            tool_id: self.tool_id.as_deref(),
+            function_name: &self.function_name,
+            args: &self.args,
+        }
+    }
+}
+
+/// A `tool-request` frame written from a call held elsewhere (borrowed, not copied): the same
+/// JSON as [`RelayFrame::ToolRequest`] of the [`ToolRequest`] it borrows.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(tag = "type", rename = "tool-request", rename_all = "camelCase")]
+pub struct ToolRequestFrame<'a> {
+    /// The call's id.
+    pub request_id: &'a str,
+    /// The group of the function, when the caller named one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_id: Option<&'a str>,
+    /// The function to run.
+    pub function_name: &'a str,
+    /// Its arguments.
+    pub args: &'a Value,
+}
+
+impl ToolRequestFrame<'_> {
+    /// The call, copied.
+    pub fn to_request(&self) -> ToolRequest {
+        ToolRequest {
+            request_id: self.request_id.to_owned(),
+            tool_id: self.tool_id.map(str::to_owned),
+            function_name: self.function_name.to_owned(),
+            args: self.args.clone(),
+        }
+    }
+}
+
 /// Why a call did not succeed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ToolError {
@@ -565,6 +605,24 @@ pub enum RelayFrame {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_borrowed_call_is_written_as_the_frame_of_the_call() {
+        for tool_id in [None, Some("codap".to_owned())] {
+            let request = ToolRequest {
+                request_id: "r\"1".into(),
+                tool_id,
+                function_name: "create_table".into(),
+                args: json!({"name": "heights", "rows": [[1, 2.5]], "é": null}),
+            };
+            let frame = request.frame();
+            assert_eq!(
+                serde_json::to_string(&frame).unwrap(),
+                serde_json::to_string(&RelayFrame::ToolRequest(request.clone())).unwrap()
+            );
+            assert_eq!(frame.to_request(), request);
+        }
+    }
 
     #[test]
     fn frames_read_as_the_tagged_enum_reads_them() {

@@ -142,7 +142,7 @@ async fn attach(relay: &Relay, session: &NewSession) -> ProviderLink {
 
 fn request_id(message: Downlink) -> String {
     match message {
-        Downlink::ToolRequest { request, .. } => request.request_id,
+        Downlink::ToolRequest { request, .. } => request.into_request().request_id,
         other => panic!("expected a tool request, got {other:?}"),
     }
 }
@@ -575,7 +575,7 @@ async fn a_tool_request_names_the_tool_even_when_the_caller_did_not() {
         .unwrap();
     match next(&mut link).await {
         Downlink::ToolRequest { request, .. } => {
-            assert_eq!(request.tool_id.as_deref(), Some("people"))
+            assert_eq!(request.frame().tool_id, Some("people"))
         }
         other => panic!("{other:?}"),
     }
@@ -1070,7 +1070,7 @@ async fn calls_handed_over_in_a_burst_all_reach_the_tab() {
     while received.len() < 30 {
         match tokio::time::timeout(Duration::from_secs(10), tab.downlink.recv()).await {
             Ok(Some(Downlink::ToolRequest { request, .. })) => {
-                received.insert(request.request_id);
+                received.insert(request.into_request().request_id);
             }
             Ok(Some(_)) => {}
             Ok(None) | Err(_) => break,

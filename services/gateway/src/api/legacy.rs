@@ -217,13 +217,16 @@ fn legacy_answer(id: String, result: Value) -> ProviderResponse {
 /// The first design's event shapes: `tool-request {id, tool, args}`, `heartbeat {}`.
 fn legacy_event(message: Downlink) -> Value {
     match message {
-        Downlink::ToolRequest { request, seq } => json!({
-            "type": "tool-request",
-            EVENT_ID: seq.to_string(),
-            "id": request.request_id,
-            "tool": request.function_name,
-            "args": request.args,
-        }),
+        Downlink::ToolRequest { request, seq } => {
+            let call = request.frame();
+            json!({
+                "type": "tool-request",
+                EVENT_ID: seq.to_string(),
+                "id": call.request_id,
+                "tool": call.function_name,
+                "args": call.args,
+            })
+        }
         other => super::tab::event_value(other),
     }
 }

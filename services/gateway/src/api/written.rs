@@ -34,8 +34,12 @@ impl<T: Type + Serialize + Send> IntoResponse for Written<T> {
     fn into_response(self) -> Response {
         // Sized, so the body shares the text rather than allocating again for it.
         match toolrelay::json::to_string_sized(&self.0) {
+            // A header value made from the constant as it is (`content_type` copies it).
             Ok(body) => Response::builder()
-                .content_type(Self::CONTENT_TYPE)
+                .header(
+                    poem::http::header::CONTENT_TYPE,
+                    poem::http::HeaderValue::from_static(Self::CONTENT_TYPE),
+                )
                 .body(body),
             // Only a map with keys that are not strings fails to be written: none of the
             // answers has one.

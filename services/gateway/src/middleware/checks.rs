@@ -53,17 +53,20 @@ pub fn check_host(checks: &Checks, request: &Request) -> Option<Response> {
     let path = request.uri().path();
     let is_mcp = path == "/mcp" || path.starts_with("/mcp/");
     if let Some(hosts) = checks.hosts.as_ref().filter(|_| !is_mcp) {
-        let named = request.uri().host().map(str::to_owned).or_else(|| {
+        let named = request.uri().host().or_else(|| {
             request
                 .headers()
                 .get(header::HOST)
                 .and_then(|value| value.to_str().ok())
-                .map(str::to_owned)
         });
         // A request without any `Host` (HTTP/1.0) is not a browser's: rebinding always names one.
         if let Some(named) = named {
-            let host = bare_host(&named).to_ascii_lowercase();
-            if !hosts.contains(&host) {
+            // The names allowed are lower case ([`crate::config::GatewayConfig::host_names`]).
+            let host = bare_host(named);
+            if !hosts
+                .iter()
+                .any(|allowed| allowed.eq_ignore_ascii_case(host))
+            {
                 checks.metrics.refused(Refusal::Host);
                 return Some(error_response(
                     StatusCode::MISDIRECTED_REQUEST,

@@ -365,7 +365,7 @@ impl RemoteRelay {
                 ended_by_relay = message.is_final();
                 match &message {
                     Downlink::ToolRequest { request, .. } => {
-                        delivered.deliver(request.request_id.clone(), drain.hold());
+                        delivered.deliver(request.request_id().to_owned(), drain.hold());
                     }
                     Downlink::Ack { request_id, .. } => {
                         delivered.settle(request_id);

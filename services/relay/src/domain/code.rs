@@ -69,8 +69,9 @@ impl SessionCode {
 
     /// The form written in logs: the first four characters, `ABCD…`. A code is a live secret
     /// for its session's life; its prefix tells log lines apart without giving it away.
-    pub fn redacted(&self) -> String {
-        redacted(self.as_str())
+    pub fn redacted(&self) -> impl fmt::Display + '_ {
+        // Four ASCII characters, written as they are: nothing is made for a line not written.
+        Redacted(&self.as_str()[..4])
     }
 
     /// The form shown to people: `ABCD-EFGH`.
@@ -89,6 +90,15 @@ pub fn redacted(code: &str) -> String {
         .take(4)
         .collect();
     format!("{prefix}…")
+}
+
+/// A code's first four characters and an ellipsis, as a log line shows them.
+struct Redacted<'a>(&'a str);
+
+impl fmt::Display for Redacted<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}…", self.0)
+    }
 }
 
 impl fmt::Display for SessionCode {
@@ -197,6 +207,14 @@ mod tests {
             SessionCode::parse("o7i5-x83v").unwrap().as_str(),
             "O7I5XB3V"
         );
+    }
+
+    #[test]
+    fn a_code_in_a_log_line_is_its_prefix_as_for_a_code_as_sent() {
+        let code = SessionCode::parse("abcd-2345").unwrap();
+        assert_eq!(code.redacted().to_string(), "ABCD…");
+        assert_eq!(code.redacted().to_string(), redacted(code.as_str()));
+        assert_eq!(format!("{code:?}"), r#"SessionCode("ABCD2345")"#);
     }
 
     #[test]

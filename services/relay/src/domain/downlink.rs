@@ -1,13 +1,16 @@
 //! What the relay sends a provider connection ([`Downlink`]), as every transport carries it,
 //! and what a provider is told about each answer it sends ([`receipt`]).
 
+use std::sync::Arc;
+
 use toolrelay::PROTOCOL_VERSION;
-use toolrelay::wire::{CallerCard, RelayFrame, ToolRequest};
+use toolrelay::wire::{CallerCard, RelayFrame, ToolRequest, ToolRequestFrame};
 
 use crate::clock::Timestamp;
 use crate::code::SessionCode;
 use crate::error::{ErrorCode, RelayError};
 use crate::relay::ResponseOutcome;
+use crate::store::RequestRecord;
 
 /// What the relay sends to a provider.
 #[derive(Debug, Clone, PartialEq)]
@@ -21,9 +24,8 @@ pub enum Downlink {
     },
     /// A call to run.
     ToolRequest {
-        /// The call (boxed: the other messages are small, and every connection's channel
-        /// holds a block of messages from the start).
-        request: Box<ToolRequest>,
+        /// The call.
+        request: HandedCall,
         /// Its position in the session's queue.
         seq: u64,
     },
@@ -83,6 +85,59 @@ pub enum Downlink {
         /// Why, and what to do.
         message: String,
     },
+}
+
+/// A call handed to a provider: the store's record of it, shared (a relay hands the calls it
+/// holds without copying them), or the call as another relay sent it over gRPC. Either is
+/// one pointer: the other messages are small, and every connection's channel holds a block
+/// of messages from the start.
+#[derive(Debug, Clone)]
+pub enum HandedCall {
+    /// The call as the store holds it.
+    Held(Arc<RequestRecord>),
+    /// The call as it came.
+    Sent(Box<ToolRequest>),
+}
+
+impl HandedCall {
+    /// Its `tool-request` frame, borrowing it.
+    pub fn frame(&self) -> ToolRequestFrame<'_> {
+        match self {
+            Self::Held(record) => ToolRequestFrame {
+                request_id: &record.id,
+                tool_id: record.tool_id.as_deref(),
+                function_name: &record.function_name,
+                args: &record.args,
+            },
+            Self::Sent(request) => request.frame(),
+        }
+    }
+
+    /// The call's id.
+    pub fn request_id(&self) -> &str {
+        self.frame().request_id
+    }
+
+    /// The call, moved out where it is not shared.
+    pub fn into_request(self) -> ToolRequest {
+        match self {
+            Self::Held(record) => record.tool_request(),
+            Self::Sent(request) => *request,
+        }
+    }
+}
+
+impl PartialEq for HandedCall {
+    /// The same call, however it is held.
+    fn eq(&self, other: &Self) -> bool {
+        self.frame() == other.frame()
+    }
+}
+
+impl From<ToolRequest> for HandedCall {
+    fn from(request: ToolRequest) -> Self {
+        Self::Sent(Box::new(request))
+    }
 }
 
 /// Why the relay did not take an answer as it was sent.
@@ -162,7 +217,7 @@ impl Downlink {
     /// The JSON frame of the browser protocol (a call and an answer's `ack` moved, not copied).
     pub fn into_frame(self) -> RelayFrame {
         match self {
-            Self::ToolRequest { request, .. } => RelayFrame::ToolRequest(*request),
+            Self::ToolRequest { request, .. } => RelayFrame::ToolRequest(request.into_request()),
             Self::Ack {
                 request_id,
                 refusal,
@@ -188,7 +243,9 @@ impl Downlink {
                 expires_at: expires_at.rfc3339(),
                 protocol_version: PROTOCOL_VERSION.to_owned(),
             },
-            Self::ToolRequest { request, .. } => RelayFrame::ToolRequest(request.as_ref().clone()),
+            Self::ToolRequest { request, .. } => {
+                RelayFrame::ToolRequest(request.frame().to_request())
+            }
             Self::Heartbeat { expires_at, .. } => RelayFrame::Heartbeat {
                 expires_at: expires_at.rfc3339(),
             },
@@ -245,12 +302,13 @@ mod tests {
     #[test]
     fn a_frame_moved_out_is_the_frame_copied_out() {
         let call = Downlink::ToolRequest {
-            request: Box::new(ToolRequest {
+            request: ToolRequest {
                 request_id: "r:1".into(),
                 tool_id: Some("codap".into()),
                 function_name: "create_table".into(),
                 args: serde_json::json!({"name": "heights", "rows": [1, 2]}),
-            }),
+            }
+            .into(),
             seq: 7,
         };
         let stored = Downlink::Ack {
@@ -264,5 +322,34 @@ mod tests {
         for message in [call, stored, refused, Downlink::Replaced] {
             assert_eq!(message.clone().into_frame(), message.to_frame());
         }
+    }
+
+    #[test]
+    fn a_call_held_in_the_store_is_handed_as_the_call_it_holds() {
+        let record = RequestRecord::queued(
+            crate::store::NewRequest {
+                id: "r:1".into(),
+                tool_id: Some("codap".into()),
+                function_name: "create_table".into(),
+                args: serde_json::json!({"name": "heights", "rows": [1, 2]}),
+                created_at: Timestamp(0),
+                deadline: Timestamp(60_000),
+                builtin: false,
+                correlation_id: Some("c1".into()),
+                caller: Some("user:1".into()),
+            },
+            7,
+        );
+        let sent = HandedCall::from(record.tool_request());
+        let held = HandedCall::Held(Arc::new(record));
+        assert_eq!(held.frame(), sent.frame());
+        assert_eq!(held, sent);
+        assert_eq!(held.request_id(), "r:1");
+        let call = |request| Downlink::ToolRequest { request, seq: 7 };
+        assert_eq!(
+            call(held.clone()).to_frame(),
+            call(sent.clone()).into_frame()
+        );
+        assert_eq!(held.into_request(), sent.into_request());
     }
 }

@@ -320,7 +320,7 @@ impl From<Downlink> for pb::RelayMessage {
             }),
             Downlink::ToolRequest { request, seq } => Kind::ToolRequest(pb::ToolRequest {
                 seq,
-                ..(*request).into()
+                ..request.into_request().into()
             }),
             Downlink::Heartbeat {
                 expires_at,
@@ -399,7 +399,7 @@ impl TryFrom<pb::RelayMessage> for Downlink {
                 },
                 Kind::ToolRequest(request) => Self::ToolRequest {
                     seq: request.seq,
-                    request: Box::new(request.into()),
+                    request: toolrelay::wire::ToolRequest::from(request).into(),
                 },
                 Kind::Heartbeat(heartbeat) => Self::Heartbeat {
                     expires_at: heartbeat.expires_at.into(),
@@ -674,7 +674,7 @@ mod tests {
                 expires_at: at(1_700_000_000_000),
             },
             Downlink::ToolRequest {
-                request: Box::new(request),
+                request: request.into(),
                 seq: 9,
             },
             Downlink::Heartbeat {

@@ -37,7 +37,7 @@ use crate::relay::approvals::Decision;
 use crate::relay::tabs::{Attended, Watch};
 use crate::store::{Answerer, Claim, EventStream, ProviderInfo, Transport};
 
-pub use crate::downlink::{Downlink, Refusal, receipt};
+pub use crate::downlink::{Downlink, HandedCall, Refusal, receipt};
 
 mod connection;
 mod delivered;
@@ -476,7 +476,7 @@ impl Driver {
         };
         // A redelivering claim took everything claimable at once.
         let full = !redeliver && claimed.len() >= CLAIM_BATCH;
-        core.on_claimed(claimed, fx);
+        core.on_claimed(claimed.into_iter().map(std::sync::Arc::new), fx);
         if full {
             fx.push_back(Effect::Claim { redeliver: false });
         }

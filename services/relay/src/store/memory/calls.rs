@@ -26,12 +26,13 @@ pub(super) struct Entry {
     /// same manifest shares ([`super::Manifests`]).
     pub(super) manifest: Option<Arc<str>>,
     /// Unfinished calls by id: each record shared with the caller that queued it and the
-    /// event that handed it to its tab (a change copies it only while they hold it).
-    pub(super) requests: HashMap<String, Arc<RequestRecord>>,
+    /// event that handed it to its tab (a change copies it only while they hold it); each id
+    /// shared with [`Self::pending`].
+    pub(super) requests: HashMap<Arc<str>, Arc<RequestRecord>>,
     /// Finished calls, kept small, oldest first.
     pub(super) finished: FinishedCalls,
     /// Unfinished calls by queue position, so claims need not scan finished ones.
-    pub(super) pending: BTreeMap<u64, String>,
+    pub(super) pending: BTreeMap<u64, Arc<str>>,
     /// Their deadlines, soonest first: (deadline, queue position).
     pub(super) deadlines: BTreeSet<(Timestamp, u64)>,
     /// What the kept answers cost together.
@@ -59,7 +60,7 @@ impl Entry {
         until: Timestamp,
         approval: &ApprovalCheck,
     ) -> Enqueued {
-        if let Some(existing) = self.requests.get(&record.id) {
+        if let Some(existing) = self.requests.get(record.id.as_str()) {
             return if existing.call_hash == record.call_hash {
                 Enqueued::Existing(Arc::clone(existing))
             } else {
@@ -101,11 +102,12 @@ impl Entry {
             record.lease_until = Some(rules::pushed_lease(record.deadline));
             record.deliveries = 1;
         }
-        self.pending.insert(seq, record.id.clone());
+        let id: Arc<str> = Arc::from(record.id.as_str());
+        self.pending.insert(seq, Arc::clone(&id));
         self.deadlines.insert((record.deadline, seq));
         index.deadlines.insert((record.deadline, code.clone(), seq));
         let record = Arc::new(record);
-        self.requests.insert(record.id.clone(), Arc::clone(&record));
+        self.requests.insert(id, Arc::clone(&record));
         self.slide(code, index, record.created_at, until);
         if held.is_none() {
             self.announce(if handed {
@@ -153,7 +155,7 @@ impl Entry {
             approvals.held = kept;
             let mut queued = false;
             for (_, id) in released {
-                let Some(record) = self.requests.get_mut(&id) else {
+                let Some(record) = self.requests.get_mut(id.as_str()) else {
                     continue;
                 };
                 if record.status != RequestStatus::AwaitingApproval {
@@ -278,7 +280,7 @@ impl Entry {
             let Some(id) = self.pending.get(&seq).cloned() else {
                 continue;
             };
-            let Some(request) = self.requests.get(&id) else {
+            let Some(request) = self.requests.get(&*id) else {
                 continue;
             };
             let response = request.expired_response();

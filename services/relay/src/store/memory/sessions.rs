@@ -309,7 +309,7 @@ impl SessionStore for MemoryStore {
                 if claimed.len() >= claim.limit {
                     break;
                 }
-                let Some(request) = entry.requests.get_mut(id) else {
+                let Some(request) = entry.requests.get_mut(&**id) else {
                     continue;
                 };
                 if request.is_claimable(claim) {

@@ -289,10 +289,10 @@ enum Out {
     /// themselves; the relay counts the heartbeats left unanswered ([`Uplink::Heard`]).
     Ping,
     /// A frame of the tab protocol.
-    Frame(RelayFrame),
+    Frame(Message),
     /// A frame that may wait for the next one, up to [`ACK_DELAY`]: the `ack` of an answer
     /// stored (see [`HeldAcks`]).
-    Later(RelayFrame),
+    Later(Message),
     /// The close, last.
     Close(CloseCode, &'static str),
 }
@@ -325,7 +325,11 @@ fn outgoing(message: Option<Downlink>, drained: bool) -> [Option<Out>; 3] {
     });
     // An answer refused tells the tab why at once; one stored only lets it forget the answer.
     let stored = matches!(message, Downlink::Ack { refusal: None, .. });
-    let frame = message.into_frame();
+    let frame = match &message {
+        // Written from the call where the store holds it: no copy of it.
+        Downlink::ToolRequest { request, .. } => text(&request.frame()),
+        _ => text(&message.into_frame()),
+    };
     let frame = if stored {
         Out::Later(frame)
     } else {
@@ -481,10 +485,10 @@ async fn write_down<S: Socket>(
     for out in outgoing(message, drained).into_iter().flatten() {
         let sent = match out {
             Out::Ping => send(socket, Message::Ping(Default::default())).await,
-            Out::Frame(frame) => send(socket, text(&frame)).await,
+            Out::Frame(frame) => send(socket, frame).await,
             Out::Later(frame) => {
                 held.hold();
-                feed(socket, text(&frame)).await
+                feed(socket, frame).await
             }
             Out::Close(code, reason) => {
                 close(socket, code, reason).await;
@@ -621,7 +625,7 @@ fn close_frame(code: CloseCode, reason: &'static str) -> CloseFrame {
 }
 
 /// A frame as a text message, its text one allocation ([`toolrelay::json::to_string_sized`]).
-fn text(frame: &RelayFrame) -> Message {
+fn text(frame: &impl serde::Serialize) -> Message {
     // Serialising these plain structs cannot fail; an empty object is the harmless fallback.
     Message::text(toolrelay::json::to_string_sized(frame).unwrap_or_else(|_| "{}".to_owned()))
 }

@@ -10,8 +10,8 @@
 //! connection. The driver ([`super::Driver`]) performs them; the tab protocol is tested here as
 //! tables of inputs and effects.
 
-use std::borrow::Borrow;
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -22,7 +22,7 @@ use super::delivered::Delivered;
 use super::shown::{self, Shown};
 use crate::clock::Timestamp;
 use crate::code::SessionCode;
-use crate::downlink::{Downlink, receipt};
+use crate::downlink::{Downlink, HandedCall, receipt};
 use crate::error::RelayError;
 use crate::relay::ResponseOutcome;
 use crate::relay::approvals::ApprovalView;
@@ -428,9 +428,9 @@ impl<H> TabConnection<H> {
     /// each holding the drain open until answered. A relay handing its tabs over sends none:
     /// they stay delivered to this connection in the store, and the tab's next connection
     /// (on another relay) claims them.
-    pub(crate) fn on_claimed<R: Borrow<RequestRecord>>(
+    pub(crate) fn on_claimed(
         &mut self,
-        calls: impl IntoIterator<Item = R>,
+        calls: impl IntoIterator<Item = Arc<RequestRecord>>,
         fx: &mut Effects,
     ) {
         if self.ended || self.moving {
@@ -438,7 +438,6 @@ impl<H> TabConnection<H> {
         }
         let mut any = false;
         for record in calls {
-            let record = record.borrow();
             if self.delivered.holds(&record.id) {
                 continue;
             }
@@ -448,9 +447,10 @@ impl<H> TabConnection<H> {
                 any = true;
             }
             self.delivered.deliver(record.id.clone(), (self.hold)());
+            let seq = record.seq;
             fx.push_back(Effect::Send(Downlink::ToolRequest {
-                request: Box::new(record.tool_request()),
-                seq: record.seq,
+                request: HandedCall::Held(record),
+                seq,
             }));
         }
     }

@@ -108,7 +108,7 @@ fn said(effect: &Effect) -> String {
     match effect {
         Effect::Send(message) => match message {
             Downlink::Welcome { .. } => "welcome".into(),
-            Downlink::ToolRequest { request, .. } => format!("call {}", request.request_id),
+            Downlink::ToolRequest { request, .. } => format!("call {}", request.request_id()),
             Downlink::Cancel { request_id } => format!("cancel {request_id}"),
             Downlink::ApprovalRequest(card) => format!("ask about {}", card.caller_id),
             Downlink::ApprovalClosed(closed) => format!("asked {}: {}", closed.0, closed.1),
@@ -240,7 +240,7 @@ fn progress_is_paced_and_increases_and_logs_reach_the_calls_they_are_about() {
 fn a_large_log_message_is_replaced_by_a_note() {
     let mut tab = TabConnection::new("c1".into(), || ());
     let mut fx = Effects::new();
-    tab.on_claimed(vec![call("a")], &mut fx);
+    tab.on_claimed([Arc::new(call("a"))], &mut fx);
     fx.clear();
     let data = json!("x".repeat(LOG_BYTES));
     let now = Instant::now();
@@ -303,7 +303,7 @@ fn table(rows: Vec<(In, &[&str], usize)>) {
             In::EndOfLife => tab.on_end_of_life(&mut fx),
             In::Event(event) => tab.on_event(event, &mut fx),
             In::Upkeep(notice) => tab.on_notice(notice, &mut fx),
-            In::Claimed(ids) => tab.on_claimed(ids.iter().map(|id| call(id)), &mut fx),
+            In::Claimed(ids) => tab.on_claimed(ids.iter().map(|id| Arc::new(call(id))), &mut fx),
             In::Recorded(id, accepted) => {
                 let outcome = accepted.map(|accepted| ResponseOutcome {
                     request_id: id.into(),
