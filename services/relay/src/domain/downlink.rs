@@ -103,12 +103,7 @@ impl HandedCall {
     /// Its `tool-request` frame, borrowing it.
     pub fn frame(&self) -> ToolRequestFrame<'_> {
         match self {
-            Self::Held(record) => ToolRequestFrame {
-                request_id: &record.id,
-                tool_id: record.tool_id.as_deref(),
-                function_name: &record.function_name,
-                args: &record.args,
-            },
+            Self::Held(record) => record.frame(),
             Self::Sent(request) => request.frame(),
         }
     }

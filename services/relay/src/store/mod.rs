@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use futures::Stream;
 use serde_json::Value;
-use toolrelay::wire::{RequestStatus, ToolError, ToolRequest, ToolResponse};
+use toolrelay::wire::{RequestStatus, ToolError, ToolRequest, ToolRequestFrame, ToolResponse};
 
 use crate::clock::Timestamp;
 use crate::code::SessionCode;
@@ -392,14 +392,19 @@ impl RequestRecord {
         }
     }
 
+    /// The call as the provider receives it, borrowed: its `tool-request` frame.
+    pub fn frame(&self) -> ToolRequestFrame<'_> {
+        ToolRequestFrame {
+            request_id: &self.id,
+            tool_id: self.tool_id.as_deref(),
+            function_name: &self.function_name,
+            args: &self.args,
+        }
+    }
+
     /// The call as the provider receives it.
     pub fn tool_request(&self) -> ToolRequest {
-        ToolRequest {
-            request_id: self.id.clone(),
-            tool_id: self.tool_id.clone(),
-            function_name: self.function_name.clone(),
-            args: self.args.clone(),
-        }
+        self.frame().to_request()
     }
 }
 
