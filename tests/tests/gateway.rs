@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
 use serde_json::json;
-use toolrelay_tests::system::{SseTab, System, echo_call, post_answer, send};
+use toolrelay_tests::system::{Answer, SseTab, System, echo_call, post_answer, send};
 use toolrelay_tests::{Deadline, PATIENCE, WsTab, demo_tools, wait_until};
 
 /// Waits (with a deadline) until call `request_id` has `status`.
@@ -500,5 +500,133 @@ async fn a_call_asked_again_while_its_tools_are_away_is_still_that_call() {
         Ok(())
     })
     .await;
+    system.stop().await;
+}
+
+/// `refused` has `expected`'s status and the same `fields` in its body.
+fn same_refusal(refused: &Answer, expected: &Answer, fields: &[&str], what: &str) {
+    assert_eq!(refused.status, expected.status, "{what}: {refused:?}");
+    for field in fields {
+        assert_eq!(
+            refused.body[field], expected.body[field],
+            "{what}: {refused:?}"
+        );
+    }
+}
+
+/// callTool and readTool are served apart from the other operations (the outer router, not
+/// poem-openapi's: `CallRoute`); they refuse what the others refuse in the same words — a
+/// missing or foreign content type, JSON that does not parse, a method they do not take, a
+/// code that is no code — and take a code as people type it.
+#[tokio::test]
+async fn call_and_read_refuse_and_answer_as_the_other_operations_do() {
+    let system = System::start().await;
+    let (code, token) = system.create_session().await;
+    system.put_manifest(&code, &token, demo_tools()).await;
+    let request = |method: Method, route: &str, content_type: Option<&str>, body: &str| {
+        let mut request = system
+            .http
+            .request(method, system.url(&format!("/api/sessions/{code}/{route}")))
+            .body(body.to_owned());
+        if let Some(content_type) = content_type {
+            request = request.header("content-type", content_type);
+        }
+        send(request)
+    };
+    // (what is wrong, content type, body): each refused by queueCall (`…/request`, served by
+    // poem-openapi) and by callTool and readTool with the same status, name and message.
+    let malformed = [
+        ("no content type", None, r#"{"functionName": "echo"}"#),
+        ("text", Some("text/plain"), r#"{"functionName": "echo"}"#),
+        (
+            "unparsable JSON",
+            Some("application/json"),
+            r#"{"functionName": "#,
+        ),
+    ];
+    for (what, content_type, body) in malformed {
+        let queued = request(Method::POST, "request", content_type, body).await;
+        assert!(queued.status.is_client_error(), "{what}: {queued:?}");
+        for route in ["call", "read"] {
+            let refused = request(Method::POST, route, content_type, body).await;
+            same_refusal(
+                &refused,
+                &queued,
+                &["error", "message"],
+                &format!("{what}, {route}"),
+            );
+        }
+    }
+    // A body of the wrong shape names its type in the message, so only the status and the name
+    // are the same.
+    for body in ["", r#"{"args": {}}"#, "[1]", r#"{"functionName": []}"#] {
+        let queued = request(Method::POST, "request", Some("application/json"), body).await;
+        assert_eq!(queued.status, StatusCode::BAD_REQUEST, "{body}: {queued:?}");
+        for route in ["call", "read"] {
+            let refused = request(Method::POST, route, Some("application/json"), body).await;
+            same_refusal(&refused, &queued, &["error"], &format!("{body}, {route}"));
+        }
+    }
+    for method in [
+        Method::GET,
+        Method::HEAD,
+        Method::PUT,
+        Method::DELETE,
+        Method::PATCH,
+    ] {
+        // As another operation that takes POST only answers it.
+        let tools = system.url("/api/sessions/claim/about");
+        let queued = send(system.http.request(method.clone(), tools)).await;
+        assert_eq!(
+            queued.status,
+            StatusCode::METHOD_NOT_ALLOWED,
+            "{method}: {queued:?}"
+        );
+        for route in ["call", "read"] {
+            let refused = request(method.clone(), route, None, "").await;
+            let what = format!("{method} {route}");
+            same_refusal(&refused, &queued, &["error", "message", "code"], &what);
+        }
+    }
+    let call = echo_call("typed");
+    let no_code = system
+        .post("/api/sessions/NOT-A-CODE!/request", call.clone())
+        .await;
+    assert!(no_code.status.is_client_error(), "{no_code:?}");
+    for route in ["call", "read"] {
+        let refused = system
+            .post(&format!("/api/sessions/NOT-A-CODE!/{route}"), call.clone())
+            .await;
+        same_refusal(&refused, &no_code, &["error", "message"], route);
+    }
+    // A code as a person types it (lower case, a space, a hyphen) reaches the session: the call
+    // is queued for a tab that is not there, and is that session's.
+    let typed = code.to_ascii_lowercase();
+    let typed = format!("{}%20{}-{}", &typed[..3], &typed[3..6], &typed[6..]);
+    let mut timed = echo_call("typed");
+    timed["timeoutMs"] = json!(1);
+    timed["requestId"] = json!("typed");
+    let queued = system
+        .post(&format!("/api/sessions/{typed}/call"), timed)
+        .await;
+    assert_eq!(queued.status, StatusCode::ACCEPTED, "{queued:?}");
+    assert_eq!(queued.body["requestId"], "typed", "{queued:?}");
+    let state = system
+        .get(&format!("/api/sessions/{code}/requests/typed"))
+        .await;
+    assert_eq!(state.status, StatusCode::OK, "{state:?}");
+    // readTool refuses a function that is not read-only after reading the request as callTool.
+    let not_read_only = system
+        .post(&format!("/api/sessions/{code}/read"), echo_call("x"))
+        .await;
+    assert_eq!(
+        not_read_only.status,
+        StatusCode::FORBIDDEN,
+        "{not_read_only:?}"
+    );
+    assert_eq!(
+        not_read_only.body["error"], "not_read_only",
+        "{not_read_only:?}"
+    );
     system.stop().await;
 }

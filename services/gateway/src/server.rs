@@ -30,7 +30,7 @@ use toolrelay_relay::front::{Drain, Metrics, RelayApi};
 
 use crate::api::discovery::DiscoveryApi;
 use crate::api::legacy::LegacyApi;
-use crate::api::llm::LlmApi;
+use crate::api::llm::{CallRoute, LlmApi};
 use crate::api::tab::TabApi;
 use crate::api::tools::ToolsApi;
 use crate::api::{Gateway, State};
@@ -318,13 +318,26 @@ pub fn app(state: State) -> poem::endpoint::BoxEndpoint<'static, Response> {
         routes: routes(&spec_json),
     });
     let (mcp_root, mcp_session) = mcp::endpoints(&state);
+    // The gateway's state is attached to the routes whose handlers read it (`Data<&State>`,
+    // `Client`), not to all: callTool and readTool hold it, and meet one layer fewer.
     let routes = Route::new()
         .at("/mcp", mcp_root)
         .at("/mcp/s/:handle", mcp_session)
-        .at("/api/sessions/:code/ws", get(websocket::provider_socket))
+        .at("/api/sessions/:code/call", CallRoute::call(&state))
+        .at("/api/sessions/:code/read", CallRoute::read(&state))
+        .at(
+            "/api/sessions/:code/ws",
+            get(websocket::provider_socket).data(State::clone(&state)),
+        )
         .at("/codap", get(plugin::plugin_root))
-        .at("/codap/", get(plugin::plugin_index))
-        .at("/codap/:file", get(plugin::plugin_file))
+        .at(
+            "/codap/",
+            get(plugin::plugin_index).data(State::clone(&state)),
+        )
+        .at(
+            "/codap/:file",
+            get(plugin::plugin_file).data(State::clone(&state)),
+        )
         .at("/sdk/:file", get(plugin::sdk_file))
         .at("/demo", get(plugin::demo_root))
         .at("/demo/", get(plugin::demo_index))
@@ -341,8 +354,7 @@ pub fn app(state: State) -> poem::endpoint::BoxEndpoint<'static, Response> {
             "/openapi/actions.json",
             get(document.data(Document::json(actions_json))),
         )
-        .nest("/", api)
-        .data(State::clone(&state));
+        .nest("/", api.data(State::clone(&state)));
     crate::middleware::layers(routes, &state, http)
 }
 

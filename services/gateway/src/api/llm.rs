@@ -4,10 +4,11 @@
 
 use std::time::Duration;
 
+use poem::error::IntoResult;
 use poem_openapi::param::{Path, Query};
 use poem_openapi::payload::Json;
 use poem_openapi::types::ToJSON;
-use poem_openapi::{ApiResponse, OpenApi};
+use poem_openapi::{ApiExtractor, ApiResponse, ExtractParamOptions, OpenApi};
 use serde_json::Value;
 use toolrelay_relay::front::ops::{
     AwaitResponse, Call, CancelRequest, GetManifest, GetRequestStatus, GetSession, ListResponses,
@@ -387,6 +388,67 @@ fn fitted(page: Vec<toolrelay::wire::ToolResponse>) -> (Vec<CallResponse>, bool)
         ));
     }
     (answers, left_out > 0)
+}
+
+/// callTool (`POST /api/sessions/:code/call`) or readTool (`…/read`), as the outer router
+/// serves it ([`crate::server::app`]) rather than through poem-openapi's: they are the calls an
+/// LLM makes most, and poem-openapi's layers around an operation (its router inside the outer
+/// one and the prefix it strips, the query map, the method's table, the operation's id, and a
+/// box and a copy of the request's future for each) were ~5 % of a call's CPU (BENCHMARKS.md,
+/// issue 44). The operations are still declared on [`LlmApi`], so the documents are unchanged,
+/// and this reads a request with the same extractors in the same order, so it is refused in
+/// the same words and answered with the same response.
+pub struct CallRoute {
+    api: LlmApi,
+    read_only: bool,
+}
+
+impl CallRoute {
+    /// callTool's route.
+    pub fn call(state: &State) -> Self {
+        Self {
+            api: LlmApi {
+                state: state.clone(),
+            },
+            read_only: false,
+        }
+    }
+
+    /// readTool's route.
+    pub fn read(state: &State) -> Self {
+        Self {
+            read_only: true,
+            ..Self::call(state)
+        }
+    }
+}
+
+impl poem::Endpoint for CallRoute {
+    type Output = poem::Response;
+
+    async fn call(&self, request: poem::Request) -> poem::Result<poem::Response> {
+        // As poem's method table answers for a path with POST only (HEAD included).
+        if request.method() != poem::http::Method::POST {
+            return Err(poem::error::MethodNotAllowedError.into());
+        }
+        let (request, mut body) = request.split();
+        let code = Path::<String>::from_request(&request, &mut body, parameter("code")).await?;
+        let call = Json::<MakeCall>::from_request(&request, &mut body, parameter("body")).await?;
+        let client = Client(self.api.state.caller(&request));
+        let outcome = self
+            .api
+            .call_and_wait(code.0, call.0, &client, self.read_only)
+            .await;
+        IntoResult::into_result(outcome).map(poem::IntoResponse::into_response)
+    }
+}
+
+/// How poem-openapi's generated code asks an extractor for the parameter `name`.
+fn parameter<T>(name: &'static str) -> ExtractParamOptions<T> {
+    ExtractParamOptions {
+        name,
+        ..ExtractParamOptions::default()
+    }
 }
 
 impl LlmApi {
