@@ -6,7 +6,9 @@
 //!   of a [`server::Server`]: in front of the relay in this process or of one elsewhere;
 //! * [`api`] — the operations, one `#[OpenApi]` struct per audience (LLM, tab, legacy,
 //!   discovery), all over [`api::Gateway`], which reaches the relay through
-//!   [`toolrelay_relay::front::RelayApi`] — in-process or over gRPC, the handlers cannot tell;
+//!   [`toolrelay_relay::front::RelayApi`] — in-process or over gRPC, the handlers cannot tell
+//!   (callTool and readTool, declared there, are served by the route table directly:
+//!   [`api::llm::CallRoute`]);
 //! * [`websocket`] — the provider WebSocket upgrade; [`plugin`] — the CODAP plugin's files;
 //!   [`mcp`] — the MCP endpoints (`/mcp`, `/mcp/s/{handle}`);
 //! * [`middleware`] — every layer around the routes, and their order in one function

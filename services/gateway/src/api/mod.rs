@@ -1,6 +1,8 @@
 //! The HTTP API: one `#[OpenApi]` struct per audience, all over the same [`Gateway`] state.
 //!
 //! * [`llm::LlmApi`] — what an LLM calls (and all that `/openapi/actions.json` contains);
+//!   its two busiest operations, callTool and readTool, are served apart from poem-openapi's
+//!   router, by [`llm::CallRoute`];
 //! * [`tab::TabApi`] — the browser tab's side: sessions, SSE, polling, answers, manifest;
 //! * [`legacy::LegacyApi`] — the first design's paths and JSON shapes;
 //! * [`tools::ToolsApi`] — the built-in tools (`/api/tools`), in the original tool API's shapes;
