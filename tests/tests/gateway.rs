@@ -503,10 +503,15 @@ async fn a_call_asked_again_while_its_tools_are_away_is_still_that_call() {
     system.stop().await;
 }
 
-/// `refused` has `expected`'s status and the same `fields` in its body.
+/// `refused` has `expected`'s status and the same `fields` in its body (each there).
 fn same_refusal(refused: &Answer, expected: &Answer, fields: &[&str], what: &str) {
     assert_eq!(refused.status, expected.status, "{what}: {refused:?}");
     for field in fields {
+        let field = *field;
+        assert!(
+            !expected.body[field].is_null(),
+            "{what}: no {field} in {expected:?}"
+        );
         assert_eq!(
             refused.body[field], expected.body[field],
             "{what}: {refused:?}"
@@ -517,7 +522,7 @@ fn same_refusal(refused: &Answer, expected: &Answer, fields: &[&str], what: &str
 /// callTool and readTool are served apart from the other operations (the outer router, not
 /// poem-openapi's: `CallRoute`); they refuse what the others refuse in the same words — a
 /// missing or foreign content type, JSON that does not parse, a method they do not take, a
-/// code that is no code — and take a code as people type it.
+/// code that is no code or does not decode — and take a code as people type it.
 #[tokio::test]
 async fn call_and_read_refuse_and_answer_as_the_other_operations_do() {
     let system = System::start().await;
@@ -585,7 +590,13 @@ async fn call_and_read_refuse_and_answer_as_the_other_operations_do() {
         for route in ["call", "read"] {
             let refused = request(method.clone(), route, None, "").await;
             let what = format!("{method} {route}");
-            same_refusal(&refused, &queued, &["error", "message", "code"], &what);
+            // An answer to HEAD has no body.
+            let fields: &[&str] = if method == Method::HEAD {
+                &[]
+            } else {
+                &["error", "message", "code"]
+            };
+            same_refusal(&refused, &queued, fields, &what);
         }
     }
     let call = echo_call("typed");
@@ -598,6 +609,29 @@ async fn call_and_read_refuse_and_answer_as_the_other_operations_do() {
             .post(&format!("/api/sessions/NOT-A-CODE!/{route}"), call.clone())
             .await;
         same_refusal(&refused, &no_code, &["error", "message"], route);
+    }
+    // A code that does not decode is refused before its method is looked at, as on the
+    // nested routes.
+    for method in [Method::POST, Method::GET] {
+        let path = |route: &str| system.url(&format!("/api/sessions/%FF/{route}"));
+        let request = |route: &str| {
+            system
+                .http
+                .request(method.clone(), path(route))
+                .header("content-type", "application/json")
+                .body(call.to_string())
+        };
+        let undecodable = send(request("request")).await;
+        assert_eq!(
+            undecodable.status,
+            StatusCode::BAD_REQUEST,
+            "{undecodable:?}"
+        );
+        for route in ["call", "read"] {
+            let refused = send(request(route)).await;
+            let what = format!("{method} %FF {route}");
+            same_refusal(&refused, &undecodable, &["error", "message"], &what);
+        }
     }
     // A code as a person types it (lower case, a space, a hyphen) reaches the session: the call
     // is queued for a tab that is not there, and is that session's.

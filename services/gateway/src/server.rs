@@ -307,36 +307,42 @@ fn merged_paths(spec: &str) -> serde_json::Value {
 
 /// The HTTP application: routes and middleware.
 pub fn app(state: State) -> poem::endpoint::BoxEndpoint<'static, Response> {
+    let (routes, http) = route_table(&state);
+    crate::middleware::layers(routes, &state, http)
+}
+
+/// The routes of [`app`], without the middleware, and the metrics' view of them.
+pub fn route_table(state: &State) -> (Route, Arc<HttpMetrics>) {
     let Documents {
         openapi_json: spec_json,
         openapi_yaml: spec_yaml,
         actions_json,
-    } = Documents::of(&state);
-    let api = api_service(&state);
+    } = Documents::of(state);
+    let api = api_service(state);
     let http = Arc::new(HttpMetrics {
         metrics: state.metrics.clone(),
         routes: routes(&spec_json),
     });
-    let (mcp_root, mcp_session) = mcp::endpoints(&state);
+    let (mcp_root, mcp_session) = mcp::endpoints(state);
     // The gateway's state is attached to the routes whose handlers read it (`Data<&State>`,
     // `Client`), not to all: callTool and readTool hold it, and meet one layer fewer.
     let routes = Route::new()
         .at("/mcp", mcp_root)
         .at("/mcp/s/:handle", mcp_session)
-        .at("/api/sessions/:code/call", CallRoute::call(&state))
-        .at("/api/sessions/:code/read", CallRoute::read(&state))
+        .at("/api/sessions/:code/call", CallRoute::call(state))
+        .at("/api/sessions/:code/read", CallRoute::read(state))
         .at(
             "/api/sessions/:code/ws",
-            get(websocket::provider_socket).data(State::clone(&state)),
+            get(websocket::provider_socket).data(State::clone(state)),
         )
         .at("/codap", get(plugin::plugin_root))
         .at(
             "/codap/",
-            get(plugin::plugin_index).data(State::clone(&state)),
+            get(plugin::plugin_index).data(State::clone(state)),
         )
         .at(
             "/codap/:file",
-            get(plugin::plugin_file).data(State::clone(&state)),
+            get(plugin::plugin_file).data(State::clone(state)),
         )
         .at("/sdk/:file", get(plugin::sdk_file))
         .at("/demo", get(plugin::demo_root))
@@ -354,8 +360,8 @@ pub fn app(state: State) -> poem::endpoint::BoxEndpoint<'static, Response> {
             "/openapi/actions.json",
             get(document.data(Document::json(actions_json))),
         )
-        .nest("/", api.data(State::clone(&state)));
-    crate::middleware::layers(routes, &state, http)
+        .nest("/", api.data(State::clone(state)));
+    (routes, http)
 }
 
 /// A gateway ready to [`run`], and what it stands in front of: the relay in this process

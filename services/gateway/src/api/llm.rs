@@ -427,6 +427,11 @@ impl poem::Endpoint for CallRoute {
     type Output = poem::Response;
 
     async fn call(&self, request: poem::Request) -> poem::Result<poem::Response> {
+        // A code that does not decode (`%FF`) leaves no parameter: refused as the nested
+        // routes refuse a path they cannot decode, whatever the method.
+        if request.raw_path_param("code").is_none() {
+            return Err(poem::error::ParsePathError.into());
+        }
         // As poem's method table answers for a path with POST only (HEAD included).
         if request.method() != poem::http::Method::POST {
             return Err(poem::error::MethodNotAllowedError.into());
