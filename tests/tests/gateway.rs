@@ -580,12 +580,12 @@ async fn call_and_read_refuse_and_answer_as_the_other_operations_do() {
         Method::PATCH,
     ] {
         // As another operation that takes POST only answers it.
-        let tools = system.url("/api/sessions/claim/about");
-        let queued = send(system.http.request(method.clone(), tools)).await;
+        let about = system.url("/api/sessions/claim/about");
+        let expected = send(system.http.request(method.clone(), about)).await;
         assert_eq!(
-            queued.status,
+            expected.status,
             StatusCode::METHOD_NOT_ALLOWED,
-            "{method}: {queued:?}"
+            "{method}: {expected:?}"
         );
         for route in ["call", "read"] {
             let refused = request(method.clone(), route, None, "").await;
@@ -596,7 +596,7 @@ async fn call_and_read_refuse_and_answer_as_the_other_operations_do() {
             } else {
                 &["error", "message", "code"]
             };
-            same_refusal(&refused, &queued, fields, &what);
+            same_refusal(&refused, &expected, fields, &what);
         }
     }
     let call = echo_call("typed");
@@ -613,22 +613,22 @@ async fn call_and_read_refuse_and_answer_as_the_other_operations_do() {
     // A code that does not decode is refused before its method is looked at, as on the
     // nested routes.
     for method in [Method::POST, Method::GET] {
-        let path = |route: &str| system.url(&format!("/api/sessions/%FF/{route}"));
-        let request = |route: &str| {
+        let undecodable_code = |route: &str| {
+            let url = system.url(&format!("/api/sessions/%FF/{route}"));
             system
                 .http
-                .request(method.clone(), path(route))
+                .request(method.clone(), url)
                 .header("content-type", "application/json")
                 .body(call.to_string())
         };
-        let undecodable = send(request("request")).await;
+        let undecodable = send(undecodable_code("request")).await;
         assert_eq!(
             undecodable.status,
             StatusCode::BAD_REQUEST,
             "{undecodable:?}"
         );
         for route in ["call", "read"] {
-            let refused = send(request(route)).await;
+            let refused = send(undecodable_code(route)).await;
             let what = format!("{method} %FF {route}");
             same_refusal(&refused, &undecodable, &["error", "message"], &what);
         }
