@@ -10,7 +10,7 @@ use serde_json::Value;
 use crate::callers::CallerKind;
 use crate::redis::{Redis, Spent};
 use crate::stats::{grouped, number, ratio};
-use crate::system::{Mode, System, Target};
+use crate::system::{Logs, Mode, System, Target};
 use crate::tabs::Transport;
 use crate::{Bench, Worker, caller_name, transport_name};
 
@@ -50,7 +50,11 @@ pub async fn start(target: Target, bench: &Bench, dirs: &Dirs) -> anyhow::Result
         // Port 0: each relay's own gRPC port, as its listener bound it.
         env.push(("REPLICA_URL", "http://127.0.0.1:0".to_owned()));
     }
-    let system = System::start(target, &dirs.bin, &dirs.floor, &env, !bench.no_call_log).await?;
+    let logs = Logs {
+        call_line: !bench.no_call_log,
+        request_span: !bench.no_request_span,
+    };
+    let system = System::start(target, &dirs.bin, &dirs.floor, &env, logs).await?;
     Ok(Running { system, redis })
 }
 

@@ -79,6 +79,33 @@ pub struct System {
     processes: Vec<Child>,
 }
 
+/// What toolrelay logs in a run: as deployed (both), or without one or both of what it logs
+/// for every call.
+#[derive(Debug, Clone, Copy)]
+pub struct Logs {
+    /// The `info` line per finished call.
+    pub call_line: bool,
+    /// The `info` span per HTTP request (its correlation id, method and path).
+    pub request_span: bool,
+}
+
+impl Logs {
+    /// The `RUST_LOG` directives that turn off what is off, after `toolrelay=info`.
+    fn directives(self) -> String {
+        let mut directives = String::new();
+        // The relay's own events, the call's line among them, then stay at `warn`.
+        if !self.call_line {
+            directives.push_str(",toolrelay_relay::relay=warn");
+        }
+        // The span is the gateway's `error` module's (`Correlated::of`); the listening line,
+        // which the bench waits for, is another module's.
+        if !self.request_span {
+            directives.push_str(",toolrelay_gateway::error=warn");
+        }
+        directives
+    }
+}
+
 impl System {
     /// Starts the target with ephemeral loopback ports; `redis` (`REDIS_URL`, …) for the
     /// Redis store.
@@ -88,7 +115,7 @@ impl System {
         bin_dir: &Path,
         floor_dir: &Path,
         redis: &[(&str, String)],
-        call_log: bool,
+        logs: Logs,
     ) -> anyhow::Result<Self> {
         let replicas = match target {
             Target::Toolrelay { replicas, .. } => replicas.max(1),
@@ -96,7 +123,7 @@ impl System {
         };
         let mut started = Vec::with_capacity(replicas);
         for _ in 0..replicas {
-            let replica = Replica::start(target, bin_dir, floor_dir, redis, call_log).await?;
+            let replica = Replica::start(target, bin_dir, floor_dir, redis, logs).await?;
             if target != Target::Floor {
                 // It listens while it connects to its store; it serves once `/readyz` is green.
                 ready(&replica.base).await?;
@@ -174,15 +201,10 @@ impl Replica {
         bin_dir: &Path,
         floor_dir: &Path,
         redis: &[(&str, String)],
-        call_log: bool,
+        logs: Logs,
     ) -> anyhow::Result<Self> {
-        // toolrelay logs every finished call at `info` (its default level); without it, the
-        // relay's own events stay at `warn`.
-        let quiet = if call_log {
-            ""
-        } else {
-            ",toolrelay_relay::relay=warn"
-        };
+        let quiet = logs.directives();
+        let quiet = quiet.as_str();
         // The bench makes thousands of calls a minute from one address to one session, and
         // creates thousands of sessions and holds thousands of connections (tabs) from one
         // address. A split gateway proves itself to its relay with the secret both are given.
