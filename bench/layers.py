@@ -2,6 +2,7 @@
 """Splits a profile of the relay's call loop by layer (BENCHMARKS.md, issue 44).
 
     bench/layers.py perf.txt                                   # CPU samples, by layer
+    bench/layers.py --parts perf.txt                           # … by part of a call's work
     bench/layers.py --per CALLS [--minus SMALL.folded] LARGE.folded
 
 The input is `perf script -F comm,pid,tid,ip,sym` output (CPU samples) or folded stacks,
@@ -9,7 +10,8 @@ The input is `perf script -F comm,pid,tid,ip,sym` output (CPU samples) or folded
 allocations). A sample or an allocation belongs to the layer of the frame nearest its leaf that
 names one (LAYERS, in that order within a frame); none: "other". --minus subtracts another
 profile's counts layer by layer (a shorter run of the same kind: start-up cancels out) and
---per divides by the calls that make the difference.
+--per divides by the calls that make the difference. --parts splits by PARTS instead: the
+product's work per call part by part, beside the kinds of work the floor does too.
 """
 
 import argparse
@@ -45,6 +47,42 @@ LAYERS = [
 ]
 COMPILED = [(name, re.compile(expr)) for name, expr in LAYERS]
 
+# A finer cut (--parts): what each part of the product's work per call costs, beside the kinds of
+# work the floor does too (BENCHMARKS.md, issue 44, the eighth session). The same rule: the
+# first part whose expression a frame matches, walking from the leaf.
+KERNEL = LAYERS[-1][1]
+PARTS = [
+    ("logging: the call's line", r"tracing_core::event::Event::dispatch|telemetry::batched|"
+     r"WriteAdaptor|format_event"),
+    ("logging: the request's span", r"tracing::span::|new_span|try_close|Registry as "
+     r"tracing_core::subscriber::Subscriber>::(enter|exit)|EnvFilter::on_|span_fields|"
+     r"sharded_slab|tracing_subscriber|Correlated::of"),
+    ("metrics: HTTP", r"middleware::observe|Metrics::http_request|prometheus_client"),
+    ("the store: queueing a call", r"MemoryStore>::enqueue_checked|Entry::enqueue|"
+     r"RequestRecord::queued|callers_call_hash"),
+    ("the store: finishing a call (its waiter woken)", r"MemoryStore>::finish|Entry::finish|"
+     r"finished::|SessionChannel::announce|Mailbox::put"),
+    ("the store: listening for the answer", r"MemoryStore>::listen_for_answer|"
+     r"SessionChannel::wait_for|events::Waiting"),
+    ("metrics: the store's operations timed", r"store::observed"),
+    ("the store: the caller's budget, the rest", r"toolrelay_relay::store::memory"),
+    ("the argument check (the function's schema)", r"manifest::check|jsonschema"),
+    ("the relay's admission (caller keys, budgets, approvals)", r"ops::calls::admitted|limits::|"
+     r"approvals::|named_session"),
+    ("the hand-over to the tab (its connection core, channels)", r"domain::provider|"
+     r"domain::downlink|domain::channel|tokio::sync"),
+    ("the tab's socket (frames in and out)", r"tungstenite|transport::ws|provider_socket"),
+    ("the answer's way back (the wait, the answer's checks)", r"relay::answers|relay::waiting|"
+     r"relay::content"),
+    ("the relay's queueing and views", r"toolrelay_relay::domain|toolrelay_relay::ops"),
+    ("the gateway's checks", r"toolrelay_gateway::middleware|toolrelay_gateway::limits"),
+    ("the gateway's handler", r"toolrelay_gateway::|rmcp::"),
+    ("HTTP (hyper, poem)", r"hyper::|poem::|h2::|http::|transport::listen"),
+    ("JSON elsewhere", r"serde_json|serde::"),
+    ("the runtime", r"tokio::runtime|tokio::time|tokio::task|rewoken"),
+    ("the kernel", KERNEL),
+]
+
 # Rust's legacy symbol escapes, as heaptrack prints some frames (`_$LT$a..b$GT$`).
 ESCAPES = [("$LT$", "<"), ("$GT$", ">"), ("$u20$", " "), ("$C$", ","), ("$RF$", "&"),
            ("$BP$", "*"), ("$u7b$", "{"), ("$u7d$", "}"), ("$u5b$", "["), ("$u5d$", "]"),
@@ -59,9 +97,9 @@ def demangle(frame):
     return frame[1:] if frame.startswith("_<") else frame
 
 
-def layer_of(frames_leaf_first):
+def layer_of(frames_leaf_first, table=COMPILED):
     for frame in map(demangle, frames_leaf_first):
-        for name, expr in COMPILED:
+        for name, expr in table:
             if expr.search(frame):
                 return name
     return "other"
@@ -85,13 +123,13 @@ def folded_samples(path):
                 yield list(reversed(stack.split(";"))), int(count)
 
 
-def profile(path):
+def profile(path, table=COMPILED):
     with open(path, errors="replace") as text:
         first = text.readline()
     folded = bool(re.search(r";.* \d+$", first.rstrip("\n"))) or path.endswith(".folded")
     counts = collections.Counter()
     for frames, count in (folded_samples if folded else perf_samples)(path):
-        counts[layer_of(frames)] += count
+        counts[layer_of(frames, table)] += count
     return counts
 
 
@@ -100,13 +138,16 @@ def main():
     parser.add_argument("profile")
     parser.add_argument("--minus")
     parser.add_argument("--per", type=int)
+    parser.add_argument("--parts", action="store_true")
     args = parser.parse_args()
-    counts = profile(args.profile)
+    table, names = (PARTS, "part") if args.parts else (LAYERS, "layer")
+    compiled = [(name, re.compile(expr)) for name, expr in table]
+    counts = profile(args.profile, compiled)
     if args.minus:
-        counts.subtract(profile(args.minus))
+        counts.subtract(profile(args.minus, compiled))
     total = sum(counts.values())
-    order = [name for name, _ in LAYERS] + ["other"]
-    print("| layer | share | " + ("per call |" if args.per else "count |"))
+    order = [name for name, _ in table] + ["other"]
+    print(f"| {names} | share | " + ("per call |" if args.per else "count |"))
     print("|---|---|---|")
     for name in order:
         count = counts.get(name, 0)

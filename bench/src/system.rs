@@ -90,12 +90,15 @@ pub struct Logs {
 }
 
 impl Logs {
-    /// The `RUST_LOG` directives that turn off what is off, after `toolrelay=info`.
+    /// The `RUST_LOG` directives that turn off what is off, after the binary's own `=info`
+    /// (`toolrelay`, or in a split deployment `toolrelay_relay` and `toolrelay_gateway`). Each
+    /// names the module its events are logged from: a directive matches targets by prefix, so
+    /// a name that is only re-exported (`toolrelay_relay::relay`) matches nothing.
     fn directives(self) -> String {
         let mut directives = String::new();
         // The relay's own events, the call's line among them, then stay at `warn`.
         if !self.call_line {
-            directives.push_str(",toolrelay_relay::relay=warn");
+            directives.push_str(",toolrelay_relay::domain::relay=warn");
         }
         // The span is the gateway's `error` module's (`Correlated::of`); the listening line,
         // which the bench waits for, is another module's.
