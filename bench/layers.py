@@ -20,6 +20,11 @@ import importlib.util
 import pathlib
 import re
 
+# A frame of the kernel's, or of the C library's system-call wrappers.
+KERNEL = (r"\[k\]|^entry_SYSCALL|^__x64_sys|^do_syscall|_raw_spin|finish_task_switch|^tcp_|"
+          r"^__tcp|^ip_|^__dev_queue|^sock_|^__libc_(send|recv)|^(send|recv)(to|from|msg)?$|"
+          r"^epoll|^__GI___libc_(write|read)")
+
 # (layer, regular expression on a frame). The first layer whose expression a frame matches,
 # walking from the leaf, takes the sample.
 LAYERS = [
@@ -41,16 +46,12 @@ LAYERS = [
     ("HTTP parsing and middleware (hyper, poem)", r"hyper::|poem::|h2::|http::"),
     ("JSON (serde) outside the layers above", r"serde_json|serde::"),
     ("the runtime (scheduling, wake-ups, timers)", r"tokio::runtime|tokio::time|tokio::task"),
-    ("the kernel (syscalls, loopback TCP)", r"\[k\]|^entry_SYSCALL|^__x64_sys|^do_syscall|"
-     r"_raw_spin|finish_task_switch|^tcp_|^__tcp|^ip_|^__dev_queue|^sock_|^__libc_(send|recv)|"
-     r"^(send|recv)(to|from|msg)?$|^epoll|^__GI___libc_(write|read)"),
+    ("the kernel (syscalls, loopback TCP)", KERNEL),
 ]
-COMPILED = [(name, re.compile(expr)) for name, expr in LAYERS]
 
 # A finer cut (--parts): what each part of the product's work per call costs, beside the kinds of
 # work the floor does too (BENCHMARKS.md, issue 44, the eighth session). The same rule: the
 # first part whose expression a frame matches, walking from the leaf.
-KERNEL = LAYERS[-1][1]
 PARTS = [
     ("logging: the call's line", r"tracing_core::event::Event::dispatch|telemetry::batched|"
      r"WriteAdaptor|format_event"),
@@ -97,7 +98,7 @@ def demangle(frame):
     return frame[1:] if frame.startswith("_<") else frame
 
 
-def layer_of(frames_leaf_first, table=COMPILED):
+def layer_of(frames_leaf_first, table):
     for frame in map(demangle, frames_leaf_first):
         for name, expr in table:
             if expr.search(frame):
@@ -123,7 +124,7 @@ def folded_samples(path):
                 yield list(reversed(stack.split(";"))), int(count)
 
 
-def profile(path, table=COMPILED):
+def profile(path, table):
     with open(path, errors="replace") as text:
         first = text.readline()
     folded = bool(re.search(r";.* \d+$", first.rstrip("\n"))) or path.endswith(".folded")

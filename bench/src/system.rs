@@ -89,6 +89,13 @@ pub struct Logs {
     pub request_span: bool,
 }
 
+/// The module the line per finished call is logged from (its `answers`), with the relay's
+/// other events.
+const CALL_LINE_MODULE: &str = "toolrelay_relay::domain::relay";
+/// The module whose `Correlated::of` opens each HTTP request's span; the listening line, which
+/// the bench waits for, is another module's.
+const REQUEST_SPAN_MODULE: &str = "toolrelay_gateway::error";
+
 impl Logs {
     /// The `RUST_LOG` directives that turn off what is off, after the binary's own `=info`
     /// (`toolrelay`, or in a split deployment `toolrelay_relay` and `toolrelay_gateway`). Each
@@ -96,14 +103,13 @@ impl Logs {
     /// a name that is only re-exported (`toolrelay_relay::relay`) matches nothing.
     fn directives(self) -> String {
         let mut directives = String::new();
-        // The relay's own events, the call's line among them, then stay at `warn`.
-        if !self.call_line {
-            directives.push_str(",toolrelay_relay::domain::relay=warn");
-        }
-        // The span is the gateway's `error` module's (`Correlated::of`); the listening line,
-        // which the bench waits for, is another module's.
-        if !self.request_span {
-            directives.push_str(",toolrelay_gateway::error=warn");
+        for (off, module) in [
+            (!self.call_line, CALL_LINE_MODULE),
+            (!self.request_span, REQUEST_SPAN_MODULE),
+        ] {
+            if off {
+                directives.push_str(&format!(",{module}=warn"));
+            }
         }
         directives
     }
@@ -206,8 +212,7 @@ impl Replica {
         redis: &[(&str, String)],
         logs: Logs,
     ) -> anyhow::Result<Self> {
-        let quiet = logs.directives();
-        let quiet = quiet.as_str();
+        let quiet = &logs.directives();
         // The bench makes thousands of calls a minute from one address to one session, and
         // creates thousands of sessions and holds thousands of connections (tabs) from one
         // address. A split gateway proves itself to its relay with the secret both are given.
@@ -390,4 +395,60 @@ pub async fn spawn(
         }
     });
     Ok((child, line))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The source of module `path` (`crate::a::b`): its file, or the files of its folder.
+    fn module_source(path: &str) -> String {
+        let mut parts = path.split("::");
+        let folder = match parts.next() {
+            Some("toolrelay_relay") => "services/relay/src",
+            Some("toolrelay_gateway") => "services/gateway/src",
+            other => panic!("no crate of the workspace: {other:?}"),
+        };
+        let mut at = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join(folder);
+        at.extend(parts);
+        let file = at.with_extension("rs");
+        if file.is_file() {
+            return std::fs::read_to_string(&file).expect("a module's file reads");
+        }
+        let files = std::fs::read_dir(&at)
+            .unwrap_or_else(|error| panic!("{path} is no module ({}): {error}", at.display()));
+        files
+            .map(|entry| entry.expect("a folder's entry").path())
+            .filter(|file| file.extension().is_some_and(|extension| extension == "rs"))
+            .map(|file| std::fs::read_to_string(file).expect("a module's file reads"))
+            .collect()
+    }
+
+    /// A directive naming a module that moved matches nothing and turns nothing off (as
+    /// `--no-call-log` did from 29 to 30 November): each names the module its lines are in.
+    #[test]
+    fn each_log_directive_names_the_module_its_lines_are_logged_from() {
+        let deployed = Logs {
+            call_line: true,
+            request_span: true,
+        };
+        assert_eq!(deployed.directives(), "");
+        let quiet = Logs {
+            call_line: false,
+            request_span: false,
+        }
+        .directives();
+        for (module, markers) in [
+            (CALL_LINE_MODULE, &["\"call finished\""][..]),
+            (REQUEST_SPAN_MODULE, &["info_span!(", "\"request\","][..]),
+        ] {
+            assert!(quiet.contains(&format!(",{module}=warn")), "{quiet}");
+            let source = module_source(module);
+            for marker in markers {
+                assert!(source.contains(marker), "{module} has no {marker}");
+            }
+        }
+    }
 }
