@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use command_fds::{CommandFdExt, FdMapping};
 use nix::sys::memfd::{MFdFlags, memfd_create};
+use nix::sys::signal::{Signal, kill};
 use nix::sys::wait::{WaitPidFlag, waitpid};
 use nix::unistd::Pid;
 use serde_json::Value;
@@ -576,7 +577,12 @@ impl UidLease {
             // Claimed first, so that no other relay starts a run as `uid` between the check
             // for its processes and this run's start.
             let claimed = claim(uid)?;
-            (!has_processes(uid)).then_some((uid, claimed))
+            if has_processes(uid) {
+                // Runs left by a relay that died are ended: the uid is free for a later run.
+                end_orphaned_runs(uid);
+                return None;
+            }
+            Some((uid, claimed))
         })?;
         used.insert(uid, claimed);
         Some(Self(uid))
@@ -601,6 +607,7 @@ fn claim(uid: u32) -> Option<Option<UnixListener>> {
 
 impl Drop for UidLease {
     fn drop(&mut self) {
+        end_orphaned_runs(self.0);
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => drop(runtime.spawn(release(self.0))),
             // No runtime to wait on: free it now; has_processes guards the next take.
@@ -657,6 +664,8 @@ async fn release(uid: u32) {
             locked(&UIDS_IN_USE).remove(&uid);
             return;
         }
+        // An outer bubblewrap killed a moment ago may have left its inner process only now.
+        end_orphaned_runs(uid);
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     tracing::error!(
@@ -667,16 +676,59 @@ async fn release(uid: u32) {
 
 /// Whether any process runs as `uid`.
 fn has_processes(uid: u32) -> bool {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return false;
-    };
-    entries.filter_map(Result::ok).any(|entry| {
-        entry
-            .file_name()
-            .to_str()
-            .is_some_and(|name| name.bytes().all(|byte| byte.is_ascii_digit()))
-            && entry.metadata().is_ok_and(|meta| meta.uid() == uid)
-    })
+    processes_of(uid).next().is_some()
+}
+
+/// The processes (zombies too) running as `uid` that this process can see.
+fn processes_of(uid: u32) -> impl Iterator<Item = i32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter_map(move |entry| {
+            let pid = entry.file_name().to_str()?.parse::<i32>().ok()?;
+            entry
+                .metadata()
+                .is_ok_and(|meta| meta.uid() == uid)
+                .then_some(pid)
+        })
+}
+
+/// Ends the runs as `uid` that bubblewrap left behind. bubblewrap's inner process (pid 1 of
+/// the run's PID namespace) is bound to its outer one (`--die-with-parent`) only once it has
+/// set up, so an outer process killed before then (a run cancelled at once, a relay killed)
+/// leaves it running with the run's code, adopted by whatever reaps orphans. Such a process,
+/// pid 1 of a PID namespace below this one whose parent does not run as `uid`, is killed, and
+/// its namespace with it. A run under way never is one (its inner process's parent is its
+/// outer one, as `uid`), whichever relay on this host started it; nor is any process that is
+/// not bubblewrap's inner one.
+fn end_orphaned_runs(uid: u32) {
+    for pid in processes_of(uid) {
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+            continue;
+        };
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix(name))
+                .map(str::trim)
+        };
+        // "NSpid: <pid here> … <pid in its own namespace>"
+        let ids: Vec<&str> = field("NSpid:")
+            .unwrap_or_default()
+            .split_whitespace()
+            .collect();
+        let namespace_init = ids.len() > 1 && ids.last() == Some(&"1");
+        let real_uid = field("Uid:").and_then(|ids| ids.split_whitespace().next());
+        let parent_uid = field("PPid:")
+            .and_then(|ppid| std::fs::metadata(format!("/proc/{ppid}")).ok())
+            .map(|meta| meta.uid());
+        let adopted = parent_uid != Some(uid);
+        if namespace_init && adopted && real_uid == Some(uid.to_string().as_str()) {
+            // Gone already: nothing to do.
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
 }
 
 /// The last `cap` bytes a stream gives, and whether anything before them was dropped (the
