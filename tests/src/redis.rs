@@ -3,10 +3,17 @@
 
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::time::Duration;
 
 use tokio::process::{Child, Command};
+use tokio::time::timeout;
 
 use crate::{PATIENCE, free_port, wait_until};
+
+/// How long one try to reach a starting redis-server may take.
+const ATTEMPT: Duration = Duration::from_secs(1);
+/// What redis-server logs to, in its directory.
+const LOG_FILE: &str = "redis.log";
 
 /// A running `redis-server`.
 pub struct RedisServer {
@@ -110,9 +117,11 @@ impl RedisServer {
     async fn answered_or_exited(&mut self) -> bool {
         let deadline = tokio::time::Instant::now() + PATIENCE;
         loop {
-            // Answered by this process, not by another server holding the port.
+            // Answered by this process, not by another server holding the port. Each try is
+            // short: another test's listener that took the port may never answer at all.
+            let answered = timeout(ATTEMPT, self.process_id()).await;
             if let Some(pid) = self.child.as_ref().and_then(Child::id)
-                && self.process_id().await == Some(pid)
+                && answered.ok().flatten() == Some(pid)
             {
                 return true;
             }
@@ -125,10 +134,11 @@ impl RedisServer {
             }
             assert!(
                 tokio::time::Instant::now() < deadline,
-                "redis-server on port {} did not answer",
-                self.port
+                "redis-server on port {} did not answer; its log ends:\n{}",
+                self.port,
+                self.log_tail()
             );
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
@@ -152,10 +162,23 @@ impl RedisServer {
     async fn run(&mut self) {
         self.spawn();
         wait_until(PATIENCE, async || {
-            let pinged = self.ping().await;
-            pinged.map_err(|_| format!("redis-server on port {} did not answer", self.port))
+            match timeout(ATTEMPT, self.ping()).await {
+                Ok(Ok(())) => Ok(()),
+                _ => Err(format!(
+                    "redis-server on port {} did not answer; its log ends:\n{}",
+                    self.port,
+                    self.log_tail()
+                )),
+            }
         })
         .await;
+    }
+
+    /// The last lines redis-server logged, for a message saying why it did not answer.
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.join(LOG_FILE)).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(12)..].join("\n")
     }
 
     /// Starts the process on its port.
@@ -193,7 +216,10 @@ impl RedisServer {
             // A replica is sent the data at once (Redis waits 5 s for more replicas otherwise).
             .args(["--repl-diskless-sync-delay", "0"])
             .arg("--dir")
-            .arg(&self.dir);
+            .arg(&self.dir)
+            // Kept with its files (its stdout is not), for a message when it does not answer.
+            .arg("--logfile")
+            .arg(self.dir.join(LOG_FILE));
         if self.durable {
             command.args(["--appendonly", "yes", "--appendfsync", "always"]);
         } else {
