@@ -21,11 +21,26 @@ use toolrelay_tests::{PATIENCE, wait_until};
 /// The first uid the sandbox gives a run (`SandboxConfig::base_uid`).
 const BASE_UID: u32 = 61000;
 
+/// A planted leftover, killed when dropped if it is still there (a test that fails before the
+/// relay ends it leaves nothing running).
+struct Orphan(u32);
+
+impl Drop for Orphan {
+    fn drop(&mut self) {
+        if status_field(self.0, "State:").is_some_and(|state| !state.starts_with('Z')) {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", &self.0.to_string()])
+                .status();
+        }
+    }
+}
+
 /// What bubblewrap leaves when its outer process is killed before the inner one has set up:
 /// the inner process (pid 1 of a PID namespace of its own, here running `sleep`), running as
 /// `uid` and adopted by whatever reaps orphans. Made the same way: a bubblewrap as `uid`
-/// without `--die-with-parent`, its outer process killed. Returns the inner one's pid.
-async fn plant_orphan(uid: u32) -> u32 {
+/// without `--die-with-parent`, its outer process killed. Its `sleep` ends by itself after two
+/// minutes, should this test be killed before it can clean up.
+async fn plant_orphan(uid: u32) -> Orphan {
     let uid = uid.to_string();
     let mut outer = Command::new("setpriv")
         .args(["--reuid", &uid, "--regid", &uid, "--clear-groups", "--"])
@@ -37,7 +52,7 @@ async fn plant_orphan(uid: u32) -> u32 {
             "/",
             "/",
         ])
-        .args(["sleep", "600"])
+        .args(["sleep", "120"])
         .kill_on_drop(true)
         .spawn()
         .unwrap();
@@ -56,13 +71,13 @@ async fn plant_orphan(uid: u32) -> u32 {
         _ => Err("the inner process was not adopted"),
     })
     .await;
-    inner
+    Orphan(inner)
 }
 
 /// Waits (with a deadline) until the process `pid` has been killed (it is gone, or a zombie
 /// waiting for whoever adopted it).
-async fn until_killed(pid: u32, what: &str) {
-    wait_until(PATIENCE, async || match status_field(pid, "State:") {
+async fn until_killed(orphan: &Orphan, what: &str) {
+    wait_until(PATIENCE, async || match status_field(orphan.0, "State:") {
         Some(state) if !state.starts_with('Z') => Err(format!("{what} still runs ({state})")),
         _ => Ok(()),
     })
@@ -102,7 +117,7 @@ async fn runs_bubblewrap_left_behind_are_ended() {
     // start-up probe) finds it there, ends it and takes the next uid.
     let left_by_the_dead = plant_orphan(BASE_UID).await;
     let system = System::binary(&[]).await;
-    until_killed(left_by_the_dead, "the run left by a relay that died").await;
+    until_killed(&left_by_the_dead, "the run left by a relay that died").await;
     let built = ok(
         &system,
         "leftovers",
@@ -124,5 +139,5 @@ async fn runs_bubblewrap_left_behind_are_ended() {
     release(held);
     let answer = running.await;
     assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
-    until_killed(left_beside_the_run, "the run left as a run's uid").await;
+    until_killed(&left_beside_the_run, "the run left as a run's uid").await;
 }
