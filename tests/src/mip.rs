@@ -75,8 +75,8 @@ fn processes() -> Vec<(u32, u32)> {
         .collect()
 }
 
-/// Processes that descend from `pid`.
-fn descendants_of(pid: u32) -> Vec<u32> {
+/// Processes that descend from `pid` (live ones, not zombies).
+pub fn descendants_of(pid: u32) -> Vec<u32> {
     let all = processes();
     let mut family = vec![pid];
     let mut next = 0;

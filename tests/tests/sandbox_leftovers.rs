@@ -14,7 +14,7 @@ use std::os::unix::fs::MetadataExt;
 
 use reqwest::StatusCode;
 use tokio::process::Command;
-use toolrelay_tests::mip::{PLAN, ok, release, start_held_run};
+use toolrelay_tests::mip::{PLAN, descendants_of, ok, release, start_held_run};
 use toolrelay_tests::system::System;
 use toolrelay_tests::{PATIENCE, wait_until};
 
@@ -58,7 +58,7 @@ async fn plant_orphan(uid: u32) -> Orphan {
         .unwrap();
     let outer_pid = outer.id().unwrap();
     let inner = wait_until(PATIENCE, async || {
-        let inner = children_of(outer_pid).into_iter().find(|&pid| {
+        let inner = descendants_of(outer_pid).into_iter().find(|&pid| {
             status_field(pid, "NSpid:").is_some_and(|ids| ids.ends_with("\t1"))
                 && status_field(pid, "Uid:").is_some_and(|ids| ids.starts_with(&uid))
         });
@@ -89,15 +89,6 @@ fn status_field(pid: u32, name: &str) -> Option<String> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let value = status.lines().find_map(|line| line.strip_prefix(name))?;
     Some(value.trim().to_owned())
-}
-
-/// The processes whose parent is `pid`.
-fn children_of(pid: u32) -> Vec<u32> {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&child| status_field(child, "PPid:") == Some(pid.to_string()))
-        .collect()
 }
 
 /// The real uid of process `pid`.
