@@ -169,10 +169,6 @@ struct Bench {
     /// Run toolrelay without its `info` line per finished call (deployed: with it).
     #[arg(long)]
     no_call_log: bool,
-    /// Run toolrelay without the span it opens for each HTTP request (its correlation id,
-    /// method and path; deployed: with it). With `--no-call-log`: what logging costs a call.
-    #[arg(long)]
-    no_request_span: bool,
     /// Leave the floor out.
     #[arg(long)]
     no_floor: bool,

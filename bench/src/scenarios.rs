@@ -52,7 +52,6 @@ pub async fn start(target: Target, bench: &Bench, dirs: &Dirs) -> anyhow::Result
     }
     let logs = Logs {
         call_line: !bench.no_call_log,
-        request_span: !bench.no_request_span,
     };
     let system = System::start(target, &dirs.bin, &dirs.floor, &env, logs).await?;
     Ok(Running { system, redis })

@@ -79,22 +79,16 @@ pub struct System {
     processes: Vec<Child>,
 }
 
-/// What toolrelay logs in a run: as deployed (both), or without one or both of what it logs
-/// for every call.
+/// What toolrelay logs in a run: as deployed, or without what it logs for every call.
 #[derive(Debug, Clone, Copy)]
 pub struct Logs {
     /// The `info` line per finished call.
     pub call_line: bool,
-    /// The `info` span per HTTP request (its correlation id, method and path).
-    pub request_span: bool,
 }
 
 /// The module the line per finished call is logged from (its `answers`), with the relay's
 /// other events.
 const CALL_LINE_MODULE: &str = "toolrelay_relay::domain::relay";
-/// The module whose `Correlated::of` opens each HTTP request's span; the listening line, which
-/// the bench waits for, is another module's.
-const REQUEST_SPAN_MODULE: &str = "toolrelay_gateway::error";
 
 impl Logs {
     /// The `RUST_LOG` directives that turn off what is off, after the binary's own `=info`
@@ -103,13 +97,8 @@ impl Logs {
     /// a name that is only re-exported (`toolrelay_relay::relay`) matches nothing.
     fn directives(self) -> String {
         let mut directives = String::new();
-        for (off, module) in [
-            (!self.call_line, CALL_LINE_MODULE),
-            (!self.request_span, REQUEST_SPAN_MODULE),
-        ] {
-            if off {
-                directives.push_str(&format!(",{module}=warn"));
-            }
+        if !self.call_line {
+            directives.push_str(&format!(",{CALL_LINE_MODULE}=warn"));
         }
         directives
     }
@@ -429,26 +418,14 @@ mod tests {
     /// A directive naming a module that moved matches nothing and turns nothing off (as
     /// `--no-call-log` did from 29 to 30 November): each names the module its lines are in.
     #[test]
-    fn each_log_directive_names_the_module_its_lines_are_logged_from() {
-        let deployed = Logs {
-            call_line: true,
-            request_span: true,
-        };
-        assert_eq!(deployed.directives(), "");
-        let quiet = Logs {
-            call_line: false,
-            request_span: false,
-        }
-        .directives();
-        for (module, markers) in [
-            (CALL_LINE_MODULE, &["\"call finished\""][..]),
-            (REQUEST_SPAN_MODULE, &["info_span!(", "\"request\","][..]),
-        ] {
-            assert!(quiet.contains(&format!(",{module}=warn")), "{quiet}");
-            let source = module_source(module);
-            for marker in markers {
-                assert!(source.contains(marker), "{module} has no {marker}");
-            }
-        }
+    fn the_call_line_directive_names_the_module_the_line_is_logged_from() {
+        assert_eq!(Logs { call_line: true }.directives(), "");
+        let quiet = Logs { call_line: false }.directives();
+        assert_eq!(quiet, format!(",{CALL_LINE_MODULE}=warn"));
+        let source = module_source(CALL_LINE_MODULE);
+        assert!(
+            source.contains("\"call finished\""),
+            "{CALL_LINE_MODULE} has no \"call finished\""
+        );
     }
 }

@@ -138,6 +138,15 @@ async fn calls_and_refusals_are_logged_with_their_correlation_id_across_processe
     )
     .await;
     assert_eq!(refused.status, StatusCode::NOT_FOUND);
+    let created = send(
+        system
+            .http
+            .post(system.url("/api/sessions"))
+            .header("x-request-id", "corr-create-0003")
+            .json(&json!({})),
+    )
+    .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
 
     // The relay (another process) logs the call under the gateway's correlation id.
     let finished = system
@@ -165,6 +174,26 @@ async fn calls_and_refusals_are_logged_with_their_correlation_id_across_processe
         "{refusal}"
     );
     assert_eq!(refusal["span"]["method"], "GET", "{refusal}");
+    assert_eq!(
+        refusal["spans"][0]["path"], "/api/sessions/ZZZZ…/metadata",
+        "{refusal}"
+    );
+    // A line the relay logs while it answers an RPC carries the RPC, under the id the gateway
+    // passed on.
+    let created = system
+        .logs
+        .until("of the session's creation", |line| {
+            line.contains("session created") && line.contains("corr-create-0003")
+        })
+        .await;
+    let created: serde_json::Value = serde_json::from_str(&created).unwrap();
+    assert_eq!(created["span"]["name"], "rpc", "{created}");
+    assert_eq!(
+        created["span"]["correlation_id"], "corr-create-0003",
+        "{created}"
+    );
+    let method = created["span"]["method"].as_str().unwrap_or_default();
+    assert!(method.ends_with("/CreateSession"), "{created}");
     system.terminate().await;
     system.exited().await;
     assert!(
@@ -210,6 +239,13 @@ async fn text_logs_have_no_colour_codes_off_a_terminal() {
         .unwrap();
     let logs = String::from_utf8_lossy(&output.stdout);
     assert!(logs.contains("request refused"), "{logs}");
+    // The request, as tracing shows a span: its correlation id, method and path without the
+    // code.
+    assert!(
+        logs.contains(" INFO request{correlation_id=")
+            && logs.contains(" method=GET path=/api/sessions/ZZZZ…}: "),
+        "{logs}"
+    );
     assert!(!logs.contains('\u{1b}'), "{logs}");
 }
 

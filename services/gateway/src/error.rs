@@ -17,23 +17,15 @@ use poem_openapi::registry::{MetaResponses, Registry};
 use poem_openapi::{ApiResponse, Object};
 use toolrelay::errors::{FailureCode, ToolCode};
 use toolrelay::json::ReadError;
-use toolrelay_relay::front::{ErrorCode, ErrorInfo, ErrorKind};
-use tracing::Instrument;
+use toolrelay_relay::front::{ErrorCode, ErrorInfo, ErrorKind, RequestContext};
 
 /// Header carrying the correlation id, in and out.
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
-/// Longest correlation id taken from a client.
-const MAX_REQUEST_ID: usize = 128;
-
-tokio::task_local! {
-    static CORRELATION_ID: String;
-}
 
 /// The current request's correlation id.
 pub fn correlation_id() -> String {
-    CORRELATION_ID
-        .try_with(Clone::clone)
-        .unwrap_or_else(|_| "none".to_owned())
+    RequestContext::with_current(|request| request.correlation_id().to_owned())
+        .unwrap_or_else(|| "none".to_owned())
 }
 
 /// Every error answer of the API.
@@ -195,54 +187,43 @@ fn status_of(kind: ErrorKind) -> StatusCode {
     }
 }
 
-/// A request's correlation id (its `x-request-id`, or a new one) and its span: the request is
-/// answered in that span ([`Correlated::answer`]), the id is echoed in the response, and errors
-/// poem raised itself become the API's error body.
+/// A request's correlation id (its `x-request-id`, or a new one) and its context for the logs:
+/// the request is answered in that context ([`Correlated::answer`]), the id is echoed in the
+/// response, and errors poem raised itself become the API's error body.
 pub struct Correlated {
     id: String,
+    method: poem::http::Method,
     /// A clone of the URI shares its bytes: no copy of the path for a request that succeeds.
     uri: poem::http::Uri,
-    span: tracing::Span,
 }
 
 impl Correlated {
-    /// The correlation id and span of `request`.
+    /// The correlation id and context of `request`.
     pub fn of(request: &Request) -> Self {
-        let id = request
+        let sent = request
             .headers()
             .get(REQUEST_ID_HEADER)
-            .and_then(|value| value.to_str().ok())
-            .filter(|id| {
-                !id.is_empty()
-                    && id.len() <= MAX_REQUEST_ID
-                    && id.bytes().all(|b| b.is_ascii_graphic())
-            })
-            .map_or_else(toolrelay_relay::front::unique_id, str::to_owned);
-        let span = tracing::info_span!(
-            "request",
-            correlation_id = %id,
-            method = %request.method(),
-            path = %toolrelay_relay::front::redacted_path(request.uri().path()),
-        );
+            .and_then(|value| value.to_str().ok());
         Self {
-            id,
+            id: RequestContext::correlation_id_from(sent),
+            method: request.method().clone(),
             uri: request.uri().clone(),
-            span,
         }
     }
 
-    /// Runs the request's handling (the future `answering` makes) in the request's span and
-    /// with its correlation id, and gives its answer the id and, for an error poem raised, the
-    /// API's error body. (The future is made inside, where it is awaited: taken made, it was
-    /// held three times over in this one's.)
+    /// Runs the request's handling (the future `answering` makes) in the request's context
+    /// (its lines carry its correlation id, method and path), and gives its answer the id and,
+    /// for an error poem raised, the API's error body. (The future is made inside, where it is
+    /// awaited: taken made, it was held three times over in this one's.)
     pub async fn answer<F>(self, answering: impl FnOnce() -> F) -> Response
     where
         F: Future<Output = poem::Result<Response>>,
     {
-        let Self { id, uri, span } = self;
+        let Self { id, method, uri } = self;
         let started = std::time::Instant::now();
-        let handled = CORRELATION_ID
-            .scope(id.clone(), async {
+        let context = RequestContext::http(id.clone(), method, uri.clone());
+        let handled = context
+            .scope(async {
                 let response = match answering().await {
                     Ok(response) => response,
                     Err(error) if error.is_from_response() => error.into_response(),
@@ -251,8 +232,8 @@ impl Correlated {
                     }
                     Err(error) => response_for(&error),
                 };
-                // The access log, in the request's span (correlation id, method, path without
-                // secrets): refusals at info, the rest at debug. Never bodies or tokens.
+                // The access log, in the request's context (correlation id, method, path
+                // without secrets): refusals at info, the rest at debug. Never bodies or tokens.
                 let status = response.status().as_u16();
                 let duration_ms = toolrelay_relay::front::millis(started.elapsed());
                 if status >= 400 {
@@ -262,7 +243,6 @@ impl Correlated {
                 }
                 response
             })
-            .instrument(span)
             .await;
         let mut response = handled;
         if let Ok(value) = id.parse() {

@@ -15,7 +15,7 @@ pub use crate::metrics::{Metrics, Refusal, RouteLabel};
 pub use crate::ops;
 pub use crate::relay::{Polled, millis, too_deep_response};
 pub use crate::store::{CallNews, CallProgress};
-pub use crate::telemetry::redacted_path;
+pub use crate::telemetry::{RequestContext, redacted_path};
 pub use crate::{
     AnswerLimits, CallInput, Caller, Downlink, ErrorCode, ErrorInfo, ErrorKind, NewSession,
     ProviderLink, RelayApi, RelayError, RequestView, ResponseOutcome, SessionStatus, Transport,

@@ -26,6 +26,7 @@ use crate::store::Store;
 use crate::store::connecting::{Connecting, Connection};
 use crate::store::memory::{MemoryStore, StoreLimits};
 use crate::store::redis::RedisStore;
+use crate::telemetry::RequestContext;
 use crate::ws;
 
 /// How long the servers may take to close their connections once the drain has ended.
@@ -292,7 +293,7 @@ pub async fn run_sharing(
 }
 
 /// One gRPC connection's service: tonic's routes, with the connection's addresses where tonic
-/// looks for them (`Request::remote_addr`) and each RPC in its span.
+/// looks for them (`Request::remote_addr`) and each RPC in its context for the logs.
 struct GrpcConnection {
     routes: Routes,
     info: TcpConnectInfo,
@@ -304,24 +305,25 @@ impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for GrpcConn
     type Future = futures::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
 
     fn call(&self, mut request: hyper::Request<hyper::body::Incoming>) -> Self::Future {
-        use tracing::Instrument;
         request.extensions_mut().insert(self.info.clone());
-        let span = rpc_span(&request);
+        let context = rpc_context(&request);
         let mut routes = self.routes.clone();
-        Box::pin(tonic::codegen::Service::call(&mut routes, request).instrument(span))
+        Box::pin(context.scope(tonic::codegen::Service::call(&mut routes, request)))
     }
 }
 
-/// The span of one RPC: its method and correlation id (the caller's `x-request-id`, which a
-/// gateway passes on, or a new one), so that every log line of the call carries them.
-fn rpc_span<B>(request: &hyper::Request<B>) -> tracing::Span {
-    let correlation_id = request
+/// The context of one RPC for the logs: its method and correlation id (the caller's
+/// `x-request-id`, which a gateway passes on, or a new one), so that every log line of the call
+/// carries them.
+fn rpc_context<B>(request: &hyper::Request<B>) -> RequestContext {
+    let sent = request
         .headers()
         .get(CORRELATION_ID_METADATA)
-        .and_then(|value| value.to_str().ok())
-        .filter(|id| !id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_graphic()))
-        .map_or_else(crate::code::unique_id, str::to_owned);
-    tracing::info_span!("rpc", %correlation_id, method = %request.uri().path())
+        .and_then(|value| value.to_str().ok());
+    RequestContext::rpc(
+        RequestContext::correlation_id_from(sent),
+        request.uri().clone(),
+    )
 }
 
 /// Turns Nagle's algorithm off on a connection: every message the relay sends is small and

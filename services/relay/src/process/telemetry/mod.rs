@@ -12,6 +12,8 @@
 //! is dropped: when the writer falls behind, loggers wait for it.
 
 mod batched;
+mod context;
+mod lines;
 mod span_fields;
 
 use std::io::IsTerminal;
@@ -21,6 +23,7 @@ use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::time::FormatTime;
 
 pub use batched::LogGuard;
+pub use context::RequestContext;
 
 use crate::config::LogFormat;
 
@@ -32,15 +35,16 @@ pub fn init(format: LogFormat) -> LogGuard {
     let (writer, guard) = batched::batched("toolrelay-log", std::io::stdout());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(writer)
-        .with_timer(LineTime)
-        .with_ansi(std::io::stdout().is_terminal());
+        .with_writer(writer);
     let installed = match format {
-        LogFormat::Text => builder.try_init(),
+        LogFormat::Text => builder
+            .with_ansi(std::io::stdout().is_terminal())
+            .event_format(lines::TextLine::new(LineTime))
+            .try_init(),
         LogFormat::Json => builder
-            .json()
-            .flatten_event(true)
+            .with_ansi(false)
             .fmt_fields(span_fields::JsonSpanFields)
+            .event_format(lines::JsonLine::new(LineTime))
             .try_init(),
     };
     if let Err(error) = installed {

@@ -2,10 +2,9 @@
 //!
 //! tracing-subscriber's JSON formatter keeps each span's fields as JSON text, made when the span
 //! begins: its `JsonFields` first collects them in a map of `serde_json::Value`s, each value a
-//! `String` formatted apart, then writes the map out. Every request begins a span (its
-//! correlation id, method and path), which is seldom printed: that was ~8 allocations a
-//! request. [`JsonSpanFields`] writes the same object without them; a line that prints the span
-//! reads it back as JSON, as before.
+//! `String` formatted apart, then writes the map out. [`JsonSpanFields`] writes the same object
+//! without them, and a JSON line ([`super::lines::JsonLine`]) copies it as it is. (A request's
+//! own context is no span: [`super::RequestContext`].)
 
 use std::cell::RefCell;
 use std::fmt::{self, Write};
@@ -167,7 +166,7 @@ impl Visit for Object<'_, '_> {
 }
 
 /// Writes `text` as a JSON string, escaped as it is formatted.
-fn quoted(writer: &mut Writer<'_>, text: fmt::Arguments<'_>) -> fmt::Result {
+pub(super) fn quoted(writer: &mut Writer<'_>, text: fmt::Arguments<'_>) -> fmt::Result {
     writer.write_char('"')?;
     Escaping(writer).write_fmt(text)?;
     writer.write_char('"')
