@@ -224,7 +224,10 @@ impl Correlated {
         let context = RequestContext::http(id.clone(), method, uri.clone());
         let handled = context
             .scope(async {
-                let response = match answering().await {
+                // Boxed: inline, the handling's future (~3.4 KB) made this one ~19 KB, and
+                // poem boxes the request's whole future, copying it, for every request
+                // (BENCHMARKS.md, issue 44).
+                let response = match Box::pin(answering()).await {
                     Ok(response) => response,
                     Err(error) if error.is_from_response() => error.into_response(),
                     Err(error) if is_tool_route(uri.path()) => {
