@@ -115,6 +115,38 @@ impl std::fmt::Display for RedactedPath<'_> {
     }
 }
 
+/// Where a test's subscriber writes its lines.
+#[cfg(test)]
+#[derive(Clone, Default)]
+struct TestLines(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+#[cfg(test)]
+impl TestLines {
+    /// The text written so far, taken.
+    fn text(&self) -> String {
+        String::from_utf8(std::mem::take(&mut *self.0.lock().unwrap())).unwrap()
+    }
+}
+
+#[cfg(test)]
+impl std::io::Write for TestLines {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for TestLines {
+    type Writer = Self;
+    fn make_writer(&'a self) -> Self {
+        self.clone()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

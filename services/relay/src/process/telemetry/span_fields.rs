@@ -177,24 +177,26 @@ struct Escaping<'a, 'writer>(&'a mut Writer<'writer>);
 
 impl Write for Escaping<'_, '_> {
     fn write_str(&mut self, text: &str) -> fmt::Result {
+        // Byte by byte: each byte escaped is ASCII, so it is a character of its own and the
+        // text either side of it is whole characters.
         let mut plain = 0;
-        for (at, c) in text.char_indices() {
-            let escape = match c {
-                '"' => "\\\"",
-                '\\' => "\\\\",
-                '\n' => "\\n",
-                '\r' => "\\r",
-                '\t' => "\\t",
-                c if c < ' ' => "",
+        for (at, &byte) in text.as_bytes().iter().enumerate() {
+            let escape = match byte {
+                b'"' => "\\\"",
+                b'\\' => "\\\\",
+                b'\n' => "\\n",
+                b'\r' => "\\r",
+                b'\t' => "\\t",
+                byte if byte < b' ' => "",
                 _ => continue,
             };
             self.0.write_str(&text[plain..at])?;
             if escape.is_empty() {
-                write!(self.0, "\\u{:04x}", u32::from(c))?;
+                write!(self.0, "\\u{byte:04x}")?;
             } else {
                 self.0.write_str(escape)?;
             }
-            plain = at + c.len_utf8();
+            plain = at + 1;
         }
         self.0.write_str(&text[plain..])
     }
@@ -202,32 +204,8 @@ impl Write for Escaping<'_, '_> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
-
-    use tracing_subscriber::fmt::MakeWriter;
-
+    use super::super::TestLines as Lines;
     use super::*;
-
-    /// Where a test's subscriber writes its lines.
-    #[derive(Clone, Default)]
-    struct Lines(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Lines {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    impl<'a> MakeWriter<'a> for Lines {
-        type Writer = Self;
-        fn make_writer(&'a self) -> Self {
-            self.clone()
-        }
-    }
 
     /// The spans of the line an event inside nested spans logs (with fields recorded after a
     /// span began), as JSON.
@@ -255,8 +233,7 @@ mod tests {
             let _inner = inner.enter();
             tracing::info!(status = 200, "line");
         });
-        let bytes = lines.0.lock().unwrap().clone();
-        let line: Value = serde_json::from_slice(&bytes).unwrap();
+        let line: Value = serde_json::from_str(&lines.text()).unwrap();
         serde_json::json!({"span": line["span"], "spans": line["spans"]})
     }
 
