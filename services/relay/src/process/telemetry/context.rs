@@ -77,9 +77,10 @@ impl RequestContext {
         &self.correlation_id
     }
 
-    /// Runs `answering` with this as the current request's context.
-    pub async fn scope<F: Future>(self, answering: F) -> F::Output {
-        CURRENT.scope(self, answering).await
+    /// `answering`, run with this as the current request's context. (Not an `async fn`: one
+    /// would hold `answering` twice over, as its argument and inside the scope.)
+    pub fn scope<F: Future>(self, answering: F) -> impl Future<Output = F::Output> {
+        CURRENT.scope(self, answering)
     }
 
     /// Gives `read` the context of the request the current task is answering, if it is one.

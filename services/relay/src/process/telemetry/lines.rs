@@ -79,7 +79,12 @@ where
         let (level, colour) = level_text(*event.metadata().level());
         paint(&mut writer, colour, &level)?;
         writer.write_char(' ')?;
+        // As a span: not for an event given its parent (or none) rather than the current span.
+        let contextual = event.is_contextual();
         RequestContext::with_current(|request| -> fmt::Result {
+            if !contextual {
+                return Ok(());
+            }
             paint(&mut writer, BOLD, &request.name())?;
             paint(&mut writer, BOLD, &"{")?;
             let mut first = true;
@@ -301,7 +306,8 @@ mod tests {
     }
 
     const PATH: &str = "/api/sessions/ABCD2345/ws";
-    const ODD: &str = "quote \" backslash \\ newline \n tab \t bell \u{7} é ∑ 🦀";
+    const ODD: &str =
+        "quote \" backslash \\ newline \n tab \t bell \u{7} backspace \u{8} form feed \u{c} é ∑ 🦀";
 
     /// The events each test logs, at each level, some inside a span of their own; `request`
     /// says whether they are inside a request's span or a request's context.
@@ -312,6 +318,7 @@ mod tests {
             tracing::error!(below = -7_i64, yes = true, ratio = 0.5_f64, nan = f64::NAN);
             tracing::debug!("debug");
             tracing::trace!("trace");
+            tracing::info!(parent: None, "a root event, in no span");
             let inner = tracing::info_span!("inner", count = 3_u64, text = ODD);
             let _inner = inner.enter();
             tracing::info!("in a span");
@@ -379,11 +386,12 @@ mod tests {
         ((with_ours, ours), (with_theirs, theirs))
     }
 
-    /// Each JSON line `lines` holds.
-    fn parsed(lines: &Lines) -> Vec<Value> {
-        lines
-            .text()
-            .lines()
+    /// Each JSON line of ours and of theirs, which are the same text, member for member and
+    /// byte for byte.
+    fn parsed(ours: &Lines, theirs: &Lines) -> Vec<Value> {
+        let (ours, theirs) = (ours.text(), theirs.text());
+        assert_eq!(ours, theirs);
+        ours.lines()
             .map(|line| serde_json::from_str(line).expect(line))
             .collect()
     }
@@ -411,7 +419,7 @@ mod tests {
                 );
                 let (ours, theirs) = (ours.text(), theirs.text());
                 assert_eq!(ours, theirs, "ansi {ansi}, request {request}");
-                assert_eq!(ours.lines().count(), 7);
+                assert_eq!(ours.lines().count(), 8);
                 if request && !ansi {
                     assert!(ours.contains(
                         " INFO request{correlation_id=corr-1 method=POST \
@@ -427,17 +435,16 @@ mod tests {
         for request in [true, false] {
             let ((with_ours, ours), (with_theirs, theirs)) = json_subscribers();
             lines(with_ours, with_theirs, request);
-            let (ours, theirs) = (parsed(&ours), parsed(&theirs));
-            assert_eq!(ours.len(), 7);
-            assert_eq!(ours, theirs, "request {request}");
+            let ours = parsed(&ours, &theirs);
+            assert_eq!(ours.len(), 8, "request {request}");
             let refused = &ours[0];
             if request {
                 assert_eq!(refused["span"]["name"], "request");
                 assert_eq!(refused["span"]["correlation_id"], "corr-1");
                 assert_eq!(refused["span"]["path"], "/api/sessions/ABCD…/ws");
-                assert_eq!(ours[6]["spans"][0]["method"], "POST");
-                assert_eq!(ours[6]["span"]["name"], "empty");
-                assert_eq!(ours[6]["spans"][1]["text"], ODD);
+                assert_eq!(ours[7]["spans"][0]["method"], "POST");
+                assert_eq!(ours[7]["span"]["name"], "empty");
+                assert_eq!(ours[7]["spans"][1]["text"], ODD);
             } else {
                 assert!(refused.get("span").is_none(), "{refused}");
             }
@@ -469,9 +476,8 @@ mod tests {
         let ((with_ours, ours), (with_theirs, theirs)) = json_subscribers();
         tracing::subscriber::with_default(with_ours, record);
         tracing::subscriber::with_default(with_theirs, record);
-        let (ours, theirs) = (parsed(&ours), parsed(&theirs));
+        let ours = parsed(&ours, &theirs);
         assert_eq!(ours.len(), 1);
-        assert_eq!(ours, theirs);
         assert_eq!(ours[0]["target"], "tungstenite::protocol");
         assert_eq!(ours[0]["level"], "WARN");
     }

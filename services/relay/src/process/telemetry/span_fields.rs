@@ -172,7 +172,7 @@ pub(super) fn quoted(writer: &mut Writer<'_>, text: fmt::Arguments<'_>) -> fmt::
     writer.write_char('"')
 }
 
-/// Escapes what is written through it for a JSON string.
+/// Escapes what is written through it for a JSON string, as serde_json does.
 struct Escaping<'a, 'writer>(&'a mut Writer<'writer>);
 
 impl Write for Escaping<'_, '_> {
@@ -187,6 +187,8 @@ impl Write for Escaping<'_, '_> {
                 b'\n' => "\\n",
                 b'\r' => "\\r",
                 b'\t' => "\\t",
+                0x08 => "\\b",
+                0x0c => "\\f",
                 byte if byte < b' ' => "",
                 _ => continue,
             };
