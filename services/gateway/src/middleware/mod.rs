@@ -1,7 +1,7 @@
 //! The gateway's middleware, each layer in its own file, and their order in one function
 //! ([`layers`]).
 //!
-//! * [`observe`] — the HTTP metrics and the request's span and log line;
+//! * [`observe`] — the HTTP metrics;
 //! * [`cors`] — CORS: the allow-list, and the routes open to any origin;
 //! * [`checks`] — the `Host` check and the Fetch Metadata policy, before any look-up;
 //! * [`auth`] — API keys on the LLM side;
@@ -29,8 +29,8 @@ use observe::HttpMetrics;
 /// 1. the metrics see every request, refused or not ([`observe`]);
 /// 2. routes open to any origin (the tab's, with `OPEN_PROVIDER_ROUTES`) answer CORS there
 ///    ([`cors::open_cors`]);
-/// 3. the request's correlation id and span; every refusal below gets the JSON error body
-///    ([`Correlated`]);
+/// 3. the request's correlation id and its context for the logs; every refusal below gets
+///    the JSON error body ([`Correlated`]);
 /// 4. the `Host` check, then the Fetch Metadata policy, refuse before any look-up
 ///    ([`checks`]);
 /// 5. CORS for the allow-listed origins (poem's [`poem::middleware::Cors`]);
@@ -124,8 +124,6 @@ impl<E: Endpoint> Endpoint for Guarded<E> {
         if let Some(refusal) = auth::require_api_key(self.keys.as_deref(), &request) {
             return Ok(refusal);
         }
-        // Boxed: inline, its future (~5.2 KB in a release build) is held, and copied as it
-        // is made, by each layer above it up to the handling `Correlated::answer` boxes.
         limit_body(&self.routes, request).await
     }
 }
