@@ -115,35 +115,40 @@ impl std::fmt::Display for RedactedPath<'_> {
     }
 }
 
-/// Where a test's subscriber writes its lines.
 #[cfg(test)]
-#[derive(Clone, Default)]
-struct TestLines(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+use testing::TestLines;
 
+/// What the formatters' tests share.
 #[cfg(test)]
-impl TestLines {
-    /// The text written so far, taken.
-    fn text(&self) -> String {
-        String::from_utf8(std::mem::take(&mut *self.0.lock().unwrap())).unwrap()
-    }
-}
+mod testing {
+    use std::sync::{Arc, Mutex};
 
-#[cfg(test)]
-impl std::io::Write for TestLines {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
+    /// Where a test's subscriber writes its lines.
+    #[derive(Clone, Default)]
+    pub(super) struct TestLines(Arc<Mutex<Vec<u8>>>);
 
-#[cfg(test)]
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for TestLines {
-    type Writer = Self;
-    fn make_writer(&'a self) -> Self {
-        self.clone()
+    impl TestLines {
+        /// The text written so far, taken.
+        pub(super) fn text(&self) -> String {
+            String::from_utf8(std::mem::take(&mut *self.0.lock().unwrap())).unwrap()
+        }
+    }
+
+    impl std::io::Write for TestLines {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for TestLines {
+        type Writer = Self;
+        fn make_writer(&'a self) -> Self {
+            self.clone()
+        }
     }
 }
 
