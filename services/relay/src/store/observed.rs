@@ -29,7 +29,7 @@ pub struct Observed {
 
 impl Observed {
     /// `store`, measured into `metrics`.
-    pub fn wrap(store: Arc<dyn Store>, metrics: Metrics) -> Arc<dyn Store> {
+    pub fn wrap(store: Arc<dyn Store>, metrics: Metrics) -> Arc<Self> {
         Arc::new(Self {
             inner: store,
             metrics,
@@ -53,8 +53,12 @@ impl Observed {
     }
 }
 
-/// Writes `impl $part for Observed` for each part of the store's interface: each method forwards to the inner store, timed as
-/// the operation named after `=>`.
+/// Writes, for each part of the store's interface, each method as one of `Observed`'s own,
+/// forwarding to the inner store timed as the operation named after `=>`, and `impl $part for
+/// Observed` calling them. The relay holds its `Observed` by type, so its calls take the
+/// methods of its own, whose futures are not boxed: only the inner store's are (the interface
+/// boxes each method's future, and a call makes several; BENCHMARKS.md, issue 44). What holds
+/// it as `dyn Store` gets the same through the trait.
 macro_rules! measured {
     () => {};
     ($(#[$part_meta:meta])* $part:ident [$($bound:tt)*] {
@@ -64,12 +68,21 @@ macro_rules! measured {
                 -> $output:ty => $operation:ident $body:tt
         )*
     } $($rest:tt)*) => {
+        impl Observed {
+            $(
+                $(#[$meta])*
+                pub async fn $method(&self $(, $arg: $type)*) -> Result<$output, StoreError> {
+                    self.timed(Op::$operation, self.inner.$method($($arg),*)).await
+                }
+            )*
+        }
+
         #[async_trait]
         impl $part for Observed {
             $(
                 $(#[$meta])*
                 async fn $method(&self $(, $arg: $type)*) -> Result<$output, StoreError> {
-                    self.timed(Op::$operation, self.inner.$method($($arg),*)).await
+                    Observed::$method(self $(, $arg)*).await
                 }
             )*
         }

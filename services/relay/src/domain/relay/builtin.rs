@@ -14,7 +14,7 @@ use crate::builtin::{Context, FailureKind, Scope, Tickets, ToolCode, ToolFailure
 use crate::code::{self, SessionCode};
 use crate::error::RelayError;
 use crate::metrics::{AnsweredBy, MipTool};
-use crate::store::{Answerer, BUILTIN_LEASE, NewRequest, RequestRecord, SessionEvent};
+use crate::store::{Answerer, BUILTIN_LEASE, NewRequest, RequestRecord, SessionEvent, Store};
 
 impl Relay {
     /// The built-in tools.
@@ -56,7 +56,10 @@ impl Relay {
         Context {
             scope,
             client: None,
-            tickets: Tickets::new(Arc::clone(&self.inner.store), self.inner.clock.clone()),
+            tickets: Tickets::new(
+                Arc::clone(&self.inner.store) as Arc<dyn Store>,
+                self.inner.clock.clone(),
+            ),
             metrics: self.inner.metrics.clone(),
         }
     }

@@ -61,7 +61,9 @@ pub struct Relay {
 }
 
 struct Inner {
-    store: Arc<dyn Store>,
+    /// Held by type rather than as `dyn Store`, so a call's store operations are boxed once
+    /// ([`Observed`]).
+    store: Arc<Observed>,
     tools: Registry,
     config: RelayConfig,
     clock: Clock,
@@ -296,7 +298,7 @@ impl Relay {
 
     /// The store, which other components of the same process may share (a gateway's rate
     /// limits).
-    pub fn store(&self) -> &Arc<dyn Store> {
+    pub fn store(&self) -> &Arc<Observed> {
         &self.inner.store
     }
 
