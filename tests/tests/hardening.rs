@@ -233,6 +233,51 @@ async fn a_refused_body_closes_its_connection_so_the_next_request_is_not_garbled
     system.stop().await;
 }
 
+/// `body` sent as a chunked request (no `Content-Length`) to `path`, in chunks of `piece` bytes
+/// on a connection of its own: what came back, the connection closed after it.
+async fn chunked_post(system: &System, path: &str, body: &str, piece: usize) -> String {
+    let address = system.base.trim_start_matches("http://").to_owned();
+    let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
+    let mut request = format!(
+        "POST {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    );
+    for chunk in body.as_bytes().chunks(piece) {
+        request.push_str(&format!("{:x}\r\n", chunk.len()));
+        request.push_str(std::str::from_utf8(chunk).unwrap());
+        request.push_str("\r\n");
+    }
+    request.push_str("0\r\n\r\n");
+    // The server may stop reading once it has refused the body.
+    let _ = stream.write_all(request.as_bytes()).await;
+    let mut received = Vec::new();
+    tokio::time::timeout(PATIENCE, stream.read_to_end(&mut received))
+        .await
+        .expect("the server answers and closes the connection")
+        .ok();
+    String::from_utf8_lossy(&received).into_owned()
+}
+
+#[tokio::test]
+async fn a_body_without_a_declared_length_is_held_to_the_same_limit() {
+    let system = System::start().await;
+    let (code, token) = system.create_session().await;
+    system.put_manifest(&code, &token, demo_tools()).await;
+    let path = format!("/api/sessions/{code}/call");
+    // Over the limit, streamed in pieces: refused while it is read, not after.
+    let large = format!(
+        "{{\"functionName\":\"echo\",\"args\":{{\"text\":\"{}\"}},\"timeoutMs\":0}}",
+        "x".repeat(300 * 1024)
+    );
+    let received = chunked_post(&system, &path, &large, 16 * 1024).await;
+    assert!(received.starts_with("HTTP/1.1 413"), "{received}");
+    // Under it, in pieces: read whole and handled as one body (the call is queued).
+    let small = r#"{"functionName":"echo","args":{"text":"in pieces"},"timeoutMs":0}"#;
+    let received = chunked_post(&system, &path, small, 7).await;
+    assert!(received.starts_with("HTTP/1.1 2"), "{received}");
+    assert!(received.contains("\"status\""), "{received}");
+    system.stop().await;
+}
+
 #[tokio::test]
 async fn a_tab_on_a_split_gateway_is_told_to_reconnect_when_the_relay_dies() {
     let mut system = System::split().await;
