@@ -201,7 +201,6 @@ async fn a_refused_body_closes_its_connection_so_the_next_request_is_not_garbled
     let system = System::start().await;
     let address = system.base.trim_start_matches("http://").to_owned();
     let (code, _) = system.create_session().await;
-    let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
     let body = format!(
         "{{\"functionName\":\"echo\",\"args\":{{\"text\":\"{}\"}}}}",
         "x".repeat(300 * 1024)
@@ -210,14 +209,7 @@ async fn a_refused_body_closes_its_connection_so_the_next_request_is_not_garbled
         "POST /api/sessions/{code}/call HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}GET /healthz HTTP/1.1\r\nHost: {address}\r\n\r\n",
         body.len()
     );
-    // The server may stop reading once it has refused the body.
-    let _ = stream.write_all(request.as_bytes()).await;
-    let mut received = Vec::new();
-    tokio::time::timeout(PATIENCE, stream.read_to_end(&mut received))
-        .await
-        .expect("the server closes the connection")
-        .ok();
-    let received = String::from_utf8_lossy(&received);
+    let received = exchange(&system, &request).await;
     assert!(received.starts_with("HTTP/1.1 413"), "{received}");
     assert!(
         received.to_ascii_lowercase().contains("connection: close"),
@@ -236,8 +228,7 @@ async fn a_refused_body_closes_its_connection_so_the_next_request_is_not_garbled
 /// `body` sent as a chunked request (no `Content-Length`) to `path`, in chunks of `piece` bytes
 /// on a connection of its own: what came back, the connection closed after it.
 async fn chunked_post(system: &System, path: &str, body: &str, piece: usize) -> String {
-    let address = system.base.trim_start_matches("http://").to_owned();
-    let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
+    let address = system.base.trim_start_matches("http://");
     let mut request = format!(
         "POST {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
     );
@@ -247,6 +238,14 @@ async fn chunked_post(system: &System, path: &str, body: &str, piece: usize) -> 
         request.push_str("\r\n");
     }
     request.push_str("0\r\n\r\n");
+    exchange(system, &request).await
+}
+
+/// `request`, raw bytes on a connection of its own: all that comes back until the server
+/// closes it.
+async fn exchange(system: &System, request: &str) -> String {
+    let address = system.base.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
     // The server may stop reading once it has refused the body.
     let _ = stream.write_all(request.as_bytes()).await;
     let mut received = Vec::new();
